@@ -1,0 +1,144 @@
+"""Content-addressed objects: SHA-256 ids, hashing while writing, and re-hashing checks."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO
+
+from prep.errors import IntegrityError, NotFoundError
+from prep.storage.base import Store
+
+OBJECTS_PREFIX = "objects/sha256/"
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Digest:
+    """The SHA-256 and size of some bytes; `id` is the `sha256:<hex>` form used in manifests."""
+
+    sha256: str
+    size: int
+
+    @property
+    def id(self) -> str:
+        return f"sha256:{self.sha256}"
+
+
+def object_key(sha256_hex: str) -> str:
+    """Where an object with this SHA-256 lives in a store."""
+    return f"{OBJECTS_PREFIX}{sha256_hex[:2]}/{sha256_hex}"
+
+
+def parse_id(object_id: str) -> str:
+    """The hex part of `sha256:<hex>` (a bare hex string is accepted too)."""
+    hexpart = object_id.removeprefix("sha256:")
+    if len(hexpart) != 64 or any(c not in "0123456789abcdef" for c in hexpart):
+        raise ValueError(f"not a sha256 object id: {object_id!r}")
+    return hexpart
+
+
+def digest_bytes(data: bytes) -> Digest:
+    return Digest(hashlib.sha256(data).hexdigest(), len(data))
+
+
+def digest_file(path: Path) -> Digest:
+    """Hash a file in large reads (hashlib releases the GIL on big buffers)."""
+    hasher = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as handle:
+        buffer = bytearray(CHUNK * 4)
+        view = memoryview(buffer)
+        while True:
+            count = handle.readinto(buffer)
+            if not count:
+                break
+            hasher.update(view[:count])
+            size += count
+    return Digest(hasher.hexdigest(), size)
+
+
+class HashingWriter:
+    """A write-only file that hashes what passes through it; `digest` once closed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._handle: BinaryIO = open(path, "wb")
+        self._hasher = hashlib.sha256()
+        self._size = 0
+        self.digest: Digest | None = None
+
+    def write(self, data: bytes | memoryview) -> int:
+        self._handle.write(data)
+        self._hasher.update(data)
+        self._size += len(data)
+        return len(data)
+
+    def close(self) -> Digest:
+        if self.digest is None:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+            self._handle.close()
+            self.digest = Digest(self._hasher.hexdigest(), self._size)
+        return self.digest
+
+    def __enter__(self) -> HashingWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._handle.close()
+
+
+def _confirm_existing(store: Store, digest: Digest) -> None:
+    info = store.head(object_key(digest.sha256))
+    if info is None or info.size != digest.size:
+        found = "missing" if info is None else f"{info.size} bytes"
+        raise IntegrityError(
+            f"{store.url}: object {digest.id} exists with {found}, expected {digest.size} bytes"
+        )
+
+
+def put_file(store: Store, path: Path, digest: Digest | None = None) -> Digest:
+    """Store a local file under its SHA-256 (hashing it unless `digest` is given)."""
+    digest = digest or digest_file(path)
+    if not store.put_file(object_key(digest.sha256), path):
+        _confirm_existing(store, digest)
+    return digest
+
+
+def put_bytes(store: Store, data: bytes) -> Digest:
+    """Store bytes under their SHA-256; storing the same bytes twice is a no-op."""
+    digest = digest_bytes(data)
+    if not store.put_bytes(object_key(digest.sha256), data):
+        _confirm_existing(store, digest)
+    return digest
+
+
+def get_bytes(store: Store, object_id: str) -> bytes:
+    """Read an object and prove it still hashes to its name."""
+    sha = parse_id(object_id)
+    data = store.get_bytes(object_key(sha))
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise IntegrityError(f"{store.url}: object sha256:{sha} does not hash to its name")
+    return data
+
+
+def check(store: Store, object_id: str) -> bool:
+    """Re-hash a stored object; True when its bytes still match its name."""
+    sha = parse_id(object_id)
+    hasher = hashlib.sha256()
+    try:
+        with store.open(object_key(sha)) as stream:
+            while chunk := stream.read(CHUNK * 4):
+                hasher.update(chunk)
+    except NotFoundError:
+        return False
+    return hasher.hexdigest() == sha

@@ -1,0 +1,1 @@
+"""Thin click wrappers over prep's library functions."""

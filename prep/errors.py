@@ -1,0 +1,56 @@
+"""The one exception hierarchy of prep; every class carries the exit code the CLI returns."""
+
+from __future__ import annotations
+
+
+class PrepError(Exception):
+    """Base of every error prep raises on purpose; `exit_code` is what the CLI exits with."""
+
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(PrepError):
+    """The command line itself is wrong (bad SNAP spec, conflicting flags)."""
+
+
+class ConfigError(PrepError):
+    """The pipeline file is wrong: unknown key, wrong type, bad value. Names the key."""
+
+
+class InputError(PrepError):
+    """A corpus file is bad: unreadable, malformed, missing a field. Names the file and line or row."""
+
+
+class TokenizerError(PrepError):
+    """The tokenizer file is missing or unusable, or a backend disagrees with the reference."""
+
+
+class StoreError(PrepError):
+    """The store cannot be reached or used: missing bucket, denied access, bad URL."""
+
+
+class NotFoundError(StoreError):
+    """A key, ref, snapshot or object the caller asked for does not exist."""
+
+
+class RefConflictError(StoreError):
+    """A ref moved under us more often than we were willing to retry."""
+
+
+class IntegrityError(PrepError):
+    """Stored bytes do not match their name or record: a corrupt store or a conflicting writer."""
+
+    exit_code = 3
+
+
+class VerificationFailed(PrepError):
+    """Verification or comparison found differences (reported, not an internal failure)."""
+
+    exit_code = 1

@@ -1,0 +1,1 @@
+"""Canonical JSON manifests: models, schema validation and diff."""

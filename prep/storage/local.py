@@ -1,0 +1,163 @@
+"""A store on a local or shared POSIX filesystem.
+
+Create-only puts publish a fully written, fsynced temporary file with `os.link`, which fails
+if the final name exists: a reader can never see a partial object under its final name.
+Refs are swapped under an exclusive `flock`, compared by the SHA-256 of their body.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from prep.errors import NotFoundError, StoreError
+from prep.storage.base import ObjectInfo, RefValue, Store
+
+TMP_DIR = "tmp"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalStore(Store):
+    """Keys map to files below `root`; temporaries live in `root/tmp`."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root).absolute()
+        self.url = str(self.root)
+        try:
+            (self.root / TMP_DIR).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.root}: cannot create store folder: {exc.strerror}") from exc
+
+    def _path(self, key: str) -> Path:
+        if not key or key.startswith("/") or ".." in key.split("/"):
+            raise StoreError(f"invalid store key {key!r}")
+        return self.root / key
+
+    def staging_dir(self) -> Path:
+        return self.root / TMP_DIR
+
+    def _temp_path(self) -> Path:
+        return self.root / TMP_DIR / f"{uuid.uuid4().hex}.part"
+
+    def _publish(self, temp: Path, final: Path) -> bool:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(temp, final)
+        except FileExistsError:
+            return False
+        _fsync_dir(final.parent)
+        return True
+
+    def put_file(self, key: str, path: Path) -> bool:
+        final = self._path(key)
+        if final.exists():
+            return False
+        temp = self._temp_path()
+        try:
+            try:
+                os.link(path, temp)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                    raise
+                shutil.copyfile(path, temp)
+            with open(temp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.chmod(temp, 0o444)
+            return self._publish(temp, final)
+        except OSError as exc:
+            raise StoreError(f"{final}: cannot write: {exc.strerror or exc}") from exc
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def put_bytes(self, key: str, data: bytes) -> bool:
+        final = self._path(key)
+        if final.exists():
+            return False
+        temp = self._temp_path()
+        try:
+            with open(temp, "xb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(temp, 0o444)
+            return self._publish(temp, final)
+        except OSError as exc:
+            raise StoreError(f"{final}: cannot write: {exc.strerror or exc}") from exc
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def open(self, key: str) -> BinaryIO:
+        try:
+            return open(self._path(key), "rb")
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"{self.url}: no such key {key!r}") from exc
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            stat = self._path(key).stat()
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(key=key, size=stat.st_size, mtime=stat.st_mtime)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
+        if not base.is_dir():
+            return
+        found: list[ObjectInfo] = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            rel_dir = Path(dirpath).relative_to(self.root).as_posix()
+            if rel_dir == TMP_DIR or rel_dir.startswith(TMP_DIR + "/"):
+                dirnames[:] = []
+                continue
+            for name in filenames:
+                key = name if rel_dir == "." else f"{rel_dir}/{name}"
+                if key.startswith(prefix) and not name.endswith(".lock"):
+                    stat = os.stat(os.path.join(dirpath, name))
+                    found.append(ObjectInfo(key=key, size=stat.st_size, mtime=stat.st_mtime))
+        yield from sorted(found, key=lambda info: info.key)
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def local_path(self, key: str) -> Path | None:
+        return self._path(key)
+
+    def read_ref(self, key: str) -> RefValue | None:
+        try:
+            body = self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        return RefValue(body=body, token=hashlib.sha256(body).hexdigest())
+
+    def swap_ref(self, key: str, body: bytes, expected: str | None) -> bool:
+        final = self._path(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = final.with_name(final.name + ".lock")
+        with open(lock_path, "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            current = self.read_ref(key)
+            current_token = current.token if current else None
+            if current_token != expected:
+                return False
+            temp = self._temp_path()
+            with open(temp, "xb") as handle:
+                handle.write(body)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, final)
+            _fsync_dir(final.parent)
+            return True

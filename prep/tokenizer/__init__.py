@@ -1,0 +1,91 @@
+"""Tokenizer loading and the reference encoding.
+
+The reference encoding of a document is `tokenizers`' `encode(text, add_special_tokens=False)`
+with `encode_special_tokens` on, so text that spells a special token stays plain text.
+Other backends (see `prep.tokenizer.backends`) must reproduce it exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from prep.errors import TokenizerError
+
+UINT16_MAX_VOCAB = 65535
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What a snapshot records about its tokenizer."""
+
+    sha256: str
+    vocab_size: int
+    eos: str
+    eos_id: int
+    dtype: str
+    encode_special_tokens: bool
+    special_tokens: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "eos": self.eos,
+            "eos_id": self.eos_id,
+            "dtype": self.dtype,
+            "encode_special_tokens": self.encode_special_tokens,
+        }
+
+
+def token_dtype(vocab_size: int) -> np.dtype[np.generic]:
+    """uint16 when every id fits (at most 65,535 ids), else int32 (Megatron has no uint32)."""
+    return np.dtype(np.uint16) if vocab_size <= UINT16_MAX_VOCAB else np.dtype(np.int32)
+
+
+def load_tokenizer(path: Path, eos: str, encode_special_tokens: bool = True) -> tuple[Tokenizer, TokenizerInfo]:
+    """Load a Hugging Face tokenizers JSON file and describe it."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise TokenizerError(f"{path}: tokenizer file not found") from None
+    except OSError as exc:
+        raise TokenizerError(f"{path}: cannot read tokenizer: {exc.strerror}") from None
+    try:
+        tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as exc:  # tokenizers raises bare Exception subclasses
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TokenizerError(f"{path}: not a valid tokenizers file: {first_line}") from None
+    eos_id = tokenizer.token_to_id(eos)
+    if eos_id is None:
+        raise TokenizerError(f"{path}: EOS token {eos!r} is not in the vocabulary")
+    tokenizer.encode_special_tokens = encode_special_tokens
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    specials = tuple(
+        sorted(token.content for token in tokenizer.get_added_tokens_decoder().values() if token.special)
+    )
+    info = TokenizerInfo(
+        sha256=hashlib.sha256(data).hexdigest(),
+        vocab_size=vocab_size,
+        eos=eos,
+        eos_id=eos_id,
+        dtype=token_dtype(vocab_size).name,
+        encode_special_tokens=encode_special_tokens,
+        special_tokens=specials,
+    )
+    return tokenizer, info
+
+
+def reference_encode_batch(tokenizer: Tokenizer, texts: list[str], dtype: np.dtype[np.generic]) -> list[np.ndarray]:
+    """Encode texts with the reference settings; no special tokens are added."""
+    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+    return [np.asarray(encoding.ids, dtype=dtype) for encoding in encodings]
+
+
+def contains_special(text: str, special_tokens: tuple[str, ...]) -> bool:
+    """True when the text spells any special token literally."""
+    return any(token in text for token in special_tokens)
