@@ -1,0 +1,102 @@
+"""Finding and loading snapshot manifests: by ref, by id, by unique prefix, or from a file."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prep import cas
+from prep.errors import NotFoundError, UsageError
+from prep.manifest import canonical
+from prep.manifest.schema import validate
+from prep.refs import read_ref
+from prep.storage.base import Store
+
+SNAPSHOT_SCHEMA = "prep.snapshot/1"
+INDEX_PREFIX = "snapshots/"
+MIN_PREFIX = 4
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A loaded snapshot manifest: its id, parsed content and the exact stored bytes."""
+
+    id: str
+    manifest: dict[str, Any]
+    raw: bytes
+
+    @property
+    def dataset(self) -> str:
+        return str(self.manifest["dataset"])
+
+    @property
+    def artifacts(self) -> list[dict[str, Any]]:
+        return list(self.manifest["artifacts"])
+
+
+def index_key(snapshot_id: str) -> str:
+    """A create-only marker per published manifest, so ids can be listed and found by prefix."""
+    return f"{INDEX_PREFIX}{cas.parse_id(snapshot_id)}"
+
+
+def parse_manifest(raw: bytes, source: str) -> Snapshot:
+    """Parse and validate manifest bytes; the id is the SHA-256 of exactly these bytes."""
+    try:
+        manifest = canonical.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"{source}: not a JSON manifest ({exc})") from None
+    validate(manifest, SNAPSHOT_SCHEMA, source)
+    return Snapshot(id=f"sha256:{hashlib.sha256(raw).hexdigest()}", manifest=manifest, raw=raw)
+
+
+def publish_manifest(store: Store, manifest: dict[str, Any]) -> Snapshot:
+    """Store a snapshot manifest as a content-addressed object and index it."""
+    validate(manifest, SNAPSHOT_SCHEMA, "new snapshot manifest")
+    raw = canonical.dumps(manifest)
+    digest = cas.put_bytes(store, raw)
+    store.put_bytes(index_key(digest.id), b"")
+    return Snapshot(id=digest.id, manifest=manifest, raw=raw)
+
+
+def load_snapshot(store: Store, snapshot_id: str) -> Snapshot:
+    try:
+        raw = cas.get_bytes(store, snapshot_id)
+    except NotFoundError:
+        raise NotFoundError(f"{store.url}: no snapshot {snapshot_id}") from None
+    return parse_manifest(raw, snapshot_id)
+
+
+def list_snapshot_ids(store: Store, prefix: str = "") -> list[str]:
+    return [f"sha256:{info.key[len(INDEX_PREFIX):]}" for info in store.list(INDEX_PREFIX + prefix)]
+
+
+def is_manifest_path(spec: str) -> bool:
+    return Path(spec).is_file()
+
+
+def resolve(store: Store | None, spec: str) -> Snapshot:
+    """Load the snapshot named by SPEC: `dataset@ref`, `sha256:<hex>`, a unique hex prefix,
+    or the path of a manifest file (which needs no store)."""
+    if is_manifest_path(spec):
+        return parse_manifest(Path(spec).read_bytes(), spec)
+    if store is None:
+        raise UsageError(f"{spec!r} is not a manifest file, and no store was given")
+    if "@" in spec:
+        dataset, name = spec.split("@", 1)
+        ref = read_ref(store, dataset, name)
+        if ref is None:
+            raise NotFoundError(f"{store.url}: no ref {spec}")
+        return load_snapshot(store, ref.snapshot)
+    hexpart = spec.removeprefix("sha256:").lower()
+    if len(hexpart) == 64:
+        return load_snapshot(store, f"sha256:{hexpart}")
+    if len(hexpart) < MIN_PREFIX or any(c not in "0123456789abcdef" for c in hexpart):
+        raise UsageError(f"{spec!r} is not a snapshot: use DATASET@REF, sha256:<hex>, a hex prefix of at least {MIN_PREFIX} digits, or a manifest file")
+    matches = list_snapshot_ids(store, hexpart)
+    if not matches:
+        raise NotFoundError(f"{store.url}: no snapshot id starts with {hexpart}")
+    if len(matches) > 1:
+        raise UsageError(f"{spec!r} is ambiguous: {len(matches)} snapshots start with it")
+    return load_snapshot(store, matches[0])
