@@ -1,0 +1,57 @@
+"""Byte-reproducible shard formats: Megatron .bin/.idx (`megatron`) and WebDataset tar (`wds`).
+
+This module holds the token-array rules both formats share: which dtype a vocabulary needs and
+how token ids become fixed-width little-endian integers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+UINT16_MAX_VOCAB = 65_535
+"""The largest vocabulary stored as uint16; bigger vocabularies use int32."""
+
+UINT16 = np.dtype("<u2")
+INT32 = np.dtype("<i4")
+
+
+def token_dtype(vocab_size: int) -> np.dtype[Any]:
+    """The on-disk token dtype for a vocabulary: uint16 up to 65,535 ids, int32 above.
+
+    Both shard formats use it, so one tokenizer always gives one dtype.
+    """
+    if vocab_size < 1:
+        raise ValueError(f"vocabulary size must be positive, got {vocab_size}")
+    return UINT16 if vocab_size <= UINT16_MAX_VOCAB else INT32
+
+
+def little_endian(dtype: npt.DTypeLike) -> np.dtype[Any]:
+    """`dtype` with little-endian byte order, so written bytes do not depend on the host."""
+    resolved = np.dtype(dtype)
+    if resolved.kind not in "iuf" or resolved.shape or resolved.names is not None:
+        raise ValueError(f"token dtype must be a plain integer or float type, got {resolved}")
+    return resolved.newbyteorder("<") if resolved.itemsize > 1 else resolved
+
+
+def as_tokens(tokens: npt.ArrayLike, dtype: npt.DTypeLike | None = None) -> npt.NDArray[Any]:
+    """`tokens` as a C-contiguous 1-D little-endian array of `dtype` (default: its own dtype).
+
+    Refuses ids that `dtype` cannot hold instead of letting them wrap around silently.
+    """
+    array = np.asarray(tokens)
+    if array.ndim != 1:
+        raise ValueError(f"tokens must be a 1-D array, got shape {array.shape}")
+    if array.size == 0 and array.dtype == np.float64 and dtype is not None:
+        array = array.astype(np.int64)  # np.asarray([]) is float64; an empty list is no float data
+    target = little_endian(array.dtype if dtype is None else dtype)
+    if array.dtype.kind == "f" and target.kind != "f":
+        raise ValueError(f"tokens must be integers, got {array.dtype}")
+    if array.size and target.kind in "iu" and not np.can_cast(array.dtype, target, "safe"):
+        limits = np.iinfo(target)
+        low, high = int(array.min()), int(array.max())
+        if low < limits.min or high > limits.max:
+            raise ValueError(f"token ids {low}..{high} do not fit in {target}")
+    return np.ascontiguousarray(array, dtype=target)

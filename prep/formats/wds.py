@@ -1,0 +1,255 @@
+"""WebDataset shards: uncompressed ustar archives, one sample (three members) per document.
+
+Every byte is a function of the samples alone (fixed header fields, no timestamps, no owners),
+and a sample's bytes do not depend on its neighbours, so the shard stage can compute each
+sample's offset up front and write samples in any order.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import tarfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from prep.errors import InputError, IntegrityError, NotFoundError
+from prep.formats import as_tokens, little_endian
+from prep.manifest import canonical
+
+KEY_DIGITS = 10
+BLOCK_SIZE = 512
+END_OF_ARCHIVE = bytes(2 * BLOCK_SIZE)
+"""Two zero blocks close the archive; prep does not pad further to a 10240-byte record."""
+
+JSON_SUFFIX = "json"
+TOKENS_SUFFIX = "tokens.npy"
+TEXT_SUFFIX = "txt"
+MEMBER_SUFFIXES = (JSON_SUFFIX, TOKENS_SUFFIX, TEXT_SUFFIX)
+"""Member suffixes in archive order (sorted member names)."""
+
+MEMBER_MODE = 0o644
+MAX_NAME_BYTES = 99  # the ustar name field is 100 bytes; keep a NUL so every reader agrees
+MAX_MEMBER_SIZE = 8**11 - 1  # 11 octal digits in the size field
+
+# name mode uid gid size mtime chksum type linkname magic version uname gname devmaj devmin prefix pad
+_USTAR = struct.Struct("<100s8s8s8s12s12s8sc100s6s2s32s32s8s8s155s12s")
+_CHECKSUM_OFFSET = 148
+_CHECKSUM_END = _CHECKSUM_OFFSET + 8
+
+_NPY_MAGIC = b"\x93NUMPY\x01\x00"  # format version 1.0
+_NPY_ALIGN = 64
+_NPY_GROWTH_DIGITS = 21  # numpy pads the shape so the header can be rewritten in place
+
+
+def sample_key(position: int) -> str:
+    """The key of the document at `position` in the snapshot: 10-digit zero-padded decimal."""
+    if not 0 <= position < 10**KEY_DIGITS:
+        raise ValueError(f"sample position {position} does not fit in {KEY_DIGITS} digits")
+    return f"{position:0{KEY_DIGITS}d}"
+
+
+def member_name(key: str, suffix: str) -> str:
+    """`<key>.<suffix>`, refusing keys that readers would split differently or ustar cannot hold."""
+    if not key or not key.isascii() or not key.isprintable() or "." in key or "/" in key:
+        raise ValueError(f"sample key {key!r} must be printable ASCII without '.' or '/'")
+    name = f"{key}.{suffix}"
+    if len(name) > MAX_NAME_BYTES:
+        raise ValueError(f"member name {name!r} is longer than {MAX_NAME_BYTES} bytes")
+    return name
+
+
+def _check_member_size(size: int) -> None:
+    if size < 0:
+        raise ValueError(f"member size must not be negative, got {size}")
+    if size > MAX_MEMBER_SIZE:
+        raise InputError(
+            f"a WebDataset member of {size} bytes exceeds the ustar limit of {MAX_MEMBER_SIZE} bytes"
+        )
+
+
+def padded_size(size: int) -> int:
+    """`size` rounded up to whole 512-byte blocks."""
+    return -(-size // BLOCK_SIZE) * BLOCK_SIZE
+
+
+def member_span(size: int) -> int:
+    """Bytes one member takes in the archive: its header block plus its padded data."""
+    _check_member_size(size)
+    return BLOCK_SIZE + padded_size(size)
+
+
+def _octal_field(value: int, width: int) -> bytes:
+    return f"{value:0{width - 1}o}".encode("ascii") + b"\0"
+
+
+def member_header(name: str, size: int) -> bytes:
+    """The ustar header block of a regular file: mode 0644, owner 0:0, no names, mtime 0."""
+    encoded = name.encode("ascii")
+    if not encoded or len(encoded) > MAX_NAME_BYTES or b"\0" in encoded:
+        raise ValueError(f"member name {name!r} must be 1..{MAX_NAME_BYTES} ASCII bytes")
+    _check_member_size(size)
+    header = bytearray(
+        _USTAR.pack(
+            encoded,
+            _octal_field(MEMBER_MODE, 8),
+            _octal_field(0, 8),
+            _octal_field(0, 8),
+            _octal_field(size, 12),
+            _octal_field(0, 12),
+            b" " * 8,
+            tarfile.REGTYPE,
+            b"",
+            b"ustar\0",
+            b"00",
+            b"",
+            b"",
+            b"",
+            b"",
+            b"",
+            b"",
+        )
+    )
+    # The checksum is summed with its own field as spaces, then stored as 6 octal digits, NUL, space.
+    checksum = sum(header)
+    header[_CHECKSUM_OFFSET : _CHECKSUM_END - 1] = f"{checksum:06o}".encode("ascii") + b"\0"
+    return bytes(header)
+
+
+def member_bytes(name: str, data: bytes) -> bytes:
+    """One complete member: header, data, and zero padding to the next block."""
+    padding = padded_size(len(data)) - len(data)
+    return member_header(name, len(data)) + data + bytes(padding)
+
+
+def npy_header(count: int, dtype: npt.DTypeLike) -> bytes:
+    """The NPY 1.0 header numpy writes for a 1-D array of `count` little-endian `dtype` items."""
+    descr = little_endian(dtype).str
+    text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({count},), }}"
+    text += " " * (_NPY_GROWTH_DIGITS - len(str(count)))
+    text_size = len(text) + 1  # the closing newline
+    padding = _NPY_ALIGN - (len(_NPY_MAGIC) + 2 + text_size) % _NPY_ALIGN
+    length = struct.pack("<H", text_size + padding)
+    return _NPY_MAGIC + length + text.encode("ascii") + b" " * padding + b"\n"
+
+
+def npy_size(count: int, dtype: npt.DTypeLike) -> int:
+    """Size of `npy_bytes` for `count` tokens of `dtype`, without building it."""
+    return len(npy_header(count, dtype)) + count * little_endian(dtype).itemsize
+
+
+def npy_bytes(tokens: npt.ArrayLike) -> bytes:
+    """A 1-D token array as a .npy file, byte-equal to `np.save` of the little-endian array."""
+    array = as_tokens(tokens)
+    return npy_header(array.size, array.dtype) + array.tobytes()
+
+
+def sample_json(doc_id: str, source: str, line: int, tokens: int) -> bytes:
+    """The `.json` member: canonical JSON {"id","line","source","tokens"} (sorted, compact, UTF-8)."""
+    return canonical.dumps({"id": doc_id, "line": line, "source": source, "tokens": tokens})
+
+
+def sample_span(json_size: int, npy_size: int, txt_size: int) -> int:
+    """Bytes one sample takes in the archive; the key does not matter (names fit one block)."""
+    return member_span(json_size) + member_span(npy_size) + member_span(txt_size)
+
+
+def archive_size(sample_spans: Iterable[int]) -> int:
+    """Size of a shard holding samples of these spans, end-of-archive blocks included."""
+    return sum(sample_spans) + len(END_OF_ARCHIVE)
+
+
+def sample_bytes(key: str, json_bytes: bytes, npy_bytes: bytes, txt_bytes: bytes) -> bytes:
+    """The exact bytes of one sample's three members, to be written at the sample's offset."""
+    members = zip(MEMBER_SUFFIXES, (json_bytes, npy_bytes, txt_bytes), strict=True)
+    return b"".join(member_bytes(member_name(key, suffix), data) for suffix, data in members)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One document as WebDataset members: key, `.json`, `.tokens.npy` and `.txt` bytes."""
+
+    key: str
+    json: bytes
+    tokens: bytes
+    text: bytes
+
+    @classmethod
+    def build(
+        cls, position: int, doc_id: str, source: str, line: int, tokens: npt.ArrayLike, text: str
+    ) -> Sample:
+        """The sample of the document at `position`, encoded exactly as prep writes it."""
+        array = as_tokens(tokens)
+        return cls(
+            key=sample_key(position),
+            json=sample_json(doc_id, source, line, int(array.size)),
+            tokens=npy_bytes(array),
+            text=text.encode("utf-8"),
+        )
+
+    @property
+    def span(self) -> int:
+        """Bytes this sample takes in the archive."""
+        return sample_span(len(self.json), len(self.tokens), len(self.text))
+
+    def to_bytes(self) -> bytes:
+        """The sample's archive bytes (see `sample_bytes`)."""
+        return sample_bytes(self.key, self.json, self.tokens, self.text)
+
+
+def write_shard(path: str | os.PathLike[str], samples: Iterable[Sample]) -> int:
+    """Write a whole shard sequentially (overwrites `path`); returns its size in bytes."""
+    written = 0
+    with open(path, "wb") as out:
+        for sample in samples:
+            written += out.write(sample.to_bytes())
+        written += out.write(END_OF_ARCHIVE)
+    return written
+
+
+def iter_samples(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Yield (key, {suffix: bytes}) per sample of a shard, in archive order.
+
+    Raises IntegrityError naming the file for unreadable archives, non-file members, or a key
+    whose members are not adjacent.
+    """
+    name = os.fspath(path)
+    if not Path(path).is_file():
+        raise NotFoundError(f"{name}: no such file")
+    seen: set[str] = set()
+    key: str | None = None
+    members: dict[str, bytes] = {}
+    try:
+        with tarfile.open(name, mode="r|") as archive:
+            for info in archive:
+                if not info.isreg() or "." not in info.name or "/" in info.name:
+                    raise IntegrityError(f"{name}: unexpected member {info.name!r}")
+                member_key, suffix = info.name.split(".", 1)
+                if member_key != key:
+                    if key is not None:
+                        yield key, members
+                    if member_key in seen:
+                        raise IntegrityError(f"{name}: members of sample {member_key} are not adjacent")
+                    seen.add(member_key)
+                    key, members = member_key, {}
+                if suffix in members:
+                    raise IntegrityError(f"{name}: duplicate member {info.name!r}")
+                extracted = archive.extractfile(info)
+                assert extracted is not None  # regular files always extract
+                members[suffix] = extracted.read()
+    except tarfile.TarError as exc:
+        raise IntegrityError(f"{name}: not a readable tar archive: {exc}") from None
+    if key is not None:
+        yield key, members
+
+
+def load_npy(data: bytes) -> npt.NDArray[Any]:
+    """Decode a `.tokens.npy` member without allowing pickled objects."""
+    array: npt.NDArray[Any] = np.load(io.BytesIO(data), allow_pickle=False)
+    return array
