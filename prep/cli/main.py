@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "ls": "prep.cli.history:ls",
     "trace": "prep.cli.history:trace",
     "gc": "prep.cli.history:gc",
+    "sample": "prep.cli.sample:sample",
 }
 
 

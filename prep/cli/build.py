@@ -1,0 +1,42 @@
+"""`prep build PIPELINE`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from prep.cli.common import resolve_store_url, store_option
+from prep.config import load_pipeline
+from prep.refs import check_name
+from prep.runner.build import build as run_build
+from prep.runner.executor import make_executor
+from prep.storage import open_store
+
+
+@click.command()
+@click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
+@store_option
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes running tasks (default: the number of cores).")
+@click.option("--tag", "tags", multiple=True, metavar="NAME", help="Also point DATASET@NAME at the snapshot.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Run tasks in a local process pool or on a Ray cluster.")
+@click.option("--ray-address", default=None, metavar="ADDR", help="Ray cluster address (default: a local instance).")
+def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tuple[str, ...], executor: str,
+          ray_address: str | None) -> None:
+    """Build PIPELINE into the store and publish a snapshot; prints the snapshot id."""
+    config = load_pipeline(pipeline)
+    for tag in tags:
+        check_name("tag", tag)
+    pipeline_store = config.store
+    if pipeline_store and "://" not in pipeline_store:
+        pipeline_store = str(config.base_dir / pipeline_store)  # relative to the pipeline file
+    store = open_store(resolve_store_url(store_url, pipeline_store))
+    pool = make_executor(executor, workers or os.cpu_count() or 1, ray_address)
+    try:
+        result = run_build(config, store, pool, tags)
+    finally:
+        pool.close()
+    click.echo(result.snapshot.id)

@@ -1,0 +1,74 @@
+"""`prep show SNAP` and `prep log DATASET`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from prep.cli.common import open_store_option, store_option
+from prep.refs import ref_history
+from prep.snapshots import is_manifest_path, resolve
+
+
+def _human_bytes(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{count} B"
+        size /= 1000
+    return f"{count} B"
+
+
+def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
+    stats, tok = manifest["stats"], manifest["tokenizer"]
+    by_format: dict[str, list[int]] = {}
+    for artifact in manifest["artifacts"]:
+        entry = by_format.setdefault(artifact["format"], [0, 0])
+        entry[0] += 1
+        entry[1] += artifact["size"]
+    lines = [
+        f"snapshot   {snapshot_id}",
+        f"dataset    {manifest['dataset']}   seed {manifest['seed']}",
+        f"inputs     {len(manifest['inputs']['files'])} files, "
+        f"{_human_bytes(sum(f['size'] for f in manifest['inputs']['files']))}, version {manifest['inputs']['version'][:23]}",
+        f"tokenizer  sha256:{tok['sha256'][:16]}  vocab {tok['vocab_size']}  eos {tok['eos']!r}={tok['eos_id']}  {tok['dtype']}",
+        f"code       prep {manifest['code']['version']}  sha256:{manifest['code']['sha256'][:16]}",
+        f"documents  {stats['documents_read']} read, {stats['duplicates_dropped']} duplicates dropped, "
+        f"{stats['documents_written']} written",
+        f"tokens     {stats['tokens_written']}",
+    ]
+    for fmt, (count, size) in sorted(by_format.items()):
+        lines.append(f"artifacts  {fmt}: {count} files, {_human_bytes(size)}")
+    for stage in manifest["stages"]:
+        lines.append(f"stage      {stage['name']:<9} key {stage['key'][:16]}  output {stage['output'][:23]}")
+    return lines
+
+
+@click.command()
+@click.argument("snap")
+@store_option
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest exactly as stored.")
+def show(snap: str, store_url: str | None, as_json: bool) -> None:
+    """Show a snapshot: DATASET@REF, sha256:<hex>, a unique hex prefix, or a manifest file."""
+    store = None if is_manifest_path(snap) else open_store_option(store_url)
+    snapshot = resolve(store, snap)
+    if as_json:
+        sys.stdout.buffer.write(snapshot.raw + b"\n")
+        return
+    click.echo("\n".join(summary_lines(snapshot.id, snapshot.manifest)))
+
+
+@click.command()
+@click.argument("dataset")
+@store_option
+def log(dataset: str, store_url: str | None) -> None:
+    """The snapshots DATASET's refs have pointed to, newest first."""
+    store = open_store_option(store_url)
+    entries = ref_history(store, dataset)
+    if not entries:
+        click.echo(f"no refs for dataset {dataset!r} in {store.url}", err=True)
+        return
+    for ref in entries:
+        click.echo(f"{ref.time}  {ref.dataset}@{ref.name:<12} gen {ref.generation:<4} {ref.snapshot}")

@@ -1,0 +1,223 @@
+"""The pipeline file (TOML): strict parsing into frozen values, and the resolved config.
+
+Unknown keys and wrong types are errors naming the key. The resolved config is what a snapshot
+records: it holds every setting that changes output bytes and nothing machine-specific
+(no absolute paths, no store location, no worker count).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prep.errors import ConfigError
+from prep.refs import NAME_PATTERN
+
+FORMATS = ("auto", "jsonl", "parquet", "text", "hf")
+OUTPUT_FORMATS = ("bin", "wds")
+BACKENDS = ("auto", "tokenizers", "gigatoken")
+ON_ERROR = ("fail", "skip")
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+@dataclass(frozen=True)
+class InputConfig:
+    paths: tuple[str, ...]
+    format: str = "auto"
+    text_field: str = "text"
+    id_field: str | None = None
+    on_error: str = "fail"
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    path: str
+    eos: str = "<|endoftext|>"
+    encode_special_tokens: bool = True
+    backend: str = "auto"
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    exact: bool = True
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    shard_size: int = 256 * 10**6
+    formats: tuple[str, ...] = ("bin", "wds")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A parsed pipeline file; relative paths resolve against `base_dir` (the file's folder)."""
+
+    source: str
+    base_dir: Path
+    dataset: str
+    seed: int
+    store: str | None
+    input: InputConfig
+    tokenizer: TokenizerConfig
+    dedup: DedupConfig
+    output: OutputConfig
+
+    def tokenizer_path(self) -> Path:
+        path = Path(self.tokenizer.path).expanduser()
+        return path if path.is_absolute() else self.base_dir / path
+
+    def resolved(self) -> dict[str, Any]:
+        """Every output-affecting setting, machine-independent, as recorded in manifests."""
+        return {
+            "input": {
+                "format": self.input.format,
+                "text_field": self.input.text_field,
+                "id_field": self.input.id_field,
+                "on_error": self.input.on_error,
+            },
+            "tokenizer": {
+                "eos": self.tokenizer.eos,
+                "encode_special_tokens": self.tokenizer.encode_special_tokens,
+            },
+            "dedup": {"exact": self.dedup.exact},
+            "output": {"shard_size": self.output.shard_size, "formats": list(self.output.formats)},
+        }
+
+
+def parse_size(value: object, key: str) -> int:
+    """'256MB' -> 256_000_000, '1MiB' -> 1_048_576; a bare integer is bytes."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size like \"256MB\", got {value!r}")
+    if isinstance(value, int):
+        number, unit = float(value), ""
+    elif isinstance(value, str) and (match := _SIZE.match(value)):
+        number, unit = float(match.group(1)), match.group(2).upper()
+    else:
+        raise ConfigError(f"{key}: expected a size like \"256MB\" or \"1GiB\", got {value!r}")
+    if unit not in _UNITS:
+        raise ConfigError(f"{key}: unknown size unit {unit!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
+    size = int(number * _UNITS[unit])
+    if size <= 0:
+        raise ConfigError(f"{key}: size must be positive, got {value!r}")
+    return size
+
+
+class _Table:
+    """Typed, key-checked access to one TOML table; every error names the full key."""
+
+    def __init__(self, data: dict[str, Any], prefix: str, source: str) -> None:
+        self.data, self.prefix, self.source = data, prefix, source
+        self.used: set[str] = set()
+
+    def _name(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def _fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {self._name(key)}: {message}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., required: bool = False) -> Any:
+        self.used.add(key)
+        if key not in self.data:
+            if required or default is ...:
+                raise self._fail(key, "missing required key")
+            return default
+        value = self.data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise self._fail(key, f"expected {names}, got {type(value).__name__} {value!r}")
+        return value
+
+    def choice(self, key: str, options: tuple[str, ...], default: str) -> str:
+        value: str = self.get(key, str, default)
+        if value not in options:
+            raise self._fail(key, f"must be one of {', '.join(options)}; got {value!r}")
+        return value
+
+    def table(self, key: str, required: bool = False) -> _Table:
+        value = self.get(key, dict, None if not required else ..., required=required)
+        return _Table(value or {}, f"{self._name(key)}.", self.source)
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise self._fail(unknown[0], "unknown key")
+
+
+def _string_list(table: _Table, key: str, default: tuple[str, ...] | None) -> tuple[str, ...]:
+    value = table.get(key, (list, str), default if default is not None else ...)
+    items = [value] if isinstance(value, str) else list(value)
+    for index, item in enumerate(items):
+        if not isinstance(item, str):
+            raise ConfigError(f"{table.source}: {table.prefix}{key}[{index}]: expected str, got {item!r}")
+    return tuple(items)
+
+
+def load_pipeline(path: Path) -> Pipeline:
+    """Read and validate a pipeline file."""
+    source = str(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: pipeline file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: cannot read pipeline file: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    return parse_pipeline(data, path.parent.absolute(), source)
+
+
+def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline") -> Pipeline:
+    root = _Table(data, "", source)
+    dataset = root.get("dataset", str, required=True)
+    if not NAME_PATTERN.match(dataset):
+        raise ConfigError(f"{source}: dataset: {dataset!r} is not a valid name (letters, digits, '.', '_', '-')")
+    seed = root.get("seed", int, 0)
+    store = root.get("store", str, None)
+
+    inp = root.table("input", required=True)
+    paths = _string_list(inp, "paths", None)
+    if not paths:
+        raise ConfigError(f"{source}: input.paths: at least one path is required")
+    id_field = inp.get("id_field", str, None)
+    input_config = InputConfig(
+        paths=paths,
+        format=inp.choice("format", FORMATS, "auto"),
+        text_field=inp.get("text_field", str, "text"),
+        id_field=id_field or None,
+        on_error=inp.choice("on_error", ON_ERROR, "fail"),
+    )
+    inp.finish()
+
+    tok = root.table("tokenizer", required=True)
+    tokenizer = TokenizerConfig(
+        path=tok.get("path", str, required=True),
+        eos=tok.get("eos", str, "<|endoftext|>"),
+        encode_special_tokens=tok.get("encode_special_tokens", bool, True),
+        backend=tok.choice("backend", BACKENDS, "auto"),
+    )
+    tok.finish()
+
+    dd = root.table("dedup")
+    dedup = DedupConfig(exact=dd.get("exact", bool, True))
+    dd.finish()
+
+    out = root.table("output")
+    formats = _string_list(out, "formats", ("bin", "wds"))
+    for fmt in formats:
+        if fmt not in OUTPUT_FORMATS:
+            raise ConfigError(f"{source}: output.formats: unknown format {fmt!r} (use bin, wds)")
+    if not formats or len(set(formats)) != len(formats):
+        raise ConfigError(f"{source}: output.formats: list each of bin, wds at most once, at least one")
+    output = OutputConfig(
+        shard_size=parse_size(out.get("shard_size", (str, int), "256MB"), "output.shard_size"),
+        formats=tuple(sorted(formats)),
+    )
+    out.finish()
+    root.finish()
+    return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output)

@@ -1,0 +1,300 @@
+"""`prep build`: plan every stage, skip what is committed, run the rest, publish the snapshot.
+
+Stages: tokenize (read + hash + tokenize, one task per file part) -> dedup (global decisions over
+text hashes) -> shuffle (plan of every output byte) -> shard (assemble groups of shards) ->
+publish (snapshot manifest, then refs by compare-and-swap).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prep import cas
+from prep.code import code_identity
+from prep.config import Pipeline
+from prep.errors import InputError
+from prep.faults import crash_point
+from prep.refs import Ref, move_ref
+from prep.runner import records
+from prep.runner.executor import Executor
+from prep.runner.progress import Progress
+from prep.runner.tasks import (AssembleJob, DedupJob, PartRef, ShuffleJob, TaskResult, TokenizeJob,
+                               run_assemble_job, run_dedup_job, run_shuffle_job, run_tokenize_job)
+from prep.snapshots import Snapshot, publish_manifest
+from prep.sources import SourceFile, discover, hash_sources, input_version
+from prep.stages.read import ReadTask, plan_read_tasks
+from prep.stages.shuffle import ShardSpec
+from prep.stages.tokenize import TokenizeSettings
+from prep.storage.base import Store
+from prep.tokenizer import load_tokenizer
+
+LOGS_PREFIX = "logs/"
+ARTIFACT_FILES = {"bin": ("bin", "bin"), "idx": ("bin", "idx"), "wds": ("wds", "tar")}
+
+
+@dataclass
+class StageRun:
+    """What one stage did in this build: tasks run and tasks served from commit records."""
+
+    name: str
+    key: str = ""
+    ran: int = 0
+    cached: int = 0
+    output: str = ""
+
+
+@dataclass
+class BuildResult:
+    snapshot: Snapshot
+    refs: list[Ref]
+    stages: dict[str, StageRun] = field(default_factory=dict)
+    log_key: str = ""
+
+
+class _Builder:
+    def __init__(self, pipeline: Pipeline, store: Store, executor: Executor, progress: Progress) -> None:
+        self.pipeline, self.store, self.executor, self.progress = pipeline, store, executor, progress
+        self.code = code_identity()
+        self.stages: dict[str, StageRun] = {}
+        self.log: dict[str, Any] = {"tasks": {}}
+
+    # -- generic task running ---------------------------------------------------------------
+    def run_tasks(self, stage: str, jobs: Sequence[tuple[str, Any]], fn: Callable[[Any], TaskResult],
+                  nbytes: Callable[[Any], int] = lambda job: 0) -> dict[str, dict[str, Any]]:
+        """Run every job whose task record is missing; return every task's record by key."""
+        run = self.stages.setdefault(stage, StageRun(stage))
+        committed: dict[str, dict[str, Any]] = {}
+        todo: list[tuple[str, Any]] = []
+        for key, job in jobs:
+            record = records.read_task_record(self.store, stage, key)
+            if record is None:
+                todo.append((key, job))
+            else:
+                committed[key] = record
+        run.cached += len(committed)
+        done_bytes = 0
+        self.progress.tick(stage, len(committed), len(jobs), len(committed), force=True)
+        for index, result in self.executor.run(fn, [job for _, job in todo]):
+            key, job = todo[index]
+            crash_point(f"{stage}.before_commit")
+            committed[key] = records.write_task_record(self.store, stage, key, result.outputs, result.summary)
+            if result.log:
+                self.log["tasks"].setdefault(stage, {})[key] = result.log
+            run.ran += 1
+            done_bytes += nbytes(job)
+            self.progress.tick(stage, len(committed), len(jobs), run.cached, done_bytes)
+        return committed
+
+    def stage_key(self, stage: str, settings: dict[str, Any], inputs: Any) -> str:
+        key = records.content_key(stage, settings, self.code, inputs)
+        self.stages.setdefault(stage, StageRun(stage)).key = key
+        return key
+
+    def commit_stage(self, stage: str, key: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        existing = records.read_stage(self.store, stage, key)
+        if existing is None:
+            records.commit_stage(self.store, stage, key, manifest)
+            existing = records.read_stage(self.store, stage, key)
+        assert existing is not None
+        self.stages[stage].output = records.stage_output_id(self.store, stage, key)
+        return existing
+
+    # -- stages -----------------------------------------------------------------------------
+    def tokenize(self, sources: list[SourceFile], settings: TokenizeSettings) -> list[dict[str, Any]]:
+        tasks: list[ReadTask] = []
+        for source in sources:
+            tasks.extend(plan_read_tasks(source, self.pipeline.input.text_field, self.pipeline.input.id_field))
+        jobs = []
+        for task in tasks:
+            key = records.content_key("tokenize", settings.key_fields(), self.code, task.describe(),
+                                      task.text_field, task.id_field)
+            jobs.append((key, TokenizeJob(self.store.url, task, settings)))
+        total_bytes = sum(source.size for source in sources)
+        self.progress.stage("tokenize", f"{len(jobs)} tasks over {len(sources)} files, {total_bytes / 1e6:.1f} MB")
+        done = self.run_tasks("tokenize", jobs, run_tokenize_job, lambda job: job.task.end - job.task.start)
+        entries, line_offsets = [], {}
+        for (key, job) in jobs:
+            record = done[key]
+            summary = record["summary"]
+            offset = line_offsets.get(job.task.source.rel, 0)
+            line_offsets[job.task.source.rel] = offset + int(summary.get("lines", 0))
+            entries.append({**job.task.describe(), "key": key, "output": record["outputs"]["intermediate"],
+                            "line_offset": offset, **{k: v for k, v in summary.items()}})
+        stage_key = self.stage_key("tokenize", settings.key_fields(), [key for key, _ in jobs])
+        manifest = self.commit_stage("tokenize", stage_key, {"tasks": entries})
+        self.progress.done("tokenize", f"{self.stages['tokenize'].ran} run, {self.stages['tokenize'].cached} cached")
+        return list(manifest["tasks"])
+
+    def parts(self, entries: list[dict[str, Any]]) -> tuple[PartRef, ...]:
+        return tuple(PartRef(e["output"], e["source"], e["format"], e["line_offset"], e["documents"]) for e in entries)
+
+    def single(self, stage: str, settings: dict[str, Any], inputs: Any, job: Any,
+               fn: Callable[[Any], TaskResult]) -> dict[str, Any]:
+        """A stage of one task: its task key is its stage key."""
+        key = self.stage_key(stage, settings, inputs)
+        existing = records.read_stage(self.store, stage, key)
+        if existing is not None:
+            self.stages[stage].cached += 1
+            self.stages[stage].output = records.stage_output_id(self.store, stage, key)
+            return existing
+        self.progress.stage(stage)
+        record = self.run_tasks(stage, [(key, job)], fn)[key]
+        manifest = self.commit_stage(stage, key, {"outputs": record["outputs"], **record["summary"]})
+        self.progress.done(stage, ", ".join(f"{k}={v}" for k, v in record["summary"].items() if isinstance(v, int)))
+        return manifest
+
+    def shard(self, parts: tuple[PartRef, ...], keep_id: str, shuffle: dict[str, Any], dtype: str,
+              eos_id: int, workers: int) -> list[dict[str, Any]]:
+        formats = self.pipeline.output.formats
+        settings = {"formats": list(formats), "dtype": dtype, "eos_id": eos_id}
+        stage_key = self.stage_key("shard", settings, [self.stages["shuffle"].output])
+        specs = [ShardSpec.from_json(s) for s in shuffle["shards"]]
+        shard_keys = {spec.index: records.content_key(stage_key, spec.index) for spec in specs}
+        missing = [s for s in specs if records.read_task_record(self.store, "shard", shard_keys[s.index]) is None]
+        self.progress.stage("shard", f"{len(specs)} shards, {len(specs) - len(missing)} committed")
+        groups = _balanced_groups(missing, workers)
+        jobs = [(records.content_key(stage_key, [s.index for s in group]),
+                 AssembleJob(self.store.url, parts, keep_id, shuffle["outputs"]["plan"], tuple(group), formats,
+                             dtype, eos_id)) for group in groups]
+        run = self.stages["shard"]
+        for index, result in self.executor.run(run_assemble_job, [job for _, job in jobs]):
+            for spec in jobs[index][1].shards:
+                outputs = {fmt: result.outputs[f"{spec.index}/{fmt}"] for fmt in _artifact_formats(formats)}
+                crash_point("shard.before_commit")
+                records.write_task_record(self.store, "shard", shard_keys[spec.index], outputs,
+                                          {"sizes": {f: result.summary["sizes"][f"{spec.index}/{f}"] for f in outputs}})
+                run.ran += 1
+        run.cached = len(specs) - len(missing)
+        shards = []
+        for spec in specs:
+            record = records.read_task_record(self.store, "shard", shard_keys[spec.index])
+            assert record is not None
+            shards.append({**spec.to_json(), "outputs": record["outputs"], "sizes": record["summary"]["sizes"]})
+        self.commit_stage("shard", stage_key, {"shards": shards})
+        self.progress.done("shard", f"{run.ran} written, {run.cached} cached")
+        return shards
+
+
+def _artifact_formats(formats: tuple[str, ...]) -> list[str]:
+    return [fmt for fmt in ("bin", "idx", "wds") if ARTIFACT_FILES[fmt][0] in formats]
+
+
+def _balanced_groups(specs: list[ShardSpec], count: int) -> list[list[ShardSpec]]:
+    """Split shards into at most `count` contiguous groups of similar byte size."""
+    if not specs:
+        return []
+    count = max(1, min(count, len(specs)))
+    total = sum(s.bin_size + s.tar_size for s in specs)
+    groups: list[list[ShardSpec]] = [[]]
+    acc = 0
+    for spec in specs:
+        if groups[-1] and acc >= total * len(groups) / count and len(groups) < count:
+            groups.append([])
+        groups[-1].append(spec)
+        acc += spec.bin_size + spec.tar_size
+    return groups
+
+
+def _artifacts(shards: list[dict[str, Any]], formats: tuple[str, ...]) -> list[dict[str, Any]]:
+    artifacts = []
+    for shard in shards:
+        for fmt in _artifact_formats(formats):
+            folder, extension = ARTIFACT_FILES[fmt]
+            artifacts.append({
+                "path": f"{folder}/{shard['index']:05d}.{extension}", "format": fmt, "shard": shard["index"],
+                "size": shard["sizes"][fmt], "sha256": cas.parse_id(shard["outputs"][fmt]),
+                "documents": shard["documents"], "tokens": shard["tokens"],
+            })
+    return sorted(artifacts, key=lambda a: a["path"])
+
+
+def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[str] = (),
+          progress: Progress | None = None) -> BuildResult:
+    """Run the pipeline into `store` and publish it; returns the snapshot and moved refs."""
+    progress = progress or Progress()
+    builder = _Builder(pipeline, store, executor, progress)
+    started = time.time()
+    tokenizer_path = pipeline.tokenizer_path()
+    _, info = load_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)
+
+    progress.stage("inputs", "discovering and hashing")
+    sources = hash_sources(discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format),
+                           threads=max(2, executor.workers))
+    version = input_version(sources)
+    progress.done("inputs", f"{len(sources)} files, {sum(s.size for s in sources) / 1e6:.1f} MB, {version[:19]}")
+
+    settings = TokenizeSettings(str(tokenizer_path), info.sha256, pipeline.tokenizer.eos,
+                                pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend,
+                                pipeline.input.on_error)
+    entries = builder.tokenize(sources, settings)
+    documents_read = sum(int(e["documents"]) for e in entries)
+    if documents_read == 0:
+        raise InputError(f"{pipeline.source}: the corpus has no documents ({len(sources)} input files)")
+    parts = builder.parts(entries)
+    tokenize_out = builder.stages["tokenize"].output
+
+    dedup = builder.single("dedup", {"exact": pipeline.dedup.exact}, [tokenize_out],
+                           DedupJob(store.url, parts, pipeline.dedup.exact), run_dedup_job)
+    keep_id = dedup["outputs"]["keep"]
+    formats = pipeline.output.formats
+    shuffle_settings = {"seed": pipeline.seed, "shard_size": pipeline.output.shard_size,
+                        "dtype": info.dtype, "formats": list(formats)}
+    shuffle = builder.single("shuffle", shuffle_settings, [tokenize_out, builder.stages["dedup"].output],
+                             ShuffleJob(store.url, parts, keep_id, pipeline.seed, pipeline.output.shard_size,
+                                        info.dtype, formats), run_shuffle_job)
+    shards = builder.shard(parts, keep_id, shuffle, info.dtype, info.eos_id, executor.workers)
+
+    stats = {
+        "documents_read": documents_read,
+        "duplicates_dropped": int(dedup["duplicates_dropped"]),
+        "documents_written": sum(s["documents"] for s in shards),
+        "tokens_written": sum(s["tokens"] for s in shards),
+        "bad_records_skipped": sum(int(e.get("bad_records", 0)) for e in entries),
+        "special_token_documents": sum(int(e.get("special_token_documents", 0)) for e in entries),
+    }
+    manifest = {
+        "schema": "prep.snapshot/1",
+        "dataset": pipeline.dataset,
+        "seed": pipeline.seed,
+        "inputs": {"version": version, "files": [s.to_json() for s in sources]},
+        "code": builder.code,
+        "tokenizer": info.to_json(),
+        "config": pipeline.resolved(),
+        "stages": [{"name": run.name, "key": run.key, "output": run.output} for run in builder.stages.values()],
+        "artifacts": _artifacts(shards, formats),
+        "stats": stats,
+    }
+    snapshot = publish_manifest(store, manifest)
+    crash_point("publish.before_refs")
+    moved = [move_ref(store, pipeline.dataset, name, snapshot.id) for name in ("latest", *tags)]
+    log_key = _write_log(store, pipeline, snapshot, builder, sources, entries, started)
+    progress.info(f"published {snapshot.id} as " + ", ".join(f"{r.dataset}@{r.name} (generation {r.generation})" for r in moved))
+    return BuildResult(snapshot, moved, builder.stages, log_key)
+
+
+def _write_log(store: Store, pipeline: Pipeline, snapshot: Snapshot, builder: _Builder,
+               sources: list[SourceFile], entries: list[dict[str, Any]], started: float) -> str:
+    """A build's log record: mutable facts that must not change the snapshot id."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+    key = f"{LOGS_PREFIX}{pipeline.dataset}/{stamp}-{uuid.uuid4().hex[:12]}.json"
+    record = {
+        "schema": "prep.build-log/1",
+        "snapshot": snapshot.id,
+        "dataset": pipeline.dataset,
+        "started": stamp,
+        "seconds": int(time.time() - started),
+        "host": os.uname().nodename,
+        "stages": {n: {"key": r.key, "ran": r.ran, "cached": r.cached} for n, r in builder.stages.items()},
+        "inputs": [{"path": s.rel, "location": s.location, "etag": s.etag, "version_id": s.version_id}
+                   for s in sources],
+        "bad_records": [reason for e in entries for reason in e.get("bad_record_examples", [])],
+        "tasks": builder.log["tasks"],
+    }
+    store.put_bytes(key, json.dumps(record, sort_keys=True, indent=1).encode())
+    return key

@@ -1,0 +1,72 @@
+"""Executors run task functions in parallel and hand results back as they complete.
+
+The local executor is a pool of spawned worker processes; each worker caps the tokenizer's
+thread pool so that total threads stay near the core count.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+from typing import Any, Protocol
+
+
+class Executor(Protocol):
+    """Runs `fn(item)` for every item; yields (index, result) as tasks complete.
+
+    The first task error is raised after pending tasks are cancelled."""
+
+    workers: int
+
+    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+def _init_worker(threads: int) -> None:
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+
+
+class LocalExecutor:
+    """A warm pool of `workers` spawned processes, kept for the whole build."""
+
+    def __init__(self, workers: int, threads_per_worker: int = 1) -> None:
+        self.workers = workers
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                         initializer=_init_worker, initargs=(threads_per_worker,))
+
+    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        pending: dict[Future[Any], int] = {}
+        queue = list(enumerate(items))
+        queue.reverse()
+        try:
+            while queue or pending:
+                while queue and len(pending) < self.workers * 2:
+                    index, item = queue.pop()
+                    pending[self._pool.submit(fn, item)] = index
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: pending[f]):
+                    index = pending.pop(future)
+                    yield index, future.result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def make_executor(kind: str, workers: int, ray_address: str | None = None) -> Executor:
+    """The executor named by `--executor`."""
+    if kind == "local":
+        return LocalExecutor(workers)
+    if kind == "ray":
+        from prep.runner.ray_executor import RayExecutor
+
+        return RayExecutor(workers, ray_address)
+    from prep.errors import UsageError
+
+    raise UsageError(f"unknown executor {kind!r} (use local or ray)")

@@ -1,0 +1,174 @@
+"""Task functions that run in workers: do a stage's pure work, then store its outputs as
+content-addressed objects. They never write commit records; the driver does that last."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prep import cas
+from prep.errors import IntegrityError
+from prep.faults import crash_point
+from prep.stages.dedup import keep_mask, pack_mask, read_hashes, unpack_mask
+from prep.stages.read import ReadTask
+from prep.stages.shard import assemble_shards
+from prep.stages.shuffle import Part, ShardSpec, plan_bytes, plan_from_bytes, plan_shards
+from prep.stages.tokenize import TokenizeSettings, run_tokenize
+from prep.storage import open_store
+from prep.storage.base import Store
+
+_STORES: dict[str, Store] = {}
+
+
+def worker_store(url: str) -> Store:
+    """One store handle per process (boto3 clients must not cross a fork)."""
+    if url not in _STORES:
+        _STORES[url] = open_store(url)
+    return _STORES[url]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PREP_CACHE", Path.home() / ".cache" / "prep")) / "objects"
+
+
+def fetch_local(store: Store, object_id: str) -> Path:
+    """A local file holding the object: the store's own file, or a verified cached download.
+
+    The cache is keyed by content hash, so it can never serve stale bytes for an id."""
+    sha = cas.parse_id(object_id)
+    local = store.local_path(cas.object_key(sha))
+    if local is not None:
+        return local
+    target = cache_dir() / sha[:2] / sha
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f".{sha}.{uuid.uuid4().hex}.part")
+    hasher = hashlib.sha256()
+    with store.open(cas.object_key(sha)) as source, open(temp, "wb") as sink:
+        while chunk := source.read(8 << 20):
+            hasher.update(chunk)
+            sink.write(chunk)
+    if hasher.hexdigest() != sha:
+        temp.unlink(missing_ok=True)
+        raise IntegrityError(f"{store.url}: object {object_id} does not hash to its name")
+    os.replace(temp, target)
+    return target
+
+
+@dataclass(frozen=True)
+class PartRef:
+    """A committed tokenize output as later tasks receive it (object id instead of a path)."""
+
+    object_id: str
+    source: str
+    format: str
+    line_offset: int
+    documents: int
+
+    def resolve(self, store: Store) -> Part:
+        return Part(fetch_local(store, self.object_id), self.source, self.format, self.line_offset, self.documents)
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    outputs: dict[str, str]
+    summary: dict[str, Any]
+    log: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TokenizeJob:
+    store_url: str
+    task: ReadTask
+    settings: TokenizeSettings
+
+
+def run_tokenize_job(job: TokenizeJob) -> TaskResult:
+    store = worker_store(job.store_url)
+    result = run_tokenize(job.task, job.settings, store.staging_dir())
+    try:
+        digest = cas.put_file(store, result.path)
+    finally:
+        result.path.unlink(missing_ok=True)
+    crash_point("tokenize.after_output")
+    return TaskResult({"intermediate": digest.id}, result.summary, result.log)
+
+
+@dataclass(frozen=True)
+class DedupJob:
+    store_url: str
+    parts: tuple[PartRef, ...]
+    exact: bool
+
+
+def run_dedup_job(job: DedupJob) -> TaskResult:
+    store = worker_store(job.store_url)
+    keep = keep_mask((read_hashes(ref.resolve(store).path) for ref in job.parts), job.exact)
+    digest = cas.put_bytes(store, pack_mask(keep))
+    return TaskResult({"keep": digest.id},
+                      {"documents_read": len(keep), "duplicates_dropped": int(len(keep) - keep.sum())}, {})
+
+
+@dataclass(frozen=True)
+class ShuffleJob:
+    store_url: str
+    parts: tuple[PartRef, ...]
+    keep_id: str
+    seed: int
+    shard_size: int
+    dtype: str
+    formats: tuple[str, ...]
+
+
+def run_shuffle_job(job: ShuffleJob) -> TaskResult:
+    store = worker_store(job.store_url)
+    keep = unpack_mask(cas.get_bytes(store, job.keep_id))
+    parts = [ref.resolve(store) for ref in job.parts]
+    plan, shards = plan_shards(parts, keep, job.seed, job.shard_size, np.dtype(job.dtype), job.formats)
+    digest = cas.put_bytes(store, plan_bytes(plan))
+    return TaskResult({"plan": digest.id}, {"shards": [spec.to_json() for spec in shards]}, {})
+
+
+@dataclass(frozen=True)
+class AssembleJob:
+    store_url: str
+    parts: tuple[PartRef, ...]
+    keep_id: str
+    plan_id: str
+    shards: tuple[ShardSpec, ...]
+    formats: tuple[str, ...]
+    dtype: str
+    eos_id: int
+
+
+def run_assemble_job(job: AssembleJob) -> TaskResult:
+    """Write a group of shards and store their files; outputs are keyed `<shard>/<format>`."""
+    store = worker_store(job.store_url)
+    keep = unpack_mask(cas.get_bytes(store, job.keep_id))
+    plan = plan_from_bytes(cas.get_bytes(store, job.plan_id))
+    parts = [ref.resolve(store) for ref in job.parts]
+    work_dir = store.staging_dir() / f"assemble-{uuid.uuid4().hex}"
+    work_dir.mkdir(parents=True)
+    try:
+        written = assemble_shards(parts, keep, plan, list(job.shards), job.formats, np.dtype(job.dtype),
+                                  job.eos_id, work_dir)
+        crash_point("shard.after_write")
+        outputs: dict[str, str] = {}
+        sizes: dict[str, int] = {}
+        for shard in written:
+            for fmt, path in sorted(shard.files.items()):
+                digest = cas.put_file(store, path)
+                outputs[f"{shard.index}/{fmt}"] = digest.id
+                sizes[f"{shard.index}/{fmt}"] = digest.size
+                crash_point("shard.between_puts")
+        return TaskResult(outputs, {"sizes": sizes}, {})
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)

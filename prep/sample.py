@@ -1,0 +1,68 @@
+"""The built-in sample: a small real-text corpus and a BPE tokenizer made offline.
+
+The corpus is the docstrings of the Python standard library on this machine (sorted, so the
+same Python gives the same corpus), plus a few exact duplicates and a document that spells the
+EOS token, so dedup and special-token handling show in the sample build.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sysconfig
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+EOS = "<|endoftext|>"
+
+
+def stdlib_docstrings(limit: int) -> Iterator[tuple[str, str]]:
+    """(id, text) pairs: module, class and function docstrings of the standard library."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    count = 0
+    for path in sorted(root.glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            doc = ast.get_docstring(node)
+            if doc and len(doc) >= 80:
+                name = getattr(node, "name", "<module>")
+                yield f"{path.stem}.{name}.{getattr(node, 'lineno', 0)}", doc
+                count += 1
+                if count >= limit:
+                    return
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, path: Path, eos: str = EOS) -> Path:
+    """Train a GPT-2-style byte-level BPE with `eos` as its only special token."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eos], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path))
+    return path
+
+
+def make_sample(folder: Path, documents: int = 3000, vocab_size: int = 4096) -> tuple[Path, Path]:
+    """Write folder/corpus.jsonl and folder/tokenizer.json; returns their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    records = [{"id": doc_id, "text": text} for doc_id, text in stdlib_docstrings(documents)]
+    extras = [{"id": f"dup-{i}", "text": records[i * 7]["text"]} for i in range(min(5, len(records) // 7))]
+    extras.append({"id": "spells-eos", "text": f"A code corpus may contain the string {EOS} literally."})
+    corpus = folder / "corpus.jsonl"
+    temp = corpus.with_suffix(".jsonl.part")
+    with open(temp, "w", encoding="utf-8") as out:
+        for record in records + extras:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    temp.replace(corpus)
+    tokenizer = train_tokenizer((r["text"] for r in records), vocab_size, folder / "tokenizer.json")
+    return corpus, tokenizer

@@ -1,0 +1,199 @@
+"""Input discovery: expand paths/globs/folders (local or s3://), name each file relative to the
+common parent of all inputs, hash contents, and open byte streams (decompressing .gz/.zst)."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import io
+import os
+import posixpath
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from prep.errors import ConfigError, InputError
+
+READ_CHUNK = 4 << 20
+_JSONL = (".jsonl", ".ndjson", ".json")
+_TEXT = (".txt", ".text", ".md")
+_COMPRESSED = (".gz", ".zst")
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One input file: where to read it, its recorded relative path, size and content hash."""
+
+    location: str
+    rel: str
+    size: int
+    format: str
+    sha256: str = ""
+    etag: str | None = None
+    version_id: str | None = None
+
+    @property
+    def compressed(self) -> bool:
+        return self.location.endswith(_COMPRESSED)
+
+    def to_json(self) -> dict[str, object]:
+        return {"path": self.rel, "size": self.size, "sha256": self.sha256}
+
+
+def detect_format(name: str, declared: str) -> str | None:
+    """The reader for a file name: the declared format, or by extension under 'auto'."""
+    stem = name
+    for suffix in _COMPRESSED:
+        stem = stem.removesuffix(suffix)
+    if name.endswith(".arrow"):
+        return "hf"
+    if declared != "auto":
+        return declared
+    if stem.endswith(_JSONL):
+        return "jsonl"
+    if stem.endswith(".parquet"):
+        return "parquet"
+    if stem.endswith(_TEXT):
+        return "text"
+    return None
+
+
+def _hf_files(folder: Path) -> list[Path]:
+    """The Arrow files of a dataset saved with `datasets`' save_to_disk, in their recorded order."""
+    import json
+
+    state = folder / "state.json"
+    try:
+        names = [entry["filename"] for entry in json.loads(state.read_text())["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{folder}: not a dataset saved with save_to_disk ({state.name}: {exc})") from None
+    return [folder / name for name in names]
+
+
+def _expand_local(pattern: str, base_dir: Path, declared: str) -> list[Path]:
+    path = Path(pattern).expanduser()
+    full = path if path.is_absolute() else base_dir / path
+    if any(ch in pattern for ch in "*?["):
+        matches = [Path(p) for p in glob.glob(str(full), recursive=True)]
+    else:
+        matches = [full]
+    files: list[Path] = []
+    for match in matches:
+        if match.is_dir():
+            if declared == "hf" or (match / "state.json").is_file():
+                files.extend(_hf_files(match))
+                continue
+            for dirpath, dirnames, filenames in os.walk(match):
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+                files.extend(Path(dirpath, name) for name in sorted(filenames)
+                             if not name.startswith(".") and detect_format(name, "auto"))
+        elif match.exists() or not any(ch in pattern for ch in "*?["):
+            files.append(match)
+    return files
+
+
+def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[SourceFile]:
+    """Every input file named by `paths`, sorted by relative path; hashes are filled later."""
+    located: list[tuple[str, str, int, str | None, str | None]] = []  # location, namespace path, size, etag, version
+    for pattern in paths:
+        if pattern.startswith("s3://"):
+            from prep.storage.s3 import list_objects
+
+            objects = list_objects(pattern)
+            if not objects:
+                raise ConfigError(f"input.paths: no objects match {pattern!r}")
+            located.extend((o.url, f"/{o.bucket}/{o.key}", o.size, o.etag, o.version_id) for o in objects)
+            continue
+        files = _expand_local(pattern, base_dir, declared)
+        if not files:
+            raise ConfigError(f"input.paths: no files match {pattern!r} (relative to {base_dir})")
+        for file in files:
+            try:
+                size = file.stat().st_size
+            except OSError as exc:
+                raise InputError(f"{file}: cannot read input file: {exc.strerror}") from None
+            located.append((str(file.absolute()), file.absolute().as_posix(), size, None, None))
+    if not located:
+        raise ConfigError("input.paths: no input files")
+    parents = [posixpath.dirname(ns) for _, ns, *_ in located]
+    common = posixpath.commonpath(parents)
+    sources: dict[str, SourceFile] = {}
+    for location, ns, size, etag, version in located:
+        rel = posixpath.relpath(ns, common)
+        fmt = detect_format(rel, declared)
+        if fmt is None:
+            raise ConfigError(f"{location}: cannot tell the input format from the name; set input.format")
+        sources[rel] = SourceFile(location, rel, size, fmt, etag=etag, version_id=version)
+    return [sources[rel] for rel in sorted(sources)]
+
+
+def open_raw(source: SourceFile) -> BinaryIO:
+    """The file's stored bytes (still compressed)."""
+    if source.location.startswith("s3://"):
+        from prep.storage.s3 import open_object
+
+        return open_object(source.location)
+    try:
+        return open(source.location, "rb")
+    except OSError as exc:
+        raise InputError(f"{source.location}: cannot read input file: {exc.strerror}") from None
+
+
+def open_decoded(source: SourceFile) -> BinaryIO:
+    """The file's content, decompressing .gz and .zst transparently."""
+    raw = open_raw(source)
+    if source.location.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if source.location.endswith(".zst"):
+        import zstandard
+
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=READ_CHUNK, closefd=True)
+        return io.BufferedReader(reader, buffer_size=READ_CHUNK)  # type: ignore[arg-type]
+    return raw
+
+
+def hash_source(source: SourceFile) -> SourceFile:
+    """The same source with the SHA-256 of its stored bytes filled in."""
+    hasher = hashlib.sha256()
+    size = 0
+    try:
+        with open_raw(source) as stream:
+            while chunk := stream.read(READ_CHUNK):
+                hasher.update(chunk)
+                size += len(chunk)
+    except OSError as exc:
+        raise InputError(f"{source.location}: cannot read input file: {exc}") from None
+    return SourceFile(source.location, source.rel, size, source.format, hasher.hexdigest(),
+                      source.etag, source.version_id)
+
+
+def hash_sources(sources: list[SourceFile], threads: int) -> list[SourceFile]:
+    """Hash every input in parallel threads (hashlib releases the GIL on large buffers)."""
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        return list(pool.map(hash_source, sources))
+
+
+def input_version(sources: list[SourceFile]) -> str:
+    """One id over every input's relative path, size and hash."""
+    from prep.manifest import canonical
+
+    return "sha256:" + hashlib.sha256(canonical.dumps([s.to_json() for s in sources])).hexdigest()
+
+
+def iter_lines_in_range(stream: BinaryIO, start: int, end: int) -> Iterator[bytes]:
+    """Lines of an uncompressed file that START within [start, end): a line belongs to the range
+    holding its first byte, so adjacent ranges split a file without overlap or loss."""
+    if start > 0:
+        stream.seek(start - 1)
+        if stream.read(1) != b"\n":
+            stream.readline()  # finish the line owned by the previous range
+    position = stream.tell()
+    while position < end:
+        line = stream.readline()
+        if not line:
+            return
+        position += len(line)
+        yield line

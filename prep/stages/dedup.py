@@ -1,0 +1,45 @@
+"""Global exact dedup decisions over text hashes only: keep the first occurrence in input order.
+
+Works on 16-byte xxh3-128 hashes in numpy arrays (about 40 bytes of memory per document),
+never on texts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+
+def read_hashes(path: Path) -> np.ndarray:
+    """A task's text hashes as an (n, 2) uint64 array, in row order."""
+    column = pq.read_table(path, columns=["text_hash"]).column("text_hash").combine_chunks()
+    data = column.buffers()[1]
+    assert data is not None
+    raw = np.frombuffer(data, dtype=np.uint64, count=2 * len(column), offset=column.offset * 16)
+    return raw.reshape(-1, 2)
+
+
+def keep_mask(hash_arrays: Iterable[np.ndarray], exact: bool) -> np.ndarray:
+    """True for every document to keep, over all tasks concatenated in input order."""
+    hashes = np.concatenate([h for h in hash_arrays] or [np.zeros((0, 2), np.uint64)])
+    keep = np.ones(len(hashes), dtype=bool)
+    if not exact or len(hashes) < 2:
+        return keep
+    order = np.lexsort((np.arange(len(hashes)), hashes[:, 1], hashes[:, 0]))
+    sorted_hashes = hashes[order]
+    repeat = np.all(sorted_hashes[1:] == sorted_hashes[:-1], axis=1)
+    keep[order[1:][repeat]] = False
+    return keep
+
+
+def pack_mask(keep: np.ndarray) -> bytes:
+    """Deterministic bytes of a keep mask: u64 little-endian length, then packed bits."""
+    return np.uint64(len(keep)).astype("<u8").tobytes() + np.packbits(keep).tobytes()
+
+
+def unpack_mask(data: bytes) -> np.ndarray:
+    count = int(np.frombuffer(data[:8], dtype="<u8")[0])
+    return np.unpackbits(np.frombuffer(data[8:], dtype=np.uint8), count=count).astype(bool)

@@ -1,0 +1,225 @@
+"""Read documents from one input task: a whole file, a byte range of a JSON Lines file, or a
+range of Parquet row groups. Bad records raise InputError naming file and line/row, or, under
+the skip policy, are yielded as BadRecord so the caller can count and record them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from prep.errors import InputError
+from prep.sources import SourceFile, iter_lines_in_range, open_decoded, open_raw
+
+RANGE_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """One unit of reading: [start, end) are byte offsets (jsonl) or row groups (parquet)."""
+
+    source: SourceFile
+    part: int
+    start: int
+    end: int
+    text_field: str
+    id_field: str | None
+
+    def describe(self) -> dict[str, object]:
+        return {"source": self.source.rel, "sha256": self.source.sha256, "format": self.source.format,
+                "part": self.part, "start": self.start, "end": self.end}
+
+
+@dataclass(frozen=True)
+class Document:
+    row: int  # line (jsonl, 0-based within the task), row (parquet/hf, within the file), 0 (text)
+    id: str | None
+    text: str
+    data: bytes  # the text as UTF-8
+
+
+def _document(row: int, doc_id: str | None, text: str) -> Document:
+    try:
+        return Document(row, doc_id, text, text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text has an unpaired surrogate at character {exc.start}") from None
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    row: int
+    reason: str
+
+
+def plan_read_tasks(source: SourceFile, text_field: str, id_field: str | None,
+                    range_bytes: int = RANGE_BYTES) -> list[ReadTask]:
+    """Split a file into tasks so one huge file is not one task."""
+    def task(part: int, start: int, end: int) -> ReadTask:
+        return ReadTask(source, part, start, end, text_field, id_field)
+
+    if source.format == "jsonl" and not source.compressed and source.size > range_bytes:
+        starts = list(range(0, source.size, range_bytes))
+        return [task(i, s, min(s + range_bytes, source.size)) for i, s in enumerate(starts)]
+    if source.format == "parquet":
+        import pyarrow.parquet as pq
+
+        with _seekable(source) as handle:
+            meta = pq.ParquetFile(handle).metadata
+            groups = [(meta.row_group(i).total_byte_size, i) for i in range(meta.num_row_groups)]
+        tasks, first, acc = [], 0, 0
+        for size, index in groups:
+            acc += size
+            if acc >= range_bytes:
+                tasks.append(task(len(tasks), first, index + 1))
+                first, acc = index + 1, 0
+        if first < len(groups) or not tasks:
+            tasks.append(task(len(tasks), first, len(groups)))
+        return tasks
+    return [task(0, 0, source.size)]
+
+
+def _seekable(source: SourceFile) -> BinaryIO:
+    if not source.location.startswith("s3://"):
+        return open_raw(source)
+    spool = tempfile.TemporaryFile()
+    with open_raw(source) as stream:
+        shutil.copyfileobj(stream, spool, 4 << 20)
+    spool.seek(0)
+    return spool  # type: ignore[return-value]
+
+
+def line_number(task: ReadTask, local_line: int) -> int:
+    """The 1-based line number in the file of a task's local line (counts earlier lines)."""
+    if task.start == 0 or task.source.format != "jsonl":
+        return local_line + 1
+    with open_raw(task.source) as stream:
+        before, remaining = 0, task.start
+        while remaining > 0:
+            chunk = stream.read(min(remaining, 4 << 20))
+            if not chunk:
+                break
+            before += chunk.count(b"\n")
+            remaining -= len(chunk)
+    return before + local_line + 1
+
+
+def _field_text(record: Any, field: str) -> str:
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    if field not in record:
+        raise ValueError(f"missing text field {field!r}")
+    value = record[field]
+    if not isinstance(value, str):
+        raise ValueError(f"text field {field!r} is {type(value).__name__}, not a string")
+    return value
+
+
+def _field_id(record: dict[str, Any], field: str | None) -> str | None:
+    if field is None:
+        return None
+    value = record.get(field)
+    if value is None or isinstance(value, (dict, list, bool)):
+        raise ValueError(f"missing or non-scalar id field {field!r}")
+    return str(value)
+
+
+def _jsonl(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
+    name = task.source.location
+    with open_decoded(task.source) as stream:
+        lines = iter_lines_in_range(stream, task.start, task.end) if not task.source.compressed \
+            else iter(stream.readline, b"")
+        for local, raw in enumerate(lines):
+            stats["lines"] = local + 1
+            if not raw.strip():
+                continue
+            try:
+                try:
+                    text_line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ValueError(f"invalid UTF-8 at byte {exc.start}") from None
+                try:
+                    record = json.loads(text_line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"malformed JSON: {exc.msg} at column {exc.colno}") from None
+                text = _field_text(record, task.text_field)
+                yield _document(local, _field_id(record, task.id_field), text)
+            except ValueError as exc:
+                yield BadRecord(local, f"{name}:{line_number(task, local)}: {exc}")
+
+
+def _text(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
+    with open_decoded(task.source) as stream:
+        data = stream.read()
+    try:
+        yield Document(0, None, data.decode("utf-8"), data)
+    except UnicodeDecodeError as exc:
+        yield BadRecord(0, f"{task.source.location}: invalid UTF-8 at byte {exc.start}")
+
+
+def _columns(task: ReadTask, batches: Iterator[Any], first_row: int) -> Iterator[Document | BadRecord]:
+    row = first_row
+    for batch in batches:
+        texts = batch.column(task.text_field).to_pylist()
+        ids = batch.column(task.id_field).to_pylist() if task.id_field else [None] * len(texts)
+        for text, doc_id in zip(texts, ids):
+            where = f"{task.source.location}: row {row}"
+            if not isinstance(text, str):
+                yield BadRecord(row, f"{where}: text field {task.text_field!r} is null or not a string")
+            elif task.id_field and doc_id is None:
+                yield BadRecord(row, f"{where}: missing id field {task.id_field!r}")
+            else:
+                try:
+                    yield _document(row, None if doc_id is None else str(doc_id), text)
+                except ValueError as exc:
+                    yield BadRecord(row, f"{where}: {exc}")
+            row += 1
+
+
+def _require_columns(task: ReadTask, names: list[str]) -> list[str]:
+    wanted = [task.text_field] + ([task.id_field] if task.id_field else [])
+    for column in wanted:
+        if column not in names:
+            raise InputError(f"{task.source.location}: no column {column!r} (columns: {', '.join(names)})")
+    return wanted
+
+
+def _parquet(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
+    import pyarrow.parquet as pq
+
+    with _seekable(task.source) as handle:
+        parquet = pq.ParquetFile(handle)
+        columns = _require_columns(task, parquet.schema_arrow.names)
+        first_row = sum(parquet.metadata.row_group(i).num_rows for i in range(task.start))
+        groups = list(range(task.start, task.end))
+        yield from _columns(task, parquet.iter_batches(batch_size=4096, row_groups=groups, columns=columns),
+                            first_row)
+
+
+def _arrow(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
+    import pyarrow.ipc
+
+    with _seekable(task.source) as handle:
+        reader = pyarrow.ipc.open_stream(handle)
+        _require_columns(task, reader.schema.names)
+        yield from _columns(task, iter(reader), 0)
+
+
+_READERS = {"jsonl": _jsonl, "text": _text, "parquet": _parquet, "hf": _arrow}
+
+
+def read_documents(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
+    """Every record of the task in file order; I/O and format errors become InputError.
+    `stats["lines"]` ends as the number of lines a JSON Lines task consumed."""
+    try:
+        yield from _READERS[task.source.format](task, stats)
+    except InputError:
+        raise
+    except (OSError, EOFError) as exc:
+        raise InputError(f"{task.source.location}: cannot read: {exc}") from None
+    except Exception as exc:  # pyarrow and zstandard raise their own error types
+        if type(exc).__module__.startswith(("pyarrow", "zstd", "zstandard")) or isinstance(exc, ValueError):
+            raise InputError(f"{task.source.location}: cannot read: {str(exc).splitlines()[0]}") from None
+        raise

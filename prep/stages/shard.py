@@ -1,0 +1,122 @@
+"""Shard assembly: write a group of planned shards in both formats.
+
+Streams every intermediate once, in input order, reading only the row groups that hold
+documents of this group, and writes each document at the offset the plan fixed (positional
+writes), so memory holds one row group at a time and output bytes never depend on grouping.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from prep.formats import megatron, wds
+from prep.stages.shuffle import Part, ShardSpec, document_id, record_line
+
+
+@dataclass(frozen=True)
+class ShardFiles:
+    """Local files of one assembled shard, by artifact format (bin, idx, wds)."""
+
+    index: int
+    files: dict[str, Path]
+
+
+class _OpenShard:
+    def __init__(self, spec: ShardSpec, formats: tuple[str, ...], work_dir: Path) -> None:
+        self.spec = spec
+        stem = f"shard-{spec.index:05d}-{uuid.uuid4().hex}"
+        self.paths: dict[str, Path] = {}
+        self.fds: dict[str, int] = {}
+        if "bin" in formats:
+            self._open("bin", work_dir / f"{stem}.bin", spec.bin_size)
+            self.paths["idx"] = work_dir / f"{stem}.idx"
+            self.lengths = np.zeros(spec.documents, dtype=np.int32)
+        if "wds" in formats:
+            self._open("wds", work_dir / f"{stem}.tar", spec.tar_size)
+
+    def _open(self, fmt: str, path: Path, size: int) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.ftruncate(fd, size)
+        self.paths[fmt], self.fds[fmt] = path, fd
+
+    def finish(self, dtype: np.dtype[Any]) -> ShardFiles:
+        if "wds" in self.fds:
+            os.pwrite(self.fds["wds"], wds.END_OF_ARCHIVE, self.spec.tar_size - len(wds.END_OF_ARCHIVE))
+        for fd in self.fds.values():
+            os.fsync(fd)
+            os.close(fd)
+        if "idx" in self.paths:
+            megatron.write_index(self.paths["idx"], self.lengths, dtype)
+        return ShardFiles(self.spec.index, dict(self.paths))
+
+    def abort(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        for path in self.paths.values():
+            path.unlink(missing_ok=True)
+
+
+def assemble_shards(parts: list[Part], keep: np.ndarray, plan: np.ndarray, shards: list[ShardSpec],
+                    formats: tuple[str, ...], dtype: np.dtype[Any], eos_id: int, work_dir: Path) -> list[ShardFiles]:
+    """Write the given shards; `keep` and `plan` cover every document of every part."""
+    wanted = np.zeros(int(plan["shard"].max()) + 1 if len(plan) else 0, dtype=bool)
+    wanted[[spec.index for spec in shards]] = True
+    opened = {spec.index: _OpenShard(spec, formats, work_dir) for spec in shards}
+    eos = np.array([eos_id], dtype=dtype)
+    try:
+        kept_index = np.cumsum(keep) - 1  # document index -> plan row (valid where kept)
+        offset = 0
+        for part in parts:
+            part_keep = keep[offset:offset + part.documents]
+            part_plan_rows = kept_index[offset:offset + part.documents]
+            offset += part.documents
+            mine = part_keep.copy()
+            mine[part_keep] = wanted[plan["shard"][part_plan_rows[part_keep]]]
+            if not mine.any():
+                continue
+            _scatter_part(part, mine, part_plan_rows, plan, opened, dtype, eos)
+        return [opened[spec.index].finish(dtype) for spec in shards]
+    except BaseException:
+        for shard in opened.values():
+            shard.abort()
+        raise
+
+
+def _scatter_part(part: Part, mine: np.ndarray, plan_rows: np.ndarray, plan: np.ndarray,
+                  opened: dict[int, _OpenShard], dtype: np.dtype[Any], eos: np.ndarray) -> None:
+    parquet = pq.ParquetFile(part.path)
+    first = 0
+    for group in range(parquet.metadata.num_row_groups):
+        rows = parquet.metadata.row_group(group).num_rows
+        selected = np.flatnonzero(mine[first:first + rows])
+        if len(selected):
+            table = parquet.read_row_group(group, columns=["row", "id", "text", "n_tokens", "tokens"])
+            tokens = table.column("tokens").combine_chunks()
+            values = tokens.values.to_numpy(zero_copy_only=False)
+            offsets = tokens.offsets.to_numpy()
+            texts, ids, record_rows = table.column("text"), table.column("id"), table.column("row")
+            for local in selected:
+                entry = plan[plan_rows[first + local]]
+                shard = opened[int(entry["shard"])]
+                doc_tokens = np.concatenate([values[offsets[local]:offsets[local + 1]], eos])
+                if "bin" in shard.fds:
+                    os.pwrite(shard.fds["bin"], doc_tokens.tobytes(), int(entry["bin_off"]))
+                    shard.lengths[int(entry["pos"]) - shard.spec.first_pos] = len(doc_tokens)
+                if "wds" in shard.fds:
+                    line = record_line(part.format, part.line_offset, int(record_rows[local].as_py()))
+                    doc_id = document_id(ids[local].as_py(), part.source, line)
+                    sample = wds.sample_bytes(
+                        wds.sample_key(int(entry["pos"])),
+                        wds.sample_json(doc_id, part.source, line, len(doc_tokens)),
+                        wds.npy_bytes(doc_tokens),
+                        texts[local].as_py().encode("utf-8"),
+                    )
+                    os.pwrite(shard.fds["wds"], sample, int(entry["tar_off"]))
+        first += rows

@@ -1,0 +1,160 @@
+"""The tokenize stage, fused with reading: one pass over a task's records parses, hashes and
+tokenizes every document and writes one intermediate Parquet file (zstd).
+
+Tokenization depends only on this task's file, never on others: global dedup decisions are
+applied later, when shards are assembled.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+from prep.errors import InputError
+from prep.stages.read import BadRecord, Document, ReadTask, read_documents
+from prep.tokenizer import TokenizerInfo, contains_special, load_tokenizer
+from prep.tokenizer.engine import TokenizerEngine
+
+BATCH_TEXT_BYTES = 8 * 2**20
+BATCH_DOCUMENTS = 8192
+MAX_BAD_RECORDS_LISTED = 100
+PARQUET_COMPRESSION = "zstd"
+PARQUET_LEVEL = 1
+
+
+@dataclass(frozen=True)
+class TokenizeSettings:
+    """Everything a tokenize task needs besides its input; `tokenizer_sha256` pins the file."""
+
+    tokenizer_path: str
+    tokenizer_sha256: str
+    eos: str
+    encode_special_tokens: bool
+    backend: str
+    on_error: str
+    threads: int = 1
+
+    def key_fields(self) -> dict[str, object]:
+        """The settings that change a task's output (the backend never does)."""
+        return {"tokenizer": self.tokenizer_sha256, "eos": self.eos,
+                "encode_special_tokens": self.encode_special_tokens, "on_error": self.on_error}
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    """A task's intermediate file (local, not yet stored) and its counts."""
+
+    path: Path
+    summary: dict[str, Any]
+    log: dict[str, Any] = field(default_factory=dict)
+
+
+def intermediate_schema(dtype: np.dtype[Any]) -> pa.Schema:
+    token_type = pa.uint16() if dtype == np.uint16 else pa.int32()
+    return pa.schema([
+        ("row", pa.int64()),
+        ("id", pa.string()),
+        ("text", pa.large_string()),
+        ("text_hash", pa.binary(16)),
+        ("text_bytes", pa.int64()),
+        ("n_tokens", pa.int32()),
+        ("special", pa.bool_()),
+        ("tokens", pa.large_list(token_type)),
+    ])
+
+
+_ENGINES: dict[tuple[object, ...], tuple[TokenizerEngine, TokenizerInfo]] = {}
+
+
+def _engine(settings: TokenizeSettings) -> tuple[TokenizerEngine, TokenizerInfo]:
+    """One engine per worker process, keyed on the tokenizer's content hash, never its path."""
+    cache_key = (settings.tokenizer_sha256, settings.eos, settings.encode_special_tokens,
+                 settings.backend, settings.threads)
+    if cache_key not in _ENGINES:
+        path = Path(settings.tokenizer_path)
+        tokenizer, info = load_tokenizer(path, settings.eos, settings.encode_special_tokens)
+        if info.sha256 != settings.tokenizer_sha256:
+            raise InputError(f"{path}: tokenizer file changed during the build")
+        _ENGINES[cache_key] = (TokenizerEngine.create(settings.backend, path, tokenizer, info,
+                                                      settings.threads), info)
+    return _ENGINES[cache_key]
+
+
+def _batches(task: ReadTask, on_error: str, bad: list[str], counts: dict[str, int]) -> Iterator[list[Document]]:
+    batch: list[Document] = []
+    size = 0
+    for item in read_documents(task, counts):
+        if isinstance(item, BadRecord):
+            if on_error == "fail":
+                raise InputError(item.reason)
+            counts["bad_records"] += 1
+            if len(bad) < MAX_BAD_RECORDS_LISTED:
+                bad.append(item.reason)
+            continue
+        batch.append(item)
+        size += len(item.text)
+        if size >= BATCH_TEXT_BYTES or len(batch) >= BATCH_DOCUMENTS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path) -> TokenizeResult:
+    """Read, hash and tokenize every document of `task` into one local Parquet file."""
+    engine, info = _engine(settings)
+    dtype = np.dtype(info.dtype)
+    schema = intermediate_schema(dtype)
+    out_path = work_dir / f"tokenize-{uuid.uuid4().hex}.parquet"
+    counts = {"documents": 0, "tokens": 0, "text_bytes": 0, "bad_records": 0, "special_token_documents": 0,
+              "lines": 0}
+    bad: list[str] = []
+    seen_ids: set[str] = set()
+    started = time.perf_counter()
+    with pq.ParquetWriter(out_path, schema, compression=PARQUET_COMPRESSION,
+                          compression_level=PARQUET_LEVEL, write_statistics=False,
+                          store_schema=False) as writer:
+        for batch in _batches(task, settings.on_error, bad, counts):
+            texts = [doc.text for doc in batch]
+            encoded = [doc.data for doc in batch]
+            tokens = engine.encode_batch(texts, [f"{task.source.rel}:{task.part}:{d.row}" for d in batch])
+            lengths = np.fromiter((len(t) for t in tokens), dtype=np.int32, count=len(tokens))
+            for doc in batch:
+                if doc.id is not None:
+                    if doc.id in seen_ids:
+                        raise InputError(f"{task.source.location}: duplicate id {doc.id!r} "
+                                         f"(row/line {doc.row + 1} of this part)")
+                    seen_ids.add(doc.id)
+            offsets = np.zeros(len(tokens) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            flat = np.concatenate(tokens) if tokens else np.zeros(0, dtype=dtype)
+            specials = [contains_special(t, info.special_tokens) for t in texts]
+            table = pa.Table.from_arrays([
+                pa.array([doc.row for doc in batch], pa.int64()),
+                pa.array([doc.id for doc in batch], pa.string()),
+                pa.array(texts, pa.large_string()),
+                pa.array([xxhash.xxh3_128_digest(b) for b in encoded], pa.binary(16)),
+                pa.array([len(b) for b in encoded], pa.int64()),
+                pa.array(lengths, pa.int32()),
+                pa.array(specials, pa.bool_()),
+                pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(dtype, copy=False))),
+            ], schema=schema)
+            writer.write_table(table, row_group_size=len(batch))
+            counts["documents"] += len(batch)
+            counts["tokens"] += int(lengths.sum())
+            counts["text_bytes"] += sum(len(b) for b in encoded)
+            counts["special_token_documents"] += sum(specials)
+    summary: dict[str, Any] = dict(counts)
+    summary["bad_record_examples"] = bad
+    log = {"seconds": round(time.perf_counter() - started, 3), **engine.report()}
+    return TokenizeResult(out_path, summary, log)
+
