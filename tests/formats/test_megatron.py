@@ -6,6 +6,7 @@ import os
 import random
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from prep.errors import IntegrityError, NotFoundError
 from prep.formats import megatron
 from prep.formats.megatron import MegatronReader, bin_path, idx_path
 
-DTYPES = [np.dtype("<u2"), np.dtype("<i4")]
+DTYPES: list[np.dtype[Any]] = [np.dtype("<u2"), np.dtype("<i4")]
 
 
 def _sequences(draw: st.DrawFn, dtype: np.dtype) -> list[np.ndarray]:

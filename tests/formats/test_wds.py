@@ -7,6 +7,7 @@ import os
 import random
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from prep.errors import InputError, IntegrityError, NotFoundError
 from prep.formats import wds
 from prep.formats.wds import Sample
 
-DTYPES = [np.dtype("<u2"), np.dtype("<i4")]
+DTYPES: list[np.dtype[Any]] = [np.dtype("<u2"), np.dtype("<i4")]
 
 
 @st.composite
