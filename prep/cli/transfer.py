@@ -1,0 +1,167 @@
+"""`prep pull SNAP DEST` and `prep verify SNAP DEST`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from prep.cli.common import open_store_option, store_option
+from prep.errors import IntegrityError, UsageError, VerificationFailed
+from prep.snapshots import is_manifest_path, resolve
+from prep.verify import DEFAULT_JOBS, VerifyResult
+
+F = TypeVar("F", bound=Callable[..., Any])
+PROGRESS_INTERVAL_TTY = 0.5
+PROGRESS_INTERVAL_LOG = 10.0
+
+
+def _gb(count: int) -> str:
+    """Decimal units, three significant digits past the point where it matters."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.3f} {unit}"
+    return f"{count} B"
+
+
+def _rate(count: int, seconds: float, unit: float, name: str) -> str:
+    return f"{count / unit / max(seconds, 1e-9):.2f} {name}"
+
+
+class Progress:
+    """Thread-safe byte counter that redraws one stderr line (every 0.5 s on a terminal,
+    every 10 s in a log)."""
+
+    def __init__(self, verb: str, total_files: int, total_bytes: int) -> None:
+        self.verb, self.total_files, self.total_bytes = verb, total_files, total_bytes
+        self.bytes_done = self.files_done = 0
+        self.started = self.last = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self._lock = threading.Lock()
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.bytes_done += count
+            self._show()
+
+    def file_done(self, _artifact: object) -> None:
+        with self._lock:
+            self.files_done += 1
+            self._show()
+
+    def _show(self) -> None:
+        now = time.monotonic()
+        if now - self.last < (PROGRESS_INTERVAL_TTY if self.tty else PROGRESS_INTERVAL_LOG):
+            return
+        self.last = now
+        line = (f"{self.verb}: {self.files_done} of {self.total_files} files, {_gb(self.bytes_done)} of "
+                f"{_gb(self.total_bytes)}, {_rate(self.bytes_done, now - self.started, 1e6, 'MB/s')}")
+        click.echo(f"\r{line}\x1b[K" if self.tty else line, err=True, nl=not self.tty)
+
+    def finish(self) -> None:
+        if self.tty and self.last != self.started:
+            click.echo("\r\x1b[K", err=True, nl=False)
+
+
+def rank_options(function: F) -> F:
+    """--rank R --world-size W (together) and --jobs N."""
+    function = click.option("--jobs", type=click.IntRange(min=1), default=DEFAULT_JOBS, show_default=True,
+                            help="Files transferred or hashed in parallel.")(function)
+    function = click.option("--world-size", type=click.IntRange(min=1), default=None,
+                            help="Number of ranks sharing the snapshot (with --rank).")(function)
+    return click.option("--rank", type=click.IntRange(min=0), default=None,
+                        help="Handle only this rank's share (with --world-size).")(function)
+
+
+def _check_rank(rank: int | None, world_size: int | None) -> None:
+    if (rank is None) != (world_size is None):
+        raise UsageError("--rank and --world-size must be given together")
+
+
+@click.command()
+@click.argument("snap")
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@store_option
+@rank_options
+def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_size: int | None, jobs: int) -> None:
+    """Copy a snapshot's artifacts to DEST, verified by SHA-256; rerun to resume."""
+    from prep.pull import pull as run_pull
+    from prep.shares import artifacts_of, share_of
+
+    _check_rank(rank, world_size)
+    store = open_store_option(store_url)
+    snapshot = resolve(store, snap)
+    share = share_of(artifacts_of(snapshot.manifest), rank, world_size)
+    progress = Progress("pull", len(share.artifacts), share.size)
+    try:
+        result = run_pull(store, snapshot, dest, rank=rank, world_size=world_size, jobs=jobs,
+                          on_bytes=progress.add, on_file=progress.file_done)
+    finally:
+        progress.finish()
+    click.echo(
+        f"pulled {snapshot.id} into {dest}: {result.files_copied} files copied ({_gb(result.bytes_copied)}), "
+        f"{result.files_skipped} already valid ({_gb(result.bytes_skipped)}), "
+        f"{result.temporaries_removed} stale temporaries removed, {result.seconds:.2f} s, "
+        f"{_rate(result.bytes_copied, result.seconds, 1e6, 'MB/s')}",
+        err=True,
+    )
+
+
+def _human_report(result: VerifyResult) -> list[str]:
+    lines = [f"{p.kind:<20} {p.path}  ({p.detail})" for p in result.problems]
+    share = f" (rank {result.share.rank} of {result.share.world_size})" if result.ranked else ""
+    matched = result.matched
+    if result.quick:
+        lines.append(f"quick check (presence and size only; contents NOT hashed){share}: "
+                     f"{len(matched)} of {len(result.share.artifacts)} files match, "
+                     f"{_gb(sum(a.size for a in matched))} of {_gb(result.share.size)}")
+    else:
+        lines.append(f"verified {result.snapshot_id}{share}: {len(matched)} of {len(result.share.artifacts)} files "
+                     f"match, {_gb(sum(a.size for a in matched))} of {_gb(result.share.size)}; hashed "
+                     f"{_gb(result.bytes_read)} in {result.seconds:.2f} s, "
+                     f"{_rate(result.bytes_read, result.seconds, 1e9, 'GB/s')}")
+    if result.problems:
+        lines.append(f"{len(result.problems)} problems found")
+    if result.digest is not None:
+        lines.append(f"verification digest: {result.digest}")
+    return lines
+
+
+@click.command()
+@click.argument("snap")
+@click.argument("dest", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@store_option
+@rank_options
+@click.option("--json", "as_json", is_flag=True, help="Print a prep.verify-report/1 JSON report on stdout.")
+@click.option("--quick", is_flag=True, help="Check presence and size only; do not hash.")
+def verify(snap: str, dest: Path, store_url: str | None, rank: int | None, world_size: int | None, jobs: int,
+           as_json: bool, quick: bool) -> None:
+    """Check DEST against a snapshot (SNAP may be DEST/.prep/manifest.json): exit 0 when
+    everything matches, 1 when anything is wrong, 2 when it could not run."""
+    from prep.shares import artifacts_of, share_of
+    from prep.verify import verify as run_verify
+
+    _check_rank(rank, world_size)
+    try:
+        snapshot = resolve(None if is_manifest_path(snap) else open_store_option(store_url), snap)
+    except IntegrityError as exc:  # verify's contract: a manifest it cannot trust is exit 2
+        raise UsageError(f"manifest refused: {exc.message}") from None
+    share = share_of(artifacts_of(snapshot.manifest), rank, world_size)
+    progress = Progress("verify", len(share.artifacts), share.size)
+    try:
+        result = run_verify(snapshot, dest, rank=rank, world_size=world_size, jobs=jobs, quick=quick,
+                            on_bytes=progress.add, on_file=progress.file_done)
+    finally:
+        progress.finish()
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    else:
+        click.echo("\n".join(_human_report(result)))
+    if not result.ok:
+        raise VerificationFailed(f"{dest}: {len(result.problems)} problems against {result.snapshot_id}")

@@ -1,0 +1,379 @@
+"""Check a pulled snapshot on disk: every artifact present with the right size and SHA-256.
+
+Also home of what `prep pull` shares with verification: refusing unsafe artifact paths,
+hashing a file while proving it did not change underneath, and a small interruptible pool.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prep.cas import Digest
+from prep.errors import InputError
+from prep.shares import Artifact, Share, artifacts_of, share_of
+from prep.snapshots import Snapshot
+
+REPORT_SCHEMA = "prep.verify-report/1"
+DIGEST_TAG = b"prep.verify-digest/1\n"
+PREP_DIR = ".prep"
+TEMP_MARKER = ".prep-tmp-"
+READ_SIZE = 1 << 20  # >= 1 MiB so hashlib releases the GIL for most of the work
+DEFAULT_JOBS = 8
+
+ByteCounter = Callable[[int], None]
+FileDone = Callable[["Artifact"], None]
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class Cancelled(Exception):
+    """Raised inside workers once the pool has been told to stop."""
+
+
+# ---------------------------------------------------------------- refusing unsafe manifests
+
+
+def _unsafe_reason(path: str) -> str | None:
+    parts = path.split("/")
+    if path.startswith("/"):
+        return "is absolute"
+    if "\0" in path:
+        return "contains a NUL byte"
+    if ".." in parts:
+        return "contains '..'"
+    if "" in parts or "." in parts:
+        return "is not a normalized relative path"
+    if parts[0] == PREP_DIR:
+        return f"is inside the reserved {PREP_DIR}/ folder"
+    if TEMP_MARKER in parts[-1]:
+        return f"uses the reserved temporary marker {TEMP_MARKER!r}"
+    return None
+
+
+def check_paths(artifacts: Sequence[Artifact], dest: Path, source: str) -> None:
+    """Refuse (InputError, exit 2) a manifest whose paths are absolute, climb with '..',
+    repeat, or resolve outside `dest` through symlinks that exist right now."""
+    root = os.path.realpath(dest)
+    seen: set[str] = set()
+    for artifact in artifacts:
+        reason = _unsafe_reason(artifact.path)
+        if reason is None and artifact.path in seen:
+            reason = "is listed twice"
+        if reason is None:
+            real = os.path.realpath(os.path.join(root, artifact.path))
+            if os.path.commonpath([root, real]) != root:
+                reason = f"resolves outside {dest} through a symlink (to {real})"
+        if reason is not None:
+            raise InputError(f"{source}: artifact path {artifact.path!r} {reason}; manifest refused")
+        seen.add(artifact.path)
+
+
+def artifact_folders(paths: Iterable[str]) -> list[str]:
+    """The top-level folders artifact paths live in (e.g. `bin`, `wds`), sorted."""
+    return sorted({path.split("/", 1)[0] for path in paths if "/" in path})
+
+
+# ---------------------------------------------------------------- hashing
+
+
+@dataclass(frozen=True)
+class FileHash:
+    """A file's digest and whether its size, mtime or inode moved while it was read."""
+
+    digest: Digest
+    changed: bool
+
+
+def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    return (info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev)
+
+
+def hash_file(path: Path, on_bytes: ByteCounter | None = None, stop: threading.Event | None = None) -> FileHash:
+    """SHA-256 a regular file in 1 MiB reads; raises OSError when it cannot be opened or read.
+
+    O_NONBLOCK keeps a FIFO planted under an artifact's name from blocking the open.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with io.FileIO(fd, "r", closefd=True) as handle:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise OSError(errno.EINVAL, f"not a regular file ({_file_type(before.st_mode)})")
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        hasher = hashlib.sha256()
+        buffer = bytearray(READ_SIZE)
+        view = memoryview(buffer)
+        size = 0
+        while count := handle.readinto(buffer):
+            hasher.update(view[:count])
+            size += count
+            if on_bytes is not None:
+                on_bytes(count)
+            if stop is not None and stop.is_set():
+                raise Cancelled()
+        after = os.stat(path)
+    changed = _identity(before) != _identity(after) or size != after.st_size
+    return FileHash(Digest(hasher.hexdigest(), size), changed)
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+class ByteTally:
+    """A thread-safe running total of bytes processed, forwarded to an optional callback."""
+
+    def __init__(self, forward: ByteCounter | None = None) -> None:
+        self.total = 0
+        self._forward = forward
+        self._lock = threading.Lock()
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.total += count
+        if self._forward is not None:
+            self._forward(count)
+
+
+def run_parallel(
+    work: Callable[[Item, threading.Event], Result],
+    items: Sequence[Item],
+    jobs: int,
+    on_done: Callable[[Item], None] | None = None,
+) -> list[Result]:
+    """Run `work` over items on `jobs` threads, results in item order, calling `on_done` after
+    each; the first error (or Ctrl-C) stops the other workers early, then it is raised."""
+    stop = threading.Event()
+
+    def task(item: Item) -> Result:
+        result = work(item, stop)
+        if on_done is not None:
+            on_done(item)
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures: list[Future[Result]] = [pool.submit(task, item) for item in items]
+        try:
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            for future in futures:
+                error = future.exception() if future in done else None
+                if error is not None:
+                    raise error
+            return [future.result() for future in futures]
+        finally:
+            stop.set()
+            for future in futures:
+                future.cancel()
+
+
+# ---------------------------------------------------------------- verification
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong under DEST, named by its path and kind."""
+
+    path: str
+    kind: str
+    detail: str
+    expected_size: int | None = None
+    actual_size: int | None = None
+    expected_sha256: str | None = None
+    actual_sha256: str | None = None
+    found_at: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {key: value for key, value in self.__dict__.items() if value is not None}
+
+
+PROBLEM_KINDS = ("missing", "wrong-size", "wrong-hash", "unreadable", "changed-during-read", "extra", "renamed")
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The outcome of one verification run."""
+
+    snapshot_id: str
+    dest: Path
+    quick: bool
+    share: Share
+    ranked: bool
+    problems: tuple[Problem, ...]
+    bytes_read: int
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def matched(self) -> list[Artifact]:
+        """Artifacts of the share with no problem reported against them."""
+        bad = {problem.path for problem in self.problems}
+        return [artifact for artifact in self.share.artifacts if artifact.path not in bad]
+
+    @property
+    def digest(self) -> str | None:
+        """The verification digest, only for a full verification that passed."""
+        if self.quick or self.problems:
+            return None
+        return verification_digest(self.snapshot_id, self.share.artifacts)
+
+    def to_json(self) -> dict[str, Any]:
+        counts = {kind: sum(1 for p in self.problems if p.kind == kind) for kind in PROBLEM_KINDS}
+        return {
+            "schema": REPORT_SCHEMA,
+            "snapshot": self.snapshot_id,
+            "dest": str(self.dest),
+            "mode": "quick" if self.quick else "full",
+            "rank": self.share.rank if self.ranked else None,
+            "world_size": self.share.world_size if self.ranked else None,
+            "ok": self.ok,
+            "expected": {"files": len(self.share.artifacts), "bytes": self.share.size},
+            "matched": {"files": len(self.matched), "bytes": sum(a.size for a in self.matched)},
+            "bytes_read": self.bytes_read,
+            "seconds": round(self.seconds, 6),
+            "counts": {kind: count for kind, count in counts.items() if count},
+            "problems": [problem.to_json() for problem in self.problems],
+            "digest": self.digest,
+        }
+
+
+def verification_digest(snapshot_id: str, artifacts: Iterable[Artifact]) -> str:
+    """SHA-256 hex over the tag line, the snapshot id, and each `path NUL sha256 LF` sorted
+    by the path's UTF-8 bytes (see docs/pull-verify.md): one value every node can compare."""
+    hasher = hashlib.sha256(DIGEST_TAG + snapshot_id.encode() + b"\n")
+    for artifact in sorted(artifacts, key=lambda a: a.path.encode()):
+        hasher.update(artifact.path.encode() + b"\0" + artifact.sha256.encode() + b"\n")
+    return hasher.hexdigest()
+
+
+def _check_artifact(
+    dest: Path, artifact: Artifact, quick: bool, on_bytes: ByteCounter | None, stop: threading.Event
+) -> Problem | None:
+    def problem(kind: str, detail: str, actual_size: int | None = None, actual_sha256: str | None = None) -> Problem:
+        return Problem(artifact.path, kind, detail, expected_size=artifact.size, actual_size=actual_size,
+                       expected_sha256=artifact.sha256 if actual_sha256 else None, actual_sha256=actual_sha256)
+
+    path = dest / artifact.path
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return problem("unreadable", "dangling symlink") if os.path.lexists(path) else problem("missing", "not found")
+    except OSError as exc:
+        return problem("unreadable", exc.strerror or str(exc))
+    if not stat.S_ISREG(info.st_mode):
+        return problem("unreadable", f"not a regular file ({_file_type(info.st_mode)})")
+    if info.st_size != artifact.size:
+        return problem("wrong-size", f"{info.st_size} bytes, expected {artifact.size}", actual_size=info.st_size)
+    if quick:
+        return None
+    try:
+        result = hash_file(path, on_bytes, stop)
+    except OSError as exc:
+        return problem("unreadable", exc.strerror or str(exc))
+    if result.changed:
+        return problem("changed-during-read", "size, mtime or inode moved while hashing", result.digest.size)
+    if result.digest.sha256 != artifact.sha256:
+        return problem("wrong-hash", "content differs", result.digest.size, result.digest.sha256)
+    return None
+
+
+def find_extras(dest: Path, named: set[str]) -> list[Problem]:
+    """Entries inside the artifact folders that the snapshot does not name (DEST/.prep/ is
+    never looked at). Symlinks to folders are reported, not followed."""
+    problems: list[Problem] = []
+    folders = {path.rsplit("/", 1)[0] for path in named if "/" in path}
+    containers = {"/".join(f.split("/")[: i + 1]) for f in folders for i in range(f.count("/") + 1)}
+    for top in artifact_folders(named):
+        root = dest / top
+        if not os.path.lexists(root):
+            continue
+        if not root.is_dir():
+            problems.append(Problem(top, "extra", "a file where the snapshot has a folder"))
+            continue
+        for dirpath, dirnames, filenames in os.walk(root, onerror=lambda exc: _walk_error(dest, exc, problems)):
+            rel_dir = Path(dirpath).relative_to(dest).as_posix()
+            for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+                rel = f"{rel_dir}/{name}"
+                if rel not in named and rel not in containers:
+                    problems.append(Problem(rel, "extra", "not named by the snapshot"))
+    return problems
+
+
+def _walk_error(dest: Path, exc: OSError, problems: list[Problem]) -> None:
+    where = Path(exc.filename).relative_to(dest).as_posix() if exc.filename else "?"
+    problems.append(Problem(where, "unreadable", f"cannot list folder: {exc.strerror or exc}"))
+
+
+def _pair_renames(dest: Path, problems: list[Problem], share: Share) -> list[Problem]:
+    """Turn a missing artifact plus an extra file with its exact bytes into one `renamed`."""
+    wanted = {a.path: a for a in share.artifacts}
+    missing = {(wanted[p.path].size, wanted[p.path].sha256): p for p in problems if p.kind == "missing"}
+    sizes = {size for size, _ in missing}
+    for extra in [p for p in problems if p.kind == "extra"]:
+        candidate = dest / extra.path
+        try:
+            if not candidate.is_file() or candidate.stat().st_size not in sizes:
+                continue
+            found = hash_file(candidate)
+        except OSError:
+            continue
+        original = missing.pop((found.digest.size, found.digest.sha256), None)
+        if original is None or found.changed:
+            continue
+        problems.remove(original)
+        problems.remove(extra)
+        problems.append(Problem(original.path, "renamed", f"its bytes are at {extra.path}",
+                                expected_size=found.digest.size, found_at=extra.path))
+    return problems
+
+
+def verify(
+    snapshot: Snapshot,
+    dest: Path,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    jobs: int = DEFAULT_JOBS,
+    quick: bool = False,
+    on_bytes: ByteCounter | None = None,
+    on_file: FileDone | None = None,
+) -> VerifyResult:
+    """Check `dest` against the snapshot (or one rank's share of it); never raises for what
+    it finds on disk, only for a refused manifest or bad arguments."""
+    started = time.perf_counter()
+    counter = ByteTally(on_bytes)
+    everything = artifacts_of(snapshot.manifest)
+    check_paths(everything, dest, snapshot.id)
+    share = share_of(everything, rank, world_size)
+    ordered = sorted(share.artifacts, key=lambda a: (-a.size, a.path))  # big files first: even finish
+    found = run_parallel(lambda a, stop: _check_artifact(dest, a, quick, counter.add, stop), ordered, jobs, on_file)
+    problems = [problem for problem in found if problem is not None]
+    problems += find_extras(dest, {artifact.path for artifact in everything})
+    if not quick:
+        problems = _pair_renames(dest, problems, share)
+    return VerifyResult(
+        snapshot_id=snapshot.id,
+        dest=dest,
+        quick=quick,
+        share=share,
+        ranked=rank is not None,
+        problems=tuple(sorted(problems, key=lambda p: (p.path, p.kind))),
+        bytes_read=counter.total,
+        seconds=time.perf_counter() - started,
+    )

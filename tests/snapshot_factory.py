@@ -1,0 +1,104 @@
+"""Build small published snapshots for tests without running `prep build`.
+
+Artifact bytes are random; every other manifest field is plausible filler that validates
+against manifests/snapshot-1.schema.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prep import cas
+from prep.manifest.schema import schema_path
+from prep.refs import move_ref
+from prep.snapshots import Snapshot, publish_manifest
+from prep.storage.base import Store
+
+FORMAT_SUFFIX = {"bin": ("bin", "bin"), "idx": ("bin", "idx"), "wds": ("wds", "tar")}
+
+
+@dataclass(frozen=True)
+class Built:
+    """A published snapshot and the bytes of each artifact by path."""
+
+    snapshot: Snapshot
+    files: dict[str, bytes]
+
+
+def artifact_path(fmt: str, shard: int) -> str:
+    folder, suffix = FORMAT_SUFFIX[fmt]
+    return f"{folder}/{shard:05d}.{suffix}"
+
+
+def _fake_hex(label: str) -> str:
+    return hashlib.sha256(label.encode()).hexdigest()
+
+
+def _code_section() -> dict[str, Any]:
+    """The `code` block; newer schema revisions add `dependencies`, so follow the schema."""
+    schema = json.loads(schema_path("prep.snapshot/1").read_text())
+    code: dict[str, Any] = {"version": "0.1.0", "sha256": _fake_hex("code")}
+    if "dependencies" in schema["properties"]["code"].get("properties", {}):
+        code["dependencies"] = {}
+    return code
+
+
+def manifest_for(dataset: str, artifacts: Sequence[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
+    """A schema-valid snapshot manifest listing `artifacts` (entries of the manifest's artifacts)."""
+    documents = sum(a["documents"] for a in artifacts if a["format"] != "idx")
+    tokens = sum(a["tokens"] for a in artifacts if a["format"] == "bin")
+    return {
+        "schema": "prep.snapshot/1",
+        "dataset": dataset,
+        "seed": seed,
+        "inputs": {"version": f"sha256:{_fake_hex('inputs')}",
+                   "files": [{"path": "corpus/part-0.jsonl", "size": 1234, "sha256": _fake_hex("part-0")}]},
+        "code": _code_section(),
+        "tokenizer": {"sha256": _fake_hex("tokenizer"), "vocab_size": 50257, "eos": "<|endoftext|>",
+                      "eos_id": 50256, "dtype": "uint16", "encode_special_tokens": False},
+        "config": {"seq_len": 2048},
+        "stages": [{"name": "tokenize", "key": _fake_hex("tokenize"), "output": f"sha256:{_fake_hex('out')}"}],
+        "artifacts": list(artifacts),
+        "stats": {"documents_read": documents, "duplicates_dropped": 0, "documents_written": documents,
+                  "tokens_written": tokens},
+    }
+
+
+def build_snapshot(
+    store: Store,
+    work: Path,
+    *,
+    dataset: str = "demo",
+    shard_sizes: Sequence[int] = (40_000, 25_000, 9_000),
+    formats: Sequence[str] = ("bin", "idx", "wds"),
+    seed: int = 0,
+    ref: str | None = "latest",
+) -> Built:
+    """Write random artifacts (per shard: the .bin of `shard_sizes[i]` bytes, a small .idx,
+    a .tar), store them, publish the manifest and point `dataset@ref` at it."""
+    rng = random.Random(seed)
+    work.mkdir(parents=True, exist_ok=True)
+    entries: list[dict[str, Any]] = []
+    files: dict[str, bytes] = {}
+    for shard, size in enumerate(shard_sizes):
+        for fmt in formats:
+            length = {"bin": size, "idx": 34 + size // 50, "wds": size // 2 + 512}[fmt]
+            data = rng.randbytes(length)
+            path = artifact_path(fmt, shard)
+            local = work / path.replace("/", "_")
+            local.write_bytes(data)
+            digest = cas.put_file(store, local)
+            files[path] = data
+            entries.append({"path": path, "format": fmt, "shard": shard, "size": digest.size,
+                            "sha256": digest.sha256, "documents": 10 + shard, "tokens": size // 2})
+    snapshot = publish_manifest(store, manifest_for(dataset, entries, seed))
+    if ref is not None:
+        move_ref(store, dataset, ref, snapshot.id)
+    return Built(snapshot, files)
+

@@ -1,0 +1,81 @@
+"""Rank shares: complete, disjoint, deterministic, byte-balanced, bin+idx together."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prep.errors import UsageError
+from prep.shares import Artifact, group_units, partition, share_of
+
+FORMATS = ("bin", "idx", "wds")
+
+
+@st.composite
+def artifact_lists(draw: st.DrawFn) -> list[Artifact]:
+    """Shards with random sizes; each shard has some subset of bin+idx and wds."""
+    shards = draw(st.integers(min_value=0, max_value=40))
+    artifacts = []
+    for shard in range(shards):
+        with_megatron = draw(st.booleans())
+        with_wds = draw(st.booleans()) or not with_megatron
+        formats = (("bin", "idx") if with_megatron else ()) + (("wds",) if with_wds else ())
+        for fmt in formats:
+            size = draw(st.integers(min_value=0, max_value=10**9))
+            folder = "wds" if fmt == "wds" else "bin"
+            artifacts.append(Artifact(f"{folder}/{shard:05d}.{fmt}", fmt, shard, size, f"{shard:064x}"))
+    return artifacts
+
+
+@settings(max_examples=150, deadline=None)
+@given(artifacts=artifact_lists(), world_size=st.integers(min_value=1, max_value=8))
+def test_shares_cover_every_artifact_once_and_are_balanced(artifacts: list[Artifact], world_size: int) -> None:
+    shares = partition(artifacts, world_size)
+    assert [share.rank for share in shares] == list(range(world_size))
+    assigned = [a.path for share in shares for a in share.artifacts]
+    assert sorted(assigned) == sorted(a.path for a in artifacts)  # every artifact exactly once
+    units = group_units(artifacts)
+    largest = max((unit.size for unit in units), default=0)
+    ideal = sum(a.size for a in artifacts) / world_size
+    assert max(share.size for share in shares) <= ideal + largest
+    rank_of = {a.path: share.rank for share in shares for a in share.artifacts}
+    for unit in units:
+        assert len({rank_of[a.path] for a in unit.artifacts}) == 1  # a .bin travels with its .idx
+
+
+@settings(max_examples=60, deadline=None)
+@given(artifacts=artifact_lists(), world_size=st.integers(min_value=1, max_value=8), seed=st.integers())
+def test_partition_is_identical_whatever_the_listing_order(
+    artifacts: list[Artifact], world_size: int, seed: int
+) -> None:
+    shuffled = list(artifacts)
+    random.Random(seed).shuffle(shuffled)
+    assert partition(shuffled, world_size) == partition(artifacts, world_size)
+
+
+def test_ties_go_to_the_lowest_rank_largest_unit_first() -> None:
+    artifacts = [
+        Artifact("bin/00000.bin", "bin", 0, 100, "0" * 64),
+        Artifact("bin/00000.idx", "idx", 0, 10, "1" * 64),
+        Artifact("wds/00000.tar", "wds", 0, 60, "2" * 64),
+        Artifact("bin/00001.bin", "bin", 1, 50, "3" * 64),
+        Artifact("bin/00001.idx", "idx", 1, 10, "4" * 64),
+    ]
+    shares = partition(artifacts, 2)
+    assert [a.path for a in shares[0].artifacts] == ["bin/00000.bin", "bin/00000.idx"]
+    assert [a.path for a in shares[1].artifacts] == ["bin/00001.bin", "bin/00001.idx", "wds/00000.tar"]
+
+
+def test_without_rank_the_share_is_everything() -> None:
+    artifacts = [Artifact("wds/00000.tar", "wds", 0, 5, "0" * 64)]
+    share = share_of(artifacts, None, None)
+    assert (share.rank, share.world_size, share.artifacts) == (0, 1, tuple(artifacts))
+
+
+@pytest.mark.parametrize(("rank", "world_size"), [(0, None), (None, 2), (2, 2), (-1, 2), (0, 0)])
+def test_bad_rank_arguments_are_usage_errors(rank: int | None, world_size: int | None) -> None:
+    with pytest.raises(UsageError):
+        share_of([], rank, world_size)
