@@ -1,7 +1,8 @@
 """Byte-reproducible shard formats: Megatron .bin/.idx (`megatron`) and WebDataset tar (`wds`).
 
-This module holds the token-array rules both formats share: which dtype a vocabulary needs and
-how token ids become fixed-width little-endian integers.
+This module holds the token-array rule both formats share: token ids become fixed-width
+little-endian integers, never silently wrapped. (The dtype itself comes from
+`prep.tokenizer.token_dtype`: uint16 up to 65,535 ids, else int32.)
 """
 
 from __future__ import annotations
@@ -10,22 +11,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-UINT16_MAX_VOCAB = 65_535
-"""The largest vocabulary stored as uint16; bigger vocabularies use int32."""
-
-UINT16 = np.dtype("<u2")
-INT32 = np.dtype("<i4")
-
-
-def token_dtype(vocab_size: int) -> np.dtype[Any]:
-    """The on-disk token dtype for a vocabulary: uint16 up to 65,535 ids, int32 above.
-
-    Both shard formats use it, so one tokenizer always gives one dtype.
-    """
-    if vocab_size < 1:
-        raise ValueError(f"vocabulary size must be positive, got {vocab_size}")
-    return UINT16 if vocab_size <= UINT16_MAX_VOCAB else INT32
 
 
 def little_endian(dtype: npt.DTypeLike) -> np.dtype[Any]:

@@ -14,7 +14,7 @@ import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -74,8 +74,11 @@ def _check_member_size(size: int) -> None:
         )
 
 
-def padded_size(size: int) -> int:
-    """`size` rounded up to whole 512-byte blocks."""
+_Sizes = TypeVar("_Sizes", int, npt.NDArray[np.int64])
+
+
+def padded_size(size: _Sizes) -> _Sizes:
+    """`size` (or each of an array of sizes) rounded up to whole 512-byte blocks."""
     return -(-size // BLOCK_SIZE) * BLOCK_SIZE
 
 
@@ -144,6 +147,11 @@ def npy_size(count: int, dtype: npt.DTypeLike) -> int:
     return len(npy_header(count, dtype)) + count * little_endian(dtype).itemsize
 
 
+def npy_sizes(counts: npt.ArrayLike, dtype: npt.DTypeLike) -> npt.NDArray[np.int64]:
+    """`npy_size` for many token counts at once; the 1-D header length does not depend on the count."""
+    return len(npy_header(0, dtype)) + np.asarray(counts, dtype=np.int64) * little_endian(dtype).itemsize
+
+
 def npy_bytes(tokens: npt.ArrayLike) -> bytes:
     """A 1-D token array as a .npy file, byte-equal to `np.save` of the little-endian array."""
     array = as_tokens(tokens)
@@ -158,6 +166,20 @@ def sample_json(doc_id: str, source: str, line: int, tokens: int) -> bytes:
 def sample_span(json_size: int, npy_size: int, txt_size: int) -> int:
     """Bytes one sample takes in the archive; the key does not matter (names fit one block)."""
     return member_span(json_size) + member_span(npy_size) + member_span(txt_size)
+
+
+def sample_spans(
+    json_sizes: npt.ArrayLike, npy_sizes: npt.ArrayLike, txt_sizes: npt.ArrayLike
+) -> npt.NDArray[np.int64]:
+    """`sample_span` for many samples at once (element-wise), for planning whole shards."""
+    columns = [np.asarray(sizes, dtype=np.int64) for sizes in (json_sizes, npy_sizes, txt_sizes)]
+    spans = np.zeros(np.broadcast_shapes(*(column.shape for column in columns)), dtype=np.int64)
+    for column in columns:
+        if column.size:
+            _check_member_size(int(column.min()))
+            _check_member_size(int(column.max()))
+        spans += BLOCK_SIZE + padded_size(column)
+    return spans
 
 
 def archive_size(sample_spans: Iterable[int]) -> int:

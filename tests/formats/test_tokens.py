@@ -1,24 +1,11 @@
-"""Shared token rules: the dtype per vocabulary size and safe conversion of token arrays."""
+"""Shared token rule: token arrays become little-endian fixed-width ids, never wrapped."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from prep.formats import INT32, UINT16, as_tokens, little_endian, token_dtype
-
-
-@pytest.mark.parametrize(
-    ("vocab_size", "expected"),
-    [(1, UINT16), (50_257, UINT16), (65_535, UINT16), (65_536, INT32), (128_256, INT32)],
-)
-def test_token_dtype_uses_uint16_up_to_65535_ids(vocab_size: int, expected: np.dtype) -> None:
-    assert token_dtype(vocab_size) == expected
-
-
-def test_token_dtype_rejects_empty_vocabulary() -> None:
-    with pytest.raises(ValueError):
-        token_dtype(0)
+from prep.formats import as_tokens, little_endian
 
 
 def test_little_endian_normalises_byte_order_and_rejects_non_numbers() -> None:

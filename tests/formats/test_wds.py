@@ -97,6 +97,19 @@ def test_npy_bytes_equal_numpy_save_and_load_back(tokens: np.ndarray) -> None:
     assert np.array_equal(wds.load_npy(data), tokens)
 
 
+@settings(max_examples=40)
+@given(
+    st.lists(st.tuples(*[st.integers(0, 10**7)] * 3), max_size=20),
+    st.sampled_from(DTYPES),
+)
+def test_vectorised_layout_equals_scalar_layout(sizes: list[tuple[int, int, int]], dtype: np.dtype[Any]) -> None:
+    columns = np.array(sizes, dtype=np.int64).reshape(-1, 3).T
+    assert wds.npy_sizes(columns[1], dtype).tolist() == [wds.npy_size(int(n), dtype) for n in columns[1]]
+    assert wds.sample_spans(*columns).tolist() == [wds.sample_span(*row) for row in sizes]
+    with pytest.raises(InputError):
+        wds.sample_spans([0], [wds.MAX_MEMBER_SIZE + 1], [0])
+
+
 def test_npy_header_is_aligned_for_every_digit_count() -> None:
     for count in (0, 9, 10, 10**6, 10**12):
         for dtype in DTYPES:
