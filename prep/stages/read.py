@@ -42,6 +42,11 @@ class Document:
 
 
 def _document(row: int, doc_id: str | None, text: str) -> Document:
+    if doc_id is not None and not doc_id.isascii():
+        try:
+            doc_id.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("id has an unpaired surrogate") from None
     try:
         return Document(row, doc_id, text, text.encode("utf-8"))
     except UnicodeEncodeError as exc:
@@ -54,9 +59,9 @@ class BadRecord:
     reason: str
 
 
-def plan_read_tasks(source: SourceFile, text_field: str, id_field: str | None,
-                    range_bytes: int = RANGE_BYTES) -> list[ReadTask]:
-    """Split a file into tasks so one huge file is not one task."""
+def plan_read_tasks(source: SourceFile, text_field: str, id_field: str | None) -> list[ReadTask]:
+    """Split a file into tasks of about RANGE_BYTES so one huge file is not one task."""
+    range_bytes = RANGE_BYTES
     def task(part: int, start: int, end: int) -> ReadTask:
         return ReadTask(source, part, start, end, text_field, id_field)
 

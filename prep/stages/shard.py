@@ -107,7 +107,7 @@ def _scatter_part(part: Part, mine: np.ndarray, plan_rows: np.ndarray, plan: np.
                 shard = opened[int(entry["shard"])]
                 doc_tokens = np.concatenate([values[offsets[local]:offsets[local + 1]], eos])
                 if "bin" in shard.fds:
-                    os.pwrite(shard.fds["bin"], doc_tokens.tobytes(), int(entry["bin_off"]))
+                    os.pwrite(shard.fds["bin"], megatron.sequence_bytes(doc_tokens, dtype), int(entry["bin_off"]))
                     shard.lengths[int(entry["pos"]) - shard.spec.first_pos] = len(doc_tokens)
                 if "wds" in shard.fds:
                     line = record_line(part.format, part.line_offset, int(record_rows[local].as_py()))

@@ -117,10 +117,6 @@ def _read_columns(parts: list[Part], keep: np.ndarray, with_json: bool) -> _Colu
     )
 
 
-def _padded(sizes: np.ndarray) -> np.ndarray:
-    return ((sizes + 511) // 512) * 512
-
-
 def plan_shards(parts: list[Part], keep: np.ndarray, seed: int, shard_size: int,
                 dtype: np.dtype[Any], formats: tuple[str, ...]) -> tuple[np.ndarray, list[ShardSpec]]:
     """Place every kept document: its shard, global position and byte offsets in each format."""
@@ -134,9 +130,7 @@ def plan_shards(parts: list[Part], keep: np.ndarray, seed: int, shard_size: int,
     np.cumsum(seq * itemsize, out=bytes_cum[1:])
     tar_cum = np.zeros(count + 1, dtype=np.int64)
     if with_wds:
-        npy_sizes = np.array([wds.npy_size(int(n), dtype)
-                              for n in seq], dtype=np.int64) if count else np.zeros(0, np.int64)
-        spans = 3 * 512 + _padded(cols.json_sizes[order]) + _padded(npy_sizes) + _padded(cols.text_bytes[order])
+        spans = wds.sample_spans(cols.json_sizes[order], wds.npy_sizes(seq, dtype), cols.text_bytes[order])
         np.cumsum(spans, out=tar_cum[1:])
     plan = np.zeros(count, dtype=PLAN_DTYPE)
     shards: list[ShardSpec] = []

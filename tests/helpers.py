@@ -1,0 +1,64 @@
+"""Shared test helpers: small corpora, pipelines, and running the real `prep` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+         "sigma tau upsilon phi chi psi omega data shard token corpus train model loss step batch "
+         "größe naïve café 数据 トークン данные 🙂").split()
+
+
+def random_text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words)) + rng.choice([".", "!", "?", "\n"])
+
+
+def make_records(count: int, seed: int = 0, prefix: str = "doc") -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [{"id": f"{prefix}-{i}", "text": random_text(rng, rng.randint(3, 60))} for i in range(count)]
+
+
+def write_jsonl(path: Path, records: Iterable[Mapping[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as out:
+        for record in records:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return path
+
+
+def write_pipeline(folder: Path, tokenizer: Path, paths: list[str] | None = None, *, dataset: str = "tiny",
+                   seed: int = 1234, id_field: str | None = "id", shard_size: str = "4KB",
+                   backend: str = "tokenizers", extra_input: str = "", extra: str = "",
+                   name: str = "pipeline.toml", formats: str = '["bin", "wds"]') -> Path:
+    paths = paths or ["corpus/*.jsonl"]
+    id_line = f'id_field = "{id_field}"\n' if id_field else ""
+    text = (f'dataset = "{dataset}"\nseed = {seed}\n\n[input]\npaths = {json.dumps(paths)}\n{id_line}{extra_input}\n'
+            f'[tokenizer]\npath = "{tokenizer}"\neos = "<|endoftext|>"\nbackend = "{backend}"\n\n'
+            f'[dedup]\nexact = true\n\n[output]\nshard_size = "{shard_size}"\nformats = {formats}\n{extra}')
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def prep_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREP_") or k == "PREP_CACHE"}
+    env.update(extra)
+    return env
+
+
+def run_prep(*args: str | Path, env: Mapping[str, str] | None = None, check: bool = True,
+             cwd: Path | None = None, timeout: float = 300, new_session: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess; `check` asserts exit 0 and shows stderr otherwise."""
+    result = subprocess.run([sys.executable, "-m", "prep.cli.main", *map(str, args)], capture_output=True,
+                            text=True, env=dict(env) if env is not None else prep_env(), cwd=cwd,
+                            timeout=timeout, start_new_session=new_session)
+    if check:
+        assert result.returncode == 0, f"prep {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr}"
+    return result

@@ -1,0 +1,58 @@
+"""Helpers for build tests: run a build through the library API and read its outputs back."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prep import cas
+from prep.config import load_pipeline
+from prep.formats import megatron, wds
+from prep.runner.build import BuildResult, build
+from prep.runner.executor import LocalExecutor
+from prep.runner.progress import Progress
+from prep.storage import LocalStore
+
+
+def build_local(pipeline: Path, store_dir: Path, workers: int = 1, tags: tuple[str, ...] = ()) -> BuildResult:
+    executor = LocalExecutor(workers)
+    try:
+        return build(load_pipeline(pipeline), LocalStore(store_dir), executor, tags, Progress(quiet=True))
+    finally:
+        executor.close()
+
+
+def artifact_path(store_dir: Path, artifact: dict[str, Any]) -> Path:
+    return store_dir / cas.object_key(artifact["sha256"])
+
+
+def read_sequences(store_dir: Path, manifest: dict[str, Any]) -> list[np.ndarray]:
+    """Every sequence of every .bin shard, in shard order, via the Megatron reader."""
+    sequences: list[np.ndarray] = []
+    by_shard: dict[int, dict[str, Path]] = {}
+    for artifact in manifest["artifacts"]:
+        by_shard.setdefault(artifact["shard"], {})[artifact["format"]] = artifact_path(store_dir, artifact)
+    for shard in sorted(by_shard):
+        files = by_shard[shard]
+        if "bin" in files:
+            reader = megatron.MegatronReader(bin_file=files["bin"], idx_file=files["idx"])
+            sequences.extend(np.array(reader[i]) for i in range(len(reader)))
+    return sequences
+
+
+def read_samples(store_dir: Path, manifest: dict[str, Any]) -> list[tuple[str, dict[str, bytes]]]:
+    samples: list[tuple[str, dict[str, bytes]]] = []
+    for artifact in sorted(manifest["artifacts"], key=lambda a: a["path"]):
+        if artifact["format"] == "wds":
+            samples.extend(wds.iter_samples(artifact_path(store_dir, artifact)))
+    return samples
+
+
+def all_objects_intact(store_dir: Path) -> bool:
+    for path in (store_dir / "objects" / "sha256").rglob("*"):
+        if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() != path.name:
+            return False
+    return True

@@ -1,0 +1,140 @@
+"""End-to-end properties of `prep build` on a local store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from tests.helpers import make_records, write_jsonl, write_pipeline
+from tests.runner.buildsupport import all_objects_intact, artifact_path, build_local, read_samples, read_sequences
+
+EOS = "<|endoftext|>"
+
+
+@pytest.fixture()
+def corpus(tmp_path: Path) -> Path:
+    """Three files; the third repeats two texts of the first (exact duplicates) and spells EOS."""
+    first = make_records(60, seed=1, prefix="a")
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", first)
+    write_jsonl(tmp_path / "corpus" / "b.jsonl", make_records(45, seed=2, prefix="b"))
+    third = make_records(20, seed=3, prefix="c")
+    third += [{"id": "c-dup-1", "text": first[3]["text"]}, {"id": "c-dup-2", "text": first[10]["text"]},
+              {"id": "c-eos", "text": f"code that prints {EOS} inside a string"}]
+    write_jsonl(tmp_path / "corpus" / "sub" / "c.jsonl", third)
+    return tmp_path
+
+
+def test_worker_count_does_not_change_snapshot_or_bytes(corpus: Path, tokenizer_path: Path) -> None:
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    one = build_local(pipeline, corpus / "store1", workers=1)
+    two = build_local(pipeline, corpus / "store2", workers=2)
+    assert one.snapshot.id == two.snapshot.id
+    assert one.snapshot.raw == two.snapshot.raw
+    assert len({a["shard"] for a in one.snapshot.artifacts}) > 2, "expected several shards"
+    for artifact in one.snapshot.artifacts:
+        assert artifact_path(corpus / "store1", artifact).read_bytes() == artifact_path(corpus / "store2", artifact).read_bytes()
+
+
+def test_tokens_match_reference_and_formats_agree(corpus: Path, tokenizer_path: Path) -> None:
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus/*.jsonl", "corpus/sub/*.jsonl"])
+    result = build_local(pipeline, corpus / "store", workers=2)
+    manifest = result.snapshot.manifest
+    reference = Tokenizer.from_file(str(tokenizer_path))
+    reference.encode_special_tokens = True
+    eos_id = reference.token_to_id(EOS)
+    texts_by_id = {}
+    for path in sorted((corpus / "corpus").rglob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            texts_by_id[record["id"]] = record["text"]
+
+    sequences = read_sequences(corpus / "store", manifest)
+    samples = read_samples(corpus / "store", manifest)
+    stats = manifest["stats"]
+    assert stats["documents_read"] == len(texts_by_id) == 128
+    assert stats["duplicates_dropped"] == 2
+    assert stats["documents_written"] == len(sequences) == len(samples) == 126
+    assert stats["tokens_written"] == sum(len(s) for s in sequences)
+    assert stats["special_token_documents"] == 1
+    assert [key for key, _ in samples] == [f"{i:010d}" for i in range(len(samples))]
+    seen = set()
+    for sequence, (key, members) in zip(sequences, samples):
+        meta = json.loads(members["json"])
+        text = members["txt"].decode("utf-8")
+        assert texts_by_id[meta["id"]] == text
+        expected = reference.encode(text, add_special_tokens=False).ids + [eos_id]
+        assert sequence.tolist() == expected
+        assert np.load(__import__("io").BytesIO(members["tokens.npy"])).tolist() == expected
+        assert meta["tokens"] == len(expected)
+        seen.add(meta["id"])
+    assert "c-dup-1" not in seen and "a-3" in seen  # the first occurrence in input order is kept
+    eos_doc = next(s for s, (_, m) in zip(sequences, samples) if json.loads(m["json"])["id"] == "c-eos")
+    assert eos_doc.tolist().count(eos_id) == 1, "a literal EOS string must not become the EOS id"
+    order = [json.loads(m["json"])["id"] for _, m in samples]
+    assert order != sorted(order, key=lambda i: (i[0], int(i.split("-")[-1]) if i.split("-")[-1].isdigit() else 0))
+
+
+def test_rebuild_is_all_cache_hits_and_one_changed_file_retokenizes_only_it(corpus: Path, tokenizer_path: Path) -> None:
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    store = corpus / "store"
+    first = build_local(pipeline, store, workers=2)
+    again = build_local(pipeline, store, workers=2)
+    assert again.snapshot.id == first.snapshot.id
+    assert all(run.ran == 0 for run in again.stages.values()), {n: r.ran for n, r in again.stages.items()}
+    assert again.refs[0].generation == 2
+
+    records = make_records(45, seed=2, prefix="b")
+    records[5]["text"] = "an edited document"
+    write_jsonl(corpus / "corpus" / "b.jsonl", records)
+    changed = build_local(pipeline, store, workers=2)
+    assert changed.snapshot.id != first.snapshot.id
+    assert changed.stages["tokenize"].ran == 1 and changed.stages["tokenize"].cached == 2
+    assert changed.stages["dedup"].ran == 1 and changed.stages["shuffle"].ran == 1
+    assert all_objects_intact(store)
+
+
+def test_moving_the_corpus_keeps_the_snapshot_id(corpus: Path, tokenizer_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    original = build_local(pipeline, corpus / "store")
+    elsewhere = tmp_path_factory.mktemp("moved")
+    import shutil
+
+    shutil.copytree(corpus / "corpus", elsewhere / "deep" / "er" / "corpus")
+    moved_pipeline = write_pipeline(elsewhere, tokenizer_path, ["deep/er/corpus"])
+    assert build_local(moved_pipeline, elsewhere / "store").snapshot.id == original.snapshot.id
+
+
+def test_large_jsonl_is_split_into_byte_ranges_with_absolute_lines(tmp_path: Path, tokenizer_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import prep.stages.read as read
+
+    monkeypatch.setattr(read, "RANGE_BYTES", 2000)
+    records = make_records(200, seed=9)
+    write_jsonl(tmp_path / "corpus" / "big.jsonl", records)
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], id_field=None, shard_size="1MB")
+    from prep.config import load_pipeline
+    from prep.runner.build import build
+    from prep.runner.progress import Progress
+    from prep.storage import LocalStore
+
+    class InProcess:
+        workers = 1
+
+        def run(self, fn, items):  # type: ignore[no-untyped-def]
+            for index, item in enumerate(items):
+                yield index, fn(item)
+
+        def close(self) -> None:
+            pass
+
+    result = build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), InProcess(), (), Progress(quiet=True))
+    assert result.stages["tokenize"].ran > 5
+    samples = read_samples(tmp_path / "store", result.snapshot.manifest)
+    assert len(samples) == 200
+    by_line = {json.loads(m["json"])["line"]: m["txt"].decode() for _, m in samples}
+    assert by_line == {i + 1: r["text"] for i, r in enumerate(records)}
+    assert all(json.loads(m["json"])["id"] == f"big.jsonl:{json.loads(m['json'])['line']}" for _, m in samples)
