@@ -14,6 +14,7 @@ import click
 
 from prep.cli.common import open_store_option, store_option
 from prep.errors import IntegrityError, UsageError, VerificationFailed
+from prep.shares import check_rank
 from prep.snapshots import is_manifest_path, resolve
 from prep.verify import DEFAULT_JOBS, VerifyResult
 
@@ -80,8 +81,11 @@ def rank_options(function: F) -> F:
 
 
 def _check_rank(rank: int | None, world_size: int | None) -> None:
+    """Reject bad rank options before any store is opened (a local one would be created)."""
     if (rank is None) != (world_size is None):
         raise UsageError("--rank and --world-size must be given together")
+    if rank is not None and world_size is not None:
+        check_rank(rank, world_size)
 
 
 @click.command()

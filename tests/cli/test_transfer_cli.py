@@ -1,0 +1,135 @@
+"""`prep pull` and `prep verify` as users run them: output, JSON report and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prep.manifest.schema import validate
+from prep.snapshots import publish_manifest
+from prep.storage.local import LocalStore
+from tests.snapshot_factory import Built, build_snapshot, manifest_for
+
+
+def prep(*args: str | Path | int, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "prep.cli.main", *map(str, args)]
+    environment = {k: v for k, v in os.environ.items() if k != "PREP_STORE"} | (env or {})
+    return subprocess.run(command, capture_output=True, text=True, env=environment, cwd=cwd, check=False)
+
+
+@pytest.fixture(scope="module")
+def pulled(tmp_path_factory: pytest.TempPathFactory) -> tuple[LocalStore, Built, Path]:
+    """A snapshot pulled by the CLI, with the store given through $PREP_STORE."""
+    root = tmp_path_factory.mktemp("cli")
+    store = LocalStore(root / "store")
+    built = build_snapshot(store, root / "work")
+    dest = root / "dest"
+    result = prep("pull", "demo@latest", dest, "--jobs", "2", env={"PREP_STORE": str(store.root)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert re.search(r"pulled sha256:[0-9a-f]{64} into .*: 9 files copied .* MB/s", result.stderr)
+    return store, built, dest
+
+
+def test_verify_passes_and_prints_a_digest(pulled: tuple[LocalStore, Built, Path]) -> None:
+    store, built, dest = pulled
+    result = prep("verify", "demo@latest", dest, "--store", store.root)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"9 of 9 files match, .* GB/s", result.stdout)
+    digests = re.findall(r"^verification digest: ([0-9a-f]{64})$", result.stdout, re.MULTILINE)
+    assert len(digests) == 1
+    by_id = prep("verify", built.snapshot.id[:20], dest, "--store", store.root, "--jobs", "1")
+    assert by_id.returncode == 0 and digests[0] in by_id.stdout
+
+
+def test_verify_from_the_manifest_copy_needs_no_store(pulled: tuple[LocalStore, Built, Path], tmp_path: Path) -> None:
+    _, _, dest = pulled
+    absent = tmp_path / "no-store"
+    result = prep("verify", dest / ".prep/manifest.json", dest, "--store", absent, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    validate(report, "prep.verify-report/1", "report")
+    assert report["ok"] and report["mode"] == "full" and report["digest"]
+    assert not absent.exists()
+
+
+def test_quick_says_so_and_prints_no_digest(pulled: tuple[LocalStore, Built, Path]) -> None:
+    _, _, dest = pulled
+    result = prep("verify", dest / ".prep/manifest.json", dest, "--quick")
+    assert result.returncode == 0
+    assert "quick check (presence and size only; contents NOT hashed)" in result.stdout
+    assert "digest" not in result.stdout
+
+
+def test_problems_exit_1_with_a_json_report(pulled: tuple[LocalStore, Built, Path], tmp_path: Path) -> None:
+    _, _, original = pulled
+    dest = tmp_path / "dest"
+    subprocess.run(["cp", "-a", str(original), str(dest)], check=True)
+    (dest / "bin/00002.idx").unlink()
+    (dest / "wds/extra.tar").write_bytes(b"extra")
+    result = prep("verify", dest / ".prep/manifest.json", dest, "--json", "--rank", "0", "--world-size", "1")
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    validate(report, "prep.verify-report/1", "report")
+    assert [(p["kind"], p["path"]) for p in report["problems"]] == [("missing", "bin/00002.idx"), ("extra", "wds/extra.tar")]
+    assert report["digest"] is None and (report["rank"], report["world_size"]) == (0, 1)
+    assert result.stderr.startswith("prep: error: ") and result.stderr.count("\n") == 1
+    human = prep("verify", dest / ".prep/manifest.json", dest)
+    assert human.returncode == 1
+    assert "missing" in human.stdout and "2 problems found" in human.stdout and "digest" not in human.stdout
+
+
+def test_pull_by_rank_then_verify_by_rank(pulled: tuple[LocalStore, Built, Path], tmp_path: Path) -> None:
+    store, _, _ = pulled
+    for rank in range(2):
+        dest = tmp_path / f"rank{rank}"
+        assert prep("pull", "demo@latest", dest, "--store", store.root, "--rank", rank, "--world-size", 2).returncode == 0
+        result = prep("verify", dest / ".prep/manifest.json", dest, "--rank", rank, "--world-size", 2)
+        assert result.returncode == 0, result.stdout
+        assert f"(rank {rank} of 2)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["--rank", "1"],
+        ["--world-size", "2"],
+        ["--rank", "2", "--world-size", "2"],
+        ["--jobs", "0"],
+    ],
+)
+def test_usage_errors_exit_2(pulled: tuple[LocalStore, Built, Path], arguments: list[str], tmp_path: Path) -> None:
+    _, _, dest = pulled
+    for command in ("verify", "pull"):
+        result = prep(command, dest / ".prep/manifest.json", dest, *arguments, cwd=tmp_path)
+        assert result.returncode == 2, (command, result.stderr)
+    assert list(tmp_path.iterdir()) == []  # no default store was created on the way out
+
+
+def test_verify_exits_2_when_it_cannot_run(pulled: tuple[LocalStore, Built, Path], tmp_path: Path) -> None:
+    store, _, dest = pulled
+    assert prep("verify", "demo@latest", tmp_path / "absent", "--store", store.root).returncode == 2
+    assert prep("verify", "demo@nosuchref", dest, "--store", store.root).returncode == 2
+    tampered = tmp_path / "manifest.json"
+    tampered.write_bytes(json.dumps({"schema": "prep.snapshot/1", "artifacts": "oops"}).encode())
+    result = prep("verify", tampered, dest)
+    assert result.returncode == 2 and "manifest refused" in result.stderr
+
+
+@pytest.mark.parametrize("path", ["/tmp/evil.bin", "../evil.bin"])
+def test_escaping_manifests_are_refused_by_both_commands(tmp_path: Path, path: str) -> None:
+    store = LocalStore(tmp_path / "store")
+    entry = {"path": path, "format": "bin", "shard": 0, "size": 1, "sha256": "0" * 64, "documents": 1, "tokens": 1}
+    snapshot = publish_manifest(store, manifest_for("evil", [entry]))
+    (tmp_path / "dest").mkdir()
+    for command in ("pull", "verify"):
+        result = prep(command, snapshot.id, tmp_path / "dest", "--store", store.root)
+        assert result.returncode == 2, result.stderr
+        assert "manifest refused" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "evil.bin").exists()

@@ -1,0 +1,201 @@
+"""`prep.pull`: complete, hash-checked, resumable copies; a killed pull recovers."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from prep import cas
+from prep.errors import IntegrityError, NotFoundError, UsageError
+from prep.pull import THROTTLE_ENV, pull, temp_name
+from prep.storage.local import LocalStore
+from prep.verify import TEMP_MARKER, verify
+from tests.snapshot_factory import Built, build_snapshot
+
+
+def temporaries(dest: Path) -> list[Path]:
+    return sorted(path for path in dest.rglob("*") if TEMP_MARKER in path.name)
+
+
+def assert_complete(built: Built, dest: Path) -> None:
+    for path, data in built.files.items():
+        assert (dest / path).read_bytes() == data
+    assert (dest / ".prep/manifest.json").read_bytes() == built.snapshot.raw
+    assert temporaries(dest) == []
+    assert verify(built.snapshot, dest).ok
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+@pytest.fixture
+def built(store: LocalStore, tmp_path: Path) -> Built:
+    return build_snapshot(store, tmp_path / "work")
+
+
+def test_pull_copies_everything_and_a_rerun_skips_it(store: LocalStore, built: Built, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    seen: list[str] = []
+    first = pull(store, built.snapshot, dest, jobs=3, on_file=lambda artifact: seen.append(artifact.path))
+    assert_complete(built, dest)
+    assert (first.files_copied, first.files_skipped) == (len(built.files), 0)
+    assert first.bytes_copied == sum(len(data) for data in built.files.values())
+    assert sorted(seen) == sorted(built.files)
+    again = pull(store, built.snapshot, dest)
+    assert (again.files_copied, again.files_skipped, again.bytes_copied) == (0, len(built.files), 0)
+
+
+def test_damaged_files_are_replaced_and_stale_temporaries_removed(
+    store: LocalStore, built: Built, tmp_path: Path
+) -> None:
+    dest = tmp_path / "dest"
+    pull(store, built.snapshot, dest)
+    with open(dest / "bin/00000.bin", "r+b") as handle:
+        handle.write(b"corrupt")
+    (dest / "wds/00001.tar").unlink()
+    stale = temp_name(dest / "wds/00001.tar")
+    stale.write_bytes(b"half a file")
+    result = pull(store, built.snapshot, dest)
+    assert (result.files_copied, result.temporaries_removed) == (2, 1)
+    assert_complete(built, dest)
+
+
+def test_rank_pulls_together_hold_the_snapshot_once(store: LocalStore, built: Built, tmp_path: Path) -> None:
+    held: list[str] = []
+    for rank in range(4):
+        dest = tmp_path / f"rank{rank}"
+        result = pull(store, built.snapshot, dest, rank=rank, world_size=4)
+        files = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file() and ".prep" not in p.parts)
+        assert files == sorted(a.path for a in result.share.artifacts)
+        held += files
+        assert verify(built.snapshot, dest, rank=rank, world_size=4).ok
+        assert (dest / ".prep/manifest.json").read_bytes() == built.snapshot.raw
+    assert sorted(held) == sorted(built.files)
+
+
+def test_an_object_that_does_not_match_the_manifest_is_not_installed(
+    store: LocalStore, built: Built, tmp_path: Path
+) -> None:
+    artifact = built.snapshot.artifacts[0]
+    stored = store.local_path(cas.object_key(artifact["sha256"]))
+    assert stored is not None
+    os.chmod(stored, 0o644)
+    stored.write_bytes(b"x" + stored.read_bytes()[1:])
+    dest = tmp_path / "dest"
+    with pytest.raises(IntegrityError, match=artifact["path"]):
+        pull(store, built.snapshot, dest, jobs=1)
+    assert not (dest / artifact["path"]).exists()
+    assert temporaries(dest) == []
+
+
+def test_a_missing_object_names_the_artifact(store: LocalStore, built: Built, tmp_path: Path) -> None:
+    artifact = built.snapshot.artifacts[-1]
+    store.delete(cas.object_key(artifact["sha256"]))
+    with pytest.raises(NotFoundError, match=artifact["path"]):
+        pull(store, built.snapshot, tmp_path / "dest")
+    assert temporaries(tmp_path / "dest") == []
+
+
+def test_two_pulls_into_one_folder_are_refused(store: LocalStore, built: Built, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    (dest / ".prep").mkdir(parents=True)
+    with open(dest / ".prep/pull.lock", "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(UsageError, match="another prep pull"):
+            pull(store, built.snapshot, dest)
+    pull(store, built.snapshot, dest)
+    assert_complete(built, dest)
+
+
+def _wait_for(condition: str, check: Callable[[], object], deadline: float) -> None:
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {condition}")
+        time.sleep(0.01)
+
+
+def _early_bin_temporary(dest: Path) -> bool:
+    """A .bin temporary at most two chunks in: at least ~8 more chunks (160 ms) to go."""
+    for path in temporaries(dest):
+        try:
+            if ".bin" in path.name and path.stat().st_size <= 128 << 10:
+                return True
+        except FileNotFoundError:
+            continue
+    return False
+
+
+def test_a_pull_killed_mid_transfer_resumes_to_a_valid_copy(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    built = build_snapshot(store, tmp_path / "work", shard_sizes=(900_000, 800_000, 700_000, 600_000))
+    dest = tmp_path / "dest"
+    command = [sys.executable, "-m", "prep.cli.main", "pull", "demo@latest", str(dest),
+               "--store", str(store.root), "--jobs", "1"]
+    # 64 KiB chunks with a 20 ms pause each: a 900 kB file takes ~0.3 s, so we catch it mid-copy.
+    env = dict(os.environ, **{THROTTLE_ENV: "0.02"})
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        _wait_for("a finished file", lambda: (dest / "bin/00000.bin").exists(), deadline)
+        _wait_for("a .bin early in its copy", lambda: _early_bin_temporary(dest), deadline)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    assert temporaries(dest) and not (dest / ".prep/manifest.json").exists()
+    assert not verify(built.snapshot, dest).ok
+
+    rerun = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "already valid" in rerun.stderr and "1 stale temporaries removed" in rerun.stderr
+    assert_complete(built, dest)
+
+
+class StreamOnlyStore(LocalStore):
+    """A local store that hides its files, so pull must read through `open` like a remote one."""
+
+    def local_path(self, key: str) -> Path | None:
+        return None
+
+
+class DownloadingStore(StreamOnlyStore):
+    """A store with the S3 backend's `download_file(key, dest, jobs)`; reports the hex or not."""
+
+    def __init__(self, root: Path, report_hash: bool) -> None:
+        super().__init__(root)
+        self.report_hash = report_hash
+        self.downloads: list[str] = []
+
+    def download_file(self, key: str, dest: Path, jobs: int) -> str | None:
+        data = self.get_bytes(key)
+        dest.write_bytes(data)
+        self.downloads.append(key)
+        return cas.digest_bytes(data).sha256 if self.report_hash else None
+
+
+def test_pull_reads_through_the_store_interface(built: Built, store: LocalStore, tmp_path: Path) -> None:
+    remote = StreamOnlyStore(store.root)
+    pull(remote, built.snapshot, tmp_path / "dest", jobs=2)
+    assert_complete(built, tmp_path / "dest")
+
+
+@pytest.mark.parametrize("report_hash", [True, False])
+def test_large_objects_use_download_file_when_the_store_has_it(
+    built: Built, store: LocalStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report_hash: bool
+) -> None:
+    monkeypatch.setattr("prep.pull.DOWNLOAD_FILE_MIN", 20_000)
+    remote = DownloadingStore(store.root, report_hash)
+    pull(remote, built.snapshot, tmp_path / "dest")
+    assert_complete(built, tmp_path / "dest")
+    large = sorted(cas.object_key(a["sha256"]) for a in built.snapshot.artifacts if a["size"] >= 20_000)
+    assert sorted(remote.downloads) == large and large
