@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from prep.faults import crash_point
 from prep.formats import megatron, wds
 from prep.stages.shuffle import Part, ShardSpec, document_id, record_line
 
@@ -119,4 +120,5 @@ def _scatter_part(part: Part, mine: np.ndarray, plan_rows: np.ndarray, plan: np.
                         texts[local].as_py().encode("utf-8"),
                     )
                     os.pwrite(shard.fds["wds"], sample, int(entry["tar_off"]))
+                crash_point("shard.mid_write")
         first += rows

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from prep.errors import NotFoundError, StoreError
+from prep.faults import crash_point
 from prep.storage.base import ObjectInfo, RefValue, Store
 
 TMP_DIR = "tmp"
@@ -54,6 +55,7 @@ class LocalStore(Store):
         return self.root / TMP_DIR / f"{uuid.uuid4().hex}.part"
 
     def _publish(self, temp: Path, final: Path) -> bool:
+        crash_point("store.before_link")
         final.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.link(temp, final)
