@@ -1,0 +1,129 @@
+"""The cross-check: a fast backend's tokens for a deterministic sample re-encoded by the reference.
+
+The sample is bounded by bytes, since the reference is ~100x slower than gigatoken; it favours
+documents with unusual characters, where backends disagree if they ever do, and always keeps
+some ordinary ones. docs/tokenizers.md gives the measurements behind the default budget.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from prep.errors import TokenizerError
+from prep.tokenizer import contains_special
+from prep.tokenizer.backends import Backend, ReferenceBackend
+
+DEFAULT_BUDGET_FRACTION = 0.002
+MIN_BUDGET_BYTES = 16 << 10
+MAX_BUDGET_BYTES = 256 << 10
+# Scoring scans text with regular expressions (~15 MB/s), so only this many budgets are scored.
+POOL_FACTOR = 4
+ORDINARY_SHARE = 0.25
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_LONG_RUN = re.compile(r"\s{32}|\d{16}|\S{100}")
+# Spellings common to special tokens of many tokenizers, for text the given list misses.
+_SPECIAL_LIKE = ("<|", "|>", "<s>", "</s>", "[CLS]", "[SEP]", "<unk>", "<pad>")
+
+
+@dataclass(frozen=True)
+class CrossCheckReport:
+    """How much a cross-check compared: documents and their UTF-8 bytes."""
+
+    documents: int
+    bytes: int
+
+
+def sample_budget(batch_bytes: int) -> int:
+    """The default cross-check budget for a batch: 0.2% of its bytes, within 16 KiB .. 256 KiB."""
+    return min(MAX_BUDGET_BYTES, max(MIN_BUDGET_BYTES, int(batch_bytes * DEFAULT_BUDGET_FRACTION)))
+
+
+def utf8_size(text: str) -> int:
+    """Bytes of `text` in UTF-8 (no encoding needed for ASCII, which CPython flags)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def unusual_score(text: str, special_tokens: Sequence[str] = ()) -> int:
+    """How many kinds of unusual content `text` has: non-ASCII, control characters or CR,
+    special-token spellings, long runs of whitespace or digits, or very long words."""
+    score = 0 if text.isascii() else 1
+    if "\r" in text or _CONTROL.search(text):
+        score += 1
+    if contains_special(text, tuple(special_tokens)) or any(mark in text for mark in _SPECIAL_LIKE):
+        score += 1
+    if _LONG_RUN.search(text):
+        score += 1
+    return score
+
+
+def select_sample(texts: Sequence[str], budget_bytes: int, seed: int, *,
+                  special_tokens: Sequence[str] = ()) -> list[int]:
+    """Sorted indices of a deterministic sample of `texts` of at most `budget_bytes` UTF-8 bytes.
+
+    Documents are visited in a seeded random order; the first few budgets' worth are scored, a
+    quarter of the budget goes to ordinary documents and the rest to the most unusual ones.
+    Documents larger than the whole budget are never sampled."""
+    if budget_bytes <= 0 or not texts:
+        return []
+    order = np.random.RandomState(seed % 2**32).permutation(len(texts))
+    pool: list[tuple[int, int, int]] = []  # (index, size, score) in visiting order
+    pooled_bytes = 0
+    for index in order.tolist():
+        size = utf8_size(texts[index])
+        if size > budget_bytes:
+            continue
+        pool.append((index, size, unusual_score(texts[index], special_tokens)))
+        pooled_bytes += size
+        if pooled_bytes >= POOL_FACTOR * budget_bytes:
+            break
+    ordinary = [(index, size) for index, size, score in pool if score == 0]
+    ranked = sorted(range(len(pool)), key=lambda rank: (-pool[rank][2], rank))
+    unusual = [(pool[rank][0], pool[rank][1]) for rank in ranked if pool[rank][2] > 0]
+
+    chosen: list[int] = []
+    used = 0
+
+    def take(candidates: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
+        nonlocal used
+        left = []
+        for index, size in candidates:
+            if used + size <= limit:
+                chosen.append(index)
+                used += size
+            else:
+                left.append((index, size))
+        return left
+
+    ordinary = take(ordinary, int(budget_bytes * ORDINARY_SHARE))
+    take(unusual, budget_bytes)
+    take(ordinary, budget_bytes)
+    return sorted(chosen)
+
+
+def first_difference(expected: np.ndarray[Any, Any], actual: np.ndarray[Any, Any]) -> int:
+    """The first token position where two token arrays differ (the shorter length if one is a prefix)."""
+    common = min(len(expected), len(actual))
+    differing = np.flatnonzero(expected[:common] != actual[:common])
+    return int(differing[0]) if differing.size else common
+
+
+def crosscheck(fast: Backend, reference: ReferenceBackend, texts: Sequence[str],
+               fast_tokens: Sequence[np.ndarray[Any, Any]], indices: Sequence[int],
+               doc_names: Sequence[str]) -> CrossCheckReport:
+    """Re-encode `texts[indices]` with the reference; raise TokenizerError naming the first
+    document whose `fast_tokens` differ. Nothing to do when `fast` is the reference itself."""
+    if not indices or isinstance(fast, ReferenceBackend):
+        return CrossCheckReport(documents=0, bytes=0)
+    expected = reference.encode_batch([texts[index] for index in indices])
+    for index, want in zip(indices, expected):
+        got = fast_tokens[index]
+        if not np.array_equal(want, got):
+            raise TokenizerError(f"tokenizer backend {fast.name} disagrees with the reference on document "
+                                 f"{doc_names[index]}: first difference at token {first_difference(want, got)}")
+    return CrossCheckReport(documents=len(indices), bytes=sum(utf8_size(texts[index]) for index in indices))
