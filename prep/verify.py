@@ -105,11 +105,16 @@ def hash_file(path: Path, on_bytes: ByteCounter | None = None, stop: threading.E
     O_NONBLOCK keeps a FIFO planted under an artifact's name from blocking the open.
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with io.FileIO(fd, "r", closefd=True) as handle:
+    try:
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
             raise OSError(errno.EINVAL, f"not a regular file ({_file_type(before.st_mode)})")
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    with io.FileIO(fd, "r", closefd=True) as handle:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         hasher = hashlib.sha256()
         buffer = bytearray(READ_SIZE)
         view = memoryview(buffer)

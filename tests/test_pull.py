@@ -16,8 +16,10 @@ import pytest
 from prep import cas
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.pull import THROTTLE_ENV, pull, temp_name
+from prep.storage import open_store
 from prep.storage.local import LocalStore
 from prep.verify import TEMP_MARKER, verify
+from tests.s3support import new_bucket, s3_endpoint  # noqa: F401  (s3_endpoint is a fixture)
 from tests.snapshot_factory import Built, build_snapshot
 
 
@@ -199,3 +201,13 @@ def test_large_objects_use_download_file_when_the_store_has_it(
     assert_complete(built, tmp_path / "dest")
     large = sorted(cas.object_key(a["sha256"]) for a in built.snapshot.artifacts if a["size"] >= 20_000)
     assert sorted(remote.downloads) == large and large
+
+
+@pytest.mark.usefixtures("s3_endpoint")
+@pytest.mark.parametrize("download_min", [1 << 40, 0], ids=["streamed", "download_file"])
+def test_pull_from_an_s3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, download_min: int) -> None:
+    monkeypatch.setattr("prep.pull.DOWNLOAD_FILE_MIN", download_min)
+    remote = open_store(f"{new_bucket()}/datasets")
+    built = build_snapshot(remote, tmp_path / "work", shard_sizes=(30_000, 20_000))
+    pull(remote, built.snapshot, tmp_path / "dest", jobs=2)
+    assert_complete(built, tmp_path / "dest")
