@@ -175,6 +175,7 @@ def iam_enforced(endpoint: str) -> Iterator[None]:
 
     def set_free_requests(count: str) -> str:
         request = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=count.encode(), method="POST")
+        request.add_header("Content-Type", "text/plain")  # a form type would hide the body from moto
         with urllib.request.urlopen(request) as response:
             return str(json.load(response)["PREVIOUS_INITIAL_NO_AUTH_ACTION_COUNT"])
 

@@ -64,7 +64,7 @@ _BAD_CREDENTIALS = {
     "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
     "TokenRefreshRequired", "InvalidClientTokenId", "AuthorizationHeaderMalformed",
 }
-_DENIED = {"AccessDenied", "AllAccessDisabled", "403"}
+_DENIED = {"AccessDenied", "AllAccessDisabled"}
 _UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError)
 _STREAM_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, ConnectionClosedError)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": MIB, "mib": MIB, "g": 1 << 30, "gib": 1 << 30}
@@ -112,7 +112,9 @@ def _translate(exc: Exception, bucket: str, key: str) -> PrepError:
         if code in {"PreconditionFailed", "412"}:  # only reads get here: writes handle their own
             return StoreError(f"{where}: object changed while being read")
         if code in _BAD_CREDENTIALS:
-            return StoreError(f"{where}: the S3 endpoint rejected the credentials ({code})")
+            return StoreError(f"{where}: credentials rejected by the S3 endpoint ({code})")
+        if code == "403":  # a HEAD's error has no body to tell the two apart
+            return StoreError(f"{where}: access denied or credentials rejected (HTTP 403)")
         if code in _DENIED:
             return StoreError(f"{where}: access denied")
         message = exc.response.get("Error", {}).get("Message", "")
@@ -195,7 +197,7 @@ class _ClientCache:
         return entry[1]
 
     def _new_client(self) -> Any:
-        retries = {"mode": "standard", "max_attempts": self.max_attempts}
+        retries = {"mode": "standard", "total_max_attempts": self.max_attempts}
         config = Config(retries=retries, max_pool_connections=self.pool_size)
         try:  # a fresh session reads the AWS environment now, not when boto3 was first used
             core = botocore.session.get_session()
@@ -549,7 +551,7 @@ class S3Store(Store):
         except ClientError as exc:
             if _code(exc) in {"404", "NoSuchBucket", "NotFound"}:
                 raise StoreError(f"s3://{self.bucket}: bucket does not exist") from None
-            if _code(exc) not in _DENIED:  # no ListBucket right: cannot tell, assume it exists
+            if _code(exc) != "403":  # no ListBucket right: cannot tell, assume it exists
                 raise _translate(exc, self.bucket, "") from None
         except BotoCoreError as exc:
             raise _translate(exc, self.bucket, "") from None
