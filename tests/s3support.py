@@ -72,7 +72,8 @@ class _OneRequestAtATime:
             else:
                 _drain(environ)
         body = f"<Error><Code>{fault.code}</Code><Message>injected by the test</Message></Error>".encode()
-        headers = [("Content-Type", "application/xml"), ("Content-Length", str(len(body))), ("Connection", "close")]
+        headers = [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))]
+        headers.append(("Connection", "close"))
         start_response(f"{fault.status} {HTTPStatus(fault.status).phrase}", headers)
         return [body]
 
@@ -174,7 +175,8 @@ def iam_enforced(endpoint: str) -> Iterator[None]:
     """Make the server check signatures and IAM permissions of every request inside the block."""
 
     def set_free_requests(count: str) -> str:
-        request = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=count.encode(), method="POST")
+        url = f"{endpoint}/moto-api/reset-auth"
+        request = urllib.request.Request(url, data=count.encode(), method="POST")
         request.add_header("Content-Type", "text/plain")  # a form type would hide the body from moto
         with urllib.request.urlopen(request) as response:
             return str(json.load(response)["PREVIOUS_INITIAL_NO_AUTH_ACTION_COUNT"])

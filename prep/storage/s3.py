@@ -197,7 +197,8 @@ class _ClientCache:
         return entry[1]
 
     def _new_client(self) -> Any:
-        retries = {"mode": "standard", "total_max_attempts": self.max_attempts}
+        mode = "adaptive" if os.environ.get("AWS_RETRY_MODE") == "adaptive" else "standard"
+        retries = {"mode": mode, "total_max_attempts": self.max_attempts}
         config = Config(retries=retries, max_pool_connections=self.pool_size)
         try:  # a fresh session reads the AWS environment now, not when boto3 was first used
             core = botocore.session.get_session()

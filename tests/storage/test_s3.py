@@ -141,7 +141,8 @@ def test_racing_puts_leave_exactly_one_version(s3_versioned_bucket: str, size: i
     bucket, _ = split(s3_versioned_bucket)
     versions = admin_client().list_object_versions(Bucket=bucket, Prefix=key).get("Versions", [])
     assert [version["Key"] for version in versions] == [key]
-    assert store.head(key) is not None and store.head(key).version_id == versions[0]["VersionId"]  # type: ignore[union-attr]
+    info = store.head(key)
+    assert info is not None and info.version_id == versions[0]["VersionId"]
 
 
 def test_logs_may_be_overwritten(s3_bucket: str) -> None:
@@ -156,7 +157,8 @@ def test_logs_may_be_overwritten(s3_bucket: str) -> None:
 def test_throttling_and_conflicts_are_retried(s3_bucket: str, s3_request_hooks: list[RequestHook]) -> None:
     store = S3Store(s3_bucket)
     slow, slow_hits = on_request("PUT", "data/slow", fault=Fault(503, "SlowDown"))
-    conflict, conflict_hits = on_request("PUT", "data/conflict", fault=Fault(409, "ConditionalRequestConflict"))
+    busy = Fault(409, "ConditionalRequestConflict")
+    conflict, conflict_hits = on_request("PUT", "data/conflict", fault=busy)
     s3_request_hooks.extend([slow, conflict])
     assert store.put_bytes("data/slow", b"x") is True
     assert store.put_bytes("data/conflict", b"y") is True

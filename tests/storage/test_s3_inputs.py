@@ -49,7 +49,8 @@ def test_prefix_glob_and_single_object(s3_bucket: str) -> None:
 def test_nothing_matches(s3_bucket: str) -> None:
     fill(s3_bucket)
     globbed_folder = f"{s3_bucket}/*/a.jsonl.zst"  # a glob counts in the last component only
-    for url in (f"{s3_bucket}/corpus/*.parquet", f"{s3_bucket}/nothing/", f"{s3_bucket}/nothing", globbed_folder):
+    for url in (f"{s3_bucket}/corpus/*.parquet", f"{s3_bucket}/nothing/", f"{s3_bucket}/nothing",
+                globbed_folder):
         with pytest.raises(InputError, match="no objects match"):
             list_objects(url)
     with pytest.raises(InputError, match="no such object"):
