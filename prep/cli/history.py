@@ -1,0 +1,222 @@
+"""`prep diff`, `prep tag`, `prep ls`, `prep trace` and `prep gc`: history and lineage commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+
+from prep import cas
+from prep.cli.common import open_store_option, store_option
+from prep.cli.show import _human_bytes as human_bytes
+from prep.docdiff import DocumentChange, DocumentDiff, diff_documents
+from prep.errors import NotFoundError
+from prep.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage, parse_duration
+from prep.lineage import Trace
+from prep.lineage import trace as trace_document
+from prep.manifest.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
+from prep.refs import check_name, list_refs, move_ref
+from prep.snapshots import Snapshot, is_manifest_path, load_snapshot, resolve
+from prep.storage.base import Store
+
+CHANGES_SHOWN = 50
+CHANGE_MARKS = {"added": "+", "removed": "-", "changed": "~"}
+
+
+def _value(value: Any) -> str:
+    return "(absent)" if value is ABSENT else json.dumps(value, ensure_ascii=False)
+
+
+def _short(object_id: str) -> str:
+    return object_id.removeprefix("sha256:")[:12]
+
+
+def diff_lines(diff: SnapshotDiff, old_spec: str, new_spec: str) -> list[str]:
+    """The human summary of a snapshot diff: inputs, settings, artifacts, stats."""
+    lines = [f"--- {old_spec}  {diff.old_id}", f"+++ {new_spec}  {diff.new_id}"]
+    counts = {change: len(diff.files_by_change(change)) for change in ("added", "removed", "changed")}
+    lines.append(f"inputs     {counts['added']} added, {counts['removed']} removed, {counts['changed']} changed, "
+                 f"{diff.files_unchanged} unchanged")
+    for entry in diff.files:
+        sides = [side for side in (entry.old, entry.new) if side is not None]
+        sizes = " -> ".join(human_bytes(side.size) for side in sides)
+        hashes = " -> ".join(side.sha256[:12] for side in sides)
+        lines.append(f"  {CHANGE_MARKS[entry.change]} {entry.path}  {sizes}  sha256 {hashes}")
+    lines.append(f"settings   {len(diff.settings)} changed")
+    lines.extend(f"  {entry.key}: {_value(entry.old)} -> {_value(entry.new)}" for entry in diff.settings)
+    parts = [(name, matches) for name, matches in (("added", diff.artifacts_added), ("removed", diff.artifacts_removed),
+                                                    ("unchanged", diff.artifacts_unchanged))]
+    lines.append("artifacts  " + ", ".join(f"{len(matches)} {name} ({human_bytes(sum(m.size for m in matches))})"
+                                           for name, matches in parts))
+    moved = [delta for delta in diff.stats if delta.delta or delta.old is None or delta.new is None]
+    lines.append("stats      " + ("; ".join(f"{d.key} {d.old} -> {d.new} ({d.delta:+d})" for d in moved) or "unchanged"))
+    return lines
+
+
+def _change_line(change: DocumentChange) -> str:
+    version = change.new or change.old
+    assert version is not None
+    where = f"line {change.old.line} -> {change.new.line}" if change.old and change.new else f"line {version.line}"
+    copies = f", {change.copies} copies" if change.copies > 1 else ""
+    return f"  {CHANGE_MARKS[change.change]} {change.source}  {version.id}  ({where}{copies})"
+
+
+def document_lines(documents: DocumentDiff) -> Iterator[str]:
+    summary = documents.summary
+    yield (f"documents  {summary.added} added, {summary.removed} removed, {summary.changed} changed, "
+           f"{summary.unchanged} unchanged (keyed by {summary.keyed_by}; files: {summary.files_compared} compared, "
+           f"{summary.files_skipped} skipped as unchanged)")
+    total = summary.added + summary.removed + summary.changed
+    for shown, change in enumerate(documents.changes()):
+        if shown == CHANGES_SHOWN:
+            yield f"  ... {total - shown} more (use --json for all)"
+            return
+        yield _change_line(change)
+
+
+def write_report(report: dict[str, Any], documents: DocumentDiff | None, out: TextIO) -> None:
+    """Write a prep.diff-report/1, streaming document changes from their spill file."""
+    if documents is None:
+        out.write(json.dumps(report, ensure_ascii=False) + "\n")
+        return
+    text = json.dumps({**report, "documents": {**documents.summary.to_json(), "changes": []}}, ensure_ascii=False)
+    assert text.endswith("[]}}")
+    out.write(text[:-4] + "[")
+    out.writelines(("," if index else "") + json.dumps(change.to_json(), ensure_ascii=False)
+                   for index, change in enumerate(documents.changes()))
+    out.write("]}}\n")
+
+
+def _resolve(store: Store | None, spec: str) -> Snapshot:
+    return resolve(None if is_manifest_path(spec) else store, spec)
+
+
+def _side(spec: str, snapshot: Snapshot) -> dict[str, str]:
+    return {"spec": spec, "snapshot": snapshot.id, "dataset": snapshot.dataset}
+
+
+@click.command()
+@click.argument("old_spec", metavar="A")
+@click.argument("new_spec", metavar="B")
+@store_option
+@click.option("--json", "as_json", is_flag=True, help="Print a prep.diff-report/1 JSON document.")
+@click.option("--documents", is_flag=True, help="Also diff documents: ids added, removed, and with changed text.")
+def diff(old_spec: str, new_spec: str, store_url: str | None, as_json: bool,
+         documents: bool) -> None:
+    """Compare snapshots A and B. Exit 0 when identical, 1 when different, 2 on error."""
+    needs_store = documents or not (is_manifest_path(old_spec) and is_manifest_path(new_spec))
+    store = open_store_option(store_url) if needs_store else None
+    old, new = _resolve(store, old_spec), _resolve(store, new_spec)
+    snapshot_diff = diff_snapshots(old, new)
+    with tempfile.TemporaryDirectory(prefix="prep-diff-") as work:
+        document_diff = None
+        if documents:
+            assert store is not None
+            document_diff = diff_documents(store, old, new, Path(work), labels=(old_spec, new_spec))
+        if as_json:
+            report = {"schema": REPORT_SCHEMA, "old": _side(old_spec, old), "new": _side(new_spec, new),
+                      **snapshot_diff.to_json()}
+            write_report(report, document_diff, sys.stdout)
+        else:
+            click.echo("\n".join(diff_lines(snapshot_diff, old_spec, new_spec)))
+            for line in document_lines(document_diff) if document_diff else []:
+                click.echo(line)
+            if snapshot_diff.identical:
+                click.echo("identical")
+    if not snapshot_diff.identical:
+        sys.exit(1)  # like diff(1); main() does not propagate click's ctx.exit codes
+
+
+@click.command()
+@click.argument("snap")
+@click.argument("name")
+@store_option
+def tag(snap: str, name: str, store_url: str | None) -> None:
+    """Point DATASET@NAME at snapshot SNAP (its dataset is the snapshot's)."""
+    store = open_store_option(store_url)
+    snapshot = load_snapshot(store, resolve(store, snap).id)  # a manifest file must be in the store too
+    missing = [a["path"] for a in snapshot.artifacts if store.head(cas.object_key(a["sha256"])) is None]
+    if missing:
+        raise NotFoundError(f"{store.url}: snapshot {snapshot.id} lacks {len(missing)} artifacts (first: {missing[0]}); not tagged")
+    ref = move_ref(store, snapshot.dataset, check_name("ref", name), snapshot.id)
+    click.echo(f"{ref.dataset}@{ref.name} -> {ref.snapshot} (generation {ref.generation})")
+
+
+@click.command(name="ls")
+@click.argument("dataset", required=False)
+@store_option
+def ls(dataset: str | None, store_url: str | None) -> None:
+    """List datasets and their refs: generation, time moved, snapshot."""
+    store = open_store_option(store_url)
+    refs = list_refs(store, dataset)
+    if not refs:
+        click.echo(f"no refs in {store.url}" + (f" for dataset {dataset!r}" if dataset else ""), err=True)
+        return
+    width = max(len(f"{ref.dataset}@{ref.name}") for ref in refs)
+    for ref in refs:
+        click.echo(f"{ref.dataset + '@' + ref.name:<{width}}  gen {ref.generation:<4} {ref.time}  {ref.snapshot}")
+
+
+def trace_lines(found: Trace, indent: str = "") -> list[str]:
+    """A document's origin and where each artifact holds it (or the copy kept instead)."""
+    doc = found.document
+    lines = [(f"{indent}document  {doc.id}  ({doc.source} line {doc.line}; {doc.tokens} tokens + EOS, "
+              f"{doc.text_bytes} bytes of text, text xxh3-128 {doc.text_hash})")]
+    if found.duplicate_of is not None:
+        lines.append(f"{indent}dropped   as an exact duplicate; the snapshot holds its text as:")
+        return lines + trace_lines(found.duplicate_of, indent + "  ")
+    lines.append(f"{indent}position  {found.position} in the shuffled order")
+    for place in found.placements:
+        span = f"  bytes {place.offset}..{place.offset + place.length}" if place.offset is not None \
+            and place.length is not None else ""
+        lines.append(f"{indent}  {place.path:<16} sequence {place.sequence}{span}")
+    return lines
+
+
+@click.command()
+@click.argument("snap")
+@click.argument("doc_id")
+@store_option
+def trace(snap: str, doc_id: str, store_url: str | None) -> None:
+    """Which artifacts, at which positions, hold document DOC_ID (an id, SOURCE:ID, or SOURCE:LINE)."""
+    store = open_store_option(store_url)
+    found = trace_document(store, _resolve(store, snap), doc_id)
+    for index, entry in enumerate(found):
+        if index:
+            click.echo("")
+        click.echo("\n".join(trace_lines(entry)))
+
+
+def gc_lines(report: GcReport) -> list[str]:
+    verb = "would delete" if report.dry_run else "deleted"
+    width = len(verb)
+    lines = [f"{report.store}: {report.refs} refs; grace period {report.grace_seconds} s"
+             + ("; dry run, nothing deleted" if report.dry_run else "")]
+    for name, tally in report.kept.items():
+        lines.append(f"{'kept':<{width}}  {name:<10} {tally.count:>8}  {human_bytes(tally.bytes)}")
+    for name in CATEGORIES:
+        tally = report.deleted[name]
+        lines.append(f"{verb}  {name:<10} {tally.count:>8}  {human_bytes(tally.bytes)}")
+    lines.append(f"{'would free' if report.dry_run else 'freed'} {report.freed.count} keys, {human_bytes(report.freed.bytes)}")
+    return lines
+
+
+@click.command()
+@store_option
+@click.option("--dry-run", is_flag=True, help="Report what would be deleted; delete nothing.")
+@click.option("--grace", default=DEFAULT_GRACE, show_default=True, metavar="DURATION",
+              help="Only delete what is older than this (30m, 6h, 2d); must exceed the longest build.")
+@click.option("--json", "as_json", is_flag=True, help="Print a prep.gc-report/1 JSON document.")
+def gc(store_url: str | None, dry_run: bool, grace: str, as_json: bool) -> None:
+    """Delete objects and records that no ref reaches, once older than the grace period."""
+    store = open_store_option(store_url)
+    report = collect_garbage(store, parse_duration(grace), dry_run)
+    if as_json:
+        click.echo(json.dumps(report.to_json()))
+    else:
+        click.echo("\n".join(gc_lines(report)))
