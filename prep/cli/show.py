@@ -50,10 +50,19 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
 @click.argument("snap")
 @store_option
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest exactly as stored.")
-def show(snap: str, store_url: str | None, as_json: bool) -> None:
+@click.option("--at", "at", default=None, metavar="PATH:N",
+              help="Show the document stored as sequence N (0-based) of artifact PATH, e.g. bin/00000.bin:0.")
+def show(snap: str, store_url: str | None, as_json: bool, at: str | None) -> None:
     """Show a snapshot: DATASET@REF, sha256:<hex>, a unique hex prefix, or a manifest file."""
-    store = None if is_manifest_path(snap) else open_store_option(store_url)
-    snapshot = resolve(store, snap)
+    store = None if is_manifest_path(snap) and at is None else open_store_option(store_url)
+    snapshot = resolve(None if is_manifest_path(snap) else store, snap)
+    if at is not None:
+        from prep.cli.history import trace_lines
+        from prep.lineage import locate, parse_at
+
+        assert store is not None
+        click.echo("\n".join(trace_lines(locate(store, snapshot, *parse_at(at)))))
+        return
     if as_json:
         sys.stdout.buffer.write(snapshot.raw + b"\n")
         return
