@@ -216,8 +216,11 @@ def test_open_survives_a_broken_stream_and_seeks(s3_bucket: str, s3_request_hook
     assert len(hits) >= 2
 
 
-def _read_in_child(store: S3Store, key: str) -> bytes:
-    return store.get_bytes(key)
+_inherited: list[S3Store] = []
+
+
+def _read_in_child(store: S3Store | None, key: str) -> bytes:
+    return (store or _inherited[0]).get_bytes(key)
 
 
 def test_pickles_and_works_in_forked_workers(s3_bucket: str) -> None:
@@ -226,8 +229,12 @@ def test_pickles_and_works_in_forked_workers(s3_bucket: str) -> None:
     clone = pickle.loads(pickle.dumps(store))
     assert (clone.url, clone.settings) == (store.url, store.settings)
     assert clone.get_bytes("k") == b"value"
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
-        assert list(pool.map(_read_in_child, [store, clone], ["k", "k"])) == [b"value", b"value"]
+    _inherited[:] = [store]  # reaches the children through fork, client included
+    try:
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+            assert list(pool.map(_read_in_child, [None, store], ["k", "k"])) == [b"value", b"value"]
+    finally:
+        _inherited.clear()
 
 
 def test_configuration(s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
