@@ -21,14 +21,15 @@ from prep.tokenizer.backends import Backend, ReferenceBackend
 DEFAULT_BUDGET_FRACTION = 0.002
 MIN_BUDGET_BYTES = 16 << 10
 MAX_BUDGET_BYTES = 256 << 10
-# Scoring scans text with regular expressions (~15 MB/s), so only this many budgets are scored.
+# Regular-expression checks run at ~15 MB/s, so only this many budgets' worth of documents get
+# them; the cheap checks (non-ASCII, CR, special spellings) run on every document.
 POOL_FACTOR = 4
 ORDINARY_SHARE = 0.25
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _LONG_RUN = re.compile(r"\s{32}|\d{16}|\S{100}")
-# Spellings common to special tokens of many tokenizers, for text the given list misses.
-_SPECIAL_LIKE = ("<|", "|>", "<s>", "</s>", "[CLS]", "[SEP]", "<unk>", "<pad>")
+# The opening of most chat/control special tokens, for spellings the given list misses.
+_SPECIAL_LIKE = "<|"
 
 
 @dataclass(frozen=True)
@@ -49,50 +50,62 @@ def utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-def unusual_score(text: str, special_tokens: Sequence[str] = ()) -> int:
-    """How many kinds of unusual content `text` has: non-ASCII, control characters or CR,
-    special-token spellings, long runs of whitespace or digits, or very long words."""
+def _cheap_score(text: str, markers: tuple[str, ...]) -> int:
+    """Unusual kinds found at memory speed: non-ASCII (O(1) in CPython), CR, special spellings."""
     score = 0 if text.isascii() else 1
-    if "\r" in text or _CONTROL.search(text):
+    if "\r" in text:
         score += 1
-    if contains_special(text, tuple(special_tokens)) or any(mark in text for mark in _SPECIAL_LIKE):
-        score += 1
-    if _LONG_RUN.search(text):
+    if contains_special(text, markers):
         score += 1
     return score
+
+
+def _scanned_score(text: str) -> int:
+    """Unusual kinds found by regular expressions: control characters; long runs of whitespace
+    or digits, or very long words."""
+    return (1 if _CONTROL.search(text) else 0) + (1 if _LONG_RUN.search(text) else 0)
+
+
+def unusual_score(text: str, special_tokens: Sequence[str] = ()) -> int:
+    """How many kinds of unusual content `text` has (0 for ordinary text)."""
+    return _cheap_score(text, (*special_tokens, _SPECIAL_LIKE)) + _scanned_score(text)
 
 
 def select_sample(texts: Sequence[str], budget_bytes: int, seed: int, *,
                   special_tokens: Sequence[str] = ()) -> list[int]:
     """Sorted indices of a deterministic sample of `texts` of at most `budget_bytes` UTF-8 bytes.
 
-    Documents are visited in a seeded random order; the first few budgets' worth are scored, a
-    quarter of the budget goes to ordinary documents and the rest to the most unusual ones.
-    Documents larger than the whole budget are never sampled."""
+    Documents are visited in a seeded random order. A quarter of the budget goes to ordinary
+    documents, the rest to the most unusual ones: every document gets the cheap checks, the
+    first few budgets' worth also the regular-expression ones. Documents larger than the whole
+    budget are never sampled."""
     if budget_bytes <= 0 or not texts:
         return []
+    markers = (*special_tokens, _SPECIAL_LIKE)
     order = np.random.RandomState(seed % 2**32).permutation(len(texts))
-    pool: list[tuple[int, int, int]] = []  # (index, size, score) in visiting order
-    pooled_bytes = 0
+    candidates: list[tuple[int, int, int]] = []  # (score, index, size) in visiting order
+    scanned_bytes = 0
     for index in order.tolist():
-        size = utf8_size(texts[index])
+        text = texts[index]
+        size = utf8_size(text)
         if size > budget_bytes:
             continue
-        pool.append((index, size, unusual_score(texts[index], special_tokens)))
-        pooled_bytes += size
-        if pooled_bytes >= POOL_FACTOR * budget_bytes:
-            break
-    ordinary = [(index, size) for index, size, score in pool if score == 0]
-    ranked = sorted(range(len(pool)), key=lambda rank: (-pool[rank][2], rank))
-    unusual = [(pool[rank][0], pool[rank][1]) for rank in ranked if pool[rank][2] > 0]
+        score = _cheap_score(text, markers)
+        if scanned_bytes < POOL_FACTOR * budget_bytes:
+            score += _scanned_score(text)
+            scanned_bytes += size
+        candidates.append((score, index, size))
+    ordinary = [(index, size) for score, index, size in candidates if score == 0]
+    ranked = sorted(range(len(candidates)), key=lambda rank: (-candidates[rank][0], rank))
+    unusual = [candidates[rank][1:] for rank in ranked if candidates[rank][0] > 0]
 
     chosen: list[int] = []
     used = 0
 
-    def take(candidates: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
+    def take(pending: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
         nonlocal used
         left = []
-        for index, size in candidates:
+        for index, size in pending:
             if used + size <= limit:
                 chosen.append(index)
                 used += size

@@ -1,0 +1,155 @@
+"""The cross-check's sample is deterministic, byte-bounded and favours unusual documents; a backend
+that disagrees with the reference on one document is caught and the document named."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prep.errors import TokenizerError
+from prep.tokenizer.backends import Backend, TokenArray
+from prep.tokenizer.crosscheck import (
+    MAX_BUDGET_BYTES,
+    MIN_BUDGET_BYTES,
+    CrossCheckReport,
+    crosscheck,
+    first_difference,
+    sample_budget,
+    select_sample,
+    unusual_score,
+    utf8_size,
+)
+from tests.tokenizer.conftest import BackendPair
+from tests.tokenizer.strategies import documents
+
+Backends = Callable[..., BackendPair]
+
+
+class PerturbingBackend:
+    """A real backend whose output for one chosen document is off by one token id."""
+
+    name = "perturbing"
+    version = "0"
+
+    def __init__(self, inner: Backend, victim: str) -> None:
+        self.inner = inner
+        self.victim = victim
+
+    def encode_batch(self, texts: list[str]) -> list[TokenArray]:
+        tokens = self.inner.encode_batch(texts)
+        for index, text in enumerate(texts):
+            if text == self.victim:
+                tokens[index] = tokens[index].copy()
+                tokens[index][-1] += 1
+        return tokens
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def ordinary_corpus(count: int, seed: int = 1) -> list[str]:
+    rng = random.Random(seed)
+    words = ("the", "model", "reads", "a", "shard", "of", "tokens", "and", "writes", "an", "index", "for", "each")
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) + "." for _ in range(count)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(texts=st.lists(documents, max_size=40), budget=st.integers(0, 4000), seed=st.integers(0, 2**40))
+def test_sample_is_deterministic_sorted_and_within_budget(texts: list[str], budget: int, seed: int) -> None:
+    sample = select_sample(texts, budget, seed)
+    assert sample == select_sample(list(texts), budget, seed)
+    assert sample == sorted(set(sample))
+    assert all(0 <= index < len(texts) for index in sample)
+    assert sum(utf8_size(texts[index]) for index in sample) <= budget
+
+
+def test_sample_depends_on_the_seed() -> None:
+    texts = ordinary_corpus(400)
+    assert select_sample(texts, 4000, seed=1) != select_sample(texts, 4000, seed=2)
+
+
+def test_sample_favours_unusual_documents_and_keeps_ordinary_ones() -> None:
+    texts = ordinary_corpus(1000)
+    unusual_text = ["naïve café", "tab\tand\r\nCRLF", "spells <|endoftext|>", "digits 12345678901234567890",
+                    "word " + "x" * 150, "ctrl \x1b[0m", "spaces" + " " * 40 + "end"]
+    rng = random.Random(5)
+    unusual = set(rng.sample(range(len(texts)), 50))
+    for number, index in enumerate(sorted(unusual)):
+        texts[index] += " " + unusual_text[number % len(unusual_text)]
+    budget = 8000
+    sample = select_sample(texts, budget, seed=3, special_tokens=["<|endoftext|>"])
+    picked_unusual = [index for index in sample if index in unusual]
+    picked_ordinary = [index for index in sample if index not in unusual]
+    assert len(picked_unusual) / len(sample) > 4 * len(unusual) / len(texts)
+    assert picked_ordinary
+    assert sum(utf8_size(texts[index]) for index in picked_ordinary) <= budget
+
+
+def test_unusual_score_counts_kinds_of_unusual_content() -> None:
+    assert unusual_score("just some words. And numbers 12.") == 0
+    assert unusual_score("café") == 1
+    assert unusual_score("line\r\n") == 1
+    assert unusual_score("x <|im_end|> y") == 1  # looks like a special token
+    assert unusual_score("x MYSPECIAL y", special_tokens=["MYSPECIAL"]) == 1
+    assert unusual_score("9" * 16) == 1 and unusual_score(" " * 32) == 1 and unusual_score("w" * 100) == 1
+    assert unusual_score("naïve\r\n<|endoftext|>" + "0" * 20) == 4
+
+
+def test_documents_larger_than_the_budget_are_never_sampled() -> None:
+    texts = ["small one", "big " * 1000, "small two"]
+    assert select_sample(texts, 100, seed=0) == [0, 2]
+    assert select_sample(texts, 0, seed=0) == []
+    assert select_sample([], 100, seed=0) == []
+
+
+def test_sample_budget_is_a_bounded_fraction() -> None:
+    assert sample_budget(0) == MIN_BUDGET_BYTES
+    assert sample_budget(50 << 20) == int((50 << 20) * 0.002)
+    assert sample_budget(10 << 30) == MAX_BUDGET_BYTES
+
+
+def test_crosscheck_passes_and_reports_what_it_checked(backends: Backends) -> None:
+    fast, reference = backends(False, True, 1)
+    texts = ordinary_corpus(200) + ["naïve <|endoftext|>", "数据 🙂\r\n"]
+    names = [f"docs.jsonl:{i}" for i in range(len(texts))]
+    sample = select_sample(texts, 3000, seed=7)
+    report = crosscheck(fast, reference, texts, fast.encode_batch(texts), sample, names)
+    assert report == CrossCheckReport(documents=len(sample), bytes=sum(utf8_size(texts[i]) for i in sample))
+    assert 0 < report.bytes <= 3000
+
+
+def test_crosscheck_catches_and_names_a_disagreeing_document(backends: Backends) -> None:
+    fast, reference = backends(False, True, 1)
+    texts = ordinary_corpus(300)
+    victim = 137
+    texts[victim] = "an unusual one: naïve <|endoftext|> 1234567890123456789"
+    broken = PerturbingBackend(fast, texts[victim])
+    names = [f"shard-3.jsonl:{i + 1}" for i in range(len(texts))]
+    tokens = broken.encode_batch(texts)
+    sample = select_sample(texts, 2000, seed=11, special_tokens=["<|endoftext|>"])
+    assert victim in sample  # the unusual document is favoured
+    last = len(tokens[victim]) - 1
+    with pytest.raises(TokenizerError, match=rf"^tokenizer backend perturbing disagrees with the reference "
+                                             rf"on document shard-3.jsonl:138: first difference at token {last}$"):
+        crosscheck(broken, reference, texts, tokens, sample, names)
+    others = [index for index in sample if index != victim]
+    assert crosscheck(broken, reference, texts, tokens, others, names).documents == len(others)
+
+
+def test_crosscheck_skips_the_reference_itself(backends: Backends) -> None:
+    _, reference = backends(False, True, 1)
+    texts = ["a", "b"]
+    report = crosscheck(reference, reference, texts, reference.encode_batch(texts), [0, 1], ["x", "y"])
+    assert report == CrossCheckReport(documents=0, bytes=0)
+
+
+def test_first_difference() -> None:
+    a = np.array([1, 2, 3, 4], dtype=np.uint16)
+    assert first_difference(a, np.array([1, 2, 9, 4], dtype=np.uint16)) == 2
+    assert first_difference(a, a[:3]) == 3
+    assert first_difference(a[:0], a) == 0
