@@ -1,0 +1,256 @@
+"""Document-level and snapshot-level diff of real builds: random edits to a corpus are reported
+exactly, and nothing else; bounded-memory partitioning gives the same answer as in-memory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import prep.stages.read as read_module
+from prep.config import load_pipeline
+from prep.docdiff import DocumentChange, DocumentDiff, diff_documents
+from prep.errors import InputError
+from prep.manifest.diff import diff_snapshots
+from prep.runner.build import build
+from prep.runner.executor import LocalExecutor
+from prep.runner.progress import Progress
+from prep.snapshots import Snapshot
+from prep.storage import LocalStore
+from tests.helpers import make_records, write_jsonl, write_pipeline
+
+Corpus = dict[str, list[dict[str, Any]]]
+BASE_FILES = {"a.jsonl": 12, "b.jsonl": 9, "c.jsonl": 7}
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """One store, one warm executor and a tokenizer, shared by every build of a module."""
+
+    root: Path
+    store: LocalStore
+    executor: LocalExecutor
+    tokenizer: Path
+
+    def build(self, name: str, corpus: Corpus, seed: int = 1234, shard_size: str = "4KB",
+              id_field: str | None = "id", dedup: bool = True) -> Snapshot:
+        folder = self.root / name
+        for file_name, records in corpus.items():
+            write_jsonl(folder / "corpus" / file_name, records)
+        pipeline = write_pipeline(folder, self.tokenizer, ["corpus"], seed=seed, shard_size=shard_size,
+                                  id_field=id_field)
+        if not dedup:
+            pipeline.write_text(pipeline.read_text().replace("exact = true", "exact = false"))
+        return build(load_pipeline(pipeline), self.store, self.executor, (), Progress(quiet=True)).snapshot
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> Iterator[Workspace]:
+    root = tmp_path_factory.mktemp("docdiff")
+    executor = LocalExecutor(1)
+    try:
+        yield Workspace(root, LocalStore(root / "store"), executor, tokenizer_path)
+    finally:
+        executor.close()
+
+
+def base_corpus() -> Corpus:
+    return {name: make_records(count, seed=index, prefix=name[0]) for index, (name, count) in enumerate(BASE_FILES.items())}
+
+
+@pytest.fixture(scope="module")
+def base(workspace: Workspace) -> Snapshot:
+    snapshot = workspace.build("base", base_corpus())
+    assert snapshot.manifest["stats"]["duplicates_dropped"] == 0, "base texts must be unique"
+    return snapshot
+
+
+def run_diff(workspace: Workspace, old: Snapshot, new: Snapshot, memory_rows: int = 1_000_000) -> tuple[DocumentDiff, list[DocumentChange]]:
+    folder = workspace.root / f"diff-{old.id[7:15]}-{new.id[7:15]}-{memory_rows}"
+    folder.mkdir(exist_ok=True)
+    result = diff_documents(workspace.store, old, new, folder, memory_rows=memory_rows)
+    return result, list(result.changes())
+
+
+# ----------------------------------------------------------------------------- random edits
+
+
+@dataclass(frozen=True)
+class FileEdit:
+    removed: frozenset[int]
+    changed: frozenset[int]
+    added: int
+
+    @property
+    def touches(self) -> bool:
+        return bool(self.removed or self.changed or self.added)
+
+
+@dataclass(frozen=True)
+class Edit:
+    files: dict[str, FileEdit]
+    dropped: str | None
+    new_file: bool
+    new_seed: bool
+    new_shard_size: bool
+
+
+@st.composite
+def file_edits(draw: st.DrawFn, count: int) -> FileEdit:
+    removed = draw(st.frozensets(st.integers(0, count - 1), max_size=3))
+    changed = draw(st.frozensets(st.integers(0, count - 1).filter(lambda i: i not in removed), max_size=3))
+    return FileEdit(removed, changed, draw(st.integers(0, 2)))
+
+
+@st.composite
+def edits(draw: st.DrawFn) -> Edit:
+    files = {name: draw(file_edits(count)) for name, count in BASE_FILES.items()}
+    return Edit(files, draw(st.sampled_from([None, *BASE_FILES])), draw(st.booleans()), draw(st.booleans()),
+                draw(st.booleans()))
+
+
+def apply(edit: Edit) -> tuple[Corpus, set[tuple[str, str]], set[tuple[str, str]], set[tuple[str, str]]]:
+    """The edited corpus and the expected (file, id) sets: added, removed, changed."""
+    corpus: Corpus = {}
+    added: set[tuple[str, str]] = set()
+    removed: set[tuple[str, str]] = set()
+    changed: set[tuple[str, str]] = set()
+    for name, records in base_corpus().items():
+        if name == edit.dropped:
+            removed |= {(name, r["id"]) for r in records}
+            continue
+        change = edit.files[name]
+        kept = []
+        for index, record in enumerate(records):
+            if index in change.removed:
+                removed.add((name, record["id"]))
+            elif index in change.changed:
+                kept.append({"id": record["id"], "text": f"edited {name} {index}: {record['text']}"})
+                changed.add((name, record["id"]))
+            else:
+                kept.append(record)
+        fresh = [{"id": f"{name[0]}-new-{j}", "text": f"fresh document {j} of {name}"} for j in range(change.added)]
+        added |= {(name, r["id"]) for r in fresh}
+        corpus[name] = kept + fresh
+    if edit.new_file:
+        corpus["d.jsonl"] = [{"id": f"d-{j}", "text": f"a whole new file, line {j}"} for j in range(3)]
+        added |= {("d.jsonl", f"d-{j}") for j in range(3)}
+    return corpus, added, removed, changed
+
+
+def line_of(corpus: Corpus, source: str, doc_id: str) -> int:
+    return next(index + 1 for index, record in enumerate(corpus[source]) if record["id"] == doc_id)
+
+
+def as_set(changes: list[DocumentChange], kind: str) -> set[tuple[str, str]]:
+    found = set()
+    for change in changes:
+        if change.change == kind:
+            version = change.new or change.old
+            assert version is not None
+            found.add((change.source, version.id))
+    return found
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edit=edits())
+def test_diff_reports_exactly_the_edits(workspace: Workspace, base: Snapshot, edit: Edit) -> None:
+    corpus, added, removed, changed = apply(edit)
+    new = workspace.build(f"edit-{abs(hash(repr(edit)))}", corpus, seed=99 if edit.new_seed else 1234,
+                          shard_size="3KB" if edit.new_shard_size else "4KB")
+    snapshot_diff = diff_snapshots(base, new)
+
+    touched = {name for name, change in edit.files.items() if change.touches and name != edit.dropped}
+    expected_files = {(name, "changed") for name in touched}
+    expected_files |= {("d.jsonl", "added")} if edit.new_file else set()
+    expected_files |= {(edit.dropped, "removed")} if edit.dropped else set()
+    assert {(f.path, f.change) for f in snapshot_diff.files} == expected_files
+    assert snapshot_diff.files_unchanged == len(BASE_FILES) - len(touched) - (1 if edit.dropped else 0)
+    expected_settings = ({"seed"} if edit.new_seed else set()) | ({"config.output.shard_size"} if edit.new_shard_size else set())
+    assert {s.key for s in snapshot_diff.settings} == expected_settings
+    assert snapshot_diff.identical == (not expected_files and not expected_settings)
+    stats = {delta.key: delta for delta in snapshot_diff.stats}
+    assert stats["documents_read"].delta == len(added) - len(removed)
+    assert stats["duplicates_dropped"].delta == 0
+    new_hashes = sorted(a["sha256"] for a in new.artifacts)
+    assert sorted(m.sha256 for m in snapshot_diff.artifacts_added + snapshot_diff.artifacts_unchanged) == new_hashes
+    old_hashes = sorted(a["sha256"] for a in base.artifacts)
+    assert sorted(m.sha256 for m in snapshot_diff.artifacts_removed + snapshot_diff.artifacts_unchanged) == old_hashes
+
+    documents, changes = run_diff(workspace, base, new)
+    summary = documents.summary
+    assert summary.keyed_by == "id"
+    assert as_set(changes, "added") == added
+    assert as_set(changes, "removed") == removed
+    assert as_set(changes, "changed") == changed
+    assert (summary.added, summary.removed, summary.changed) == (len(added), len(removed), len(changed))
+    assert summary.unchanged == new.manifest["stats"]["documents_written"] - len(added) - len(changed)
+    assert summary.files_skipped == len(BASE_FILES) - len(touched) - (1 if edit.dropped else 0)
+    for change in changes:
+        if change.old is not None:
+            assert change.old.line == line_of(base_corpus(), change.source, change.old.id)
+        if change.new is not None:
+            assert change.new.line == line_of(corpus, change.source, change.new.id)
+        if change.change == "changed":
+            assert change.old is not None and change.new is not None and change.old.text_hash != change.new.text_hash
+
+    partitioned, partitioned_changes = run_diff(workspace, base, new, memory_rows=4)
+    assert partitioned.summary == summary
+    assert sorted(map(repr, partitioned_changes)) == sorted(map(repr, changes))
+
+
+# ------------------------------------------------------------------------- keyed by text
+
+
+def test_without_id_field_an_edit_is_removed_plus_added(workspace: Workspace) -> None:
+    corpus = base_corpus()
+    old = workspace.build("text-old", corpus, id_field=None)
+    edited = {name: list(records) for name, records in corpus.items()}
+    edited["a.jsonl"][2] = {"id": "ignored", "text": "an edited text"}
+    del edited["b.jsonl"][0]
+    new = workspace.build("text-new", edited, id_field=None)
+    documents, changes = run_diff(workspace, old, new)
+    assert documents.summary.keyed_by == "text_hash"
+    summary = sorted((c.change, c.source, (c.old or c.new).id) for c in changes)  # type: ignore[union-attr]
+    assert summary == [("added", "a.jsonl", "a.jsonl:3"), ("removed", "a.jsonl", "a.jsonl:3"),
+                       ("removed", "b.jsonl", "b.jsonl:1")]
+    assert documents.summary.unchanged == sum(len(r) for r in corpus.values()) - 2
+    assert documents.summary.files_skipped == 1
+
+
+def test_repeated_texts_count_as_copies_without_dedup(workspace: Workspace) -> None:
+    records = make_records(5, seed=40, prefix="r")
+    old = workspace.build("copies-old", {"a.jsonl": records}, id_field=None, dedup=False)
+    new = workspace.build("copies-new", {"a.jsonl": records + [records[1], records[1]]}, id_field=None, dedup=False)
+    documents, changes = run_diff(workspace, old, new)
+    assert [(c.change, c.copies) for c in changes] == [("added", 2)]
+    assert (documents.summary.added, documents.summary.unchanged) == (2, 5)
+    back, changes_back = run_diff(workspace, new, old, memory_rows=2)
+    assert [(c.change, c.copies) for c in changes_back] == [("removed", 2)]
+    assert back.summary.removed == 2
+
+
+def test_mixed_id_fields_fall_back_to_text_hashes(workspace: Workspace, base: Snapshot) -> None:
+    without_ids = workspace.build("no-ids", base_corpus(), id_field=None)
+    documents, changes = run_diff(workspace, base, without_ids)
+    assert documents.summary.keyed_by == "text_hash"
+    assert changes == [] and not documents.summary.differs
+    assert {s.key for s in diff_snapshots(base, without_ids).settings} == {"config.input.id_field"}
+
+
+def test_an_id_repeated_within_a_file_is_refused(workspace: Workspace, base: Snapshot,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    records = make_records(6, seed=41, prefix="x")
+    records[4] = {"id": records[1]["id"], "text": "another text under a repeated id"}
+    # Split the file into many small tasks: the build rejects a repeated id only within one task.
+    monkeypatch.setattr(read_module, "RANGE_BYTES", 120)
+    repeated = workspace.build("repeated", {**base_corpus(), "a.jsonl": records})
+    with pytest.raises(InputError, match=r"a\.jsonl: id 'x-1' appears 2 times \(lines 2, 5\)"):
+        run_diff(workspace, base, repeated)
+    with pytest.raises(InputError, match="appears 2 times"):
+        run_diff(workspace, base, repeated, memory_rows=3)
