@@ -1,5 +1,7 @@
-"""Crash injection for tests: `PREP_CRASH_AT=point[:n]` kills the whole process group with
-SIGKILL the n-th time (default 1st) this process reaches `point`. A no-op otherwise."""
+"""Crash injection for tests: `PREP_CRASH_AT=point[:n[:self]]` kills with SIGKILL the n-th time
+(default 1st) this process reaches `point`: the whole process group, or with `:self` only this
+process (a Ray worker, say). With `PREP_CRASH_ONCE=marker` only the process that atomically creates
+`marker` dies, so a retried task does not die again. A no-op otherwise."""
 
 from __future__ import annotations
 
@@ -14,9 +16,26 @@ def crash_point(point: str) -> None:
     spec = os.environ.get("PREP_CRASH_AT")
     if not spec:
         return
-    name, _, nth = spec.partition(":")
+    name, _, rest = spec.partition(":")
     if name != point:
         return
+    nth, _, scope = rest.partition(":")
     _hits[point] += 1
-    if _hits[point] == int(nth or 1):
+    if _hits[point] != int(nth or 1) or not _claim_crash():
+        return
+    if scope == "self":
+        os.kill(os.getpid(), signal.SIGKILL)
+    else:
         os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def _claim_crash() -> bool:
+    """True unless PREP_CRASH_ONCE names a marker that some process already created."""
+    marker = os.environ.get("PREP_CRASH_ONCE")
+    if not marker:
+        return True
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    return True

@@ -1,0 +1,207 @@
+"""`prep build --executor ray` on a real local Ray instance (2 CPUs, no dashboard) shared by the module."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from prep.config import load_pipeline
+from prep.errors import InputError, StoreError, UsageError
+from prep.runner.build import build
+from prep.runner.executor import make_executor
+from prep.runner.progress import Progress
+from prep.runner.ray_executor import (
+    LocalPath,
+    RayExecutor,
+    alive_nodes,
+    check_paths_visible,
+    local_paths,
+)
+from prep.runner.tasks import TokenizeJob
+from prep.sources import SourceFile
+from prep.stages.read import ReadTask
+from prep.stages.tokenize import TokenizeSettings
+from prep.storage import open_store
+from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    """One local Ray instance for the module; its files (and ~/.ray) live in a short /tmp folder
+    because Ray's Unix socket paths must stay under 107 bytes."""
+    folder = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    patch = pytest.MonkeyPatch()
+    for name, value in {"RAY_TMPDIR": folder, "HOME": folder, "RAY_USAGE_STATS_ENABLED": "0",
+                        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}.items():
+        patch.setenv(name, value)
+    patch.delenv("RAY_ADDRESS", raising=False)
+    patch.chdir(REPO)  # Ray puts the driver's working directory on workers' sys.path (for tests.*)
+    try:
+        ray = pytest.importorskip("ray")  # after the environment: Ray reads RAY_AUTH_MODE on import
+        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 << 20,
+                 logging_level=logging.WARNING)
+        yield str(ray.get_runtime_context().gcs_address)
+    finally:
+        ray.shutdown()
+        patch.undo()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> Path:
+    """A pipeline over three small files (three tokenize tasks) with exact duplicates."""
+    folder = tmp_path_factory.mktemp("raycorpus")
+    first = make_records(40, seed=1, prefix="a")
+    write_jsonl(folder / "corpus" / "a.jsonl", first)
+    write_jsonl(folder / "corpus" / "b.jsonl", make_records(30, seed=2, prefix="b"))
+    write_jsonl(folder / "corpus" / "c.jsonl", make_records(20, seed=3, prefix="c") + first[:3])
+    return write_pipeline(folder, tokenizer_path, ["corpus"])
+
+
+@pytest.fixture(scope="module")
+def reference(corpus: Path) -> tuple[str, Path]:
+    """The snapshot id and store of the same pipeline built with the local executor."""
+    store = corpus.parent / "local-store"
+    result = run_prep("build", corpus, "--store", store, "--workers", "2")
+    return result.stdout.strip(), store
+
+
+def object_keys(store: Path) -> set[str]:
+    return {p.relative_to(store).as_posix() for p in (store / "objects").rglob("*") if p.is_file()}
+
+
+def test_cli_ray_build_matches_local_executor(ray_address: str, corpus: Path, reference: tuple[str, Path],
+                                              tmp_path: Path) -> None:
+    snapshot_id, local_store = reference
+    result = run_prep("build", corpus, "--store", tmp_path / "store", "--workers", "2",
+                      "--executor", "ray", "--ray-address", ray_address)
+    assert result.stdout.strip() == snapshot_id
+    assert object_keys(tmp_path / "store") == object_keys(local_store)
+
+
+def test_worker_killed_mid_task_is_retried_to_the_same_snapshot(ray_address: str, corpus: Path,
+                                                                reference: tuple[str, Path], tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = tmp_path / "crashed"
+    monkeypatch.setenv("PREP_CRASH_AT", "tokenize.after_output:1:self")
+    monkeypatch.setenv("PREP_CRASH_ONCE", str(marker))
+    store = open_store(tmp_path / "store")
+    executor = RayExecutor(2, verify_paths=True)
+    try:
+        result = build(load_pipeline(corpus), store, executor, progress=Progress(quiet=True))
+    finally:
+        executor.close()
+    assert marker.exists(), "no worker reached the crash point"
+    snapshot_id, local_store = reference
+    assert result.snapshot.id == snapshot_id
+    assert result.stages["tokenize"].ran == 3
+    assert len(list(store.list("tasks/tokenize/"))) == 3
+    assert object_keys(tmp_path / "store") == object_keys(local_store)
+    [seen] = executor.visible_paths.values()  # the one node was probed for every local path
+    pipeline = load_pipeline(corpus)
+    inputs = {str(path) for path in (corpus.parent / "corpus").glob("*.jsonl")}
+    assert seen == {str(tmp_path / "store"), str(pipeline.tokenizer_path()), *inputs}
+
+
+@dataclass(frozen=True)
+class Failing:
+    attempts: str
+    message: str
+
+
+def fail_with_input_error(job: Failing) -> None:
+    with open(job.attempts, "a") as log:
+        log.write("attempt\n")
+    raise InputError(job.message)
+
+
+def square(value: int) -> int:
+    return value * value
+
+
+def test_prep_error_in_a_task_surfaces_as_itself_and_is_not_retried(ray_address: str, tmp_path: Path) -> None:
+    attempts = tmp_path / "attempts"
+    executor = RayExecutor(2)
+    with pytest.raises(InputError) as raised:
+        list(executor.run(fail_with_input_error, [Failing(str(attempts), "corpus.jsonl:3: not JSON")]))
+    assert type(raised.value) is InputError
+    assert str(raised.value) == "corpus.jsonl:3: not JSON"
+    assert attempts.read_text() == "attempt\n"
+
+
+def test_results_arrive_once_per_item_with_their_index(ray_address: str) -> None:
+    executor = RayExecutor(1)
+    assert sorted(executor.run(square, list(range(7)))) == [(i, i * i) for i in range(7)]
+    executor.close()
+    import ray
+
+    assert ray.is_initialized(), "an executor must not shut down a Ray it did not start"
+
+
+def test_cli_prints_one_line_error_for_a_bad_record(ray_address: str, tmp_path: Path, tokenizer_path: Path) -> None:
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "bad.jsonl").write_text('{"id": "1", "text": "fine"}\n{not json\n')
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
+    result = run_prep("build", pipeline, "--store", tmp_path / "store", "--executor", "ray",
+                      "--ray-address", ray_address, "--workers", "1", check=False)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("prep: error: ") and "bad.jsonl" in last
+    assert "Traceback" not in result.stderr and "RayTaskError" not in result.stderr
+
+
+def _tokenize_job(store_url: str, location: str, tokenizer: str) -> TokenizeJob:
+    source = SourceFile(location, "a.jsonl", 10, "jsonl", "0" * 64)
+    settings = TokenizeSettings(tokenizer, "0" * 64, "<|endoftext|>", False, "tokenizers", "fail")
+    return TokenizeJob(store_url, ReadTask(source, 0, 0, 10, "text", "id"), settings)
+
+
+def test_local_paths_names_store_inputs_and_tokenizer_but_not_s3(tmp_path: Path, tokenizer_path: Path) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", make_records(2))
+    jobs = [_tokenize_job(str(tmp_path), str(data), str(tokenizer_path)),
+            _tokenize_job("s3://bucket/store", "s3://bucket/a.jsonl", str(tmp_path / "gone.json"))]
+    assert local_paths(jobs) == {LocalPath(str(tmp_path), "store"), LocalPath(str(data), "input"),
+                                 LocalPath(str(tokenizer_path), "input")}
+
+
+def test_every_node_is_asked_and_a_missing_path_is_named(ray_address: str, tmp_path: Path) -> None:
+    nodes = alive_nodes()
+    assert nodes
+    check_paths_visible([LocalPath(str(tmp_path), "store")], nodes)
+    with pytest.raises(InputError, match=rf"^{tmp_path}/gone\.jsonl: not visible on Ray node {nodes[0].address} "):
+        check_paths_visible([LocalPath(str(tmp_path / "gone.jsonl"), "input")], nodes)
+    with pytest.raises(StoreError, match="s3://"):
+        check_paths_visible([LocalPath(str(tmp_path / "nostore"), "store")], nodes)
+
+
+def test_missing_ray_is_a_usage_error_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` raise ImportError
+    with pytest.raises(UsageError, match=r"pip install 'prep\[ray\]'"):
+        make_executor("ray", 2)
+
+
+def test_crash_once_kills_only_the_first_process_to_reach_the_point(tmp_path: Path) -> None:
+    marker = tmp_path / "crashed"
+    env = {**os.environ, "PREP_CRASH_AT": "here:2:self", "PREP_CRASH_ONCE": str(marker)}
+    code = "from prep.faults import crash_point\ncrash_point('here')\nprint('first')\ncrash_point('here')\nprint('second')"
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True,
+                              start_new_session=True, timeout=60)
+
+    died = run()
+    assert died.returncode == -9 and died.stdout == "first\n" and marker.exists()
+    survived = run()
+    assert survived.returncode == 0 and survived.stdout == "first\nsecond\n"
