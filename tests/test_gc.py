@@ -1,0 +1,209 @@
+"""Garbage collection: after builds killed mid-way, gc keeps every ref'd snapshot complete and
+verifiable, removes the rest once past the grace period, and stays out of running builds' way."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prep import cas
+from prep.errors import IntegrityError, StoreError, UsageError
+from prep.gc import BUILD, GC, Lease, build_lease, collect_garbage, parse_duration, read_leases
+from prep.lineage import trace
+from prep.manifest import canonical
+from prep.refs import move_ref
+from prep.runner import records
+from prep.snapshots import load_snapshot, resolve
+from prep.storage import LocalStore
+from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
+
+HOUR = 3600
+
+
+def age(root: Path, seconds: float) -> None:
+    """Make every file and folder of a local store look `seconds` old."""
+    moment = time.time() - seconds
+    for path in [root, *root.rglob("*")]:
+        os.utime(path, (moment, moment), follow_symlinks=False)
+
+
+def reachable(store: LocalStore, snapshot_id: str) -> set[str]:
+    """Every object a snapshot needs, enumerated from the stage manifests' structure."""
+    snapshot = load_snapshot(store, snapshot_id)
+    found = {cas.parse_id(snapshot.id)} | {a["sha256"] for a in snapshot.artifacts}
+    for stage in snapshot.manifest["stages"]:
+        found.add(cas.parse_id(stage["output"]))
+        body: dict[str, Any] = canonical.loads(cas.get_bytes(store, stage["output"]))
+        named = {"tokenize": lambda b: [t["output"] for t in b["tasks"]],
+                 "dedup": lambda b: [b["outputs"]["keep"]],
+                 "shuffle": lambda b: [b["outputs"]["plan"]],
+                 "shard": lambda b: [o for s in b["shards"] for o in s["outputs"].values()]}[stage["name"]](body)
+        found |= {cas.parse_id(object_id) for object_id in named}
+    return found
+
+
+def stored_objects(store: LocalStore) -> set[str]:
+    return {info.key.rsplit("/", 1)[-1] for info in store.list(cas.OBJECTS_PREFIX)}
+
+
+def assert_records_resolve(store: LocalStore) -> None:
+    """No commit record may name an object that is gone."""
+    present = stored_objects(store)
+    for info in [*store.list(records.TASKS_PREFIX), *store.list(records.STAGES_PREFIX)]:
+        body = store.get_bytes(info.key).decode()
+        for object_id in body.split('"'):
+            if object_id.startswith("sha256:"):
+                assert cas.parse_id(object_id) in present, f"{info.key} names missing {object_id}"
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> dict[str, Path]:
+    """Pipelines v1 and v2 (v2 edits one file and adds one) and a store holding v1 as tiny@latest."""
+    root = tmp_path_factory.mktemp("gc")
+    for version in ("v1", "v2"):
+        for index in range(3):
+            write_jsonl(root / version / "corpus" / f"part-{index}.jsonl",
+                        make_records(25, seed=index + (10 if version == "v2" and index == 2 else 0), prefix=f"p{index}"))
+    write_jsonl(root / "v2" / "corpus" / "part-3.jsonl", make_records(20, seed=30, prefix="p3"))
+    paths = {version: write_pipeline(root / version, tokenizer_path, shard_size="3KB") for version in ("v1", "v2")}
+    paths["store"] = root / "store"
+    run_prep("build", paths["v1"], "--store", paths["store"], "--workers", "1")
+    return paths
+
+
+@pytest.fixture()
+def project(template: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
+    """The template with a private copy of its store."""
+    shutil.copytree(template["store"], tmp_path / "store", symlinks=True)
+    return {**template, "store": tmp_path / "store"}
+
+
+def crash(pipeline: Path, store: Path, point: str) -> None:
+    result = run_prep("build", pipeline, "--store", store, "--workers", "1", check=False,
+                      env=prep_env(PREP_CRASH_AT=point), new_session=True)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+
+
+def test_gc_after_interrupted_builds_keeps_refs_complete_and_frees_the_rest(project: dict[str, Path]) -> None:
+    store = LocalStore(project["store"])
+    kept = resolve(store, "tiny@latest")
+    crash(project["v2"], project["store"], "shard.before_commit")
+    crash(project["v2"], project["store"], "shard.after_write")  # leaves files in the store's tmp/
+    orphans = stored_objects(store) - reachable(store, kept.id)
+    assert orphans, "the killed build should have left objects behind"
+
+    fresh = collect_garbage(store, grace_seconds=HOUR)
+    assert fresh.freed.count == 0, "nothing is older than the grace period yet"
+    age(project["store"], 2 * HOUR)
+    before = sorted(info.key for info in store.list(""))
+    dry = collect_garbage(store, grace_seconds=HOUR, dry_run=True)
+    assert sorted(info.key for info in store.list("")) == before, "a dry run deletes nothing"
+    report = collect_garbage(store, grace_seconds=HOUR)
+    assert report.deleted == dry.deleted
+    assert report.deleted["objects"].count == len(orphans)
+    assert report.deleted["records"].count > 0 and report.deleted["temporary"].count > 0
+
+    assert stored_objects(store) == reachable(store, kept.id)
+    assert all(cas.check(store, f"sha256:{a['sha256']}") for a in kept.artifacts)
+    assert_records_resolve(store)
+    assert list((project["store"] / "tmp").iterdir()) == []
+    assert [info.key for info in store.list("snapshots/")] == [f"snapshots/{cas.parse_id(kept.id)}"]
+    assert trace(store, kept, "p0-3")[0].placements, "stage records of the ref'd snapshot still serve lineage"
+
+    # The crashed build's work is gone, not half-there: rebuilding v2 completes and verifies.
+    rebuilt = run_prep("build", project["v2"], "--store", project["store"], "--workers", "1").stdout.split()[-1]
+    assert all(cas.check(store, f"sha256:{a['sha256']}") for a in load_snapshot(store, rebuilt).artifacts)
+    assert run_prep("build", project["v1"], "--store", project["store"]).stdout.split()[-1] == kept.id
+
+
+def test_gc_keeps_every_current_ref_and_drops_what_none_reaches(project: dict[str, Path]) -> None:
+    store = LocalStore(project["store"])
+    first = resolve(store, "tiny@latest")
+    run_prep("build", project["v2"], "--store", project["store"], "--workers", "1", "--tag", "candidate")
+    second = resolve(store, "tiny@latest")
+    move_ref(store, "tiny", "golden", first.id)
+    age(project["store"], 2 * HOUR)
+    collect_garbage(store, grace_seconds=HOUR)
+    assert stored_objects(store) == reachable(store, first.id) | reachable(store, second.id)
+
+    move_ref(store, "tiny", "golden", second.id)  # now nothing current names the first snapshot
+    age(project["store"], 2 * HOUR)
+    report = collect_garbage(store, grace_seconds=HOUR)
+    assert stored_objects(store) == reachable(store, second.id)
+    assert report.deleted["snapshots"].count == 1
+    assert_records_resolve(store)
+    log = run_prep("log", "tiny", "--store", project["store"]).stdout
+    assert first.id in log, "history still records the collected snapshot"
+
+
+def test_young_records_are_roots(project: dict[str, Path]) -> None:
+    """An old unreachable object that a running build just re-committed must survive."""
+    store = LocalStore(project["store"])
+    orphan = cas.put_bytes(store, b"an intermediate an abandoned build left behind")
+    age(project["store"], 2 * HOUR)
+    records.write_task_record(store, "tokenize", "f" * 64, {"intermediate": orphan.id}, {})
+    collect_garbage(store, grace_seconds=HOUR)
+    assert cas.check(store, orphan.id)
+    age(project["store"], 2 * HOUR)
+    report = collect_garbage(store, grace_seconds=HOUR)
+    assert not store.exists(cas.object_key(orphan.sha256))
+    assert records.read_task_record(store, "tokenize", "f" * 64) is None
+    assert report.deleted["objects"].count == 1 and report.deleted["records"].count == 1
+
+
+def test_gc_waits_for_builds_and_builds_wait_for_gc(project: dict[str, Path]) -> None:
+    store = LocalStore(project["store"])
+    orphan = cas.put_bytes(store, b"garbage")
+    age(project["store"], 2 * HOUR)
+    with Lease(store, BUILD) as lease:
+        assert [found.key for found in read_leases(store, BUILD)] == [lease.key]
+        with pytest.raises(StoreError, match="a build holds lease"):
+            collect_garbage(store, grace_seconds=0)
+        assert cas.check(store, orphan.id), "nothing is deleted while a build runs"
+        lease._write()  # a renewal replaces the key with a later one
+        assert [found.key for found in read_leases(store, BUILD)] == [lease.key]
+    assert read_leases(store) == []
+    with Lease(store, GC), pytest.raises(StoreError, match="garbage collection is running"), \
+            build_lease(store, timeout=0, poll=0.01):
+        pass
+    assert read_leases(store) == []
+
+
+def test_expired_leases_are_ignored_and_removed(project: dict[str, Path]) -> None:
+    store = LocalStore(project["store"])
+    stale = f"leases/{BUILD}/crashed-run/{int(time.time()) - 60:012d}.json"
+    store.put_bytes(stale, b"{}")
+    orphan = cas.put_bytes(store, b"garbage of the crashed run")
+    age(project["store"], 2 * HOUR)
+    report = collect_garbage(store, grace_seconds=HOUR)
+    assert not store.exists(stale) and not store.exists(cas.object_key(orphan.sha256))
+    assert report.deleted["leases"].count == 1
+
+
+def test_gc_refuses_a_store_whose_ref_names_a_missing_snapshot(project: dict[str, Path]) -> None:
+    store = LocalStore(project["store"])
+    snapshot = resolve(store, "tiny@latest")
+    store.delete(cas.object_key(cas.parse_id(snapshot.id)))
+    age(project["store"], 2 * HOUR)
+    objects = stored_objects(store)
+    with pytest.raises(IntegrityError, match="missing"):
+        collect_garbage(store, grace_seconds=0)
+    assert stored_objects(store) == objects
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("0", 0), ("45s", 45), ("30m", 1800), ("6h", 21600),
+                                               ("2d", 172800), ("1w", 604800), ("1.5h", 5400)])
+def test_parse_duration(text: str, seconds: int) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "h", "3 days", "-1h", "2y"])
+def test_parse_duration_refuses(text: str) -> None:
+    with pytest.raises(UsageError, match="invalid duration"):
+        parse_duration(text)
