@@ -14,7 +14,15 @@ import pytest
 
 from prep import cas
 from prep.errors import IntegrityError, StoreError, UsageError
-from prep.gc import BUILD, GC, Lease, build_lease, collect_garbage, parse_duration, read_leases
+from prep.gc import (
+    BUILD,
+    GC,
+    Lease,
+    build_lease,
+    collect_garbage,
+    parse_duration,
+    read_leases,
+)
 from prep.lineage import trace
 from prep.manifest import canonical
 from prep.refs import move_ref
