@@ -1,0 +1,102 @@
+"""Shared pieces of the build benchmarks: corpora and tokenizers from ../shared/bench, and
+wall time plus peak RSS (summed over a process tree) of a command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_BENCH = Path(os.environ.get("PREP_SHARED_BENCH", REPO.parent / "shared" / "bench"))
+
+
+@dataclass(frozen=True)
+class Run:
+    seconds: float
+    peak_rss: int  # bytes, summed over the process and its descendants
+    stdout: str
+
+
+def corpus(out: Path, mb: int, files: int = 8) -> Path:
+    """A real-text JSON Lines corpus of `mb` MB (made once, reused)."""
+    if not any(out.glob("*.jsonl")):
+        subprocess.run([sys.executable, str(SHARED_BENCH / "make_corpus.py"), str(out), "--mb", str(mb),
+                        "--files", str(files)], check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def tokenizer(corpus_dir: Path, out: Path, vocab: int = 50257) -> Path:
+    if not out.exists():
+        subprocess.run([sys.executable, str(SHARED_BENCH / "make_tokenizer.py"), str(corpus_dir), str(out),
+                        "--vocab", str(vocab)], check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def _tree_rss(root: int) -> int:
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as children:
+                    stack.extend(int(child) for child in children.read().split())
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return total
+
+
+def measure(command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> Run:
+    """Run `command`, sampling the RSS of its whole process tree every 50 ms."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd, text=True)
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _tree_rss(process.pid))
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, _ = process.communicate()
+    seconds = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    if process.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} exited {process.returncode}")
+    return Run(seconds, peak, stdout)
+
+
+def pipeline(folder: Path, corpus_dir: Path, tokenizer_path: Path, backend: str) -> Path:
+    path = folder / f"bench-{backend}.toml"
+    path.write_text(f'dataset = "bench"\nseed = 1\n[input]\npaths = ["{corpus_dir}"]\nid_field = "id"\n'
+                    f'[tokenizer]\npath = "{tokenizer_path}"\nbackend = "{backend}"\n'
+                    f'[output]\nshard_size = "256MB"\nformats = ["bin", "wds"]\n')
+    return path
+
+
+def prep_build(pipeline_path: Path, store: Path, workers: int) -> Run:
+    return measure([sys.executable, "-m", "prep.cli.main", "build", str(pipeline_path), "--store", str(store),
+                    "--workers", str(workers)], cwd=REPO)
+
+
+def corpus_bytes(corpus_dir: Path) -> int:
+    """Bytes of text (UTF-8) in the corpus, the unit of every MB/s figure here."""
+    import json
+
+    total = 0
+    for path in sorted(corpus_dir.glob("*.jsonl")):
+        with open(path, encoding="utf-8") as handle:
+            total += sum(len(json.loads(line)["text"].encode()) for line in handle)
+    return total
