@@ -161,7 +161,9 @@ class RayExecutor:
     def _connect(self) -> None:
         try:
             if self.address:
-                self._ray.init(address=self.address, logging_level=logging.WARNING)
+                # Ray Client (ray://) passes init arguments on to the server; keep them minimal there.
+                quiet = {} if self.address.startswith("ray://") else {"logging_level": logging.WARNING}
+                self._ray.init(address=self.address, **quiet)
             else:
                 self._ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
                                logging_level=logging.WARNING)
