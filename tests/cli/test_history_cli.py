@@ -1,0 +1,135 @@
+"""The history and lineage commands through the real CLI: output, JSON reports validated against
+their schemas, and exit statuses (diff: 0 identical, 1 different, 2 error)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from prep.cli.main import main
+from prep.manifest.schema import validate
+from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+
+
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def prep(*args: str | Path, check: bool = True) -> Ran:
+    """Run `prep` in this process through main(), as the console script does (without the
+    interpreter start-up); `check` asserts exit status 0."""
+    with CliRunner().isolation() as (out, err, _), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", ["prep", *map(str, args)])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0
+        sys.stdout.flush()
+        ran = Ran(code, out.getvalue().decode(), err.getvalue().decode())
+    if check:
+        assert ran.returncode == 0, f"prep {' '.join(map(str, args))} exited {ran.returncode}: {ran.stderr}"
+    return ran
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> Path:
+    """tiny@v1, then tiny@latest with one document edited, one removed and one added."""
+    root = tmp_path_factory.mktemp("history-cli")
+    records = make_records(30, seed=5, prefix="d")
+    write_jsonl(root / "v1" / "corpus" / "docs.jsonl", records)
+    edited = [*records[:3], {"id": "d-3", "text": "an edited third document"}, *records[5:],
+              {"id": "d-new", "text": "a document added in v2"}]
+    write_jsonl(root / "v2" / "corpus" / "docs.jsonl", edited)
+    store = root / "store"
+    for version, extra in (("v1", ("--tag", "v1")), ("v2", ())):
+        pipeline = write_pipeline(root / version, tokenizer_path, shard_size="2KB")
+        run_prep("build", pipeline, "--store", store, "--workers", "1", *extra)
+    return store
+
+
+def test_diff_exit_status_and_summary(store: Path) -> None:
+    same = prep("diff", "tiny@v1", "tiny@v1", "--store", store)
+    assert same.stdout.rstrip().endswith("identical")
+    different = run_prep("diff", "tiny@v1", "tiny@latest", "--store", store, "--documents", check=False)
+    assert different.returncode == 1, different.stderr
+    text = different.stdout
+    assert "inputs     0 added, 0 removed, 1 changed, 0 unchanged" in text
+    assert "  ~ docs.jsonl" in text
+    assert "documents  1 added, 1 removed, 1 changed, 28 unchanged (keyed by id" in text
+    assert "  - docs.jsonl  d-4  (line 5)" in text
+    assert "  ~ docs.jsonl  d-3  (line 4 -> 4)" in text
+    assert "  + docs.jsonl  d-new  (line 30)" in text
+    missing = prep("diff", "tiny@v1", "tiny@nope", "--store", store, check=False)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == [f"prep: error: {store}: no ref tiny@nope"]
+
+
+def test_diff_json_reports_validate(store: Path) -> None:
+    plain = prep("diff", "tiny@v1", "tiny@latest", "--store", store, "--json", check=False)
+    assert plain.returncode == 1
+    report = json.loads(plain.stdout)
+    validate(report, "prep.diff-report/1", "diff report")
+    assert "documents" not in report and report["identical"] is False
+    assert [entry["change"] for entry in report["provenance"]["files"]] == ["changed"]
+    stats = {entry["key"]: entry for entry in report["stats"]}
+    assert stats["documents_read"]["delta"] == 0 and stats["documents_written"]["delta"] == 0
+
+    detailed = json.loads(prep("diff", "tiny@v1", "tiny@latest", "--store", store, "--json", "--documents",
+                                   check=False).stdout)
+    validate(detailed, "prep.diff-report/1", "diff report")
+    documents = detailed["documents"]
+    assert (documents["added"], documents["removed"], documents["changed"]) == (1, 1, 1)
+    assert sorted((c["change"], (c.get("new") or c["old"])["id"]) for c in documents["changes"]) == \
+        [("added", "d-new"), ("changed", "d-3"), ("removed", "d-4")]
+
+    same = json.loads(prep("diff", "tiny@v1", "tiny@v1", "--store", store, "--json", "--documents").stdout)
+    validate(same, "prep.diff-report/1", "diff report")
+    assert same["identical"] is True and same["documents"]["changes"] == []
+
+
+def test_diff_of_manifest_files_needs_no_store(store: Path, tmp_path: Path) -> None:
+    for name in ("v1", "latest"):
+        manifest = prep("show", f"tiny@{name}", "--store", store, "--json").stdout
+        (tmp_path / f"{name}.json").write_text(manifest)
+    result = prep("diff", tmp_path / "v1.json", tmp_path / "latest.json", "--store", tmp_path / "absent",
+                      check=False)
+    assert result.returncode == 1 and "settings   0 changed" in result.stdout
+    assert not (tmp_path / "absent").exists()
+
+
+def test_tag_ls_and_trace(store: Path) -> None:
+    tagged = prep("tag", "tiny@latest", "golden", "--store", store).stdout
+    assert tagged.startswith("tiny@golden -> sha256:") and "(generation 1)" in tagged
+    listing = prep("ls", "--store", store).stdout.splitlines()
+    assert [line.split()[0] for line in listing] == ["tiny@golden", "tiny@latest", "tiny@v1"]
+    assert all(" gen " in line and "sha256:" in line for line in listing)
+    assert "no refs" in prep("ls", "other", "--store", store).stderr
+    assert prep("tag", "tiny@latest", "bad name", "--store", store, check=False).returncode == 2
+
+    traced = prep("trace", "tiny@latest", "d-new", "--store", store).stdout
+    assert traced.startswith("document  d-new  (docs.jsonl line 30;")
+    assert "bin/" in traced and "wds/" in traced
+    assert prep("trace", "tiny@latest", "d-4", "--store", store, check=False).returncode == 2
+
+    at = prep("show", "tiny@latest", "--store", store, "--at", "wds/00000.tar:0").stdout
+    assert at.startswith("document  d-") and "wds/00000.tar    sequence 0" in at
+
+
+def test_gc_report(store: Path) -> None:
+    report = json.loads(prep("gc", "--store", store, "--dry-run", "--json", "--grace", "0").stdout)
+    validate(report, "prep.gc-report/1", "gc report")
+    assert report["dry_run"] is True and report["refs"] >= 2
+    assert report["deleted"]["objects"]["count"] == 0, "every build of this store is still ref'd"
+    text = prep("gc", "--store", store, "--grace", "1d").stdout
+    assert "grace period 86400 s" in text and "freed 0 keys" in text
+    bad = prep("gc", "--store", store, "--grace", "soon", check=False)
+    assert bad.returncode == 2 and "invalid duration 'soon'" in bad.stderr
