@@ -1,0 +1,118 @@
+"""Snapshot-level diff on manifests alone: settings flattened and compared exactly, input files
+and artifacts matched, stats deltas, and the report's JSON matching prep.diff-report/1."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prep.manifest import canonical
+from prep.manifest.diff import ABSENT, diff_settings, diff_snapshots, flatten, match_artifacts
+from prep.manifest.schema import validate
+from prep.snapshots import Snapshot
+from tests.snapshot_factory import artifact_path, manifest_for
+
+
+def snapshot_of(manifest: dict[str, Any]) -> Snapshot:
+    raw = canonical.dumps(manifest)
+    return Snapshot(f"sha256:{hashlib.sha256(raw).hexdigest()}", manifest, raw)
+
+
+def artifact(fmt: str, shard: int, label: str, size: int = 100) -> dict[str, Any]:
+    return {"path": artifact_path(fmt, shard), "format": fmt, "shard": shard, "size": size,
+            "sha256": hashlib.sha256(label.encode()).hexdigest(), "documents": 3, "tokens": 40}
+
+
+def base_manifest() -> dict[str, Any]:
+    manifest = manifest_for("demo", [artifact("bin", 0, "b0"), artifact("idx", 0, "i0"), artifact("wds", 0, "w0")])
+    manifest["config"] = {"input": {"id_field": "id", "text_field": "text"}, "dedup": {"exact": True},
+                          "output": {"shard_size": 1000, "formats": ["bin", "wds"]}}
+    return manifest
+
+
+def test_flatten_names_nested_keys_with_dots() -> None:
+    assert flatten({"output": {"shard_size": 5, "formats": ["bin"]}, "seed": 1}, "config") == \
+        {"config.output.formats": ["bin"], "config.output.shard_size": 5, "config.seed": 1}
+    assert flatten(7, "seed") == {"seed": 7}
+
+
+def test_settings_distinguish_absent_null_and_type() -> None:
+    old, new = base_manifest(), base_manifest()
+    new["config"]["input"]["id_field"] = None
+    new["config"]["dedup"]["exact"] = 1
+    del new["config"]["input"]["text_field"]
+    new["config"]["extra"] = {"knob": False}
+    changes = {c.key: (c.old, c.new) for c in diff_settings(old, new)}
+    assert changes == {"config.input.id_field": ("id", None), "config.dedup.exact": (True, 1),
+                       "config.input.text_field": ("text", ABSENT), "config.extra.knob": (ABSENT, False)}
+    as_json = {c.key: c.to_json() for c in diff_settings(old, new)}
+    assert as_json["config.input.text_field"] == {"key": "config.input.text_field", "old": "text"}
+    assert as_json["config.input.id_field"] == {"key": "config.input.id_field", "old": "id", "new": None}
+
+
+SETTING_PATHS = [("seed",), ("dataset",), ("code", "version"), ("code", "dependencies", "numpy"),
+                 ("tokenizer", "vocab_size"), ("tokenizer", "encode_special_tokens"),
+                 ("config", "output", "shard_size"), ("config", "output", "formats"), ("config", "input", "id_field")]
+VALUES = st.one_of(st.integers(0, 5), st.booleans(), st.none(), st.text(max_size=3), st.lists(st.integers(0, 2), max_size=2))
+
+
+@settings(max_examples=150, deadline=None)
+@given(edits=st.dictionaries(st.sampled_from(SETTING_PATHS), VALUES, max_size=4))
+def test_settings_report_exactly_the_edited_keys(edits: dict[tuple[str, ...], Any]) -> None:
+    old = base_manifest()
+    new = copy.deepcopy(old)
+    for path, value in edits.items():
+        parent = new
+        for part in path[:-1]:
+            parent = parent.setdefault(part, {})
+        parent[path[-1]] = value
+    flat_old = {key: value for section in ("seed", "dataset", "code", "tokenizer", "config")
+                for key, value in flatten(old[section], section).items()}
+    expected = {".".join(path) for path, value in edits.items()
+                if ".".join(path) not in flat_old or flat_old[".".join(path)] != value
+                or type(flat_old[".".join(path)]) is not type(value)}
+    assert {change.key for change in diff_settings(old, new)} == expected
+
+
+def test_files_artifacts_and_stats() -> None:
+    old, new = base_manifest(), base_manifest()
+    old["inputs"]["files"] = [{"path": "a.jsonl", "size": 10, "sha256": "1" * 64},
+                              {"path": "b.jsonl", "size": 20, "sha256": "2" * 64},
+                              {"path": "c.jsonl", "size": 30, "sha256": "3" * 64}]
+    new["inputs"]["files"] = [{"path": "a.jsonl", "size": 10, "sha256": "1" * 64},
+                              {"path": "b.jsonl", "size": 21, "sha256": "4" * 64},
+                              {"path": "d.jsonl", "size": 40, "sha256": "5" * 64}]
+    new["artifacts"] = [artifact("bin", 0, "b0"), artifact("idx", 0, "i-new", 60),
+                        artifact("wds", 0, "w0"), artifact("bin", 1, "b0")]
+    new["stats"]["documents_read"] += 2
+    diff = diff_snapshots(snapshot_of(old), snapshot_of(new))
+    assert [(f.path, f.change) for f in diff.files] == [("b.jsonl", "changed"), ("c.jsonl", "removed"),
+                                                        ("d.jsonl", "added")]
+    assert diff.files_unchanged == 1
+    assert [(m.new_path, m.size) for m in diff.artifacts_added] == [("bin/00000.idx", 60), ("bin/00001.bin", 100)]
+    assert [m.old_path for m in diff.artifacts_removed] == ["bin/00000.idx"]
+    assert [(m.old_path, m.new_path) for m in diff.artifacts_unchanged] == [("bin/00000.bin", "bin/00000.bin"),
+                                                                            ("wds/00000.tar", "wds/00000.tar")]
+    assert {d.key: d.delta for d in diff.stats}["documents_read"] == 2
+    assert not diff.identical and diff.settings == ()
+    report = {"schema": "prep.diff-report/1", "old": {"spec": "a", "snapshot": diff.old_id, "dataset": "demo"},
+              "new": {"spec": "b", "snapshot": diff.new_id, "dataset": "demo"}, **diff.to_json()}
+    validate(report, "prep.diff-report/1", "report")
+
+
+def test_artifacts_are_matched_by_content_even_when_renamed() -> None:
+    moved = artifact("wds", 0, "same")
+    renamed = {**moved, "path": "wds/00007.tar", "shard": 7}
+    added, removed, unchanged = match_artifacts([moved], [renamed])
+    assert (added, removed) == ([], [])
+    assert [(m.old_path, m.new_path) for m in unchanged] == [("wds/00000.tar", "wds/00007.tar")]
+
+
+def test_identical_manifests() -> None:
+    diff = diff_snapshots(snapshot_of(base_manifest()), snapshot_of(base_manifest()))
+    assert diff.identical and diff.files == () and diff.settings == () and diff.artifacts_added == ()
+    assert all(delta.delta == 0 for delta in diff.stats)
