@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prep.manifest import canonical
-from prep.manifest.diff import ABSENT, diff_settings, diff_snapshots, flatten, match_artifacts
+from prep.manifest.diff import (
+    ABSENT,
+    diff_settings,
+    diff_snapshots,
+    flatten,
+    match_artifacts,
+)
 from prep.manifest.schema import validate
 from prep.snapshots import Snapshot
 from tests.snapshot_factory import artifact_path, manifest_for
