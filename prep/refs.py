@@ -102,6 +102,9 @@ def move_ref(store: Store, dataset: str, name: str, snapshot: str) -> Ref:
             previous=old.snapshot if old else None,
         )
         body = canonical.dumps(new.to_json())
+        if old is not None and current is not None:
+            # Idempotent: records the generation we replace in case its own writer died first.
+            store.put_bytes(history_key(dataset, name, old.generation), current.body)
         if store.swap_ref(key, body, current.token if current else None):
             # Create-only: a generation is won by exactly one swap, so this key is ours.
             store.put_bytes(history_key(dataset, name, new.generation), body)

@@ -34,6 +34,7 @@ class SourceFile:
     sha256: str = ""
     etag: str | None = None
     version_id: str | None = None
+    mtime_ns: int = 0  # local files: checked again after reading, never recorded in manifests
 
     @property
     def compressed(self) -> bool:
@@ -97,7 +98,8 @@ def _expand_local(pattern: str, base_dir: Path, declared: str) -> list[Path]:
 
 def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[SourceFile]:
     """Every input file named by `paths`, sorted by relative path; hashes are filled later."""
-    located: list[tuple[str, str, int, str | None, str | None]] = []  # location, namespace path, size, etag, version
+    # location, namespace path, size, etag, version, mtime_ns
+    located: list[tuple[str, str, int, str | None, str | None, int]] = []
     for pattern in paths:
         if pattern.startswith("s3://"):
             from prep.storage.s3 import list_objects
@@ -105,28 +107,28 @@ def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[Sour
             objects = list_objects(pattern)
             if not objects:
                 raise ConfigError(f"input.paths: no objects match {pattern!r}")
-            located.extend((o.url, f"/{o.bucket}/{o.key}", o.size, o.etag, o.version_id) for o in objects)
+            located.extend((o.url, f"/{o.bucket}/{o.key}", o.size, o.etag, o.version_id, 0) for o in objects)
             continue
         files = _expand_local(pattern, base_dir, declared)
         if not files:
             raise ConfigError(f"input.paths: no files match {pattern!r} (relative to {base_dir})")
         for file in files:
             try:
-                size = file.stat().st_size
+                stat = file.stat()
             except OSError as exc:
                 raise InputError(f"{file}: cannot read input file: {exc.strerror}") from None
-            located.append((str(file.absolute()), file.absolute().as_posix(), size, None, None))
+            located.append((str(file.absolute()), file.absolute().as_posix(), stat.st_size, None, None, stat.st_mtime_ns))
     if not located:
         raise ConfigError("input.paths: no input files")
     parents = [posixpath.dirname(ns) for _, ns, *_ in located]
     common = posixpath.commonpath(parents)
     sources: dict[str, SourceFile] = {}
-    for location, ns, size, etag, version in located:
+    for location, ns, size, etag, version, mtime_ns in located:
         rel = posixpath.relpath(ns, common)
         fmt = detect_format(rel, declared)
         if fmt is None:
             raise ConfigError(f"{location}: cannot tell the input format from the name; set input.format")
-        sources[rel] = SourceFile(location, rel, size, fmt, etag=etag, version_id=version)
+        sources[rel] = SourceFile(location, rel, size, fmt, etag=etag, version_id=version, mtime_ns=mtime_ns)
     return [sources[rel] for rel in sorted(sources)]
 
 
@@ -166,8 +168,23 @@ def hash_source(source: SourceFile) -> SourceFile:
                 size += len(chunk)
     except OSError as exc:
         raise InputError(f"{source.location}: cannot read input file: {exc}") from None
+    if size != source.size:
+        raise InputError(f"{source.location}: changed while being hashed ({source.size} -> {size} bytes)")
     return SourceFile(source.location, source.rel, size, source.format, hasher.hexdigest(),
-                      source.etag, source.version_id)
+                      source.etag, source.version_id, source.mtime_ns)
+
+
+def check_unchanged(source: SourceFile) -> None:
+    """Fail when a local input changed since it was hashed (its bytes would not match the
+    recorded SHA-256, and a cached result keyed on that hash would be wrong)."""
+    if source.location.startswith("s3://"):
+        return  # reads of S3 inputs are pinned to the version (or ETag) that was listed
+    try:
+        stat = os.stat(source.location)
+    except OSError as exc:
+        raise InputError(f"{source.location}: cannot read input file: {exc.strerror}") from None
+    if stat.st_size != source.size or stat.st_mtime_ns != source.mtime_ns:
+        raise InputError(f"{source.location}: changed during the build; rerun to pick up the new content")
 
 
 def hash_sources(sources: list[SourceFile], threads: int) -> list[SourceFile]:

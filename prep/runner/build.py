@@ -117,7 +117,7 @@ class _Builder:
             jobs.append((key, TokenizeJob(self.store.url, task, settings)))
         total_bytes = sum(source.size for source in sources)
         self.progress.stage("tokenize", f"{len(jobs)} tasks over {len(sources)} files, {total_bytes / 1e6:.1f} MB")
-        done = self.run_tasks("tokenize", jobs, run_tokenize_job, lambda job: job.task.end - job.task.start)
+        done = self.run_tasks("tokenize", jobs, run_tokenize_job, _task_bytes)
         entries, line_offsets = [], {}
         for (key, job) in jobs:
             record = done[key]
@@ -146,7 +146,8 @@ class _Builder:
         self.progress.stage(stage)
         record = self.run_tasks(stage, [(key, job)], fn)[key]
         manifest = self.commit_stage(stage, key, {"outputs": record["outputs"], **record["summary"]})
-        self.progress.done(stage, ", ".join(f"{k}={v}" for k, v in record["summary"].items() if isinstance(v, int)))
+        counts = [f"{k}={v}" for k, v in record["summary"].items() if isinstance(v, int)]
+        self.progress.done(stage, ", ".join(counts) or f"{len(record['outputs'])} outputs")
         return manifest
 
     def shard(self, parts: tuple[PartRef, ...], keep_id: str, shuffle: dict[str, Any], dtype: str,
@@ -179,6 +180,15 @@ class _Builder:
         self.commit_stage("shard", stage_key, {"shards": shards})
         self.progress.done("shard", f"{run.ran} written, {run.cached} cached")
         return shards
+
+
+def _task_bytes(job: TokenizeJob) -> int:
+    """Input bytes a tokenize task covers, for rates (a Parquet file counts once, at part 0,
+    since its task ranges count row groups, not bytes)."""
+    task = job.task
+    if task.source.format == "parquet":
+        return task.source.size if task.part == 0 else 0
+    return task.end - task.start
 
 
 def _artifact_formats(formats: tuple[str, ...]) -> list[str]:

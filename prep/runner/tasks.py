@@ -16,7 +16,7 @@ import numpy as np
 from prep import cas
 from prep.errors import IntegrityError
 from prep.faults import crash_point
-from prep.stages.dedup import keep_mask, pack_mask, read_hashes, unpack_mask
+from prep.stages.dedup import check_unique_ids, keep_mask, pack_mask, read_hashes, unpack_mask
 from prep.stages.read import ReadTask
 from prep.stages.shard import assemble_shards
 from prep.stages.shuffle import Part, ShardSpec, plan_bytes, plan_from_bytes, plan_shards
@@ -111,6 +111,12 @@ class DedupJob:
 
 def run_dedup_job(job: DedupJob) -> TaskResult:
     store = worker_store(job.store_url)
+    by_source: dict[str, list[PartRef]] = {}
+    for ref in job.parts:
+        by_source.setdefault(ref.source, []).append(ref)
+    for source, refs in by_source.items():
+        if len(refs) > 1:
+            check_unique_ids(source, (ref.resolve(store).path for ref in refs))
     keep = keep_mask((read_hashes(ref.resolve(store).path) for ref in job.parts), job.exact)
     digest = cas.put_bytes(store, pack_mask(keep))
     return TaskResult({"keep": digest.id},

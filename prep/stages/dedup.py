@@ -18,7 +18,7 @@ def read_hashes(path: Path) -> np.ndarray:
     column = pq.read_table(path, columns=["text_hash"]).column("text_hash").combine_chunks()
     data = column.buffers()[1]
     assert data is not None
-    raw = np.frombuffer(data, dtype=np.uint64, count=2 * len(column), offset=column.offset * 16)
+    raw = np.frombuffer(data, dtype="<u8", count=2 * len(column), offset=column.offset * 16)
     return raw.reshape(-1, 2)
 
 
@@ -33,6 +33,21 @@ def keep_mask(hash_arrays: Iterable[np.ndarray], exact: bool) -> np.ndarray:
     repeat = np.all(sorted_hashes[1:] == sorted_hashes[:-1], axis=1)
     keep[order[1:][repeat]] = False
     return keep
+
+
+def check_unique_ids(source: str, paths: Iterable[Path]) -> None:
+    """Ids must be unique within a file; tasks check their own part, this checks across the
+    parts of one large file. Memory: the ids of one file."""
+    from prep.errors import InputError
+
+    seen: set[str] = set()
+    for path in paths:
+        for doc_id in pq.read_table(path, columns=["id"]).column("id").to_pylist():
+            if doc_id is None:
+                return
+            if doc_id in seen:
+                raise InputError(f"{source}: duplicate id {doc_id!r}")
+            seen.add(doc_id)
 
 
 def pack_mask(keep: np.ndarray) -> bytes:

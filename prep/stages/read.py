@@ -55,8 +55,17 @@ def _document(row: int, doc_id: str | None, text: str) -> Document:
 
 @dataclass(frozen=True)
 class BadRecord:
+    """A record that cannot be used: its 1-based line (JSON Lines) or 0-based row, and why."""
+
     row: int
     reason: str
+    line: int | None = None
+
+    def message(self, file_name: str) -> str:
+        """`file:line: reason`, `file: row N: reason`, or `file: reason` for a whole file."""
+        if self.line is not None:
+            return f"{file_name}:{self.line}: {self.reason}"
+        return f"{file_name}: row {self.row}: {self.reason}" if self.row >= 0 else f"{file_name}: {self.reason}"
 
 
 def plan_read_tasks(source: SourceFile, text_field: str, id_field: str | None) -> list[ReadTask]:
@@ -132,7 +141,6 @@ def _field_id(record: dict[str, Any], field: str | None) -> str | None:
 
 
 def _jsonl(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
-    name = task.source.location
     with open_decoded(task.source) as stream:
         lines = iter_lines_in_range(stream, task.start, task.end) if not task.source.compressed \
             else iter(stream.readline, b"")
@@ -152,7 +160,7 @@ def _jsonl(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadReco
                 text = _field_text(record, task.text_field)
                 yield _document(local, _field_id(record, task.id_field), text)
             except ValueError as exc:
-                yield BadRecord(local, f"{name}:{line_number(task, local)}: {exc}")
+                yield BadRecord(local, str(exc), line=line_number(task, local))
 
 
 def _text(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
@@ -161,7 +169,7 @@ def _text(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecor
     try:
         yield Document(0, None, data.decode("utf-8"), data)
     except UnicodeDecodeError as exc:
-        yield BadRecord(0, f"{task.source.location}: invalid UTF-8 at byte {exc.start}")
+        yield BadRecord(-1, f"invalid UTF-8 at byte {exc.start}")
 
 
 def _columns(task: ReadTask, batches: Iterator[Any], first_row: int) -> Iterator[Document | BadRecord]:
@@ -170,16 +178,15 @@ def _columns(task: ReadTask, batches: Iterator[Any], first_row: int) -> Iterator
         texts = batch.column(task.text_field).to_pylist()
         ids = batch.column(task.id_field).to_pylist() if task.id_field else [None] * len(texts)
         for text, doc_id in zip(texts, ids):
-            where = f"{task.source.location}: row {row}"
             if not isinstance(text, str):
-                yield BadRecord(row, f"{where}: text field {task.text_field!r} is null or not a string")
+                yield BadRecord(row, f"text field {task.text_field!r} is null or not a string")
             elif task.id_field and doc_id is None:
-                yield BadRecord(row, f"{where}: missing id field {task.id_field!r}")
+                yield BadRecord(row, f"missing id field {task.id_field!r}")
             else:
                 try:
                     yield _document(row, None if doc_id is None else str(doc_id), text)
                 except ValueError as exc:
-                    yield BadRecord(row, f"{where}: {exc}")
+                    yield BadRecord(row, str(exc))
             row += 1
 
 

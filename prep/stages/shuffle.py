@@ -96,7 +96,7 @@ def _read_columns(parts: list[Part], keep: np.ndarray, with_json: bool) -> _Colu
         raw = table.column("text_hash").combine_chunks()
         buffer = raw.buffers()[1]
         assert buffer is not None
-        h = np.frombuffer(buffer, dtype=np.uint64, count=2 * len(raw), offset=raw.offset * 16).reshape(-1, 2)
+        h = np.frombuffer(buffer, dtype="<u8", count=2 * len(raw), offset=raw.offset * 16).reshape(-1, 2)
         hashes.append(h[mask])
         n_tokens = table.column("n_tokens").to_numpy()
         lengths.append(n_tokens[mask].astype(np.int64) + 1)

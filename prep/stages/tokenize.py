@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from prep.errors import InputError
+from prep.sources import check_unchanged
 from prep.stages.read import BadRecord, Document, ReadTask, read_documents
 from prep.tokenizer import TokenizerInfo, contains_special, load_tokenizer
 from prep.tokenizer.engine import TokenizerEngine
@@ -95,13 +96,13 @@ def _batches(task: ReadTask, on_error: str, bad: list[str], counts: dict[str, in
     for item in read_documents(task, counts):
         if isinstance(item, BadRecord):
             if on_error == "fail":
-                raise InputError(item.reason)
+                raise InputError(item.message(task.source.location))
             counts["bad_records"] += 1
             if len(bad) < MAX_BAD_RECORDS_LISTED:
-                bad.append(item.reason)
+                bad.append(item.message(task.source.rel))  # relative: summaries must not name machines
             continue
         batch.append(item)
-        size += len(item.text)
+        size += len(item.data)
         if size >= BATCH_TEXT_BYTES or len(batch) >= BATCH_DOCUMENTS:
             yield batch
             batch, size = [], 0
@@ -153,6 +154,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path) -> 
             counts["tokens"] += int(lengths.sum())
             counts["text_bytes"] += sum(len(b) for b in encoded)
             counts["special_token_documents"] += sum(specials)
+    check_unchanged(task.source)
     summary: dict[str, Any] = dict(counts)
     summary["bad_record_examples"] = bad
     log = {"seconds": round(time.perf_counter() - started, 3), **engine.report()}

@@ -54,9 +54,23 @@ class LocalStore(Store):
     def _temp_path(self) -> Path:
         return self.root / TMP_DIR / f"{uuid.uuid4().hex}.part"
 
+    def _makedirs(self, folder: Path) -> None:
+        """Create `folder` and fsync each new folder's parent, so a power loss cannot drop a
+        folder whose files were already reported as written."""
+        missing = []
+        while not folder.exists():
+            missing.append(folder)
+            folder = folder.parent
+        for new in reversed(missing):
+            try:
+                new.mkdir()
+            except FileExistsError:
+                continue
+            _fsync_dir(new.parent)
+
     def _publish(self, temp: Path, final: Path) -> bool:
         crash_point("store.before_link")
-        final.parent.mkdir(parents=True, exist_ok=True)
+        self._makedirs(final.parent)
         try:
             os.link(temp, final)
         except FileExistsError:
@@ -147,7 +161,7 @@ class LocalStore(Store):
 
     def swap_ref(self, key: str, body: bytes, expected: str | None) -> bool:
         final = self._path(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        self._makedirs(final.parent)
         lock_path = final.with_name(final.name + ".lock")
         with open(lock_path, "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)

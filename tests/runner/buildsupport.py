@@ -17,6 +17,19 @@ from prep.runner.progress import Progress
 from prep.storage import LocalStore
 
 
+class InProcessExecutor:
+    """Runs tasks one after another in this process, so tests can monkeypatch stage constants."""
+
+    workers = 1
+
+    def run(self, fn: Any, items: Any) -> Any:
+        for index, item in enumerate(items):
+            yield index, fn(item)
+
+    def close(self) -> None:
+        pass
+
+
 def build_local(pipeline: Path, store_dir: Path, workers: int = 1, tags: tuple[str, ...] = ()) -> BuildResult:
     executor = LocalExecutor(workers)
     try:

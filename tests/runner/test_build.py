@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.helpers import make_records, write_jsonl, write_pipeline
-from tests.runner.buildsupport import all_objects_intact, artifact_path, build_local, read_samples, read_sequences
+from tests.runner.buildsupport import InProcessExecutor, all_objects_intact, artifact_path, build_local, read_samples, read_sequences
 
 EOS = "<|endoftext|>"
 
@@ -121,20 +121,42 @@ def test_large_jsonl_is_split_into_byte_ranges_with_absolute_lines(tmp_path: Pat
     from prep.runner.progress import Progress
     from prep.storage import LocalStore
 
-    class InProcess:
-        workers = 1
-
-        def run(self, fn, items):  # type: ignore[no-untyped-def]
-            for index, item in enumerate(items):
-                yield index, fn(item)
-
-        def close(self) -> None:
-            pass
-
-    result = build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), InProcess(), (), Progress(quiet=True))
+    result = build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), InProcessExecutor(), (), Progress(quiet=True))
     assert result.stages["tokenize"].ran > 5
     samples = read_samples(tmp_path / "store", result.snapshot.manifest)
     assert len(samples) == 200
     by_line = {json.loads(m["json"])["line"]: m["txt"].decode() for _, m in samples}
     assert by_line == {i + 1: r["text"] for i, r in enumerate(records)}
     assert all(json.loads(m["json"])["id"] == f"big.jsonl:{json.loads(m['json'])['line']}" for _, m in samples)
+
+
+def test_duplicate_ids_across_byte_ranges_of_one_file_are_bad_input(tmp_path: Path, tokenizer_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import prep.stages.read as read
+    from prep.errors import InputError
+
+    monkeypatch.setattr(read, "RANGE_BYTES", 1500)
+    records = make_records(60, seed=4)
+    records[-1]["id"] = records[0]["id"]
+    write_jsonl(tmp_path / "corpus" / "big.jsonl", records)
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
+    from prep.config import load_pipeline
+    from prep.runner.build import build
+    from prep.runner.progress import Progress
+    from prep.storage import LocalStore
+
+    with pytest.raises(InputError, match="duplicate id 'doc-0'"):
+        build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), InProcessExecutor(), (), Progress(quiet=True))
+    assert not (tmp_path / "store" / "refs").exists()
+
+
+def test_an_input_changed_after_hashing_is_refused(tmp_path: Path) -> None:
+    from prep.errors import InputError
+    from prep.sources import check_unchanged, discover
+
+    write_jsonl(tmp_path / "a.jsonl", make_records(3))
+    (source,) = discover(("a.jsonl",), tmp_path, "auto")
+    check_unchanged(source)
+    write_jsonl(tmp_path / "a.jsonl", make_records(4))
+    with pytest.raises(InputError, match="changed during the build"):
+        check_unchanged(source)
