@@ -42,7 +42,10 @@ def diff_lines(diff: SnapshotDiff, old_spec: str, new_spec: str) -> list[str]:
     counts = {change: len(diff.files_by_change(change)) for change in ("added", "removed", "changed")}
     lines.append(f"inputs     {counts['added']} added, {counts['removed']} removed, {counts['changed']} changed, "
                  f"{diff.files_unchanged} unchanged")
-    for entry in diff.files:
+    for shown, entry in enumerate(diff.files):
+        if shown == CHANGES_SHOWN:
+            lines.append(f"  ... {len(diff.files) - shown} more (use --json for all)")
+            break
         sides = [side for side in (entry.old, entry.new) if side is not None]
         sizes = " -> ".join(human_bytes(side.size) for side in sides)
         hashes = " -> ".join(side.sha256[:12] for side in sides)
