@@ -7,6 +7,7 @@ leaves only temporaries, which the next pull removes before it starts.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import io
@@ -16,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, Self
 
@@ -77,13 +79,19 @@ def remove_stale_temporaries(folders: set[Path]) -> int:
     for folder in sorted(folders):
         try:
             names = os.listdir(folder)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             continue
         for name in names:
             if _is_temp(name):
                 (folder / name).unlink(missing_ok=True)
                 removed += 1
     return removed
+
+
+def _discard(path: Path) -> None:
+    """Remove a temporary if it is there; never mask the error that is already propagating."""
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 def _fsync_path(path: Path) -> None:
@@ -168,15 +176,17 @@ def _already_valid(final: Path, artifact: Artifact, on_bytes: ByteCounter, stop:
     return not found.changed and found.digest.sha256 == artifact.sha256
 
 
-def fetch_artifact(store: Store, dest: Path, artifact: Artifact, on_bytes: ByteCounter, stop: threading.Event) -> bool:
+def fetch_artifact(
+    store: Store, dest: Path, artifact: Artifact, *, on_bytes: ByteCounter, stop: threading.Event
+) -> bool:
     """Make DEST/<path> hold the artifact's bytes; False when it already did (skipped)."""
     final = dest / artifact.path
     if _already_valid(final, artifact, on_bytes, stop):
         return False
     key = cas.object_key(artifact.sha256)
-    final.parent.mkdir(parents=True, exist_ok=True)
     temp = temp_name(final)
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
         digest = _copy_object(store, key, temp, on_bytes, stop)
         if digest.size != artifact.size or digest.sha256 != artifact.sha256:
             raise IntegrityError(
@@ -187,9 +197,10 @@ def fetch_artifact(store: Store, dest: Path, artifact: Artifact, on_bytes: ByteC
     except NotFoundError:
         raise NotFoundError(f"{store.url}: object {key} for {artifact.path} is missing from the store") from None
     except OSError as exc:
-        raise UsageError(f"{final}: cannot copy into place: {exc.strerror or exc}") from None
+        culprit = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != os.fspath(final) else ""
+        raise UsageError(f"{final}: cannot copy into place: {exc.strerror or exc}{culprit}") from None
     finally:
-        temp.unlink(missing_ok=True)
+        _discard(temp)
     return True
 
 
@@ -238,7 +249,7 @@ def write_manifest(dest: Path, raw: bytes) -> Path:
             os.fsync(out.fileno())
         os.replace(temp, final)
     finally:
-        temp.unlink(missing_ok=True)
+        _discard(temp)
     _fsync_path(final.parent)
     return final
 
@@ -264,14 +275,18 @@ def pull(
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"{dest}: cannot create folder: {exc.strerror or exc}") from None
-    with _DestLock(dest):
-        removed = remove_stale_temporaries({(dest / a.path).parent for a in everything} | {dest / PREP_DIR})
-        tally = ByteTally(on_bytes)
-        ordered = sorted(share.artifacts, key=lambda a: (-a.size, a.path))
-        copied = run_parallel(lambda a, stop: fetch_artifact(store, dest, a, tally.add, stop), ordered, jobs, on_file)
-        for folder in folders_to_sync(dest, share.artifacts):
-            _fsync_path(folder)
-        write_manifest(dest, snapshot.raw)
+    ordered = sorted(share.artifacts, key=lambda a: (-a.size, a.path))
+    try:
+        with _DestLock(dest):
+            removed = remove_stale_temporaries({(dest / a.path).parent for a in everything} | {dest / PREP_DIR})
+            tally = ByteTally(on_bytes)
+            work = partial(fetch_artifact, store, dest, on_bytes=tally.add)
+            copied = run_parallel(lambda a, stop: work(a, stop=stop), ordered, jobs, on_file)
+            for folder in folders_to_sync(dest, share.artifacts):
+                _fsync_path(folder)
+            write_manifest(dest, snapshot.raw)
+    except OSError as exc:
+        raise UsageError(f"{exc.filename or dest}: {exc.strerror or exc}") from None
     copied_artifacts = [a for a, was_copied in zip(ordered, copied) if was_copied]
     return PullResult(
         snapshot_id=snapshot.id,

@@ -211,3 +211,15 @@ def test_pull_from_an_s3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     built = build_snapshot(remote, tmp_path / "work", shard_sizes=(30_000, 20_000))
     pull(remote, built.snapshot, tmp_path / "dest", jobs=2)
     assert_complete(built, tmp_path / "dest")
+
+
+def test_a_file_where_a_folder_belongs_is_a_one_line_error(store: LocalStore, built: Built, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "wds").write_bytes(b"in the way")
+    with pytest.raises(UsageError, match=r"wds/0000\d\.tar: cannot copy into place: File exists \(.*/wds\)"):
+        pull(store, built.snapshot, dest, jobs=1)
+    assert temporaries(dest) == []
+    (dest / "wds").unlink()
+    pull(store, built.snapshot, dest)
+    assert_complete(built, dest)

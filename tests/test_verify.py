@@ -168,6 +168,15 @@ def test_extra_files_in_artifact_folders_are_reported_but_not_elsewhere(pulled: 
     check_report(result)
 
 
+def test_a_file_where_an_artifact_folder_belongs_is_extra(pulled: Pulled) -> None:
+    shutil.rmtree(pulled.dest / "wds")
+    (pulled.dest / "wds").write_bytes(b"in the way")
+    result = verify(pulled.snapshot, pulled.dest)
+    expected = [("extra", "wds")] + [("missing", f"wds/0000{shard}.tar") for shard in range(3)]
+    assert sorted(kinds(result)) == sorted(expected)
+    check_report(result)
+
+
 def test_a_renamed_file_is_named_as_such(pulled: Pulled) -> None:
     os.rename(pulled.dest / "wds/00001.tar", pulled.dest / "wds/00001.tar.bak")
     result = verify(pulled.snapshot, pulled.dest)
