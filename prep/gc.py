@@ -329,7 +329,8 @@ def _stale_temporaries(store: Store, cutoff: float) -> list[ObjectInfo]:
 
 def _delete(store: Store, category: str, infos: list[ObjectInfo]) -> None:
     if category == "temporary":
-        assert isinstance(store, LocalStore)
+        if not isinstance(store, LocalStore):
+            return  # only a local store has tmp/ (see _stale_temporaries)
         for info in infos:
             path = store.root / info.key
             if path.is_dir() and not path.is_symlink():

@@ -28,8 +28,10 @@ from prep.manifest import canonical
 from prep.refs import move_ref
 from prep.runner import records
 from prep.snapshots import load_snapshot, resolve
-from prep.storage import LocalStore
+from prep.storage import LocalStore, open_store
+from prep.storage.base import Store
 from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
+from tests.s3support import s3_bucket, s3_endpoint  # noqa: F401
 
 HOUR = 3600
 
@@ -41,7 +43,7 @@ def age(root: Path, seconds: float) -> None:
         os.utime(path, (moment, moment), follow_symlinks=False)
 
 
-def reachable(store: LocalStore, snapshot_id: str) -> set[str]:
+def reachable(store: Store, snapshot_id: str) -> set[str]:
     """Every object a snapshot needs, enumerated from the stage manifests' structure."""
     snapshot = load_snapshot(store, snapshot_id)
     found = {cas.parse_id(snapshot.id)} | {a["sha256"] for a in snapshot.artifacts}
@@ -56,11 +58,11 @@ def reachable(store: LocalStore, snapshot_id: str) -> set[str]:
     return found
 
 
-def stored_objects(store: LocalStore) -> set[str]:
+def stored_objects(store: Store) -> set[str]:
     return {info.key.rsplit("/", 1)[-1] for info in store.list(cas.OBJECTS_PREFIX)}
 
 
-def assert_records_resolve(store: LocalStore) -> None:
+def assert_records_resolve(store: Store) -> None:
     """No commit record may name an object that is gone."""
     present = stored_objects(store)
     for info in [*store.list(records.TASKS_PREFIX), *store.list(records.STAGES_PREFIX)]:
@@ -92,7 +94,7 @@ def project(template: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
     return {**template, "store": tmp_path / "store"}
 
 
-def crash(pipeline: Path, store: Path, point: str) -> None:
+def crash(pipeline: Path, store: Path | str, point: str) -> None:
     result = run_prep("build", pipeline, "--store", store, "--workers", "1", check=False,
                       env=prep_env(PREP_CRASH_AT=point), new_session=True)
     assert result.returncode == -signal.SIGKILL, result.stderr
@@ -203,6 +205,26 @@ def test_gc_refuses_a_store_whose_ref_names_a_missing_snapshot(project: dict[str
     with pytest.raises(IntegrityError, match="missing"):
         collect_garbage(store, grace_seconds=0)
     assert stored_objects(store) == objects
+
+
+def test_gc_on_s3(template: dict[str, Path], s3_bucket: str) -> None:  # noqa: F811
+    """The same rules through the S3 backend: list mtimes, deletes, and leases as objects."""
+    local, store = LocalStore(template["store"]), open_store(s3_bucket)
+    for info in local.list(""):
+        if not info.key.startswith(("refs/", "history/")):
+            store.put_bytes(info.key, local.get_bytes(info.key))
+    kept = resolve(local, "tiny@latest")
+    move_ref(store, "tiny", "latest", kept.id)
+    orphan = cas.put_bytes(store, b"an intermediate of an abandoned build")
+    records.write_task_record(store, "tokenize", "e" * 64, {"intermediate": orphan.id}, {})
+    with Lease(store, BUILD), pytest.raises(StoreError, match="a build holds lease"):
+        collect_garbage(store, grace_seconds=0)
+    report = collect_garbage(store, grace_seconds=0)
+    assert (report.deleted["objects"].count, report.deleted["records"].count) == (1, 1)
+    assert stored_objects(store) == reachable(store, kept.id)
+    assert all(cas.check(store, f"sha256:{a['sha256']}") for a in kept.artifacts)
+    assert_records_resolve(store)
+    assert read_leases(store) == []
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("0", 0), ("45s", 45), ("30m", 1800), ("6h", 21600),
