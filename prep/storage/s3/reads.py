@@ -1,0 +1,177 @@
+"""Reading S3 objects: seekable streams that survive dropped connections, ranged reads, parallel
+downloads, listings, and pinning every request of one read to a single object version."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+from botocore.exceptions import ClientError
+
+from prep.errors import StoreError
+from prep.storage.s3.client import (
+    DEFAULT_MAX_ATTEMPTS,
+    MIB,
+    error_code,
+    is_stream_error,
+    retry,
+    s3_errors,
+)
+
+T = TypeVar("T")
+
+
+class ObjectReader(io.RawIOBase):
+    """Streams one S3 object, reopening with a ranged GET after a seek or a dropped connection."""
+
+    def __init__(self, get: Callable[..., dict[str, Any]], bucket: str, key: str, size: int,
+                 pin: dict[str, str], first: dict[str, Any] | None, attempts: int) -> None:
+        super().__init__()
+        self._get, self._bucket, self._key, self._size = get, bucket, key, size
+        self._pin, self._attempts, self._pos = pin, attempts, 0
+        self._body: Any = first["Body"] if first else None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError("negative seek position")
+        if base + offset != self._pos:
+            self._drop_body()
+            self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        wanted = min(len(view), self._size - self._pos)
+        if wanted <= 0:
+            return 0
+        chunk: bytes = retry(lambda: self._read_body(wanted), self._reopen_on_stream_error, self._attempts)
+        if not chunk:
+            raise StoreError(f"s3://{self._bucket}/{self._key}: object ended early at byte {self._pos}")
+        view[: len(chunk)] = chunk
+        self._pos += len(chunk)
+        return len(chunk)
+
+    def _read_body(self, wanted: int) -> bytes:
+        if self._body is None:
+            with s3_errors(self._bucket, self._key):
+                ranged = {"Range": f"bytes={self._pos}-", **self._pin}
+                response = self._get(Bucket=self._bucket, Key=self._key, **ranged)
+            self._body = response["Body"]
+        return bytes(self._body.read(wanted))
+
+    def _reopen_on_stream_error(self, exc: Exception) -> bool:
+        self._drop_body()
+        return is_stream_error(exc)
+
+    def _drop_body(self) -> None:
+        if self._body is not None:
+            self._body.close()
+            self._body = None
+
+    def close(self) -> None:
+        self._drop_body()
+        super().close()
+
+
+def in_order(tasks: Iterator[Callable[[], T]], jobs: int) -> Iterator[T]:
+    """Run up to `jobs` tasks at once in threads, yielding their results in task order."""
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="prep-s3")
+    pending: deque[Future[T]] = deque()
+    try:
+        for task in tasks:
+            pending.append(pool.submit(task))
+            if len(pending) >= jobs:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def list_pages(client: Any, bucket: str, prefix: str, delimited: bool) -> Iterator[dict[str, Any]]:
+    """Every listed object below `prefix` (only one level deep when `delimited`), page by page."""
+    extra = {"Delimiter": "/"} if delimited else {}
+    with s3_errors(bucket, prefix):
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, **extra):
+            yield from page.get("Contents", [])
+
+
+def version_of(version_id: str | None) -> str | None:
+    """A real version id, or None (S3 reports "null" for objects written while unversioned)."""
+    return None if version_id in (None, "null") else version_id
+
+
+def pin(version_id: str | None, etag: str | None) -> dict[str, str]:
+    """GET arguments that keep every request of one read on the same object version."""
+    if version_id:
+        return {"VersionId": version_id}
+    return {"IfMatch": etag} if etag else {}
+
+
+def reader(client: Any, bucket: str, key: str, size: int, pinned: dict[str, str],
+           first: dict[str, Any] | None = None) -> BinaryIO:
+    """A buffered, seekable stream of `key`; `first` is an already started GET of byte 0 on."""
+    raw = ObjectReader(client.get_object, bucket, key, size, pinned, first, DEFAULT_MAX_ATTEMPTS)
+    return io.BufferedReader(raw, buffer_size=MIB)
+
+
+def read_range(client: Any, bucket: str, key: str, start: int, length: int, pinned: dict[str, str]) -> bytes:
+    """`length` bytes from `start` (fewer at the end), retrying a body that breaks off."""
+
+    def fetch() -> bytes:
+        with s3_errors(bucket, key):
+            try:
+                ranged = {"Range": f"bytes={start}-{start + length - 1}", **pinned}
+                response = client.get_object(Bucket=bucket, Key=key, **ranged)
+            except ClientError as exc:
+                if error_code(exc) == "InvalidRange":  # the object exists but ends before `start`
+                    return b""
+                raise
+        return bytes(response["Body"].read())  # outside the translation: retry must see stream errors
+
+    return retry(fetch, is_stream_error, DEFAULT_MAX_ATTEMPTS)
+
+
+def download(client: Any, bucket: str, key: str, size: int, pinned: dict[str, str], dest: Path,
+             step: int, jobs: int) -> str:
+    """Fetch `size` bytes of `key` into `dest` with up to `jobs` ranged GETs of `step` bytes at
+    once; hashes in order into a temporary name beside `dest`, renamed only when complete.
+    Returns the SHA-256 hex of the bytes."""
+    fetches = (partial(read_range, client, bucket, key, start, step, pinned) for start in range(0, size, step))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    temp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
+    hasher, written = hashlib.sha256(), 0
+    try:
+        with open(temp, "wb") as out:
+            for chunk in in_order(fetches, jobs):
+                out.write(chunk)
+                hasher.update(chunk)
+                written += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        if written != size:
+            raise StoreError(f"s3://{bucket}/{key}: got {written} of {size} bytes")
+        os.replace(temp, dest)
+    except OSError as exc:
+        raise StoreError(f"{dest}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        temp.unlink(missing_ok=True)
+    return hasher.hexdigest()

@@ -1,0 +1,149 @@
+"""Writing S3 objects: single conditional PUTs and parallel multipart uploads whose completion
+carries the condition, so a key is created at once, whole, and only if it is still free."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, BinaryIO
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from prep.faults import crash_point
+from prep.storage.s3.client import (
+    LOST_RACE,
+    MISSING_KEY,
+    PRECONDITION_FAILED,
+    error_code,
+    is_conflict,
+    retry,
+    s3_errors,
+    was_retried,
+)
+from prep.storage.s3.reads import in_order
+
+CREATE_ONLY = {"IfNoneMatch": "*"}
+
+
+@dataclass(frozen=True)
+class Upload:
+    """Where and how one object is written: `condition` holds the conditional-write headers."""
+
+    client: Any
+    bucket: str
+    key: str
+    metadata: dict[str, str]
+    condition: dict[str, str]
+
+    def errors(self) -> Any:
+        return s3_errors(self.bucket, self.key)
+
+
+def holds(client: Any, bucket: str, key: str, data: bytes) -> bool:
+    """Whether `key` holds exactly `data`, judged by its ETag (the MD5 of a single-PUT object
+    unless KMS encryption is on); settles a condition that failed only on a retried request."""
+    with s3_errors(bucket, key):
+        try:
+            response = client.head_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            if error_code(exc) in MISSING_KEY:
+                return False
+            raise
+    return bool(response.get("ETag") == f'"{hashlib.md5(data).hexdigest()}"')
+
+
+def put_single(upload: Upload, data: bytes, attempts: int) -> bool:
+    """One PUT, retrying 409 conflicts; False when its condition failed (the key exists)."""
+
+    def put() -> None:
+        upload.client.put_object(Bucket=upload.bucket, Key=upload.key, Body=data, Metadata=upload.metadata,
+                                 **upload.condition)
+
+    with upload.errors():
+        try:
+            retry(put, is_conflict, attempts)
+        except ClientError as exc:
+            return _settle_lost(upload, exc, data, PRECONDITION_FAILED)
+    return True
+
+
+def put_ref(upload: Upload, body: bytes) -> bool:
+    """One compare-and-swap PUT of a ref; False when the ref moved in between (412, or 409 when
+    another conditional write to it was in flight, or a 404 when it was expected to exist)."""
+    with upload.errors():
+        try:
+            upload.client.put_object(Bucket=upload.bucket, Key=upload.key, Body=body, **upload.condition)
+        except ClientError as exc:
+            codes = LOST_RACE | MISSING_KEY if "IfMatch" in upload.condition else LOST_RACE
+            return _settle_lost(upload, exc, body, codes)
+    return True
+
+
+def _settle_lost(upload: Upload, exc: ClientError, data: bytes, lost_codes: set[str]) -> bool:
+    """Re-raise `exc` unless it is a lost condition; a lost condition counts as won only when
+    botocore retried and the key holds exactly `data` (the earlier attempt took effect)."""
+    if error_code(exc) not in lost_codes:
+        raise exc
+    return was_retried(exc) and holds(upload.client, upload.bucket, upload.key, data)
+
+
+def put_multipart(upload: Upload, source: BinaryIO, part_size: int, jobs: int,
+                  check: Callable[[str], None]) -> bool:
+    """Upload `source` in parts from threads, call `check` with the SHA-256 hex of all its bytes,
+    then complete under the upload's condition; False when the condition failed. Any failure
+    (or a failed check) aborts the upload so no parts are left behind."""
+    client = upload.client
+    with upload.errors():
+        created = client.create_multipart_upload(Bucket=upload.bucket, Key=upload.key, Metadata=upload.metadata)
+    upload_id = str(created["UploadId"])
+    try:
+        parts, sha256 = _upload_parts(upload, upload_id, source, part_size, jobs)
+        check(sha256)
+        with upload.errors():
+            try:
+                client.complete_multipart_upload(
+                    Bucket=upload.bucket, Key=upload.key, UploadId=upload_id,
+                    MultipartUpload={"Parts": parts}, **upload.condition,
+                )
+            except ClientError as exc:
+                if error_code(exc) in LOST_RACE:
+                    _abort(upload, upload_id)
+                    return False
+                raise
+    except BaseException:
+        _abort(upload, upload_id)
+        raise
+    return True
+
+
+def _upload_parts(upload: Upload, upload_id: str, source: BinaryIO, part_size: int,
+                  jobs: int) -> tuple[list[dict[str, Any]], str]:
+    """Read parts in order (hashing them), upload up to `jobs` at once; parts list and sha256."""
+    hasher = hashlib.sha256()
+
+    def send(number: int, chunk: bytes) -> dict[str, Any]:
+        with upload.errors():
+            response = upload.client.upload_part(
+                Bucket=upload.bucket, Key=upload.key, UploadId=upload_id, PartNumber=number, Body=chunk
+            )
+        crash_point("s3.mid_multipart")  # tests kill the build here: parts uploaded, none completed
+        return {"ETag": response["ETag"], "PartNumber": number}
+
+    def tasks() -> Iterator[Callable[[], dict[str, Any]]]:
+        number = 0
+        while chunk := source.read(part_size):
+            hasher.update(chunk)
+            number += 1
+            yield partial(send, number, chunk)
+
+    parts = list(in_order(tasks(), jobs))
+    return parts, hasher.hexdigest()
+
+
+def _abort(upload: Upload, upload_id: str) -> None:
+    try:
+        upload.client.abort_multipart_upload(Bucket=upload.bucket, Key=upload.key, UploadId=upload_id)
+    except (ClientError, BotoCoreError):
+        pass  # an orphaned upload only costs storage; a bucket lifecycle rule can reap it
