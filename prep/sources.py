@@ -3,6 +3,7 @@ common parent of all inputs, hash contents, and open byte streams (decompressing
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import gzip
 import hashlib
@@ -135,9 +136,10 @@ def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[Sour
 def open_raw(source: SourceFile) -> BinaryIO:
     """The file's stored bytes (still compressed)."""
     if source.location.startswith("s3://"):
-        from prep.storage.s3 import open_object
+        from prep.storage.s3 import S3Object, open_object
 
-        return open_object(source.location)
+        # pinned to the version (or ETag) that was hashed, so every task reads those bytes
+        return open_object(S3Object.at(source.location, source.size, source.etag, source.version_id))
     try:
         return open(source.location, "rb")
     except OSError as exc:
@@ -153,12 +155,17 @@ def open_decoded(source: SourceFile) -> BinaryIO:
         import zstandard
 
         reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=READ_CHUNK, closefd=True)
-        return io.BufferedReader(reader, buffer_size=READ_CHUNK)  # type: ignore[arg-type]
+        return io.BufferedReader(reader, buffer_size=READ_CHUNK)
     return raw
 
 
 def hash_source(source: SourceFile) -> SourceFile:
     """The same source with the SHA-256 of its stored bytes filled in."""
+    if source.location.startswith("s3://"):
+        from prep.storage.s3 import S3Object, hash_object
+
+        read, sha256 = hash_object(S3Object.at(source.location, source.size, source.etag, source.version_id))
+        return dataclasses.replace(source, sha256=sha256, etag=read.etag, version_id=read.version_id)
     hasher = hashlib.sha256()
     size = 0
     try:

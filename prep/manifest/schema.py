@@ -24,7 +24,7 @@ def schema_path(schema_id: str) -> Path:
 def _validator(schema_id: str) -> jsonschema.protocols.Validator:
     schema = json.loads(schema_path(schema_id).read_text())
     cls = jsonschema.validators.validator_for(schema)
-    return cls(schema)  # type: ignore[no-any-return]
+    return cls(schema)
 
 
 def validate(document: Any, schema_id: str, source: str = "manifest") -> None:

@@ -118,7 +118,8 @@ class _Builder:
         total_bytes = sum(source.size for source in sources)
         self.progress.stage("tokenize", f"{len(jobs)} tasks over {len(sources)} files, {total_bytes / 1e6:.1f} MB")
         done = self.run_tasks("tokenize", jobs, run_tokenize_job, _task_bytes)
-        entries, line_offsets = [], {}
+        entries: list[dict[str, Any]] = []
+        line_offsets: dict[str, int] = {}
         for (key, job) in jobs:
             record = done[key]
             summary = record["summary"]

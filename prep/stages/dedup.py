@@ -52,7 +52,8 @@ def check_unique_ids(source: str, paths: Iterable[Path]) -> None:
 
 def pack_mask(keep: np.ndarray) -> bytes:
     """Deterministic bytes of a keep mask: u64 little-endian length, then packed bits."""
-    return np.uint64(len(keep)).astype("<u8").tobytes() + np.packbits(keep).tobytes()
+    header: bytes = np.array([len(keep)], dtype="<u8").tobytes()
+    return header + bytes(np.packbits(keep).tobytes())
 
 
 def unpack_mask(data: bytes) -> np.ndarray:

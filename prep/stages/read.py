@@ -83,7 +83,8 @@ def plan_read_tasks(source: SourceFile, text_field: str, id_field: str | None) -
         with _seekable(source) as handle:
             meta = pq.ParquetFile(handle).metadata
             groups = [(meta.row_group(i).total_byte_size, i) for i in range(meta.num_row_groups)]
-        tasks, first, acc = [], 0, 0
+        tasks: list[ReadTask] = []
+        first, acc = 0, 0
         for size, index in groups:
             acc += size
             if acc >= range_bytes:
@@ -102,7 +103,7 @@ def _seekable(source: SourceFile) -> BinaryIO:
     with open_raw(source) as stream:
         shutil.copyfileobj(stream, spool, 4 << 20)
     spool.seek(0)
-    return spool  # type: ignore[return-value]
+    return spool
 
 
 def line_number(task: ReadTask, local_line: int) -> int:
