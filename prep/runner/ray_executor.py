@@ -216,5 +216,6 @@ class RayExecutor:
             raise
 
     def close(self) -> None:
+        """Disconnect from (or stop) the Ray this executor started; a borrowed one keeps running."""
         if self._owns_ray and self._ray.is_initialized():
             self._ray.shutdown()
