@@ -166,7 +166,7 @@ def _kept_batches(store: Store, side: _Side, by_id: bool) -> Iterator[pa.RecordB
             kept = batch.filter(pa.array(keep))
             rows: Any = kept.column("row").to_numpy()
             lines = np.asarray(record_line(task.format, task.line_offset, rows), dtype=np.int64)
-            key = kept.column("id") if by_id else kept.column("text_hash")
+            key = (kept.column("id") if by_id else kept.column("text_hash")).cast(schema.field("key").type)
             yield pa.record_batch([key, kept.column("text_hash"), pa.array(lines)], schema=schema)
 
 

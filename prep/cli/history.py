@@ -7,22 +7,23 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
 from prep import cas
 from prep.cli.common import open_store_option, store_option
 from prep.cli.show import _human_bytes as human_bytes
-from prep.docdiff import DocumentChange, DocumentDiff, diff_documents
 from prep.errors import NotFoundError
 from prep.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage, parse_duration
-from prep.lineage import Trace
-from prep.lineage import trace as trace_document
 from prep.manifest.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
 from prep.refs import check_name, list_refs, move_ref
 from prep.snapshots import Snapshot, is_manifest_path, load_snapshot, resolve
 from prep.storage.base import Store
+
+if TYPE_CHECKING:  # the document-level modules load pyarrow; import them only when used
+    from prep.docdiff import DocumentChange, DocumentDiff
+    from prep.lineage import Trace
 
 CHANGES_SHOWN = 50
 CHANGE_MARKS = {"added": "+", "removed": "-", "changed": "~"}
@@ -119,6 +120,8 @@ def diff(old_spec: str, new_spec: str, store_url: str | None, as_json: bool,
     with tempfile.TemporaryDirectory(prefix="prep-diff-") as work:
         document_diff = None
         if documents:
+            from prep.docdiff import diff_documents
+
             assert store is not None
             document_diff = diff_documents(store, old, new, Path(work), labels=(old_spec, new_spec))
         if as_json:
@@ -187,6 +190,8 @@ def trace_lines(found: Trace, indent: str = "") -> list[str]:
 @store_option
 def trace(snap: str, doc_id: str, store_url: str | None) -> None:
     """Which artifacts, at which positions, hold document DOC_ID (an id, SOURCE:ID, or SOURCE:LINE)."""
+    from prep.lineage import trace as trace_document
+
     store = open_store_option(store_url)
     found = trace_document(store, _resolve(store, snap), doc_id)
     for index, entry in enumerate(found):
