@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import unicodedata
 from collections.abc import Callable
@@ -81,6 +82,20 @@ def test_backends_agree_on_a_document_of_several_megabytes(backends: Backends) -
     for threads in (1, 2):
         actual = backends(False, True, threads)[0].encode_batch(texts)
         assert all(np.array_equal(want, got) for want, got in zip(expected, actual))
+
+
+def test_forked_child_of_a_parallel_user_encodes_sequentially(backends: Backends) -> None:
+    """A rayon pool used before fork has no threads in the child: a parallel call there hangs."""
+    fast, _ = backends(False, True, 2)
+    texts = ["hello world " * 1000] * 400
+    expected = fast.encode_batch(texts)  # starts gigatoken's pool in this process
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        signal.alarm(60)  # a hang ends the child with SIGALRM instead of blocking the suite
+        same = all(np.array_equal(a, b) for a, b in zip(expected, fast.encode_batch(texts)))
+        os._exit(0 if same else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_special_strings_are_text_or_ids_as_configured(backends: Backends) -> None:
