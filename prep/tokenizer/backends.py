@@ -238,6 +238,12 @@ class GigatokenBackend:
 
     def encode_batch(self, texts: list[str]) -> list[TokenArray]:
         """Encode with gigatoken, except routed documents, which the reference encodes."""
+        try:
+            return self._encode_routed(texts)
+        except (TypeError, InputError) as exc:  # positions must name the whole batch
+            raise _invalid_text_error(texts, exc) from None
+
+    def _encode_routed(self, texts: list[str]) -> list[TokenArray]:
         routed = [index for index, text in enumerate(texts) if self.routes_to_reference(text)]
         if not routed:
             return self._encode_fast(texts)
@@ -258,14 +264,11 @@ class GigatokenBackend:
         return self.threads > 1 and not _pool_inherited
 
     def _encode_fast(self, texts: list[str]) -> list[TokenArray]:
-        try:
-            if not self._parallel():
-                # One call per document: no awkward-array assembly, so faster than a batch call.
-                return [self._tokenizer.encode(text).astype(self.dtype) for text in texts]
-            return [tokens for part in _char_chunks(texts, GIGATOKEN_CHUNK_CHARS)
-                    for tokens in self._encode_parallel(texts[part])]
-        except TypeError as exc:
-            raise _invalid_text_error(texts, exc) from None
+        if not self._parallel():
+            # One call per document: no awkward-array assembly, so faster than a batch call.
+            return [self._tokenizer.encode(text).astype(self.dtype) for text in texts]
+        return [tokens for part in _char_chunks(texts, GIGATOKEN_CHUNK_CHARS)
+                for tokens in self._encode_parallel(texts[part])]
 
     def _encode_parallel(self, texts: list[str]) -> list[TokenArray]:
         global _pool_started

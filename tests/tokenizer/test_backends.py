@@ -152,6 +152,8 @@ def test_lone_surrogates_are_input_errors(backends: Backends) -> None:
     for backend in (fast, reference):
         with pytest.raises(InputError, match="document 1 of the batch is not valid Unicode"):
             backend.encode_batch(["fine", "bad \ud800 text"])
+        with pytest.raises(InputError, match="document 2 of the batch is not valid Unicode"):
+            backend.encode_batch(["fine", "routed \u0378", "bad \udfff", "fine"])
 
 
 def test_make_backend_kinds(bpe_path: Path) -> None:
