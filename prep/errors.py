@@ -44,6 +44,11 @@ class RefConflictError(StoreError):
     """A ref moved under us more often than we were willing to retry."""
 
 
+class ExecutorError(PrepError):
+    """The executor lost work it could not recover: a worker died too often, ran out of memory,
+    or the cluster went away. The build committed nothing more; rerunning resumes it."""
+
+
 class IntegrityError(PrepError):
     """Stored bytes do not match their name or record: a corrupt store or a conflicting writer."""
 

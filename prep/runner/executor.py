@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any, Protocol
+
+from prep.errors import ExecutorError
 
 
 class Executor(Protocol):
@@ -50,7 +53,12 @@ class LocalExecutor:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in sorted(done, key=lambda f: pending[f]):
                     index = pending.pop(future)
-                    yield index, future.result()
+                    try:
+                        result = future.result()
+                    except BrokenProcessPool:
+                        raise ExecutorError("a worker process died (killed, or out of memory); "
+                                            "rerun to resume from the committed tasks") from None
+                    yield index, result
         finally:
             for future in pending:
                 future.cancel()

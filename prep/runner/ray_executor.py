@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from prep.errors import InputError, PrepError, StoreError, UsageError
+from prep.errors import ExecutorError, InputError, PrepError, StoreError, UsageError
 
 # Environment a task runs with: one tokenizer thread per task (each task holds one Ray CPU), plus
 # the crash-injection switches that tests set on the driver (see prep/faults.py).
@@ -148,6 +148,7 @@ class RayExecutor:
     def __init__(self, workers: int, address: str | None = None, *,
                  max_retries: int = DEFAULT_MAX_RETRIES, verify_paths: bool | None = None) -> None:
         self.workers = workers
+        self.max_retries = max_retries
         self.address = address or os.environ.get("RAY_ADDRESS") or None
         self._ray = import_ray()
         self._owns_ray = not self._ray.is_initialized()
@@ -214,6 +215,9 @@ class RayExecutor:
             if isinstance(exc.cause, PrepError):
                 raise exc.cause from None
             raise
+        except self._ray.exceptions.RayError as exc:  # worker deaths past max_retries, OOM, lost nodes
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise ExecutorError(f"Ray task failed after {self.max_retries} retries: {type(exc).__name__}: {first}") from None
 
     def close(self) -> None:
         """Disconnect from (or stop) the Ray this executor started; a borrowed one keeps running."""
