@@ -121,7 +121,11 @@ def stage_manifest(store: Store, snapshot: Snapshot, name: str) -> dict[str, Any
     """The output manifest a snapshot's stage `name` recorded."""
     for stage in snapshot.manifest["stages"]:
         if stage["name"] == name:
-            manifest = canonical.loads(cas.get_bytes(store, stage["output"]))
+            try:
+                manifest = canonical.loads(cas.get_bytes(store, stage["output"]))
+            except NotFoundError:
+                raise NotFoundError(f"{store.url}: the {name} stage manifest of snapshot {snapshot.id[:19]} is not "
+                                    "in this store (another store, or collected)") from None
             if not isinstance(manifest, dict):
                 raise IntegrityError(f"{store.url}: stage manifest {stage['output']} is not an object")
             return manifest

@@ -104,6 +104,11 @@ def test_diff_of_manifest_files_needs_no_store(store: Path, tmp_path: Path) -> N
                       check=False)
     assert result.returncode == 1 and "settings   0 changed" in result.stdout
     assert not (tmp_path / "absent").exists()
+    elsewhere = prep("diff", tmp_path / "v1.json", tmp_path / "latest.json", "--documents", "--store",
+                     tmp_path / "other", check=False)
+    assert elsewhere.returncode == 2
+    assert "the tokenize stage manifest of snapshot sha256:" in elsewhere.stderr
+    assert "is not in this store" in elsewhere.stderr
 
 
 def test_tag_ls_and_trace(store: Path) -> None:
