@@ -156,18 +156,21 @@ def test_every_command_on_an_s3_store(project: Project, tmp_path: Path) -> None:
         start("show", "tiny@latest", "--store", store),
         start("log", "tiny", PREP_STORE=store),
         start("ls", "--store", store),
-        start("diff", "tiny@v1", snapshot_id, "--store", store),
+        start("diff", "tiny@v1", snapshot_id, "--documents", "--store", store),
         start("trace", snapshot_id, "p1-7", "--store", store),
+        start("show", snapshot_id, "--at", "bin/00000.bin:0", "--store", store),
         start("ls", "--store", missing),
         start("tag", "tiny@v1", "stable", "--store", store),
     ]
-    show, log, ls, diff, trace, error, tagged = (finish(p, code) for p, code in zip(readers, [0, 0, 0, 0, 0, 2, 0]))
+    show, log, ls, diff, trace, at, error, tagged = (finish(p, code) for p, code in zip(readers, [0] * 6 + [2, 0]))
     assert f"snapshot   {snapshot_id}" in show.stdout and "inputs     2 files" in show.stdout
     for name in ("latest", "v1"):
         assert re.search(rf"Z  tiny@{name}\s+gen 1\s+{snapshot_id}", log.stdout), log.stdout
         assert re.search(rf"tiny@{name}\s+gen 1\s+\S+\s+{snapshot_id}", ls.stdout), ls.stdout
+    assert "documents  0 added, 0 removed, 0 changed, 80 unchanged" in diff.stdout
     assert diff.stdout.rstrip().endswith("identical")
     assert "document  p1-7  (b/part-1.jsonl line 8;" in trace.stdout and "bin/" in trace.stdout
+    assert at.stdout.startswith("document  p") and "bin/00000.bin    sequence 0" in at.stdout
     assert error.stderr == f"prep: error: s3://missing-{bucket_of(s3_bucket)}: bucket does not exist\n"
     assert tagged.stdout.strip() == f"tiny@stable -> {snapshot_id} (generation 1)"
 
