@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -94,7 +95,12 @@ def start(*args: str | Path, **env: str) -> subprocess.Popen[str]:
 
 
 def finish(process: subprocess.Popen[str], expect: int | None = 0) -> subprocess.CompletedProcess[str]:
-    stdout, stderr = process.communicate(timeout=300)
+    """Wait for a started command; with `expect`, assert its exit status (showing stderr)."""
+    try:
+        stdout, stderr = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # its own session: the command and its workers
+        raise
     if expect is not None:
         assert process.returncode == expect, f"{process.args!r} exited {process.returncode}:\n{stderr}"
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
