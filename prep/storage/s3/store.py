@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -110,7 +111,7 @@ class S3Store(Store):
             raise StoreError(f"invalid store key {key!r}")
         return self.prefix + key
 
-    def _errors(self, key: str) -> Any:
+    def _errors(self, key: str) -> AbstractContextManager[None]:
         return s3_errors(self.bucket, self.prefix + key)
 
     def _check_content(self, key: str, actual_sha256: str) -> None:

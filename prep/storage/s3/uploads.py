@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, BinaryIO
@@ -37,7 +38,8 @@ class Upload:
     metadata: dict[str, str]
     condition: dict[str, str]
 
-    def errors(self) -> Any:
+    def errors(self) -> AbstractContextManager[None]:
+        """Botocore failures inside the block become one-line PrepErrors naming this key."""
         return s3_errors(self.bucket, self.key)
 
 
