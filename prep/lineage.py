@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from prep import cas
 from prep.errors import IntegrityError, NotFoundError, UsageError
@@ -23,6 +22,7 @@ from prep.formats import wds
 from prep.manifest import canonical
 from prep.runner.tasks import fetch_local
 from prep.snapshots import Snapshot
+from prep.stages.intermediate import Intermediate
 from prep.stages.shuffle import ShardSpec, document_id, record_line
 from prep.storage.base import Store
 
@@ -149,8 +149,7 @@ def load_records(store: Store, snapshot: Snapshot) -> SnapshotRecords:
 
 def task_batches(store: Store, task: RecordedTask, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
     """The task's intermediate rows (all documents, kept or not), in input order, batch by batch."""
-    parquet = pq.ParquetFile(fetch_local(store, task.output))
-    yield from parquet.iter_batches(batch_size=BATCH_ROWS, columns=list(columns))
+    yield from Intermediate(fetch_local(store, task.output), list(columns)).batches()
 
 
 @dataclass(frozen=True)

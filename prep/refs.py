@@ -81,7 +81,7 @@ def read_ref(store: Store, dataset: str, name: str) -> Ref | None:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def move_ref(store: Store, dataset: str, name: str, snapshot: str) -> Ref:

@@ -93,7 +93,8 @@ def resolve(store: Store | None, spec: str) -> Snapshot:
     if len(hexpart) == 64:
         return load_snapshot(store, f"sha256:{hexpart}")
     if len(hexpart) < MIN_PREFIX or any(c not in "0123456789abcdef" for c in hexpart):
-        raise UsageError(f"{spec!r} is not a snapshot: use DATASET@REF, sha256:<hex>, a hex prefix of at least {MIN_PREFIX} digits, or a manifest file")
+        raise UsageError(f"{spec!r} is not a snapshot: use DATASET@REF, sha256:<hex>, a hex prefix of at least "
+                         f"{MIN_PREFIX} digits, or a manifest file")
     matches = list_snapshot_ids(store, hexpart)
     if not matches:
         raise NotFoundError(f"{store.url}: no snapshot id starts with {hexpart}")

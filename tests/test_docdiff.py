@@ -3,6 +3,7 @@ exactly, and nothing else; bounded-memory partitioning gives the same answer as 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,8 @@ def base(workspace: Workspace) -> Snapshot:
     return snapshot
 
 
-def run_diff(workspace: Workspace, old: Snapshot, new: Snapshot, memory_rows: int = 1_000_000) -> tuple[DocumentDiff, list[DocumentChange]]:
+def run_diff(workspace: Workspace, old: Snapshot, new: Snapshot,
+             memory_rows: int = 1_000_000) -> tuple[DocumentDiff, list[DocumentChange]]:
     folder = workspace.root / f"diff-{old.id[7:15]}-{new.id[7:15]}-{memory_rows}"
     folder.mkdir(exist_ok=True)
     result = diff_documents(workspace.store, old, new, folder, memory_rows=memory_rows)
@@ -247,9 +249,17 @@ def test_an_id_repeated_within_a_file_is_refused(workspace: Workspace, base: Sna
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     records = make_records(6, seed=41, prefix="x")
     records[4] = {"id": records[1]["id"], "text": "another text under a repeated id"}
-    # Split the file into many small tasks: the build rejects a repeated id only within one task.
+    # Split the file into many small tasks: the build's dedup stage refuses the repeated id...
     monkeypatch.setattr(read_module, "RANGE_BYTES", 120)
-    repeated = workspace.build("repeated", {**base_corpus(), "a.jsonl": records})
+    with pytest.raises(InputError, match=r"a\.jsonl: duplicate id 'x-1'"):
+        workspace.build("repeated", {**base_corpus(), "a.jsonl": records})
+    # ...and diff refuses it too, for stores written without that check.
+    import prep.runner.tasks as tasks_module
+    from tests.runner.buildsupport import InProcessExecutor
+
+    monkeypatch.setattr(tasks_module, "check_unique_ids", lambda source, paths: None)
+    legacy = dataclasses.replace(workspace, executor=InProcessExecutor())  # type: ignore[arg-type]
+    repeated = legacy.build("repeated", {**base_corpus(), "a.jsonl": records})
     with pytest.raises(InputError, match=r"a\.jsonl: id 'x-1' appears 2 times \(lines 2, 5\)"):
         run_diff(workspace, base, repeated)
     with pytest.raises(InputError, match="appears 2 times"):

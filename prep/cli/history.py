@@ -148,7 +148,8 @@ def tag(snap: str, name: str, store_url: str | None) -> None:
     snapshot = load_snapshot(store, resolve(store, snap).id)  # a manifest file must be in the store too
     missing = [a["path"] for a in snapshot.artifacts if store.head(cas.object_key(a["sha256"])) is None]
     if missing:
-        raise NotFoundError(f"{store.url}: snapshot {snapshot.id} lacks {len(missing)} artifacts (first: {missing[0]}); not tagged")
+        raise NotFoundError(f"{store.url}: snapshot {snapshot.id} lacks {len(missing)} artifacts "
+                            f"(first: {missing[0]}); not tagged")
     ref = move_ref(store, snapshot.dataset, check_name("ref", name), snapshot.id)
     click.echo(f"{ref.dataset}@{ref.name} -> {ref.snapshot} (generation {ref.generation})")
 

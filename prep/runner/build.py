@@ -24,8 +24,18 @@ from prep.refs import Ref, move_ref
 from prep.runner import records
 from prep.runner.executor import Executor
 from prep.runner.progress import Progress
-from prep.runner.tasks import (AssembleJob, DedupJob, PartRef, ShuffleJob, TaskResult, TokenizeJob,
-                               run_assemble_job, run_dedup_job, run_shuffle_job, run_tokenize_job)
+from prep.runner.tasks import (
+    AssembleJob,
+    DedupJob,
+    PartRef,
+    ShuffleJob,
+    TaskResult,
+    TokenizeJob,
+    run_assemble_job,
+    run_dedup_job,
+    run_shuffle_job,
+    run_tokenize_job,
+)
 from prep.snapshots import Snapshot, publish_manifest
 from prep.sources import SourceFile, discover, hash_sources, input_version
 from prep.stages.read import ReadTask, plan_read_tasks

@@ -10,16 +10,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+
+from prep.stages.intermediate import hash_pairs, read_columns
 
 
 def read_hashes(path: Path) -> np.ndarray:
     """A task's text hashes as an (n, 2) uint64 array, in row order."""
-    column = pq.read_table(path, columns=["text_hash"]).column("text_hash").combine_chunks()
-    data = column.buffers()[1]
-    assert data is not None
-    raw = np.frombuffer(data, dtype="<u8", count=2 * len(column), offset=column.offset * 16)
-    return raw.reshape(-1, 2)
+    return hash_pairs(read_columns(path, ["text_hash"]).column("text_hash"))
 
 
 def keep_mask(hash_arrays: Iterable[np.ndarray], exact: bool) -> np.ndarray:
@@ -42,7 +39,7 @@ def check_unique_ids(source: str, paths: Iterable[Path]) -> None:
 
     seen: set[str] = set()
     for path in paths:
-        for doc_id in pq.read_table(path, columns=["id"]).column("id").to_pylist():
+        for doc_id in read_columns(path, ["id"]).column("id").to_pylist():
             if doc_id is None:
                 return
             if doc_id in seen:

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from prep.faults import crash_point
 from prep.formats import megatron, wds
+from prep.stages.intermediate import Intermediate
 from prep.stages.shuffle import Part, ShardSpec, document_id, record_line
 
 
@@ -92,14 +92,15 @@ def assemble_shards(parts: list[Part], keep: np.ndarray, plan: np.ndarray, shard
 
 def _scatter_part(part: Part, mine: np.ndarray, plan_rows: np.ndarray, plan: np.ndarray,
                   opened: dict[int, _OpenShard], dtype: np.dtype[Any], eos: np.ndarray) -> None:
-    parquet = pq.ParquetFile(part.path)
+    counts = Intermediate(part.path, ["n_tokens"])
+    full = Intermediate(part.path, ["row", "id", "text", "tokens"])
     first = 0
-    for group in range(parquet.metadata.num_row_groups):
-        rows = parquet.metadata.row_group(group).num_rows
+    for group in range(counts.num_batches):
+        rows = counts.batch(group).num_rows
         selected = np.flatnonzero(mine[first:first + rows])
         if len(selected):
-            table = parquet.read_row_group(group, columns=["row", "id", "text", "n_tokens", "tokens"])
-            tokens = table.column("tokens").combine_chunks()
+            table = full.batch(group)
+            tokens = table.column("tokens")
             values = tokens.values.to_numpy(zero_copy_only=False)
             offsets = tokens.offsets.to_numpy()
             texts, ids, record_rows = table.column("text"), table.column("id"), table.column("row")

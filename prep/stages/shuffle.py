@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from prep.formats import wds
+from prep.stages.intermediate import hash_pairs, read_columns
 
 PLAN_DTYPE = np.dtype([("shard", "<i4"), ("pos", "<i8"), ("bin_off", "<i8"), ("tar_off", "<i8")])
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -90,14 +90,10 @@ def _read_columns(parts: list[Part], keep: np.ndarray, with_json: bool) -> _Colu
     offset = 0
     for part in parts:
         columns = ["text_hash", "n_tokens", "text_bytes"] + (["row", "id"] if with_json else [])
-        table = pq.read_table(part.path, columns=columns)
+        table = read_columns(part.path, columns)
         mask = keep[offset:offset + table.num_rows]
         offset += table.num_rows
-        raw = table.column("text_hash").combine_chunks()
-        buffer = raw.buffers()[1]
-        assert buffer is not None
-        h = np.frombuffer(buffer, dtype="<u8", count=2 * len(raw), offset=raw.offset * 16).reshape(-1, 2)
-        hashes.append(h[mask])
+        hashes.append(hash_pairs(table.column("text_hash"))[mask])
         n_tokens = table.column("n_tokens").to_numpy()
         lengths.append(n_tokens[mask].astype(np.int64) + 1)
         text_bytes.append(table.column("text_bytes").to_numpy()[mask])

@@ -1,5 +1,5 @@
 """The tokenize stage, fused with reading: one pass over a task's records parses, hashes and
-tokenizes every document and writes one intermediate Parquet file (zstd).
+tokenizes every document and writes one intermediate file (prep.stages.intermediate).
 
 Tokenization depends only on this task's file, never on others: global dedup decisions are
 applied later, when shards are assembled.
@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import xxhash
 
 from prep.errors import InputError
 from prep.sources import check_unchanged
+from prep.stages.intermediate import IntermediateWriter
 from prep.stages.read import BadRecord, Document, ReadTask, read_documents
 from prep.tokenizer import TokenizerInfo, contains_special, load_tokenizer
 from prep.tokenizer.engine import TokenizerEngine
@@ -28,8 +28,6 @@ from prep.tokenizer.engine import TokenizerEngine
 BATCH_TEXT_BYTES = 8 * 2**20
 BATCH_DOCUMENTS = 8192
 MAX_BAD_RECORDS_LISTED = 100
-PARQUET_COMPRESSION = "zstd"
-PARQUET_LEVEL = 1
 
 
 @dataclass(frozen=True)
@@ -57,20 +55,6 @@ class TokenizeResult:
     path: Path
     summary: dict[str, Any]
     log: dict[str, Any] = field(default_factory=dict)
-
-
-def intermediate_schema(dtype: np.dtype[Any]) -> pa.Schema:
-    token_type = pa.uint16() if dtype == np.uint16 else pa.int32()
-    return pa.schema([
-        ("row", pa.int64()),
-        ("id", pa.string()),
-        ("text", pa.large_string()),
-        ("text_hash", pa.binary(16)),
-        ("text_bytes", pa.int64()),
-        ("n_tokens", pa.int32()),
-        ("special", pa.bool_()),
-        ("tokens", pa.large_list(token_type)),
-    ])
 
 
 _ENGINES: dict[tuple[object, ...], tuple[TokenizerEngine, TokenizerInfo]] = {}
@@ -111,19 +95,16 @@ def _batches(task: ReadTask, on_error: str, bad: list[str], counts: dict[str, in
 
 
 def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path) -> TokenizeResult:
-    """Read, hash and tokenize every document of `task` into one local Parquet file."""
+    """Read, hash and tokenize every document of `task` into one local intermediate file."""
     engine, info = _engine(settings)
     dtype = np.dtype(info.dtype)
-    schema = intermediate_schema(dtype)
-    out_path = work_dir / f"tokenize-{uuid.uuid4().hex}.parquet"
+    out_path = work_dir / f"tokenize-{uuid.uuid4().hex}.arrow"
     counts = {"documents": 0, "tokens": 0, "text_bytes": 0, "bad_records": 0, "special_token_documents": 0,
               "lines": 0}
     bad: list[str] = []
     seen_ids: set[str] = set()
     started = time.perf_counter()
-    with pq.ParquetWriter(out_path, schema, compression=PARQUET_COMPRESSION,
-                          compression_level=PARQUET_LEVEL, write_statistics=False,
-                          store_schema=False) as writer:
+    with IntermediateWriter(out_path, dtype) as writer:
         for batch in _batches(task, settings.on_error, bad, counts):
             texts = [doc.text for doc in batch]
             encoded = [doc.data for doc in batch]
@@ -139,7 +120,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path) -> 
             np.cumsum(lengths, out=offsets[1:])
             flat = np.concatenate(tokens) if tokens else np.zeros(0, dtype=dtype)
             specials = [contains_special(t, info.special_tokens) for t in texts]
-            table = pa.Table.from_arrays([
+            writer.write([
                 pa.array([doc.row for doc in batch], pa.int64()),
                 pa.array([doc.id for doc in batch], pa.string()),
                 pa.array(texts, pa.large_string()),
@@ -148,8 +129,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path) -> 
                 pa.array(lengths, pa.int32()),
                 pa.array(specials, pa.bool_()),
                 pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(dtype, copy=False))),
-            ], schema=schema)
-            writer.write_table(table, row_group_size=len(batch))
+            ])
             counts["documents"] += len(batch)
             counts["tokens"] += int(lengths.sum())
             counts["text_bytes"] += sum(len(b) for b in encoded)

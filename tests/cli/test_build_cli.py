@@ -75,7 +75,8 @@ def test_invalid_utf8(project: Path) -> None:
 def test_unreadable_file(project: Path) -> None:
     (project / "corpus" / "b.jsonl").mkdir()  # a folder where a file should be: fails to open even as root
     pipeline = project / "pipeline.toml"
-    pipeline.write_text(pipeline.read_text().replace('paths = ["corpus/*.jsonl"]', 'paths = ["corpus/a.jsonl", "corpus/b.jsonl/"]'))
+    text = pipeline.read_text()
+    pipeline.write_text(text.replace('paths = ["corpus/*.jsonl"]', 'paths = ["corpus/a.jsonl", "corpus/b.jsonl/"]'))
     result = run_prep("build", pipeline, "--store", project / "store", "--workers", "1", check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
 

@@ -10,7 +10,14 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.helpers import make_records, write_jsonl, write_pipeline
-from tests.runner.buildsupport import InProcessExecutor, all_objects_intact, artifact_path, build_local, read_samples, read_sequences
+from tests.runner.buildsupport import (
+    InProcessExecutor,
+    all_objects_intact,
+    artifact_path,
+    build_local,
+    read_samples,
+    read_sequences,
+)
 
 EOS = "<|endoftext|>"
 
@@ -62,7 +69,7 @@ def test_tokens_match_reference_and_formats_agree(corpus: Path, tokenizer_path: 
     assert stats["special_token_documents"] == 1
     assert [key for key, _ in samples] == [f"{i:010d}" for i in range(len(samples))]
     seen = set()
-    for sequence, (key, members) in zip(sequences, samples):
+    for sequence, (_key, members) in zip(sequences, samples):
         meta = json.loads(members["json"])
         text = members["txt"].decode("utf-8")
         assert texts_by_id[meta["id"]] == text
@@ -97,7 +104,8 @@ def test_rebuild_is_all_cache_hits_and_one_changed_file_retokenizes_only_it(corp
     assert all_objects_intact(store)
 
 
-def test_moving_the_corpus_keeps_the_snapshot_id(corpus: Path, tokenizer_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_moving_the_corpus_keeps_the_snapshot_id(corpus: Path, tokenizer_path: Path,
+                                                tmp_path_factory: pytest.TempPathFactory) -> None:
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
     original = build_local(pipeline, corpus / "store")
     elsewhere = tmp_path_factory.mktemp("moved")

@@ -1,0 +1,66 @@
+"""Benchmark (not a test): the fast path against gigatoken's own ceiling, side by side.
+
+    python -m tests.bench.bench_fast [--mb 300] [--scales 1,4] [--workdir /tmp/prep-bench]
+
+Ceiling: gigatoken's `encode_files` over the same JSON Lines files, all cores (only that call
+is timed, so start-up counts against prep alone). Build: a complete `prep build` with
+`backend = "gigatoken"` (dedup, shuffle, both formats, hashes, commits), --workers = cores, fresh
+store, start-up included; then a no-change rebuild. Prints walls, MB/s of text, peak RSS of the
+process tree, and the ratio ceiling/build (target >= 0.25 on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from tests.bench.benchsupport import corpus, corpus_bytes, measure, pipeline, prep_build, tokenizer
+
+CEILING = r"""
+import json, sys, time
+from pathlib import Path
+import gigatoken
+tok = gigatoken.Tokenizer.from_json(Path(sys.argv[2]).read_text())
+paths = [str(p) for p in sorted(Path(sys.argv[1]).glob("*.jsonl"))]
+started = time.perf_counter()
+encoded = tok.encode_files(paths, parallel=True)
+seconds = time.perf_counter() - started
+print(json.dumps({"seconds": seconds, "documents": len(encoded)}))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=int, default=300)
+    parser.add_argument("--scales", default="1,4")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench"))
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    tok = tokenizer(corpus(args.workdir / "corpus-100", 100), args.workdir / "tokenizer-50257.json")
+    print(f"{'corpus':>8} {'what':<24} {'seconds':>8} {'MB/s':>7} {'peak RSS':>9} {'ratio':>6}")
+    for scale in [int(s) for s in args.scales.split(",")]:
+        folder = corpus(args.workdir / f"corpus-{args.mb * scale}", args.mb * scale, files=8 * scale)
+        text_bytes = corpus_bytes(folder)
+        label = f"{text_bytes / 1e6:.0f}MB"
+        ceiling = measure([sys.executable, "-c", CEILING, str(folder), str(tok)])
+        ceiling_seconds = json.loads(ceiling.stdout)["seconds"]
+        store = args.workdir / "store-fast"
+        shutil.rmtree(store, ignore_errors=True)
+        spec = pipeline(args.workdir, folder, tok, "gigatoken")
+        build = prep_build(spec, store, args.workers)
+        rebuild = prep_build(spec, store, args.workers)
+        rows = [("gigatoken encode_files", ceiling_seconds, ceiling.peak_rss, ""),
+                ("prep build (fast)", build.seconds, build.peak_rss, f"{ceiling_seconds / build.seconds:6.2f}"),
+                ("prep build, no change", rebuild.seconds, rebuild.peak_rss, "")]
+        for what, seconds, rss, ratio in rows:
+            print(f"{label:>8} {what:<24} {seconds:8.2f} {text_bytes / seconds / 1e6:7.1f} {rss / 2**20:8.0f}M {ratio:>6}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
