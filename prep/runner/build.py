@@ -18,7 +18,8 @@ from typing import Any
 from prep import cas
 from prep.code import code_identity
 from prep.config import Pipeline
-from prep.errors import InputError
+from prep.errors import InputError, StoreError
+from prep.gc import Lease, build_lease
 from prep.faults import crash_point
 from prep.refs import Ref, move_ref
 from prep.runner import records
@@ -237,8 +238,16 @@ def _artifacts(shards: list[dict[str, Any]], formats: tuple[str, ...]) -> list[d
 
 def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[str] = (),
           progress: Progress | None = None) -> BuildResult:
-    """Run the pipeline into `store` and publish it; returns the snapshot and moved refs."""
-    progress = progress or Progress()
+    """Run the pipeline into `store` and publish it; returns the snapshot and moved refs.
+
+    The whole build holds a build lease, so garbage collection never runs while this build may
+    still commit what it found in the store (docs/history.md)."""
+    with build_lease(store) as lease:
+        return _build(pipeline, store, executor, tags, progress or Progress(), lease)
+
+
+def _build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[str], progress: Progress,
+           lease: Lease) -> BuildResult:
     builder = _Builder(pipeline, store, executor, progress)
     started = time.time()
     tokenizer_path = pipeline.tokenizer_path()
@@ -246,7 +255,7 @@ def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[s
 
     progress.stage("inputs", "discovering and hashing")
     sources = hash_sources(discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format),
-                           threads=max(2, executor.workers))
+                           threads=max(2, min(executor.workers, os.cpu_count() or 2, 8)))
     version = input_version(sources)
     progress.done("inputs", f"{len(sources)} files, {sum(s.size for s in sources) / 1e6:.1f} MB, {version[:19]}")
 
@@ -291,16 +300,19 @@ def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[s
         "artifacts": _artifacts(shards, formats),
         "stats": stats,
     }
+    if lease.lapsed:
+        raise StoreError(f"{store.url}: this build's lease lapsed (the store was unreachable too long); "
+                         "rerun to publish from the committed work")
     snapshot = publish_manifest(store, manifest)
     crash_point("publish.before_refs")
     moved = [move_ref(store, pipeline.dataset, name, snapshot.id) for name in ("latest", *tags)]
-    log_key = _write_log(store, pipeline, snapshot, builder, sources, entries, started)
+    log_key = _write_log(store, pipeline, snapshot, builder, sources, entries, started, moved)
     progress.info(f"published {snapshot.id} as " + ", ".join(f"{r.dataset}@{r.name} (generation {r.generation})" for r in moved))
     return BuildResult(snapshot, moved, builder.stages, log_key)
 
 
 def _write_log(store: Store, pipeline: Pipeline, snapshot: Snapshot, builder: _Builder,
-               sources: list[SourceFile], entries: list[dict[str, Any]], started: float) -> str:
+               sources: list[SourceFile], entries: list[dict[str, Any]], started: float, moved: list[Ref]) -> str:
     """A build's log record: mutable facts that must not change the snapshot id."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
     key = f"{LOGS_PREFIX}{pipeline.dataset}/{stamp}-{uuid.uuid4().hex[:12]}.json"
@@ -314,6 +326,7 @@ def _write_log(store: Store, pipeline: Pipeline, snapshot: Snapshot, builder: _B
         "stages": {n: {"key": r.key, "ran": r.ran, "cached": r.cached} for n, r in builder.stages.items()},
         "inputs": [{"path": s.rel, "location": s.location, "etag": s.etag, "version_id": s.version_id}
                    for s in sources],
+        "refs": [{"name": ref.name, "generation": ref.generation, "previous": ref.previous} for ref in moved],
         "bad_records": [reason for e in entries for reason in e.get("bad_record_examples", [])],
         "tasks": builder.log["tasks"],
     }
