@@ -11,7 +11,7 @@ import io
 import os
 import struct
 import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -191,6 +191,25 @@ def sample_bytes(key: str, json_bytes: bytes, npy_bytes: bytes, txt_bytes: bytes
     """The exact bytes of one sample's three members, to be written at the sample's offset."""
     members = zip(MEMBER_SUFFIXES, (json_bytes, npy_bytes, txt_bytes), strict=True)
     return b"".join(member_bytes(member_name(key, suffix), data) for suffix, data in members)
+
+
+Buffer = bytes | bytearray | memoryview
+_ZERO_BLOCK = memoryview(bytes(BLOCK_SIZE))
+
+
+def sample_buffers(key: str, json_bytes: bytes, npy_parts: Sequence[Buffer], txt: Buffer) -> list[Buffer]:
+    """The same bytes as `sample_bytes`, as a list of buffers for one `os.pwritev`: the
+    `.tokens.npy` member is given in parts (header, token bytes, ...) and nothing is copied."""
+    npy_size = sum(memoryview(part).nbytes for part in npy_parts)
+    txt_size = memoryview(txt).nbytes
+    buffers: list[Buffer] = []
+    for suffix, size, parts in ((JSON_SUFFIX, len(json_bytes), (json_bytes,)),
+                                (TOKENS_SUFFIX, npy_size, tuple(npy_parts)), (TEXT_SUFFIX, txt_size, (txt,))):
+        buffers.append(member_header(member_name(key, suffix), size))
+        buffers.extend(parts)
+        if size % BLOCK_SIZE:
+            buffers.append(_ZERO_BLOCK[: BLOCK_SIZE - size % BLOCK_SIZE])
+    return buffers
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,7 @@ class _Builder:
             else:
                 committed[key] = record
         run.cached += len(committed)
+        todo.sort(key=lambda item: -nbytes(item[1]))  # largest first: less idle time at the end
         done_bytes = 0
         self.progress.tick(stage, len(committed), len(jobs), len(committed), force=True)
         for index, result in self.executor.run(fn, [job for _, job in todo]):

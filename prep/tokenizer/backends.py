@@ -117,12 +117,32 @@ class ReferenceBackend:
 def _unassigned_tables() -> tuple[np.ndarray[Any, np.dtype[np.bool_]], np.ndarray[Any, np.dtype[np.bool_]]]:
     """Lookup tables of code points unassigned in Python's Unicode database (category Cn).
 
-    The second table covers UTF-16 code units and also flags surrogates (astral characters)."""
-    unassigned = np.fromiter((unicodedata.category(chr(c)) == "Cn" for c in range(0x110000)),
-                             dtype=np.bool_, count=0x110000)
+    The second table covers UTF-16 code units and also flags surrogates (astral characters).
+    Building it takes about a second, so it is cached on disk under the Unicode database's
+    version (the only thing it depends on) and every worker process loads it in milliseconds."""
+    unassigned = _cached_unassigned_table()
     units = unassigned[:0x10000].copy()
     units[0xD800:0xE000] = True
     return unassigned, units
+
+
+def _cached_unassigned_table() -> np.ndarray[Any, np.dtype[np.bool_]]:
+    folder = Path(os.environ.get("PREP_CACHE", Path.home() / ".cache" / "prep"))
+    path = folder / f"unicode-unassigned-{unicodedata.unidata_version}.bits"
+    try:
+        return np.unpackbits(np.fromfile(path, dtype=np.uint8), count=0x110000).astype(np.bool_)
+    except (OSError, ValueError):
+        pass
+    table = np.fromiter((unicodedata.category(chr(c)) == "Cn" for c in range(0x110000)),
+                        dtype=np.bool_, count=0x110000)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f"{path.name}.{os.getpid()}.part")
+        np.packbits(table).tofile(temp)
+        os.replace(temp, path)
+    except OSError:
+        pass  # a read-only cache only costs the rebuild next time
+    return table
 
 
 # Every code point below U+0378 is assigned; text without any other is safe.

@@ -225,3 +225,18 @@ def test_iter_samples_rejects_bad_archives(tmp_path: Path) -> None:
     truncated.write_bytes(whole[:-700])
     with pytest.raises(IntegrityError, match="truncated.tar"):
         list(wds.iter_samples(truncated))
+
+
+@given(
+    json_text=st.binary(max_size=700),
+    tokens=st.lists(st.integers(0, 65535), max_size=400),
+    text=st.binary(max_size=1500),
+    split=st.integers(0, 400),
+)
+def test_sample_buffers_join_to_sample_bytes(json_text: bytes, tokens: list[int], text: bytes, split: int) -> None:
+    array = np.asarray(tokens, dtype="<u2")
+    token_bytes = array.tobytes()
+    cut = min(split, len(tokens)) * 2
+    npy_parts = [wds.npy_header(len(tokens), "<u2"), memoryview(token_bytes)[:cut], token_bytes[cut:]]
+    joined = b"".join(bytes(b) for b in wds.sample_buffers("0000000007", json_text, npy_parts, memoryview(text)))
+    assert joined == wds.sample_bytes("0000000007", json_text, wds.npy_bytes(array), text)
