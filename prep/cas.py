@@ -74,8 +74,23 @@ class HashingWriter:
     def write(self, data: bytes | memoryview) -> int:
         self._handle.write(data)
         self._hasher.update(data)
-        self._size += len(data)
-        return len(data)
+        size = memoryview(data).nbytes
+        self._size += size
+        return size
+
+    # The file-object surface pyarrow's PythonFile needs to write through this object.
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def tell(self) -> int:
+        return self._size
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return self.digest is not None or self._handle.closed
 
     def close(self) -> Digest:
         if self.digest is None:

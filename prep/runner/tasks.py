@@ -95,7 +95,7 @@ def run_tokenize_job(job: TokenizeJob) -> TaskResult:
     store = worker_store(job.store_url)
     result = run_tokenize(job.task, job.settings, store.staging_dir())
     try:
-        digest = cas.put_file(store, result.path)
+        digest = cas.put_file(store, result.path, result.digest)
     finally:
         result.path.unlink(missing_ok=True)
     crash_point("tokenize.after_output")

@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from prep.cas import Digest, HashingWriter
+
 COMPRESSION = "lz4"
 COLUMNS = ("row", "id", "text", "text_hash", "text_bytes", "n_tokens", "special", "tokens")
 
@@ -36,20 +38,24 @@ def schema(dtype: np.dtype[Any]) -> pa.Schema:
 
 
 class IntermediateWriter:
-    """Writes record batches to a new intermediate file."""
+    """Writes record batches to a new intermediate file, hashing while writing; `digest` is
+    the file's SHA-256 and size once closed (so storing it needs no second read)."""
 
     def __init__(self, path: Path, dtype: np.dtype[Any]) -> None:
         self.schema = schema(dtype)
-        self._sink = pa.OSFile(str(path), "wb")
+        self._hashing = HashingWriter(path)
+        self._sink = pa.PythonFile(self._hashing, mode="w")
         self._writer = ipc.new_file(self._sink, self.schema,
                                     options=ipc.IpcWriteOptions(compression=COMPRESSION))
+        self.digest: Digest | None = None
 
     def write(self, columns: Sequence[pa.Array]) -> None:
         self._writer.write_batch(pa.RecordBatch.from_arrays(list(columns), schema=self.schema))
 
     def close(self) -> None:
-        self._writer.close()
-        self._sink.close()
+        if self.digest is None:
+            self._writer.close()
+            self.digest = self._hashing.close()
 
     def __enter__(self) -> IntermediateWriter:
         return self

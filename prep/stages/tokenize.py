@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from prep.cas import Digest
 from prep.errors import InputError
 from prep.sources import check_unchanged
 from prep.stages.intermediate import IntermediateWriter
@@ -53,6 +54,7 @@ class TokenizeResult:
     """A task's intermediate file (local, not yet stored) and its counts."""
 
     path: Path
+    digest: Digest
     summary: dict[str, Any]
     log: dict[str, Any] = field(default_factory=dict)
 
@@ -138,5 +140,6 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path) -> 
     summary: dict[str, Any] = dict(counts)
     summary["bad_record_examples"] = bad
     log = {"seconds": round(time.perf_counter() - started, 3), **engine.report()}
-    return TokenizeResult(out_path, summary, log)
+    assert writer.digest is not None
+    return TokenizeResult(out_path, writer.digest, summary, log)
 
