@@ -92,9 +92,30 @@ def read_leases(store: Store, kind: str | None = None) -> list[LeaseInfo]:
     return sorted((lease for lease in found if lease is not None), key=lambda lease: lease.expires)
 
 
+def _holder_is_dead(store: Store, lease: LeaseInfo) -> bool:
+    """True when the lease's holder ran on this host and its process is gone (killed builds
+    release their lease at once instead of at expiry). A lease from another host counts as held."""
+    try:
+        body = json.loads(store.get_bytes(lease.key))
+    except NotFoundError:
+        return True  # released while we looked
+    except ValueError:
+        return False
+    if body.get("host") != socket.gethostname() or not isinstance(body.get("pid"), int):
+        return False
+    try:
+        os.kill(body["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def live_leases(store: Store, kind: str, now: float | None = None) -> list[LeaseInfo]:
+    """Leases not yet expired whose holder may still be running."""
     moment = time.time() if now is None else now
-    return [lease for lease in read_leases(store, kind) if lease.live(moment)]
+    return [lease for lease in read_leases(store, kind) if lease.live(moment) and not _holder_is_dead(store, lease)]
 
 
 class Lease:
