@@ -92,16 +92,29 @@ def read_leases(store: Store, kind: str | None = None) -> list[LeaseInfo]:
     return sorted((lease for lease in found if lease is not None), key=lambda lease: lease.expires)
 
 
+def process_scope() -> str | None:
+    """What makes a pid meaningful: this boot of this machine and this PID namespace (Linux);
+    None where that cannot be told, and then no lease is ever judged abandoned by its pid."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return f"{socket.gethostname()}/{boot}/{namespace}"
+
+
 def _holder_is_dead(store: Store, lease: LeaseInfo) -> bool:
-    """True when the lease's holder ran on this host and its process is gone (killed builds
-    release their lease at once instead of at expiry). A lease from another host counts as held."""
+    """True when the lease's holder ran in this process scope (same boot, same PID namespace)
+    and its process is gone, so a killed build releases its lease at once instead of at expiry.
+    A lease from anywhere else counts as held (a pid means nothing across hosts or containers)."""
     try:
         body = json.loads(store.get_bytes(lease.key))
     except NotFoundError:
         return True  # released while we looked
     except ValueError:
         return False
-    if body.get("host") != socket.gethostname() or not isinstance(body.get("pid"), int):
+    scope = process_scope()
+    if scope is None or body.get("scope") != scope or not isinstance(body.get("pid"), int):
         return False
     try:
         os.kill(body["pid"], 0)
@@ -112,10 +125,14 @@ def _holder_is_dead(store: Store, lease: LeaseInfo) -> bool:
     return False
 
 
+def _held(store: Store, lease: LeaseInfo, now: float) -> bool:
+    return lease.live(now) and not _holder_is_dead(store, lease)
+
+
 def live_leases(store: Store, kind: str, now: float | None = None) -> list[LeaseInfo]:
     """Leases not yet expired whose holder may still be running."""
     moment = time.time() if now is None else now
-    return [lease for lease in read_leases(store, kind) if lease.live(moment) and not _holder_is_dead(store, lease)]
+    return [lease for lease in read_leases(store, kind) if _held(store, lease, moment)]
 
 
 class Lease:
@@ -134,7 +151,7 @@ class Lease:
         expires = int(time.time()) + self.seconds
         key = f"{LEASES_PREFIX}{self.kind}/{self.run}/{expires:012d}.json"
         body = {"kind": self.kind, "run": self.run, "host": socket.gethostname(), "pid": os.getpid(),
-                "expires": expires}
+                "scope": process_scope(), "expires": expires}
         self.store.put_bytes(key, json.dumps(body, sort_keys=True).encode())
         previous, self.key, self.expires = self.key, key, expires
         if previous and previous != key:
@@ -305,7 +322,7 @@ def _plan(store: Store, cutoff: float, now: float) -> _Plan:
     old = [info for info in records if info.mtime <= cutoff]
     dead_records = [info for info in old if not named[info.key] <= reach.kept]
     expired = [info for info in store.list(LEASES_PREFIX)
-               if info.mtime <= cutoff and ((lease := _parse_lease(info)) is None or not lease.live(now))]
+               if info.mtime <= cutoff and ((lease := _parse_lease(info)) is None or not _held(store, lease, now))]
     deletions = {
         "snapshots": [m for m in markers if m.mtime <= cutoff and m.key[len(INDEX_PREFIX):] not in reach.kept],
         "records": dead_records,

@@ -29,7 +29,6 @@ from prep.storage.base import Store
 MASK_HEADER_BYTES = 8  # prep.stages.dedup.pack_mask: u64 count, then np.packbits bits
 SCAN_BYTES = 1 << 22
 SCAN_ROWS = 1 << 20
-BATCH_ROWS = 1 << 16
 
 
 class PackedMask:

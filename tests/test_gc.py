@@ -3,9 +3,12 @@ verifiable, removes the rest once past the grace period, and stays out of runnin
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from prep.gc import (
     build_lease,
     collect_garbage,
     parse_duration,
+    process_scope,
     read_leases,
 )
 from prep.lineage import trace
@@ -194,6 +198,23 @@ def test_expired_leases_are_ignored_and_removed(project: dict[str, Path]) -> Non
     report = collect_garbage(store, grace_seconds=HOUR)
     assert not store.exists(stale) and not store.exists(cas.object_key(orphan.sha256))
     assert report.deleted["leases"].count == 1
+
+
+def test_a_killed_holder_releases_its_lease_only_where_its_pid_means_something(project: dict[str, Path]) -> None:
+    store = LocalStore(project["store"])
+    dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_pid.wait()
+    expires = int(time.time()) + 600
+    elsewhere = f"leases/{BUILD}/other-container/{expires:012d}.json"
+    store.put_bytes(elsewhere, json.dumps({"pid": dead_pid.pid, "scope": "host/boot/other-namespace"}).encode())
+    with pytest.raises(StoreError, match="a build holds lease"):
+        collect_garbage(store, grace_seconds=0)
+    store.delete(elsewhere)
+    here = f"leases/{BUILD}/killed-run/{expires:012d}.json"
+    store.put_bytes(here, json.dumps({"pid": dead_pid.pid, "scope": process_scope()}).encode())
+    age(project["store"], 2 * HOUR)
+    report = collect_garbage(store, grace_seconds=HOUR)
+    assert report.deleted["leases"].count == 1 and read_leases(store) == []
 
 
 def test_gc_refuses_a_store_whose_ref_names_a_missing_snapshot(project: dict[str, Path]) -> None:
