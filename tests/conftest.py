@@ -10,6 +10,10 @@ import pytest
 from prep.sample import train_tokenizer
 from tests.helpers import random_text
 
+# One moto S3 server for the whole session: modules that imported these fixtures themselves got
+# a server each, while per-process boto3 clients kept talking to the first one.
+from tests.s3support import s3_bucket, s3_endpoint, s3_request_hooks, s3_versioned_bucket  # noqa: F401,E402
+
 
 @pytest.fixture(scope="session")
 def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:

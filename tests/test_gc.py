@@ -35,7 +35,6 @@ from prep.snapshots import load_snapshot, resolve
 from prep.storage import LocalStore, open_store
 from prep.storage.base import Store
 from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
-from tests.s3support import s3_bucket, s3_endpoint  # noqa: F401
 
 HOUR = 3600
 

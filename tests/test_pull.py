@@ -19,7 +19,7 @@ from prep.pull import THROTTLE_ENV, pull, temp_name
 from prep.storage import open_store
 from prep.storage.local import LocalStore
 from prep.verify import TEMP_MARKER, verify
-from tests.s3support import new_bucket, s3_endpoint  # noqa: F401  (s3_endpoint is a fixture)
+from tests.s3support import new_bucket
 from tests.snapshot_factory import Built, build_snapshot
 
 
