@@ -26,6 +26,7 @@ from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.shares import Artifact, Share, artifacts_of, share_of
 from prep.snapshots import Snapshot
 from prep.storage.base import Store
+from prep.storage.local import fsync_path
 from prep.verify import (
     DEFAULT_JOBS,
     PREP_DIR,
@@ -94,14 +95,6 @@ def _discard(path: Path) -> None:
         path.unlink()
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_all(out: io.FileIO, data: memoryview | bytes) -> None:
     view = memoryview(data)
     while view:
@@ -148,7 +141,7 @@ def _copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop
     if download_file is not None and info is not None and info.size >= DOWNLOAD_FILE_MIN:
         # The S3 backend hashes in order while it downloads and returns the hex; re-hash otherwise.
         reported = download_file(key, temp, DEFAULT_JOBS)
-        _fsync_path(temp)
+        fsync_path(temp)
         if isinstance(reported, str) and len(reported) == 64:
             size = temp.stat().st_size
             on_bytes(size)
@@ -250,7 +243,7 @@ def write_manifest(dest: Path, raw: bytes) -> Path:
         os.replace(temp, final)
     finally:
         _discard(temp)
-    _fsync_path(final.parent)
+    fsync_path(final.parent)
     return final
 
 
@@ -283,7 +276,7 @@ def pull(
             work = partial(fetch_artifact, store, dest, on_bytes=tally.add)
             copied = run_parallel(lambda a, stop: work(a, stop=stop), ordered, jobs, on_file)
             for folder in folders_to_sync(dest, share.artifacts):
-                _fsync_path(folder)
+                fsync_path(folder)
             write_manifest(dest, snapshot.raw)
     except OSError as exc:
         raise UsageError(f"{exc.filename or dest}: {exc.strerror or exc}") from None

@@ -13,7 +13,7 @@ import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -24,7 +24,8 @@ from prep.storage.base import ObjectInfo, RefValue, Store
 TMP_DIR = "tmp"
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or folder by path (a folder's fsync makes its new entries durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -66,7 +67,7 @@ class LocalStore(Store):
                 new.mkdir()
             except FileExistsError:
                 continue
-            _fsync_dir(new.parent)
+            fsync_path(new.parent)
 
     def _publish(self, temp: Path, final: Path) -> bool:
         crash_point("store.before_link")
@@ -75,21 +76,18 @@ class LocalStore(Store):
             os.link(temp, final)
         except FileExistsError:
             return False
-        _fsync_dir(final.parent)
+        fsync_path(final.parent)
         return True
 
-    def put_file(self, key: str, path: Path) -> bool:
+    def _create(self, key: str, fill: Callable[[Path], object]) -> bool:
+        """Create-only publish: `fill` writes a new temporary, which is fsynced, made read-only
+        and hard-linked to the final name (the link fails if the name exists)."""
         final = self._path(key)
         if final.exists():
             return False
         temp = self._temp_path()
         try:
-            try:
-                os.link(path, temp)
-            except OSError as exc:
-                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
-                    raise
-                shutil.copyfile(path, temp)
+            fill(temp)
             with open(temp, "rb+") as handle:
                 os.fsync(handle.fileno())
             os.chmod(temp, 0o444)
@@ -99,22 +97,19 @@ class LocalStore(Store):
         finally:
             temp.unlink(missing_ok=True)
 
+    def put_file(self, key: str, path: Path) -> bool:
+        def fill(temp: Path) -> None:
+            try:
+                os.link(path, temp)  # same filesystem (staging_dir): no copy
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                    raise
+                shutil.copyfile(path, temp)
+
+        return self._create(key, fill)
+
     def put_bytes(self, key: str, data: bytes) -> bool:
-        final = self._path(key)
-        if final.exists():
-            return False
-        temp = self._temp_path()
-        try:
-            with open(temp, "xb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(temp, 0o444)
-            return self._publish(temp, final)
-        except OSError as exc:
-            raise StoreError(f"{final}: cannot write: {exc.strerror or exc}") from exc
-        finally:
-            temp.unlink(missing_ok=True)
+        return self._create(key, lambda temp: temp.write_bytes(data))
 
     def open(self, key: str) -> BinaryIO:
         try:
@@ -175,5 +170,5 @@ class LocalStore(Store):
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temp, final)
-            _fsync_dir(final.parent)
+            fsync_path(final.parent)
             return True
