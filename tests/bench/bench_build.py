@@ -1,6 +1,6 @@
 """Benchmark (not a test): `prep build` against the tokenizer's own ceiling, side by side.
 
-    python -m tests.bench.bench_build [--mb 100] [--scales 1,4] [--workdir /tmp/prep-bench]
+    python -m tests.bench.bench_build [--sizes 100,400] [--workdir /tmp/prep-bench]
 
 Ceiling: `tokenizers`' Tokenizer.encode_batch_fast over the same texts already in memory, all
 cores (only the encode call is timed). Build: `prep build` with the reference backend
@@ -34,17 +34,16 @@ print(json.dumps({"seconds": time.perf_counter() - started, "tokens": sum(len(e.
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=int, default=100)
-    parser.add_argument("--scales", default="1,4")
+    parser.add_argument("--sizes", default="100,400",
+                        help="corpus sizes in MB, comma-separated (this machine holds ~470 MB of distinct text)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench"))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    base = corpus(args.workdir / f"corpus-{args.mb}", args.mb)
-    tok = tokenizer(base, args.workdir / "tokenizer-50257.json")
+    tok = tokenizer(corpus(args.workdir / "corpus-100", 100), args.workdir / "tokenizer-50257.json")
     print(f"{'corpus':>8} {'what':<22} {'seconds':>8} {'MB/s':>7} {'Mtok/s':>7} {'peak RSS':>9} {'ratio':>6}")
-    for scale in [int(s) for s in args.scales.split(",")]:
-        folder = corpus(args.workdir / f"corpus-{args.mb * scale}", args.mb * scale)
+    for mb in [int(s) for s in args.sizes.split(",")]:
+        folder = corpus(args.workdir / f"corpus-{mb}", mb)
         text_bytes = corpus_bytes(folder)
         ceiling = measure([sys.executable, "-c", CEILING, str(folder), str(tok)])
         figures = json.loads(ceiling.stdout)

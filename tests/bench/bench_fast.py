@@ -1,6 +1,6 @@
 """Benchmark (not a test): the fast path against gigatoken's own ceiling, side by side.
 
-    python -m tests.bench.bench_fast [--mb 300] [--scales 1,4] [--workdir /tmp/prep-bench]
+    python -m tests.bench.bench_fast [--sizes 300,100,400] [--workdir /tmp/prep-bench]
 
 Ceiling: gigatoken's `encode_files` over the same JSON Lines files, all cores (only that call
 is timed, so start-up counts against prep alone). Build: a complete `prep build` with
@@ -35,16 +35,16 @@ print(json.dumps({"seconds": seconds, "documents": len(encoded)}))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=int, default=300)
-    parser.add_argument("--scales", default="1,4")
+    parser.add_argument("--sizes", default="300,100,400",
+                        help="corpus sizes in MB, comma-separated (this machine holds ~470 MB of distinct text)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench"))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     tok = tokenizer(corpus(args.workdir / "corpus-100", 100), args.workdir / "tokenizer-50257.json")
     print(f"{'corpus':>8} {'what':<24} {'seconds':>8} {'MB/s':>7} {'peak RSS':>9} {'ratio':>6}")
-    for scale in [int(s) for s in args.scales.split(",")]:
-        folder = corpus(args.workdir / f"corpus-{args.mb * scale}", args.mb * scale, files=8 * scale)
+    for mb in [int(s) for s in args.sizes.split(",")]:
+        folder = corpus(args.workdir / f"corpus-{mb}", mb, files=max(8, mb // 40))
         text_bytes = corpus_bytes(folder)
         label = f"{text_bytes / 1e6:.0f}MB"
         ceiling = measure([sys.executable, "-c", CEILING, str(folder), str(tok)])
