@@ -19,8 +19,8 @@ from prep import cas
 from prep.code import code_identity
 from prep.config import Pipeline
 from prep.errors import InputError, StoreError
-from prep.gc import Lease, build_lease
 from prep.faults import crash_point
+from prep.gc import Lease, build_lease
 from prep.refs import Ref, move_ref
 from prep.runner import records
 from prep.runner.executor import Executor
