@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -72,14 +71,46 @@ def pipeline(folder: Path, tokenizer: Path) -> Path:
     return path
 
 
+# Runs the command and prints its peak RSS (KiB) and wall seconds. Measuring from a fresh, small
+# process matters: a child's peak RSS counts its parent's size at fork, and this one is large.
+TRAMPOLINE = ("import resource, subprocess, sys, time\n"
+              "started = time.perf_counter()\n"
+              "code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
+              "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, time.perf_counter() - started, code)")
+
+
 def measure(name: str, command: list[str]) -> Measurement:
-    """Wall time and peak RSS (from wait4, this child only) of one command."""
-    started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
-    seconds = time.perf_counter() - started
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return Measurement(name, seconds, usage.ru_maxrss * 1024, process.returncode)
+    """Wall time and peak RSS of one command, from a small trampoline process."""
+    output = subprocess.run([sys.executable, "-c", TRAMPOLINE, *command], check=True, capture_output=True,
+                            text=True).stdout.split()
+    return Measurement(name, float(output[1]), int(output[0]) * 1024, int(output[2]))
+
+
+def best_of(repeat: int, name: str, command: list[str]) -> Measurement:
+    runs = [measure(name, command) for _ in range(repeat)]
+    return Measurement(name, min(r.seconds for r in runs), max(r.peak_rss for r in runs), runs[-1].exit_status)
+
+
+def build_versions(work: Path, args: argparse.Namespace) -> None:
+    """Write corpus v1 and the edited v2, and build both into `work/store` as bench@v1, bench@v2."""
+    rng = np.random.default_rng(0)
+    words = vocabulary(rng)
+    tokenizer = train_tokenizer((" ".join(rng.choice(words, 50)) for _ in range(2000)), 300,
+                                work / "tokenizer.json")
+    per_file = args.documents // args.files
+    store = work / "store"
+    for version in ("v1", "v2"):
+        started = time.perf_counter()
+        for index in range(args.files):
+            write_file(work / version / "corpus" / f"part-{index:03d}.jsonl", index * per_file, per_file,
+                       seed=index, words=words, lengths=tuple(args.words), edit=version == "v2")
+        corpus_bytes = sum(p.stat().st_size for p in (work / version / "corpus").iterdir())
+        written = time.perf_counter() - started
+        built = measure(f"build {version}", [*PREP, "build", str(pipeline(work / version, tokenizer)),
+                                             "--store", str(store), "--workers", str(args.workers),
+                                             "--tag", version])
+        print(f"{version}: {corpus_bytes / 1e6:.0f} MB corpus written in {written:.1f} s, "
+              f"built in {built.seconds:.1f} s (exit {built.exit_status})", flush=True)
 
 
 def main() -> None:
@@ -90,33 +121,25 @@ def main() -> None:
     parser.add_argument("--words", type=int, nargs=2, default=(100, 300), metavar=("MIN", "MAX"),
                         help="Words per document (a word is 1-3 syllables, about 5 bytes with its space).")
     parser.add_argument("--work", type=Path, default=None, help="Keep everything here (default: a temp folder).")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--measure-only", action="store_true",
+                        help="Reuse the corpus and store a previous run left in --work; only time the diffs.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="prep-bench-diff-") as temp:
         work = args.work or Path(temp)
-        rng = np.random.default_rng(0)
-        words = vocabulary(rng)
-        tokenizer = train_tokenizer((" ".join(rng.choice(words, 50)) for _ in range(2000)), 300,
-                                    work / "tokenizer.json")
-        per_file = args.documents // args.files
         store = work / "store"
-        for version in ("v1", "v2"):
-            started = time.perf_counter()
-            for index in range(args.files):
-                write_file(work / version / "corpus" / f"part-{index:03d}.jsonl", index * per_file, per_file,
-                           seed=index, words=words, lengths=tuple(args.words), edit=version == "v2")
-            corpus_bytes = sum(p.stat().st_size for p in (work / version / "corpus").iterdir())
-            written = time.perf_counter() - started
-            built = measure(f"build {version}", [*PREP, "build", str(pipeline(work / version, tokenizer)),
-                                                 "--store", str(store), "--workers", str(args.workers),
-                                                 "--tag", version])
-            print(f"{version}: {corpus_bytes / 1e6:.0f} MB corpus written in {written:.1f} s, "
-                  f"built in {built.seconds:.1f} s (exit {built.exit_status})", flush=True)
+        if not args.measure_only:
+            build_versions(work, args)
+        corpus_bytes = sum(p.stat().st_size for p in (work / "v2" / "corpus").iterdir())
         diff = [*PREP, "diff", "bench@v1", "bench@v2", "--store", str(store)]
-        runs = [measure("diff", diff), measure("diff --documents", [*diff, "--documents"]),
-                measure("diff --documents --json", [*diff, "--documents", "--json"]),
-                measure("start-up floor: python -c 'import prep.cli.history'",
-                        [sys.executable, "-c", "import prep.cli.history"])]
-        print(f"\n{args.documents:,} documents in {args.files} files, corpus {corpus_bytes / 1e6:.0f} MB (v2)")
+        commands = {"diff": diff, "diff --documents": [*diff, "--documents"],
+                    "diff --documents --json": [*diff, "--documents", "--json"],
+                    "floor: import prep.cli.history": [sys.executable, "-c", "import prep.cli.history"],
+                    "floor: import prep.docdiff": [sys.executable, "-c", "import prep.docdiff"]}
+        measure("warm the page cache", commands["diff --documents"])
+        runs = [best_of(args.repeat, name, command) for name, command in commands.items()]
+        print(f"\n{args.documents:,} documents in {args.files} files, corpus {corpus_bytes / 1e6:.0f} MB (v2); "
+              f"best of {args.repeat} runs, peak RSS the largest")
         print(f"{'command':<50} {'seconds':>8} {'peak RSS':>10}  exit")
         for run in runs:
             print(f"{run.name:<50} {run.seconds:>8.2f} {run.peak_rss / 1e6:>8.0f} MB  {run.exit_status}")
