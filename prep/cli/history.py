@@ -13,7 +13,7 @@ import click
 
 from prep import cas
 from prep.cli.common import open_store_option, store_option
-from prep.cli.show import _human_bytes as human_bytes
+from prep.cli.show import human_bytes
 from prep.errors import NotFoundError
 from prep.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage, parse_duration
 from prep.manifest.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
@@ -135,7 +135,7 @@ def diff(old_spec: str, new_spec: str, store_url: str | None, as_json: bool,
             if snapshot_diff.identical:
                 click.echo("identical")
     if not snapshot_diff.identical:
-        sys.exit(1)  # like diff(1); main() does not propagate click's ctx.exit codes
+        sys.exit(1)  # like diff(1)
 
 
 @click.command()

@@ -54,21 +54,23 @@ def cli() -> None:
 def main() -> None:
     """Entry point: run the CLI and turn prep errors into one-line messages and exit codes."""
     try:
-        cli.main(standalone_mode=False)
+        code = cli.main(standalone_mode=False)
     except PrepError as exc:
         click.echo(f"prep: error: {exc.message}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
+    except click.ClickException as exc:  # usage errors: click prints them, exit 2
         exc.show()
-        sys.exit(2 if exc.exit_code == 2 else exc.exit_code)
+        sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("prep: aborted", err=True)
         sys.exit(130)
     except KeyboardInterrupt:
         click.echo("prep: interrupted", err=True)
         sys.exit(130)
+    # Without standalone mode click returns a command's ctx.exit(code) instead of exiting.
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

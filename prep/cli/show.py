@@ -12,7 +12,7 @@ from prep.refs import ref_history
 from prep.snapshots import is_manifest_path, resolve
 
 
-def _human_bytes(count: int) -> str:
+def human_bytes(count: int) -> str:
     size = float(count)
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if size < 1000 or unit == "TB":
@@ -32,7 +32,7 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
         f"snapshot   {snapshot_id}",
         f"dataset    {manifest['dataset']}   seed {manifest['seed']}",
         f"inputs     {len(manifest['inputs']['files'])} files, "
-        f"{_human_bytes(sum(f['size'] for f in manifest['inputs']['files']))}, version {manifest['inputs']['version'][:23]}",
+        f"{human_bytes(sum(f['size'] for f in manifest['inputs']['files']))}, version {manifest['inputs']['version'][:23]}",
         f"tokenizer  sha256:{tok['sha256'][:16]}  vocab {tok['vocab_size']}  eos {tok['eos']!r}={tok['eos_id']}  {tok['dtype']}",
         f"code       prep {manifest['code']['version']}  sha256:{manifest['code']['sha256'][:16]}",
         f"documents  {stats['documents_read']} read, {stats['duplicates_dropped']} duplicates dropped, "
@@ -40,7 +40,7 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
         f"tokens     {stats['tokens_written']}",
     ]
     for fmt, (count, size) in sorted(by_format.items()):
-        lines.append(f"artifacts  {fmt}: {count} files, {_human_bytes(size)}")
+        lines.append(f"artifacts  {fmt}: {count} files, {human_bytes(size)}")
     for stage in manifest["stages"]:
         lines.append(f"stage      {stage['name']:<9} key {stage['key'][:16]}  output {stage['output'][:23]}")
     return lines
