@@ -7,7 +7,9 @@ sample's offset up front and write samples in any order.
 
 from __future__ import annotations
 
+import functools
 import io
+import json
 import os
 import struct
 import tarfile
@@ -21,7 +23,6 @@ import numpy.typing as npt
 
 from prep.errors import InputError, IntegrityError, NotFoundError
 from prep.formats import as_tokens, little_endian
-from prep.manifest import canonical
 
 KEY_DIGITS = 10
 BLOCK_SIZE = 512
@@ -92,12 +93,90 @@ def _octal_field(value: int, width: int) -> bytes:
     return f"{value:0{width - 1}o}".encode("ascii") + b"\0"
 
 
+def _header_template() -> tuple[bytes, int]:
+    """The header block with an empty name and size 0, and its byte sum (checksum field as spaces)."""
+    block = _USTAR.pack(
+        b"",
+        _octal_field(MEMBER_MODE, 8),
+        _octal_field(0, 8),
+        _octal_field(0, 8),
+        _octal_field(0, 12),
+        _octal_field(0, 12),
+        b" " * 8,
+        tarfile.REGTYPE,
+        b"",
+        b"ustar\0",
+        b"00",
+        b"",
+        b"",
+        b"",
+        b"",
+        b"",
+        b"",
+    )
+    return block, sum(block)
+
+
+_TEMPLATE, _TEMPLATE_SUM = _header_template()
+_SIZE_OFFSET = 124
+_ZERO_SIZE_SUM = sum(_octal_field(0, 12))
+
+
 def member_header(name: str, size: int) -> bytes:
-    """The ustar header block of a regular file: mode 0644, owner 0:0, no names, mtime 0."""
+    """The ustar header block of a regular file: mode 0644, owner 0:0, no names, mtime 0.
+
+    Only the name, size and checksum differ between members, so they are patched into a
+    template (shard assembly makes three headers per document)."""
     encoded = name.encode("ascii")
     if not encoded or len(encoded) > MAX_NAME_BYTES or b"\0" in encoded:
         raise ValueError(f"member name {name!r} must be 1..{MAX_NAME_BYTES} ASCII bytes")
     _check_member_size(size)
+    size_field = _octal_field(size, 12)
+    header = bytearray(_TEMPLATE)
+    header[: len(encoded)] = encoded
+    header[_SIZE_OFFSET : _SIZE_OFFSET + 12] = size_field
+    # The checksum is summed with its own field as spaces, then stored as 6 octal digits, NUL, space.
+    checksum = _TEMPLATE_SUM + sum(encoded) + sum(size_field) - _ZERO_SIZE_SUM
+    header[_CHECKSUM_OFFSET : _CHECKSUM_END - 1] = f"{checksum:06o}".encode("ascii") + b"\0"
+    return bytes(header)
+
+
+_DECIMAL_PLACES = 10 ** np.arange(KEY_DIGITS - 1, -1, -1, dtype=np.int64)
+_OCTAL_SIZE_SHIFTS = 3 * np.arange(10, -1, -1, dtype=np.int64)  # 11 octal digits
+_OCTAL_CHECKSUM_SHIFTS = 3 * np.arange(5, -1, -1, dtype=np.int64)  # 6 octal digits
+
+
+def member_headers(positions: npt.ArrayLike, suffix: str, sizes: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+    """`member_header(member_name(sample_key(p), suffix), size)` for many members at once, as an
+    (n, 512) array: numpy arithmetic instead of three Python-built headers per document."""
+    keys = np.asarray(positions, dtype=np.int64)
+    lengths = np.asarray(sizes, dtype=np.int64)
+    if keys.size and (keys.min() < 0 or keys.max() >= 10**KEY_DIGITS):
+        raise ValueError(f"sample positions must have at most {KEY_DIGITS} digits")
+    if lengths.size and (lengths.min() < 0 or lengths.max() > MAX_MEMBER_SIZE):
+        raise ValueError(f"member sizes must be within 0..{MAX_MEMBER_SIZE}")
+    rest = ("." + suffix).encode("ascii")
+    headers = np.tile(np.frombuffer(_TEMPLATE, dtype=np.uint8), (len(keys), 1))
+    digits = (keys[:, None] // _DECIMAL_PLACES % 10 + 48).astype(np.uint8)
+    headers[:, :KEY_DIGITS] = digits
+    headers[:, KEY_DIGITS:KEY_DIGITS + len(rest)] = np.frombuffer(rest, dtype=np.uint8)
+    size_digits = ((lengths[:, None] >> _OCTAL_SIZE_SHIFTS) & 7) + 48
+    headers[:, _SIZE_OFFSET:_SIZE_OFFSET + 11] = size_digits
+    checksum = (_TEMPLATE_SUM - _ZERO_SIZE_SUM + sum(rest) + digits.sum(axis=1, dtype=np.int64)
+                + size_digits.sum(axis=1) + 0)  # the size field's NUL adds nothing
+    headers[:, _CHECKSUM_OFFSET:_CHECKSUM_OFFSET + 6] = ((checksum[:, None] >> _OCTAL_CHECKSUM_SHIFTS) & 7) + 48
+    headers[:, _CHECKSUM_OFFSET + 6] = 0
+    return headers
+
+
+def padding(size: int) -> memoryview:
+    """The zero bytes that follow `size` bytes of member data up to the next block."""
+    return _ZERO_BLOCK[: (-size) % BLOCK_SIZE]
+
+
+def _member_header_reference(name: str, size: int) -> bytes:
+    """The same header built field by field (kept to test the template against)."""
+    encoded = name.encode("ascii")
     header = bytearray(
         _USTAR.pack(
             encoded,
@@ -133,13 +212,29 @@ def member_bytes(name: str, data: bytes) -> bytes:
 
 def npy_header(count: int, dtype: npt.DTypeLike) -> bytes:
     """The NPY 1.0 header numpy writes for a 1-D array of `count` little-endian `dtype` items."""
-    descr = little_endian(dtype).str
-    text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({count},), }}"
-    text += " " * (_NPY_GROWTH_DIGITS - len(str(count)))
-    text_size = len(text) + 1  # the closing newline
-    padding = _NPY_ALIGN - (len(_NPY_MAGIC) + 2 + text_size) % _NPY_ALIGN
-    length = struct.pack("<H", text_size + padding)
-    return _NPY_MAGIC + length + text.encode("ascii") + b" " * padding + b"\n"
+    prefix, tails = _npy_header_parts(little_endian(dtype).str)
+    digits = str(count)
+    return prefix + digits.encode("ascii") + tails[len(digits)]
+
+
+@functools.cache
+def _npy_header_parts(descr: str) -> tuple[bytes, dict[int, bytes]]:
+    """What surrounds the count's digits in a 1-D header: numpy pads the shape so every count
+    below 10**21 gives a header of the same length, hence one tail per digit count."""
+    def build(count: str) -> bytes:
+        text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({count},), }}"
+        text += " " * (_NPY_GROWTH_DIGITS - len(count))
+        text_size = len(text) + 1  # the closing newline
+        padding = _NPY_ALIGN - (len(_NPY_MAGIC) + 2 + text_size) % _NPY_ALIGN
+        length = struct.pack("<H", text_size + padding)
+        return _NPY_MAGIC + length + text.encode("ascii") + b" " * padding + b"\n"
+
+    prefix = build("0")[: build("0").index(b"(") + 1]
+    tails = {}
+    for width in range(1, _NPY_GROWTH_DIGITS + 1):
+        sample = build("1" * width)
+        tails[width] = sample[len(prefix) + width:]
+    return prefix, tails
 
 
 def npy_size(count: int, dtype: npt.DTypeLike) -> int:
@@ -159,8 +254,11 @@ def npy_bytes(tokens: npt.ArrayLike) -> bytes:
 
 
 def sample_json(doc_id: str, source: str, line: int, tokens: int) -> bytes:
-    """The `.json` member: canonical JSON {"id","line","source","tokens"} (sorted, compact, UTF-8)."""
-    return canonical.dumps({"id": doc_id, "line": line, "source": source, "tokens": tokens})
+    """The `.json` member: canonical JSON {"id","line","source","tokens"} (sorted, compact, UTF-8).
+
+    Written directly (the values are a str and ints, never floats); equal to canonical.dumps."""
+    return json.dumps({"id": doc_id, "line": int(line), "source": source, "tokens": int(tokens)},
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def sample_span(json_size: int, npy_size: int, txt_size: int) -> int:
@@ -197,19 +295,28 @@ Buffer = bytes | bytearray | memoryview
 _ZERO_BLOCK = memoryview(bytes(BLOCK_SIZE))
 
 
-def sample_buffers(key: str, json_bytes: bytes, npy_parts: Sequence[Buffer], txt: Buffer) -> list[Buffer]:
-    """The same bytes as `sample_bytes`, as a list of buffers for one `os.pwritev`: the
-    `.tokens.npy` member is given in parts (header, token bytes, ...) and nothing is copied."""
-    npy_size = sum(memoryview(part).nbytes for part in npy_parts)
-    txt_size = memoryview(txt).nbytes
-    buffers: list[Buffer] = []
-    for suffix, size, parts in ((JSON_SUFFIX, len(json_bytes), (json_bytes,)),
-                                (TOKENS_SUFFIX, npy_size, tuple(npy_parts)), (TEXT_SUFFIX, txt_size, (txt,))):
-        buffers.append(member_header(member_name(key, suffix), size))
-        buffers.extend(parts)
-        if size % BLOCK_SIZE:
-            buffers.append(_ZERO_BLOCK[: BLOCK_SIZE - size % BLOCK_SIZE])
-    return buffers
+def sample_buffer_lists(positions: npt.ArrayLike, jsons: Sequence[bytes], tokens: Sequence[Sequence[Buffer]],
+                       texts: Sequence[Buffer], dtype: npt.DTypeLike) -> list[list[Buffer]]:
+    """For many samples, the same bytes as `sample_bytes`, each as a list of buffers for one
+    `os.pwritev`: token bytes come in parts (e.g. the document's ids, then EOS) and neither
+    they nor the texts are copied. Buffers must hold bytes (format "B"/"b"), so len() counts
+    bytes. Headers are made in one vectorised pass (`member_headers`)."""
+    item = little_endian(dtype).itemsize
+    token_sizes = [sum(map(len, parts)) for parts in tokens]
+    npy_heads = [npy_header(size // item, dtype) for size in token_sizes]
+    npy_sizes = [len(head) + size for head, size in zip(npy_heads, token_sizes)]
+    txt_sizes = [len(text) for text in texts]
+    json_headers = member_headers(positions, JSON_SUFFIX, [len(j) for j in jsons])
+    npy_headers = member_headers(positions, TOKENS_SUFFIX, npy_sizes)
+    txt_headers = member_headers(positions, TEXT_SUFFIX, txt_sizes)
+    lists: list[list[Buffer]] = []
+    for index, json_bytes in enumerate(jsons):
+        lists.append([
+            memoryview(json_headers[index]), json_bytes, padding(len(json_bytes)),
+            memoryview(npy_headers[index]), npy_heads[index], *tokens[index], padding(npy_sizes[index]),
+            memoryview(txt_headers[index]), texts[index], padding(txt_sizes[index]),
+        ])
+    return lists
 
 
 @dataclass(frozen=True)

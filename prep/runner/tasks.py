@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,14 +168,17 @@ def run_assemble_job(job: AssembleJob) -> TaskResult:
         written = assemble_shards(parts, keep, plan, list(job.shards), job.formats, np.dtype(job.dtype),
                                   job.eos_id, work_dir)
         crash_point("shard.after_write")
-        outputs: dict[str, str] = {}
-        sizes: dict[str, int] = {}
-        for shard in written:
-            for fmt, path in sorted(shard.files.items()):
-                digest = cas.put_file(store, path)
-                outputs[f"{shard.index}/{fmt}"] = digest.id
-                sizes[f"{shard.index}/{fmt}"] = digest.size
-                crash_point("shard.between_puts")
+        files = [(f"{shard.index}/{fmt}", path) for shard in written for fmt, path in sorted(shard.files.items())]
+
+        def store_file(path: Path) -> cas.Digest:
+            digest = cas.put_file(store, path)  # hashing and fsync release the GIL: threads overlap them
+            crash_point("shard.between_puts")
+            return digest
+
+        with ThreadPoolExecutor(max_workers=min(4, len(files)) or 1) as pool:
+            digests = list(pool.map(store_file, [path for _, path in files]))
+        outputs = {name: digest.id for (name, _), digest in zip(files, digests)}
+        sizes = {name: digest.size for (name, _), digest in zip(files, digests)}
         return TaskResult(outputs, {"sizes": sizes}, {})
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)

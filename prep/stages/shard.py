@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from prep.faults import crash_point
 from prep.formats import little_endian, megatron, wds
@@ -51,8 +52,7 @@ class _OpenShard:
         if "wds" in self.fds:
             os.pwrite(self.fds["wds"], wds.END_OF_ARCHIVE, self.spec.tar_size - len(wds.END_OF_ARCHIVE))
         for fd in self.fds.values():
-            os.fsync(fd)
-            os.close(fd)
+            os.close(fd)  # storing the file fsyncs it (prep.storage)
         if "idx" in self.paths:
             megatron.write_index(self.paths["idx"], self.lengths, dtype)
         return ShardFiles(self.spec.index, dict(self.paths))
@@ -92,43 +92,47 @@ def assemble_shards(parts: list[Part], keep: np.ndarray, plan: np.ndarray, shard
 
 def _scatter_part(part: Part, mine: np.ndarray, plan_rows: np.ndarray, plan: np.ndarray,
                   opened: dict[int, _OpenShard], dtype: np.dtype[Any], eos: np.ndarray) -> None:
-    """Write this part's selected documents at their planned offsets, straight from the
-    intermediate's buffers (one pwritev per document and format, no copies of text or tokens)."""
+    """Write this part's selected documents at their planned offsets, batch by batch."""
     counts = Intermediate(part.path, ["n_tokens"])
     full = Intermediate(part.path, ["row", "id", "text", "tokens"])
-    little = little_endian(dtype)
-    eos_bytes = eos.astype(little).tobytes()
     first = 0
     for group in range(counts.num_batches):
         rows = counts.batch(group).num_rows
         selected = np.flatnonzero(mine[first:first + rows])
         if len(selected):
-            batch = full.batch(group)
-            tokens = batch.column("tokens")
-            values = tokens.values.to_numpy(zero_copy_only=False).astype(little, copy=False)
-            token_offsets = tokens.offsets.to_numpy()
-            texts = batch.column("text")
-            text_offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64, count=len(texts) + 1,
-                                         offset=texts.offset * 8)
-            text_data = memoryview(texts.buffers()[2] or b"")
-            ids, record_rows = batch.column("id").to_pylist(), batch.column("row").to_pylist()
-            for local in selected:
-                entry = plan[plan_rows[first + local]]
-                shard = opened[int(entry["shard"])]
-                doc_tokens = memoryview(values[token_offsets[local]:token_offsets[local + 1]]).cast("B")
-                length = doc_tokens.nbytes // little.itemsize + 1
-                if "bin" in shard.fds:
-                    os.pwritev(shard.fds["bin"], [doc_tokens, eos_bytes], int(entry["bin_off"]))
-                    shard.lengths[int(entry["pos"]) - shard.spec.first_pos] = length
-                if "wds" in shard.fds:
-                    line = record_line(part.format, part.line_offset, int(record_rows[local]))
-                    doc_id = document_id(ids[local], part.source, line)
-                    buffers = wds.sample_buffers(
-                        wds.sample_key(int(entry["pos"])),
-                        wds.sample_json(doc_id, part.source, line, length),
-                        [wds.npy_header(length, little), doc_tokens, eos_bytes],
-                        text_data[text_offsets[local]:text_offsets[local + 1]],
-                    )
-                    os.pwritev(shard.fds["wds"], buffers, int(entry["tar_off"]))
-                crash_point("shard.mid_write")
+            _write_batch(part, full.batch(group), selected, plan[plan_rows[first + selected]], opened, dtype, eos)
         first += rows
+
+
+def _write_batch(part: Part, batch: pa.RecordBatch, selected: np.ndarray, entries: np.ndarray,
+                 opened: dict[int, _OpenShard], dtype: np.dtype[Any], eos: np.ndarray) -> None:
+    """One pwritev per document and format, straight from the batch's buffers: neither token
+    ids nor texts are copied, and tar headers are made for the whole batch at once."""
+    little = little_endian(dtype)
+    eos_bytes = eos.astype(little).tobytes()
+    tokens = batch.column("tokens")
+    token_bytes = memoryview(tokens.values.to_numpy(zero_copy_only=False).astype(little, copy=False)).cast("B")
+    token_offsets = tokens.offsets.to_numpy() * little.itemsize
+    texts = batch.column("text")
+    text_offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64, count=len(texts) + 1, offset=texts.offset * 8)
+    text_data = memoryview(texts.buffers()[2] or b"")
+    token_views = [token_bytes[token_offsets[i]:token_offsets[i + 1]] for i in selected.tolist()]
+    lengths = [len(view) // little.itemsize + 1 for view in token_views]
+    shards = [opened[index] for index in entries["shard"].tolist()]
+    if "bin" in shards[0].fds:
+        for shard, view, length, offset, position in zip(shards, token_views, lengths, entries["bin_off"].tolist(),
+                                                         entries["pos"].tolist()):
+            os.pwritev(shard.fds["bin"], [view, eos_bytes], offset)
+            shard.lengths[position - shard.spec.first_pos] = length
+    if "wds" in shards[0].fds:
+        ids, record_rows = batch.column("id").to_pylist(), batch.column("row").to_pylist()
+        jsons = []
+        for i, length in zip(selected.tolist(), lengths):
+            line = record_line(part.format, part.line_offset, record_rows[i])
+            jsons.append(wds.sample_json(document_id(ids[i], part.source, line), part.source, line, length))
+        text_views = [text_data[text_offsets[i]:text_offsets[i + 1]] for i in selected.tolist()]
+        buffer_lists = wds.sample_buffer_lists(entries["pos"], jsons, [[v, eos_bytes] for v in token_views],
+                                               text_views, little)
+        for shard, buffers, offset in zip(shards, buffer_lists, entries["tar_off"].tolist()):
+            os.pwritev(shard.fds["wds"], buffers, offset)
+    crash_point("shard.mid_write")

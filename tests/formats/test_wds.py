@@ -227,16 +227,46 @@ def test_iter_samples_rejects_bad_archives(tmp_path: Path) -> None:
         list(wds.iter_samples(truncated))
 
 
-@given(
-    json_text=st.binary(max_size=700),
-    tokens=st.lists(st.integers(0, 65535), max_size=400),
-    text=st.binary(max_size=1500),
-    split=st.integers(0, 400),
-)
-def test_sample_buffers_join_to_sample_bytes(json_text: bytes, tokens: list[int], text: bytes, split: int) -> None:
-    array = np.asarray(tokens, dtype="<u2")
-    token_bytes = array.tobytes()
-    cut = min(split, len(tokens)) * 2
-    npy_parts = [wds.npy_header(len(tokens), "<u2"), memoryview(token_bytes)[:cut], token_bytes[cut:]]
-    joined = b"".join(bytes(b) for b in wds.sample_buffers("0000000007", json_text, npy_parts, memoryview(text)))
-    assert joined == wds.sample_bytes("0000000007", json_text, wds.npy_bytes(array), text)
+@settings(max_examples=50)
+@given(samples=st.lists(st.tuples(st.integers(0, 10**10 - 1), st.binary(max_size=700),
+                                  st.lists(st.integers(0, 65535), max_size=400), st.binary(max_size=1500),
+                                  st.integers(0, 400)), max_size=5))
+def test_sample_buffer_lists_join_to_sample_bytes(samples: list[tuple[int, bytes, list[int], bytes, int]]) -> None:
+    positions = [position for position, *_ in samples]
+    jsons = [json_bytes for _, json_bytes, *_ in samples]
+    token_parts, texts = [], []
+    for _, _, tokens, text, split in samples:
+        data = np.asarray(tokens, dtype="<u2").tobytes()
+        cut = min(split, len(tokens)) * 2
+        token_parts.append([memoryview(data)[:cut], data[cut:]])
+        texts.append(memoryview(text))
+    lists = wds.sample_buffer_lists(positions, jsons, token_parts, texts, "<u2")
+    for (position, json_bytes, tokens, text, _), buffers in zip(samples, lists):
+        joined = b"".join(bytes(buffer) for buffer in buffers)
+        expected = wds.sample_bytes(wds.sample_key(position), json_bytes,
+                                    wds.npy_bytes(np.asarray(tokens, dtype="<u2")), text)
+        assert joined == expected
+
+
+@given(positions=st.lists(st.integers(0, 10**10 - 1), max_size=20), suffix=st.sampled_from(wds.MEMBER_SUFFIXES),
+       data=st.data())
+def test_vectorised_headers_equal_single_headers(positions: list[int], suffix: str, data: st.DataObject) -> None:
+    sizes = data.draw(st.lists(st.integers(0, wds.MAX_MEMBER_SIZE), min_size=len(positions), max_size=len(positions)))
+    headers = wds.member_headers(positions, suffix, sizes)
+    for row, position, size in zip(headers, positions, sizes):
+        assert row.tobytes() == wds.member_header(wds.member_name(wds.sample_key(position), suffix), size)
+
+
+@given(key=st.integers(0, 10**10 - 1), suffix=st.sampled_from(wds.MEMBER_SUFFIXES), size=st.integers(0, wds.MAX_MEMBER_SIZE))
+def test_template_header_equals_field_by_field_header(key: int, suffix: str, size: int) -> None:
+    name = wds.member_name(wds.sample_key(key), suffix)
+    assert wds.member_header(name, size) == wds._member_header_reference(name, size)
+
+
+@given(doc_id=st.text(st.characters(exclude_categories=("Cs",))), source=st.text(min_size=1), line=st.integers(1, 10**9),
+       tokens=st.integers(1, 10**9))
+def test_sample_json_is_canonical_json(doc_id: str, source: str, line: int, tokens: int) -> None:
+    from prep.manifest import canonical
+
+    expected = canonical.dumps({"id": doc_id, "line": line, "source": source, "tokens": tokens})
+    assert wds.sample_json(doc_id, source, line, tokens) == expected

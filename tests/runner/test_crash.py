@@ -36,7 +36,7 @@ def _last_log(store: Path) -> dict[str, dict[str, int]]:
     "store.before_link:4",
     "dedup.before_commit",
     "shuffle.before_commit",
-    "shard.mid_write:7",
+    "shard.mid_write:2",
     "shard.after_write",
     "shard.between_puts:2",
     "shard.before_commit:2",
