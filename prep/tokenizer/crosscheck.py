@@ -18,8 +18,8 @@ from prep.errors import TokenizerError
 from prep.tokenizer import contains_special
 from prep.tokenizer.backends import Backend, ReferenceBackend
 
-DEFAULT_BUDGET_FRACTION = 0.002
-MIN_BUDGET_BYTES = 16 << 10
+DEFAULT_BUDGET_FRACTION = 0.0005
+MIN_BUDGET_BYTES = 4 << 10
 MAX_BUDGET_BYTES = 256 << 10
 # Regular-expression checks run at ~15 MB/s, so only this many budgets' worth of documents get
 # them; the cheap checks (non-ASCII, CR, special spellings) run on every document.

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from prep.errors import TokenizerError
 from prep.tokenizer.backends import Backend, TokenArray
 from prep.tokenizer.crosscheck import (
+    DEFAULT_BUDGET_FRACTION,
     MAX_BUDGET_BYTES,
     MIN_BUDGET_BYTES,
     CrossCheckReport,
@@ -109,7 +110,7 @@ def test_documents_larger_than_the_budget_are_never_sampled() -> None:
 
 def test_sample_budget_is_a_bounded_fraction() -> None:
     assert sample_budget(0) == MIN_BUDGET_BYTES
-    assert sample_budget(50 << 20) == int((50 << 20) * 0.002)
+    assert sample_budget(50 << 20) == int((50 << 20) * DEFAULT_BUDGET_FRACTION) > MIN_BUDGET_BYTES
     assert sample_budget(10 << 30) == MAX_BUDGET_BYTES
 
 
