@@ -19,6 +19,7 @@ from typing import BinaryIO
 from prep.errors import ConfigError, InputError
 
 READ_CHUNK = 4 << 20
+LINE_BLOCK = 8 << 20  # lines are split out of blocks this large (readline per line is slower)
 _JSONL = (".jsonl", ".ndjson", ".json")
 _TEXT = (".txt", ".text", ".md")
 _COMPRESSED = (".gz", ".zst")
@@ -208,16 +209,25 @@ def input_version(sources: list[SourceFile]) -> str:
 
 
 def iter_lines_in_range(stream: BinaryIO, start: int, end: int) -> Iterator[bytes]:
-    """Lines of an uncompressed file that START within [start, end): a line belongs to the range
-    holding its first byte, so adjacent ranges split a file without overlap or loss."""
+    """Lines (without their newline) that START within [start, end) of a stream: a line belongs
+    to the range holding its first byte, so adjacent ranges split a file without overlap or
+    loss. Use end = sys.maxsize for a whole (e.g. decompressed) stream."""
     if start > 0:
         stream.seek(start - 1)
         if stream.read(1) != b"\n":
             stream.readline()  # finish the line owned by the previous range
-    position = stream.tell()
+    position = stream.tell()  # where the next line starts
+    pending = b""
     while position < end:
-        line = stream.readline()
-        if not line:
+        block = stream.read(LINE_BLOCK)
+        if not block:
+            if pending:
+                yield pending  # a last line without a newline
             return
-        position += len(line)
-        yield line
+        lines = (pending + block).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            if position >= end:
+                return
+            position += len(line) + 1
+            yield line

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -143,8 +144,7 @@ def _field_id(record: dict[str, Any], field: str | None) -> str | None:
 
 def _jsonl(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
     with open_decoded(task.source) as stream:
-        lines = iter_lines_in_range(stream, task.start, task.end) if not task.source.compressed \
-            else iter(stream.readline, b"")
+        lines = iter_lines_in_range(stream, task.start, task.end if not task.source.compressed else sys.maxsize)
         for local, raw in enumerate(lines):
             stats["lines"] = local + 1
             if not raw.strip():

@@ -11,6 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import prep.stages.read as read
 from prep.sources import discover, hash_sources
@@ -94,3 +96,27 @@ def test_bad_records_name_line_or_row(tmp_path: Path) -> None:
                         "a.jsonl:3: text field 'text' is int, not a string",
                         "a.jsonl:4: invalid UTF-8 at byte 0"]
     json.dumps(messages)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=30),
+       trailing_newline=st.booleans(), cuts=st.lists(st.integers(0, 1000), max_size=6), block=st.integers(1, 64))
+def test_byte_ranges_split_lines_without_overlap_or_loss(lines: list[bytes], trailing_newline: bool, cuts: list[int],
+                                                         block: int) -> None:
+    import io
+
+    import prep.sources as sources
+
+    data = b"\n".join(lines) + (b"\n" if trailing_newline and lines else b"")
+    bounds = sorted({0, len(data), *(c for c in cuts if c < len(data))})
+    original = sources.LINE_BLOCK
+    sources.LINE_BLOCK = block
+    try:
+        found = [line for start, end in zip(bounds, bounds[1:])
+                 for line in sources.iter_lines_in_range(io.BytesIO(data), start, end)]
+    finally:
+        sources.LINE_BLOCK = original
+    expected = data.split(b"\n")
+    if expected and expected[-1] == b"":
+        expected.pop()
+    assert found == expected
