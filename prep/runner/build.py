@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prep import cas
@@ -28,18 +29,21 @@ from prep.runner.progress import Progress
 from prep.runner.tasks import (
     AssembleJob,
     DedupJob,
+    FinishJob,
     PartRef,
     ShuffleJob,
     TaskResult,
     TokenizeJob,
     run_assemble_job,
     run_dedup_job,
+    run_finish_job,
     run_shuffle_job,
     run_tokenize_job,
 )
 from prep.snapshots import Snapshot, publish_manifest
 from prep.sources import SourceFile, discover, hash_sources, input_version
 from prep.stages.read import ReadTask, plan_read_tasks
+from prep.stages.shard import create_shard_files
 from prep.stages.shuffle import ShardSpec
 from prep.stages.tokenize import TokenizeSettings
 from prep.storage.base import Store
@@ -173,12 +177,10 @@ class _Builder:
         missing = [s for s in specs if records.read_task_record(self.store, "shard", shard_keys[s.index]) is None]
         self.progress.stage("shard", f"{len(specs)} shards, {len(specs) - len(missing)} committed")
         groups = _balanced_groups(missing, workers)
-        jobs = [(records.content_key(stage_key, [s.index for s in group]),
-                 AssembleJob(self.store.url, parts, keep_id, shuffle["outputs"]["plan"], tuple(group), formats,
-                             dtype, eos_id)) for group in groups]
+        job = AssembleJob(self.store.url, parts, keep_id, shuffle["outputs"]["plan"], (), formats, dtype, eos_id)
         run = self.stages["shard"]
-        for index, result in self.executor.run(run_assemble_job, [job for _, job in jobs]):
-            for spec in jobs[index][1].shards:
+        for group, result in self._assemble(job, groups, workers):
+            for spec in group:
                 outputs = {fmt: result.outputs[f"{spec.index}/{fmt}"] for fmt in _artifact_formats(formats)}
                 crash_point("shard.before_commit")
                 records.write_task_record(self.store, "shard", shard_keys[spec.index], outputs,
@@ -193,6 +195,50 @@ class _Builder:
         self.commit_stage("shard", stage_key, {"shards": shards})
         self.progress.done("shard", f"{run.ran} written, {run.cached} cached")
         return shards
+
+
+    def _assemble(self, job: AssembleJob, groups: list[list[ShardSpec]],
+                  workers: int) -> Iterator[tuple[list[ShardSpec], TaskResult]]:
+        """Assemble each group of shards and store its files. With fewer groups than workers and
+        an executor whose workers share this machine's files, each group's shard files are made
+        here and several tasks scatter ranges of the intermediates into them, then one finishes
+        them: a single large shard is written by every core instead of one."""
+        slices = workers // len(groups) if groups else 1
+        if slices < 2 or not self.executor.shares_filesystem:
+            jobs = [replace(job, shards=tuple(group)) for group in groups]
+            for index, result in self.executor.run(run_assemble_job, jobs):
+                yield groups[index], result
+            return
+        work_dir = self.store.staging_dir() / f"assemble-{uuid.uuid4().hex}"
+        work_dir.mkdir(parents=True)
+        try:
+            files = [tuple(create_shard_files(spec, job.formats, work_dir) for spec in group) for group in groups]
+            ranges = _part_ranges([ref.documents for ref in job.parts], slices)
+            scatters = [replace(job, shards=tuple(group), files=group_files, part_range=part_range)
+                        for group, group_files in zip(groups, files) for part_range in ranges]
+            for _ in self.executor.run(run_assemble_job, scatters):
+                pass
+            finishes = [FinishJob(job.store_url, job.plan_id, tuple(group), group_files, job.dtype)
+                        for group, group_files in zip(groups, files)]
+            for index, result in self.executor.run(run_finish_job, finishes):
+                yield groups[index], result
+        finally:
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _part_ranges(documents: list[int], count: int) -> list[tuple[int, int]]:
+    """Split parts into at most `count` contiguous ranges of similar document counts."""
+    total = max(1, sum(documents))
+    ranges: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for index, size in enumerate(documents):
+        acc += size
+        if acc >= total * (len(ranges) + 1) / count and len(ranges) < count - 1:
+            ranges.append((start, index + 1))
+            start = index + 1
+    if start < len(documents):
+        ranges.append((start, len(documents)))
+    return ranges
 
 
 def _task_bytes(job: TokenizeJob) -> int:

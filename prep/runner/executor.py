@@ -22,6 +22,7 @@ class Executor(Protocol):
     The first task error is raised after pending tasks are cancelled."""
 
     workers: int
+    shares_filesystem: bool  # workers see the driver's local files (same machine or shared mount)
 
     def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]: ...
 
@@ -35,6 +36,8 @@ def _init_worker(threads: int) -> None:
 
 class LocalExecutor:
     """A warm pool of `workers` spawned processes, kept for the whole build."""
+
+    shares_filesystem = True
 
     def __init__(self, workers: int, threads_per_worker: int = 1) -> None:
         self.workers = workers

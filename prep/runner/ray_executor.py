@@ -145,6 +145,8 @@ class RayExecutor:
     only on a cluster of several nodes or through Ray Client) probes every node for the local
     paths the jobs name; `visible_paths` records, per node id, the paths found there."""
 
+    shares_filesystem = False  # nodes need not see this machine's staging files
+
     def __init__(self, workers: int, address: str | None = None, *,
                  max_retries: int = DEFAULT_MAX_RETRIES, verify_paths: bool | None = None) -> None:
         self.workers = workers

@@ -1,8 +1,10 @@
-"""Shard assembly: write a group of planned shards in both formats.
+"""Shard assembly: write planned shards in both formats.
 
-Streams every intermediate once, in input order, reading only the row groups that hold
-documents of this group, and writes each document at the offset the plan fixed (positional
-writes), so memory holds one row group at a time and output bytes never depend on grouping.
+Streams intermediates in input order, reading only the record batches that hold documents of
+the wanted shards, and writes each document at the offset the plan fixed (positional writes),
+so memory holds one batch at a time and output bytes never depend on how the work is split:
+one task may write a group of shards, or several tasks may each scatter a range of the
+intermediates into the same shard files before one task finishes them.
 """
 
 from __future__ import annotations
@@ -24,70 +26,86 @@ from prep.stages.shuffle import Part, ShardSpec, document_id, record_line
 
 @dataclass(frozen=True)
 class ShardFiles:
-    """Local files of one assembled shard, by artifact format (bin, idx, wds)."""
+    """Local files of one shard, by artifact format (bin, idx, wds)."""
 
     index: int
     files: dict[str, Path]
 
 
+def create_shard_files(spec: ShardSpec, formats: tuple[str, ...], work_dir: Path) -> ShardFiles:
+    """Empty files of the shard's final sizes (sparse), ready for positional writes."""
+    stem = work_dir / f"shard-{spec.index:05d}-{uuid.uuid4().hex}"
+    files: dict[str, Path] = {}
+    for fmt, suffix, size in (("bin", ".bin", spec.bin_size), ("wds", ".tar", spec.tar_size)):
+        if fmt in formats:
+            files[fmt] = stem.with_suffix(suffix)
+            with open(files[fmt], "xb") as handle:
+                handle.truncate(size)
+    if "bin" in formats:
+        files["idx"] = stem.with_suffix(".idx")
+    return ShardFiles(spec.index, files)
+
+
 class _OpenShard:
-    def __init__(self, spec: ShardSpec, formats: tuple[str, ...], work_dir: Path) -> None:
+    """File descriptors of one shard's files, open for positional writes."""
+
+    def __init__(self, spec: ShardSpec, files: ShardFiles) -> None:
         self.spec = spec
-        stem = f"shard-{spec.index:05d}-{uuid.uuid4().hex}"
-        self.paths: dict[str, Path] = {}
-        self.fds: dict[str, int] = {}
-        if "bin" in formats:
-            self._open("bin", work_dir / f"{stem}.bin", spec.bin_size)
-            self.paths["idx"] = work_dir / f"{stem}.idx"
-            self.lengths = np.zeros(spec.documents, dtype=np.int32)
-        if "wds" in formats:
-            self._open("wds", work_dir / f"{stem}.tar", spec.tar_size)
+        self.fds = {fmt: os.open(path, os.O_WRONLY) for fmt, path in files.files.items() if fmt != "idx"}
 
-    def _open(self, fmt: str, path: Path, size: int) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.ftruncate(fd, size)
-        self.paths[fmt], self.fds[fmt] = path, fd
-
-    def finish(self, dtype: np.dtype[Any]) -> ShardFiles:
-        if "wds" in self.fds:
-            os.pwrite(self.fds["wds"], wds.END_OF_ARCHIVE, self.spec.tar_size - len(wds.END_OF_ARCHIVE))
-        for fd in self.fds.values():
-            os.close(fd)  # storing the file fsyncs it (prep.storage)
-        if "idx" in self.paths:
-            megatron.write_index(self.paths["idx"], self.lengths, dtype)
-        return ShardFiles(self.spec.index, dict(self.paths))
-
-    def abort(self) -> None:
+    def close(self) -> None:
         for fd in self.fds.values():
             os.close(fd)
-        for path in self.paths.values():
-            path.unlink(missing_ok=True)
 
 
-def assemble_shards(parts: list[Part], keep: np.ndarray, plan: np.ndarray, shards: list[ShardSpec],
-                    formats: tuple[str, ...], dtype: np.dtype[Any], eos_id: int, work_dir: Path) -> list[ShardFiles]:
-    """Write the given shards; `keep` and `plan` cover every document of every part."""
+def scatter(parts: list[Part], keep: np.ndarray, plan: np.ndarray, specs: list[ShardSpec],
+            files: dict[int, ShardFiles], dtype: np.dtype[Any], eos_id: int, part_range: range) -> None:
+    """Write every kept document of `parts[part_range]` that belongs to one of `specs` at its
+    planned offsets. Ranges of parts may be scattered by different processes into the same
+    files: their documents never overlap."""
     wanted = np.zeros(int(plan["shard"].max()) + 1 if len(plan) else 0, dtype=bool)
-    wanted[[spec.index for spec in shards]] = True
-    opened = {spec.index: _OpenShard(spec, formats, work_dir) for spec in shards}
+    wanted[[spec.index for spec in specs]] = True
+    opened = {spec.index: _OpenShard(spec, files[spec.index]) for spec in specs}
     eos = np.array([eos_id], dtype=dtype)
     try:
         kept_index = np.cumsum(keep) - 1  # document index -> plan row (valid where kept)
         offset = 0
-        for part in parts:
+        for number, part in enumerate(parts):
             part_keep = keep[offset:offset + part.documents]
             part_plan_rows = kept_index[offset:offset + part.documents]
             offset += part.documents
+            if number not in part_range:
+                continue
             mine = part_keep.copy()
             mine[part_keep] = wanted[plan["shard"][part_plan_rows[part_keep]]]
-            if not mine.any():
-                continue
-            _scatter_part(part, mine, part_plan_rows, plan, opened, dtype, eos)
-        return [opened[spec.index].finish(dtype) for spec in shards]
-    except BaseException:
+            if mine.any():
+                _scatter_part(part, mine, part_plan_rows, plan, opened, dtype, eos)
+    finally:
         for shard in opened.values():
-            shard.abort()
-        raise
+            shard.close()
+
+
+def finish_shard(spec: ShardSpec, files: ShardFiles, plan: np.ndarray, dtype: np.dtype[Any]) -> ShardFiles:
+    """Complete a scattered shard: the tar's end-of-archive blocks, and the .idx, whose sequence
+    lengths follow from the plan's .bin offsets (so scatterers need not report them)."""
+    if "wds" in files.files:
+        with open(files.files["wds"], "r+b") as handle:
+            handle.seek(spec.tar_size - len(wds.END_OF_ARCHIVE))
+            handle.write(wds.END_OF_ARCHIVE)
+    if "idx" in files.files:
+        rows = np.flatnonzero(plan["shard"] == spec.index)
+        offsets = np.sort(plan["bin_off"][rows])
+        lengths = np.diff(np.append(offsets, spec.bin_size)) // dtype.itemsize
+        megatron.write_index(files.files["idx"], lengths.astype(np.int32), dtype)
+    return files
+
+
+def assemble_shards(parts: list[Part], keep: np.ndarray, plan: np.ndarray, shards: list[ShardSpec],
+                    formats: tuple[str, ...], dtype: np.dtype[Any], eos_id: int, work_dir: Path) -> list[ShardFiles]:
+    """Write the given shards completely in this process."""
+    files = {spec.index: create_shard_files(spec, formats, work_dir) for spec in shards}
+    scatter(parts, keep, plan, shards, files, dtype, eos_id, range(len(parts)))
+    return [finish_shard(spec, files[spec.index], plan, dtype) for spec in shards]
 
 
 def _scatter_part(part: Part, mine: np.ndarray, plan_rows: np.ndarray, plan: np.ndarray,
@@ -120,10 +138,8 @@ def _write_batch(part: Part, batch: pa.RecordBatch, selected: np.ndarray, entrie
     lengths = [len(view) // little.itemsize + 1 for view in token_views]
     shards = [opened[index] for index in entries["shard"].tolist()]
     if "bin" in shards[0].fds:
-        for shard, view, length, offset, position in zip(shards, token_views, lengths, entries["bin_off"].tolist(),
-                                                         entries["pos"].tolist()):
+        for shard, view, offset in zip(shards, token_views, entries["bin_off"].tolist()):
             os.pwritev(shard.fds["bin"], [view, eos_bytes], offset)
-            shard.lengths[position - shard.spec.first_pos] = length
     if "wds" in shards[0].fds:
         ids, record_rows = batch.column("id").to_pylist(), batch.column("row").to_pylist()
         jsons = []

@@ -21,6 +21,7 @@ class InProcessExecutor:
     """Runs tasks one after another in this process, so tests can monkeypatch stage constants."""
 
     workers = 1
+    shares_filesystem = True
 
     def run(self, fn: Any, items: Any) -> Any:
         for index, item in enumerate(items):

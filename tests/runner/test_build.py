@@ -168,3 +168,27 @@ def test_an_input_changed_after_hashing_is_refused(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "a.jsonl", make_records(4))
     with pytest.raises(InputError, match="changed during the build"):
         check_unchanged(source)
+
+
+def test_one_shard_scattered_by_several_workers_is_byte_identical(corpus: Path, tokenizer_path: Path) -> None:
+    """Fewer shards than workers: several tasks scatter ranges of the intermediates into the
+    same shard files, and one finishes them. The bytes must not notice."""
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="1MB")
+    one = build_local(pipeline, corpus / "store1", workers=1)
+    two = build_local(pipeline, corpus / "store2", workers=2)
+    assert len({a["shard"] for a in one.snapshot.artifacts}) == 1
+    assert one.snapshot.id == two.snapshot.id
+    for artifact in one.snapshot.artifacts:
+        assert artifact_path(corpus / "store2", artifact).read_bytes() == artifact_path(corpus / "store1", artifact).read_bytes()
+    assert not list((corpus / "store2" / "tmp").glob("assemble-*"))
+
+
+def test_part_ranges_cover_every_part_once() -> None:
+    from prep.runner.build import _part_ranges
+
+    for documents in ([5], [1, 1, 1], [10, 0, 0, 3, 7], [0, 0], list(range(1, 30))):
+        for count in (1, 2, 3, 8):
+            ranges = _part_ranges(documents, count)
+            assert len(ranges) <= count
+            covered = [i for start, end in ranges for i in range(start, end)]
+            assert covered == list(range(len(documents)))

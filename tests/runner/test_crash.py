@@ -67,3 +67,22 @@ def test_killed_build_reruns_to_the_same_snapshot(project: tuple[Path, str], tmp
         assert stages["dedup"]["ran"] == 0 and stages["shuffle"]["ran"] == 0
     if point == "publish.before_refs":
         assert stages["shard"]["ran"] == 0
+
+
+@pytest.mark.parametrize("point", ["shard.mid_write:3", "shard.after_write", "shard.between_puts:2"])
+def test_killed_scatter_of_one_shard_reruns_to_the_same_snapshot(project: tuple[Path, str], tmp_path: Path,
+                                                                 point: str) -> None:
+    """One large shard written by two scattering workers and a finishing task, killed midway."""
+    pipeline, _ = project
+    big = pipeline.with_name("one-shard.toml")
+    big.write_text(pipeline.read_text().replace('shard_size = "3KB"', 'shard_size = "1MB"'))
+    expected = run_prep("build", big, "--store", tmp_path / "clean", "--workers", "1").stdout.split()[-1]
+    store = tmp_path / "store"
+    crashed = run_prep("build", big, "--store", store, "--workers", "2", check=False,
+                       env=prep_env(PREP_CRASH_AT=point), new_session=True)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert not (store / "refs" / "tiny" / "latest.json").exists()
+    assert all_objects_intact(store)
+    assert run_prep("build", big, "--store", store, "--workers", "2").stdout.split()[-1] == expected
+    assert all_objects_intact(store)
+    assert _last_log(store)["tokenize"]["ran"] == 0
