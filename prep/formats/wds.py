@@ -93,14 +93,14 @@ def _octal_field(value: int, width: int) -> bytes:
     return f"{value:0{width - 1}o}".encode("ascii") + b"\0"
 
 
-def _header_template() -> tuple[bytes, int]:
-    """The header block with an empty name and size 0, and its byte sum (checksum field as spaces)."""
-    block = _USTAR.pack(
-        b"",
+def _pack_fields(name: bytes, size: int) -> bytes:
+    """A header block field by field, with its checksum field still eight spaces."""
+    return _USTAR.pack(
+        name,
         _octal_field(MEMBER_MODE, 8),
         _octal_field(0, 8),
         _octal_field(0, 8),
-        _octal_field(0, 12),
+        _octal_field(size, 12),
         _octal_field(0, 12),
         b" " * 8,
         tarfile.REGTYPE,
@@ -114,6 +114,11 @@ def _header_template() -> tuple[bytes, int]:
         b"",
         b"",
     )
+
+
+def _header_template() -> tuple[bytes, int]:
+    """The header block with an empty name and size 0, and its byte sum (checksum field as spaces)."""
+    block = _pack_fields(b"", 0)
     return block, sum(block)
 
 
@@ -176,28 +181,7 @@ def padding(size: int) -> memoryview:
 
 def _member_header_reference(name: str, size: int) -> bytes:
     """The same header built field by field (kept to test the template against)."""
-    encoded = name.encode("ascii")
-    header = bytearray(
-        _USTAR.pack(
-            encoded,
-            _octal_field(MEMBER_MODE, 8),
-            _octal_field(0, 8),
-            _octal_field(0, 8),
-            _octal_field(size, 12),
-            _octal_field(0, 12),
-            b" " * 8,
-            tarfile.REGTYPE,
-            b"",
-            b"ustar\0",
-            b"00",
-            b"",
-            b"",
-            b"",
-            b"",
-            b"",
-            b"",
-        )
-    )
+    header = bytearray(_pack_fields(name.encode("ascii"), size))
     # The checksum is summed with its own field as spaces, then stored as 6 octal digits, NUL, space.
     checksum = sum(header)
     header[_CHECKSUM_OFFSET : _CHECKSUM_END - 1] = f"{checksum:06o}".encode("ascii") + b"\0"

@@ -11,14 +11,11 @@ scale (the RSS column shows whether memory grows with corpus size).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shutil
 import sys
-from pathlib import Path
 
-from tests.bench.benchsupport import corpus, corpus_bytes, measure, pipeline, prep_build, tokenizer
+from tests.bench.benchsupport import corpus_bytes, measure, pipeline, prep_build, setup
 
 CEILING = r"""
 import json, sys, time
@@ -33,23 +30,15 @@ print(json.dumps({"seconds": time.perf_counter() - started, "tokens": sum(len(e.
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="100,400",
-                        help="corpus sizes in MB, comma-separated (this machine holds ~470 MB of distinct text)")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench"))
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    args = parser.parse_args()
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    tok = tokenizer(corpus(args.workdir / "corpus-100", 100), args.workdir / "tokenizer-50257.json")
+    bench = setup(__doc__, "100,400")
     print(f"{'corpus':>8} {'what':<22} {'seconds':>8} {'MB/s':>7} {'Mtok/s':>7} {'peak RSS':>9} {'ratio':>6}")
-    for mb in [int(s) for s in args.sizes.split(",")]:
-        folder = corpus(args.workdir / f"corpus-{mb}", mb)
+    for folder in bench.corpora:
         text_bytes = corpus_bytes(folder)
-        ceiling = measure([sys.executable, "-c", CEILING, str(folder), str(tok)])
+        ceiling = measure([sys.executable, "-c", CEILING, str(folder), str(bench.tokenizer)])
         figures = json.loads(ceiling.stdout)
-        store = args.workdir / "store-bench"
+        store = bench.workdir / "store-bench"
         shutil.rmtree(store, ignore_errors=True)
-        build = prep_build(pipeline(args.workdir, folder, tok, "tokenizers"), store, args.workers)
+        build = prep_build(pipeline(bench.workdir, folder, bench.tokenizer, "tokenizers"), store, bench.workers)
         tokens = figures["tokens"]
         label = f"{text_bytes / 1e6:.0f}MB"
         print(f"{label:>8} {'ceiling encode_batch':<22} {figures['seconds']:8.2f} {text_bytes / figures['seconds'] / 1e6:7.2f} "

@@ -11,14 +11,11 @@ process tree, and the ratio ceiling/build (target >= 0.25 on 2 cores).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shutil
 import sys
-from pathlib import Path
 
-from tests.bench.benchsupport import corpus, corpus_bytes, measure, pipeline, prep_build, tokenizer
+from tests.bench.benchsupport import corpus_bytes, measure, pipeline, prep_build, setup
 
 CEILING = r"""
 import json, sys, time
@@ -34,26 +31,18 @@ print(json.dumps({"seconds": seconds, "documents": len(encoded)}))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="300,100,400",
-                        help="corpus sizes in MB, comma-separated (this machine holds ~470 MB of distinct text)")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench"))
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    args = parser.parse_args()
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    tok = tokenizer(corpus(args.workdir / "corpus-100", 100), args.workdir / "tokenizer-50257.json")
+    bench = setup(__doc__, "300,100,400")
     print(f"{'corpus':>8} {'what':<24} {'seconds':>8} {'MB/s':>7} {'peak RSS':>9} {'ratio':>6}")
-    for mb in [int(s) for s in args.sizes.split(",")]:
-        folder = corpus(args.workdir / f"corpus-{mb}", mb, files=max(8, mb // 40))
+    for folder in bench.corpora:
         text_bytes = corpus_bytes(folder)
         label = f"{text_bytes / 1e6:.0f}MB"
-        ceiling = measure([sys.executable, "-c", CEILING, str(folder), str(tok)])
+        ceiling = measure([sys.executable, "-c", CEILING, str(folder), str(bench.tokenizer)])
         ceiling_seconds = json.loads(ceiling.stdout)["seconds"]
-        store = args.workdir / "store-fast"
+        store = bench.workdir / "store-fast"
         shutil.rmtree(store, ignore_errors=True)
-        spec = pipeline(args.workdir, folder, tok, "gigatoken")
-        build = prep_build(spec, store, args.workers)
-        rebuild = prep_build(spec, store, args.workers)
+        spec = pipeline(bench.workdir, folder, bench.tokenizer, "gigatoken")
+        build = prep_build(spec, store, bench.workers)
+        rebuild = prep_build(spec, store, bench.workers)
         rows = [("gigatoken encode_files", ceiling_seconds, ceiling.peak_rss, ""),
                 ("prep build (fast)", build.seconds, build.peak_rss, f"{ceiling_seconds / build.seconds:6.2f}"),
                 ("prep build, no change", rebuild.seconds, rebuild.peak_rss, "")]

@@ -3,6 +3,7 @@ wall time plus peak RSS (summed over a process tree) of a command."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -22,8 +23,34 @@ class Run:
     stdout: str
 
 
-def corpus(out: Path, mb: int, files: int = 8) -> Path:
-    """A real-text JSON Lines corpus of `mb` MB (made once, reused)."""
+@dataclass(frozen=True)
+class Setup:
+    """What every build benchmark starts from: its options, corpora by size, a tokenizer."""
+
+    workdir: Path
+    workers: int
+    corpora: list[Path]
+    tokenizer: Path
+
+
+def setup(description: str | None, default_sizes: str) -> Setup:
+    """Parse the common options and make (or reuse) the corpora and the 50,257-id tokenizer."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default=default_sizes,
+                        help="corpus sizes in MB, comma-separated (this machine holds ~470 MB of distinct text)")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench"))
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    tok = tokenizer(corpus(args.workdir, 100), args.workdir / "tokenizer-50257.json")
+    corpora = [corpus(args.workdir, int(mb)) for mb in args.sizes.split(",")]
+    return Setup(args.workdir, args.workers, corpora, tok)
+
+
+def corpus(workdir: Path, mb: int) -> Path:
+    """A real-text JSON Lines corpus of `mb` MB under `workdir` (made once, reused)."""
+    out = workdir / f"corpus-{mb}"
+    files = max(8, mb // 40)
     if not any(out.glob("*.jsonl")):
         subprocess.run([sys.executable, str(SHARED_BENCH / "make_corpus.py"), str(out), "--mb", str(mb),
                         "--files", str(files)], check=True, stdout=subprocess.DEVNULL)
