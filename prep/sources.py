@@ -76,6 +76,12 @@ def _hf_files(folder: Path) -> list[Path]:
     return [folder / name for name in names]
 
 
+def _listed_as_data(name: str) -> bool:
+    """Whether a file found by walking a folder (or listing a prefix) is read: not hidden, and
+    named like a format prep reads (so `_SUCCESS` and `.crc` files are passed over)."""
+    return not name.startswith(".") and detect_format(name, "auto") is not None
+
+
 def _expand_local(pattern: str, base_dir: Path, declared: str) -> list[Path]:
     path = Path(pattern).expanduser()
     full = path if path.is_absolute() else base_dir / path
@@ -91,8 +97,7 @@ def _expand_local(pattern: str, base_dir: Path, declared: str) -> list[Path]:
                 continue
             for dirpath, dirnames, filenames in os.walk(match):
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-                files.extend(Path(dirpath, name) for name in sorted(filenames)
-                             if not name.startswith(".") and detect_format(name, "auto"))
+                files.extend(Path(dirpath, name) for name in sorted(filenames) if _listed_as_data(name))
         elif match.exists() or not any(ch in pattern for ch in "*?["):
             files.append(match)
     return files
@@ -107,6 +112,8 @@ def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[Sour
             from prep.storage.s3 import list_objects
 
             objects = list_objects(pattern)
+            if pattern.endswith("/"):  # a prefix is read like a local folder: data files only
+                objects = [o for o in objects if _listed_as_data(posixpath.basename(o.key))]
             if not objects:
                 raise ConfigError(f"input.paths: no objects match {pattern!r}")
             located.extend((o.url, f"/{o.bucket}/{o.key}", o.size, o.etag, o.version_id, 0) for o in objects)

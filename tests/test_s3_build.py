@@ -357,3 +357,15 @@ def test_different_configs_racing_for_a_ref_lose_no_generation(project: Project,
     assert (current["generation"], current["snapshot"]) == published[-1]
     for _, snapshot_id in published:
         assert_complete(store, snapshot_id)
+
+
+def test_a_prefix_skips_hidden_and_marker_objects_like_a_local_folder(project: Project) -> None:
+    from prep.sources import discover
+
+    url = new_bucket()
+    upload_corpus(project, f"{url}/corpus")
+    bucket = bucket_of(url)
+    admin_client().put_object(Bucket=bucket, Key="corpus/_SUCCESS", Body=b"")
+    admin_client().put_object(Bucket=bucket, Key="corpus/.part-0.jsonl.crc", Body=b"x")
+    found = [source.rel for source in discover((f"{url}/corpus/",), project.root, "auto")]
+    assert found == sorted(FILES)
