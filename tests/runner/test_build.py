@@ -192,3 +192,23 @@ def test_part_ranges_cover_every_part_once() -> None:
             assert len(ranges) <= count
             covered = [i for start, end in ranges for i in range(start, end)]
             assert covered == list(range(len(documents)))
+
+
+def test_encode_special_tokens_off_lets_text_become_the_special_id(corpus: Path, tokenizer_path: Path) -> None:
+    """The option is part of the resolved config (a different snapshot), and with it off a
+    literal EOS string is encoded as the EOS id, exactly like the reference with that setting."""
+    on = build_local(write_pipeline(corpus, tokenizer_path, ["corpus"]), corpus / "store")
+    off_pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], name="off.toml")
+    off_pipeline.write_text(off_pipeline.read_text().replace('backend = "tokenizers"\n',
+                                                             'backend = "tokenizers"\nencode_special_tokens = false\n'))
+    off = build_local(off_pipeline, corpus / "store")
+    assert off.snapshot.id != on.snapshot.id
+    assert off.snapshot.manifest["config"]["tokenizer"]["encode_special_tokens"] is False
+    reference = Tokenizer.from_file(str(tokenizer_path))
+    eos_id = reference.token_to_id(EOS)
+    samples = read_samples(corpus / "store", off.snapshot.manifest)
+    sequences = read_sequences(corpus / "store", off.snapshot.manifest)
+    (eos_doc,) = [seq for seq, (_, m) in zip(sequences, samples) if json.loads(m["json"])["id"] == "c-eos"]
+    text = f"code that prints {EOS} inside a string"
+    assert eos_doc.tolist() == reference.encode(text, add_special_tokens=False).ids + [eos_id]
+    assert eos_doc.tolist().count(eos_id) == 2

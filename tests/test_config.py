@@ -1,0 +1,51 @@
+"""The pipeline file: sizes, defaults, strict keys and types, and what the resolved config holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prep.config import parse_pipeline, parse_size
+from prep.errors import ConfigError
+
+MINIMAL = {"dataset": "tiny", "input": {"paths": ["a.jsonl"]}, "tokenizer": {"path": "t.json"}}
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("256MB", 256 * 10**6), ("1MiB", 2**20), ("1.5GB", 1_500_000_000), ("2 GiB", 2 * 2**30),
+    ("4096", 4096), (4096, 4096), ("10kb", 10_000), ("3KiB", 3 * 1024), ("1TB", 10**12),
+])
+def test_sizes_accept_decimal_and_binary_units(text: object, expected: int) -> None:
+    assert parse_size(text, "output.shard_size") == expected
+
+
+@pytest.mark.parametrize("text", ["", "MB", "12 parsecs", "-5MB", "0", True, 1.5, "1e6"])
+def test_bad_sizes_name_the_key(text: object) -> None:
+    with pytest.raises(ConfigError, match="output.shard_size"):
+        parse_size(text, "output.shard_size")
+
+
+def test_defaults_and_resolved_config_hold_no_machine_paths() -> None:
+    pipeline = parse_pipeline(dict(MINIMAL), Path("/somewhere"), "p.toml")
+    assert pipeline.seed == 0 and pipeline.output.shard_size == 256 * 10**6
+    assert pipeline.output.formats == ("bin", "wds") and pipeline.dedup.exact
+    resolved = pipeline.resolved()
+    assert "/somewhere" not in repr(resolved) and "t.json" not in repr(resolved)
+    assert resolved["tokenizer"] == {"eos": "<|endoftext|>", "encode_special_tokens": True}
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"bogus": 1}, "bogus: unknown key"),
+    ({"input": {"paths": ["a"], "fromat": "jsonl"}}, "input.fromat: unknown key"),
+    ({"input": {"paths": ["a"], "format": "csv"}}, "input.format: must be one of"),
+    ({"output": {"formats": ["bin", "tfrecord"]}}, "unknown format 'tfrecord'"),
+    ({"output": {"formats": ["bin", "bin"]}}, "output.formats"),
+    ({"tokenizer": {"path": "t.json", "encode_special_tokens": "yes"}}, "tokenizer.encode_special_tokens: expected bool"),
+    ({"dataset": "has space"}, "dataset"),
+    ({"input": {"paths": []}}, "input.paths"),
+    ({"seed": True}, "seed: expected int"),
+])
+def test_mistakes_name_the_key(change: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+        parse_pipeline({**MINIMAL, **change}, Path("."), "p.toml")
