@@ -10,16 +10,20 @@ import hashlib
 import io
 import os
 import posixpath
+import shutil
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from prep.cache import cache_root
 from prep.errors import ConfigError, InputError
 
 READ_CHUNK = 4 << 20
 LINE_BLOCK = 8 << 20  # lines are split out of blocks this large (readline per line is slower)
+SPOOL_HEADROOM = 1 << 30  # S3 inputs are spooled only while this much disk stays free
 _JSONL = (".jsonl", ".ndjson", ".json")
 _TEXT = (".txt", ".text", ".md")
 _COMPRESSED = (".gz", ".zst")
@@ -141,11 +145,29 @@ def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[Sour
     return [sources[rel] for rel in sorted(sources)]
 
 
+def local_copy(source: SourceFile) -> Path | None:
+    """A local file holding the input's bytes: the file itself, or the spooled copy of an S3
+    input (present when this machine hashed it); None when only S3 has it."""
+    if not source.location.startswith("s3://"):
+        return Path(source.location)
+    if source.sha256:
+        spooled = spool_path(source.sha256)
+        try:
+            if spooled.stat().st_size == source.size:
+                return spooled
+        except FileNotFoundError:
+            pass
+    return None
+
+
 def open_raw(source: SourceFile) -> BinaryIO:
     """The file's stored bytes (still compressed)."""
     if source.location.startswith("s3://"):
         from prep.storage.s3 import S3Object, open_object
 
+        spooled = local_copy(source)
+        if spooled is not None:
+            return open(spooled, "rb")
         # pinned to the version (or ETag) that was hashed, so every task reads those bytes
         return open_object(S3Object.at(source.location, source.size, source.etag, source.version_id))
     try:
@@ -167,13 +189,47 @@ def open_decoded(source: SourceFile) -> BinaryIO:
     return raw
 
 
+def spool_path(sha256: str) -> Path:
+    """Where this machine keeps a copy of an S3 input read during hashing, named by content."""
+    return cache_root() / "inputs" / sha256
+
+
+def _spool_fits(size: int, folder: Path) -> bool:
+    folder.mkdir(parents=True, exist_ok=True)
+    return shutil.disk_usage(folder).free > size + SPOOL_HEADROOM
+
+
+def _hash_s3(source: SourceFile) -> SourceFile:
+    """Hash an S3 input in one read, teeing it into the local spool when it fits on disk, so
+    tasks on this machine read the spool instead of reading S3 a second time."""
+    from prep.storage.s3 import S3Object, hash_object
+
+    obj = S3Object.at(source.location, source.size, source.etag, source.version_id)
+    folder = cache_root() / "inputs"
+    if not _spool_fits(source.size, folder):
+        read, sha256 = hash_object(obj)
+    else:
+        temp = folder / f".{uuid.uuid4().hex}.part"
+        try:
+            with open(temp, "wb") as sink:
+                read, sha256 = hash_object(obj, sink)
+            os.replace(temp, spool_path(sha256))  # named by the hash of exactly the bytes written
+        finally:
+            temp.unlink(missing_ok=True)
+    return dataclasses.replace(source, sha256=sha256, etag=read.etag, version_id=read.version_id)
+
+
+def release_spool(sources: list[SourceFile]) -> None:
+    """Drop the spooled copies of these S3 inputs (once no task needs them)."""
+    for source in sources:
+        if source.location.startswith("s3://") and source.sha256:
+            spool_path(source.sha256).unlink(missing_ok=True)
+
+
 def hash_source(source: SourceFile) -> SourceFile:
     """The same source with the SHA-256 of its stored bytes filled in."""
     if source.location.startswith("s3://"):
-        from prep.storage.s3 import S3Object, hash_object
-
-        read, sha256 = hash_object(S3Object.at(source.location, source.size, source.etag, source.version_id))
-        return dataclasses.replace(source, sha256=sha256, etag=read.etag, version_id=read.version_id)
+        return _hash_s3(source)
     hasher = hashlib.sha256()
     size = 0
     try:

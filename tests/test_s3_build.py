@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,9 +239,13 @@ class ReplaceOnFirstRangedRead:
 
 
 def test_an_input_replaced_during_the_build_is_read_as_hashed(project: Project, hooks: list[RequestHook],
-                                                              tmp_path: Path) -> None:
-    """Versioned bucket: tasks read the version that was hashed. Otherwise reads are pinned to the
-    hashed ETag, so the build stops with a one-line error instead of mixing two contents."""
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When tasks read S3 (no local spool: a full disk, or another node): in a versioned bucket
+    they read the version that was hashed; otherwise reads are pinned to the hashed ETag, so the
+    build stops with a one-line error instead of mixing two contents."""
+    import prep.sources
+
+    monkeypatch.setattr(prep.sources, "SPOOL_HEADROOM", 1 << 62)  # no disk is that free: no spool
     reference = build_in_process(project.pipeline, str(tmp_path / "reference"))
     for url, keeps_version in ((new_bucket(versioned=True), True), (new_bucket(), False)):
         upload_corpus(project, f"{url}/corpus")
@@ -253,6 +258,33 @@ def test_an_input_replaced_during_the_build_is_read_as_hashed(project: Project, 
             with pytest.raises(StoreError, match=rf"^{url}/corpus/{FILES[0]}: object changed while being read$"):
                 build_in_process(pipeline, f"{url}/store")
         assert hook.fired
+
+
+class CountInputReads:
+    """Counts GET requests per input object key."""
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket, self.gets = bucket, Counter[str]()
+
+    def __call__(self, environ: dict[str, Any]) -> None:
+        path = environ["PATH_INFO"]
+        if environ["REQUEST_METHOD"] == "GET" and path.startswith(f"/{self.bucket}/corpus/"):
+            self.gets[path.removeprefix(f"/{self.bucket}/")] += 1
+
+
+def test_each_s3_input_is_read_once(project: Project, hooks: list[RequestHook], tmp_path: Path) -> None:
+    """Hashing tees every input into a local spool that the tokenize tasks read, so a build
+    reads each input object from S3 exactly once, and the spool is gone afterwards."""
+    from prep.sources import spool_path
+
+    url = new_bucket()
+    upload_corpus(project, f"{url}/corpus")
+    counter = CountInputReads(bucket_of(url))
+    hooks[:] = [counter]
+    pipeline = s3_pipeline(project, tmp_path, [f"{url}/corpus/"])
+    result = build_in_process(pipeline, f"{url}/store")
+    assert counter.gets == {f"corpus/{name}": 1 for name in FILES}
+    assert all(not spool_path(f["sha256"]).exists() for f in result.snapshot.manifest["inputs"]["files"])
 
 
 def test_racing_builders_write_each_object_once(project: Project) -> None:

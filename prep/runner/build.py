@@ -41,7 +41,7 @@ from prep.runner.tasks import (
     run_tokenize_job,
 )
 from prep.snapshots import Snapshot, publish_manifest
-from prep.sources import SourceFile, discover, hash_sources, input_version
+from prep.sources import SourceFile, discover, hash_sources, input_version, release_spool
 from prep.stages.read import ReadTask, plan_read_tasks
 from prep.stages.shard import create_shard_files
 from prep.stages.shuffle import ShardSpec
@@ -309,7 +309,10 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[
     settings = TokenizeSettings(str(tokenizer_path), info.sha256, pipeline.tokenizer.eos,
                                 pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend,
                                 pipeline.input.on_error)
-    entries = builder.tokenize(sources, settings)
+    try:
+        entries = builder.tokenize(sources, settings)
+    finally:
+        release_spool(sources)  # S3 inputs were read once, into the spool; no later stage reads them
     documents_read = sum(int(e["documents"]) for e in entries)
     if documents_read == 0:
         raise InputError(f"{pipeline.source}: the corpus has no documents ({len(sources)} input files)")

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from prep import cas
+from prep.cache import cache_root
 from prep.errors import IntegrityError
 from prep.faults import crash_point
 from prep.stages.dedup import check_unique_ids, keep_mask, pack_mask, read_hashes, unpack_mask
@@ -36,7 +37,7 @@ def worker_store(url: str) -> Store:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("PREP_CACHE", Path.home() / ".cache" / "prep")) / "objects"
+    return cache_root() / "objects"
 
 
 def fetch_local(store: Store, object_id: str) -> Path:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from prep.errors import InputError
-from prep.sources import SourceFile, iter_lines_in_range, open_decoded, open_raw
+from prep.sources import SourceFile, iter_lines_in_range, local_copy, open_decoded, open_raw
 
 RANGE_BYTES = 64 * 2**20
 
@@ -98,7 +98,10 @@ def plan_read_tasks(source: SourceFile, text_field: str, id_field: str | None) -
 
 
 def _seekable(source: SourceFile) -> BinaryIO:
-    if not source.location.startswith("s3://"):
+    """A seekable stream of the file (Parquet and Arrow readers need one): the local file or
+    spooled S3 copy, else a temporary download."""
+    local = local_copy(source)
+    if local is not None:
         return open_raw(source)
     spool = tempfile.TemporaryFile()
     with open_raw(source) as stream:

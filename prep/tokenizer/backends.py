@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
+from prep.cache import cache_root
 from prep.errors import InputError, TokenizerError
 from prep.tokenizer import TokenizerInfo, contains_special, reference_encode_batch
 
@@ -127,7 +128,7 @@ def _unassigned_tables() -> tuple[np.ndarray[Any, np.dtype[np.bool_]], np.ndarra
 
 
 def _cached_unassigned_table() -> np.ndarray[Any, np.dtype[np.bool_]]:
-    folder = Path(os.environ.get("PREP_CACHE", Path.home() / ".cache" / "prep"))
+    folder = cache_root()
     path = folder / f"unicode-unassigned-{unicodedata.unidata_version}.bits"
     try:
         return np.unpackbits(np.fromfile(path, dtype=np.uint8), count=0x110000).astype(np.bool_)

@@ -95,9 +95,10 @@ def open_object(obj_or_url: S3Object | str) -> BinaryIO:
     return reader(_INPUT_CLIENTS.get(), obj.bucket, obj.key, obj.size, pin(obj.version_id, obj.etag))
 
 
-def hash_object(obj: S3Object) -> tuple[S3Object, str]:
+def hash_object(obj: S3Object, sink: BinaryIO | None = None) -> tuple[S3Object, str]:
     """Read `obj` once (pinned to its listed version or ETag) and return it with the ETag and
-    version id that were actually read, and the SHA-256 hex of its bytes.
+    version id that were actually read, and the SHA-256 hex of its bytes; `sink`, if given,
+    receives a copy of every byte (the build spools inputs so tasks need not read S3 again).
 
     Prefix and glob listings report no versions; the first GET does, so later reads of a build
     can stay on exactly the bytes that were hashed, and its log can name that version."""
@@ -112,4 +113,6 @@ def hash_object(obj: S3Object) -> tuple[S3Object, str]:
     with reader(client, obj.bucket, obj.key, obj.size, pin(read.version_id, read.etag), first) as stream:
         while chunk := stream.read(HASH_CHUNK):
             hasher.update(chunk)
+            if sink is not None:
+                sink.write(chunk)
     return read, hasher.hexdigest()
