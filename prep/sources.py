@@ -199,14 +199,14 @@ def _spool_fits(size: int, folder: Path) -> bool:
     return shutil.disk_usage(folder).free > size + SPOOL_HEADROOM
 
 
-def _hash_s3(source: SourceFile) -> SourceFile:
+def _hash_s3(source: SourceFile, spool: bool) -> SourceFile:
     """Hash an S3 input in one read, teeing it into the local spool when it fits on disk, so
     tasks on this machine read the spool instead of reading S3 a second time."""
     from prep.storage.s3 import S3Object, hash_object
 
     obj = S3Object.at(source.location, source.size, source.etag, source.version_id)
     folder = cache_root() / "inputs"
-    if not _spool_fits(source.size, folder):
+    if not spool or not _spool_fits(source.size, folder):
         read, sha256 = hash_object(obj)
     else:
         temp = folder / f".{uuid.uuid4().hex}.part"
@@ -226,10 +226,10 @@ def release_spool(sources: list[SourceFile]) -> None:
             spool_path(source.sha256).unlink(missing_ok=True)
 
 
-def hash_source(source: SourceFile) -> SourceFile:
-    """The same source with the SHA-256 of its stored bytes filled in."""
+def hash_source(source: SourceFile, spool: bool = False) -> SourceFile:
+    """The same source with the SHA-256 of its stored bytes filled in (`spool`: see _hash_s3)."""
     if source.location.startswith("s3://"):
-        return _hash_s3(source)
+        return _hash_s3(source, spool)
     hasher = hashlib.sha256()
     size = 0
     try:

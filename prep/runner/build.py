@@ -30,6 +30,7 @@ from prep.runner.tasks import (
     AssembleJob,
     DedupJob,
     FinishJob,
+    HashJob,
     PartRef,
     ShuffleJob,
     TaskResult,
@@ -37,11 +38,12 @@ from prep.runner.tasks import (
     run_assemble_job,
     run_dedup_job,
     run_finish_job,
+    run_hash_job,
     run_shuffle_job,
     run_tokenize_job,
 )
 from prep.snapshots import Snapshot, publish_manifest
-from prep.sources import SourceFile, discover, hash_sources, input_version, release_spool
+from prep.sources import SourceFile, discover, input_version, release_spool
 from prep.stages.read import ReadTask, plan_read_tasks
 from prep.stages.shard import create_shard_files
 from prep.stages.shuffle import ShardSpec
@@ -50,6 +52,8 @@ from prep.storage.base import Store
 from prep.tokenizer import load_tokenizer
 
 LOGS_PREFIX = "logs/"
+HASH_BATCH_BYTES = 256 << 20
+HASH_BATCH_FILES = 512
 ARTIFACT_FILES = {"bin": ("bin", "bin"), "idx": ("bin", "idx"), "wds": ("wds", "tar")}
 
 
@@ -226,6 +230,22 @@ class _Builder:
             shutil.rmtree(work_dir, ignore_errors=True)
 
 
+def _hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFile]:
+    """Hash every input on the executor's workers, in batches of files (the driver reads no
+    input bytes itself); returns the sources in their original order."""
+    batches: list[list[SourceFile]] = [[]]
+    size = 0
+    for source in sources:
+        if batches[-1] and (size >= HASH_BATCH_BYTES or len(batches[-1]) >= HASH_BATCH_FILES):
+            batches.append([])
+            size = 0
+        batches[-1].append(source)
+        size += source.size
+    jobs = [HashJob(tuple(batch), spool=executor.shares_filesystem) for batch in batches]
+    hashed: dict[int, list[SourceFile]] = dict(executor.run(run_hash_job, jobs))
+    return [source for index in range(len(batches)) for source in hashed[index]]
+
+
 def _part_ranges(documents: list[int], count: int) -> list[tuple[int, int]]:
     """Split parts into at most `count` contiguous ranges of similar document counts."""
     total = max(1, sum(documents))
@@ -301,8 +321,7 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[
     _, info = load_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)
 
     progress.stage("inputs", "discovering and hashing")
-    sources = hash_sources(discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format),
-                           threads=max(2, min(executor.workers, os.cpu_count() or 2, 8)))
+    sources = _hash_inputs(discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format), executor)
     version = input_version(sources)
     progress.done("inputs", f"{len(sources)} files, {sum(s.size for s in sources) / 1e6:.1f} MB, {version[:19]}")
 

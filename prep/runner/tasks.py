@@ -18,6 +18,7 @@ from prep import cas
 from prep.cache import cache_root
 from prep.errors import IntegrityError
 from prep.faults import crash_point
+from prep.sources import SourceFile, hash_source
 from prep.stages.dedup import check_unique_ids, keep_mask, pack_mask, read_hashes, unpack_mask
 from prep.stages.read import ReadTask
 from prep.stages.shard import ShardFiles, assemble_shards, finish_shard, scatter
@@ -84,6 +85,20 @@ class TaskResult:
     outputs: dict[str, str]
     summary: dict[str, Any]
     log: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class HashJob:
+    """Hash a batch of input files; with `spool`, S3 inputs are also copied to this machine's
+    spool for the tokenize tasks (only useful when they run on the same machine)."""
+
+    sources: tuple[SourceFile, ...]
+    spool: bool
+
+
+def run_hash_job(job: HashJob) -> list[SourceFile]:
+    with ThreadPoolExecutor(max_workers=min(2, len(job.sources)) or 1) as pool:
+        return list(pool.map(lambda source: hash_source(source, job.spool), job.sources))
 
 
 @dataclass(frozen=True)
