@@ -13,7 +13,6 @@ import posixpath
 import shutil
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -256,12 +255,6 @@ def check_unchanged(source: SourceFile) -> None:
         raise InputError(f"{source.location}: cannot read input file: {exc.strerror}") from None
     if stat.st_size != source.size or stat.st_mtime_ns != source.mtime_ns:
         raise InputError(f"{source.location}: changed during the build; rerun to pick up the new content")
-
-
-def hash_sources(sources: list[SourceFile], threads: int) -> list[SourceFile]:
-    """Hash every input in parallel threads (hashlib releases the GIL on large buffers)."""
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        return list(pool.map(hash_source, sources))
 
 
 def input_version(sources: list[SourceFile]) -> str:

@@ -217,7 +217,7 @@ class _Builder:
         work_dir.mkdir(parents=True)
         try:
             files = [tuple(create_shard_files(spec, job.formats, work_dir) for spec in group) for group in groups]
-            ranges = _part_ranges([ref.documents for ref in job.parts], slices)
+            ranges = _contiguous_ranges([ref.documents for ref in job.parts], slices)
             scatters = [replace(job, shards=tuple(group), files=group_files, part_range=part_range)
                         for group, group_files in zip(groups, files) for part_range in ranges]
             for _ in self.executor.run(run_assemble_job, scatters):
@@ -246,18 +246,19 @@ def _hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFi
     return [source for index in range(len(batches)) for source in hashed[index]]
 
 
-def _part_ranges(documents: list[int], count: int) -> list[tuple[int, int]]:
-    """Split parts into at most `count` contiguous ranges of similar document counts."""
-    total = max(1, sum(documents))
+def _contiguous_ranges(weights: list[int], count: int) -> list[tuple[int, int]]:
+    """Split a list into at most `count` contiguous, non-empty [start, end) ranges of similar
+    total weight, covering every index once."""
+    total = max(1, sum(weights))
     ranges: list[tuple[int, int]] = []
     start, acc = 0, 0
-    for index, size in enumerate(documents):
+    for index, size in enumerate(weights):
         acc += size
         if acc >= total * (len(ranges) + 1) / count and len(ranges) < count - 1:
             ranges.append((start, index + 1))
             start = index + 1
-    if start < len(documents):
-        ranges.append((start, len(documents)))
+    if start < len(weights):
+        ranges.append((start, len(weights)))
     return ranges
 
 
@@ -276,18 +277,8 @@ def _artifact_formats(formats: tuple[str, ...]) -> list[str]:
 
 def _balanced_groups(specs: list[ShardSpec], count: int) -> list[list[ShardSpec]]:
     """Split shards into at most `count` contiguous groups of similar byte size."""
-    if not specs:
-        return []
-    count = max(1, min(count, len(specs)))
-    total = sum(s.bin_size + s.tar_size for s in specs)
-    groups: list[list[ShardSpec]] = [[]]
-    acc = 0
-    for spec in specs:
-        if groups[-1] and acc >= total * len(groups) / count and len(groups) < count:
-            groups.append([])
-        groups[-1].append(spec)
-        acc += spec.bin_size + spec.tar_size
-    return groups
+    ranges = _contiguous_ranges([spec.bin_size + spec.tar_size for spec in specs], count)
+    return [specs[start:end] for start, end in ranges]
 
 
 def _artifacts(shards: list[dict[str, Any]], formats: tuple[str, ...]) -> list[dict[str, Any]]:

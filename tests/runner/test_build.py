@@ -183,13 +183,14 @@ def test_one_shard_scattered_by_several_workers_is_byte_identical(corpus: Path, 
     assert not list((corpus / "store2" / "tmp").glob("assemble-*"))
 
 
-def test_part_ranges_cover_every_part_once() -> None:
-    from prep.runner.build import _part_ranges
+def test_contiguous_ranges_cover_every_index_once() -> None:
+    from prep.runner.build import _contiguous_ranges
 
-    for documents in ([5], [1, 1, 1], [10, 0, 0, 3, 7], [0, 0], list(range(1, 30))):
+    for documents in ([], [5], [1, 1, 1], [10, 0, 0, 3, 7], [0, 0], list(range(1, 30))):
         for count in (1, 2, 3, 8):
-            ranges = _part_ranges(documents, count)
+            ranges = _contiguous_ranges(documents, count)
             assert len(ranges) <= count
+            assert all(start < end for start, end in ranges)
             covered = [i for start, end in ranges for i in range(start, end)]
             assert covered == list(range(len(documents)))
 

@@ -15,15 +15,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import prep.stages.read as read
-from prep.sources import discover, hash_sources
+from prep.sources import SourceFile, discover, hash_source
 from prep.stages.read import BadRecord, Document, plan_read_tasks, read_documents
 from tests.helpers import make_records, write_jsonl
 
 RECORDS = make_records(40, seed=11)
 
 
+def _hashed(sources: list[SourceFile]) -> list[SourceFile]:
+    return [hash_source(source) for source in sources]
+
+
 def _documents(folder: Path, pattern: str, declared: str = "auto", id_field: str | None = "id") -> list[Document]:
-    sources = hash_sources(discover((pattern,), folder, declared), threads=2)
+    sources = _hashed(discover((pattern,), folder, declared))
     found: list[Document] = []
     for source in sources:
         for task in plan_read_tasks(source, "text", id_field):
@@ -62,7 +66,7 @@ def test_parquet_row_group_ranges(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(read, "RANGE_BYTES", 300)
     table = pa.table({"id": [r["id"] for r in RECORDS], "text": [r["text"] for r in RECORDS]})
     pq.write_table(table, tmp_path / "a.parquet", row_group_size=7)
-    (source,) = hash_sources(discover(("a.parquet",), tmp_path, "auto"), 1)
+    (source,) = _hashed(discover(("a.parquet",), tmp_path, "auto"))
     assert len(plan_read_tasks(source, "text", "id")) > 2
     documents = _documents(tmp_path, "a.parquet")
     assert _pairs(documents) == EXPECTED
@@ -88,7 +92,7 @@ def test_hugging_face_dataset_saved_to_disk(tmp_path: Path) -> None:
 
 def test_bad_records_name_line_or_row(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_bytes(b'{"text": "ok"}\n[1, 2]\n{"text": 5}\n\xff\n')
-    sources = hash_sources(discover(("a.jsonl",), tmp_path, "auto"), 1)
+    sources = _hashed(discover(("a.jsonl",), tmp_path, "auto"))
     (task,) = plan_read_tasks(sources[0], "text", None)
     bad = [item for item in read_documents(task, {}) if isinstance(item, BadRecord)]
     messages = [item.message("a.jsonl") for item in bad]
