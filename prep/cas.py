@@ -11,6 +11,7 @@ from typing import BinaryIO
 
 from prep.errors import IntegrityError, NotFoundError
 from prep.storage.base import Store
+from prep.writeback import start_writeback
 
 OBJECTS_PREFIX = "objects/sha256/"
 CHUNK = 1 << 20
@@ -62,20 +63,30 @@ def digest_file(path: Path) -> Digest:
 
 
 class HashingWriter:
-    """A write-only file that hashes what passes through it; `digest` once closed."""
+    """A write-only file that hashes what passes through it; `digest` once closed.
+
+    Writeback to disk starts every WRITEBACK_BYTES (prep.writeback), so the fsync in `close`
+    finds little left to write."""
+
+    WRITEBACK_BYTES = 8 << 20
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._handle: BinaryIO = open(path, "wb")
+        self._handle: BinaryIO = open(path, "xb")
         self._hasher = hashlib.sha256()
         self._size = 0
+        self._written_back = 0
         self.digest: Digest | None = None
 
-    def write(self, data: bytes | memoryview) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         self._handle.write(data)
         self._hasher.update(data)
         size = memoryview(data).nbytes
         self._size += size
+        if self._size - self._written_back >= self.WRITEBACK_BYTES:
+            self._handle.flush()
+            start_writeback(self._handle.fileno(), self._written_back, self._size - self._written_back)
+            self._written_back = self._size
         return size
 
     # The file-object surface pyarrow's PythonFile needs to write through this object.

@@ -13,7 +13,7 @@ import json
 import os
 import struct
 import tarfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -196,9 +196,18 @@ def member_bytes(name: str, data: bytes) -> bytes:
 
 def npy_header(count: int, dtype: npt.DTypeLike) -> bytes:
     """The NPY 1.0 header numpy writes for a 1-D array of `count` little-endian `dtype` items."""
+    return npy_header_function(dtype)(count)
+
+
+def npy_header_function(dtype: npt.DTypeLike) -> Callable[[int], bytes]:
+    """`npy_header(count, dtype)` as a function of the count alone, for one call per document."""
     prefix, tails = _npy_header_parts(little_endian(dtype).str)
-    digits = str(count)
-    return prefix + digits.encode("ascii") + tails[len(digits)]
+
+    def header(count: int) -> bytes:
+        digits = str(count).encode("ascii")
+        return prefix + digits + tails[len(digits)]
+
+    return header
 
 
 @functools.cache
@@ -240,9 +249,14 @@ def npy_bytes(tokens: npt.ArrayLike) -> bytes:
 def sample_json(doc_id: str, source: str, line: int, tokens: int) -> bytes:
     """The `.json` member: canonical JSON {"id","line","source","tokens"} (sorted, compact, UTF-8).
 
-    Written directly (the values are a str and ints, never floats); equal to canonical.dumps."""
-    return json.dumps({"id": doc_id, "line": int(line), "source": source, "tokens": int(tokens)},
-                      sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    Spelled out directly, since shard assembly makes one per document: the same bytes as
+    canonical.dumps (keys in sorted order, strings escaped as json.dumps does without
+    ensure_ascii, integers in decimal)."""
+    return (f'{{"id":{_json_string(doc_id)},"line":{int(line)},"source":{_json_string(source)},'
+            f'"tokens":{int(tokens)}}}').encode()
+
+
+_json_string = json.encoder.encode_basestring
 
 
 def sample_span(json_size: int, npy_size: int, txt_size: int) -> int:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from prep import cas
@@ -29,7 +28,6 @@ from prep.runner.progress import Progress
 from prep.runner.tasks import (
     AssembleJob,
     DedupJob,
-    FinishJob,
     HashJob,
     PartRef,
     ShuffleJob,
@@ -37,7 +35,6 @@ from prep.runner.tasks import (
     TokenizeJob,
     run_assemble_job,
     run_dedup_job,
-    run_finish_job,
     run_hash_job,
     run_shuffle_job,
     run_tokenize_job,
@@ -45,7 +42,7 @@ from prep.runner.tasks import (
 from prep.snapshots import Snapshot, publish_manifest
 from prep.sources import SourceFile, discover, input_version, release_spool
 from prep.stages.read import ReadTask, plan_read_tasks
-from prep.stages.shard import create_shard_files
+from prep.stages.shard import UNIT_FILES, UNITS
 from prep.stages.shuffle import ShardSpec
 from prep.stages.tokenize import TokenizeSettings
 from prep.storage.base import Store
@@ -173,61 +170,45 @@ class _Builder:
 
     def shard(self, parts: tuple[PartRef, ...], keep_id: str, shuffle: dict[str, Any], dtype: str,
               eos_id: int, workers: int) -> list[dict[str, Any]]:
+        """Write every shard's units (bin: .bin and .idx; wds: .tar), each with its own task
+        record; jobs get contiguous runs of units of similar size, at most one per worker."""
         formats = self.pipeline.output.formats
         settings = {"formats": list(formats), "dtype": dtype, "eos_id": eos_id}
         stage_key = self.stage_key("shard", settings, [self.stages["shuffle"].output])
         specs = [ShardSpec.from_json(s) for s in shuffle["shards"]]
-        shard_keys = {spec.index: records.content_key(stage_key, spec.index) for spec in specs}
-        missing = [s for s in specs if records.read_task_record(self.store, "shard", shard_keys[s.index]) is None]
-        self.progress.stage("shard", f"{len(specs)} shards, {len(specs) - len(missing)} committed")
-        groups = _balanced_groups(missing, workers)
-        job = AssembleJob(self.store.url, parts, keep_id, shuffle["outputs"]["plan"], (), formats, dtype, eos_id)
+        units = [(spec, unit) for spec in specs for unit in UNITS if unit in formats]
+        unit_keys = {(spec.index, unit): records.content_key(stage_key, spec.index, unit) for spec, unit in units}
+        missing = [(spec, unit) for spec, unit in units
+                   if records.read_task_record(self.store, "shard", unit_keys[spec.index, unit]) is None]
+        self.progress.stage("shard", f"{len(specs)} shards, {len(units) - len(missing)} of {len(units)} files committed")
+        weights = [spec.bin_size if unit == "bin" else spec.tar_size for spec, unit in missing]
+        groups = [tuple(missing[start:end]) for start, end in _contiguous_ranges(weights, workers)]
+        jobs = [AssembleJob(self.store.url, parts, keep_id, shuffle["outputs"]["plan"], group, dtype, eos_id)
+                for group in groups]
         run = self.stages["shard"]
-        for group, result in self._assemble(job, groups, workers):
-            for spec in group:
-                outputs = {fmt: result.outputs[f"{spec.index}/{fmt}"] for fmt in _artifact_formats(formats)}
+        for index, result in self.executor.run(run_assemble_job, jobs):
+            for spec, unit in groups[index]:
+                names = [f"{spec.index}/{fmt}" for fmt in UNIT_FILES[unit]]
                 crash_point("shard.before_commit")
-                records.write_task_record(self.store, "shard", shard_keys[spec.index], outputs,
-                                          {"sizes": {f: result.summary["sizes"][f"{spec.index}/{f}"] for f in outputs}})
+                records.write_task_record(self.store, "shard", unit_keys[spec.index, unit],
+                                          {name.split("/")[1]: result.outputs[name] for name in names},
+                                          {"sizes": {name.split("/")[1]: result.summary["sizes"][name] for name in names}})
                 run.ran += 1
-        run.cached = len(specs) - len(missing)
+        run.cached = len(units) - len(missing)
         shards = []
         for spec in specs:
-            record = records.read_task_record(self.store, "shard", shard_keys[spec.index])
-            assert record is not None
-            shards.append({**spec.to_json(), "outputs": record["outputs"], "sizes": record["summary"]["sizes"]})
+            outputs: dict[str, str] = {}
+            sizes: dict[str, int] = {}
+            for unit in UNITS:
+                if unit in formats:
+                    record = records.read_task_record(self.store, "shard", unit_keys[spec.index, unit])
+                    assert record is not None
+                    outputs.update(record["outputs"])
+                    sizes.update(record["summary"]["sizes"])
+            shards.append({**spec.to_json(), "outputs": outputs, "sizes": sizes})
         self.commit_stage("shard", stage_key, {"shards": shards})
-        self.progress.done("shard", f"{run.ran} written, {run.cached} cached")
+        self.progress.done("shard", f"{run.ran} files written, {run.cached} cached")
         return shards
-
-
-    def _assemble(self, job: AssembleJob, groups: list[list[ShardSpec]],
-                  workers: int) -> Iterator[tuple[list[ShardSpec], TaskResult]]:
-        """Assemble each group of shards and store its files. With fewer groups than workers and
-        an executor whose workers share this machine's files, each group's shard files are made
-        here and several tasks scatter ranges of the intermediates into them, then one finishes
-        them: a single large shard is written by every core instead of one."""
-        slices = workers // len(groups) if groups else 1
-        if slices < 2 or not self.executor.shares_filesystem:
-            jobs = [replace(job, shards=tuple(group)) for group in groups]
-            for index, result in self.executor.run(run_assemble_job, jobs):
-                yield groups[index], result
-            return
-        work_dir = self.store.staging_dir() / f"assemble-{uuid.uuid4().hex}"
-        work_dir.mkdir(parents=True)
-        try:
-            files = [tuple(create_shard_files(spec, job.formats, work_dir) for spec in group) for group in groups]
-            ranges = _contiguous_ranges([ref.documents for ref in job.parts], slices)
-            scatters = [replace(job, shards=tuple(group), files=group_files, part_range=part_range)
-                        for group, group_files in zip(groups, files) for part_range in ranges]
-            for _ in self.executor.run(run_assemble_job, scatters):
-                pass
-            finishes = [FinishJob(job.store_url, job.plan_id, tuple(group), group_files, job.dtype)
-                        for group, group_files in zip(groups, files)]
-            for index, result in self.executor.run(run_finish_job, finishes):
-                yield groups[index], result
-        finally:
-            shutil.rmtree(work_dir, ignore_errors=True)
 
 
 def _hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFile]:
@@ -273,12 +254,6 @@ def _task_bytes(job: TokenizeJob) -> int:
 
 def _artifact_formats(formats: tuple[str, ...]) -> list[str]:
     return [fmt for fmt in ("bin", "idx", "wds") if ARTIFACT_FILES[fmt][0] in formats]
-
-
-def _balanced_groups(specs: list[ShardSpec], count: int) -> list[list[ShardSpec]]:
-    """Split shards into at most `count` contiguous groups of similar byte size."""
-    ranges = _contiguous_ranges([spec.bin_size + spec.tar_size for spec in specs], count)
-    return [specs[start:end] for start, end in ranges]
 
 
 def _artifacts(shards: list[dict[str, Any]], formats: tuple[str, ...]) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from prep.faults import crash_point
 from prep.sources import SourceFile, hash_source
 from prep.stages.dedup import check_unique_ids, keep_mask, pack_mask, read_hashes, unpack_mask
 from prep.stages.read import ReadTask
-from prep.stages.shard import ShardFiles, assemble_shards, finish_shard, scatter
+from prep.stages.shard import PartReader, collect_documents, write_unit
 from prep.stages.shuffle import Part, ShardSpec, plan_bytes, plan_from_bytes, plan_shards
 from prep.stages.tokenize import TokenizeSettings, run_tokenize
 from prep.storage import open_store
@@ -162,71 +162,42 @@ def run_shuffle_job(job: ShuffleJob) -> TaskResult:
 
 @dataclass(frozen=True)
 class AssembleJob:
-    """Write a group of shards and store them; with `files` given, only scatter the parts in
-    `part_range` into those shared, pre-sized files (another job finishes and stores them)."""
+    """Write some units of some shards (see prep.stages.shard) and store their files.
+    `units` pairs a shard with "bin" (its .bin and .idx) or "wds" (its .tar)."""
 
     store_url: str
     parts: tuple[PartRef, ...]
     keep_id: str
     plan_id: str
-    shards: tuple[ShardSpec, ...]
-    formats: tuple[str, ...]
+    units: tuple[tuple[ShardSpec, str], ...]
     dtype: str
     eos_id: int
-    files: tuple[ShardFiles, ...] = ()
-    part_range: tuple[int, int] = (0, 0)
-
-
-@dataclass(frozen=True)
-class FinishJob:
-    """Finish scattered shards (tar end blocks, .idx) and store their files."""
-
-    store_url: str
-    plan_id: str
-    shards: tuple[ShardSpec, ...]
-    files: tuple[ShardFiles, ...]
-    dtype: str
-
-
-def _store_shard_files(store: Store, written: list[ShardFiles]) -> TaskResult:
-    """Store finished shard files; outputs are keyed `<shard>/<format>`."""
-    files = [(f"{shard.index}/{fmt}", path) for shard in written for fmt, path in sorted(shard.files.items())]
-
-    def store_file(path: Path) -> cas.Digest:
-        digest = cas.put_file(store, path)  # hashing and fsync release the GIL: threads overlap them
-        crash_point("shard.between_puts")
-        return digest
-
-    with ThreadPoolExecutor(max_workers=min(4, len(files)) or 1) as pool:
-        digests = list(pool.map(store_file, [path for _, path in files]))
-    outputs = {name: digest.id for (name, _), digest in zip(files, digests)}
-    sizes = {name: digest.size for (name, _), digest in zip(files, digests)}
-    return TaskResult(outputs, {"sizes": sizes}, {})
 
 
 def run_assemble_job(job: AssembleJob) -> TaskResult:
+    """Outputs are keyed `<shard>/<format>`; one metadata pass serves every unit of the job."""
     store = worker_store(job.store_url)
     keep = unpack_mask(cas.get_bytes(store, job.keep_id))
     plan = plan_from_bytes(cas.get_bytes(store, job.plan_id))
     parts = [ref.resolve(store) for ref in job.parts]
-    if job.files:
-        scatter(parts, keep, plan, list(job.shards), {f.index: f for f in job.files}, np.dtype(job.dtype),
-                job.eos_id, range(*job.part_range))
-        return TaskResult({}, {}, {})
+    shards = sorted({spec.index for spec, _ in job.units})
+    documents = collect_documents(parts, keep, plan, shards, with_json=any(unit == "wds" for _, unit in job.units))
     work_dir = store.staging_dir() / f"assemble-{uuid.uuid4().hex}"
     work_dir.mkdir(parents=True)
+    reader = PartReader(parts)
+    outputs: dict[str, str] = {}
+    sizes: dict[str, int] = {}
     try:
-        written = assemble_shards(parts, keep, plan, list(job.shards), job.formats, np.dtype(job.dtype),
-                                  job.eos_id, work_dir)
-        crash_point("shard.after_write")
-        return _store_shard_files(store, written)
+        for spec, unit in job.units:
+            written = write_unit(unit, spec, documents[spec.index], reader, np.dtype(job.dtype), job.eos_id, work_dir)
+            crash_point("shard.after_write")
+            for fmt, (path, digest) in sorted(written.items()):
+                cas.put_file(store, path, digest)
+                crash_point("shard.between_puts")
+                outputs[f"{spec.index}/{fmt}"] = digest.id
+                sizes[f"{spec.index}/{fmt}"] = digest.size
+                path.unlink()
+        return TaskResult(outputs, {"sizes": sizes}, {})
     finally:
+        reader.close()
         shutil.rmtree(work_dir, ignore_errors=True)
-
-
-def run_finish_job(job: FinishJob) -> TaskResult:
-    store = worker_store(job.store_url)
-    plan = plan_from_bytes(cas.get_bytes(store, job.plan_id))
-    written = [finish_shard(spec, files, plan, np.dtype(job.dtype)) for spec, files in zip(job.shards, job.files)]
-    crash_point("shard.after_write")
-    return _store_shard_files(store, written)

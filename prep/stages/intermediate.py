@@ -1,13 +1,21 @@
-"""The tokenize stage's intermediate file: Arrow IPC (file format) with LZ4-compressed buffers,
-one record batch per tokenize batch.
+"""The tokenize stage's intermediate file: every document's text and token ids as raw bytes,
+then a small Arrow IPC table of per-document metadata.
 
-Chosen by measurement (docs/performance.md): IPC writes and reads several times faster than
-Parquet for this data, and readers can project columns (dedup reads only the 16-byte hashes)
-and fetch one record batch at a time (shard assembly).
+Layout (little-endian):
+- data: per tokenize batch, the UTF-8 texts of its documents back to back, then their token
+  ids (the snapshot's token dtype, no EOS) back to back;
+- metadata: an uncompressed Arrow IPC file, one record batch per tokenize batch, with the
+  columns of METADATA_COLUMNS; `text_offset` and `tokens_offset` are absolute file offsets;
+- footer: the metadata's offset (u64), then the magic `PREPINT2`.
+
+Raw bytes let shard assembly copy any document's text and tokens with one positional read each,
+in whatever order the shuffle asks; dedup, shuffle planning and lineage read the small table
+alone. Chosen by measurement over Parquet and compressed Arrow IPC (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -18,63 +26,112 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from prep.cas import Digest, HashingWriter
+from prep.errors import IntegrityError
+from prep.formats import little_endian
 
-COMPRESSION = "lz4"
-COLUMNS = ("row", "id", "text", "text_hash", "text_bytes", "n_tokens", "special", "tokens")
+MAGIC = b"PREPINT2"
+_FOOTER = struct.Struct("<Q8s")
+METADATA_COLUMNS = ("row", "id", "text_hash", "text_bytes", "n_tokens", "special", "text_offset", "tokens_offset")
+COLUMNS = METADATA_COLUMNS  # every column a reader can ask for
 
 
 def schema(dtype: np.dtype[Any]) -> pa.Schema:
-    token_type = pa.uint16() if dtype == np.uint16 else pa.int32()
+    """The metadata table's schema; its metadata names the token dtype of the data region."""
     return pa.schema([
         ("row", pa.int64()),
         ("id", pa.string()),
-        ("text", pa.large_string()),
         ("text_hash", pa.binary(16)),
         ("text_bytes", pa.int64()),
         ("n_tokens", pa.int32()),
         ("special", pa.bool_()),
-        ("tokens", pa.large_list(token_type)),
-    ])
+        ("text_offset", pa.int64()),
+        ("tokens_offset", pa.int64()),
+    ], metadata={"token_dtype": little_endian(dtype).str})
 
 
 class IntermediateWriter:
-    """Writes record batches to a new intermediate file, hashing while writing; `digest` is
-    the file's SHA-256 and size once closed (so storing it needs no second read)."""
+    """Writes a new intermediate batch by batch, hashing while writing; `digest` is the file's
+    SHA-256 and size once closed (so storing it needs no second read)."""
 
     def __init__(self, path: Path, dtype: np.dtype[Any]) -> None:
+        self.dtype = little_endian(dtype)
         self.schema = schema(dtype)
-        self._hashing = HashingWriter(path)
-        self._sink = pa.PythonFile(self._hashing, mode="w")
-        self._writer = ipc.new_file(self._sink, self.schema,
-                                    options=ipc.IpcWriteOptions(compression=COMPRESSION))
+        self._file = HashingWriter(path)
+        self._metadata: list[pa.RecordBatch] = []
         self.digest: Digest | None = None
 
-    def write(self, columns: Sequence[pa.Array]) -> None:
-        self._writer.write_batch(pa.RecordBatch.from_arrays(list(columns), schema=self.schema))
+    def write_batch(self, rows: Sequence[int], ids: Sequence[str | None], texts: Sequence[bytes],
+                    text_hashes: Sequence[bytes], specials: Sequence[bool],
+                    tokens: Sequence[np.ndarray[Any, Any]]) -> None:
+        """Append one batch of documents: their UTF-8 texts and token arrays, in order."""
+        text_lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        token_counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+        text_start = self._file.tell()
+        text_offsets = text_start + np.concatenate(([0], np.cumsum(text_lengths)[:-1])).astype(np.int64)
+        self._file.write(b"".join(texts))
+        tokens_start = self._file.tell()
+        flat = np.concatenate(tokens).astype(self.dtype, copy=False) if tokens else np.zeros(0, self.dtype)
+        self._file.write(np.ascontiguousarray(flat).data.cast("B"))
+        token_starts = np.concatenate(([0], np.cumsum(token_counts)[:-1])).astype(np.int64)
+        self._metadata.append(pa.RecordBatch.from_arrays([
+            pa.array(rows, pa.int64()),
+            pa.array(ids, pa.string()),
+            pa.array(text_hashes, pa.binary(16)),
+            pa.array(text_lengths, pa.int64()),
+            pa.array(token_counts.astype(np.int32), pa.int32()),
+            pa.array(specials, pa.bool_()),
+            pa.array(text_offsets[:len(texts)], pa.int64()),
+            pa.array(tokens_start + token_starts[:len(tokens)] * self.dtype.itemsize, pa.int64()),
+        ], schema=self.schema))
 
-    def close(self) -> None:
+    def close(self) -> Digest:
         if self.digest is None:
-            self._writer.close()
-            self.digest = self._hashing.close()
+            metadata_offset = self._file.tell()
+            sink = pa.BufferOutputStream()
+            with ipc.new_file(sink, self.schema) as writer:
+                for batch in self._metadata:
+                    writer.write_batch(batch)
+            self._file.write(memoryview(sink.getvalue()))
+            self._file.write(_FOOTER.pack(metadata_offset, MAGIC))
+            self.digest = self._file.close()
+        return self.digest
 
     def __enter__(self) -> IntermediateWriter:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close()
+        if exc_type is None:
+            self.close()
+        else:
+            self._file.__exit__(exc_type, exc, tb)
 
 
 class Intermediate:
-    """Read access to one intermediate file: column projection, batch by batch."""
+    """Read access to one intermediate's metadata: column projection, batch by batch."""
 
-    def __init__(self, path: Path, columns: Sequence[str] = COLUMNS) -> None:
-        unknown = set(columns) - set(COLUMNS)
+    def __init__(self, path: Path, columns: Sequence[str] = METADATA_COLUMNS) -> None:
+        unknown = set(columns) - set(METADATA_COLUMNS)
         if unknown:
             raise ValueError(f"unknown intermediate columns: {sorted(unknown)}")
-        fields = [COLUMNS.index(name) for name in columns]
-        self._reader = ipc.open_file(pa.memory_map(str(path), "r"),
-                                     options=ipc.IpcReadOptions(included_fields=fields))
+        mapped = pa.memory_map(str(path), "r")
+        size = mapped.size()
+        if size < _FOOTER.size:
+            raise IntegrityError(f"{path}: {size} bytes is too short for an intermediate")
+        mapped.seek(size - _FOOTER.size)
+        metadata_offset, magic = _FOOTER.unpack(mapped.read(_FOOTER.size))
+        if magic != MAGIC or metadata_offset > size - _FOOTER.size:
+            raise IntegrityError(f"{path}: not a prep intermediate (bad footer)")
+        mapped.seek(metadata_offset)
+        table = mapped.read_buffer(size - _FOOTER.size - metadata_offset)
+        fields = [METADATA_COLUMNS.index(name) for name in columns]
+        self._reader = ipc.open_file(table, options=ipc.IpcReadOptions(included_fields=fields))
+
+    @property
+    def token_dtype(self) -> np.dtype[Any]:
+        """The dtype of the token ids in the data region."""
+        dtype: np.dtype[Any] = np.dtype(self._reader.schema.metadata[b"token_dtype"].decode())
+        return dtype
 
     @property
     def num_batches(self) -> int:
@@ -92,7 +149,7 @@ class Intermediate:
 
 
 def read_columns(path: Path, columns: Sequence[str]) -> pa.Table:
-    """The given columns of every row, in row order."""
+    """The given metadata columns of every document, in row order."""
     return Intermediate(path, columns).table()
 
 

@@ -1,154 +1,310 @@
-"""Shard assembly: write planned shards in both formats.
+"""Shard assembly: write each planned shard file front to back, gathering its documents from the
+intermediates in shuffled order.
 
-Streams intermediates in input order, reading only the record batches that hold documents of
-the wanted shards, and writes each document at the offset the plan fixed (positional writes),
-so memory holds one batch at a time and output bytes never depend on how the work is split:
-one task may write a group of shards, or several tasks may each scatter a range of the
-intermediates into the same shard files before one task finishes them.
+A shard has two units of work, one per format: `bin` (the .bin and .idx) and `wds` (the .tar).
+A unit writes its file sequentially, a chunk of a few MiB at a time: the chunk is laid out in
+memory (tar headers for the whole chunk at once), each document's text and token ids are copied
+into place with one positional read from its intermediate (usually still in the page cache),
+then a writer thread hashes and appends the chunk while the next one is gathered, starting disk
+writeback at once. Output files are hashed while written, never read back; memory holds two
+chunks plus a few dozen bytes per document of the job's shards.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
+from prep.cas import Digest, HashingWriter
+from prep.errors import IntegrityError
 from prep.faults import crash_point
 from prep.formats import little_endian, megatron, wds
 from prep.stages.intermediate import Intermediate
 from prep.stages.shuffle import Part, ShardSpec, document_id, record_line
+from prep.writeback import start_writeback
+
+UNITS = ("bin", "wds")
+UNIT_FILES = {"bin": ("bin", "idx"), "wds": ("wds",)}
+CHUNK_BYTES = 8 << 20
+MAX_OPEN_FILES = 256
+_GATHER_COLUMNS = ["row", "id", "n_tokens", "text_bytes", "text_offset", "tokens_offset"]
 
 
 @dataclass(frozen=True)
-class ShardFiles:
-    """Local files of one shard, by artifact format (bin, idx, wds)."""
+class ShardDocuments:
+    """One shard's documents in position order: where each one's bytes are, and its `.json`."""
 
-    index: int
-    files: dict[str, Path]
-
-
-def create_shard_files(spec: ShardSpec, formats: tuple[str, ...], work_dir: Path) -> ShardFiles:
-    """Empty files of the shard's final sizes (sparse), ready for positional writes."""
-    stem = work_dir / f"shard-{spec.index:05d}-{uuid.uuid4().hex}"
-    files: dict[str, Path] = {}
-    for fmt, suffix, size in (("bin", ".bin", spec.bin_size), ("wds", ".tar", spec.tar_size)):
-        if fmt in formats:
-            files[fmt] = stem.with_suffix(suffix)
-            with open(files[fmt], "xb") as handle:
-                handle.truncate(size)
-    if "bin" in formats:
-        files["idx"] = stem.with_suffix(".idx")
-    return ShardFiles(spec.index, files)
+    part: np.ndarray  # index into the parts list
+    text_offset: np.ndarray
+    text_bytes: np.ndarray
+    tokens_offset: np.ndarray
+    n_tokens: np.ndarray  # without EOS
+    jsons: list[bytes]  # empty unless the wds unit needs them
 
 
-class _OpenShard:
-    """File descriptors of one shard's files, open for positional writes."""
+def collect_documents(parts: list[Part], keep: np.ndarray, plan: np.ndarray, shards: list[int],
+                      with_json: bool) -> dict[int, ShardDocuments]:
+    """One pass over the intermediates' metadata: the documents of `shards`, each in position order."""
+    wanted = np.zeros(int(plan["shard"].max()) + 1 if len(plan) else 0, dtype=bool)
+    wanted[shards] = True
+    kept_index = np.cumsum(keep) - 1  # document index -> plan row (valid where kept)
+    columns: dict[str, list[np.ndarray]] = {name: [] for name in ("shard", "pos", "part", "text_offset", "text_bytes",
+                                                                  "tokens_offset", "n_tokens")}
+    jsons: list[bytes] = []
+    first = 0
+    for number, part in enumerate(parts):
+        table = Intermediate(part.path, _GATHER_COLUMNS).table()
+        if table.num_rows != part.documents:
+            raise IntegrityError(f"{part.path}: {table.num_rows} documents, the tokenize record says {part.documents}")
+        rows = np.arange(first, first + part.documents)
+        first += part.documents
+        mine = keep[rows].copy()
+        mine[mine] = wanted[plan["shard"][kept_index[rows[mine]]]]
+        selected = np.flatnonzero(mine)
+        if not len(selected):
+            continue
+        entries = plan[kept_index[rows[selected]]]
+        columns["shard"].append(entries["shard"])
+        columns["pos"].append(entries["pos"])
+        columns["part"].append(np.full(len(selected), number, dtype=np.int32))
+        for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
+            columns[name].append(table.column(name).to_numpy()[selected].astype(np.int64))
+        if with_json:
+            ids = table.column("id").take(selected).to_pylist()
+            record_rows = table.column("row").to_numpy()[selected].tolist()
+            for doc_id, row, n in zip(ids, record_rows, columns["n_tokens"][-1].tolist()):
+                line = record_line(part.format, part.line_offset, row)
+                jsons.append(wds.sample_json(document_id(doc_id, part.source, line), part.source, line, n + 1))
+    if not columns["shard"]:
+        return {}
+    merged = {name: np.concatenate(arrays) for name, arrays in columns.items()}
+    order = np.lexsort((merged["pos"], merged["shard"]))
+    result: dict[int, ShardDocuments] = {}
+    shard_of = merged["shard"][order]
+    for index in shards:
+        rows = order[np.searchsorted(shard_of, index, "left"):np.searchsorted(shard_of, index, "right")]
+        result[index] = ShardDocuments(
+            part=merged["part"][rows], text_offset=merged["text_offset"][rows], text_bytes=merged["text_bytes"][rows],
+            tokens_offset=merged["tokens_offset"][rows], n_tokens=merged["n_tokens"][rows],
+            jsons=[jsons[i] for i in rows.tolist()] if with_json else [])
+    return result
 
-    def __init__(self, spec: ShardSpec, files: ShardFiles) -> None:
-        self.spec = spec
-        self.fds = {fmt: os.open(path, os.O_WRONLY) for fmt, path in files.files.items() if fmt != "idx"}
+
+class PartReader:
+    """Positional reads from the intermediates, keeping a bounded number of files open."""
+
+    def __init__(self, parts: list[Part]) -> None:
+        self._paths = [part.path for part in parts]
+        self._open: OrderedDict[int, int] = OrderedDict()
+
+    def read_into(self, part: int, offset: int, view: memoryview) -> None:
+        fd = self._open.get(part)
+        if fd is None:
+            fd = self._reopen(part)
+        count = os.preadv(fd, [view], offset)
+        while count < len(view):  # short reads happen only at end of file: a truncated intermediate
+            if count <= 0:
+                raise IntegrityError(f"{self._paths[part]}: shorter than its metadata says")
+            view, offset = view[count:], offset + count
+            count = os.preadv(fd, [view], offset)
+
+    def _reopen(self, part: int) -> int:
+        if len(self._open) >= MAX_OPEN_FILES:
+            os.close(self._open.popitem(last=False)[1])
+        fd = self._open[part] = os.open(self._paths[part], os.O_RDONLY)
+        return fd
 
     def close(self) -> None:
-        for fd in self.fds.values():
+        for fd in self._open.values():
             os.close(fd)
+        self._open.clear()
 
 
-def scatter(parts: list[Part], keep: np.ndarray, plan: np.ndarray, specs: list[ShardSpec],
-            files: dict[int, ShardFiles], dtype: np.dtype[Any], eos_id: int, part_range: range) -> None:
-    """Write every kept document of `parts[part_range]` that belongs to one of `specs` at its
-    planned offsets. Ranges of parts may be scattered by different processes into the same
-    files: their documents never overlap."""
-    wanted = np.zeros(int(plan["shard"].max()) + 1 if len(plan) else 0, dtype=bool)
-    wanted[[spec.index for spec in specs]] = True
-    opened = {spec.index: _OpenShard(spec, files[spec.index]) for spec in specs}
-    eos = np.array([eos_id], dtype=dtype)
+class _ChunkSink:
+    """Appends chunks to a new file on one thread and hashes them on another while the caller
+    gathers the next chunk (os.pwrite and hashlib release the GIL). Two chunk buffers take
+    turns, so memory is two chunks and fresh pages are not faulted in for every chunk.
+    Disk writeback of each chunk starts at once; `close` fsyncs."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._hasher = hashlib.sha256()
+        self._size = 0
+        self._pool = ThreadPoolExecutor(max_workers=2)
+        self._pending: list[Future[None]] = []
+        self._buffers = [bytearray(CHUNK_BYTES), bytearray(CHUNK_BYTES)]
+        self._turn = 0
+
+    def buffer(self, size: int, zeroed: bool) -> memoryview:
+        """A buffer of `size` bytes that no write in flight uses (zero-filled when asked)."""
+        self._turn ^= 1
+        if len(self._buffers[self._turn]) < size:
+            self._buffers[self._turn] = bytearray(size)
+        elif zeroed:
+            np.frombuffer(self._buffers[self._turn], dtype=np.uint8, count=size).fill(0)
+        return memoryview(self._buffers[self._turn])[:size]
+
+    def write(self, chunk: memoryview) -> None:
+        self._wait()
+        offset, self._size = self._size, self._size + len(chunk)
+        self._pending = [self._pool.submit(self._hasher.update, chunk),
+                         self._pool.submit(self._append, chunk, offset)]
+        crash_point("shard.mid_write")
+
+    def _append(self, chunk: memoryview, offset: int) -> None:
+        written = 0
+        while written < len(chunk):
+            written += os.pwrite(self._fd, chunk[written:], offset + written)
+        start_writeback(self._fd, offset, len(chunk))
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    def close(self) -> Digest:
+        try:
+            self._wait()
+            os.fsync(self._fd)
+            return Digest(self._hasher.hexdigest(), self._size)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        self._pool.shutdown()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _chunks(spans: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) document ranges of about CHUNK_BYTES of output each (at least one document)."""
+    ends = np.cumsum(spans)
+    bounds, start = [], 0
+    while start < len(spans):
+        base = ends[start - 1] if start else 0
+        end = max(start + 1, int(np.searchsorted(ends, base + CHUNK_BYTES, "right")))
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+_Fill = Callable[[memoryview, int, int], None]
+
+
+def _write_chunks(path: Path, spans: np.ndarray, fill: _Fill, zeroed: bool) -> Digest:
+    """Write a file of consecutive spans, chunk by chunk; `fill(chunk, start, end)` lays out
+    spans [start, end) in a buffer that is zero-filled when `zeroed` (else fully overwritten)."""
+    sink = _ChunkSink(path)
     try:
-        kept_index = np.cumsum(keep) - 1  # document index -> plan row (valid where kept)
-        offset = 0
-        for number, part in enumerate(parts):
-            part_keep = keep[offset:offset + part.documents]
-            part_plan_rows = kept_index[offset:offset + part.documents]
-            offset += part.documents
-            if number not in part_range:
-                continue
-            mine = part_keep.copy()
-            mine[part_keep] = wanted[plan["shard"][part_plan_rows[part_keep]]]
-            if mine.any():
-                _scatter_part(part, mine, part_plan_rows, plan, opened, dtype, eos)
-    finally:
-        for shard in opened.values():
-            shard.close()
+        for start, end in _chunks(spans):
+            chunk = sink.buffer(int(spans[start:end].sum()), zeroed)
+            fill(chunk, start, end)
+            sink.write(chunk)
+    except BaseException:
+        sink.abort()
+        raise
+    return sink.close()
 
 
-def finish_shard(spec: ShardSpec, files: ShardFiles, plan: np.ndarray, dtype: np.dtype[Any]) -> ShardFiles:
-    """Complete a scattered shard: the tar's end-of-archive blocks, and the .idx, whose sequence
-    lengths follow from the plan's .bin offsets (so scatterers need not report them)."""
-    if "wds" in files.files:
-        with open(files.files["wds"], "r+b") as handle:
-            handle.seek(spec.tar_size - len(wds.END_OF_ARCHIVE))
-            handle.write(wds.END_OF_ARCHIVE)
-    if "idx" in files.files:
-        rows = np.flatnonzero(plan["shard"] == spec.index)
-        offsets = np.sort(plan["bin_off"][rows])
-        lengths = np.diff(np.append(offsets, spec.bin_size)) // dtype.itemsize
-        megatron.write_index(files.files["idx"], lengths.astype(np.int32), dtype)
-    return files
-
-
-def assemble_shards(parts: list[Part], keep: np.ndarray, plan: np.ndarray, shards: list[ShardSpec],
-                    formats: tuple[str, ...], dtype: np.dtype[Any], eos_id: int, work_dir: Path) -> list[ShardFiles]:
-    """Write the given shards completely in this process."""
-    files = {spec.index: create_shard_files(spec, formats, work_dir) for spec in shards}
-    scatter(parts, keep, plan, shards, files, dtype, eos_id, range(len(parts)))
-    return [finish_shard(spec, files[spec.index], plan, dtype) for spec in shards]
-
-
-def _scatter_part(part: Part, mine: np.ndarray, plan_rows: np.ndarray, plan: np.ndarray,
-                  opened: dict[int, _OpenShard], dtype: np.dtype[Any], eos: np.ndarray) -> None:
-    """Write this part's selected documents at their planned offsets, batch by batch."""
-    counts = Intermediate(part.path, ["n_tokens"])
-    full = Intermediate(part.path, ["row", "id", "text", "tokens"])
-    first = 0
-    for group in range(counts.num_batches):
-        rows = counts.batch(group).num_rows
-        selected = np.flatnonzero(mine[first:first + rows])
-        if len(selected):
-            _write_batch(part, full.batch(group), selected, plan[plan_rows[first + selected]], opened, dtype, eos)
-        first += rows
-
-
-def _write_batch(part: Part, batch: pa.RecordBatch, selected: np.ndarray, entries: np.ndarray,
-                 opened: dict[int, _OpenShard], dtype: np.dtype[Any], eos: np.ndarray) -> None:
-    """One pwritev per document and format, straight from the batch's buffers: neither token
-    ids nor texts are copied, and tar headers are made for the whole batch at once."""
+def write_bin(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
+              bin_path: Path, idx_path: Path) -> tuple[Digest, Digest]:
+    """The shard's .bin (each document's tokens then EOS) and its .idx."""
     little = little_endian(dtype)
-    eos_bytes = eos.astype(little).tobytes()
-    tokens = batch.column("tokens")
-    token_bytes = memoryview(tokens.values.to_numpy(zero_copy_only=False).astype(little, copy=False)).cast("B")
-    token_offsets = tokens.offsets.to_numpy() * little.itemsize
-    texts = batch.column("text")
-    text_offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64, count=len(texts) + 1, offset=texts.offset * 8)
-    text_data = memoryview(texts.buffers()[2] or b"")
-    token_views = [token_bytes[token_offsets[i]:token_offsets[i + 1]] for i in selected.tolist()]
-    lengths = [len(view) // little.itemsize + 1 for view in token_views]
-    shards = [opened[index] for index in entries["shard"].tolist()]
-    if "bin" in shards[0].fds:
-        for shard, view, offset in zip(shards, token_views, entries["bin_off"].tolist()):
-            os.pwritev(shard.fds["bin"], [view, eos_bytes], offset)
-    if "wds" in shards[0].fds:
-        ids, record_rows = batch.column("id").to_pylist(), batch.column("row").to_pylist()
-        jsons = []
-        for i, length in zip(selected.tolist(), lengths):
-            line = record_line(part.format, part.line_offset, record_rows[i])
-            jsons.append(wds.sample_json(document_id(ids[i], part.source, line), part.source, line, length))
-        text_views = [text_data[text_offsets[i]:text_offsets[i + 1]] for i in selected.tolist()]
-        buffer_lists = wds.sample_buffer_lists(entries["pos"], jsons, [[v, eos_bytes] for v in token_views],
-                                               text_views, little)
-        for shard, buffers, offset in zip(shards, buffer_lists, entries["tar_off"].tolist()):
-            os.pwritev(shard.fds["wds"], buffers, offset)
-    crash_point("shard.mid_write")
+    item = little.itemsize
+    lengths = docs.n_tokens + 1
+    ends = np.cumsum(lengths * item)
+
+    def fill(chunk: memoryview, start: int, end: int) -> None:
+        base = int(ends[start - 1]) if start else 0
+        eos_at = ends[start:end] - base - item
+        read = reader.read_into
+        for part, offset, at, size in zip(docs.part[start:end].tolist(), docs.tokens_offset[start:end].tolist(),
+                                          (eos_at - docs.n_tokens[start:end] * item).tolist(),
+                                          (docs.n_tokens[start:end] * item).tolist()):
+            read(part, offset, chunk[at:at + size])
+        np.frombuffer(chunk, dtype=little)[eos_at // item] = eos_id
+
+    bin_digest = _write_chunks(bin_path, lengths * item, fill, zeroed=False)
+    with HashingWriter(idx_path) as index:
+        index.write(megatron.index_bytes(lengths, little))
+    return bin_digest, index.close()
+
+
+def write_tar(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
+              first_pos: int, tar_path: Path) -> Digest:
+    """The shard's WebDataset tar: three members per document in position order, then the
+    end-of-archive blocks."""
+    little = little_endian(dtype)
+    item = little.itemsize
+    block = wds.BLOCK_SIZE
+    count = len(docs.jsons)
+    json_sizes = np.fromiter(map(len, docs.jsons), dtype=np.int64, count=count)
+    npy_sizes = wds.npy_sizes(docs.n_tokens + 1, little)
+    npy_head = len(wds.npy_header(0, little))
+    # Offsets of each member's data within its sample; the end-of-archive blocks are one more
+    # "sample" that stays zeros.
+    json_at = np.full(count, block, dtype=np.int64)
+    npy_at = json_at + wds.padded_size(json_sizes) + block
+    text_at = npy_at + wds.padded_size(npy_sizes) + block
+    spans = np.append(text_at + wds.padded_size(docs.text_bytes), len(wds.END_OF_ARCHIVE))
+    sample_at = np.concatenate(([0], np.cumsum(spans)[:-1]))
+    npy_header = wds.npy_header_function(little)
+
+    def fill(chunk: memoryview, start: int, end: int) -> None:
+        end = min(end, count)
+        if start >= end:
+            return  # only the end-of-archive blocks
+        at = sample_at[start:end] - int(sample_at[start])
+        positions = np.arange(first_pos + start, first_pos + end)
+        headers = [wds.member_headers(positions, suffix, sizes[start:end]).data.cast("B")
+                   for suffix, sizes in ((wds.JSON_SUFFIX, json_sizes), (wds.TOKENS_SUFFIX, npy_sizes),
+                                         (wds.TEXT_SUFFIX, docs.text_bytes))]
+        tokens_at = at + npy_at[start:end] + npy_head
+        eos_at = tokens_at + docs.n_tokens[start:end] * item
+        np.frombuffer(chunk, dtype=little)[eos_at // item] = eos_id
+        read = reader.read_into
+        for k, (json_bytes, sample, token_start, eos_start, text_start, part, tokens_offset, text_offset,
+                text_size, tokens) in enumerate(zip(
+                docs.jsons[start:end], at.tolist(), tokens_at.tolist(), eos_at.tolist(),
+                (at + text_at[start:end]).tolist(), docs.part[start:end].tolist(),
+                docs.tokens_offset[start:end].tolist(), docs.text_offset[start:end].tolist(),
+                docs.text_bytes[start:end].tolist(), docs.n_tokens[start:end].tolist())):
+            header = slice(k * block, (k + 1) * block)
+            chunk[sample:sample + block] = headers[0][header]
+            chunk[sample + block:sample + block + len(json_bytes)] = json_bytes
+            npy_start = token_start - npy_head
+            chunk[npy_start - block:npy_start] = headers[1][header]
+            chunk[npy_start:token_start] = npy_header(tokens + 1)
+            read(part, tokens_offset, chunk[token_start:eos_start])
+            chunk[text_start - block:text_start] = headers[2][header]
+            read(part, text_offset, chunk[text_start:text_start + text_size])
+
+    return _write_chunks(tar_path, spans, fill, zeroed=True)
+
+
+def write_unit(unit: str, spec: ShardSpec, docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any],
+               eos_id: int, work_dir: Path) -> dict[str, tuple[Path, Digest]]:
+    """Write one unit of a shard into `work_dir`; returns {format: (path, digest)}."""
+    stem = work_dir / f"shard-{spec.index:05d}"
+    if len(docs.n_tokens) != spec.documents:
+        raise IntegrityError(f"shard {spec.index}: found {len(docs.n_tokens)} documents, the plan has {spec.documents}")
+    if unit == "bin":
+        bin_path, idx_path = stem.with_suffix(".bin"), stem.with_suffix(".idx")
+        bin_digest, idx_digest = write_bin(docs, reader, dtype, eos_id, bin_path, idx_path)
+        if bin_digest.size != spec.bin_size:
+            raise IntegrityError(f"shard {spec.index}: wrote {bin_digest.size} .bin bytes, planned {spec.bin_size}")
+        return {"bin": (bin_path, bin_digest), "idx": (idx_path, idx_digest)}
+    tar_path = stem.with_suffix(".tar")
+    digest = write_tar(docs, reader, dtype, eos_id, spec.first_pos, tar_path)
+    if digest.size != spec.tar_size:
+        raise IntegrityError(f"shard {spec.index}: wrote {digest.size} .tar bytes, planned {spec.tar_size}")
+    return {"wds": (tar_path, digest)}

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import xxhash
 
 from prep.cas import Digest
@@ -100,7 +99,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path) -> 
     """Read, hash and tokenize every document of `task` into one local intermediate file."""
     engine, info = _engine(settings)
     dtype = np.dtype(info.dtype)
-    out_path = work_dir / f"tokenize-{uuid.uuid4().hex}.arrow"
+    out_path = work_dir / f"tokenize-{uuid.uuid4().hex}.part"
     counts = {"documents": 0, "tokens": 0, "text_bytes": 0, "bad_records": 0, "special_token_documents": 0,
               "lines": 0}
     bad: list[str] = []
@@ -111,29 +110,17 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path) -> 
             texts = [doc.text for doc in batch]
             encoded = [doc.data for doc in batch]
             tokens = engine.encode_batch(texts, [f"{task.source.rel}:{task.part}:{d.row}" for d in batch])
-            lengths = np.fromiter((len(t) for t in tokens), dtype=np.int32, count=len(tokens))
             for doc in batch:
                 if doc.id is not None:
                     if doc.id in seen_ids:
                         raise InputError(f"{task.source.location}: duplicate id {doc.id!r} "
                                          f"(row/line {doc.row + 1} of this part)")
                     seen_ids.add(doc.id)
-            offsets = np.zeros(len(tokens) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-            flat = np.concatenate(tokens) if tokens else np.zeros(0, dtype=dtype)
             specials = [contains_special(t, info.special_tokens) for t in texts]
-            writer.write([
-                pa.array([doc.row for doc in batch], pa.int64()),
-                pa.array([doc.id for doc in batch], pa.string()),
-                pa.array(texts, pa.large_string()),
-                pa.array([xxhash.xxh3_128_digest(b) for b in encoded], pa.binary(16)),
-                pa.array([len(b) for b in encoded], pa.int64()),
-                pa.array(lengths, pa.int32()),
-                pa.array(specials, pa.bool_()),
-                pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(dtype, copy=False))),
-            ])
+            writer.write_batch([doc.row for doc in batch], [doc.id for doc in batch], encoded,
+                               [xxhash.xxh3_128_digest(b) for b in encoded], specials, tokens)
             counts["documents"] += len(batch)
-            counts["tokens"] += int(lengths.sum())
+            counts["tokens"] += sum(len(t) for t in tokens)
             counts["text_bytes"] += sum(len(b) for b in encoded)
             counts["special_token_documents"] += sum(specials)
     check_unchanged(task.source)

@@ -170,9 +170,9 @@ def test_an_input_changed_after_hashing_is_refused(tmp_path: Path) -> None:
         check_unchanged(source)
 
 
-def test_one_shard_scattered_by_several_workers_is_byte_identical(corpus: Path, tokenizer_path: Path) -> None:
-    """Fewer shards than workers: several tasks scatter ranges of the intermediates into the
-    same shard files, and one finishes them. The bytes must not notice."""
+def test_one_shard_written_by_several_workers_is_byte_identical(corpus: Path, tokenizer_path: Path) -> None:
+    """Fewer shards than workers: one worker writes the shard's .bin and .idx while another
+    writes its .tar. The bytes must not notice."""
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="1MB")
     one = build_local(pipeline, corpus / "store1", workers=1)
     two = build_local(pipeline, corpus / "store2", workers=2)

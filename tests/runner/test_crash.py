@@ -69,10 +69,12 @@ def test_killed_build_reruns_to_the_same_snapshot(project: tuple[Path, str], tmp
         assert stages["shard"]["ran"] == 0
 
 
-@pytest.mark.parametrize("point", ["shard.mid_write:3", "shard.after_write", "shard.between_puts:2"])
-def test_killed_scatter_of_one_shard_reruns_to_the_same_snapshot(project: tuple[Path, str], tmp_path: Path,
-                                                                 point: str) -> None:
-    """One large shard written by two scattering workers and a finishing task, killed midway."""
+@pytest.mark.parametrize("point", ["shard.mid_write", "shard.after_write", "shard.between_puts:2",
+                                   "shard.before_commit:2"])
+def test_killed_write_of_one_shard_reruns_to_the_same_snapshot(project: tuple[Path, str], tmp_path: Path,
+                                                               point: str) -> None:
+    """One large shard whose .bin/.idx and .tar are written by two workers at once, killed midway;
+    a file committed before the kill is not written again."""
     pipeline, _ = project
     big = pipeline.with_name("one-shard.toml")
     big.write_text(pipeline.read_text().replace('shard_size = "3KB"', 'shard_size = "1MB"'))
@@ -85,4 +87,9 @@ def test_killed_scatter_of_one_shard_reruns_to_the_same_snapshot(project: tuple[
     assert all_objects_intact(store)
     assert run_prep("build", big, "--store", store, "--workers", "2").stdout.split()[-1] == expected
     assert all_objects_intact(store)
-    assert _last_log(store)["tokenize"]["ran"] == 0
+    stages = _last_log(store)
+    assert stages["tokenize"]["ran"] == 0
+    if point == "shard.before_commit:2":
+        assert stages["shard"]["ran"] == 1 and stages["shard"]["cached"] == 1
+    else:
+        assert stages["shard"]["ran"] + stages["shard"]["cached"] == 2

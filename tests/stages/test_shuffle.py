@@ -7,7 +7,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,16 +21,10 @@ def _part(folder: Path, name: str, sizes: list[int]) -> Part:
     """An intermediate with one document per size (n tokens, distinct texts)."""
     texts = [f"{name}-{i}-" + "x" * n for i, n in enumerate(sizes)]
     hashes = [i.to_bytes(8, "little") + hash(t).to_bytes(8, "little", signed=True) for i, t in enumerate(texts)]
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    path = folder / f"{name}.arrow"
+    path = folder / f"{name}.part"
     with IntermediateWriter(path, DTYPE) as writer:
-        writer.write([
-            pa.array(range(len(sizes)), pa.int64()), pa.array([None] * len(sizes), pa.string()),
-            pa.array(texts, pa.large_string()), pa.array(hashes, pa.binary(16)),
-            pa.array([len(t) for t in texts], pa.int64()), pa.array(sizes, pa.int32()),
-            pa.array([False] * len(sizes)),
-            pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(int(offsets[-1]), DTYPE))),
-        ])
+        writer.write_batch(range(len(sizes)), [None] * len(sizes), [t.encode() for t in texts], hashes,
+                           [False] * len(sizes), [np.zeros(n, DTYPE) for n in sizes])
     return Part(path, f"{name}.jsonl", "jsonl", 0, len(sizes))
 
 
