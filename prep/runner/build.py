@@ -228,14 +228,17 @@ def _hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFi
 
 
 def _contiguous_ranges(weights: list[int], count: int) -> list[tuple[int, int]]:
-    """Split a list into at most `count` contiguous, non-empty [start, end) ranges of similar
-    total weight, covering every index once."""
+    """Split a list into min(count, len) contiguous, non-empty [start, end) ranges of similar
+    total weight, covering every index once (a range ends where the running total reaches the
+    next 1/count of the whole, or where the items left are just enough for the ranges left)."""
     total = max(1, sum(weights))
     ranges: list[tuple[int, int]] = []
     start, acc = 0, 0
     for index, size in enumerate(weights):
         acc += size
-        if acc >= total * (len(ranges) + 1) / count and len(ranges) < count - 1:
+        items_left = len(weights) - index - 1
+        ranges_left = count - len(ranges) - 1
+        if items_left and ranges_left and (acc >= total * (len(ranges) + 1) / count or items_left <= ranges_left):
             ranges.append((start, index + 1))
             start = index + 1
     if start < len(weights):
