@@ -10,7 +10,6 @@ import click
 from prep.cli.common import resolve_store_url, store_option
 from prep.config import load_pipeline
 from prep.refs import check_name
-from prep.runner.build import build as run_build
 from prep.runner.executor import make_executor
 from prep.storage import open_store
 
@@ -36,6 +35,8 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
     store = open_store(resolve_store_url(store_url, pipeline_store))
     pool = make_executor(executor, workers or os.cpu_count() or 1, ray_address)
     try:
+        from prep.runner.build import build as run_build  # heavy: imported while the workers start
+
         result = run_build(config, store, pool, tags)
     finally:
         pool.close()
