@@ -5,8 +5,9 @@ A shard has two units of work, one per format: `bin` (the .bin and .idx) and `wd
 A unit writes its file sequentially, a chunk of a few MiB at a time: the chunk is laid out in
 memory (tar headers for the whole chunk at once), each document's text and token ids are copied
 into place from a memory map of its intermediate (usually still in the page cache), then writer
-threads append and hash the chunk while the next one is gathered, starting disk writeback at once. Output files are hashed while written, never read back; memory holds two
-chunks plus a few dozen bytes per document of the job's shards.
+threads append and hash the chunk while the next one is gathered, starting disk writeback at once.
+Output files are hashed while written, never read back; memory holds two chunks plus a few dozen
+bytes per document of the job's shards.
 """
 
 from __future__ import annotations

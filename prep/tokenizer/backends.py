@@ -10,7 +10,7 @@ import functools
 import importlib.metadata
 import json
 import os
-import re
+import sys
 import unicodedata
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -146,8 +146,41 @@ def _cached_unassigned_table() -> np.ndarray[Any, np.dtype[np.bool_]]:
     return table
 
 
-# Every code point below U+0378 is assigned; text without any other is safe.
-_BEYOND_FIRST_UNASSIGNED = re.compile(r"[^\x00-\u0377]")
+# Every code point below U+0378 is assigned (and stays so: Unicode never unassigns a code point).
+_FIRST_UNASSIGNED = 0x378
+
+
+def _compact_header() -> int | None:
+    """The size of a compact non-ASCII str's header, from sys.getsizeof; None where sizes do not
+    follow CPython's compact layout (header + (length + 1) * bytes per character)."""
+    try:
+        header = sys.getsizeof(chr(0xE9) * 2) - 3  # built at run time: no cached UTF-8 copy
+        sizes = [sys.getsizeof(chr(c) * 5) for c in (0xE9, 0x100, 0x10000)]
+    except TypeError:  # interpreters without sys.getsizeof for str
+        return None
+    return header if sizes == [header + 6, header + 12, header + 24] else None
+
+
+_COMPACT_HEADER = _compact_header()
+
+
+def _char_width(text: str) -> int:
+    """Bytes per character of a non-ASCII str read in O(1) from its size: 1 or 4 when the size says
+    so, else 0 (two bytes, or unsure).
+
+    Hazard: sys.getsizeof also counts a cached UTF-8 (or wchar_t) copy, and non-compact strings
+    are bigger, so only 1 is a proof (all code points below U+0100): any other layout is bigger than
+    header + length + 1. 4 is a hint only: callers must stay correct whatever the width."""
+    if _COMPACT_HEADER is None or type(text) is not str:
+        return 0
+    extra = sys.getsizeof(text) - _COMPACT_HEADER
+    length = len(text) + 1
+    return 1 if extra == length else 4 if extra == 4 * length else 0
+
+
+def _any_unassigned(table: np.ndarray[Any, np.dtype[np.bool_]], codes: np.ndarray[Any, np.dtype[Any]]) -> bool:
+    """True when `table` flags any of `codes`; looks up only codes at or above U+0378 (few in most text)."""
+    return bool(table[codes[codes >= _FIRST_UNASSIGNED]].any())
 
 
 def has_unassigned_code_point(text: str) -> bool:
@@ -156,15 +189,20 @@ def has_unassigned_code_point(text: str) -> bool:
     gigatoken's Unicode tables are newer than the reference's regex engine: it classes characters
     added by recent Unicode versions as letters, the reference as unassigned, so they split text
     differently. Python's database (14.0 on 3.11) predates both, so its gaps cover every such
-    character. Cheap checks first: ASCII (O(1)) and text below U+0378 never qualify."""
-    if text.isascii() or not _BEYOND_FIRST_UNASSIGNED.search(text):
+    character. Cheap checks first: ASCII and one-byte (Latin-1) strings never qualify (O(1)); then
+    UTF-16 code units, whose surrogates send astral text on to a check of its UTF-32 code points."""
+    if text.isascii():
+        return False
+    width = _char_width(text)
+    if width == 1:
         return False
     unassigned, units = _unassigned_tables()
-    code_units = np.frombuffer(text.encode("utf-16-le", "surrogatepass"), dtype=np.uint16)
-    if not units[code_units].any():
-        return False
+    if width != 4:
+        code_units = np.frombuffer(text.encode("utf-16-le", "surrogatepass"), dtype=np.uint16)
+        if not _any_unassigned(units, code_units):
+            return False
     code_points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    return bool(unassigned[code_points].any())
+    return _any_unassigned(unassigned, code_points)
 
 
 class GigatokenUnsupported(Exception):

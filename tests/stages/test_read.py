@@ -44,7 +44,18 @@ def _pairs(documents: list[Document]) -> list[tuple[str | None, str]]:
 EXPECTED = [(r["id"], r["text"]) for r in RECORDS]
 
 
-def test_jsonl_plain_gzip_and_zstd_read_alike(tmp_path: Path) -> None:
+@pytest.fixture(params=["fast", "json"])
+def json_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Read JSON Lines with the optional fast parser (when installed), then with json alone."""
+    if request.param == "fast":
+        pytest.importorskip("simdjson")
+        assert read._fast_parser() is not None
+    else:
+        monkeypatch.setattr(read, "_fast_parser", lambda: None)
+    return str(request.param)
+
+
+def test_jsonl_plain_gzip_and_zstd_read_alike(tmp_path: Path, json_parser: str) -> None:
     plain = write_jsonl(tmp_path / "plain" / "a.jsonl", RECORDS)
     data = plain.read_bytes()
     (tmp_path / "gz").mkdir()
@@ -56,7 +67,8 @@ def test_jsonl_plain_gzip_and_zstd_read_alike(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("range_bytes", [97, 500, 1 << 20])
-def test_jsonl_byte_ranges_cover_every_line_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, range_bytes: int) -> None:
+def test_jsonl_byte_ranges_cover_every_line_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, range_bytes: int,
+                                                  json_parser: str) -> None:
     monkeypatch.setattr(read, "RANGE_BYTES", range_bytes)
     write_jsonl(tmp_path / "a.jsonl", RECORDS)
     assert _pairs(_documents(tmp_path, "a.jsonl")) == EXPECTED
@@ -90,7 +102,7 @@ def test_hugging_face_dataset_saved_to_disk(tmp_path: Path) -> None:
     assert _pairs(_documents(tmp_path, "saved", declared="hf")) == _pairs(_documents(tmp_path, "saved"))
 
 
-def test_bad_records_name_line_or_row(tmp_path: Path) -> None:
+def test_bad_records_name_line_or_row(tmp_path: Path, json_parser: str) -> None:
     (tmp_path / "a.jsonl").write_bytes(b'{"text": "ok"}\n[1, 2]\n{"text": 5}\n\xff\n')
     sources = _hashed(discover(("a.jsonl",), tmp_path, "auto"))
     (task,) = plan_read_tasks(sources[0], "text", None)
