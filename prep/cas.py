@@ -66,12 +66,14 @@ class HashingWriter:
     """A write-only file that hashes what passes through it; `digest` once closed.
 
     Writeback to disk starts every WRITEBACK_BYTES (prep.writeback), so the fsync in `close`
-    finds little left to write."""
+    finds little left to write. With `durable=False`, `close` does not fsync: for a file that
+    is stored later by `put_file`, whose store makes it durable before giving it a name."""
 
     WRITEBACK_BYTES = 8 << 20
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, durable: bool = True) -> None:
         self.path = path
+        self.durable = durable
         self._handle: BinaryIO = open(path, "xb")
         self._hasher = hashlib.sha256()
         self._size = 0
@@ -106,7 +108,8 @@ class HashingWriter:
     def close(self) -> Digest:
         if self.digest is None:
             self._handle.flush()
-            os.fsync(self._handle.fileno())
+            if self.durable:
+                os.fsync(self._handle.fileno())
             self._handle.close()
             self.digest = Digest(self._hasher.hexdigest(), self._size)
         return self.digest

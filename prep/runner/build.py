@@ -33,6 +33,7 @@ from prep.runner.tasks import (
     ShuffleJob,
     TaskResult,
     TokenizeJob,
+    publish_staged,
     run_assemble_job,
     run_dedup_job,
     run_hash_job,
@@ -46,7 +47,7 @@ from prep.stages.shard import UNIT_FILES, UNITS
 from prep.stages.shuffle import ShardSpec
 from prep.stages.tokenize import TokenizeSettings
 from prep.storage.base import Store
-from prep.tokenizer import load_tokenizer
+from prep.tokenizer import describe_tokenizer
 
 LOGS_PREFIX = "logs/"
 HASH_BATCH_BYTES = 256 << 20
@@ -99,6 +100,7 @@ class _Builder:
         self.progress.tick(stage, len(committed), len(jobs), len(committed), force=True)
         for index, result in self.executor.run(fn, [job for _, job in todo]):
             key, job = todo[index]
+            result = publish_staged(self.store, result)
             crash_point(f"{stage}.before_commit")
             committed[key] = records.write_task_record(self.store, stage, key, result.outputs, result.summary)
             if result.log:
@@ -127,11 +129,14 @@ class _Builder:
         tasks: list[ReadTask] = []
         for source in sources:
             tasks.extend(plan_read_tasks(source, self.pipeline.input.text_field, self.pipeline.input.id_field))
+        # Where workers share this machine's store, the driver stores intermediates (and waits
+        # for their fsync) while the workers go on tokenizing.
+        driver_stores = self.executor.shares_filesystem and self.store.local_path("objects") is not None
         jobs = []
         for task in tasks:
             key = records.content_key("tokenize", settings.key_fields(), self.code, task.describe(),
                                       task.text_field, task.id_field)
-            jobs.append((key, TokenizeJob(self.store.url, task, settings)))
+            jobs.append((key, TokenizeJob(self.store.url, task, settings, driver_stores)))
         total_bytes = sum(source.size for source in sources)
         self.progress.stage("tokenize", f"{len(jobs)} tasks over {len(sources)} files, {total_bytes / 1e6:.1f} MB")
         done = self.run_tasks("tokenize", jobs, run_tokenize_job, _task_bytes)
@@ -287,7 +292,7 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[
     builder = _Builder(pipeline, store, executor, progress)
     started = time.time()
     tokenizer_path = pipeline.tokenizer_path()
-    _, info = load_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)
+    info = describe_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)
 
     progress.stage("inputs", "discovering and hashing")
     sources = _hash_inputs(discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format), executor)

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any, Protocol
 
@@ -45,12 +46,28 @@ def _exit_now() -> None:
     os._exit(0)
 
 
-def _warm_up() -> None:
-    """Import what tasks need, so the first task does not pay for it."""
+@dataclass(frozen=True)
+class WarmUp:
+    """The tokenizer a build's workers load before their first task, while the driver starts."""
+
+    tokenizer_path: str
+    eos: str
+    encode_special_tokens: bool
+    backend: str
+
+
+def _warm_up(warm: WarmUp | None) -> None:
+    """Import what tasks need and load the build's tokenizer, so the first task pays for neither."""
     import prep.runner.tasks  # noqa: F401
+    from prep.stages.read import preload_fast_parser
     from prep.tokenizer.backends import gigatoken_available
 
     gigatoken_available()
+    preload_fast_parser()
+    if warm is not None:
+        from prep.stages.tokenize import warm_engine
+
+        warm_engine(warm.tokenizer_path, warm.eos, warm.encode_special_tokens, warm.backend)
 
 
 class LocalExecutor:
@@ -58,17 +75,16 @@ class LocalExecutor:
 
     shares_filesystem = True
 
-    def __init__(self, workers: int, threads_per_worker: int = 1) -> None:
+    def __init__(self, workers: int, threads_per_worker: int = 1, warm_up: WarmUp | None = None) -> None:
         self.workers = workers
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                                          initializer=_init_worker, initargs=(threads_per_worker,))
-        # Each submit starts one worker; the workers import while the driver gets ready.
-        self._warming = [self._pool.submit(_warm_up) for _ in range(workers)]
+        # Each submit starts one worker, which warms up while the driver gets ready; tasks queue
+        # behind the warm-ups, whose errors are ignored (a task that needs the tokenizer reports them).
+        for _ in range(workers):
+            self._pool.submit(_warm_up, warm_up)
 
     def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
-        warming, self._warming = self._warming, []
-        for future in warming:
-            _result(future)
         pending: dict[Future[Any], int] = {}
         queue = list(enumerate(items))
         queue.reverse()
@@ -97,10 +113,10 @@ def _result(future: Future[Any]) -> Any:
                             "rerun to resume from the committed tasks") from None
 
 
-def make_executor(kind: str, workers: int, ray_address: str | None = None) -> Executor:
-    """The executor named by `--executor`."""
+def make_executor(kind: str, workers: int, ray_address: str | None = None, warm_up: WarmUp | None = None) -> Executor:
+    """The executor named by `--executor`; local workers start warming up at once."""
     if kind == "local":
-        return LocalExecutor(workers)
+        return LocalExecutor(workers, warm_up=warm_up)
     if kind == "ray":
         from prep.runner.ray_executor import RayExecutor
 

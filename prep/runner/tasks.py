@@ -8,7 +8,7 @@ import os
 import shutil
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +82,23 @@ class PartRef:
 
 @dataclass(frozen=True)
 class TaskResult:
+    """A task's stored outputs by name, its summary (recorded) and log (build log only).
+    `staged` holds outputs the driver stores before committing: name -> (local path, sha256, size)."""
+
     outputs: dict[str, str]
     summary: dict[str, Any]
     log: dict[str, Any]
+    staged: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+
+
+def publish_staged(store: Store, result: TaskResult) -> TaskResult:
+    """Store a result's staged files (the store makes each durable before naming it) and return
+    the result with every output stored."""
+    outputs = dict(result.outputs)
+    for name, (path, sha256, size) in result.staged.items():
+        outputs[name] = cas.put_file(store, Path(path), cas.Digest(sha256, size)).id
+        Path(path).unlink(missing_ok=True)
+    return TaskResult(outputs, result.summary, result.log)
 
 
 @dataclass(frozen=True)
@@ -103,14 +117,23 @@ def run_hash_job(job: HashJob) -> list[SourceFile]:
 
 @dataclass(frozen=True)
 class TokenizeJob:
+    """Tokenize one read task. With `driver_stores`, the intermediate is left in the store's
+    staging folder for the driver to store: the fsync that makes it durable then waits in the
+    driver, not in a worker that could be tokenizing the next task."""
+
     store_url: str
     task: ReadTask
     settings: TokenizeSettings
+    driver_stores: bool = False
 
 
 def run_tokenize_job(job: TokenizeJob) -> TaskResult:
     store = worker_store(job.store_url)
-    result = run_tokenize(job.task, job.settings, store.staging_dir())
+    result = run_tokenize(job.task, job.settings, store.staging_dir(), durable=not job.driver_stores)
+    if job.driver_stores:
+        crash_point("tokenize.after_output")
+        staged = (str(result.path), result.digest.sha256, result.digest.size)
+        return TaskResult({}, result.summary, result.log, {"intermediate": staged})
     try:
         digest = cas.put_file(store, result.path, result.digest)
     finally:

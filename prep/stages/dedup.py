@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prep.stages.columns import to_strings
 from prep.stages.intermediate import hash_pairs, read_columns
 
 
@@ -39,7 +40,7 @@ def check_unique_ids(source: str, paths: Iterable[Path]) -> None:
 
     seen: set[str] = set()
     for path in paths:
-        for doc_id in read_columns(path, ["id"]).column("id").to_pylist():
+        for doc_id in to_strings(read_columns(path, ["id"]).column("id")):
             if doc_id is None:
                 return
             if doc_id in seen:

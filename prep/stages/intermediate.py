@@ -28,6 +28,7 @@ import pyarrow.ipc as ipc
 from prep.cas import Digest, HashingWriter
 from prep.errors import IntegrityError
 from prep.formats import little_endian
+from prep.stages.columns import bool_column, fixed_binary_column, int_column, string_column
 
 MAGIC = b"PREPINT2"
 _FOOTER = struct.Struct("<Q8s")
@@ -53,10 +54,10 @@ class IntermediateWriter:
     """Writes a new intermediate batch by batch, hashing while writing; `digest` is the file's
     SHA-256 and size once closed (so storing it needs no second read)."""
 
-    def __init__(self, path: Path, dtype: np.dtype[Any]) -> None:
+    def __init__(self, path: Path, dtype: np.dtype[Any], durable: bool = True) -> None:
         self.dtype = little_endian(dtype)
         self.schema = schema(dtype)
-        self._file = HashingWriter(path)
+        self._file = HashingWriter(path, durable)
         self._metadata: list[pa.RecordBatch] = []
         self.digest: Digest | None = None
 
@@ -74,14 +75,14 @@ class IntermediateWriter:
         self._file.write(np.ascontiguousarray(flat).data.cast("B"))
         token_starts = np.concatenate(([0], np.cumsum(token_counts)[:-1])).astype(np.int64)
         self._metadata.append(pa.RecordBatch.from_arrays([
-            pa.array(rows, pa.int64()),
-            pa.array(ids, pa.string()),
-            pa.array(text_hashes, pa.binary(16)),
-            pa.array(text_lengths, pa.int64()),
-            pa.array(token_counts.astype(np.int32), pa.int32()),
-            pa.array(specials, pa.bool_()),
-            pa.array(text_offsets[:len(texts)], pa.int64()),
-            pa.array(tokens_start + token_starts[:len(tokens)] * self.dtype.itemsize, pa.int64()),
+            int_column(rows, pa.int64()),
+            string_column(ids),
+            fixed_binary_column(text_hashes, 16),
+            int_column(text_lengths, pa.int64()),
+            int_column(token_counts, pa.int32()),
+            bool_column(specials),
+            int_column(text_offsets[:len(texts)], pa.int64()),
+            int_column(tokens_start + token_starts[:len(tokens)] * self.dtype.itemsize, pa.int64()),
         ], schema=self.schema))
 
     def close(self) -> Digest:

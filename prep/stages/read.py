@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 from prep.errors import InputError
 from prep.sources import SourceFile, iter_lines_in_range, local_copy, open_decoded, open_raw
 
-RANGE_BYTES = 64 * 2**20
+RANGE_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,14 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 _MAX_FAST_DEPTH = 100
 # Longer lines go to json.loads: simdjson's buffers take several times the longest line, for the task.
 _MAX_FAST_LINE_BYTES = 16 << 20
+
+
+def preload_fast_parser() -> None:
+    """Import the optional fast JSON parser now (a worker's warm-up) rather than in a first task."""
+    try:
+        import simdjson  # noqa: F401
+    except ImportError:
+        pass
 
 
 def _fast_parser() -> Callable[[bytes], object] | None:

@@ -28,6 +28,7 @@ from prep.cas import Digest, HashingWriter
 from prep.errors import IntegrityError
 from prep.faults import crash_point
 from prep.formats import little_endian, megatron, wds
+from prep.stages.columns import to_numbers, to_strings
 from prep.stages.intermediate import Intermediate
 from prep.stages.shuffle import Part, ShardSpec, document_id, record_line
 from prep.writeback import start_writeback
@@ -78,10 +79,11 @@ def collect_documents(parts: list[Part], keep: np.ndarray, plan: np.ndarray, sha
         columns["pos"].append(entries["pos"])
         columns["part"].append(np.full(len(selected), number, dtype=np.int32))
         for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
-            columns[name].append(table.column(name).to_numpy()[selected].astype(np.int64))
+            columns[name].append(to_numbers(table.column(name))[selected].astype(np.int64))
         if with_json:
-            ids = table.column("id").take(selected).to_pylist()
-            record_rows = table.column("row").to_numpy()[selected].tolist()
+            all_ids = to_strings(table.column("id"))
+            ids = [all_ids[i] for i in selected.tolist()]
+            record_rows = to_numbers(table.column("row"))[selected].tolist()
             for doc_id, row, n in zip(ids, record_rows, columns["n_tokens"][-1].tolist()):
                 line = record_line(part.format, part.line_offset, row)
                 jsons.append(wds.sample_json(document_id(doc_id, part.source, line), part.source, line, n + 1))

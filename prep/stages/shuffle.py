@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from prep.formats import wds
+from prep.stages.columns import to_numbers, to_strings
 from prep.stages.intermediate import hash_pairs, read_columns
 
 PLAN_DTYPE = np.dtype([("shard", "<i4"), ("pos", "<i8"), ("bin_off", "<i8"), ("tar_off", "<i8")])
@@ -94,12 +95,12 @@ def _read_columns(parts: list[Part], keep: np.ndarray, with_json: bool) -> _Colu
         mask = keep[offset:offset + table.num_rows]
         offset += table.num_rows
         hashes.append(hash_pairs(table.column("text_hash"))[mask])
-        n_tokens = table.column("n_tokens").to_numpy()
+        n_tokens = to_numbers(table.column("n_tokens"))
         lengths.append(n_tokens[mask].astype(np.int64) + 1)
-        text_bytes.append(table.column("text_bytes").to_numpy()[mask])
+        text_bytes.append(to_numbers(table.column("text_bytes"))[mask])
         if with_json:
-            rows = table.column("row").to_numpy()[mask]
-            ids = np.asarray(table.column("id").to_pylist(), dtype=object)[mask]
+            rows = to_numbers(table.column("row"))[mask]
+            ids = np.asarray(to_strings(table.column("id")), dtype=object)[mask]
             sizes = [len(wds.sample_json(document_id(i, part.source, record_line(part.format, part.line_offset, int(r))),
                                          part.source, record_line(part.format, part.line_offset, int(r)), int(n)))
                      for i, r, n in zip(ids, rows, n_tokens[mask] + 1)]

@@ -75,6 +75,16 @@ def _engine(settings: TokenizeSettings) -> tuple[TokenizerEngine, TokenizerInfo]
     return _ENGINES[cache_key]
 
 
+def warm_engine(tokenizer_path: str, eos: str, encode_special_tokens: bool, backend: str) -> None:
+    """Load this process's engine for a tokenizer file before its first task needs it. Errors
+    are ignored: the task that needs the tokenizer reports them properly."""
+    try:
+        _, info = load_tokenizer(Path(tokenizer_path), eos, encode_special_tokens)
+        _engine(TokenizeSettings(tokenizer_path, info.sha256, eos, encode_special_tokens, backend, "fail"))
+    except Exception:  # noqa: BLE001, S110 -- a warm-up must never fail the build
+        pass
+
+
 def _batches(task: ReadTask, on_error: str, bad: list[str], counts: dict[str, int]) -> Iterator[list[Document]]:
     batch: list[Document] = []
     size = 0
@@ -95,8 +105,9 @@ def _batches(task: ReadTask, on_error: str, bad: list[str], counts: dict[str, in
         yield batch
 
 
-def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path) -> TokenizeResult:
-    """Read, hash and tokenize every document of `task` into one local intermediate file."""
+def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path, durable: bool = True) -> TokenizeResult:
+    """Read, hash and tokenize every document of `task` into one local intermediate file
+    (fsynced unless `durable` is False, for a file whose store makes it durable when put)."""
     engine, info = _engine(settings)
     dtype = np.dtype(info.dtype)
     out_path = work_dir / f"tokenize-{uuid.uuid4().hex}.part"
@@ -105,7 +116,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path) -> 
     bad: list[str] = []
     seen_ids: set[str] = set()
     started = time.perf_counter()
-    with IntermediateWriter(out_path, dtype) as writer:
+    with IntermediateWriter(out_path, dtype, durable) as writer:
         for batch in _batches(task, settings.on_error, bad, counts):
             texts = [doc.text for doc in batch]
             encoded = [doc.data for doc in batch]

@@ -7,13 +7,16 @@ Other backends (see `prep.tokenizer.backends`) must reproduce it exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
+from prep.cache import derived_bytes
 from prep.errors import TokenizerError
 
 UINT16_MAX_VOCAB = 65535
@@ -78,6 +81,29 @@ def load_tokenizer(path: Path, eos: str, encode_special_tokens: bool = True) -> 
         special_tokens=specials,
     )
     return tokenizer, info
+
+
+def describe_tokenizer(path: Path, eos: str, encode_special_tokens: bool = True) -> TokenizerInfo:
+    """`load_tokenizer`'s TokenizerInfo alone, cached under the file's SHA-256 (parsing a large
+    vocabulary takes tenths of a second; the build driver needs only this description)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return load_tokenizer(path, eos, encode_special_tokens)[1]  # which reports the error
+    sha256 = hashlib.sha256(data).hexdigest()
+    key = hashlib.sha256(json.dumps([sha256, eos, encode_special_tokens]).encode()).hexdigest()
+
+    def describe() -> bytes:
+        info = load_tokenizer(path, eos, encode_special_tokens)[1]
+        if info.sha256 != sha256:
+            raise TokenizerError(f"{path}: tokenizer file changed while it was read")
+        return json.dumps(dataclasses.asdict(info)).encode()
+
+    try:
+        fields = json.loads(derived_bytes(f"tokenizer-info/{key}.json", describe))
+        return TokenizerInfo(**{**fields, "special_tokens": tuple(fields["special_tokens"])})
+    except (ValueError, TypeError, KeyError):  # a damaged cache entry: describe afresh
+        return load_tokenizer(path, eos, encode_special_tokens)[1]
 
 
 def reference_encode_batch(tokenizer: Tokenizer, texts: list[str], dtype: np.dtype[np.generic]) -> list[np.ndarray]:

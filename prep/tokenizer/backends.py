@@ -7,6 +7,7 @@ backend never adds EOS. `make_backend` picks one; docs/tokenizers.md explains th
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
-from prep.cache import cache_root
+from prep.cache import cache_root, derived_bytes
 from prep.errors import InputError, TokenizerError
 from prep.tokenizer import TokenizerInfo, contains_special, reference_encode_batch
 
@@ -222,6 +223,16 @@ def gigatoken_definition(tokenizer_json: str, encode_special_tokens: bool) -> st
     return json.dumps(definition)
 
 
+def _cached_definition(tokenizer_json: str, encode_special_tokens: bool) -> str:
+    """`gigatoken_definition`, cached under the SHA-256 of the tokenizer's JSON (rewriting a
+    large vocabulary's JSON costs every worker tenths of a second)."""
+    if not encode_special_tokens:
+        return tokenizer_json
+    sha256 = hashlib.sha256(tokenizer_json.encode("utf-8", "surrogatepass")).hexdigest()
+    name = f"gigatoken-definitions/{sha256}-no-specials.json"
+    return derived_bytes(name, lambda: gigatoken_definition(tokenizer_json, True).encode()).decode()
+
+
 def _added_tokens(tokenizer: Tokenizer) -> list[tuple[str, bool]]:
     """(content, special) of every added token, in id order."""
     decoder = tokenizer.get_added_tokens_decoder()
@@ -271,7 +282,7 @@ class GigatokenBackend:
 
         try:
             self._tokenizer = gigatoken.Tokenizer.from_json(
-                gigatoken_definition(tokenizer_json, info.encode_special_tokens))
+                _cached_definition(tokenizer_json, info.encode_special_tokens))
         except Exception as exc:  # noqa: BLE001 -- gigatoken raises several types, multi-line text
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise GigatokenUnsupported(f"gigatoken cannot load it: {first_line}") from None

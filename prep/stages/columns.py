@@ -1,0 +1,90 @@
+"""Arrow columns made from and read into numpy and Python values through their buffers.
+
+pyarrow's own conversions (`pa.array`, `to_numpy`, `to_pylist`) import pandas on first use when
+it is installed, which costs a worker about half a second; the stages' columns are plain
+integers, booleans, fixed-size hashes and strings, so their buffers are built and read directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+
+def _integer_dtype(arrow_type: pa.DataType) -> np.dtype[Any]:
+    if not pa.types.is_integer(arrow_type):
+        raise TypeError(f"not an integer column: {arrow_type}")
+    kind = "i" if pa.types.is_signed_integer(arrow_type) else "u"
+    return np.dtype(f"<{kind}{arrow_type.bit_width // 8}")
+
+
+def int_column(values: Sequence[int] | np.ndarray[Any, Any], arrow_type: pa.DataType) -> pa.Array:
+    """An integer column without nulls of the integer type `arrow_type`."""
+    dtype = _integer_dtype(arrow_type)
+    data = np.ascontiguousarray(np.asarray(values, dtype=dtype))
+    return pa.Array.from_buffers(arrow_type, len(data), [None, pa.py_buffer(data)])
+
+
+def bool_column(values: Sequence[bool]) -> pa.Array:
+    bits = np.packbits(np.asarray(values, dtype=bool), bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
+
+
+def fixed_binary_column(values: Sequence[bytes], width: int) -> pa.Array:
+    """A fixed-size binary column; every value must be `width` bytes."""
+    data = b"".join(values)
+    if len(data) != width * len(values):
+        raise ValueError(f"every value must be {width} bytes")
+    return pa.Array.from_buffers(pa.binary(width), len(values), [None, pa.py_buffer(data)])
+
+
+def string_column(values: Sequence[str | None]) -> pa.Array:
+    """A string column; None becomes null."""
+    encoded = [b"" if value is None else value.encode("utf-8") for value in values]
+    offsets = np.zeros(len(values) + 1, dtype="<i4")
+    offsets[1:] = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+    valid = np.fromiter((value is not None for value in values), dtype=bool, count=len(values))
+    validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(pa.string(), len(values), [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))],
+                                 null_count=int(len(values) - valid.sum()))
+
+
+def _chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
+    return list(column.chunks) if isinstance(column, pa.ChunkedArray) else [column]
+
+
+def to_numbers(column: pa.Array | pa.ChunkedArray) -> np.ndarray[Any, Any]:
+    """An integer or boolean column without nulls as a numpy array (a copy)."""
+    parts = []
+    for chunk in _chunks(column):
+        if chunk.null_count:
+            raise ValueError("column has nulls")
+        buffer = chunk.buffers()[1]
+        if pa.types.is_boolean(chunk.type):
+            bits = np.frombuffer(buffer, dtype=np.uint8) if buffer is not None else np.zeros(0, np.uint8)
+            parts.append(np.unpackbits(bits, bitorder="little", count=chunk.offset + len(chunk))[chunk.offset:].astype(bool))
+        else:
+            dtype = _integer_dtype(chunk.type)
+            parts.append(np.frombuffer(buffer, dtype=dtype, count=len(chunk), offset=chunk.offset * dtype.itemsize)
+                         if len(chunk) else np.zeros(0, dtype))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def to_strings(column: pa.Array | pa.ChunkedArray) -> list[str | None]:
+    """A string column as Python strings, None for nulls."""
+    out: list[str | None] = []
+    for chunk in _chunks(column):
+        validity, offsets_buffer, data = chunk.buffers()
+        width = "<i8" if pa.types.is_large_string(chunk.type) else "<i4"
+        offsets = np.frombuffer(offsets_buffer, dtype=width, count=len(chunk) + 1,
+                                offset=chunk.offset * np.dtype(width).itemsize).tolist() if len(chunk) else [0]
+        raw = data.to_pybytes() if data is not None else b""
+        valid = (np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little",
+                               count=chunk.offset + len(chunk))[chunk.offset:].astype(bool).tolist()
+                 if validity is not None and chunk.null_count else [True] * len(chunk))
+        out.extend(raw[start:end].decode("utf-8") if ok else None
+                   for start, end, ok in zip(offsets[:-1], offsets[1:], valid))
+    return out
