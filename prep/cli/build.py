@@ -10,7 +10,7 @@ import click
 from prep.cli.common import resolve_store_url, store_option
 from prep.config import load_pipeline
 from prep.refs import check_name
-from prep.runner.executor import WarmUp, make_executor
+from prep.runner.executor import make_executor
 from prep.storage import open_store
 
 
@@ -33,9 +33,7 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
     if pipeline_store and "://" not in pipeline_store:
         pipeline_store = str(config.base_dir / pipeline_store)  # relative to the pipeline file
     store = open_store(resolve_store_url(store_url, pipeline_store))
-    warm_up = WarmUp(str(config.tokenizer_path()), config.tokenizer.eos, config.tokenizer.encode_special_tokens,
-                     config.tokenizer.backend)
-    pool = make_executor(executor, workers or os.cpu_count() or 1, ray_address, warm_up)
+    pool = make_executor(executor, workers or os.cpu_count() or 1, ray_address)
     try:
         from prep.runner.build import build as run_build  # heavy: imported while the workers start
 

@@ -18,12 +18,12 @@ from typing import Any
 from prep import cas
 from prep.code import code_identity
 from prep.config import Pipeline
-from prep.errors import InputError, StoreError
+from prep.errors import InputError, PrepError, StoreError
 from prep.faults import crash_point
 from prep.gc import Lease, build_lease
-from prep.refs import Ref, move_ref
+from prep.refs import Ref, move_ref, read_ref
 from prep.runner import records
-from prep.runner.executor import Executor
+from prep.runner.executor import Executor, WarmUp
 from prep.runner.progress import Progress
 from prep.runner.tasks import (
     AssembleJob,
@@ -40,7 +40,7 @@ from prep.runner.tasks import (
     run_shuffle_job,
     run_tokenize_job,
 )
-from prep.snapshots import Snapshot, publish_manifest
+from prep.snapshots import Snapshot, load_snapshot, publish_manifest
 from prep.sources import SourceFile, discover, input_version, release_spool
 from prep.stages.read import ReadTask, plan_read_tasks
 from prep.stages.shard import UNIT_FILES, UNITS
@@ -216,6 +216,24 @@ class _Builder:
         return shards
 
 
+def _looks_unchanged(store: Store, pipeline: Pipeline, sources: list[SourceFile], code: dict[str, Any],
+                     tokenizer_sha256: str) -> bool:
+    """True when the dataset's latest snapshot has this config, code, tokenizer and the same input
+    paths and sizes: then tokenization will likely be all cache hits and workers need not load
+    the tokenizer up front. Only a scheduling hint: cache hits are decided by content keys."""
+    try:
+        ref = read_ref(store, pipeline.dataset, "latest")
+        manifest = load_snapshot(store, ref.snapshot).manifest if ref is not None else None
+    except PrepError:
+        return False
+    if manifest is None:
+        return False
+    recorded = [(entry.get("path"), entry.get("size")) for entry in manifest.get("inputs", {}).get("files", [])]
+    return (manifest.get("config") == pipeline.resolved() and manifest.get("code") == code
+            and manifest.get("tokenizer", {}).get("sha256") == tokenizer_sha256
+            and recorded == [(source.rel, source.size) for source in sources])
+
+
 def _hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFile]:
     """Hash every input on the executor's workers, in batches of files (the driver reads no
     input bytes itself); returns the sources in their original order."""
@@ -295,7 +313,11 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[
     info = describe_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)
 
     progress.stage("inputs", "discovering and hashing")
-    sources = _hash_inputs(discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format), executor)
+    discovered = discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format)
+    if not _looks_unchanged(store, pipeline, discovered, builder.code, info.sha256):
+        executor.warm(WarmUp(str(tokenizer_path), pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens,
+                             pipeline.tokenizer.backend))
+    sources = _hash_inputs(discovered, executor)
     version = input_version(sources)
     progress.done("inputs", f"{len(sources)} files, {sum(s.size for s in sources) / 1e6:.1f} MB, {version[:19]}")
 

@@ -19,6 +19,16 @@ from typing import Any, Protocol
 from prep.errors import ExecutorError
 
 
+@dataclass(frozen=True)
+class WarmUp:
+    """The tokenizer a build's workers load before their first task, while the driver starts."""
+
+    tokenizer_path: str
+    eos: str
+    encode_special_tokens: bool
+    backend: str
+
+
 class Executor(Protocol):
     """Runs `fn(item)` for every item; yields (index, result) as tasks complete.
 
@@ -28,6 +38,10 @@ class Executor(Protocol):
     shares_filesystem: bool  # workers see the driver's local files (same machine or shared mount)
 
     def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]: ...
+
+    def warm(self, warm_up: WarmUp) -> None:
+        """Have idle workers load the build's tokenizer before tasks need it (a hint)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -44,16 +58,6 @@ def _exit_now() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-@dataclass(frozen=True)
-class WarmUp:
-    """The tokenizer a build's workers load before their first task, while the driver starts."""
-
-    tokenizer_path: str
-    eos: str
-    encode_special_tokens: bool
-    backend: str
 
 
 def _warm_up(warm: WarmUp | None) -> None:
@@ -75,13 +79,18 @@ class LocalExecutor:
 
     shares_filesystem = True
 
-    def __init__(self, workers: int, threads_per_worker: int = 1, warm_up: WarmUp | None = None) -> None:
+    def __init__(self, workers: int, threads_per_worker: int = 1) -> None:
         self.workers = workers
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                                          initializer=_init_worker, initargs=(threads_per_worker,))
-        # Each submit starts one worker, which warms up while the driver gets ready; tasks queue
-        # behind the warm-ups, whose errors are ignored (a task that needs the tokenizer reports them).
+        # Each submit starts one worker, which imports the task modules while the driver gets ready.
         for _ in range(workers):
+            self._pool.submit(_warm_up, None)
+
+    def warm(self, warm_up: WarmUp) -> None:
+        """Queue a tokenizer warm-up per worker ahead of the next tasks; its errors are ignored
+        (a task that needs the tokenizer reports them)."""
+        for _ in range(self.workers):
             self._pool.submit(_warm_up, warm_up)
 
     def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
@@ -113,10 +122,10 @@ def _result(future: Future[Any]) -> Any:
                             "rerun to resume from the committed tasks") from None
 
 
-def make_executor(kind: str, workers: int, ray_address: str | None = None, warm_up: WarmUp | None = None) -> Executor:
-    """The executor named by `--executor`; local workers start warming up at once."""
+def make_executor(kind: str, workers: int, ray_address: str | None = None) -> Executor:
+    """The executor named by `--executor`; local workers start at once."""
     if kind == "local":
-        return LocalExecutor(workers, warm_up=warm_up)
+        return LocalExecutor(workers)
     if kind == "ray":
         from prep.runner.ray_executor import RayExecutor
 

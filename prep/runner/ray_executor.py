@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from prep.errors import ExecutorError, InputError, PrepError, StoreError, UsageError
+from prep.runner.executor import WarmUp
 
 # Environment a task runs with: one tokenizer thread per task (each task holds one Ray CPU), plus
 # the crash-injection switches that tests set on the driver (see prep/faults.py).
@@ -220,6 +221,9 @@ class RayExecutor:
         except self._ray.exceptions.RayError as exc:  # worker deaths past max_retries, OOM, lost nodes
             first = (str(exc).strip().splitlines() or [""])[0]
             raise ExecutorError(f"Ray task failed after {self.max_retries} retries: {type(exc).__name__}: {first}") from None
+
+    def warm(self, warm_up: WarmUp) -> None:
+        """Nothing to do: Ray workers load the tokenizer with their first tokenize task."""
 
     def close(self) -> None:
         """Disconnect from (or stop) the Ray this executor started; a borrowed one keeps running."""

@@ -37,7 +37,7 @@ UNITS = ("bin", "wds")
 UNIT_FILES = {"bin": ("bin", "idx"), "wds": ("wds",)}
 CHUNK_BYTES = 8 << 20
 MAX_OPEN_FILES = 256
-MAP_RELEASE_BYTES = 256 << 20
+MAP_RELEASE_BYTES = 64 << 20
 _GATHER_COLUMNS = ["row", "id", "n_tokens", "text_bytes", "text_offset", "tokens_offset"]
 
 

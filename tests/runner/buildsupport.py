@@ -27,6 +27,9 @@ class InProcessExecutor:
         for index, item in enumerate(items):
             yield index, fn(item)
 
+    def warm(self, warm_up: Any) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
