@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
-
-import jsonschema
+from typing import TYPE_CHECKING, Any
 
 from prep.errors import IntegrityError
+
+if TYPE_CHECKING:
+    import jsonschema
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "manifests"
 
@@ -22,6 +23,8 @@ def schema_path(schema_id: str) -> Path:
 
 @functools.cache
 def _validator(schema_id: str) -> jsonschema.protocols.Validator:
+    import jsonschema  # a tenth of a second: imported when first needed
+
     schema = json.loads(schema_path(schema_id).read_text())
     cls = jsonschema.validators.validator_for(schema)
     return cls(schema)
