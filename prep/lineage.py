@@ -23,7 +23,8 @@ from prep.manifest import canonical
 from prep.runner.tasks import fetch_local
 from prep.snapshots import Snapshot
 from prep.stages.intermediate import Intermediate
-from prep.stages.shuffle import ShardSpec, document_id, record_line
+from prep.stages.shuffle import document_id, record_line
+from prep.stages.specs import ShardSpec
 from prep.storage.base import Store
 
 MASK_HEADER_BYTES = 8  # prep.stages.dedup.pack_mask: u64 count, then np.packbits bits

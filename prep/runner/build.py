@@ -43,9 +43,7 @@ from prep.runner.tasks import (
 from prep.snapshots import Snapshot, load_snapshot, publish_manifest
 from prep.sources import SourceFile, discover, input_version, release_spool
 from prep.stages.read import ReadTask, plan_read_tasks
-from prep.stages.shard import UNIT_FILES, UNITS
-from prep.stages.shuffle import ShardSpec
-from prep.stages.tokenize import TokenizeSettings
+from prep.stages.specs import UNIT_FILES, UNITS, ShardSpec, TokenizeSettings
 from prep.storage.base import Store
 from prep.tokenizer import describe_tokenizer
 

@@ -12,20 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from prep import cas
 from prep.cache import cache_root
 from prep.errors import IntegrityError
 from prep.faults import crash_point
 from prep.sources import SourceFile, hash_source
-from prep.stages.dedup import check_unique_ids, keep_mask, pack_mask, read_hashes, unpack_mask
 from prep.stages.read import ReadTask
-from prep.stages.shard import PartReader, collect_documents, write_unit
-from prep.stages.shuffle import Part, ShardSpec, plan_bytes, plan_from_bytes, plan_shards
-from prep.stages.tokenize import TokenizeSettings, run_tokenize
+from prep.stages.specs import Part, ShardSpec, TokenizeSettings
 from prep.storage import open_store
 from prep.storage.base import Store
+
+# The stage modules (numpy, Arrow, tokenizers) are imported inside the task functions: the
+# driver imports this module for the job descriptions and must stay quick to start.
 
 _STORES: dict[str, Store] = {}
 
@@ -128,6 +126,8 @@ class TokenizeJob:
 
 
 def run_tokenize_job(job: TokenizeJob) -> TaskResult:
+    from prep.stages.tokenize import run_tokenize
+
     store = worker_store(job.store_url)
     result = run_tokenize(job.task, job.settings, store.staging_dir(), durable=not job.driver_stores)
     if job.driver_stores:
@@ -150,6 +150,8 @@ class DedupJob:
 
 
 def run_dedup_job(job: DedupJob) -> TaskResult:
+    from prep.stages.dedup import check_unique_ids, keep_mask, pack_mask, read_hashes
+
     store = worker_store(job.store_url)
     by_source: dict[str, list[PartRef]] = {}
     for ref in job.parts:
@@ -175,6 +177,11 @@ class ShuffleJob:
 
 
 def run_shuffle_job(job: ShuffleJob) -> TaskResult:
+    import numpy as np
+
+    from prep.stages.dedup import unpack_mask
+    from prep.stages.shuffle import plan_bytes, plan_shards
+
     store = worker_store(job.store_url)
     keep = unpack_mask(cas.get_bytes(store, job.keep_id))
     parts = [ref.resolve(store) for ref in job.parts]
@@ -199,6 +206,12 @@ class AssembleJob:
 
 def run_assemble_job(job: AssembleJob) -> TaskResult:
     """Outputs are keyed `<shard>/<format>`; one metadata pass serves every unit of the job."""
+    import numpy as np
+
+    from prep.stages.dedup import unpack_mask
+    from prep.stages.shard import PartReader, collect_documents, write_unit
+    from prep.stages.shuffle import plan_from_bytes
+
     store = worker_store(job.store_url)
     keep = unpack_mask(cas.get_bytes(store, job.keep_id))
     plan = plan_from_bytes(cas.get_bytes(store, job.plan_id))

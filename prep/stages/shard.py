@@ -30,11 +30,10 @@ from prep.faults import crash_point
 from prep.formats import little_endian, megatron, wds
 from prep.stages.columns import to_numbers, to_strings
 from prep.stages.intermediate import Intermediate
-from prep.stages.shuffle import Part, ShardSpec, document_id, record_line
+from prep.stages.shuffle import document_id, record_line
+from prep.stages.specs import Part, ShardSpec
 from prep.writeback import start_writeback
 
-UNITS = ("bin", "wds")
-UNIT_FILES = {"bin": ("bin", "idx"), "wds": ("wds",)}
 CHUNK_BYTES = 8 << 20
 MAX_OPEN_FILES = 256
 MAP_RELEASE_BYTES = 64 << 20

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,40 +17,10 @@ import numpy as np
 from prep.formats import wds
 from prep.stages.columns import to_numbers, to_strings
 from prep.stages.intermediate import hash_pairs, read_columns
+from prep.stages.specs import Part, ShardSpec
 
 PLAN_DTYPE = np.dtype([("shard", "<i4"), ("pos", "<i8"), ("bin_off", "<i8"), ("tar_off", "<i8")])
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-@dataclass(frozen=True)
-class Part:
-    """One committed tokenize task's intermediate, as later stages see it."""
-
-    path: Path
-    source: str
-    format: str
-    line_offset: int
-    documents: int
-
-
-@dataclass(frozen=True)
-class ShardSpec:
-    """Everything about one output shard that is known before it is written."""
-
-    index: int
-    first_pos: int
-    documents: int
-    tokens: int
-    bin_size: int
-    tar_size: int
-
-    def to_json(self) -> dict[str, int]:
-        return {"index": self.index, "first_pos": self.first_pos, "documents": self.documents,
-                "tokens": self.tokens, "bin_size": self.bin_size, "tar_size": self.tar_size}
-
-    @classmethod
-    def from_json(cls, data: dict[str, int]) -> ShardSpec:
-        return cls(**data)
 
 
 def _splitmix64(values: np.ndarray) -> np.ndarray:

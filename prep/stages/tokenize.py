@@ -22,30 +22,13 @@ from prep.errors import InputError
 from prep.sources import check_unchanged
 from prep.stages.intermediate import IntermediateWriter
 from prep.stages.read import BadRecord, Document, ReadTask, read_documents
+from prep.stages.specs import TokenizeSettings
 from prep.tokenizer import TokenizerInfo, contains_special, load_tokenizer
 from prep.tokenizer.engine import TokenizerEngine
 
 BATCH_TEXT_BYTES = 8 * 2**20
 BATCH_DOCUMENTS = 8192
 MAX_BAD_RECORDS_LISTED = 100
-
-
-@dataclass(frozen=True)
-class TokenizeSettings:
-    """Everything a tokenize task needs besides its input; `tokenizer_sha256` pins the file."""
-
-    tokenizer_path: str
-    tokenizer_sha256: str
-    eos: str
-    encode_special_tokens: bool
-    backend: str
-    on_error: str
-    threads: int = 1
-
-    def key_fields(self) -> dict[str, object]:
-        """The settings that change a task's output (the backend never does)."""
-        return {"tokenizer": self.tokenizer_sha256, "eos": self.eos,
-                "encode_special_tokens": self.encode_special_tokens, "on_error": self.on_error}
 
 
 @dataclass(frozen=True)

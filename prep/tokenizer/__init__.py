@@ -12,12 +12,14 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
-from tokenizers import Tokenizer
+from typing import TYPE_CHECKING
 
 from prep.cache import derived_bytes
 from prep.errors import TokenizerError
+
+if TYPE_CHECKING:  # both load in tenths of a second; the build driver needs neither
+    import numpy as np
+    from tokenizers import Tokenizer
 
 UINT16_MAX_VOCAB = 65535
 
@@ -47,11 +49,15 @@ class TokenizerInfo:
 
 def token_dtype(vocab_size: int) -> np.dtype[np.generic]:
     """uint16 when every id fits (at most 65,535 ids), else int32 (Megatron has no uint32)."""
+    import numpy as np
+
     return np.dtype(np.uint16) if vocab_size <= UINT16_MAX_VOCAB else np.dtype(np.int32)
 
 
 def load_tokenizer(path: Path, eos: str, encode_special_tokens: bool = True) -> tuple[Tokenizer, TokenizerInfo]:
     """Load a Hugging Face tokenizers JSON file and describe it."""
+    from tokenizers import Tokenizer
+
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -108,6 +114,8 @@ def describe_tokenizer(path: Path, eos: str, encode_special_tokens: bool = True)
 
 def reference_encode_batch(tokenizer: Tokenizer, texts: list[str], dtype: np.dtype[np.generic]) -> list[np.ndarray]:
     """Encode texts with the reference settings; no special tokens are added."""
+    import numpy as np
+
     encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
     return [np.asarray(encoding.ids, dtype=dtype) for encoding in encodings]
 

@@ -30,7 +30,7 @@ from prep.runner.ray_executor import (
 from prep.runner.tasks import TokenizeJob
 from prep.sources import SourceFile
 from prep.stages.read import ReadTask
-from prep.stages.tokenize import TokenizeSettings
+from prep.stages.specs import TokenizeSettings
 from prep.storage import open_store
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
 

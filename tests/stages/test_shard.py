@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from prep.formats import megatron, wds
 from prep.stages import shard
 from prep.stages.intermediate import IntermediateWriter
-from prep.stages.shuffle import Part, document_id, plan_shards, record_line
+from prep.stages.shuffle import document_id, plan_shards, record_line
+from prep.stages.specs import Part
 
 DTYPE = np.dtype(np.uint16)
 EOS = 7

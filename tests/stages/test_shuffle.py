@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from prep.formats import wds
 from prep.stages.intermediate import IntermediateWriter
-from prep.stages.shuffle import Part, plan_shards, shuffle_keys
+from prep.stages.shuffle import plan_shards, shuffle_keys
+from prep.stages.specs import Part
 
 DTYPE = np.dtype(np.uint16)
 

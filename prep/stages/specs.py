@@ -1,0 +1,60 @@
+"""Descriptions of stage work that the build driver makes and workers receive: plain values,
+no heavy imports, so the driver stays light (numpy, Arrow and tokenizers load in workers only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+UNITS = ("bin", "wds")
+"""A shard's units of work: `bin` writes its .bin and .idx, `wds` its .tar."""
+UNIT_FILES = {"bin": ("bin", "idx"), "wds": ("wds",)}
+
+
+@dataclass(frozen=True)
+class TokenizeSettings:
+    """Everything a tokenize task needs besides its input; `tokenizer_sha256` pins the file."""
+
+    tokenizer_path: str
+    tokenizer_sha256: str
+    eos: str
+    encode_special_tokens: bool
+    backend: str
+    on_error: str
+    threads: int = 1
+
+    def key_fields(self) -> dict[str, object]:
+        """The settings that change a task's output (the backend never does)."""
+        return {"tokenizer": self.tokenizer_sha256, "eos": self.eos,
+                "encode_special_tokens": self.encode_special_tokens, "on_error": self.on_error}
+
+
+@dataclass(frozen=True)
+class Part:
+    """One committed tokenize task's intermediate, as later stages see it."""
+
+    path: Path
+    source: str
+    format: str
+    line_offset: int
+    documents: int
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Everything about one output shard that is known before it is written."""
+
+    index: int
+    first_pos: int
+    documents: int
+    tokens: int
+    bin_size: int
+    tar_size: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"index": self.index, "first_pos": self.first_pos, "documents": self.documents,
+                "tokens": self.tokens, "bin_size": self.bin_size, "tar_size": self.tar_size}
+
+    @classmethod
+    def from_json(cls, data: dict[str, int]) -> ShardSpec:
+        return cls(**data)
