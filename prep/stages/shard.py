@@ -4,7 +4,7 @@ intermediates in shuffled order.
 A shard has two units of work, one per format: `bin` (the .bin and .idx) and `wds` (the .tar).
 A unit writes its file sequentially, a chunk of a few MiB at a time: the chunk is laid out in
 memory (tar headers for the whole chunk at once), each document's text and token ids are copied
-into place from a memory map of its intermediate (usually still in the page cache), then writer
+into place with one positional read from its intermediate (usually still in the page cache), then writer
 threads append and hash the chunk while the next one is gathered, starting disk writeback at once.
 Output files are hashed while written, never read back; memory holds two chunks plus a few dozen
 bytes per document of the job's shards.
@@ -13,7 +13,6 @@ bytes per document of the job's shards.
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,7 +35,6 @@ from prep.writeback import start_writeback
 
 CHUNK_BYTES = 8 << 20
 MAX_OPEN_FILES = 256
-MAP_RELEASE_BYTES = 64 << 20
 _GATHER_COLUMNS = ["row", "id", "n_tokens", "text_bytes", "text_offset", "tokens_offset"]
 
 
@@ -102,45 +100,36 @@ def collect_documents(parts: list[Part], keep: np.ndarray, plan: np.ndarray, sha
 
 
 class PartReader:
-    """Copies byte ranges out of the intermediates through read-only memory maps (a third of
-    the CPU of a read call per document). Mapped pages count as the process's memory, so every
-    MAP_RELEASE_BYTES copied the maps are dropped, and at most MAX_OPEN_FILES stay mapped."""
+    """Positional reads from the intermediates, keeping a bounded number of files open.
+
+    Not memory maps: the kernel maps whole large page-cache folios on each fault, so mapped
+    intermediates show up as resident memory of the size of the corpus."""
 
     def __init__(self, parts: list[Part]) -> None:
         self._paths = [part.path for part in parts]
-        self._maps: OrderedDict[int, tuple[mmap.mmap, memoryview]] = OrderedDict()
-        self._copied = 0
+        self._open: OrderedDict[int, int] = OrderedDict()
 
     def read_into(self, part: int, offset: int, view: memoryview) -> None:
-        mapped = self._maps.get(part)
-        if mapped is None:
-            mapped = self._map(part)
-        size = len(view)
-        if offset + size > len(mapped[1]):
-            raise IntegrityError(f"{self._paths[part]}: shorter than its metadata says")
-        view[:] = mapped[1][offset:offset + size]
-        self._copied += size
-        if self._copied >= MAP_RELEASE_BYTES:
-            self.close()
+        fd = self._open.get(part)
+        if fd is None:
+            fd = self._reopen(part)
+        count = os.preadv(fd, [view], offset)
+        while count < len(view):  # short reads happen only at end of file: a truncated intermediate
+            if count <= 0:
+                raise IntegrityError(f"{self._paths[part]}: shorter than its metadata says")
+            view, offset = view[count:], offset + count
+            count = os.preadv(fd, [view], offset)
 
-    def _map(self, part: int) -> tuple[mmap.mmap, memoryview]:
-        if len(self._maps) >= MAX_OPEN_FILES:
-            self._release(self._maps.popitem(last=False)[1])
-        with open(self._paths[part], "rb") as handle:
-            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        self._maps[part] = (mapped, memoryview(mapped))
-        return self._maps[part]
-
-    @staticmethod
-    def _release(mapped: tuple[mmap.mmap, memoryview]) -> None:
-        mapped[1].release()
-        mapped[0].close()
+    def _reopen(self, part: int) -> int:
+        if len(self._open) >= MAX_OPEN_FILES:
+            os.close(self._open.popitem(last=False)[1])
+        fd = self._open[part] = os.open(self._paths[part], os.O_RDONLY)
+        return fd
 
     def close(self) -> None:
-        for mapped in self._maps.values():
-            self._release(mapped)
-        self._maps.clear()
-        self._copied = 0
+        for fd in self._open.values():
+            os.close(fd)
+        self._open.clear()
 
 
 class _ChunkSink:

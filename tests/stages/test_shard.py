@@ -47,7 +47,6 @@ def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int
         return  # inputs never hold lone surrogates (the read stage refuses them)
     with tempfile.TemporaryDirectory() as name, pytest.MonkeyPatch.context() as patch:
         patch.setattr(shard, "CHUNK_BYTES", chunk)
-        patch.setattr(shard, "MAP_RELEASE_BYTES", chunk)  # maps dropped and remade as the unit goes
         patch.setattr(shard, "MAX_OPEN_FILES", 1)
         folder = Path(name)
         written = [_write_part(folder, f"p{i}", docs, with_ids) for i, docs in enumerate(parts)]
