@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -213,3 +214,33 @@ def test_encode_special_tokens_off_lets_text_become_the_special_id(corpus: Path,
     text = f"code that prints {EOS} inside a string"
     assert eos_doc.tolist() == reference.encode(text, add_special_tokens=False).ids + [eos_id]
     assert eos_doc.tolist().count(eos_id) == 2
+
+
+def test_workers_load_the_tokenizer_up_front_unless_a_rebuild_looks_unchanged(corpus: Path, tokenizer_path: Path) -> None:
+    """The warm-up is a scheduling hint: asked for on a first build and after an input changes size,
+    skipped when the latest snapshot has the same config, code, tokenizer and input sizes."""
+    from prep.config import load_pipeline
+    from prep.runner.build import build
+    from prep.runner.progress import Progress
+    from prep.storage import LocalStore
+
+    class Recording(InProcessExecutor):
+        warmed: list[Any] = []
+
+        def warm(self, warm_up: Any) -> None:
+            self.warmed.append(warm_up)
+
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    store = LocalStore(corpus / "store")
+
+    def warmed_by_build() -> bool:
+        executor = Recording()
+        executor.warmed = []
+        build(load_pipeline(pipeline), store, executor, (), Progress(quiet=True))
+        return bool(executor.warmed)
+
+    assert warmed_by_build()
+    assert not warmed_by_build()
+    with open(sorted((corpus / "corpus").glob("*.jsonl"))[0], "a") as handle:
+        handle.write(json.dumps({"id": "extra", "text": "one more document"}) + "\n")
+    assert warmed_by_build()
