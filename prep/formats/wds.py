@@ -1,8 +1,8 @@
 """WebDataset shards: uncompressed ustar archives, one sample (three members) per document.
 
 Every byte is a function of the samples alone (fixed header fields, no timestamps, no owners),
-and a sample's bytes do not depend on its neighbours, so the shard stage can compute each
-sample's offset up front and write samples in any order.
+and a sample's bytes do not depend on its neighbours, so the shuffle plan can fix every
+sample's offset up front, before any shard is written.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import os
 import struct
 import tarfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -174,11 +174,6 @@ def member_headers(positions: npt.ArrayLike, suffix: str, sizes: npt.ArrayLike) 
     return headers
 
 
-def padding(size: int) -> memoryview:
-    """The zero bytes that follow `size` bytes of member data up to the next block."""
-    return _ZERO_BLOCK[: (-size) % BLOCK_SIZE]
-
-
 def _member_header_reference(name: str, size: int) -> bytes:
     """The same header built field by field (kept to test the template against)."""
     header = bytearray(_pack_fields(name.encode("ascii"), size))
@@ -287,34 +282,6 @@ def sample_bytes(key: str, json_bytes: bytes, npy_bytes: bytes, txt_bytes: bytes
     """The exact bytes of one sample's three members, to be written at the sample's offset."""
     members = zip(MEMBER_SUFFIXES, (json_bytes, npy_bytes, txt_bytes), strict=True)
     return b"".join(member_bytes(member_name(key, suffix), data) for suffix, data in members)
-
-
-Buffer = bytes | bytearray | memoryview
-_ZERO_BLOCK = memoryview(bytes(BLOCK_SIZE))
-
-
-def sample_buffer_lists(positions: npt.ArrayLike, jsons: Sequence[bytes], tokens: Sequence[Sequence[Buffer]],
-                       texts: Sequence[Buffer], dtype: npt.DTypeLike) -> list[list[Buffer]]:
-    """For many samples, the same bytes as `sample_bytes`, each as a list of buffers for one
-    `os.pwritev`: token bytes come in parts (e.g. the document's ids, then EOS) and neither
-    they nor the texts are copied. Buffers must hold bytes (format "B"/"b"), so len() counts
-    bytes. Headers are made in one vectorised pass (`member_headers`)."""
-    item = little_endian(dtype).itemsize
-    token_sizes = [sum(map(len, parts)) for parts in tokens]
-    npy_heads = [npy_header(size // item, dtype) for size in token_sizes]
-    npy_sizes = [len(head) + size for head, size in zip(npy_heads, token_sizes)]
-    txt_sizes = [len(text) for text in texts]
-    json_headers = member_headers(positions, JSON_SUFFIX, [len(j) for j in jsons])
-    npy_headers = member_headers(positions, TOKENS_SUFFIX, npy_sizes)
-    txt_headers = member_headers(positions, TEXT_SUFFIX, txt_sizes)
-    lists: list[list[Buffer]] = []
-    for index, json_bytes in enumerate(jsons):
-        lists.append([
-            memoryview(json_headers[index]), json_bytes, padding(len(json_bytes)),
-            memoryview(npy_headers[index]), npy_heads[index], *tokens[index], padding(npy_sizes[index]),
-            memoryview(txt_headers[index]), texts[index], padding(txt_sizes[index]),
-        ])
-    return lists
 
 
 @dataclass(frozen=True)

@@ -227,27 +227,6 @@ def test_iter_samples_rejects_bad_archives(tmp_path: Path) -> None:
         list(wds.iter_samples(truncated))
 
 
-@settings(max_examples=50)
-@given(samples=st.lists(st.tuples(st.integers(0, 10**10 - 1), st.binary(max_size=700),
-                                  st.lists(st.integers(0, 65535), max_size=400), st.binary(max_size=1500),
-                                  st.integers(0, 400)), max_size=5))
-def test_sample_buffer_lists_join_to_sample_bytes(samples: list[tuple[int, bytes, list[int], bytes, int]]) -> None:
-    positions = [position for position, *_ in samples]
-    jsons = [json_bytes for _, json_bytes, *_ in samples]
-    token_parts, texts = [], []
-    for _, _, tokens, text, split in samples:
-        data = np.asarray(tokens, dtype="<u2").tobytes()
-        cut = min(split, len(tokens)) * 2
-        token_parts.append([memoryview(data)[:cut], data[cut:]])
-        texts.append(memoryview(text))
-    lists = wds.sample_buffer_lists(positions, jsons, token_parts, texts, "<u2")
-    for (position, json_bytes, tokens, text, _), buffers in zip(samples, lists):
-        joined = b"".join(bytes(buffer) for buffer in buffers)
-        expected = wds.sample_bytes(wds.sample_key(position), json_bytes,
-                                    wds.npy_bytes(np.asarray(tokens, dtype="<u2")), text)
-        assert joined == expected
-
-
 @given(positions=st.lists(st.integers(0, 10**10 - 1), max_size=20), suffix=st.sampled_from(wds.MEMBER_SUFFIXES),
        data=st.data())
 def test_vectorised_headers_equal_single_headers(positions: list[int], suffix: str, data: st.DataObject) -> None:
