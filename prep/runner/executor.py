@@ -63,6 +63,9 @@ def _exit_now() -> None:
 def _warm_up(warm: WarmUp | None) -> None:
     """Import what tasks need and load the build's tokenizer, so the first task pays for neither."""
     import prep.runner.tasks  # noqa: F401
+    import prep.stages.dedup  # noqa: F401
+    import prep.stages.shard  # noqa: F401
+    import prep.stages.tokenize  # noqa: F401
     from prep.stages.read import preload_fast_parser
     from prep.tokenizer.backends import gigatoken_available
 

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from prep.cas import Digest, HashingWriter
 from prep.errors import IntegrityError
 from prep.faults import crash_point
 from prep.formats import little_endian, megatron, wds
-from prep.stages.columns import to_numbers, to_strings
+from prep.stages.columns import int_column, to_numbers, to_strings
 from prep.stages.intermediate import Intermediate
 from prep.stages.shuffle import document_id, record_line
 from prep.stages.specs import Part, ShardSpec
@@ -78,8 +79,7 @@ def collect_documents(parts: list[Part], keep: np.ndarray, plan: np.ndarray, sha
         for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
             columns[name].append(to_numbers(table.column(name))[selected].astype(np.int64))
         if with_json:
-            all_ids = to_strings(table.column("id"))
-            ids = [all_ids[i] for i in selected.tolist()]
+            ids = to_strings(table.column("id").take(int_column(selected, pa.int64())))
             record_rows = to_numbers(table.column("row"))[selected].tolist()
             for doc_id, row, n in zip(ids, record_rows, columns["n_tokens"][-1].tolist()):
                 line = record_line(part.format, part.line_offset, row)
