@@ -179,7 +179,7 @@ class _Builder:
         settings = {"formats": list(formats), "dtype": dtype, "eos_id": eos_id}
         stage_key = self.stage_key("shard", settings, [self.stages["shuffle"].output])
         specs = [ShardSpec.from_json(s) for s in shuffle["shards"]]
-        units = [(spec, unit) for spec in specs for unit in UNITS if unit in formats]
+        units = [(spec, unit) for spec in specs for unit in _units(formats)]
         unit_keys = {(spec.index, unit): records.content_key(stage_key, spec.index, unit) for spec, unit in units}
         missing = [(spec, unit) for spec, unit in units
                    if records.read_task_record(self.store, "shard", unit_keys[spec.index, unit]) is None]
@@ -191,23 +191,22 @@ class _Builder:
         run = self.stages["shard"]
         for index, result in self.executor.run(run_assemble_job, jobs):
             for spec, unit in groups[index]:
-                names = [f"{spec.index}/{fmt}" for fmt in UNIT_FILES[unit]]
+                files = UNIT_FILES[unit]
                 crash_point("shard.before_commit")
                 records.write_task_record(self.store, "shard", unit_keys[spec.index, unit],
-                                          {name.split("/")[1]: result.outputs[name] for name in names},
-                                          {"sizes": {name.split("/")[1]: result.summary["sizes"][name] for name in names}})
+                                          {fmt: result.outputs[f"{spec.index}/{fmt}"] for fmt in files},
+                                          {"sizes": {fmt: result.summary["sizes"][f"{spec.index}/{fmt}"] for fmt in files}})
                 run.ran += 1
         run.cached = len(units) - len(missing)
         shards = []
         for spec in specs:
             outputs: dict[str, str] = {}
             sizes: dict[str, int] = {}
-            for unit in UNITS:
-                if unit in formats:
-                    record = records.read_task_record(self.store, "shard", unit_keys[spec.index, unit])
-                    assert record is not None
-                    outputs.update(record["outputs"])
-                    sizes.update(record["summary"]["sizes"])
+            for unit in _units(formats):
+                record = records.read_task_record(self.store, "shard", unit_keys[spec.index, unit])
+                assert record is not None
+                outputs.update(record["outputs"])
+                sizes.update(record["summary"]["sizes"])
             shards.append({**spec.to_json(), "outputs": outputs, "sizes": sizes})
         self.commit_stage("shard", stage_key, {"shards": shards})
         self.progress.done("shard", f"{run.ran} files written, {run.cached} cached")
@@ -276,8 +275,14 @@ def _task_bytes(job: TokenizeJob) -> int:
     return task.end - task.start
 
 
+def _units(formats: tuple[str, ...]) -> list[str]:
+    """The shard units the output formats ask for (each format is one unit)."""
+    return [unit for unit in UNITS if unit in formats]
+
+
 def _artifact_formats(formats: tuple[str, ...]) -> list[str]:
-    return [fmt for fmt in ("bin", "idx", "wds") if ARTIFACT_FILES[fmt][0] in formats]
+    """Every artifact file format of a shard: bin, idx, wds."""
+    return [fmt for unit in _units(formats) for fmt in UNIT_FILES[unit]]
 
 
 def _artifacts(shards: list[dict[str, Any]], formats: tuple[str, ...]) -> list[dict[str, Any]]:

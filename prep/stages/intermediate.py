@@ -67,13 +67,12 @@ class IntermediateWriter:
         """Append one batch of documents: their UTF-8 texts and token arrays, in order."""
         text_lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         token_counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
-        text_start = self._file.tell()
-        text_offsets = text_start + np.concatenate(([0], np.cumsum(text_lengths)[:-1])).astype(np.int64)
+        text_offsets = self._file.tell() + np.cumsum(text_lengths) - text_lengths
         self._file.write(b"".join(texts))
         tokens_start = self._file.tell()
         flat = np.concatenate(tokens).astype(self.dtype, copy=False) if tokens else np.zeros(0, self.dtype)
         self._file.write(np.ascontiguousarray(flat).data.cast("B"))
-        token_starts = np.concatenate(([0], np.cumsum(token_counts)[:-1])).astype(np.int64)
+        token_offsets = tokens_start + (np.cumsum(token_counts) - token_counts) * self.dtype.itemsize
         self._metadata.append(pa.RecordBatch.from_arrays([
             int_column(rows, pa.int64()),
             string_column(ids),
@@ -81,8 +80,8 @@ class IntermediateWriter:
             int_column(text_lengths, pa.int64()),
             int_column(token_counts, pa.int32()),
             bool_column(specials),
-            int_column(text_offsets[:len(texts)], pa.int64()),
-            int_column(tokens_start + token_starts[:len(tokens)] * self.dtype.itemsize, pa.int64()),
+            int_column(text_offsets, pa.int64()),
+            int_column(token_offsets, pa.int64()),
         ], schema=self.schema))
 
     def close(self) -> Digest:

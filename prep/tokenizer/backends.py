@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
-from prep.cache import cache_root, derived_bytes
+from prep.cache import derived_bytes
 from prep.errors import InputError, TokenizerError
 from prep.tokenizer import TokenizerInfo, contains_special, reference_encode_batch
 
@@ -129,22 +129,16 @@ def _unassigned_tables() -> tuple[np.ndarray[Any, np.dtype[np.bool_]], np.ndarra
 
 
 def _cached_unassigned_table() -> np.ndarray[Any, np.dtype[np.bool_]]:
-    folder = cache_root()
-    path = folder / f"unicode-unassigned-{unicodedata.unidata_version}.bits"
-    try:
-        return np.unpackbits(np.fromfile(path, dtype=np.uint8), count=0x110000).astype(np.bool_)
-    except (OSError, ValueError):
-        pass
-    table = np.fromiter((unicodedata.category(chr(c)) == "Cn" for c in range(0x110000)),
-                        dtype=np.bool_, count=0x110000)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        temp = path.with_name(f"{path.name}.{os.getpid()}.part")
-        np.packbits(table).tofile(temp)
-        os.replace(temp, path)
-    except OSError:
-        pass  # a read-only cache only costs the rebuild next time
-    return table
+    def build() -> bytes:
+        table = np.fromiter((unicodedata.category(chr(c)) == "Cn" for c in range(0x110000)),
+                            dtype=np.bool_, count=0x110000)
+        return bytes(np.packbits(table).tobytes())
+
+    packed = np.frombuffer(derived_bytes(f"unicode-unassigned-{unicodedata.unidata_version}.bits", build),
+                           dtype=np.uint8)
+    if packed.size * 8 < 0x110000:  # a damaged cache entry
+        packed = np.frombuffer(build(), dtype=np.uint8)
+    return np.unpackbits(packed, count=0x110000).astype(np.bool_)
 
 
 # Every code point below U+0378 is assigned (and stays so: Unicode never unassigns a code point).
