@@ -20,6 +20,7 @@ FORMATS = ("auto", "jsonl", "parquet", "text", "hf")
 OUTPUT_FORMATS = ("bin", "wds")
 BACKENDS = ("auto", "tokenizers", "gigatoken")
 ON_ERROR = ("fail", "skip")
+SEED_LIMIT = 2**64  # the shuffle mixes the seed as an unsigned 64-bit integer
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
@@ -178,6 +179,8 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
     if not NAME_PATTERN.match(dataset):
         raise ConfigError(f"{source}: dataset: {dataset!r} is not a valid name (letters, digits, '.', '_', '-')")
     seed = root.get("seed", int, 0)
+    if not 0 <= seed < SEED_LIMIT:
+        raise ConfigError(f"{source}: seed: must be an integer in [0, 2**64), got {seed}")
     store = root.get("store", str, None)
 
     inp = root.table("input", required=True)

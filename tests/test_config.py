@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,14 @@ def test_defaults_and_resolved_config_hold_no_machine_paths() -> None:
     ({"dataset": "has space"}, "dataset"),
     ({"input": {"paths": []}}, "input.paths"),
     ({"seed": True}, "seed: expected int"),
+    ({"seed": 2**70}, r"seed: must be an integer in [0, 2**64)"),
+    ({"seed": 2**64}, r"seed: must be an integer in [0, 2**64)"),
+    ({"seed": -1}, r"seed: must be an integer in [0, 2**64)"),
 ])
 def test_mistakes_name_the_key(change: dict[str, object], needle: str) -> None:
-    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
         parse_pipeline({**MINIMAL, **change}, Path("."), "p.toml")
+
+
+def test_largest_seed_is_accepted() -> None:
+    assert parse_pipeline({**MINIMAL, "seed": 2**64 - 1}, Path("."), "p.toml").seed == 2**64 - 1
