@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from prep import cas
-from prep.errors import NotFoundError, UsageError
+from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.refs import read_ref
@@ -19,6 +20,10 @@ INDEX_PREFIX = "snapshots/"
 MIN_PREFIX = 4
 
 
+class ManifestFileError(UsageError):
+    """A file given as SNAP that is no prep.snapshot/1 manifest in any JSON spelling (exit 2)."""
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """A loaded snapshot manifest: its id, parsed content and the exact stored bytes."""
@@ -26,6 +31,9 @@ class Snapshot:
     id: str
     manifest: dict[str, Any]
     raw: bytes
+    # True for a manifest file whose own bytes were not canonical (pretty-printed, a trailing
+    # newline, ...): `raw` is then its canonical encoding, the bytes whose SHA-256 is `id`.
+    reencoded: bool = False
 
     @property
     def dataset(self) -> str:
@@ -42,13 +50,73 @@ def index_key(snapshot_id: str) -> str:
 
 
 def parse_manifest(raw: bytes, source: str) -> Snapshot:
-    """Parse and validate manifest bytes; the id is the SHA-256 of exactly these bytes."""
+    """Parse and validate stored manifest bytes; the id is the SHA-256 of exactly these bytes."""
     try:
         manifest = canonical.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"{source}: not a JSON manifest ({exc})") from None
     validate(manifest, SNAPSHOT_SCHEMA, source)
     return Snapshot(id=f"sha256:{hashlib.sha256(raw).hexdigest()}", manifest=manifest, raw=raw)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object hook refusing repeated keys, which would make the content ambiguous."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        result[key] = value
+    return result
+
+
+def _no_float(text: str) -> NoReturn:
+    """A JSON float hook: a snapshot manifest holds integers only."""
+    raise ValueError(f"number {text} is not an integer, and canonical JSON holds no floats")
+
+
+def _no_constant(text: str) -> NoReturn:
+    """A JSON constant hook refusing NaN, Infinity and -Infinity, which JSON itself does not have."""
+    raise ValueError(f"{text} is not JSON")
+
+
+def read_manifest_file(path: Path) -> Snapshot:
+    """Load a manifest file in any JSON spelling; its id is the SHA-256 of its canonical encoding."""
+    source = str(path)
+
+    def refuse(reason: str) -> NoReturn:
+        raise ManifestFileError(f"{source}: not a canonical prep manifest ({reason})")
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ManifestFileError(f"{source}: cannot read the manifest file ({exc.strerror or exc})") from None
+    try:
+        manifest = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_float=_no_float,
+                              parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:
+        refuse(f"not UTF-8: {exc}")
+    except ValueError as exc:
+        refuse(f"not JSON: {exc}")
+    try:
+        validate(manifest, SNAPSHOT_SCHEMA, source)
+    except IntegrityError as exc:
+        refuse(exc.message.removeprefix(f"{source}: "))
+    if not isinstance(manifest, dict):  # the schema already demands an object
+        refuse("not a JSON object")
+    try:
+        raw = canonical.dumps(manifest)
+    except (TypeError, UnicodeError) as exc:
+        refuse(f"cannot be encoded canonically: {exc}")
+    snapshot_id = f"sha256:{hashlib.sha256(raw).hexdigest()}"
+    return Snapshot(id=snapshot_id, manifest=manifest, raw=raw, reencoded=raw != data)
+
+
+def reencoded_note(spec: str, snapshot: Snapshot) -> str | None:
+    """The one line to print on stderr when SPEC's file was read through its canonical encoding."""
+    if not snapshot.reencoded:
+        return None
+    return (f"prep: note: {spec} is not byte-for-byte canonical; its content is snapshot {snapshot.id} "
+            f"(the SHA-256 of its canonical encoding, not of the file)")
 
 
 def publish_manifest(store: Store, manifest: dict[str, Any]) -> Snapshot:
@@ -78,9 +146,9 @@ def is_manifest_path(spec: str) -> bool:
 
 def resolve(store: Store | None, spec: str) -> Snapshot:
     """Load the snapshot named by SPEC: `dataset@ref`, `sha256:<hex>`, a unique hex prefix,
-    or the path of a manifest file (which needs no store)."""
+    or the path of a manifest file (which needs no store; see read_manifest_file)."""
     if is_manifest_path(spec):
-        return parse_manifest(Path(spec).read_bytes(), spec)
+        return read_manifest_file(Path(spec))
     if store is None:
         raise UsageError(f"{spec!r} is not a manifest file, and no store was given")
     if "@" in spec:

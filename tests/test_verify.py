@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prep.errors import InputError
+from prep.errors import InputError, UsageError
 from prep.manifest.schema import validate
 from prep.pull import pull
 from prep.shares import artifacts_of
@@ -253,6 +254,62 @@ def test_verify_needs_only_the_manifest_copy_in_dest(pulled: Pulled) -> None:
     from_file = resolve(None, str(manifest_file))  # no store at all
     assert from_file.id == pulled.snapshot.id
     assert verify(from_file, pulled.dest).digest == verify(pulled.snapshot, pulled.dest).digest
+
+
+
+def _spellings(raw: bytes) -> dict[str, bytes]:
+    """The same manifest as stored, with a newline appended, and pretty-printed."""
+    pretty = json.dumps(json.loads(raw), indent=4).encode()
+    return {"as-stored": raw, "newline": raw + b"\n", "pretty": pretty, "pretty-crlf": pretty.replace(b"\n", b"\r\n")}
+
+
+@pytest.mark.parametrize("spelling", ["as-stored", "newline", "pretty", "pretty-crlf"])
+def test_a_manifest_file_has_the_snapshot_id_whatever_its_json_spelling(pulled: Pulled, spelling: str) -> None:
+    manifest_file = pulled.dest.parent / "m.json"
+    manifest_file.write_bytes(_spellings(pulled.snapshot.raw)[spelling])
+    from_file = resolve(None, str(manifest_file))
+    assert from_file.id == pulled.snapshot.id and from_file.raw == pulled.snapshot.raw
+    assert from_file.reencoded == (spelling != "as-stored")
+    assert verify(from_file, pulled.dest).digest == verify(pulled.snapshot, pulled.dest).digest
+
+
+NOT_MANIFESTS = {
+    "text": b"hello, world\n",
+    "empty": b"",
+    "not-utf8": b"\xff\xfe{}",
+    "other-json": b'{"a": 1}',
+    "json-array": b"[1, 2]",
+}
+
+
+def _tweaked(raw: bytes, how: str) -> bytes:
+    """A manifest that parses as JSON but has no single canonical encoding."""
+    text = raw.decode()
+    if how == "duplicate-key":
+        return text.replace('{"artifacts"', '{"artifacts":[],"artifacts"', 1).encode()
+    if how == "float":
+        return text.replace('"seed":0', '"seed":0.0', 1).encode()
+    if how == "nan":
+        return text.replace('"seed":0', '"seed":NaN', 1).encode()
+    assert how == "lone-surrogate"
+    return text.replace('"eos":"<|endoftext|>"', '"eos":"<|endoftext|>\\ud800"', 1).encode()
+
+
+@pytest.mark.parametrize("content", [*NOT_MANIFESTS, "duplicate-key", "float", "nan", "lone-surrogate", "schema"])
+def test_a_file_that_cannot_be_a_canonical_manifest_is_refused(pulled: Pulled, content: str) -> None:
+    raw = pulled.snapshot.raw
+    if content in NOT_MANIFESTS:
+        data = NOT_MANIFESTS[content]
+    elif content == "schema":
+        data = json.dumps(dict(json.loads(raw), artifacts="oops")).encode()
+    else:
+        data = _tweaked(raw, content)
+        assert data != raw
+    bad = pulled.dest.parent / "bad.json"
+    bad.write_bytes(data)
+    with pytest.raises(UsageError, match=r"bad\.json: not a canonical prep manifest") as caught:
+        resolve(None, str(bad))
+    assert caught.value.exit_code == 2 and "\n" not in caught.value.message
 
 
 # ---------------------------------------------------------------- refused manifests

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
 
 from prep.cli.common import open_store_option, store_option
 from prep.refs import ref_history
-from prep.snapshots import is_manifest_path, resolve
+from prep.snapshots import is_manifest_path, reencoded_note, resolve
 
 
 def human_bytes(count: int) -> str:
@@ -49,13 +48,17 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
 @click.command()
 @click.argument("snap")
 @store_option
-@click.option("--json", "as_json", is_flag=True, help="Print the manifest exactly as stored.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the manifest exactly as stored (no newline added): its SHA-256 is the snapshot id.")
 @click.option("--at", "at", default=None, metavar="PATH:N",
               help="Show the document stored as sequence N (0-based) of artifact PATH, e.g. bin/00000.bin:0.")
 def show(snap: str, store_url: str | None, as_json: bool, at: str | None) -> None:
     """Show a snapshot: DATASET@REF, sha256:<hex>, a unique hex prefix, or a manifest file."""
     store = None if is_manifest_path(snap) and at is None else open_store_option(store_url)
     snapshot = resolve(None if is_manifest_path(snap) else store, snap)
+    note = reencoded_note(snap, snapshot)
+    if note is not None:
+        click.echo(note, err=True)
     if at is not None:
         from prep.cli.history import trace_lines
         from prep.lineage import locate, parse_at
@@ -64,7 +67,7 @@ def show(snap: str, store_url: str | None, as_json: bool, at: str | None) -> Non
         click.echo("\n".join(trace_lines(locate(store, snapshot, *parse_at(at)))))
         return
     if as_json:
-        sys.stdout.buffer.write(snapshot.raw + b"\n")
+        click.echo(snapshot.raw, nl=False)  # bytes go to stdout's binary buffer untouched
         return
     click.echo("\n".join(summary_lines(snapshot.id, snapshot.manifest)))
 

@@ -15,7 +15,7 @@ import click
 from prep.cli.common import open_store_option, store_option
 from prep.errors import IntegrityError, UsageError, VerificationFailed
 from prep.shares import check_rank
-from prep.snapshots import is_manifest_path, resolve
+from prep.snapshots import ManifestFileError, Snapshot, is_manifest_path, reencoded_note, resolve
 from prep.verify import DEFAULT_JOBS, VerifyResult
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -101,6 +101,7 @@ def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_s
     _check_rank(rank, world_size)
     store = open_store_option(store_url)
     snapshot = resolve(store, snap)
+    _note(snap, snapshot)
     share = share_of(artifacts_of(snapshot.manifest), rank, world_size)
     progress = Progress("pull", len(share.artifacts), share.size)
     try:
@@ -115,6 +116,13 @@ def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_s
         f"{_rate(result.bytes_copied, result.seconds, 1e6, 'MB/s')}",
         err=True,
     )
+
+
+def _note(snap: str, snapshot: Snapshot) -> None:
+    """Say on stderr when a manifest file's id comes from its canonical encoding, not its bytes."""
+    note = reencoded_note(snap, snapshot)
+    if note is not None:
+        click.echo(note, err=True)
 
 
 def _human_report(result: VerifyResult) -> list[str]:
@@ -154,8 +162,9 @@ def verify(snap: str, dest: Path, store_url: str | None, rank: int | None, world
     _check_rank(rank, world_size)
     try:
         snapshot = resolve(None if is_manifest_path(snap) else open_store_option(store_url), snap)
-    except IntegrityError as exc:  # verify's contract: a manifest it cannot trust is exit 2
+    except (IntegrityError, ManifestFileError) as exc:  # verify's contract: a manifest it cannot trust is exit 2
         raise UsageError(f"manifest refused: {exc.message}") from None
+    _note(snap, snapshot)
     share = share_of(artifacts_of(snapshot.manifest), rank, world_size)
     progress = Progress("verify", len(share.artifacts), share.size)
     try:

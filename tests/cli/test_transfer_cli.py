@@ -59,6 +59,53 @@ def test_verify_from_the_manifest_copy_needs_no_store(pulled: tuple[LocalStore, 
     assert not absent.exists()
 
 
+
+def _digest(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    digests = re.findall(r"^verification digest: ([0-9a-f]{64})$", result.stdout, re.MULTILINE)
+    assert len(digests) == 1, result.stdout
+    return str(digests[0])
+
+
+@pytest.mark.parametrize("spelling", ["as-shown", "newline", "json.tool"])
+def test_verify_prints_one_digest_whatever_the_manifest_file_spelling(
+    pulled: tuple[LocalStore, Built, Path], tmp_path: Path, spelling: str
+) -> None:
+    store, built, dest = pulled
+    expected = _digest(prep("verify", "demo@latest", dest, "--store", store.root))
+    shown = subprocess.run([sys.executable, "-m", "prep.cli.main", "show", "demo@latest", "--store", str(store.root),
+                            "--json"], capture_output=True, check=True).stdout
+    saved = tmp_path / "m.json"
+    saved.write_bytes(shown)
+    if spelling == "newline":
+        saved.write_bytes(shown + b"\n")
+    elif spelling == "json.tool":
+        pretty = subprocess.run([sys.executable, "-m", "json.tool", str(saved)], capture_output=True, check=True)
+        saved.write_bytes(pretty.stdout)
+    assert (saved.read_bytes() == built.snapshot.raw) == (spelling == "as-shown")
+    result = prep("verify", saved, dest, "--store", tmp_path / "absent")
+    assert _digest(result) == expected
+    assert f"verified {built.snapshot.id}:" in result.stdout
+    assert ("not byte-for-byte canonical" in result.stderr) == (spelling != "as-shown")
+    report = json.loads(prep("verify", saved, dest, "--json").stdout)
+    assert report["digest"] == expected and report["snapshot"] == built.snapshot.id
+    assert not (tmp_path / "absent").exists()
+
+
+@pytest.mark.parametrize("command", ["verify", "pull"])
+def test_a_file_that_is_not_a_manifest_is_refused(
+    pulled: tuple[LocalStore, Built, Path], tmp_path: Path, command: str
+) -> None:
+    store, _, dest = pulled
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a manifest at all\n")
+    result = prep(command, bad, dest if command == "verify" else tmp_path / "dest", "--store", store.root)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("prep: error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert f"{bad}: not a canonical prep manifest" in result.stderr
+    assert not (tmp_path / "dest").exists()
+
+
 def test_quick_says_so_and_prints_no_digest(pulled: tuple[LocalStore, Built, Path]) -> None:
     _, _, dest = pulled
     result = prep("verify", dest / ".prep/manifest.json", dest, "--quick")
