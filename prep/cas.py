@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -126,28 +127,31 @@ class HashingWriter:
             self._handle.close()
 
 
-def _confirm_existing(store: Store, digest: Digest) -> None:
-    info = store.head(object_key(digest.sha256))
-    if info is None or info.size != digest.size:
-        found = "missing" if info is None else f"{info.size} bytes"
-        raise IntegrityError(
-            f"{store.url}: object {digest.id} exists with {found}, expected {digest.size} bytes"
-        )
+def _settle_existing(store: Store, digest: Digest, write: Callable[[], bool]) -> None:
+    """The object's key already existed: keep it only if its bytes hash to its name. A corrupt
+    or vanished copy is replaced by the bytes the caller holds, which do."""
+    if check(store, digest.id):
+        return
+    store.delete(object_key(digest.sha256))
+    if not write() and not check(store, digest.id):
+        raise IntegrityError(f"{store.url}: object {digest.id} is stored with other bytes and could not be replaced")
 
 
 def put_file(store: Store, path: Path, digest: Digest | None = None) -> Digest:
     """Store a local file under its SHA-256 (hashing it unless `digest` is given)."""
     digest = digest or digest_file(path)
-    if not store.put_file(object_key(digest.sha256), path):
-        _confirm_existing(store, digest)
+    key = object_key(digest.sha256)
+    if not store.put_file(key, path):
+        _settle_existing(store, digest, lambda: store.put_file(key, path))
     return digest
 
 
 def put_bytes(store: Store, data: bytes) -> Digest:
     """Store bytes under their SHA-256; storing the same bytes twice is a no-op."""
     digest = digest_bytes(data)
-    if not store.put_bytes(object_key(digest.sha256), data):
-        _confirm_existing(store, digest)
+    key = object_key(digest.sha256)
+    if not store.put_bytes(key, data):
+        _settle_existing(store, digest, lambda: store.put_bytes(key, data))
     return digest
 
 

@@ -7,28 +7,26 @@ publish (snapshot manifest, then refs by compare-and-swap).
 
 from __future__ import annotations
 
-import json
-import os
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prep import cas
 from prep.code import code_identity
 from prep.config import Pipeline
-from prep.errors import InputError, PrepError, StoreError
+from prep.errors import InputError, IntegrityError, NotFoundError, StoreError
 from prep.faults import crash_point
 from prep.gc import Lease, build_lease
-from prep.refs import Ref, move_ref, read_ref
+from prep.refs import Ref, move_ref
 from prep.runner import records
 from prep.runner.executor import Executor, WarmUp
+from prep.runner.planning import contiguous_ranges, describe_inputs, hash_inputs, looks_unchanged, task_bytes
 from prep.runner.progress import Progress
+from prep.runner.publish import StageRun, build_stats, snapshot_manifest, units, write_log
+from prep.runner.reuse import Remake, ReuseGuard
 from prep.runner.tasks import (
     AssembleJob,
     DedupJob,
-    HashJob,
     PartRef,
     ShuffleJob,
     TaskResult,
@@ -36,32 +34,15 @@ from prep.runner.tasks import (
     publish_staged,
     run_assemble_job,
     run_dedup_job,
-    run_hash_job,
     run_shuffle_job,
     run_tokenize_job,
 )
-from prep.snapshots import Snapshot, load_snapshot, publish_manifest
+from prep.snapshots import Snapshot, publish_manifest
 from prep.sources import SourceFile, discover, input_version, release_spool
 from prep.stages.read import ReadTask, plan_read_tasks
-from prep.stages.specs import UNIT_FILES, UNITS, ShardSpec, TokenizeSettings
+from prep.stages.specs import UNIT_FILES, ShardSpec, TokenizeSettings
 from prep.storage.base import Store
 from prep.tokenizer import describe_tokenizer
-
-LOGS_PREFIX = "logs/"
-HASH_BATCH_BYTES = 256 << 20
-HASH_BATCH_FILES = 512
-ARTIFACT_FILES = {"bin": ("bin", "bin"), "idx": ("bin", "idx"), "wds": ("wds", "tar")}
-
-
-@dataclass
-class StageRun:
-    """What one stage did in this build: tasks run and tasks served from commit records."""
-
-    name: str
-    key: str = ""
-    ran: int = 0
-    cached: int = 0
-    output: str = ""
 
 
 @dataclass
@@ -78,11 +59,14 @@ class _Builder:
         self.code = code_identity()
         self.stages: dict[str, StageRun] = {}
         self.log: dict[str, Any] = {"tasks": {}}
+        self.guard = ReuseGuard(store, executor, progress)
 
     # -- generic task running ---------------------------------------------------------------
     def run_tasks(self, stage: str, jobs: Sequence[tuple[str, Any]], fn: Callable[[Any], TaskResult],
-                  nbytes: Callable[[Any], int] = lambda job: 0) -> dict[str, dict[str, Any]]:
-        """Run every job whose task record is missing; return every task's record by key."""
+                  nbytes: Callable[[Any], int] = lambda job: 0,
+                  describe: Callable[[Any], str] | None = None) -> dict[str, dict[str, Any]]:
+        """Run every job whose task record is missing; return every task's record by key.
+        Outputs of found records are registered as reused: checked before anything reads them."""
         run = self.stages.setdefault(stage, StageRun(stage))
         committed: dict[str, dict[str, Any]] = {}
         todo: list[tuple[str, Any]] = []
@@ -92,6 +76,8 @@ class _Builder:
                 todo.append((key, job))
             else:
                 committed[key] = record
+                what = describe(job) if describe else f"{stage} output"
+                self.guard.reused(record["outputs"].values(), Remake(what, fn, job))
         run.cached += len(committed)
         todo.sort(key=lambda item: -nbytes(item[1]))  # largest first: less idle time at the end
         done_bytes = 0
@@ -99,6 +85,7 @@ class _Builder:
         for index, result in self.executor.run(fn, [job for _, job in todo]):
             key, job = todo[index]
             result = publish_staged(self.store, result)
+            self.guard.produced(result.outputs.values())
             crash_point(f"{stage}.before_commit")
             committed[key] = records.write_task_record(self.store, stage, key, result.outputs, result.summary)
             if result.log:
@@ -113,9 +100,21 @@ class _Builder:
         self.stages.setdefault(stage, StageRun(stage)).key = key
         return key
 
+    def read_stage(self, stage: str, key: str) -> dict[str, Any] | None:
+        """The committed stage manifest, or None when the stage is not committed or its manifest
+        object is corrupt or missing (then the stage is rebuilt from its task records)."""
+        try:
+            return records.read_stage(self.store, stage, key)
+        except (IntegrityError, NotFoundError) as exc:
+            self.progress.info(f"warning: the {stage} stage manifest is unusable ({exc}); rebuilding it from its tasks")
+            self.guard.recomputed.append({"object": records.stage_output_id(self.store, stage, key),
+                                          "what": f"{stage} stage manifest"})
+            return None
+
     def commit_stage(self, stage: str, key: str, manifest: dict[str, Any]) -> dict[str, Any]:
-        existing = records.read_stage(self.store, stage, key)
+        existing = self.read_stage(stage, key)
         if existing is None:
+            # Storing the manifest replaces a corrupt stored copy (prep.cas checks what it finds).
             records.commit_stage(self.store, stage, key, manifest)
             existing = records.read_stage(self.store, stage, key)
         assert existing is not None
@@ -137,7 +136,8 @@ class _Builder:
             jobs.append((key, TokenizeJob(self.store.url, task, settings, driver_stores)))
         total_bytes = sum(source.size for source in sources)
         self.progress.stage("tokenize", f"{len(jobs)} tasks over {len(sources)} files, {total_bytes / 1e6:.1f} MB")
-        done = self.run_tasks("tokenize", jobs, run_tokenize_job, _task_bytes)
+        done = self.run_tasks("tokenize", jobs, run_tokenize_job, task_bytes,
+                              lambda job: f"tokenize intermediate of {job.task.source.rel} part {job.task.part}")
         entries: list[dict[str, Any]] = []
         line_offsets: dict[str, int] = {}
         for (key, job) in jobs:
@@ -156,15 +156,20 @@ class _Builder:
         return tuple(PartRef(e["output"], e["source"], e["format"], e["line_offset"], e["documents"]) for e in entries)
 
     def single(self, stage: str, settings: dict[str, Any], inputs: Any, job: Any,
-               fn: Callable[[Any], TaskResult]) -> dict[str, Any]:
-        """A stage of one task: its task key is its stage key."""
+               fn: Callable[[Any], TaskResult], reads: Sequence[Sequence[str]]) -> dict[str, Any]:
+        """A stage of one task: its task key is its stage key. `reads` are the objects its job
+        reads, checked before it runs, in groups that are recomputed in order."""
         key = self.stage_key(stage, settings, inputs)
-        existing = records.read_stage(self.store, stage, key)
+        existing = self.read_stage(stage, key)
         if existing is not None:
             self.stages[stage].cached += 1
             self.stages[stage].output = records.stage_output_id(self.store, stage, key)
+            self.guard.reused(existing["outputs"].values(), Remake(f"{stage} output", fn, job))
             return existing
         self.progress.stage(stage)
+        if records.read_task_record(self.store, stage, key) is None:
+            for group in reads:
+                self.guard.ensure(group)
         record = self.run_tasks(stage, [(key, job)], fn)[key]
         manifest = self.commit_stage(stage, key, {"outputs": record["outputs"], **record["summary"]})
         counts = [f"{k}={v}" for k, v in record["summary"].items() if isinstance(v, int)]
@@ -174,36 +179,49 @@ class _Builder:
     def shard(self, parts: tuple[PartRef, ...], keep_id: str, shuffle: dict[str, Any], dtype: str,
               eos_id: int, workers: int) -> list[dict[str, Any]]:
         """Write every shard's units (bin: .bin and .idx; wds: .tar), each with its own task
-        record; jobs get contiguous runs of units of similar size, at most one per worker."""
+        record; jobs get contiguous runs of units of similar size, at most one per worker.
+        A committed unit whose files fail their check is written again."""
         formats = self.pipeline.output.formats
         settings = {"formats": list(formats), "dtype": dtype, "eos_id": eos_id}
         stage_key = self.stage_key("shard", settings, [self.stages["shuffle"].output])
         specs = [ShardSpec.from_json(s) for s in shuffle["shards"]]
-        units = [(spec, unit) for spec in specs for unit in _units(formats)]
-        unit_keys = {(spec.index, unit): records.content_key(stage_key, spec.index, unit) for spec, unit in units}
-        missing = [(spec, unit) for spec, unit in units
-                   if records.read_task_record(self.store, "shard", unit_keys[spec.index, unit]) is None]
-        self.progress.stage("shard", f"{len(specs)} shards, {len(units) - len(missing)} of {len(units)} files committed")
+        all_units = [(spec, unit) for spec in specs for unit in units(formats)]
+        unit_keys = {(spec.index, unit): records.content_key(stage_key, spec.index, unit) for spec, unit in all_units}
+        found = {pair: records.read_task_record(self.store, "shard", unit_keys[pair[0].index, pair[1]])
+                 for pair in all_units}
+        bad = set(self.guard.find_bad(oid for record in found.values() if record for oid in record["outputs"].values()))
+        missing = []
+        for (spec, unit), record in found.items():
+            if record is None or bad & set(record["outputs"].values()):
+                missing.append((spec, unit))
+            for object_id in sorted(bad & set(record["outputs"].values()) if record else ()):
+                self.guard.discard(object_id, f"shard {spec.index} {unit} file")
+        self.progress.stage("shard", f"{len(specs)} shards, {len(all_units) - len(missing)} of {len(all_units)} files committed")
+        if missing:
+            self.guard.ensure([part.object_id for part in parts])
+            self.guard.ensure([keep_id])
+            self.guard.ensure([shuffle["outputs"]["plan"]])
         weights = [spec.bin_size if unit == "bin" else spec.tar_size for spec, unit in missing]
-        groups = [tuple(missing[start:end]) for start, end in _contiguous_ranges(weights, workers)]
+        groups = [tuple(missing[start:end]) for start, end in contiguous_ranges(weights, workers)]
         jobs = [AssembleJob(self.store.url, parts, keep_id, shuffle["outputs"]["plan"], group, dtype, eos_id)
                 for group in groups]
         run = self.stages["shard"]
         for index, result in self.executor.run(run_assemble_job, jobs):
+            self.guard.produced(result.outputs.values())
             for spec, unit in groups[index]:
-                files = UNIT_FILES[unit]
                 crash_point("shard.before_commit")
-                records.write_task_record(self.store, "shard", unit_keys[spec.index, unit],
-                                          {fmt: result.outputs[f"{spec.index}/{fmt}"] for fmt in files},
-                                          {"sizes": {fmt: result.summary["sizes"][f"{spec.index}/{fmt}"] for fmt in files}})
+                found[spec, unit] = records.write_task_record(
+                    self.store, "shard", unit_keys[spec.index, unit],
+                    {fmt: result.outputs[f"{spec.index}/{fmt}"] for fmt in UNIT_FILES[unit]},
+                    {"sizes": {fmt: result.summary["sizes"][f"{spec.index}/{fmt}"] for fmt in UNIT_FILES[unit]}})
                 run.ran += 1
-        run.cached = len(units) - len(missing)
+        run.cached = len(all_units) - len(missing)
         shards = []
         for spec in specs:
             outputs: dict[str, str] = {}
             sizes: dict[str, int] = {}
-            for unit in _units(formats):
-                record = records.read_task_record(self.store, "shard", unit_keys[spec.index, unit])
+            for unit in units(formats):
+                record = found[spec, unit]
                 assert record is not None
                 outputs.update(record["outputs"])
                 sizes.update(record["summary"]["sizes"])
@@ -211,91 +229,6 @@ class _Builder:
         self.commit_stage("shard", stage_key, {"shards": shards})
         self.progress.done("shard", f"{run.ran} files written, {run.cached} cached")
         return shards
-
-
-def _looks_unchanged(store: Store, pipeline: Pipeline, sources: list[SourceFile], code: dict[str, Any],
-                     tokenizer_sha256: str) -> bool:
-    """True when the dataset's latest snapshot has this config, code, tokenizer and the same input
-    paths and sizes: then tokenization will likely be all cache hits and workers need not load
-    the tokenizer up front. Only a scheduling hint: cache hits are decided by content keys."""
-    try:
-        ref = read_ref(store, pipeline.dataset, "latest")
-        manifest = load_snapshot(store, ref.snapshot).manifest if ref is not None else None
-    except PrepError:
-        return False
-    if manifest is None:
-        return False
-    recorded = [(entry.get("path"), entry.get("size")) for entry in manifest.get("inputs", {}).get("files", [])]
-    return (manifest.get("config") == pipeline.resolved() and manifest.get("code") == code
-            and manifest.get("tokenizer", {}).get("sha256") == tokenizer_sha256
-            and recorded == [(source.rel, source.size) for source in sources])
-
-
-def _hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFile]:
-    """Hash every input on the executor's workers, in batches of files (the driver reads no
-    input bytes itself); returns the sources in their original order."""
-    batches: list[list[SourceFile]] = [[]]
-    size = 0
-    for source in sources:
-        if batches[-1] and (size >= HASH_BATCH_BYTES or len(batches[-1]) >= HASH_BATCH_FILES):
-            batches.append([])
-            size = 0
-        batches[-1].append(source)
-        size += source.size
-    jobs = [HashJob(tuple(batch), spool=executor.shares_filesystem) for batch in batches]
-    hashed: dict[int, list[SourceFile]] = dict(executor.run(run_hash_job, jobs))
-    return [source for index in range(len(batches)) for source in hashed[index]]
-
-
-def _contiguous_ranges(weights: list[int], count: int) -> list[tuple[int, int]]:
-    """Split a list into min(count, len) contiguous, non-empty [start, end) ranges of similar
-    total weight, covering every index once (a range ends where the running total reaches the
-    next 1/count of the whole, or where the items left are just enough for the ranges left)."""
-    total = max(1, sum(weights))
-    ranges: list[tuple[int, int]] = []
-    start, acc = 0, 0
-    for index, size in enumerate(weights):
-        acc += size
-        items_left = len(weights) - index - 1
-        ranges_left = count - len(ranges) - 1
-        if items_left and ranges_left and (acc >= total * (len(ranges) + 1) / count or items_left <= ranges_left):
-            ranges.append((start, index + 1))
-            start = index + 1
-    if start < len(weights):
-        ranges.append((start, len(weights)))
-    return ranges
-
-
-def _task_bytes(job: TokenizeJob) -> int:
-    """Input bytes a tokenize task covers, for rates (a Parquet file counts once, at part 0,
-    since its task ranges count row groups, not bytes)."""
-    task = job.task
-    if task.source.format == "parquet":
-        return task.source.size if task.part == 0 else 0
-    return task.end - task.start
-
-
-def _units(formats: tuple[str, ...]) -> list[str]:
-    """The shard units the output formats ask for (each format is one unit)."""
-    return [unit for unit in UNITS if unit in formats]
-
-
-def _artifact_formats(formats: tuple[str, ...]) -> list[str]:
-    """Every artifact file format of a shard: bin, idx, wds."""
-    return [fmt for unit in _units(formats) for fmt in UNIT_FILES[unit]]
-
-
-def _artifacts(shards: list[dict[str, Any]], formats: tuple[str, ...]) -> list[dict[str, Any]]:
-    artifacts = []
-    for shard in shards:
-        for fmt in _artifact_formats(formats):
-            folder, extension = ARTIFACT_FILES[fmt]
-            artifacts.append({
-                "path": f"{folder}/{shard['index']:05d}.{extension}", "format": fmt, "shard": shard["index"],
-                "size": shard["sizes"][fmt], "sha256": cas.parse_id(shard["outputs"][fmt]),
-                "documents": shard["documents"], "tokens": shard["tokens"],
-            })
-    return sorted(artifacts, key=lambda a: a["path"])
 
 
 def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[str] = (),
@@ -317,10 +250,10 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[
 
     progress.stage("inputs", "discovering and hashing")
     discovered = discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format)
-    if not _looks_unchanged(store, pipeline, discovered, builder.code, info.sha256):
+    if not looks_unchanged(store, pipeline, discovered, builder.code, info.sha256):
         executor.warm(WarmUp(str(tokenizer_path), pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens,
                              pipeline.tokenizer.backend))
-    sources = _hash_inputs(discovered, executor)
+    sources = hash_inputs(discovered, executor)
     version = input_version(sources)
     progress.done("inputs", f"{len(sources)} files, {sum(s.size for s in sources) / 1e6:.1f} MB, {version[:19]}")
 
@@ -331,72 +264,41 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[
         entries = builder.tokenize(sources, settings)
     finally:
         release_spool(sources)  # S3 inputs were read once, into the spool; no later stage reads them
-    documents_read = sum(int(e["documents"]) for e in entries)
-    if documents_read == 0:
-        raise InputError(f"{pipeline.source}: the corpus has no documents ({len(sources)} input files)")
-    parts = builder.parts(entries)
-    tokenize_out = builder.stages["tokenize"].output
-
-    dedup = builder.single("dedup", {"exact": pipeline.dedup.exact}, [tokenize_out],
-                           DedupJob(store.url, parts, pipeline.dedup.exact), run_dedup_job)
-    keep_id = dedup["outputs"]["keep"]
-    formats = pipeline.output.formats
-    shuffle_settings = {"seed": pipeline.seed, "shard_size": pipeline.output.shard_size,
-                        "dtype": info.dtype, "formats": list(formats)}
-    shuffle = builder.single("shuffle", shuffle_settings, [tokenize_out, builder.stages["dedup"].output],
-                             ShuffleJob(store.url, parts, keep_id, pipeline.seed, pipeline.output.shard_size,
-                                        info.dtype, formats), run_shuffle_job)
-    shards = builder.shard(parts, keep_id, shuffle, info.dtype, info.eos_id, executor.workers)
-
-    stats = {
-        "documents_read": documents_read,
-        "duplicates_dropped": int(dedup["duplicates_dropped"]),
-        "documents_written": sum(s["documents"] for s in shards),
-        "tokens_written": sum(s["tokens"] for s in shards),
-        "bad_records_skipped": sum(int(e.get("bad_records", 0)) for e in entries),
-        "special_token_documents": sum(int(e.get("special_token_documents", 0)) for e in entries),
-    }
-    manifest = {
-        "schema": "prep.snapshot/1",
-        "dataset": pipeline.dataset,
-        "seed": pipeline.seed,
-        "inputs": {"version": version, "files": [s.to_json() for s in sources]},
-        "code": builder.code,
-        "tokenizer": info.to_json(),
-        "config": pipeline.resolved(),
-        "stages": [{"name": run.name, "key": run.key, "output": run.output} for run in builder.stages.values()],
-        "artifacts": _artifacts(shards, formats),
-        "stats": stats,
-    }
+    if sum(int(e["documents"]) for e in entries) == 0:
+        raise InputError(f"{pipeline.source}: the corpus has no documents in {len(sources)} input "
+                         f"file{'s' if len(sources) != 1 else ''}: {describe_inputs(sources)}")
+    shards, duplicates = _global_stages(builder, entries, info.dtype, info.eos_id)
+    manifest = snapshot_manifest(
+        dataset=pipeline.dataset, seed=pipeline.seed, version=version, sources=sources, code=builder.code,
+        tokenizer=info.to_json(), config=pipeline.resolved(), stages=list(builder.stages.values()), shards=shards,
+        formats=pipeline.output.formats, stats=build_stats(entries, duplicates, shards))
     if lease.lapsed:
         raise StoreError(f"{store.url}: this build's lease lapsed (the store was unreachable too long); "
                          "rerun to publish from the committed work")
     snapshot = publish_manifest(store, manifest)
     crash_point("publish.before_refs")
     moved = [move_ref(store, pipeline.dataset, name, snapshot.id) for name in ("latest", *tags)]
-    log_key = _write_log(store, pipeline, snapshot, builder, sources, entries, started, moved)
+    extra = {"tasks": builder.log["tasks"], **({"recomputed": builder.guard.recomputed} if builder.guard.recomputed else {})}
+    log_key = write_log(store, pipeline.dataset, snapshot, builder.stages, sources, entries, started, moved, extra)
     progress.info(f"published {snapshot.id} as " + ", ".join(f"{r.dataset}@{r.name} (generation {r.generation})" for r in moved))
     return BuildResult(snapshot, moved, builder.stages, log_key)
 
 
-def _write_log(store: Store, pipeline: Pipeline, snapshot: Snapshot, builder: _Builder,
-               sources: list[SourceFile], entries: list[dict[str, Any]], started: float, moved: list[Ref]) -> str:
-    """A build's log record: mutable facts that must not change the snapshot id."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
-    key = f"{LOGS_PREFIX}{pipeline.dataset}/{stamp}-{uuid.uuid4().hex[:12]}.json"
-    record = {
-        "schema": "prep.build-log/1",
-        "snapshot": snapshot.id,
-        "dataset": pipeline.dataset,
-        "started": stamp,
-        "seconds": int(time.time() - started),
-        "host": os.uname().nodename,
-        "stages": {n: {"key": r.key, "ran": r.ran, "cached": r.cached} for n, r in builder.stages.items()},
-        "inputs": [{"path": s.rel, "location": s.location, "etag": s.etag, "version_id": s.version_id}
-                   for s in sources],
-        "refs": [{"name": ref.name, "generation": ref.generation, "previous": ref.previous} for ref in moved],
-        "bad_records": [reason for e in entries for reason in e.get("bad_record_examples", [])],
-        "tasks": builder.log["tasks"],
-    }
-    store.put_bytes(key, json.dumps(record, sort_keys=True, indent=1).encode())
-    return key
+def _global_stages(builder: _Builder, entries: list[dict[str, Any]], dtype: str,
+                   eos_id: int) -> tuple[list[dict[str, Any]], int]:
+    """Dedup, shuffle and shard over the tokenize outputs; returns the shards and duplicates dropped."""
+    pipeline, store = builder.pipeline, builder.store
+    parts = builder.parts(entries)
+    part_ids = [part.object_id for part in parts]
+    tokenize_out = builder.stages["tokenize"].output
+    dedup = builder.single("dedup", {"exact": pipeline.dedup.exact}, [tokenize_out],
+                           DedupJob(store.url, parts, pipeline.dedup.exact), run_dedup_job, [part_ids])
+    keep_id = dedup["outputs"]["keep"]
+    formats = pipeline.output.formats
+    shuffle_settings = {"seed": pipeline.seed, "shard_size": pipeline.output.shard_size,
+                        "dtype": dtype, "formats": list(formats)}
+    shuffle_job = ShuffleJob(store.url, parts, keep_id, pipeline.seed, pipeline.output.shard_size, dtype, formats)
+    shuffle = builder.single("shuffle", shuffle_settings, [tokenize_out, builder.stages["dedup"].output],
+                             shuffle_job, run_shuffle_job, [part_ids, [keep_id]])
+    shards = builder.shard(parts, keep_id, shuffle, dtype, eos_id, builder.executor.workers)
+    return shards, int(dedup["duplicates_dropped"])

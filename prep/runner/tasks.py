@@ -39,16 +39,20 @@ def cache_dir() -> Path:
     return cache_root() / "objects"
 
 
+_CHECKED: set[Path] = set()  # cache files this process has re-hashed
+
+
 def fetch_local(store: Store, object_id: str) -> Path:
     """A local file holding the object: the store's own file, or a verified cached download.
 
-    The cache is keyed by content hash, so it can never serve stale bytes for an id."""
+    The cache is keyed by content hash; a cached file is re-hashed the first time a process
+    uses it (a corrupt one is replaced by a fresh download), so it never serves other bytes."""
     sha = cas.parse_id(object_id)
     local = store.local_path(cas.object_key(sha))
     if local is not None:
         return local
     target = cache_dir() / sha[:2] / sha
-    if target.exists():
+    if target in _CHECKED or (target.exists() and _cached_copy_intact(target, sha)):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = target.with_name(f".{sha}.{uuid.uuid4().hex}.part")
@@ -61,7 +65,21 @@ def fetch_local(store: Store, object_id: str) -> Path:
         temp.unlink(missing_ok=True)
         raise IntegrityError(f"{store.url}: object {object_id} does not hash to its name")
     os.replace(temp, target)
+    _CHECKED.add(target)
     return target
+
+
+def _cached_copy_intact(path: Path, sha: str) -> bool:
+    """Re-hash a cached object; a corrupt copy is deleted (the caller downloads it again)."""
+    try:
+        intact = cas.digest_file(path).sha256 == sha
+    except FileNotFoundError:
+        return False
+    if intact:
+        _CHECKED.add(path)
+    else:
+        path.unlink(missing_ok=True)
+    return intact
 
 
 @dataclass(frozen=True)

@@ -96,9 +96,16 @@ def test_missing_tokenizer(project: Path) -> None:
     _expect_input_error(project, "missing-tokenizer.json", "not found")
 
 
-def test_empty_corpus(project: Path) -> None:
+def test_empty_corpus_names_the_input_files(project: Path) -> None:
     (project / "corpus" / "a.jsonl").write_text("\n\n")
-    _expect_input_error(project, "no documents")
+    _expect_input_error(project, "no documents in 1 input file: ", str(project / "corpus" / "a.jsonl"))
+
+
+def test_empty_corpus_of_many_files_names_the_first_few(project: Path) -> None:
+    for index in range(7):
+        (project / "corpus" / f"e{index}.jsonl").write_text("\n")
+    (project / "corpus" / "a.jsonl").write_text("")
+    _expect_input_error(project, "no documents in 8 input files: ", "e3.jsonl", "and 3 more")
 
 
 def test_unknown_config_key(project: Path) -> None:

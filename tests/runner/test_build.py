@@ -185,7 +185,7 @@ def test_one_shard_written_by_several_workers_is_byte_identical(corpus: Path, to
 
 
 def test_contiguous_ranges_cover_every_index_once() -> None:
-    from prep.runner.build import _contiguous_ranges
+    from prep.runner.planning import contiguous_ranges as _contiguous_ranges
 
     for documents in ([], [5], [1, 1, 1], [10, 0, 0, 3, 7], [0, 0], list(range(1, 30))):
         for count in (1, 2, 3, 8):

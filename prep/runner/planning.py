@@ -1,0 +1,87 @@
+"""Planning helpers of the build driver: hashing inputs on the workers, splitting work into
+balanced contiguous jobs, and the no-change hint that decides whether workers warm up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prep.config import Pipeline
+from prep.errors import PrepError
+from prep.refs import read_ref
+from prep.runner.executor import Executor
+from prep.runner.tasks import HashJob, TokenizeJob, run_hash_job
+from prep.snapshots import load_snapshot
+from prep.sources import SourceFile
+from prep.storage.base import Store
+
+HASH_BATCH_BYTES = 256 << 20
+HASH_BATCH_FILES = 512
+
+
+def looks_unchanged(store: Store, pipeline: Pipeline, sources: list[SourceFile], code: dict[str, Any],
+                    tokenizer_sha256: str) -> bool:
+    """True when the dataset's latest snapshot has this config, code, tokenizer and the same input
+    paths and sizes: then tokenization will likely be all cache hits and workers need not load
+    the tokenizer up front. Only a scheduling hint: cache hits are decided by content keys."""
+    try:
+        ref = read_ref(store, pipeline.dataset, "latest")
+        manifest = load_snapshot(store, ref.snapshot).manifest if ref is not None else None
+    except PrepError:
+        return False
+    if manifest is None:
+        return False
+    recorded = [(entry.get("path"), entry.get("size")) for entry in manifest.get("inputs", {}).get("files", [])]
+    return (manifest.get("config") == pipeline.resolved() and manifest.get("code") == code
+            and manifest.get("tokenizer", {}).get("sha256") == tokenizer_sha256
+            and recorded == [(source.rel, source.size) for source in sources])
+
+
+def hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFile]:
+    """Hash every input on the executor's workers, in batches of files (the driver reads no
+    input bytes itself); returns the sources in their original order."""
+    batches: list[list[SourceFile]] = [[]]
+    size = 0
+    for source in sources:
+        if batches[-1] and (size >= HASH_BATCH_BYTES or len(batches[-1]) >= HASH_BATCH_FILES):
+            batches.append([])
+            size = 0
+        batches[-1].append(source)
+        size += source.size
+    jobs = [HashJob(tuple(batch), spool=executor.shares_filesystem) for batch in batches]
+    hashed: dict[int, list[SourceFile]] = dict(executor.run(run_hash_job, jobs))
+    return [source for index in range(len(batches)) for source in hashed[index]]
+
+
+def contiguous_ranges(weights: list[int], count: int) -> list[tuple[int, int]]:
+    """Split a list into min(count, len) contiguous, non-empty [start, end) ranges of similar
+    total weight, covering every index once (a range ends where the running total reaches the
+    next 1/count of the whole, or where the items left are just enough for the ranges left)."""
+    total = max(1, sum(weights))
+    ranges: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for index, size in enumerate(weights):
+        acc += size
+        items_left = len(weights) - index - 1
+        ranges_left = count - len(ranges) - 1
+        if items_left and ranges_left and (acc >= total * (len(ranges) + 1) / count or items_left <= ranges_left):
+            ranges.append((start, index + 1))
+            start = index + 1
+    if start < len(weights):
+        ranges.append((start, len(weights)))
+    return ranges
+
+
+def task_bytes(job: TokenizeJob) -> int:
+    """Input bytes a tokenize task covers, for rates (a Parquet file counts once, at part 0,
+    since its task ranges count row groups, not bytes)."""
+    task = job.task
+    if task.source.format == "parquet":
+        return task.source.size if task.part == 0 else 0
+    return task.end - task.start
+
+
+def describe_inputs(sources: list[SourceFile], most: int = 5) -> str:
+    """The input files by location for a message: all of them when few, else the first few."""
+    names = [source.location for source in sources[:most]]
+    more = f" and {len(sources) - most} more" if len(sources) > most else ""
+    return ", ".join(names) + more

@@ -1,0 +1,99 @@
+"""Reused results are checked before anything uses them.
+
+A build trusts an object it wrote itself (hashed while written) or one it re-hashed in this
+build. Every other object a commit record names, and a stage is about to read or a snapshot is
+about to name, is re-hashed first, on the executor's workers. A corrupt or missing one is
+deleted and recomputed by the task that made it (tasks are deterministic, so the recomputed
+object has the recorded id; anything else is an IntegrityError, exit 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from prep import cas
+from prep.errors import IntegrityError
+from prep.runner.executor import Executor
+from prep.runner.progress import Progress
+from prep.runner.tasks import TaskResult, publish_staged, worker_store
+from prep.storage.base import Store
+
+
+@dataclass(frozen=True)
+class CheckJob:
+    """Re-hash one stored object."""
+
+    store_url: str
+    object_id: str
+
+
+def run_check_job(job: CheckJob) -> bool:
+    """True when the object exists and its bytes hash to its name."""
+    return cas.check(worker_store(job.store_url), job.object_id)
+
+
+@dataclass(frozen=True)
+class Remake:
+    """How to recompute a reused object: the task that produced it, and what to call it."""
+
+    what: str
+    fn: Callable[[Any], TaskResult]
+    job: Any
+
+
+class ReuseGuard:
+    """Tracks which objects this build may trust, and checks or recomputes the others."""
+
+    def __init__(self, store: Store, executor: Executor, progress: Progress) -> None:
+        self.store, self.executor, self.progress = store, executor, progress
+        self.trusted: set[str] = set()
+        self.remakes: dict[str, Remake] = {}
+        self.recomputed: list[dict[str, str]] = []
+
+    def produced(self, object_ids: Iterable[str]) -> None:
+        """Objects this build wrote (and hashed while writing)."""
+        self.trusted.update(object_ids)
+
+    def reused(self, object_ids: Iterable[str], remake: Remake) -> None:
+        """Objects named by a commit record this build found; `remake` recomputes them."""
+        for object_id in object_ids:
+            self.remakes.setdefault(object_id, remake)
+
+    def find_bad(self, object_ids: Iterable[str]) -> list[str]:
+        """Re-hash the untrusted ones among `object_ids`; the corrupt or missing ones, sorted."""
+        todo = sorted(set(object_ids) - self.trusted)
+        jobs = [CheckJob(self.store.url, object_id) for object_id in todo]
+        bad = sorted(todo[index] for index, intact in self.executor.run(run_check_job, jobs) if not intact)
+        self.trusted.update(set(todo) - set(bad))
+        return bad
+
+    def discard(self, object_id: str, what: str) -> None:
+        """Delete a corrupt object so that recomputing it can store the right bytes."""
+        self.progress.info(f"warning: {what} {object_id} is corrupt or missing in {self.store.url}; recomputing it")
+        self.store.delete(cas.object_key(cas.parse_id(object_id)))
+        self.recomputed.append({"object": object_id, "what": what})
+
+    def ensure(self, object_ids: Iterable[str]) -> None:
+        """Make every object in `object_ids` trustworthy: check it, recompute it if it is bad."""
+        bad = self.find_bad(object_ids)
+        if not bad:
+            return
+        remakes: list[tuple[str, Remake]] = []
+        for object_id in bad:
+            remake = self.remakes.get(object_id)
+            if remake is None:
+                raise IntegrityError(f"{self.store.url}: object {object_id} is corrupt or missing, "
+                                     "and no task of this build can recompute it")
+            self.discard(object_id, remake.what)
+            remakes.append((object_id, remake))
+        for fn in {id(remake.fn): remake.fn for _, remake in remakes}.values():
+            group = [(object_id, remake) for object_id, remake in remakes if remake.fn is fn]
+            for index, result in self.executor.run(fn, [remake.job for _, remake in group]):
+                object_id, remake = group[index]
+                outputs = publish_staged(self.store, result).outputs
+                if object_id not in outputs.values():
+                    raise IntegrityError(f"{self.store.url}: recomputing {remake.what} {object_id} gave other bytes "
+                                         f"({', '.join(sorted(outputs.values()))}): the task is not deterministic")
+        self.trusted.update(bad)

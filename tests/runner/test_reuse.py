@@ -1,0 +1,194 @@
+"""Reused results are checked before use: a flipped byte in any stored object a build reuses is
+found, the object is recomputed, and the build publishes exactly what a clean build publishes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prep import cas
+from prep.errors import IntegrityError
+from prep.runner import records
+from prep.snapshots import load_snapshot
+from prep.storage import LocalStore
+from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+from tests.runner.buildsupport import all_objects_intact, build_local
+
+
+@pytest.fixture()
+def corpus(tmp_path: Path) -> Path:
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(80, seed=1, prefix="a"))
+    write_jsonl(tmp_path / "corpus" / "b.jsonl", make_records(50, seed=2, prefix="b"))
+    return tmp_path
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    """Change one byte of a read-only store object in place, as bit rot would."""
+    os.chmod(path, 0o644)
+    data = bytearray(path.read_bytes())
+    data[offset % len(data)] ^= 0x20
+    path.write_bytes(bytes(data))
+    os.chmod(path, 0o444)
+
+
+def object_path(store_dir: Path, object_id: str) -> Path:
+    return store_dir / cas.object_key(cas.parse_id(object_id))
+
+
+def task_outputs(store_dir: Path, stage: str) -> list[str]:
+    found = []
+    for path in sorted((store_dir / "tasks" / stage).glob("*.json")):
+        found.extend(json.loads(path.read_text())["outputs"].values())
+    return found
+
+
+def clean_snapshot(corpus: Path, pipeline: Path, name: str) -> str:
+    return build_local(pipeline, corpus / f"clean-{name}", workers=1).snapshot.id
+
+
+def build_log(store_dir: Path, key: str) -> dict[str, Any]:
+    return dict(json.loads((store_dir / key).read_text()))
+
+
+@pytest.mark.parametrize("region", ["text", "tokens", "metadata"])
+def test_corrupt_intermediate_is_recomputed_when_a_later_stage_reuses_it(corpus: Path, tokenizer_path: Path,
+                                                                         region: str) -> None:
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="4KB")
+    store_dir = corpus / "store"
+    build_local(pipeline, store_dir, workers=2)
+    intermediate = object_path(store_dir, task_outputs(store_dir, "tokenize")[0])
+    size = intermediate.stat().st_size
+    flip_byte(intermediate, {"text": 3, "tokens": size // 2, "metadata": size - 40}[region])
+
+    changed = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="3KB")
+    result = build_local(changed, store_dir, workers=2)
+    assert result.stages["tokenize"].cached == 2 and result.stages["tokenize"].ran == 0
+    assert result.snapshot.id == clean_snapshot(corpus, changed, region)
+    assert all_objects_intact(store_dir)
+    log = build_log(store_dir, result.log_key)
+    assert [entry["object"] for entry in log["recomputed"]] == [task_outputs(store_dir, "tokenize")[0]]
+
+
+def test_corrupt_shard_object_is_rewritten_by_a_rebuild(corpus: Path, tokenizer_path: Path) -> None:
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    store_dir = corpus / "store"
+    first = build_local(pipeline, store_dir, workers=1)
+    artifact = first.snapshot.artifacts[1]
+    flip_byte(store_dir / cas.object_key(artifact["sha256"]), 100)
+
+    again = build_local(pipeline, store_dir, workers=2)
+    assert again.snapshot.id == first.snapshot.id
+    assert again.stages["shard"].ran == 1
+    assert all_objects_intact(store_dir)
+
+
+def test_corrupt_mask_and_plan_are_recomputed_when_shard_jobs_need_them(corpus: Path, tokenizer_path: Path) -> None:
+    """A build killed before committing its shards leaves dedup and shuffle committed; if their
+    objects rot meanwhile, the rerun recomputes them before any shard job reads them."""
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    store_dir = corpus / "store"
+    first = build_local(pipeline, store_dir, workers=1)
+    shutil.rmtree(store_dir / "tasks" / "shard")
+    shutil.rmtree(store_dir / "stages" / "shard")
+    for stage in ("dedup", "shuffle"):
+        flip_byte(object_path(store_dir, task_outputs(store_dir, stage)[0]), 1)
+
+    again = build_local(pipeline, store_dir, workers=2)
+    assert again.snapshot.id == first.snapshot.id
+    assert again.stages["dedup"].cached == 1 and again.stages["shuffle"].cached == 1
+    assert all_objects_intact(store_dir)
+
+
+def test_corrupt_mask_is_recomputed_before_the_shuffle_reads_it(corpus: Path, tokenizer_path: Path) -> None:
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], seed=1)
+    store_dir = corpus / "store"
+    build_local(pipeline, store_dir, workers=1)
+    flip_byte(object_path(store_dir, task_outputs(store_dir, "dedup")[0]), 0)
+
+    reseeded = write_pipeline(corpus, tokenizer_path, ["corpus"], seed=2)
+    result = build_local(reseeded, store_dir, workers=1)
+    assert result.stages["shuffle"].ran == 1
+    assert result.snapshot.id == clean_snapshot(corpus, reseeded, "mask")
+    assert all_objects_intact(store_dir)
+
+
+@pytest.mark.parametrize("stage", ["tokenize", "dedup", "shuffle", "shard"])
+def test_corrupt_stage_manifest_is_rebuilt_from_task_records(corpus: Path, tokenizer_path: Path, stage: str) -> None:
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    store_dir = corpus / "store"
+    first = build_local(pipeline, store_dir, workers=1)
+    record = next((store_dir / "stages" / stage).glob("*.json"))
+    flip_byte(object_path(store_dir, json.loads(record.read_text())["output"]), 5)
+
+    again = build_local(pipeline, store_dir, workers=1)
+    assert again.snapshot.id == first.snapshot.id
+    assert all_objects_intact(store_dir)
+
+
+def test_corrupt_snapshot_manifest_is_replaced_when_the_same_snapshot_is_published(corpus: Path,
+                                                                                  tokenizer_path: Path) -> None:
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    store_dir = corpus / "store"
+    first = build_local(pipeline, store_dir, workers=1)
+    flip_byte(object_path(store_dir, first.snapshot.id), 10)
+    with pytest.raises(IntegrityError):
+        load_snapshot(LocalStore(store_dir), first.snapshot.id)
+
+    again = build_local(pipeline, store_dir, workers=1)
+    assert again.snapshot.id == first.snapshot.id
+    assert load_snapshot(LocalStore(store_dir), first.snapshot.id).raw == first.snapshot.raw
+
+
+def test_missing_intermediate_is_recomputed(corpus: Path, tokenizer_path: Path) -> None:
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="4KB")
+    store_dir = corpus / "store"
+    build_local(pipeline, store_dir, workers=1)
+    object_path(store_dir, task_outputs(store_dir, "tokenize")[1]).unlink()
+
+    changed = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="5KB")
+    assert build_local(changed, store_dir, workers=1).snapshot.id == clean_snapshot(corpus, changed, "missing")
+
+
+def test_cli_rebuild_over_a_corrupt_intermediate_warns_and_publishes_clean_shards(corpus: Path,
+                                                                                 tokenizer_path: Path) -> None:
+    """The issue's drill: flip a byte in an intermediate, change only shard_size, rebuild."""
+    store_dir = corpus / "store"
+    run_prep("build", write_pipeline(corpus, tokenizer_path, ["corpus"]), "--store", store_dir, "--workers", "2")
+    flip_byte(object_path(store_dir, task_outputs(store_dir, "tokenize")[0]), 7)
+    changed = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="2KB")
+    result = run_prep("build", changed, "--store", store_dir, "--workers", "2")
+    assert "is corrupt or missing" in result.stderr and "recomputing it" in result.stderr
+    assert result.stdout.split()[-1] == clean_snapshot(corpus, changed, "cli")
+
+
+def test_an_object_that_cannot_be_recomputed_is_an_integrity_error(corpus: Path, tokenizer_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recomputing must give the recorded bytes; a task that gives others is refused with exit 3."""
+    from prep.runner import tasks
+
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="4KB")
+    store_dir = corpus / "store"
+    build_local(pipeline, store_dir, workers=1)
+    flip_byte(object_path(store_dir, task_outputs(store_dir, "tokenize")[0]), 3)
+    real: Callable[[Any], tasks.TaskResult] = tasks.run_tokenize_job
+
+    def drifting(job: Any) -> tasks.TaskResult:
+        result = real(job)
+        return tasks.TaskResult({"intermediate": cas.put_bytes(LocalStore(store_dir), b"other").id}, result.summary, {})
+
+    monkeypatch.setattr("prep.runner.build.run_tokenize_job", drifting)
+    from prep.config import load_pipeline
+    from prep.runner.build import build
+    from prep.runner.progress import Progress
+    from tests.runner.buildsupport import InProcessExecutor
+
+    changed = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="5KB")
+    with pytest.raises(IntegrityError, match="not deterministic"):
+        build(load_pipeline(changed), LocalStore(store_dir), InProcessExecutor(), (), Progress(quiet=True))
+    assert records.read_task_record(LocalStore(store_dir), "tokenize", "0" * 64) is None
