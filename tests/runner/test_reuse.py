@@ -192,3 +192,21 @@ def test_an_object_that_cannot_be_recomputed_is_an_integrity_error(corpus: Path,
     with pytest.raises(IntegrityError, match="not deterministic"):
         build(load_pipeline(changed), LocalStore(store_dir), InProcessExecutor(), (), Progress(quiet=True))
     assert records.read_task_record(LocalStore(store_dir), "tokenize", "0" * 64) is None
+
+
+def test_a_corrupt_cached_download_is_fetched_again(s3_bucket: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers on an S3 store read objects through a local cache: a cached copy is re-hashed
+    the first time a process uses it, and a corrupt one is downloaded again."""
+    from prep.runner import tasks
+    from prep.storage import open_store
+
+    monkeypatch.setattr(tasks, "_CHECKED", set())
+    store = open_store(f"{s3_bucket}/store")
+    data = os.urandom(100_000)
+    object_id = cas.put_bytes(store, data).id
+    cached = tasks.fetch_local(store, object_id)
+    assert cached.read_bytes() == data
+    tasks._CHECKED.clear()  # a new process
+    flip_byte(cached, 500)
+    assert tasks.fetch_local(store, object_id).read_bytes() == data
