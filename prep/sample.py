@@ -1,4 +1,5 @@
-"""The built-in sample: a small real-text corpus and a BPE tokenizer made offline.
+"""The built-in sample: a small real-text corpus, a BPE tokenizer made offline, and the pipeline
+that builds them (pipelines/sample.toml in the repository is what `prep sample` writes there).
 
 The corpus is the docstrings of the Python standard library on this machine (sorted, so the
 same Python gives the same corpus), plus a few exact duplicates and a document that spells the
@@ -16,6 +17,37 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOS = "<|endoftext|>"
+DEFAULT_FOLDER = Path("pipelines/sample-data")
+PIPELINE_NAME = "sample.toml"
+_HEADER = """\
+# The built-in sample: `prep sample` writes pipelines/sample-data/ offline, then
+# `prep build pipelines/sample.toml` builds it into ./prep-store.
+"""
+_OTHER_HEADER = """\
+# The built-in sample: `prep sample FOLDER` writes FOLDER/ offline and this file beside it, then
+# `prep build` of this file builds it into ./prep-store.
+"""
+_PIPELINE = """\
+dataset = "sample"
+seed = 1234
+
+[input]
+paths = ["{data}/corpus.jsonl"]
+format = "jsonl"
+text_field = "text"
+id_field = "id"
+
+[tokenizer]
+path = "{data}/tokenizer.json"
+eos = "{eos}"
+
+[dedup]
+exact = true
+
+[output]
+shard_size = "1MB"
+formats = ["bin", "wds"]
+"""
 
 
 def stdlib_docstrings(limit: int) -> Iterator[tuple[str, str]]:
@@ -66,3 +98,29 @@ def make_sample(folder: Path, documents: int = 3000, vocab_size: int = 4096) -> 
     temp.replace(corpus)
     tokenizer = train_tokenizer((r["text"] for r in records), vocab_size, folder / "tokenizer.json")
     return corpus, tokenizer
+
+
+def pipeline_path(folder: Path) -> Path:
+    """Where the sample pipeline of the data in `folder` goes: beside it, as sample.toml."""
+    return folder.parent / PIPELINE_NAME
+
+
+def pipeline_text(folder: Path) -> str:
+    """The sample pipeline reading folder/corpus.jsonl and folder/tokenizer.json, by paths relative to
+    pipeline_path(folder); for DEFAULT_FOLDER it is the repository's pipelines/sample.toml."""
+    data = json.dumps(folder.name or ".", ensure_ascii=False)[1:-1]  # a TOML basic string's body
+    header = _HEADER if folder == DEFAULT_FOLDER else _OTHER_HEADER
+    return header + _PIPELINE.format(data=data, eos=EOS)
+
+
+def write_pipeline(folder: Path) -> Path | None:
+    """Write the sample pipeline beside `folder` unless a file is there already (which is kept, so
+    edits survive making the data again); returns the path written, or None."""
+    path = pipeline_path(folder)
+    if path.exists():
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(path.name + ".part")
+    temp.write_text(pipeline_text(folder), encoding="utf-8")
+    temp.replace(path)
+    return path

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from prep.sample import train_tokenizer
 from tests.helpers import random_text
@@ -13,6 +15,24 @@ from tests.helpers import random_text
 # One moto S3 server for the whole session: modules that imported these fixtures themselves got
 # a server each, while per-process boto3 clients kept talking to the first one.
 from tests.s3support import s3_bucket, s3_endpoint, s3_request_hooks, s3_versioned_bucket  # noqa: F401,E402
+
+# Hypothesis: CI (CI=true) explores the same examples on every run, so it goes red only when the code
+# changes, and prints how to replay a failure; local runs ("dev", Hypothesis' defaults) draw new
+# examples each time and keep failures in .hypothesis/. HYPOTHESIS_PROFILE names either one instead.
+# A test's own @settings (max_examples, deadline) still win over its profile's.
+# Both start from Hypothesis' "default" profile, not from whichever one it loaded itself on import.
+settings.register_profile("ci", settings.get_profile("default"), derandomize=True, print_blob=True, deadline=None,
+                          max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", settings.get_profile("default"))
+
+
+def _hypothesis_profile() -> str:
+    if os.environ.get("HYPOTHESIS_PROFILE"):
+        return os.environ["HYPOTHESIS_PROFILE"]
+    return "ci" if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no") else "dev"
+
+
+settings.load_profile(_hypothesis_profile())
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,16 @@
-"""JSON Schema validation of manifests and reports against the schemas in manifests/."""
+"""JSON Schema validation of manifests and reports against the schemas in manifests/.
+
+The schemas live once, in the repository's top-level manifests/ folder; the build maps that folder
+into the wheel as the package data prep/_schemas/ (pyproject.toml), where an installed prep loads
+them. A source checkout or an editable install has no prep/_schemas/ and reads manifests/ itself.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,20 +19,28 @@ from prep.errors import IntegrityError
 if TYPE_CHECKING:
     import jsonschema
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "manifests"
+PACKAGED_SCHEMAS = "_schemas"  # prep/_schemas/ in a wheel
+REPO_SCHEMAS = Path(__file__).resolve().parents[2] / "manifests"  # their home in the repository
 
 
-def schema_path(schema_id: str) -> Path:
-    """`prep.snapshot/1` -> manifests/snapshot-1.schema.json."""
+@functools.cache
+def schema_dir() -> Traversable:
+    """The folder holding every `<kind>-<N>.schema.json`: the installed package's, else the checkout's."""
+    packaged = resources.files("prep") / PACKAGED_SCHEMAS
+    return packaged if packaged.is_dir() else REPO_SCHEMAS
+
+
+def schema_path(schema_id: str) -> Traversable:
+    """`prep.snapshot/1` -> manifests/snapshot-1.schema.json (prep/_schemas/ when installed)."""
     kind, version = schema_id.removeprefix("prep.").split("/")
-    return SCHEMA_DIR / f"{kind}-{version}.schema.json"
+    return schema_dir() / f"{kind}-{version}.schema.json"
 
 
 @functools.cache
 def _validator(schema_id: str) -> jsonschema.protocols.Validator:
     import jsonschema  # a tenth of a second: imported when first needed
 
-    schema = json.loads(schema_path(schema_id).read_text())
+    schema = json.loads(schema_path(schema_id).read_text(encoding="utf-8"))
     cls = jsonschema.validators.validator_for(schema)
     return cls(schema)
 

@@ -242,7 +242,7 @@ def test_template_header_equals_field_by_field_header(key: int, suffix: str, siz
     assert wds.member_header(name, size) == wds._member_header_reference(name, size)
 
 
-@given(doc_id=st.text(st.characters(exclude_categories=("Cs",))), source=st.text(min_size=1), line=st.integers(1, 10**9),
+@given(doc_id=st.text(st.characters(exclude_categories=["Cs"])), source=st.text(min_size=1), line=st.integers(1, 10**9),
        tokens=st.integers(1, 10**9))
 def test_sample_json_is_canonical_json(doc_id: str, source: str, line: int, tokens: int) -> None:
     from prep.manifest import canonical

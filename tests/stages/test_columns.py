@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from prep.stages import columns
 
-_texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)))
+_texts = st.text(alphabet=st.characters(exclude_categories=["Cs"]))
 
 
 @settings(deadline=None)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import prep.stages.read as read
@@ -153,13 +153,31 @@ JSON_VALUES = st.recursive(_scalar_json(), lambda children: st.one_of(
 @settings(max_examples=400, deadline=None)
 @given(text=st.text(ANY_CHAR), doc_id=_scalar_json(), extra=st.dictionaries(st.text(max_size=5), JSON_VALUES, max_size=3),
        ensure_ascii=st.booleans(), first=st.booleans())
+@example(text="", doc_id="\ud800", extra={}, ensure_ascii=True, first=True)  # an escaped lone surrogate id (issue 11)
+@example(text="a", doc_id="b", extra={"text": 0}, ensure_ascii=False, first=True)  # extra overrides the text
 def test_fast_and_json_paths_agree_on_dumped_records(text: str, doc_id: Any, extra: dict[str, Any], ensure_ascii: bool,
                                                     first: bool) -> None:
     record = {"text": text, "id": doc_id, **extra} if first else {**extra, "id": doc_id, "text": text}
     dumped = json.dumps(record, ensure_ascii=ensure_ascii)
     outcome = assert_same(dumped.encode("utf-8", "surrogatepass"), _task())
-    if isinstance(doc_id, str) and not any(0xD800 <= ord(char) < 0xE000 for char in dumped):
-        assert outcome == Document(7, doc_id, text, text.encode("utf-8"))
+    # A Document only when the record's own values allow it: escaped (ensure_ascii) or not, a lone
+    # surrogate in the id or text is refused; unescaped anywhere, it makes the line invalid UTF-8.
+    # `extra` may hold "id" or "text" too, so the expected values are the record's, not the drawn ones.
+    record_id, record_text = record["id"], record["text"]
+    if (isinstance(record_id, str) and isinstance(record_text, str) and not _has_surrogate([record_id, record_text])
+            and (ensure_ascii or not _has_surrogate(record))):
+        assert outcome == Document(7, record_id, record_text, record_text.encode("utf-8"))
+
+
+def _has_surrogate(value: Any) -> bool:
+    """Whether a JSON value (keys included) holds a lone surrogate."""
+    if isinstance(value, str):
+        return any(0xD800 <= ord(char) < 0xE000 for char in value)
+    if isinstance(value, dict):
+        return any(_has_surrogate(key) or _has_surrogate(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(item) for item in value)
+    return False
 
 
 @pytest.mark.parametrize("raw", [
