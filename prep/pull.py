@@ -23,6 +23,7 @@ from typing import IO, Any, Self
 
 from prep import cas
 from prep.errors import IntegrityError, NotFoundError, UsageError
+from prep.faults import crash_point
 from prep.shares import Artifact, Share, artifacts_of, share_of
 from prep.snapshots import Snapshot
 from prep.storage.base import Store
@@ -45,9 +46,6 @@ MANIFEST_NAME = "manifest.json"
 LOCK_NAME = "pull.lock"
 # Objects at least this big go through the store's own parallel `download_file`, when it has one.
 DOWNLOAD_FILE_MIN = 64 << 20
-# Test-only: seconds to sleep after each 64 KiB chunk, so a test can kill a pull mid-transfer.
-THROTTLE_ENV = "PREP_TEST_PULL_DELAY"
-THROTTLED_READ_SIZE = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -104,8 +102,7 @@ def _write_all(out: io.FileIO, data: memoryview | bytes) -> None:
 
 def _source_chunks(store: Store, key: str, stop: threading.Event) -> Iterator[memoryview | bytes]:
     """The object's bytes in large chunks: straight from the file when the store is local."""
-    delay = float(os.environ.get(THROTTLE_ENV) or 0)
-    size = THROTTLED_READ_SIZE if delay else READ_SIZE
+    size = READ_SIZE
     local = store.local_path(key)
     stream: IO[bytes] | io.FileIO
     if local is not None:
@@ -130,8 +127,7 @@ def _source_chunks(store: Store, key: str, stop: threading.Event) -> Iterator[me
             if not count:
                 return
             yield chunk
-            if delay:
-                time.sleep(delay)
+            crash_point("pull.after_chunk")  # the consumer has written the chunk
 
 
 def _copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop: threading.Event) -> cas.Digest:

@@ -7,15 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from prep import cas
 from prep.errors import IntegrityError, NotFoundError, UsageError
-from prep.pull import THROTTLE_ENV, pull, temp_name
+from prep.pull import pull, temp_name
 from prep.storage import open_store
 from prep.storage.local import LocalStore
 from prep.verify import TEMP_MARKER, verify
@@ -119,41 +117,17 @@ def test_two_pulls_into_one_folder_are_refused(store: LocalStore, built: Built, 
     assert_complete(built, dest)
 
 
-def _wait_for(condition: str, check: Callable[[], object], deadline: float) -> None:
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {condition}")
-        time.sleep(0.01)
-
-
-def _early_bin_temporary(dest: Path) -> bool:
-    """A .bin temporary at most two chunks in: at least ~8 more chunks (160 ms) to go."""
-    for path in temporaries(dest):
-        try:
-            if ".bin" in path.name and path.stat().st_size <= 128 << 10:
-                return True
-        except FileNotFoundError:
-            continue
-    return False
-
-
 def test_a_pull_killed_mid_transfer_resumes_to_a_valid_copy(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     built = build_snapshot(store, tmp_path / "work", shard_sizes=(900_000, 800_000, 700_000, 600_000))
     dest = tmp_path / "dest"
     command = [sys.executable, "-m", "prep.cli.main", "pull", "demo@latest", str(dest),
                "--store", str(store.root), "--jobs", "1"]
-    # 64 KiB chunks with a 20 ms pause each: a 900 kB file takes ~0.3 s, so we catch it mid-copy.
-    env = dict(os.environ, **{THROTTLE_ENV: "0.02"})
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        _wait_for("a finished file", lambda: (dest / "bin/00000.bin").exists(), deadline)
-        _wait_for("a .bin early in its copy", lambda: _early_bin_temporary(dest), deadline)
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.wait()
+    # Each file is one chunk: the second chunk is the second file's, written but not yet renamed.
+    env = dict(os.environ, PREP_CRASH_AT="pull.after_chunk:2")
+    process = subprocess.run(command, env=env, capture_output=True, start_new_session=True, check=False)
     assert process.returncode == -signal.SIGKILL
+    assert (dest / "bin/00000.bin").exists() or (dest / "bin/00000.idx").exists()
     assert temporaries(dest) and not (dest / ".prep/manifest.json").exists()
     assert not verify(built.snapshot, dest).ok
 
