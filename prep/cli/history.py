@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import click
 
 from prep import cas
-from prep.cli.common import open_store_option, store_option
-from prep.cli.show import human_bytes
+from prep.cli.common import human_bytes, open_store_option, store_option
 from prep.errors import NotFoundError
 from prep.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage, parse_duration
 from prep.manifest.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
@@ -37,9 +36,14 @@ def _short(object_id: str) -> str:
     return object_id.removeprefix("sha256:")[:12]
 
 
+def _label(spec: str, snapshot_id: str) -> str:
+    """A diff side as given, followed by its id unless the spec already is the id."""
+    return spec if spec.removeprefix("sha256:") == snapshot_id.removeprefix("sha256:") else f"{spec}  {snapshot_id}"
+
+
 def diff_lines(diff: SnapshotDiff, old_spec: str, new_spec: str) -> list[str]:
     """The human summary of a snapshot diff: inputs, settings, artifacts, stats."""
-    lines = [f"--- {old_spec}  {diff.old_id}", f"+++ {new_spec}  {diff.new_id}"]
+    lines = [f"--- {_label(old_spec, diff.old_id)}", f"+++ {_label(new_spec, diff.new_id)}"]
     counts = {change: len(diff.files_by_change(change)) for change in ("added", "removed", "changed")}
     lines.append(f"inputs     {counts['added']} added, {counts['removed']} removed, {counts['changed']} changed, "
                  f"{diff.files_unchanged} unchanged")

@@ -6,18 +6,9 @@ from typing import Any
 
 import click
 
-from prep.cli.common import open_store_option, store_option
+from prep.cli.common import human_bytes, open_store_option, store_option
 from prep.refs import ref_history
 from prep.snapshots import is_manifest_path, reencoded_note, resolve
-
-
-def human_bytes(count: int) -> str:
-    size = float(count)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{count} B"
-        size /= 1000
-    return f"{count} B"
 
 
 def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:

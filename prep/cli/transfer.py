@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
-from prep.cli.common import open_store_option, store_option
+from prep.cli.common import human_bytes, open_store_option, store_option
 from prep.errors import IntegrityError, UsageError, VerificationFailed
 from prep.shares import check_rank
 from prep.snapshots import ManifestFileError, Snapshot, is_manifest_path, reencoded_note, resolve
@@ -21,14 +21,6 @@ from prep.verify import DEFAULT_JOBS, VerifyResult
 F = TypeVar("F", bound=Callable[..., Any])
 PROGRESS_INTERVAL_TTY = 0.5
 PROGRESS_INTERVAL_LOG = 10.0
-
-
-def _gb(count: int) -> str:
-    """Decimal units, three significant digits past the point where it matters."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if count >= scale:
-            return f"{count / scale:.3f} {unit}"
-    return f"{count} B"
 
 
 def _rate(count: int, seconds: float, unit: float, name: str) -> str:
@@ -61,8 +53,8 @@ class Progress:
         if now - self.last < (PROGRESS_INTERVAL_TTY if self.tty else PROGRESS_INTERVAL_LOG):
             return
         self.last = now
-        line = (f"{self.verb}: {self.files_done} of {self.total_files} files, {_gb(self.bytes_done)} of "
-                f"{_gb(self.total_bytes)}, {_rate(self.bytes_done, now - self.started, 1e6, 'MB/s')}")
+        line = (f"{self.verb}: {self.files_done} of {self.total_files} files, {human_bytes(self.bytes_done)} of "
+                f"{human_bytes(self.total_bytes)}, {_rate(self.bytes_done, now - self.started, 1e6, 'MB/s')}")
         click.echo(f"\r{line}\x1b[K" if self.tty else line, err=True, nl=not self.tty)
 
     def finish(self) -> None:
@@ -110,8 +102,8 @@ def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_s
     finally:
         progress.finish()
     click.echo(
-        f"pulled {snapshot.id} into {dest}: {result.files_copied} files copied ({_gb(result.bytes_copied)}), "
-        f"{result.files_skipped} already valid ({_gb(result.bytes_skipped)}), "
+        f"pulled {snapshot.id} into {dest}: {result.files_copied} files copied ({human_bytes(result.bytes_copied)}), "
+        f"{result.files_skipped} already valid ({human_bytes(result.bytes_skipped)}), "
         f"{result.temporaries_removed} stale temporaries removed, {result.seconds:.2f} s, "
         f"{_rate(result.bytes_copied, result.seconds, 1e6, 'MB/s')}",
         err=True,
@@ -132,11 +124,11 @@ def _human_report(result: VerifyResult) -> list[str]:
     if result.quick:
         lines.append(f"quick check (presence and size only; contents NOT hashed){share}: "
                      f"{len(matched)} of {len(result.share.artifacts)} files match, "
-                     f"{_gb(sum(a.size for a in matched))} of {_gb(result.share.size)}")
+                     f"{human_bytes(sum(a.size for a in matched))} of {human_bytes(result.share.size)}")
     else:
         lines.append(f"verified {result.snapshot_id}{share}: {len(matched)} of {len(result.share.artifacts)} files "
-                     f"match, {_gb(sum(a.size for a in matched))} of {_gb(result.share.size)}; hashed "
-                     f"{_gb(result.bytes_read)} in {result.seconds:.2f} s, "
+                     f"match, {human_bytes(sum(a.size for a in matched))} of {human_bytes(result.share.size)}; hashed "
+                     f"{human_bytes(result.bytes_read)} in {result.seconds:.2f} s, "
                      f"{_rate(result.bytes_read, result.seconds, 1e9, 'GB/s')}")
     if result.problems:
         lines.append(f"{len(result.problems)} problems found")

@@ -3,6 +3,7 @@ their schemas, and exit statuses (diff: 0 identical, 1 different, 2 error)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from dataclasses import dataclass
@@ -138,3 +139,19 @@ def test_gc_report(store: Path) -> None:
     assert "grace period 86400 s" in text and "freed 0 keys" in text
     bad = prep("gc", "--store", store, "--grace", "soon", check=False)
     assert bad.returncode == 2 and "invalid duration 'soon'" in bad.stderr
+
+
+def test_diff_header_names_each_side_once(store: Path) -> None:
+    """Given by id, a side's header shows the id once; given by ref, the ref and then its id."""
+    old_id = "sha256:" + hashlib.sha256(prep("show", "tiny@v1", "--json", "--store", store).stdout.encode()).hexdigest()
+    header = prep("diff", old_id, "tiny@latest", "--store", store, check=False).stdout.splitlines()[:2]
+    assert header[0] == f"--- {old_id}"
+    assert header[1].startswith("+++ tiny@latest  sha256:") and header[1].count("sha256:") == 1
+
+
+@pytest.mark.parametrize(("count", "shown"), [(0, "0 B"), (999, "999 B"), (1000, "1.0 kB"), (926_600, "926.6 kB"),
+                                              (1_300_000_000, "1.3 GB"), (2 * 10**15, "2.0 PB")])
+def test_one_byte_style_everywhere(count: int, shown: str) -> None:
+    from prep.cli.common import human_bytes
+
+    assert human_bytes(count) == shown
