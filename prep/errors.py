@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 
 class PrepError(Exception):
     """Base of every error prep raises on purpose; `exit_code` is what the CLI exits with."""
@@ -34,6 +37,26 @@ class TokenizerError(PrepError):
 
 class StoreError(PrepError):
     """The store cannot be reached or used: missing bucket, denied access, bad URL."""
+
+
+class StorageIOError(StoreError):
+    """Reading or writing a file failed (a full disk, EIO): names the operation and the path."""
+
+    exit_code = 4
+
+    def __init__(self, operation: str, path: str | os.PathLike[str], reason: str, errno: int | None = None) -> None:
+        super().__init__(f"{operation} {os.fspath(path)}: {reason}")
+        self.operation, self.path, self.reason, self.errno = operation, os.fspath(path), reason, errno
+
+    @classmethod
+    def from_os_error(cls, operation: str, path: str | os.PathLike[str], exc: OSError) -> StorageIOError:
+        """The error for `exc`, raised while `operation` on `path` (e.g. "writing", a file)."""
+        return cls(operation, path, exc.strerror or str(exc) or type(exc).__name__, exc.errno)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its own fields when it crosses a process boundary (the default would
+        # call the constructor with the message alone).
+        return type(self), (self.operation, self.path, self.reason, self.errno)
 
 
 class NotFoundError(StoreError):

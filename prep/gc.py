@@ -13,10 +13,14 @@ The rules (docs/history.md has the reasoning):
    Each writes its own lease before looking for the other's, so the two never overlap.
 5. Order: markers and records go before objects, so an interrupted gc never leaves a record
    that names a missing object.
+6. Full disk: when the gc lease cannot be written for lack of space, gc first deletes the stale
+   temporaries of a local store's tmp/ without a lease (nothing names a temporary, and those of
+   a build in progress are younger than the grace period), then tries the lease again.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -27,14 +31,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 from prep import cas
-from prep.errors import IntegrityError, NotFoundError, StoreError, UsageError
+from prep.errors import IntegrityError, NotFoundError, StorageIOError, StoreError, UsageError
 from prep.manifest import canonical
 from prep.refs import list_refs
 from prep.runner.records import STAGES_PREFIX, TASKS_PREFIX
@@ -53,6 +57,7 @@ OBJECT_ID = re.compile(rb"sha256:([0-9a-f]{64})")
 CATEGORIES = ("objects", "records", "snapshots", "leases", "temporary")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 def parse_duration(text: str) -> int:
@@ -374,7 +379,10 @@ def _delete(store: Store, category: str, infos: list[ObjectInfo]) -> None:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             else:
-                path.unlink(missing_ok=True)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:
+                    raise StorageIOError.from_os_error("deleting", path, exc) from exc
         return
     _parallel(lambda info: store.delete(info.key), infos)
 
@@ -389,7 +397,21 @@ def collect_garbage(store: Store, grace_seconds: int, dry_run: bool = False) -> 
         plan = _plan(store, now - grace_seconds, now)
         return GcReport(store.url, True, grace_seconds, plan.refs, plan.kept,
                         {name: _tally(plan.deletions[name]) for name in CATEGORIES})
-    with Lease(store, GC) as lease:
+    with ExitStack() as stack:
+        freed: list[ObjectInfo] = []  # stale temporaries deleted without a lease (a full disk)
+        try:
+            lease = stack.enter_context(Lease(store, GC))
+        except StorageIOError as exc:
+            if exc.errno not in _NO_SPACE or not isinstance(store, LocalStore):
+                raise
+            freed = _free_temporaries(store, grace_seconds, exc)
+            try:
+                lease = stack.enter_context(Lease(store, GC))
+            except StorageIOError as again:
+                if again.errno not in _NO_SPACE:
+                    raise
+                raise StorageIOError(again.operation, again.path, f"{again.reason}; {_freed_text(freed)}",
+                                     again.errno) from again
         builds = live_leases(store, BUILD)
         if builds:
             raise StoreError(f"{store.url}: a build holds lease {builds[0].key}; gc deletes nothing while "
@@ -400,5 +422,29 @@ def collect_garbage(store: Store, grace_seconds: int, dry_run: bool = False) -> 
             if lease.lapsed:
                 raise StoreError(f"{store.url}: the gc lease lapsed (renewals failed); stopped before deleting {name}")
             _delete(store, name, [info for info in plan.deletions[name] if info.key != lease.key])
-        return GcReport(store.url, False, grace_seconds, plan.refs, plan.kept,
-                        {name: _tally(plan.deletions[name]) for name in CATEGORIES})
+        deleted = {name: _tally(plan.deletions[name]) for name in CATEGORIES}
+        deleted["temporary"] = _tally([*freed, *plan.deletions["temporary"]])
+        return GcReport(store.url, False, grace_seconds, plan.refs, plan.kept, deleted)
+
+
+def _free_temporaries(store: LocalStore, grace_seconds: int, cause: StorageIOError) -> list[ObjectInfo]:
+    """Without a lease (the disk is full), delete only tmp/ entries older than the grace period."""
+    # Safe without the gc lease: nothing names a temporary, so deleting one can never leave the
+    # store inconsistent; a build in progress touches its temporaries within the grace period,
+    # and one that starts after the cutoff is fixed makes only newer ones. Still, no deleting at
+    # all while a build holds a live lease.
+    cutoff = time.time() - grace_seconds  # fixed before looking for builds
+    builds = live_leases(store, BUILD)
+    if builds:
+        raise StorageIOError(cause.operation, cause.path, f"{cause.reason}; a build holds lease {builds[0].key}, "
+                             "so gc deleted nothing", cause.errno) from cause
+    stale = _stale_temporaries(store, cutoff)
+    _delete(store, "temporary", stale)
+    return stale
+
+
+def _freed_text(freed: list[ObjectInfo]) -> str:
+    """What a gc that never got its lease did, for its error message."""
+    done = (f"without a lease gc deleted only {len(freed)} stale temporaries ({sum(i.size for i in freed)} bytes) "
+            "from tmp/" if freed else "gc found no temporaries in tmp/ older than the grace period")
+    return f"{done} and deleted no objects or records (they need the lease): free space and run gc again"

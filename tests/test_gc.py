@@ -35,6 +35,7 @@ from prep.snapshots import load_snapshot, resolve
 from prep.storage import LocalStore, open_store
 from prep.storage.base import Store
 from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
+from tests.runner.test_disk_full import fill_up, small_tmpfs
 
 HOUR = 3600
 
@@ -245,6 +246,72 @@ def test_gc_on_s3(template: dict[str, Path], s3_bucket: str) -> None:  # noqa: F
     assert all(cas.check(store, f"sha256:{a['sha256']}") for a in kept.artifacts)
     assert_records_resolve(store)
     assert read_leases(store) == []
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+def _full_store_with_temporaries(mount: Path) -> tuple[LocalStore, list[Path], Path]:
+    """A full store: two stale temporaries, a young one, an orphan object (two hours old)."""
+    store = LocalStore(mount / "store")
+    orphan = cas.put_bytes(store, b"an object no ref reaches")
+    stale = [store.staging_dir() / f"{'a' * 32}.part", store.staging_dir() / f"assemble-{'b' * 32}"]
+    stale[0].write_bytes(bytes(600_000))
+    stale[1].mkdir()
+    (stale[1] / "shard-00000.tar").write_bytes(bytes(400_000))
+    age(store.root, 2 * HOUR)
+    young = store.staging_dir() / f"tokenize-{'c' * 32}.part"
+    young.write_bytes(bytes(10_000))
+    fill_up(mount)
+    assert store.exists(cas.object_key(orphan.sha256))
+    return store, stale, young
+
+
+def _gc(store: LocalStore) -> subprocess.CompletedProcess[str]:
+    return run_prep("gc", "--store", store.root, "--grace", "1h", check=False)
+
+
+def test_gc_on_a_full_disk_first_deletes_stale_temporaries_then_collects(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "mnt", "2m") as mount:
+        store, stale, young = _full_store_with_temporaries(mount)
+        result = _gc(store)
+        assert result.returncode == 0, result.stderr
+        assert not any(path.exists() for path in stale) and young.exists()
+        lines = result.stdout.splitlines()
+        assert any(line.split()[:3] == ["deleted", "temporary", "2"] for line in lines), result.stdout
+        assert any(line.split()[:3] == ["deleted", "objects", "1"] for line in lines), result.stdout
+        assert stored_objects(store) == set() and read_leases(store) == []
+
+
+def test_gc_on_a_full_disk_with_nothing_stale_deletes_nothing_and_says_so(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "mnt", "2m") as mount:
+        store, stale, young = _full_store_with_temporaries(mount)
+        stale[0].unlink()
+        shutil.rmtree(stale[1])
+        fill_up(mount)  # what the removals freed
+        objects = stored_objects(store)
+        result = _gc(store)
+        assert result.returncode == 4, result.stderr
+        assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+        line = result.stderr.strip()
+        assert line.startswith(f"prep: error: writing {store.root}/leases/gc/") and "No space left on device" in line
+        assert "no temporaries in tmp/ older than the grace period" in line and "deleted no objects" in line
+        assert stored_objects(store) == objects, "objects are never deleted without the lease"
+        assert young.exists()
+
+
+def test_gc_on_a_full_disk_leaves_temporaries_alone_while_a_build_holds_its_lease(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "mnt", "2m") as mount:
+        store = LocalStore(mount / "store")
+        with Lease(store, BUILD) as lease:
+            stale = store.staging_dir() / f"{'d' * 32}.part"
+            stale.write_bytes(bytes(100_000))
+            age(store.staging_dir(), 2 * HOUR)
+            fill_up(mount)
+            result = _gc(store)
+            assert result.returncode == 4, result.stderr
+            assert f"a build holds lease {lease.key}, so gc deleted nothing" in result.stderr
+            assert stale.exists()
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("0", 0), ("45s", 45), ("30m", 1800), ("6h", 21600),

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from prep.errors import PrepError
+from prep.errors import PrepError, StorageIOError
 
 # command name -> "module:attribute"; modules are imported only when their command runs.
 COMMANDS: dict[str, str] = {
@@ -51,6 +51,15 @@ def cli() -> None:
     """Turn raw text corpora into training-ready, versioned, verifiable datasets."""
 
 
+def os_error_message(exc: OSError) -> str:
+    """One line for an OSError that reached the CLI: the operation and path(s) it names, and why."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is None:
+        return f"I/O error: {reason}"
+    paths = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 is not None else "")
+    return f"accessing {paths}: {reason}"
+
+
 def main() -> None:
     """Entry point: run the CLI and turn prep errors into one-line messages and exit codes."""
     try:
@@ -69,6 +78,9 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("prep: interrupted", err=True)
         sys.exit(130)
+    except OSError as exc:  # last resort: an I/O error no layer below named is still one line
+        click.echo(f"prep: error: {os_error_message(exc)}", err=True)
+        sys.exit(StorageIOError.exit_code)
     # Without standalone mode click returns a command's ctx.exit(code) instead of exiting.
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -1,14 +1,18 @@
 """Executors run task functions in parallel and hand results back as they complete.
 
 The local executor is a pool of spawned worker processes; each worker caps the tokenizer's
-thread pool so that total threads stay near the core count.
+thread pool so that total threads stay near the core count. A task's exception travels back
+pickled; `_call` makes sure it can (a prep error arrives as the same one-line error).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import pickle
+import signal
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any, Protocol
 
-from prep.errors import ExecutorError
+from prep.errors import ExecutorError, PrepError
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,9 @@ def _init_worker(threads: int) -> None:
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
     atexit.register(_exit_now)
+    # Ctrl-C reaches every worker. An idle one ignores it: dying of it would break the pool,
+    # which then kills the busy workers before they remove their partial files (see _call).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _exit_now() -> None:
@@ -58,6 +65,41 @@ def _exit_now() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _call(fn: Callable[[Any], Any], item: Any) -> Any:
+    """Run a task in a worker: interruptible by Ctrl-C, raising only exceptions the driver can unpickle."""
+    # An exception that cannot be rebuilt from its pickle would break the whole pool ("a worker
+    # process died"). KeyboardInterrupt passes as it is, after the task's own cleanup.
+    idle = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return fn(item)
+    except Exception as exc:
+        raise _transportable(exc) from None
+    finally:
+        signal.signal(signal.SIGINT, idle)
+
+
+def _transportable(exc: Exception) -> Exception:
+    """`exc` if it survives a pickle round trip, else a stand-in with its message and exit code."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 -- any failure to round-trip means: send a stand-in
+        pass
+    if isinstance(exc, PrepError):  # its nearest ancestor built from the message alone
+        base = next(cls for cls in type(exc).__mro__ if issubclass(cls, PrepError) and _plain_constructor(cls))
+        stand_in: PrepError = base(exc.message)
+        stand_in.exit_code = exc.exit_code
+        return stand_in
+    text = "".join(traceback.format_exception(exc))
+    return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__} in a worker (not picklable):\n{text}")
+
+
+def _plain_constructor(cls: type[PrepError]) -> bool:
+    """True when `cls` is built from its message alone (no class up to PrepError redefines __init__)."""
+    mro = cls.__mro__
+    return all("__init__" not in vars(ancestor) for ancestor in mro[:mro.index(PrepError)])
 
 
 def _warm_up(warm: WarmUp | None) -> None:
@@ -104,7 +146,7 @@ class LocalExecutor:
             while queue or pending:
                 while queue and len(pending) < self.workers * 2:
                     index, item = queue.pop()
-                    pending[self._pool.submit(fn, item)] = index
+                    pending[self._pool.submit(_call, fn, item)] = index
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in sorted(done, key=lambda f: pending[f]):
                     index = pending.pop(future)

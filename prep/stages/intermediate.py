@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -26,7 +27,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from prep.cas import Digest, HashingWriter
-from prep.errors import IntegrityError
+from prep.errors import IntegrityError, StorageIOError
 from prep.formats import little_endian
 from prep.stages.columns import bool_column, fixed_binary_column, int_column, string_column
 
@@ -50,14 +51,25 @@ def schema(dtype: np.dtype[Any]) -> pa.Schema:
     ], metadata={"token_dtype": little_endian(dtype).str})
 
 
+@contextmanager
+def _io_errors(operation: str, path: Path) -> Iterator[None]:
+    """Turn an OSError (Arrow's I/O errors are OSErrors too) into a StorageIOError naming `path`."""
+    try:
+        yield
+    except OSError as exc:
+        raise StorageIOError.from_os_error(operation, path, exc) from exc
+
+
 class IntermediateWriter:
     """Writes a new intermediate batch by batch, hashing while writing; `digest` is the file's
-    SHA-256 and size once closed (so storing it needs no second read)."""
+    SHA-256 and size once closed (so storing it needs no second read). I/O errors name the file."""
 
     def __init__(self, path: Path, dtype: np.dtype[Any], durable: bool = True) -> None:
+        self.path = path
         self.dtype = little_endian(dtype)
         self.schema = schema(dtype)
-        self._file = HashingWriter(path, durable)
+        with _io_errors("writing", path):
+            self._file = HashingWriter(path, durable)
         self._metadata: list[pa.RecordBatch] = []
         self.digest: Digest | None = None
 
@@ -68,10 +80,12 @@ class IntermediateWriter:
         text_lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         token_counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
         text_offsets = self._file.tell() + np.cumsum(text_lengths) - text_lengths
-        self._file.write(b"".join(texts))
+        with _io_errors("writing", self.path):
+            self._file.write(b"".join(texts))
         tokens_start = self._file.tell()
         flat = np.concatenate(tokens).astype(self.dtype, copy=False) if tokens else np.zeros(0, self.dtype)
-        self._file.write(np.ascontiguousarray(flat).data.cast("B"))
+        with _io_errors("writing", self.path):
+            self._file.write(np.ascontiguousarray(flat).data.cast("B"))
         token_offsets = tokens_start + (np.cumsum(token_counts) - token_counts) * self.dtype.itemsize
         self._metadata.append(pa.RecordBatch.from_arrays([
             int_column(rows, pa.int64()),
@@ -91,9 +105,10 @@ class IntermediateWriter:
             with ipc.new_file(sink, self.schema) as writer:
                 for batch in self._metadata:
                     writer.write_batch(batch)
-            self._file.write(memoryview(sink.getvalue()))
-            self._file.write(_FOOTER.pack(metadata_offset, MAGIC))
-            self.digest = self._file.close()
+            with _io_errors("writing", self.path):
+                self._file.write(memoryview(sink.getvalue()))
+                self._file.write(_FOOTER.pack(metadata_offset, MAGIC))
+                self.digest = self._file.close()
         return self.digest
 
     def __enter__(self) -> IntermediateWriter:
@@ -104,7 +119,8 @@ class IntermediateWriter:
         if exc_type is None:
             self.close()
         else:
-            self._file.__exit__(exc_type, exc, tb)
+            with suppress(OSError):  # closing flushes, which fails again on a full disk
+                self._file.__exit__(exc_type, exc, tb)
 
 
 class Intermediate:
@@ -114,16 +130,17 @@ class Intermediate:
         unknown = set(columns) - set(METADATA_COLUMNS)
         if unknown:
             raise ValueError(f"unknown intermediate columns: {sorted(unknown)}")
-        mapped = pa.memory_map(str(path), "r")
-        size = mapped.size()
-        if size < _FOOTER.size:
-            raise IntegrityError(f"{path}: {size} bytes is too short for an intermediate")
-        mapped.seek(size - _FOOTER.size)
-        metadata_offset, magic = _FOOTER.unpack(mapped.read(_FOOTER.size))
-        if magic != MAGIC or metadata_offset > size - _FOOTER.size:
-            raise IntegrityError(f"{path}: not a prep intermediate (bad footer)")
-        mapped.seek(metadata_offset)
-        table = mapped.read_buffer(size - _FOOTER.size - metadata_offset)
+        with _io_errors("reading", path):
+            mapped = pa.memory_map(str(path), "r")
+            size = mapped.size()
+            if size < _FOOTER.size:
+                raise IntegrityError(f"{path}: {size} bytes is too short for an intermediate")
+            mapped.seek(size - _FOOTER.size)
+            metadata_offset, magic = _FOOTER.unpack(mapped.read(_FOOTER.size))
+            if magic != MAGIC or metadata_offset > size - _FOOTER.size:
+                raise IntegrityError(f"{path}: not a prep intermediate (bad footer)")
+            mapped.seek(metadata_offset)
+            table = mapped.read_buffer(size - _FOOTER.size - metadata_offset)
         fields = [METADATA_COLUMNS.index(name) for name in columns]
         self._reader = ipc.open_file(table, options=ipc.IpcReadOptions(included_fields=fields))
 

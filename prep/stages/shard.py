@@ -17,6 +17,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from prep.cas import Digest, HashingWriter
-from prep.errors import IntegrityError
+from prep.errors import IntegrityError, StorageIOError
 from prep.faults import crash_point
 from prep.formats import little_endian, megatron, wds
 from prep.stages.columns import int_column, to_numbers, to_strings
@@ -136,10 +137,14 @@ class _ChunkSink:
     """Appends chunks to a new file on one thread and hashes them on another while the caller
     gathers the next chunk (os.pwrite and hashlib release the GIL). Two chunk buffers take
     turns, so memory is two chunks and fresh pages are not faulted in for every chunk.
-    Disk writeback of each chunk starts at once; `close` fsyncs."""
+    Disk writeback of each chunk starts at once; `close` fsyncs. I/O errors name the file."""
 
     def __init__(self, path: Path) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._path = path
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise StorageIOError.from_os_error("creating", path, exc) from exc
         self._hasher = hashlib.sha256()
         self._size = 0
         self._pool = ThreadPoolExecutor(max_workers=2)
@@ -171,13 +176,19 @@ class _ChunkSink:
 
     def _wait(self) -> None:
         pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
+        try:
+            for future in pending:
+                future.result()
+        except OSError as exc:
+            raise StorageIOError.from_os_error("writing", self._path, exc) from exc
 
     def close(self) -> Digest:
         try:
             self._wait()
-            os.fsync(self._fd)
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise StorageIOError.from_os_error("writing", self._path, exc) from exc
             return Digest(self._hasher.hexdigest(), self._size)
         finally:
             self.abort()
@@ -211,12 +222,18 @@ def _write_chunks(path: Path, spans: np.ndarray, fill: _Fill, zeroed: bool) -> D
     try:
         for start, end in _chunks(spans):
             chunk = sink.buffer(int(spans[start:end].sum()), zeroed)
-            fill(chunk, start, end)
+            try:
+                fill(chunk, start, end)
+            except OSError as exc:  # reading an intermediate
+                raise StorageIOError.from_os_error("reading", exc.filename or f"the intermediates of {path}",
+                                                   exc) from exc
             sink.write(chunk)
-    except BaseException:
+        return sink.close()
+    except BaseException:  # a full disk, an interrupt: remove the partial file
         sink.abort()
+        with suppress(OSError):
+            path.unlink(missing_ok=True)
         raise
-    return sink.close()
 
 
 def write_bin(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
@@ -303,7 +320,13 @@ def write_unit(unit: str, spec: ShardSpec, docs: ShardDocuments, reader: PartRea
         raise IntegrityError(f"shard {spec.index}: found {len(docs.n_tokens)} documents, the plan has {spec.documents}")
     if unit == "bin":
         bin_path, idx_path = stem.with_suffix(".bin"), stem.with_suffix(".idx")
-        bin_digest, idx_digest = write_bin(docs, reader, dtype, eos_id, bin_path, idx_path)
+        try:
+            bin_digest, idx_digest = write_bin(docs, reader, dtype, eos_id, bin_path, idx_path)
+        except OSError as exc:  # the .bin's own errors are StorageIOErrors already: this is the .idx
+            for path in (bin_path, idx_path):
+                with suppress(OSError):
+                    path.unlink(missing_ok=True)
+            raise StorageIOError.from_os_error("writing", idx_path, exc) from exc
         if bin_digest.size != spec.bin_size:
             raise IntegrityError(f"shard {spec.index}: wrote {bin_digest.size} .bin bytes, planned {spec.bin_size}")
         return {"bin": (bin_path, bin_digest), "idx": (idx_path, idx_digest)}

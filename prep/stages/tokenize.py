@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,25 +100,30 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path, dur
     bad: list[str] = []
     seen_ids: set[str] = set()
     started = time.perf_counter()
-    with IntermediateWriter(out_path, dtype, durable) as writer:
-        for batch in _batches(task, settings.on_error, bad, counts):
-            texts = [doc.text for doc in batch]
-            encoded = [doc.data for doc in batch]
-            tokens = engine.encode_batch(texts, [f"{task.source.rel}:{task.part}:{d.row}" for d in batch])
-            for doc in batch:
-                if doc.id is not None:
-                    if doc.id in seen_ids:
-                        raise InputError(f"{task.source.location}: duplicate id {doc.id!r} "
-                                         f"(row/line {doc.row + 1} of this part)")
-                    seen_ids.add(doc.id)
-            specials = [contains_special(t, info.special_tokens) for t in texts]
-            writer.write_batch([doc.row for doc in batch], [doc.id for doc in batch], encoded,
-                               [xxhash.xxh3_128_digest(b) for b in encoded], specials, tokens)
-            counts["documents"] += len(batch)
-            counts["tokens"] += sum(len(t) for t in tokens)
-            counts["text_bytes"] += sum(len(b) for b in encoded)
-            counts["special_token_documents"] += sum(specials)
-    check_unchanged(task.source)
+    try:
+        with IntermediateWriter(out_path, dtype, durable) as writer:
+            for batch in _batches(task, settings.on_error, bad, counts):
+                texts = [doc.text for doc in batch]
+                encoded = [doc.data for doc in batch]
+                tokens = engine.encode_batch(texts, [f"{task.source.rel}:{task.part}:{d.row}" for d in batch])
+                for doc in batch:
+                    if doc.id is not None:
+                        if doc.id in seen_ids:
+                            raise InputError(f"{task.source.location}: duplicate id {doc.id!r} "
+                                             f"(row/line {doc.row + 1} of this part)")
+                        seen_ids.add(doc.id)
+                specials = [contains_special(t, info.special_tokens) for t in texts]
+                writer.write_batch([doc.row for doc in batch], [doc.id for doc in batch], encoded,
+                                   [xxhash.xxh3_128_digest(b) for b in encoded], specials, tokens)
+                counts["documents"] += len(batch)
+                counts["tokens"] += sum(len(t) for t in tokens)
+                counts["text_bytes"] += sum(len(b) for b in encoded)
+                counts["special_token_documents"] += sum(specials)
+        check_unchanged(task.source)
+    except BaseException:  # a bad record, a full disk, an interrupt: leave nothing staged
+        with suppress(OSError):
+            out_path.unlink(missing_ok=True)
+        raise
     summary: dict[str, Any] = dict(counts)
     summary["bad_record_examples"] = bad
     log = {"seconds": round(time.perf_counter() - started, 3), **engine.report()}

@@ -3,6 +3,8 @@
 Create-only puts publish a fully written, fsynced temporary file with `os.link`, which fails
 if the final name exists: a reader can never see a partial object under its final name.
 Refs are swapped under an exclusive `flock`, compared by the SHA-256 of their body.
+Every OSError becomes a StorageIOError naming the operation and path (a full disk is one line,
+not a traceback), and a failed put or swap removes its temporary.
 """
 
 from __future__ import annotations
@@ -14,14 +16,24 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
-from prep.errors import NotFoundError, StoreError
+from prep.errors import NotFoundError, StorageIOError, StoreError
 from prep.faults import crash_point
 from prep.storage.base import ObjectInfo, RefValue, Store
 
 TMP_DIR = "tmp"
+
+
+@contextmanager
+def io_errors(operation: str, path: Path) -> Iterator[None]:
+    """Turn an OSError inside the block into a StorageIOError naming `operation` and `path`."""
+    try:
+        yield
+    except OSError as exc:
+        raise StorageIOError.from_os_error(operation, path, exc) from exc
 
 
 def fsync_path(path: Path) -> None:
@@ -39,10 +51,8 @@ class LocalStore(Store):
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root).absolute()
         self.url = str(self.root)
-        try:
+        with io_errors("creating store folder", self.root / TMP_DIR):
             (self.root / TMP_DIR).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"{self.root}: cannot create store folder: {exc.strerror}") from exc
 
     def _path(self, key: str) -> Path:
         if not key or key.startswith("/") or ".." in key.split("/"):
@@ -83,18 +93,24 @@ class LocalStore(Store):
         """Create-only publish: `fill` writes a new temporary, which is fsynced, made read-only
         and hard-linked to the final name (the link fails if the name exists)."""
         final = self._path(key)
-        if final.exists():
-            return False
+        with io_errors("reading", final):
+            if final.exists():
+                return False
         temp = self._temp_path()
         try:
-            fill(temp)
-            with open(temp, "rb+") as handle:
-                os.fsync(handle.fileno())
-            os.chmod(temp, 0o444)
-            return self._publish(temp, final)
-        except OSError as exc:
-            raise StoreError(f"{final}: cannot write: {exc.strerror or exc}") from exc
-        finally:
+            with io_errors("writing", final):
+                fill(temp)
+                with open(temp, "rb+") as handle:
+                    os.fsync(handle.fileno())
+                os.chmod(temp, 0o444)
+                return self._publish(temp, final)
+        finally:  # also on KeyboardInterrupt: a failed put leaves nothing in tmp/
+            self._discard(temp)
+
+    @staticmethod
+    def _discard(temp: Path) -> None:
+        """Remove a temporary; failing to (say, EIO) must not hide the error being handled."""
+        with suppress(OSError):
             temp.unlink(missing_ok=True)
 
     def put_file(self, key: str, path: Path) -> bool:
@@ -112,16 +128,33 @@ class LocalStore(Store):
         return self._create(key, lambda temp: temp.write_bytes(data))
 
     def open(self, key: str) -> BinaryIO:
+        path = self._path(key)
         try:
-            return open(self._path(key), "rb")
-        except FileNotFoundError as exc:
-            raise NotFoundError(f"{self.url}: no such key {key!r}") from exc
+            with io_errors("reading", path):
+                return open(path, "rb")
+        except StorageIOError as exc:
+            if exc.errno == errno.ENOENT:
+                raise NotFoundError(f"{self.url}: no such key {key!r}") from exc
+            raise
+
+    def get_bytes(self, key: str) -> bytes:
+        with self.open(key) as stream, io_errors("reading", self._path(key)):
+            return stream.read()
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        with self.open(key) as stream, io_errors("reading", self._path(key)):
+            stream.seek(start)
+            return stream.read(length)
 
     def head(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
         try:
-            stat = self._path(key).stat()
-        except FileNotFoundError:
-            return None
+            with io_errors("reading", path):
+                stat = path.stat()
+        except StorageIOError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return None
+            raise
         return ObjectInfo(key=key, size=stat.st_size, mtime=stat.st_mtime)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
@@ -129,7 +162,12 @@ class LocalStore(Store):
         if not base.is_dir():
             return
         found: list[ObjectInfo] = []
-        for dirpath, dirnames, filenames in os.walk(base):
+
+        def walk_error(exc: OSError) -> None:
+            if not isinstance(exc, FileNotFoundError):  # a folder gc removed meanwhile is just gone
+                raise StorageIOError.from_os_error("listing", Path(exc.filename or base), exc)
+
+        for dirpath, dirnames, filenames in os.walk(base, onerror=walk_error):
             rel_dir = Path(dirpath).relative_to(self.root).as_posix()
             if rel_dir == TMP_DIR or rel_dir.startswith(TMP_DIR + "/"):
                 dirnames[:] = []
@@ -137,38 +175,55 @@ class LocalStore(Store):
             for name in filenames:
                 key = name if rel_dir == "." else f"{rel_dir}/{name}"
                 if key.startswith(prefix) and not name.endswith(".lock"):
-                    stat = os.stat(os.path.join(dirpath, name))
+                    try:
+                        with io_errors("listing", Path(dirpath, name)):
+                            stat = os.stat(os.path.join(dirpath, name))
+                    except StorageIOError as exc:
+                        if exc.errno == errno.ENOENT:
+                            continue  # deleted while listed
+                        raise
                     found.append(ObjectInfo(key=key, size=stat.st_size, mtime=stat.st_mtime))
         yield from sorted(found, key=lambda info: info.key)
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        path = self._path(key)
+        with io_errors("deleting", path):
+            path.unlink(missing_ok=True)
 
     def local_path(self, key: str) -> Path | None:
         return self._path(key)
 
     def read_ref(self, key: str) -> RefValue | None:
+        path = self._path(key)
         try:
-            body = self._path(key).read_bytes()
-        except FileNotFoundError:
-            return None
+            with io_errors("reading", path):
+                body = path.read_bytes()
+        except StorageIOError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            raise
         return RefValue(body=body, token=hashlib.sha256(body).hexdigest())
 
     def swap_ref(self, key: str, body: bytes, expected: str | None) -> bool:
         final = self._path(key)
-        self._makedirs(final.parent)
+        with io_errors("creating folder", final.parent):
+            self._makedirs(final.parent)
         lock_path = final.with_name(final.name + ".lock")
-        with open(lock_path, "a+b") as lock:
+        with io_errors("locking", lock_path), open(lock_path, "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             current = self.read_ref(key)
             current_token = current.token if current else None
             if current_token != expected:
                 return False
             temp = self._temp_path()
-            with open(temp, "xb") as handle:
-                handle.write(body)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, final)
-            fsync_path(final.parent)
+            try:
+                with io_errors("writing", final):
+                    with open(temp, "xb") as handle:
+                        handle.write(body)
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                    os.replace(temp, final)
+                    fsync_path(final.parent)
+            finally:
+                self._discard(temp)  # gone after the replace; still there if a write failed
             return True

@@ -1,0 +1,225 @@
+"""A full disk is one `prep: error:` line (exit 4), stages nothing, moves no ref; a rerun converges (issue 11)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from prep.errors import PrepError, StorageIOError, StoreError
+from prep.runner.executor import LocalExecutor
+from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
+
+IO_EXIT = 4  # StorageIOError.exit_code, as README.md and docs/build.md document it
+
+
+def _mount(folder: Path, size: str) -> None:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True,
+                   capture_output=True)
+
+
+@contextmanager
+def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `folder` (skips the test where mounting is impossible)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        _mount(folder, size)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("needs root and tmpfs (mount -t tmpfs)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False, capture_output=True)
+
+
+def remount(folder: Path, size: str) -> None:
+    """Grow (or shrink) a tmpfs in place; its files stay."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True, capture_output=True)
+
+
+def fill_up(folder: Path) -> Path:
+    """Write a file until the filesystem holding `folder` has no space left; returns it."""
+    filler = folder / "filler"
+    with open(filler, "ab", buffering=0) as out:
+        try:
+            while True:
+                out.write(bytes(4096))
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return filler
+
+
+def staged(store: Path) -> list[str]:
+    """Everything a build left in the store's tmp/ (files and folders, recursively)."""
+    folder = store / "tmp"
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*")) if folder.is_dir() else []
+
+
+def published(store: Path) -> list[str]:
+    """Refs and snapshot markers: what a build publishes last."""
+    return sorted(str(path.relative_to(store)) for name in ("refs", "snapshots") if (store / name).is_dir()
+                  for path in (store / name).rglob("*") if path.is_file())
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> tuple[Path, str]:
+    """One corpus file (a 1.3 MB intermediate, one shard with a 12 MB .tar) and its clean build's snapshot id."""
+    root = tmp_path_factory.mktemp("diskfull")
+    write_jsonl(root / "corpus" / "a.jsonl", make_records(4000, seed=1))
+    pipeline = write_pipeline(root, tokenizer_path, shard_size="1MB")
+    clean = run_prep("build", pipeline, "--store", root / "clean", "--workers", "1").stdout.split()[-1]
+    return pipeline, clean
+
+
+def _expect_disk_full(result: subprocess.CompletedProcess[str], store: Path, *needles: str) -> str:
+    assert result.returncode == IO_EXIT, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("[")]
+    assert len(errors) == 1, result.stderr
+    line = errors[0]
+    assert line.startswith("prep: error: writing " + str(store)), line
+    assert line.endswith(": No space left on device"), line
+    for needle in needles:
+        assert needle in line, line
+    assert result.stdout == ""
+    assert published(store) == [], "a failed build must not publish anything"
+    assert staged(store) == [], "a failed build must remove what it staged"
+    return line
+
+
+@pytest.mark.parametrize(("size", "where"), [("8m", "/tmp/assemble-"), ("1m", "/tmp/tokenize-")],
+                         ids=["shard-writer", "tokenize"])
+def test_full_disk_is_one_line_and_a_rerun_with_space_converges(project: tuple[Path, str], tmp_path: Path,
+                                                                 size: str, where: str) -> None:
+    pipeline, clean = project
+    with small_tmpfs(tmp_path / "mnt", size) as mount:
+        store = mount / "store"
+        failed = run_prep("build", pipeline, "--store", store, "--workers", "1", check=False)
+        line = _expect_disk_full(failed, store, where)
+        assert (".tar:" in line) if where == "/tmp/assemble-" else (".part:" in line)
+
+        remount(mount, "64m")
+        rerun = run_prep("build", pipeline, "--store", store, "--workers", "1")
+        assert rerun.stdout.split()[-1] == clean
+        assert staged(store) == []
+
+
+def test_full_disk_with_two_workers_leaves_nothing_staged(project: tuple[Path, str], tmp_path: Path) -> None:
+    pipeline, clean = project
+    with small_tmpfs(tmp_path / "mnt", "4m") as mount:
+        store = mount / "store"
+        _expect_disk_full(run_prep("build", pipeline, "--store", store, "--workers", "2", check=False), store)
+        remount(mount, "64m")
+        assert run_prep("build", pipeline, "--store", store, "--workers", "2").stdout.split()[-1] == clean
+
+
+def test_a_build_that_cannot_write_its_lease_says_so(project: tuple[Path, str], tmp_path: Path) -> None:
+    pipeline, _ = project
+    with small_tmpfs(tmp_path / "mnt", "1m") as mount:
+        store = mount / "store"
+        (store / "tmp").mkdir(parents=True)
+        fill_up(mount)
+        _expect_disk_full(run_prep("build", pipeline, "--store", store, "--workers", "1", check=False), store,
+                          "/leases/build/")
+
+
+def test_ctrl_c_during_tokenize_leaves_nothing_staged(tmp_path: Path, tokenizer_path: Path) -> None:
+    """Ctrl-C to the process group: the busy task removes its partial file and idle workers survive."""
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(20000, seed=2))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, shard_size="1MB")
+    store = tmp_path / "store"
+    process = subprocess.Popen([sys.executable, "-m", "prep.cli.main", "build", str(pipeline), "--store", str(store),
+                                "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=prep_env(), start_new_session=True)
+    assert process.stderr is not None
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if "tokenize: 0/1 tasks" in line:
+            break
+    time.sleep(0.3)  # the task is writing its intermediate (it takes about a second)
+    os.killpg(process.pid, signal.SIGINT)
+    _, rest = process.communicate(timeout=120)
+    stderr = "".join(seen) + rest
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    assert staged(store) == [] and published(store) == []
+
+
+# ------------------------------------------------------------------ errors across processes
+
+
+class _Custom(StoreError):
+    """A prep error whose constructor does not take the message alone, so it cannot unpickle."""
+
+    exit_code = 5
+
+    def __init__(self, name: str, count: int) -> None:
+        super().__init__(f"{name}: {count} problems")
+
+
+def _raise_storage_error(path: str) -> None:
+    raise StorageIOError.from_os_error("writing", path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+
+
+def _raise_custom(name: str) -> None:
+    raise _Custom(name, 3)
+
+
+def _raise_os_error(path: str) -> None:
+    raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+
+
+def test_storage_error_survives_pickling() -> None:
+    error = StorageIOError("writing", Path("/store/tmp/x.part"), "No space left on device", errno.ENOSPC)
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is StorageIOError and str(copy) == "writing /store/tmp/x.part: No space left on device"
+    assert (copy.operation, copy.path, copy.reason, copy.errno, copy.exit_code) == (
+        "writing", "/store/tmp/x.part", "No space left on device", errno.ENOSPC, IO_EXIT)
+    assert isinstance(copy, StoreError)
+
+
+def test_worker_errors_arrive_as_the_same_prep_error() -> None:
+    executor = LocalExecutor(1)
+    try:
+        with pytest.raises(StorageIOError) as caught:
+            list(executor.run(_raise_storage_error, ["/store/tmp/shard-00000.tar"]))
+        assert caught.value.message == "writing /store/tmp/shard-00000.tar: No space left on device"
+        assert caught.value.errno == errno.ENOSPC and caught.value.exit_code == IO_EXIT
+
+        # A prep error that cannot unpickle comes back as its nearest plain ancestor with the
+        # same message and exit code, instead of breaking the pool ("a worker process died").
+        with pytest.raises(PrepError) as custom:
+            list(executor.run(_raise_custom, ["thing"]))
+        assert isinstance(custom.value, StoreError)
+        assert custom.value.message == "thing: 3 problems" and custom.value.exit_code == 5
+
+        with pytest.raises(OSError) as plain:
+            list(executor.run(_raise_os_error, ["/data/x"]))
+        assert plain.value.errno == errno.EIO and plain.value.filename == "/data/x"
+        assert [result for _, result in executor.run(str, [1])] == ["1"], "the pool still works"
+    finally:
+        executor.close()
+
+
+def test_an_os_error_reaching_the_cli_is_one_line(tmp_path: Path) -> None:
+    """The last-resort handler in prep.cli.main: any OSError no layer converted."""
+    script = ("import sys, errno, os\n"
+              "import prep.cli.main as m\n"
+              "def boom(**kwargs):\n"
+              "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), '/store/tmp/x', None)\n"
+              "m.cli.main = boom\n"
+              "m.main()\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert result.returncode == IO_EXIT
+    assert result.stderr == "prep: error: accessing /store/tmp/x: No space left on device\n"
