@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from prep.runner.tasks import (
     ShuffleJob,
     TaskResult,
     TokenizeJob,
+    discard_staged,
     publish_staged,
     run_assemble_job,
     run_dedup_job,
@@ -82,17 +84,26 @@ class _Builder:
         todo.sort(key=lambda item: -nbytes(item[1]))  # largest first: less idle time at the end
         done_bytes = 0
         self.progress.tick(stage, len(committed), len(jobs), len(committed), force=True)
-        for index, result in self.executor.run(fn, [job for _, job in todo]):
-            key, job = todo[index]
-            result = publish_staged(self.store, result)
-            self.guard.produced(result.outputs.values())
-            crash_point(f"{stage}.before_commit")
-            committed[key] = records.write_task_record(self.store, stage, key, result.outputs, result.summary)
-            if result.log:
-                self.log["tasks"].setdefault(stage, {})[key] = result.log
-            run.ran += 1
-            done_bytes += nbytes(job)
-            self.progress.tick(stage, len(committed), len(jobs), run.cached, done_bytes)
+        published: set[int] = set()
+        try:
+            with closing(self.executor.run(fn, [job for _, job in todo])) as results:
+                for index, result in results:
+                    key, job = todo[index]
+                    result = publish_staged(self.store, result)
+                    published.add(index)
+                    self.guard.produced(result.outputs.values())
+                    crash_point(f"{stage}.before_commit")
+                    committed[key] = records.write_task_record(self.store, stage, key, result.outputs, result.summary)
+                    if result.log:
+                        self.log["tasks"].setdefault(stage, {})[key] = result.log
+                    run.ran += 1
+                    done_bytes += nbytes(job)
+                    self.progress.tick(stage, len(committed), len(jobs), run.cached, done_bytes)
+        except BaseException:
+            for index, (_, job) in enumerate(todo):
+                if index not in published:
+                    discard_staged(self.store, job)
+            raise
         return committed
 
     def stage_key(self, stage: str, settings: dict[str, Any], inputs: Any) -> str:

@@ -13,7 +13,7 @@ import pickle
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -41,7 +41,7 @@ class Executor(Protocol):
     workers: int
     shares_filesystem: bool  # workers see the driver's local files (same machine or shared mount)
 
-    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]: ...
+    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Generator[tuple[int, Any], None, None]: ...
 
     def warm(self, warm_up: WarmUp) -> None:
         """Have idle workers load the build's tokenizer before tasks need it (a hint)."""
@@ -138,7 +138,7 @@ class LocalExecutor:
         for _ in range(self.workers):
             self._pool.submit(_warm_up, warm_up)
 
-    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Generator[tuple[int, Any], None, None]:
         pending: dict[Future[Any], int] = {}
         queue = list(enumerate(items))
         queue.reverse()
@@ -152,8 +152,10 @@ class LocalExecutor:
                     index = pending.pop(future)
                     yield index, _result(future)
         finally:
-            for future in pending:
-                future.cancel()
+            # Tasks already running go on in their workers: wait for them, so that nothing a
+            # failed run started can still write after the caller cleans up.
+            running = [future for future in pending if not future.cancel()]
+            wait(running)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
@@ -191,7 +191,7 @@ class RayExecutor:
         for node in unchecked:
             self.visible_paths.setdefault(node.node_id, set()).update(names)
 
-    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Generator[tuple[int, Any], None, None]:
         """Yield (index, fn(items[index])) as tasks complete; the first error is raised after
         cancelling the rest, a PrepError as itself (not wrapped in Ray's RayTaskError)."""
         self._check_local_paths(items)

@@ -111,10 +111,19 @@ def publish_staged(store: Store, result: TaskResult) -> TaskResult:
     """Store a result's staged files (the store makes each durable before naming it) and return
     the result with every output stored."""
     outputs = dict(result.outputs)
-    for name, (path, sha256, size) in result.staged.items():
-        outputs[name] = cas.put_file(store, Path(path), cas.Digest(sha256, size)).id
-        Path(path).unlink(missing_ok=True)
+    try:
+        for name, (path, sha256, size) in result.staged.items():
+            outputs[name] = cas.put_file(store, Path(path), cas.Digest(sha256, size)).id
+    finally:
+        for path, _, _ in result.staged.values():
+            Path(path).unlink(missing_ok=True)
     return TaskResult(outputs, result.summary, result.log)
+
+
+def discard_staged(store: Store, job: object) -> None:
+    """Remove what a job that will never be published left in the store's staging folder."""
+    if isinstance(job, TokenizeJob) and job.driver_stores:
+        (store.staging_dir() / job.staged_name).unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -141,13 +150,14 @@ class TokenizeJob:
     task: ReadTask
     settings: TokenizeSettings
     driver_stores: bool = False
+    staged_name: str = field(default_factory=lambda: f"tokenize-{uuid.uuid4().hex}.part")
 
 
 def run_tokenize_job(job: TokenizeJob) -> TaskResult:
     from prep.stages.tokenize import run_tokenize
 
     store = worker_store(job.store_url)
-    result = run_tokenize(job.task, job.settings, store.staging_dir(), durable=not job.driver_stores)
+    result = run_tokenize(job.task, job.settings, store.staging_dir() / job.staged_name, durable=not job.driver_stores)
     if job.driver_stores:
         crash_point("tokenize.after_output")
         staged = (str(result.path), result.digest.sha256, result.digest.size)

@@ -8,7 +8,6 @@ applied later, when shards are assembled.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -89,12 +88,11 @@ def _batches(task: ReadTask, on_error: str, bad: list[str], counts: dict[str, in
         yield batch
 
 
-def run_tokenize(task: ReadTask, settings: TokenizeSettings, work_dir: Path, durable: bool = True) -> TokenizeResult:
-    """Read, hash and tokenize every document of `task` into one local intermediate file
-    (fsynced unless `durable` is False, for a file whose store makes it durable when put)."""
+def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, durable: bool = True) -> TokenizeResult:
+    """Read, hash and tokenize every document of `task` into the new local intermediate file
+    `out_path` (fsynced unless `durable` is False, for a file whose store makes it durable when put)."""
     engine, info = _engine(settings)
     dtype = np.dtype(info.dtype)
-    out_path = work_dir / f"tokenize-{uuid.uuid4().hex}.part"
     counts = {"documents": 0, "tokens": 0, "text_bytes": 0, "bad_records": 0, "special_token_documents": 0,
               "lines": 0}
     bad: list[str] = []

@@ -210,3 +210,27 @@ def test_a_corrupt_cached_download_is_fetched_again(s3_bucket: str, tmp_path: Pa
     tasks._CHECKED.clear()  # a new process
     flip_byte(cached, 500)
     assert tasks.fetch_local(store, object_id).read_bytes() == data
+
+
+def test_a_driver_failure_leaves_no_intermediate_staged_by_tasks_in_flight(tmp_path: Path, tokenizer_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the driver fails while tokenize tasks still run, it waits for them and removes the
+    intermediates they leave in the staging folder for it (nothing will ever store them)."""
+    from prep.runner import build as build_module
+
+    for index in range(6):
+        write_jsonl(tmp_path / "corpus" / f"f{index}.jsonl", make_records(40, seed=index, prefix=f"f{index}"))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
+    real = build_module.publish_staged  # type: ignore[attr-defined]
+
+    def failing_once(store: Any, result: Any) -> Any:
+        if not failing_once.failed:  # type: ignore[attr-defined]
+            failing_once.failed = True  # type: ignore[attr-defined]
+            raise OSError(28, "No space left on device (injected)")
+        return real(store, result)
+
+    failing_once.failed = False  # type: ignore[attr-defined]
+    monkeypatch.setattr(build_module, "publish_staged", failing_once)
+    with pytest.raises(OSError, match="injected"):
+        build_local(pipeline, tmp_path / "store", workers=2)
+    assert not list((tmp_path / "store" / "tmp").glob("tokenize-*"))
