@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prep import cas
 from prep.manifest.schema import schema_path
-from prep.refs import move_ref
-from prep.snapshots import Snapshot, publish_manifest
 from prep.storage.base import Store
+from prep.store import cas
+from prep.store.refs import move_ref
+from prep.store.snapshots import Snapshot, publish_manifest
 
 FORMAT_SUFFIX = {"bin": ("bin", "bin"), "idx": ("bin", "idx"), "wds": ("wds", "tar")}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prep import cas, writeback
+from prep import hashing, writeback
 
 
 def test_start_writeback_leaves_the_bytes_alone(tmp_path: Path) -> None:
@@ -32,11 +32,11 @@ def test_start_writeback_leaves_the_bytes_alone(tmp_path: Path) -> None:
 def test_hashing_writer_digest_crosses_writeback_steps(tmp_path: Path, durable: bool) -> None:
     pieces = [os.urandom(size) for size in (5 << 20, 7 << 20, 1, 0, 3 << 20)]  # crosses 8 MiB twice
     path = tmp_path / "out"
-    with cas.HashingWriter(path, durable) as writer:
+    with hashing.HashingWriter(path, durable) as writer:
         for piece in pieces:
             writer.write(piece)
     joined = b"".join(pieces)
-    assert writer.digest == cas.Digest(hashlib.sha256(joined).hexdigest(), len(joined))
+    assert writer.digest == hashing.Digest(hashlib.sha256(joined).hexdigest(), len(joined))
     assert path.read_bytes() == joined
     with pytest.raises(FileExistsError):
-        cas.HashingWriter(path)  # never overwrites: a new file under a new name each time
+        hashing.HashingWriter(path)  # never overwrites: a new file under a new name each time

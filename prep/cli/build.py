@@ -9,9 +9,9 @@ import click
 
 from prep.cli.common import resolve_store_url, store_option
 from prep.config import load_pipeline
-from prep.refs import check_name
-from prep.runner.executor import make_executor
+from prep.runner.build import make_executor
 from prep.storage import open_store
+from prep.store.refs import check_name
 
 
 @click.command()

@@ -11,18 +11,18 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
-from prep import cas
 from prep.cli.common import human_bytes, open_store_option, store_option
 from prep.errors import NotFoundError
-from prep.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage, parse_duration
-from prep.manifest.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
-from prep.refs import check_name, list_refs, move_ref
-from prep.snapshots import Snapshot, is_manifest_path, load_snapshot, resolve
+from prep.history.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
 from prep.storage.base import Store
+from prep.store import cas
+from prep.store.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage, parse_duration
+from prep.store.refs import check_name, list_refs, move_ref
+from prep.store.snapshots import Snapshot, is_manifest_path, load_snapshot, resolve
 
 if TYPE_CHECKING:  # the document-level modules load pyarrow; import them only when used
-    from prep.docdiff import DocumentChange, DocumentDiff
-    from prep.lineage import Trace
+    from prep.history.docdiff import DocumentChange, DocumentDiff
+    from prep.history.lineage import Trace
 
 CHANGES_SHOWN = 50
 CHANGE_MARKS = {"added": "+", "removed": "-", "changed": "~"}
@@ -124,7 +124,7 @@ def diff(old_spec: str, new_spec: str, store_url: str | None, as_json: bool,
     with tempfile.TemporaryDirectory(prefix="prep-diff-") as work:
         document_diff = None
         if documents:
-            from prep.docdiff import diff_documents
+            from prep.history.docdiff import diff_documents
 
             assert store is not None
             document_diff = diff_documents(store, old, new, Path(work), labels=(old_spec, new_spec))
@@ -195,7 +195,7 @@ def trace_lines(found: Trace, indent: str = "") -> list[str]:
 @store_option
 def trace(snap: str, doc_id: str, store_url: str | None) -> None:
     """Which artifacts, at which positions, hold document DOC_ID (an id, SOURCE:ID, or SOURCE:LINE)."""
-    from prep.lineage import trace as trace_document
+    from prep.history.lineage import trace as trace_document
 
     store = open_store_option(store_url)
     found = trace_document(store, _resolve(store, snap), doc_id)

@@ -7,8 +7,8 @@ from typing import Any
 import click
 
 from prep.cli.common import human_bytes, open_store_option, store_option
-from prep.refs import ref_history
-from prep.snapshots import is_manifest_path, reencoded_note, resolve
+from prep.store.refs import ref_history
+from prep.store.snapshots import is_manifest_path, reencoded_note, resolve
 
 
 def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
@@ -52,7 +52,7 @@ def show(snap: str, store_url: str | None, as_json: bool, at: str | None) -> Non
         click.echo(note, err=True)
     if at is not None:
         from prep.cli.history import trace_lines
-        from prep.lineage import locate, parse_at
+        from prep.history.lineage import locate, parse_at
 
         assert store is not None
         click.echo("\n".join(trace_lines(locate(store, snapshot, *parse_at(at)))))

@@ -14,9 +14,9 @@ import click
 
 from prep.cli.common import human_bytes, open_store_option, store_option
 from prep.errors import IntegrityError, UsageError, VerificationFailed
-from prep.shares import check_rank
-from prep.snapshots import ManifestFileError, Snapshot, is_manifest_path, reencoded_note, resolve
-from prep.verify import DEFAULT_JOBS, VerifyResult
+from prep.store.snapshots import ManifestFileError, Snapshot, is_manifest_path, reencoded_note, resolve
+from prep.transfer.shares import check_rank
+from prep.transfer.verify import DEFAULT_JOBS, VerifyResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 PROGRESS_INTERVAL_TTY = 0.5
@@ -87,8 +87,8 @@ def _check_rank(rank: int | None, world_size: int | None) -> None:
 @rank_options
 def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_size: int | None, jobs: int) -> None:
     """Copy a snapshot's artifacts to DEST, verified by SHA-256; rerun to resume."""
-    from prep.pull import pull as run_pull
-    from prep.shares import artifacts_of, share_of
+    from prep.transfer.pull import pull as run_pull
+    from prep.transfer.shares import artifacts_of, share_of
 
     _check_rank(rank, world_size)
     store = open_store_option(store_url)
@@ -148,8 +148,8 @@ def verify(snap: str, dest: Path, store_url: str | None, rank: int | None, world
            as_json: bool, quick: bool) -> None:
     """Check DEST against a snapshot (SNAP may be DEST/.prep/manifest.json): exit 0 when
     everything matches, 1 when anything is wrong, 2 when it could not run."""
-    from prep.shares import artifacts_of, share_of
-    from prep.verify import verify as run_verify
+    from prep.transfer.shares import artifacts_of, share_of
+    from prep.transfer.verify import verify as run_verify
 
     _check_rank(rank, world_size)
     try:

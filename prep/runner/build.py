@@ -15,12 +15,11 @@ from typing import Any
 
 from prep.code import code_identity
 from prep.config import Pipeline
-from prep.errors import InputError, IntegrityError, NotFoundError, StoreError
+from prep.errors import InputError, IntegrityError, NotFoundError, StoreError, UsageError
 from prep.faults import crash_point
-from prep.gc import Lease, build_lease
-from prep.refs import Ref, move_ref
-from prep.runner import records
-from prep.runner.executor import Executor, WarmUp
+from prep.inputs.sources import SourceFile, discover, input_version, release_spool
+from prep.runner.executors.base import Executor, WarmUp
+from prep.runner.executors.local import LocalExecutor
 from prep.runner.planning import contiguous_ranges, describe_inputs, hash_inputs, looks_unchanged, task_bytes
 from prep.runner.progress import Progress
 from prep.runner.publish import StageRun, build_stats, snapshot_manifest, units, write_log
@@ -33,17 +32,20 @@ from prep.runner.tasks import (
     TaskResult,
     TokenizeJob,
     discard_staged,
+    prepare_worker,
     publish_staged,
     run_assemble_job,
     run_dedup_job,
     run_shuffle_job,
     run_tokenize_job,
 )
-from prep.snapshots import Snapshot, publish_manifest
-from prep.sources import SourceFile, discover, input_version, release_spool
 from prep.stages.read import ReadTask, plan_read_tasks
 from prep.stages.specs import UNIT_FILES, ShardSpec, TokenizeSettings
 from prep.storage.base import Store
+from prep.store import records
+from prep.store.gc import Lease, build_lease
+from prep.store.refs import Ref, move_ref
+from prep.store.snapshots import Snapshot, publish_manifest
 from prep.tokenizer import describe_tokenizer
 
 
@@ -125,7 +127,7 @@ class _Builder:
     def commit_stage(self, stage: str, key: str, manifest: dict[str, Any]) -> dict[str, Any]:
         existing = self.read_stage(stage, key)
         if existing is None:
-            # Storing the manifest replaces a corrupt stored copy (prep.cas checks what it finds).
+            # Storing the manifest replaces a corrupt stored copy (prep.store.cas checks what it finds).
             records.commit_stage(self.store, stage, key, manifest)
             existing = records.read_stage(self.store, stage, key)
         assert existing is not None
@@ -240,6 +242,17 @@ class _Builder:
         self.commit_stage("shard", stage_key, {"shards": shards})
         self.progress.done("shard", f"{run.ran} files written, {run.cached} cached")
         return shards
+
+
+def make_executor(kind: str, workers: int, ray_address: str | None = None) -> Executor:
+    """The executor named by `--executor`; local workers start (and import the task modules) at once."""
+    if kind == "local":
+        return LocalExecutor(workers, prepare_worker)
+    if kind == "ray":
+        from prep.runner.executors.ray import RayExecutor
+
+        return RayExecutor(workers, ray_address)
+    raise UsageError(f"unknown executor {kind!r} (use local or ray)")
 
 
 def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[str] = (),

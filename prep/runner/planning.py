@@ -7,12 +7,12 @@ from typing import Any
 
 from prep.config import Pipeline
 from prep.errors import PrepError
-from prep.refs import read_ref
-from prep.runner.executor import Executor
+from prep.inputs.sources import SourceFile
+from prep.runner.executors.base import Executor
 from prep.runner.tasks import HashJob, TokenizeJob, run_hash_job
-from prep.snapshots import load_snapshot
-from prep.sources import SourceFile
 from prep.storage.base import Store
+from prep.store.refs import read_ref
+from prep.store.snapshots import load_snapshot
 
 HASH_BATCH_BYTES = 256 << 20
 HASH_BATCH_FILES = 512

@@ -10,12 +10,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from prep import cas
-from prep.refs import Ref
-from prep.snapshots import Snapshot
-from prep.sources import SourceFile
+from prep import hashing
+from prep.inputs.sources import SourceFile
 from prep.stages.specs import UNIT_FILES, UNITS
 from prep.storage.base import Store
+from prep.store.refs import Ref
+from prep.store.snapshots import Snapshot
 
 LOGS_PREFIX = "logs/"
 SNAPSHOT_SCHEMA = "prep.snapshot/1"  # manifests/snapshot-1.schema.json
@@ -46,7 +46,7 @@ def artifacts(shards: list[dict[str, Any]], formats: tuple[str, ...]) -> list[di
             folder, extension = ARTIFACT_FILES[fmt]
             listed.append({
                 "path": f"{folder}/{shard['index']:05d}.{extension}", "format": fmt, "shard": shard["index"],
-                "size": shard["sizes"][fmt], "sha256": cas.parse_id(shard["outputs"][fmt]),
+                "size": shard["sizes"][fmt], "sha256": hashing.parse_id(shard["outputs"][fmt]),
                 "documents": shard["documents"], "tokens": shard["tokens"],
             })
     return sorted(listed, key=lambda a: a["path"])

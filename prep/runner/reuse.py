@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from prep import cas
+from prep import hashing
 from prep.errors import IntegrityError
-from prep.runner.executor import Executor
+from prep.runner.executors.base import Executor
 from prep.runner.progress import Progress
 from prep.runner.tasks import TaskResult, publish_staged, worker_store
 from prep.storage.base import Store
+from prep.store import cas
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class ReuseGuard:
     def discard(self, object_id: str, what: str) -> None:
         """Delete a corrupt object so that recomputing it can store the right bytes."""
         self.progress.info(f"warning: {what} {object_id} is corrupt or missing in {self.store.url}; recomputing it")
-        self.store.delete(cas.object_key(cas.parse_id(object_id)))
+        self.store.delete(cas.object_key(hashing.parse_id(object_id)))
         self.recomputed.append({"object": object_id, "what": what})
 
     def ensure(self, object_ids: Iterable[str]) -> None:

@@ -12,15 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prep import cas
+from prep import hashing
 from prep.cache import cache_root
 from prep.errors import IntegrityError
 from prep.faults import crash_point
-from prep.sources import SourceFile, hash_source
+from prep.inputs.sources import SourceFile, hash_source
+from prep.runner.executors.base import WarmUp
 from prep.stages.read import ReadTask
 from prep.stages.specs import Part, ShardSpec, TokenizeSettings
 from prep.storage import open_store
 from prep.storage.base import Store
+from prep.store import cas
 
 # The stage modules (numpy, Arrow, tokenizers) are imported inside the task functions: the
 # driver imports this module for the job descriptions and must stay quick to start.
@@ -47,7 +49,7 @@ def fetch_local(store: Store, object_id: str) -> Path:
 
     The cache is keyed by content hash; a cached file is re-hashed the first time a process
     uses it (a corrupt one is replaced by a fresh download), so it never serves other bytes."""
-    sha = cas.parse_id(object_id)
+    sha = hashing.parse_id(object_id)
     local = store.local_path(cas.object_key(sha))
     if local is not None:
         return local
@@ -72,7 +74,7 @@ def fetch_local(store: Store, object_id: str) -> Path:
 def _cached_copy_intact(path: Path, sha: str) -> bool:
     """Re-hash a cached object; a corrupt copy is deleted (the caller downloads it again)."""
     try:
-        intact = cas.digest_file(path).sha256 == sha
+        intact = hashing.digest_file(path).sha256 == sha
     except FileNotFoundError:
         return False
     if intact:
@@ -80,6 +82,22 @@ def _cached_copy_intact(path: Path, sha: str) -> bool:
     else:
         path.unlink(missing_ok=True)
     return intact
+
+
+def prepare_worker(warm: WarmUp | None) -> None:
+    """Import what tasks need and load the build's tokenizer, so the first task pays for neither."""
+    import prep.stages.dedup  # noqa: F401
+    import prep.stages.shard  # noqa: F401
+    import prep.stages.tokenize  # noqa: F401
+    from prep.stages.read import preload_fast_parser
+    from prep.tokenizer.backends import gigatoken_available
+
+    gigatoken_available()
+    preload_fast_parser()
+    if warm is not None:
+        from prep.stages.tokenize import warm_engine
+
+        warm_engine(warm.tokenizer_path, warm.eos, warm.encode_special_tokens, warm.backend)
 
 
 @dataclass(frozen=True)
@@ -113,7 +131,7 @@ def publish_staged(store: Store, result: TaskResult) -> TaskResult:
     outputs = dict(result.outputs)
     try:
         for name, (path, sha256, size) in result.staged.items():
-            outputs[name] = cas.put_file(store, Path(path), cas.Digest(sha256, size)).id
+            outputs[name] = cas.put_file(store, Path(path), hashing.Digest(sha256, size)).id
     finally:
         for path, _, _ in result.staged.values():
             Path(path).unlink(missing_ok=True)

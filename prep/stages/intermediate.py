@@ -26,9 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from prep.cas import Digest, HashingWriter
 from prep.errors import IntegrityError, StorageIOError
 from prep.formats import little_endian
+from prep.hashing import Digest, HashingWriter
 from prep.stages.columns import bool_column, fixed_binary_column, int_column, string_column
 
 MAGIC = b"PREPINT2"

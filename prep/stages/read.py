@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from prep.errors import InputError
-from prep.sources import SourceFile, iter_lines_in_range, local_copy, open_decoded, open_raw
+from prep.inputs.sources import SourceFile, iter_lines_in_range, local_copy, open_decoded, open_raw
 
 RANGE_BYTES = 32 * 2**20
 

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from prep.cas import Digest, HashingWriter
 from prep.errors import IntegrityError, StorageIOError
 from prep.faults import crash_point
 from prep.formats import little_endian, megatron, wds
+from prep.hashing import Digest, HashingWriter
 from prep.stages.columns import int_column, to_numbers, to_strings
 from prep.stages.intermediate import Intermediate
 from prep.stages.shuffle import document_id, record_line

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from prep.cas import Digest
 from prep.errors import InputError
-from prep.sources import check_unchanged
+from prep.hashing import Digest
+from prep.inputs.sources import check_unchanged
 from prep.stages.intermediate import IntermediateWriter
 from prep.stages.read import BadRecord, Document, ReadTask, read_documents
 from prep.stages.specs import TokenizeSettings

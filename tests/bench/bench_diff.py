@@ -135,7 +135,7 @@ def main() -> None:
         commands = {"diff": diff, "diff --documents": [*diff, "--documents"],
                     "diff --documents --json": [*diff, "--documents", "--json"],
                     "floor: import prep.cli.history": [sys.executable, "-c", "import prep.cli.history"],
-                    "floor: import prep.docdiff": [sys.executable, "-c", "import prep.docdiff"]}
+                    "floor: import prep.history.docdiff": [sys.executable, "-c", "import prep.history.docdiff"]}
         measure("warm the page cache", commands["diff --documents"])
         runs = [best_of(args.repeat, name, command) for name, command in commands.items()]
         print(f"\n{args.documents:,} documents in {args.files} files, corpus {corpus_bytes / 1e6:.0f} MB (v2); "

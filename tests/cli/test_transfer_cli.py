@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from prep.manifest.schema import validate
-from prep.snapshots import publish_manifest
 from prep.storage.local import LocalStore
+from prep.store.snapshots import publish_manifest
 from tests.snapshot_factory import Built, build_snapshot, manifest_for
 
 

@@ -18,16 +18,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prep import cas
 from prep.config import load_pipeline
 from prep.errors import IntegrityError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.runner.build import build
-from prep.runner.executor import LocalExecutor
+from prep.runner.executors.local import LocalExecutor
 from prep.runner.progress import Progress
 from prep.stages import read
 from prep.storage import LocalStore
+from prep.store import cas
 from tests.helpers import make_records, write_jsonl, write_pipeline
 
 HEX = "[0-9a-f]{64}"

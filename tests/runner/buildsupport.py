@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from prep import cas
 from prep.config import load_pipeline
 from prep.formats import megatron, wds
 from prep.runner.build import BuildResult, build
-from prep.runner.executor import LocalExecutor
+from prep.runner.executors.local import LocalExecutor
 from prep.runner.progress import Progress
+from prep.runner.tasks import prepare_worker
 from prep.storage import LocalStore
+from prep.store import cas
 
 
 class InProcessExecutor:
@@ -35,7 +36,7 @@ class InProcessExecutor:
 
 
 def build_local(pipeline: Path, store_dir: Path, workers: int = 1, tags: tuple[str, ...] = ()) -> BuildResult:
-    executor = LocalExecutor(workers)
+    executor = LocalExecutor(workers, prepare_worker)
     try:
         return build(load_pipeline(pipeline), LocalStore(store_dir), executor, tags, Progress(quiet=True))
     finally:

@@ -161,7 +161,7 @@ def test_duplicate_ids_across_byte_ranges_of_one_file_are_bad_input(tmp_path: Pa
 
 def test_an_input_changed_after_hashing_is_refused(tmp_path: Path) -> None:
     from prep.errors import InputError
-    from prep.sources import check_unchanged, discover
+    from prep.inputs.sources import check_unchanged, discover
 
     write_jsonl(tmp_path / "a.jsonl", make_records(3))
     (source,) = discover(("a.jsonl",), tmp_path, "auto")

@@ -17,18 +17,17 @@ import pytest
 
 from prep.config import load_pipeline
 from prep.errors import InputError, StoreError, UsageError
-from prep.runner.build import build
-from prep.runner.executor import make_executor
-from prep.runner.progress import Progress
-from prep.runner.ray_executor import (
+from prep.inputs.sources import SourceFile
+from prep.runner.build import build, make_executor
+from prep.runner.executors.ray import (
     LocalPath,
     RayExecutor,
     alive_nodes,
     check_paths_visible,
     local_paths,
 )
+from prep.runner.progress import Progress
 from prep.runner.tasks import TokenizeJob
-from prep.sources import SourceFile
 from prep.stages.read import ReadTask
 from prep.stages.specs import TokenizeSettings
 from prep.storage import open_store

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from prep import cas
+from prep import hashing
 from prep.errors import IntegrityError
-from prep.runner import records
-from prep.snapshots import load_snapshot
 from prep.storage import LocalStore
+from prep.store import cas, records
+from prep.store.snapshots import load_snapshot
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
 from tests.runner.buildsupport import all_objects_intact, build_local
 
@@ -38,7 +38,7 @@ def flip_byte(path: Path, offset: int) -> None:
 
 
 def object_path(store_dir: Path, object_id: str) -> Path:
-    return store_dir / cas.object_key(cas.parse_id(object_id))
+    return store_dir / cas.object_key(hashing.parse_id(object_id))
 
 
 def task_outputs(store_dir: Path, stage: str) -> list[str]:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import prep.stages.read as read
-from prep.sources import SourceFile, discover, hash_source
+from prep.inputs.sources import SourceFile, discover, hash_source
 from prep.stages.read import BadRecord, Document, plan_read_tasks, read_documents
 from tests.helpers import make_records, write_jsonl
 
@@ -121,7 +121,7 @@ def test_byte_ranges_split_lines_without_overlap_or_loss(lines: list[bytes], tra
                                                          block: int) -> None:
     import io
 
-    import prep.sources as sources
+    import prep.inputs.sources as sources
 
     data = b"\n".join(lines) + (b"\n" if trailing_newline and lines else b"")
     bounds = sorted({0, len(data), *(c for c in cuts if c < len(data))})

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-import prep.sources as sources
+import prep.inputs.sources as sources
 from prep.errors import InputError
-from prep.sources import SourceFile, discover, hash_source, open_decoded
+from prep.inputs.sources import SourceFile, discover, hash_source, open_decoded
 from prep.stages.read import BadRecord, Document, plan_read_tasks, read_documents
 from tests.helpers import make_records, write_pipeline
 from tests.runner.buildsupport import build_local

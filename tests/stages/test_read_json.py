@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import prep.stages.read as read
-from prep.sources import SourceFile, discover, hash_source
+from prep.inputs.sources import SourceFile, discover, hash_source
 from prep.stages.read import BadRecord, Document, ReadTask, plan_read_tasks, read_documents
 
 pytest.importorskip("simdjson")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from prep import cas
 from prep.errors import NotFoundError, StorageIOError
 from prep.storage import LocalStore
+from prep.store import cas
 from tests.runner.test_disk_full import fill_up, small_tmpfs
 
 

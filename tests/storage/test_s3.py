@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from prep.cas import object_key
 from prep.errors import IntegrityError, NotFoundError, StoreError
 from prep.storage import open_store
 from prep.storage.s3 import MIB, MIN_PART_SIZE, S3Settings, S3Store
+from prep.store.cas import object_key
 from tests.s3support import Fault, RequestHook, admin_client
 
 MULTIPART = S3Settings(multipart_threshold=MIB, part_size=MIN_PART_SIZE, jobs=3)

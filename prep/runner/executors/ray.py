@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from prep.errors import ExecutorError, InputError, PrepError, StoreError, UsageError
-from prep.runner.executor import WarmUp
+from prep.runner.executors.base import WarmUp
 
 # Environment a task runs with: one tokenizer thread per task (each task holds one Ray CPU), plus
 # the crash-injection switches that tests set on the driver (see prep/faults.py).

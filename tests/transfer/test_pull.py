@@ -1,4 +1,4 @@
-"""`prep.pull`: complete, hash-checked, resumable copies; a killed pull recovers."""
+"""`prep.transfer.pull`: complete, hash-checked, resumable copies; a killed pull recovers."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from prep import cas
+from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, UsageError
-from prep.pull import pull, temp_name
 from prep.storage import open_store
 from prep.storage.local import LocalStore
-from prep.verify import TEMP_MARKER, verify
+from prep.store import cas
+from prep.transfer.pull import pull, temp_name
+from prep.transfer.verify import TEMP_MARKER, verify
 from tests.s3support import new_bucket
 from tests.snapshot_factory import Built, build_snapshot
 
@@ -156,7 +157,7 @@ class DownloadingStore(StreamOnlyStore):
         data = self.get_bytes(key)
         dest.write_bytes(data)
         self.downloads.append(key)
-        return cas.digest_bytes(data).sha256 if self.report_hash else None
+        return hashing.digest_bytes(data).sha256 if self.report_hash else None
 
 
 def test_pull_reads_through_the_store_interface(built: Built, store: LocalStore, tmp_path: Path) -> None:
@@ -169,7 +170,7 @@ def test_pull_reads_through_the_store_interface(built: Built, store: LocalStore,
 def test_large_objects_use_download_file_when_the_store_has_it(
     built: Built, store: LocalStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report_hash: bool
 ) -> None:
-    monkeypatch.setattr("prep.pull.DOWNLOAD_FILE_MIN", 20_000)
+    monkeypatch.setattr("prep.transfer.pull.DOWNLOAD_FILE_MIN", 20_000)
     remote = DownloadingStore(store.root, report_hash)
     pull(remote, built.snapshot, tmp_path / "dest")
     assert_complete(built, tmp_path / "dest")
@@ -180,7 +181,7 @@ def test_large_objects_use_download_file_when_the_store_has_it(
 @pytest.mark.usefixtures("s3_endpoint")
 @pytest.mark.parametrize("download_min", [1 << 40, 0], ids=["streamed", "download_file"])
 def test_pull_from_an_s3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, download_min: int) -> None:
-    monkeypatch.setattr("prep.pull.DOWNLOAD_FILE_MIN", download_min)
+    monkeypatch.setattr("prep.transfer.pull.DOWNLOAD_FILE_MIN", download_min)
     remote = open_store(f"{new_bucket()}/datasets")
     built = build_snapshot(remote, tmp_path / "work", shard_sizes=(30_000, 20_000))
     pull(remote, built.snapshot, tmp_path / "dest", jobs=2)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prep.errors import UsageError
-from prep.shares import Artifact, group_units, partition, share_of
+from prep.transfer.shares import Artifact, group_units, partition, share_of
 
 FORMATS = ("bin", "idx", "wds")
 

@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 
 import prep.stages.read as read_module
 from prep.config import load_pipeline
-from prep.docdiff import DocumentChange, DocumentDiff, diff_documents
 from prep.errors import InputError
-from prep.manifest.diff import diff_snapshots
+from prep.history.diff import diff_snapshots
+from prep.history.docdiff import DocumentChange, DocumentDiff, diff_documents
 from prep.runner.build import build
-from prep.runner.executor import LocalExecutor
+from prep.runner.executors.local import LocalExecutor
 from prep.runner.progress import Progress
-from prep.snapshots import Snapshot
 from prep.storage import LocalStore
+from prep.store.snapshots import Snapshot
 from tests.helpers import make_records, write_jsonl, write_pipeline
 
 Corpus = dict[str, list[dict[str, Any]]]

@@ -23,16 +23,16 @@ import pyarrow.compute as pc
 import xxhash
 
 from prep.errors import InputError
-from prep.lineage import (
+from prep.history.lineage import (
     SCAN_BYTES,
     RecordedTask,
     SnapshotRecords,
     load_records,
     task_batches,
 )
-from prep.snapshots import Snapshot
 from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
+from prep.store.snapshots import Snapshot
 
 KEYED_BY_ID = "id"
 KEYED_BY_TEXT = "text_hash"

@@ -37,14 +37,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from prep import cas
+from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, StorageIOError, StoreError, UsageError
 from prep.manifest import canonical
-from prep.refs import list_refs
-from prep.runner.records import STAGES_PREFIX, TASKS_PREFIX
-from prep.snapshots import INDEX_PREFIX
 from prep.storage.base import ObjectInfo, Store
 from prep.storage.local import TMP_DIR, LocalStore
+from prep.store import cas
+from prep.store.records import STAGES_PREFIX, TASKS_PREFIX
+from prep.store.refs import list_refs
+from prep.store.snapshots import INDEX_PREFIX
 
 REPORT_SCHEMA = "prep.gc-report/1"
 LEASES_PREFIX = "leases/"
@@ -270,7 +271,7 @@ class _Reach:
         self.kept: set[str] = set()
 
     def stage_manifest(self, object_id: str, required: bool) -> None:
-        sha = cas.parse_id(object_id)
+        sha = hashing.parse_id(object_id)
         if sha in self.kept:
             return
         self.kept.add(sha)
@@ -314,7 +315,7 @@ def _plan(store: Store, cutoff: float, now: float) -> _Plan:
     reach = _Reach(store)
     refs = list_refs(store)
     for ref in refs:
-        reach.snapshot(cas.parse_id(ref.snapshot), required=True)
+        reach.snapshot(hashing.parse_id(ref.snapshot), required=True)
     for marker in markers:
         if marker.mtime > cutoff:
             reach.snapshot(marker.key[len(INDEX_PREFIX):], required=False)

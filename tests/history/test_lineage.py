@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prep import lineage
 from prep.errors import NotFoundError, UsageError
 from prep.formats import megatron, wds
-from prep.lineage import PackedMask, locate, parse_at, trace
-from prep.snapshots import Snapshot
+from prep.history import lineage
+from prep.history.lineage import PackedMask, locate, parse_at, trace
 from prep.stages.dedup import pack_mask
 from prep.storage import LocalStore
+from prep.store.snapshots import Snapshot
 from tests.helpers import make_records, write_jsonl, write_pipeline
 from tests.runner.buildsupport import artifact_path, build_local, read_samples
 

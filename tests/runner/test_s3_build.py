@@ -20,16 +20,17 @@ from typing import Any
 
 import pytest
 
-from prep import cas, code
+from prep import code
 from prep.config import load_pipeline
 from prep.errors import StoreError
 from prep.manifest.schema import validate
-from prep.refs import HISTORY_PREFIX
 from prep.runner.build import BuildResult, build
 from prep.runner.progress import Progress
-from prep.snapshots import load_snapshot, resolve
 from prep.storage import LocalStore, open_store
 from prep.storage.base import Store
+from prep.store import cas
+from prep.store.refs import HISTORY_PREFIX
+from prep.store.snapshots import load_snapshot, resolve
 from tests.helpers import make_records, prep_env, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor
 from tests.s3support import RequestHook, admin_client, new_bucket
@@ -243,9 +244,9 @@ def test_an_input_replaced_during_the_build_is_read_as_hashed(project: Project, 
     """When tasks read S3 (no local spool: a full disk, or another node): in a versioned bucket
     they read the version that was hashed; otherwise reads are pinned to the hashed ETag, so the
     build stops with a one-line error instead of mixing two contents."""
-    import prep.sources
+    import prep.inputs.sources
 
-    monkeypatch.setattr(prep.sources, "SPOOL_HEADROOM", 1 << 62)  # no disk is that free: no spool
+    monkeypatch.setattr(prep.inputs.sources, "SPOOL_HEADROOM", 1 << 62)  # no disk is that free: no spool
     reference = build_in_process(project.pipeline, str(tmp_path / "reference"))
     for url, keeps_version in ((new_bucket(versioned=True), True), (new_bucket(), False)):
         upload_corpus(project, f"{url}/corpus")
@@ -275,7 +276,7 @@ class CountInputReads:
 def test_each_s3_input_is_read_once(project: Project, hooks: list[RequestHook], tmp_path: Path) -> None:
     """Hashing tees every input into a local spool that the tokenize tasks read, so a build
     reads each input object from S3 exactly once, and the spool is gone afterwards."""
-    from prep.sources import spool_path
+    from prep.inputs.sources import spool_path
 
     url = new_bucket()
     upload_corpus(project, f"{url}/corpus")
@@ -392,7 +393,7 @@ def test_different_configs_racing_for_a_ref_lose_no_generation(project: Project,
 
 
 def test_a_prefix_skips_hidden_and_marker_objects_like_a_local_folder(project: Project) -> None:
-    from prep.sources import discover
+    from prep.inputs.sources import discover
 
     url = new_bucket()
     upload_corpus(project, f"{url}/corpus")

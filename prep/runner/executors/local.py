@@ -1,6 +1,6 @@
-"""Executors run task functions in parallel and hand results back as they complete.
+"""The local executor: a pool of spawned worker processes on this machine.
 
-The local executor is a pool of spawned worker processes; each worker caps the tokenizer's
+Each worker caps the tokenizer's
 thread pool so that total threads stay near the core count. A task's exception travels back
 pickled; `_call` makes sure it can (a prep error arrives as the same one-line error).
 """
@@ -16,38 +16,11 @@ import traceback
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Any, Protocol
+from typing import Any
 
 from prep.errors import ExecutorError, PrepError
-
-
-@dataclass(frozen=True)
-class WarmUp:
-    """The tokenizer a build's workers load before their first task, while the driver starts."""
-
-    tokenizer_path: str
-    eos: str
-    encode_special_tokens: bool
-    backend: str
-
-
-class Executor(Protocol):
-    """Runs `fn(item)` for every item; yields (index, result) as tasks complete.
-
-    The first task error is raised after pending tasks are cancelled."""
-
-    workers: int
-    shares_filesystem: bool  # workers see the driver's local files (same machine or shared mount)
-
-    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Generator[tuple[int, Any], None, None]: ...
-
-    def warm(self, warm_up: WarmUp) -> None:
-        """Have idle workers load the build's tokenizer before tasks need it (a hint)."""
-        ...
-
-    def close(self) -> None: ...
+from prep.runner.executors.base import Prepare, WarmUp
 
 
 def _init_worker(threads: int) -> None:
@@ -102,41 +75,28 @@ def _plain_constructor(cls: type[PrepError]) -> bool:
     return all("__init__" not in vars(ancestor) for ancestor in mro[:mro.index(PrepError)])
 
 
-def _warm_up(warm: WarmUp | None) -> None:
-    """Import what tasks need and load the build's tokenizer, so the first task pays for neither."""
-    import prep.runner.tasks  # noqa: F401
-    import prep.stages.dedup  # noqa: F401
-    import prep.stages.shard  # noqa: F401
-    import prep.stages.tokenize  # noqa: F401
-    from prep.stages.read import preload_fast_parser
-    from prep.tokenizer.backends import gigatoken_available
-
-    gigatoken_available()
-    preload_fast_parser()
-    if warm is not None:
-        from prep.stages.tokenize import warm_engine
-
-        warm_engine(warm.tokenizer_path, warm.eos, warm.encode_special_tokens, warm.backend)
-
-
 class LocalExecutor:
     """A warm pool of `workers` spawned processes, kept for the whole build."""
 
     shares_filesystem = True
 
-    def __init__(self, workers: int, threads_per_worker: int = 1) -> None:
+    def __init__(self, workers: int, prepare: Prepare | None = None, threads_per_worker: int = 1) -> None:
         self.workers = workers
+        self._prepare = prepare
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                                          initializer=_init_worker, initargs=(threads_per_worker,))
         # Each submit starts one worker, which imports the task modules while the driver gets ready.
-        for _ in range(workers):
-            self._pool.submit(_warm_up, None)
+        self._submit_prepare(None)
 
     def warm(self, warm_up: WarmUp) -> None:
         """Queue a tokenizer warm-up per worker ahead of the next tasks; its errors are ignored
         (a task that needs the tokenizer reports them)."""
-        for _ in range(self.workers):
-            self._pool.submit(_warm_up, warm_up)
+        self._submit_prepare(warm_up)
+
+    def _submit_prepare(self, warm_up: WarmUp | None) -> None:
+        if self._prepare is not None:
+            for _ in range(self.workers):
+                self._pool.submit(self._prepare, warm_up)
 
     def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Generator[tuple[int, Any], None, None]:
         pending: dict[Future[Any], int] = {}
@@ -167,16 +127,3 @@ def _result(future: Future[Any]) -> Any:
     except BrokenProcessPool:
         raise ExecutorError("a worker process died (killed, or out of memory); "
                             "rerun to resume from the committed tasks") from None
-
-
-def make_executor(kind: str, workers: int, ray_address: str | None = None) -> Executor:
-    """The executor named by `--executor`; local workers start at once."""
-    if kind == "local":
-        return LocalExecutor(workers)
-    if kind == "ray":
-        from prep.runner.ray_executor import RayExecutor
-
-        return RayExecutor(workers, ray_address)
-    from prep.errors import UsageError
-
-    raise UsageError(f"unknown executor {kind!r} (use local or ray)")

@@ -16,16 +16,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prep import cas
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import wds
 from prep.manifest import canonical
 from prep.runner.tasks import fetch_local
-from prep.snapshots import Snapshot
 from prep.stages.intermediate import Intermediate
 from prep.stages.shuffle import document_id, record_line
 from prep.stages.specs import ShardSpec
 from prep.storage.base import Store
+from prep.store import cas
+from prep.store.snapshots import Snapshot
 
 MASK_HEADER_BYTES = 8  # prep.stages.dedup.pack_mask: u64 count, then np.packbits bits
 SCAN_BYTES = 1 << 22

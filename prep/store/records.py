@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from prep import cas
 from prep.errors import IntegrityError
 from prep.manifest import canonical
 from prep.storage.base import Store
+from prep.store import cas
 
 TASKS_PREFIX = "tasks/"
 STAGES_PREFIX = "stages/"

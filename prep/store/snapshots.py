@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from prep import cas
+from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
-from prep.refs import read_ref
 from prep.storage.base import Store
+from prep.store import cas
+from prep.store.refs import read_ref
 
 SNAPSHOT_SCHEMA = "prep.snapshot/1"
 INDEX_PREFIX = "snapshots/"
@@ -46,7 +47,7 @@ class Snapshot:
 
 def index_key(snapshot_id: str) -> str:
     """A create-only marker per published manifest, so ids can be listed and found by prefix."""
-    return f"{INDEX_PREFIX}{cas.parse_id(snapshot_id)}"
+    return f"{INDEX_PREFIX}{hashing.parse_id(snapshot_id)}"
 
 
 def parse_manifest(raw: bytes, source: str) -> Snapshot:

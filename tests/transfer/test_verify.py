@@ -1,4 +1,4 @@
-"""`prep.verify`: every corruption kind is caught and named; unsafe manifests are refused."""
+"""`prep.transfer.verify`: every corruption kind is caught and named; unsafe manifests are refused."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from prep.errors import InputError, UsageError
 from prep.manifest.schema import validate
-from prep.pull import pull
-from prep.shares import artifacts_of
-from prep.snapshots import Snapshot, publish_manifest, resolve
 from prep.storage.local import LocalStore
-from prep.verify import (
+from prep.store.snapshots import Snapshot, publish_manifest, resolve
+from prep.transfer.pull import pull
+from prep.transfer.shares import artifacts_of
+from prep.transfer.verify import (
     PROBLEM_KINDS,
     REPORT_SCHEMA,
     VerifyResult,

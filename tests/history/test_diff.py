@@ -10,16 +10,16 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prep.manifest import canonical
-from prep.manifest.diff import (
+from prep.history.diff import (
     ABSENT,
     diff_settings,
     diff_snapshots,
     flatten,
     match_artifacts,
 )
+from prep.manifest import canonical
 from prep.manifest.schema import validate
-from prep.snapshots import Snapshot
+from prep.store.snapshots import Snapshot
 from tests.snapshot_factory import artifact_path, manifest_for
 
 

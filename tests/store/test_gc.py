@@ -15,9 +15,14 @@ from typing import Any
 
 import pytest
 
-from prep import cas
+from prep import hashing
 from prep.errors import IntegrityError, StoreError, UsageError
-from prep.gc import (
+from prep.history.lineage import trace
+from prep.manifest import canonical
+from prep.storage import LocalStore, open_store
+from prep.storage.base import Store
+from prep.store import cas, records
+from prep.store.gc import (
     BUILD,
     GC,
     Lease,
@@ -27,13 +32,8 @@ from prep.gc import (
     process_scope,
     read_leases,
 )
-from prep.lineage import trace
-from prep.manifest import canonical
-from prep.refs import move_ref
-from prep.runner import records
-from prep.snapshots import load_snapshot, resolve
-from prep.storage import LocalStore, open_store
-from prep.storage.base import Store
+from prep.store.refs import move_ref
+from prep.store.snapshots import load_snapshot, resolve
 from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
 from tests.runner.test_disk_full import fill_up, small_tmpfs
 
@@ -50,15 +50,15 @@ def age(root: Path, seconds: float) -> None:
 def reachable(store: Store, snapshot_id: str) -> set[str]:
     """Every object a snapshot needs, enumerated from the stage manifests' structure."""
     snapshot = load_snapshot(store, snapshot_id)
-    found = {cas.parse_id(snapshot.id)} | {a["sha256"] for a in snapshot.artifacts}
+    found = {hashing.parse_id(snapshot.id)} | {a["sha256"] for a in snapshot.artifacts}
     for stage in snapshot.manifest["stages"]:
-        found.add(cas.parse_id(stage["output"]))
+        found.add(hashing.parse_id(stage["output"]))
         body: dict[str, Any] = canonical.loads(cas.get_bytes(store, stage["output"]))
         named = {"tokenize": lambda b: [t["output"] for t in b["tasks"]],
                  "dedup": lambda b: [b["outputs"]["keep"]],
                  "shuffle": lambda b: [b["outputs"]["plan"]],
                  "shard": lambda b: [o for s in b["shards"] for o in s["outputs"].values()]}[stage["name"]](body)
-        found |= {cas.parse_id(object_id) for object_id in named}
+        found |= {hashing.parse_id(object_id) for object_id in named}
     return found
 
 
@@ -73,7 +73,7 @@ def assert_records_resolve(store: Store) -> None:
         body = store.get_bytes(info.key).decode()
         for object_id in body.split('"'):
             if object_id.startswith("sha256:"):
-                assert cas.parse_id(object_id) in present, f"{info.key} names missing {object_id}"
+                assert hashing.parse_id(object_id) in present, f"{info.key} names missing {object_id}"
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_gc_after_interrupted_builds_keeps_refs_complete_and_frees_the_rest(proj
     assert all(cas.check(store, f"sha256:{a['sha256']}") for a in kept.artifacts)
     assert_records_resolve(store)
     assert list((project["store"] / "tmp").iterdir()) == []
-    assert [info.key for info in store.list("snapshots/")] == [f"snapshots/{cas.parse_id(kept.id)}"]
+    assert [info.key for info in store.list("snapshots/")] == [f"snapshots/{hashing.parse_id(kept.id)}"]
     assert trace(store, kept, "p0-3")[0].placements, "stage records of the ref'd snapshot still serve lineage"
 
     # The crashed build's work is gone, not half-there: rebuilding v2 completes and verifies.
@@ -220,7 +220,7 @@ def test_a_killed_holder_releases_its_lease_only_where_its_pid_means_something(p
 def test_gc_refuses_a_store_whose_ref_names_a_missing_snapshot(project: dict[str, Path]) -> None:
     store = LocalStore(project["store"])
     snapshot = resolve(store, "tiny@latest")
-    store.delete(cas.object_key(cas.parse_id(snapshot.id)))
+    store.delete(cas.object_key(hashing.parse_id(snapshot.id)))
     age(project["store"], 2 * HOUR)
     objects = stored_objects(store)
     with pytest.raises(IntegrityError, match="missing"):

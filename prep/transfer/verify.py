@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from prep.cas import Digest
 from prep.errors import InputError
-from prep.shares import Artifact, Share, artifacts_of, share_of
-from prep.snapshots import Snapshot
+from prep.hashing import Digest
+from prep.store.snapshots import Snapshot
+from prep.transfer.shares import Artifact, Share, artifacts_of, share_of
 
 REPORT_SCHEMA = "prep.verify-report/1"
 DIGEST_TAG = b"prep.verify-digest/1\n"

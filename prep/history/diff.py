@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from prep.snapshots import Snapshot
+from prep.store.snapshots import Snapshot
 
 REPORT_SCHEMA = "prep.diff-report/1"
 SETTING_SECTIONS = ("schema", "dataset", "seed", "code", "tokenizer", "config")

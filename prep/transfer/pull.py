@@ -21,14 +21,15 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any, Self
 
-from prep import cas
+from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.faults import crash_point
-from prep.shares import Artifact, Share, artifacts_of, share_of
-from prep.snapshots import Snapshot
 from prep.storage.base import Store
 from prep.storage.local import fsync_path
-from prep.verify import (
+from prep.store import cas
+from prep.store.snapshots import Snapshot
+from prep.transfer.shares import Artifact, Share, artifacts_of, share_of
+from prep.transfer.verify import (
     DEFAULT_JOBS,
     PREP_DIR,
     READ_SIZE,
@@ -130,7 +131,7 @@ def _source_chunks(store: Store, key: str, stop: threading.Event) -> Iterator[me
             crash_point("pull.after_chunk")  # the consumer has written the chunk
 
 
-def _copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop: threading.Event) -> cas.Digest:
+def _copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop: threading.Event) -> hashing.Digest:
     """Copy one object into `temp` (created exclusively), hashing as it goes; fsynced."""
     download_file: Any = getattr(store, "download_file", None)
     info = store.head(key) if download_file is not None else None
@@ -141,7 +142,7 @@ def _copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop
         if isinstance(reported, str) and len(reported) == 64:
             size = temp.stat().st_size
             on_bytes(size)
-            return cas.Digest(reported, size)
+            return hashing.Digest(reported, size)
         return hash_file(temp, on_bytes, stop).digest
     hasher = hashlib.sha256()
     size = 0
@@ -152,7 +153,7 @@ def _copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop
             size += len(chunk)
             on_bytes(len(chunk))
         os.fsync(out.fileno())
-    return cas.Digest(hasher.hexdigest(), size)
+    return hashing.Digest(hasher.hexdigest(), size)
 
 
 def _already_valid(final: Path, artifact: Artifact, on_bytes: ByteCounter, stop: threading.Event) -> bool:

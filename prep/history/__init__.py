@@ -1,0 +1,1 @@
+"""What changed between versions and where a document went: diff, docdiff, lineage."""

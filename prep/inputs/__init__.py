@@ -1,0 +1,1 @@
+"""Finding, hashing and decoding input files."""

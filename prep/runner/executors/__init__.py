@@ -1,0 +1,1 @@
+"""Executors: run task functions in parallel (base protocol, local pool, Ray)."""

@@ -1,0 +1,68 @@
+"""Content-addressed objects: stored under their SHA-256, checked by content when found, re-hashed when read."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+from prep.errors import IntegrityError, NotFoundError
+from prep.hashing import CHUNK, Digest, digest_bytes, digest_file, parse_id
+from prep.storage.base import Store
+
+OBJECTS_PREFIX = "objects/sha256/"
+
+
+def object_key(sha256_hex: str) -> str:
+    """Where an object with this SHA-256 lives in a store."""
+    return f"{OBJECTS_PREFIX}{sha256_hex[:2]}/{sha256_hex}"
+
+
+def _settle_existing(store: Store, digest: Digest, write: Callable[[], bool]) -> None:
+    """The object's key already existed: keep it only if its bytes hash to its name. A corrupt
+    or vanished copy is replaced by the bytes the caller holds, which do."""
+    if check(store, digest.id):
+        return
+    store.delete(object_key(digest.sha256))
+    if not write() and not check(store, digest.id):
+        raise IntegrityError(f"{store.url}: object {digest.id} is stored with other bytes and could not be replaced")
+
+
+def put_file(store: Store, path: Path, digest: Digest | None = None) -> Digest:
+    """Store a local file under its SHA-256 (hashing it unless `digest` is given)."""
+    digest = digest or digest_file(path)
+    key = object_key(digest.sha256)
+    if not store.put_file(key, path):
+        _settle_existing(store, digest, lambda: store.put_file(key, path))
+    return digest
+
+
+def put_bytes(store: Store, data: bytes) -> Digest:
+    """Store bytes under their SHA-256; storing the same bytes twice is a no-op."""
+    digest = digest_bytes(data)
+    key = object_key(digest.sha256)
+    if not store.put_bytes(key, data):
+        _settle_existing(store, digest, lambda: store.put_bytes(key, data))
+    return digest
+
+
+def get_bytes(store: Store, object_id: str) -> bytes:
+    """Read an object and prove it still hashes to its name."""
+    sha = parse_id(object_id)
+    data = store.get_bytes(object_key(sha))
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise IntegrityError(f"{store.url}: object sha256:{sha} does not hash to its name")
+    return data
+
+
+def check(store: Store, object_id: str) -> bool:
+    """Re-hash a stored object; True when its bytes still match its name."""
+    sha = parse_id(object_id)
+    hasher = hashlib.sha256()
+    try:
+        with store.open(object_key(sha)) as stream:
+            while chunk := stream.read(CHUNK * 4):
+                hasher.update(chunk)
+    except NotFoundError:
+        return False
+    return hasher.hexdigest() == sha

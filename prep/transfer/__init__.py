@@ -1,0 +1,1 @@
+"""Moving snapshots onto nodes: rank shares, pull, verify."""
