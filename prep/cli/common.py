@@ -26,17 +26,5 @@ def resolve_store_url(option: str | None, pipeline_store: str | None = None) -> 
     return option or os.environ.get("PREP_STORE") or pipeline_store or DEFAULT_STORE
 
 
-def human_bytes(count: int) -> str:
-    """Byte counts in decimal SI units, the one style every command prints: 512 B, 926.6 kB, 1.3 GB."""
-    if count < 1000:
-        return f"{count} B"
-    size = count / 1000
-    for unit in ("kB", "MB", "GB", "TB"):
-        if size < 1000:
-            return f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} PB"
-
-
 def open_store_option(option: str | None) -> Store:
     return open_store(resolve_store_url(option))

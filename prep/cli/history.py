@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
-from prep.cli.common import human_bytes, open_store_option, store_option
+from prep.cli.common import open_store_option, store_option
 from prep.errors import NotFoundError
 from prep.history.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
+from prep.progress import human_bytes
 from prep.storage.base import Store
 from prep.store import cas
 from prep.store.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage, parse_duration

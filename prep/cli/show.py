@@ -6,7 +6,8 @@ from typing import Any
 
 import click
 
-from prep.cli.common import human_bytes, open_store_option, store_option
+from prep.cli.common import open_store_option, store_option
+from prep.progress import human_bytes
 from prep.store.refs import ref_history
 from prep.store.snapshots import is_manifest_path, reencoded_note, resolve
 

@@ -3,63 +3,20 @@
 from __future__ import annotations
 
 import json
-import sys
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from prep.cli.common import human_bytes, open_store_option, store_option
+from prep.cli.common import open_store_option, store_option
 from prep.errors import IntegrityError, UsageError, VerificationFailed
+from prep.progress import Progress, human_bytes, rate
 from prep.store.snapshots import ManifestFileError, Snapshot, is_manifest_path, reencoded_note, resolve
 from prep.transfer.shares import check_rank
 from prep.transfer.verify import DEFAULT_JOBS, VerifyResult
 
 F = TypeVar("F", bound=Callable[..., Any])
-PROGRESS_INTERVAL_TTY = 0.5
-PROGRESS_INTERVAL_LOG = 10.0
-
-
-def _rate(count: int, seconds: float, unit: float, name: str) -> str:
-    return f"{count / unit / max(seconds, 1e-9):.2f} {name}"
-
-
-class Progress:
-    """Thread-safe byte counter that redraws one stderr line (every 0.5 s on a terminal,
-    every 10 s in a log)."""
-
-    def __init__(self, verb: str, total_files: int, total_bytes: int) -> None:
-        self.verb, self.total_files, self.total_bytes = verb, total_files, total_bytes
-        self.bytes_done = self.files_done = 0
-        self.started = self.last = time.monotonic()
-        self.tty = sys.stderr.isatty()
-        self._lock = threading.Lock()
-
-    def add(self, count: int) -> None:
-        with self._lock:
-            self.bytes_done += count
-            self._show()
-
-    def file_done(self, _artifact: object) -> None:
-        with self._lock:
-            self.files_done += 1
-            self._show()
-
-    def _show(self) -> None:
-        now = time.monotonic()
-        if now - self.last < (PROGRESS_INTERVAL_TTY if self.tty else PROGRESS_INTERVAL_LOG):
-            return
-        self.last = now
-        line = (f"{self.verb}: {self.files_done} of {self.total_files} files, {human_bytes(self.bytes_done)} of "
-                f"{human_bytes(self.total_bytes)}, {_rate(self.bytes_done, now - self.started, 1e6, 'MB/s')}")
-        click.echo(f"\r{line}\x1b[K" if self.tty else line, err=True, nl=not self.tty)
-
-    def finish(self) -> None:
-        if self.tty and self.last != self.started:
-            click.echo("\r\x1b[K", err=True, nl=False)
 
 
 def rank_options(function: F) -> F:
@@ -95,7 +52,7 @@ def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_s
     snapshot = resolve(store, snap)
     _note(snap, snapshot)
     share = share_of(artifacts_of(snapshot.manifest), rank, world_size)
-    progress = Progress("pull", len(share.artifacts), share.size)
+    progress = Progress().meter("pull", len(share.artifacts), share.size)
     try:
         result = run_pull(store, snapshot, dest, rank=rank, world_size=world_size, jobs=jobs,
                           on_bytes=progress.add, on_file=progress.file_done)
@@ -105,7 +62,7 @@ def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_s
         f"pulled {snapshot.id} into {dest}: {result.files_copied} files copied ({human_bytes(result.bytes_copied)}), "
         f"{result.files_skipped} already valid ({human_bytes(result.bytes_skipped)}), "
         f"{result.temporaries_removed} stale temporaries removed, {result.seconds:.2f} s, "
-        f"{_rate(result.bytes_copied, result.seconds, 1e6, 'MB/s')}",
+        f"{rate(result.bytes_copied, result.seconds, 1e6, 'MB/s')}",
         err=True,
     )
 
@@ -129,7 +86,7 @@ def _human_report(result: VerifyResult) -> list[str]:
         lines.append(f"verified {result.snapshot_id}{share}: {len(matched)} of {len(result.share.artifacts)} files "
                      f"match, {human_bytes(sum(a.size for a in matched))} of {human_bytes(result.share.size)}; hashed "
                      f"{human_bytes(result.bytes_read)} in {result.seconds:.2f} s, "
-                     f"{_rate(result.bytes_read, result.seconds, 1e9, 'GB/s')}")
+                     f"{rate(result.bytes_read, result.seconds, 1e9, 'GB/s')}")
     if result.problems:
         lines.append(f"{len(result.problems)} problems found")
     if result.digest is not None:
@@ -158,7 +115,7 @@ def verify(snap: str, dest: Path, store_url: str | None, rank: int | None, world
         raise UsageError(f"manifest refused: {exc.message}") from None
     _note(snap, snapshot)
     share = share_of(artifacts_of(snapshot.manifest), rank, world_size)
-    progress = Progress("verify", len(share.artifacts), share.size)
+    progress = Progress().meter("verify", len(share.artifacts), share.size)
     try:
         result = run_verify(snapshot, dest, rank=rank, world_size=world_size, jobs=jobs, quick=quick,
                             on_bytes=progress.add, on_file=progress.file_done)

@@ -21,7 +21,7 @@ from prep.inputs.sources import SourceFile, discover, input_version, release_spo
 from prep.runner.executors.base import Executor, WarmUp
 from prep.runner.executors.local import LocalExecutor
 from prep.runner.planning import contiguous_ranges, describe_inputs, hash_inputs, looks_unchanged, task_bytes
-from prep.runner.progress import Progress
+from prep.progress import Progress
 from prep.runner.publish import StageRun, build_stats, snapshot_manifest, units, write_log
 from prep.runner.reuse import Remake, ReuseGuard
 from prep.runner.tasks import (

@@ -15,8 +15,8 @@ from typing import Any
 
 from prep import hashing
 from prep.errors import IntegrityError
+from prep.progress import Progress
 from prep.runner.executors.base import Executor
-from prep.runner.progress import Progress
 from prep.runner.tasks import TaskResult, publish_staged, worker_store
 from prep.storage.base import Store
 from prep.store import cas

@@ -18,9 +18,9 @@ from prep.config import load_pipeline
 from prep.errors import InputError
 from prep.history.diff import diff_snapshots
 from prep.history.docdiff import DocumentChange, DocumentDiff, diff_documents
+from prep.progress import Progress
 from prep.runner.build import build
 from prep.runner.executors.local import LocalExecutor
-from prep.runner.progress import Progress
 from prep.storage import LocalStore
 from prep.store.snapshots import Snapshot
 from tests.helpers import make_records, write_jsonl, write_pipeline

@@ -22,9 +22,9 @@ from prep.config import load_pipeline
 from prep.errors import IntegrityError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
+from prep.progress import Progress
 from prep.runner.build import build
 from prep.runner.executors.local import LocalExecutor
-from prep.runner.progress import Progress
 from prep.stages import read
 from prep.storage import LocalStore
 from prep.store import cas

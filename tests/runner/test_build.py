@@ -126,8 +126,8 @@ def test_large_jsonl_is_split_into_byte_ranges_with_absolute_lines(tmp_path: Pat
     write_jsonl(tmp_path / "corpus" / "big.jsonl", records)
     pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], id_field=None, shard_size="1MB")
     from prep.config import load_pipeline
+    from prep.progress import Progress
     from prep.runner.build import build
-    from prep.runner.progress import Progress
     from prep.storage import LocalStore
 
     result = build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), InProcessExecutor(), (), Progress(quiet=True))
@@ -150,8 +150,8 @@ def test_duplicate_ids_across_byte_ranges_of_one_file_are_bad_input(tmp_path: Pa
     write_jsonl(tmp_path / "corpus" / "big.jsonl", records)
     pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
     from prep.config import load_pipeline
+    from prep.progress import Progress
     from prep.runner.build import build
-    from prep.runner.progress import Progress
     from prep.storage import LocalStore
 
     with pytest.raises(InputError, match="duplicate id 'doc-0'"):
@@ -220,8 +220,8 @@ def test_workers_load_the_tokenizer_up_front_unless_a_rebuild_looks_unchanged(co
     """The warm-up is a scheduling hint: asked for on a first build and after an input changes size,
     skipped when the latest snapshot has the same config, code, tokenizer and input sizes."""
     from prep.config import load_pipeline
+    from prep.progress import Progress
     from prep.runner.build import build
-    from prep.runner.progress import Progress
     from prep.storage import LocalStore
 
     class Recording(InProcessExecutor):

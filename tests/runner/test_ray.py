@@ -18,6 +18,7 @@ import pytest
 from prep.config import load_pipeline
 from prep.errors import InputError, StoreError, UsageError
 from prep.inputs.sources import SourceFile
+from prep.progress import Progress
 from prep.runner.build import build, make_executor
 from prep.runner.executors.ray import (
     LocalPath,
@@ -26,7 +27,6 @@ from prep.runner.executors.ray import (
     check_paths_visible,
     local_paths,
 )
-from prep.runner.progress import Progress
 from prep.runner.tasks import TokenizeJob
 from prep.stages.read import ReadTask
 from prep.stages.specs import TokenizeSettings

@@ -184,8 +184,8 @@ def test_an_object_that_cannot_be_recomputed_is_an_integrity_error(corpus: Path,
 
     monkeypatch.setattr("prep.runner.build.run_tokenize_job", drifting)
     from prep.config import load_pipeline
+    from prep.progress import Progress
     from prep.runner.build import build
-    from prep.runner.progress import Progress
     from tests.runner.buildsupport import InProcessExecutor
 
     changed = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="5KB")

@@ -24,8 +24,8 @@ from prep import code
 from prep.config import load_pipeline
 from prep.errors import StoreError
 from prep.manifest.schema import validate
+from prep.progress import Progress
 from prep.runner.build import BuildResult, build
-from prep.runner.progress import Progress
 from prep.storage import LocalStore, open_store
 from prep.storage.base import Store
 from prep.store import cas
