@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import click
 
 from prep.cli.common import open_store_option, store_option
+from prep.cli.render import trace_lines
 from prep.errors import NotFoundError
 from prep.history.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
 from prep.progress import human_bytes
@@ -23,7 +24,6 @@ from prep.store.snapshots import Snapshot, is_manifest_path, load_snapshot, reso
 
 if TYPE_CHECKING:  # the document-level modules load pyarrow; import them only when used
     from prep.history.docdiff import DocumentChange, DocumentDiff
-    from prep.history.lineage import Trace
 
 CHANGES_SHOWN = 50
 CHANGE_MARKS = {"added": "+", "removed": "-", "changed": "~"}
@@ -172,22 +172,6 @@ def ls(dataset: str | None, store_url: str | None) -> None:
     width = max(len(f"{ref.dataset}@{ref.name}") for ref in refs)
     for ref in refs:
         click.echo(f"{ref.dataset + '@' + ref.name:<{width}}  gen {ref.generation:<4} {ref.time}  {ref.snapshot}")
-
-
-def trace_lines(found: Trace, indent: str = "") -> list[str]:
-    """A document's origin and where each artifact holds it (or the copy kept instead)."""
-    doc = found.document
-    lines = [(f"{indent}document  {doc.id}  ({doc.source} line {doc.line}; {doc.tokens} tokens + EOS, "
-              f"{doc.text_bytes} bytes of text, text xxh3-128 {doc.text_hash})")]
-    if found.duplicate_of is not None:
-        lines.append(f"{indent}dropped   as an exact duplicate; the snapshot holds its text as:")
-        return lines + trace_lines(found.duplicate_of, indent + "  ")
-    lines.append(f"{indent}position  {found.position} in the shuffled order")
-    for place in found.placements:
-        span = f"  bytes {place.offset}..{place.offset + place.length}" if place.offset is not None \
-            and place.length is not None else ""
-        lines.append(f"{indent}  {place.path:<16} sequence {place.sequence}{span}")
-    return lines
 
 
 @click.command()

@@ -7,6 +7,8 @@ from typing import Any
 import click
 
 from prep.cli.common import open_store_option, store_option
+from prep.cli.render import trace_lines
+from prep.formats.units import BIN, artifact_path
 from prep.progress import human_bytes
 from prep.store.refs import ref_history
 from prep.store.snapshots import is_manifest_path, reencoded_note, resolve
@@ -43,7 +45,7 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the manifest exactly as stored (no newline added): its SHA-256 is the snapshot id.")
 @click.option("--at", "at", default=None, metavar="PATH:N",
-              help="Show the document stored as sequence N (0-based) of artifact PATH, e.g. bin/00000.bin:0.")
+              help=f"Show the document stored as sequence N (0-based) of artifact PATH, e.g. {artifact_path(BIN, 0)}:0.")
 def show(snap: str, store_url: str | None, as_json: bool, at: str | None) -> None:
     """Show a snapshot: DATASET@REF, sha256:<hex>, a unique hex prefix, or a manifest file."""
     store = None if is_manifest_path(snap) and at is None else open_store_option(store_url)
@@ -52,7 +54,6 @@ def show(snap: str, store_url: str | None, as_json: bool, at: str | None) -> Non
     if note is not None:
         click.echo(note, err=True)
     if at is not None:
-        from prep.cli.history import trace_lines
         from prep.history.lineage import locate, parse_at
 
         assert store is not None

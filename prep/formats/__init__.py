@@ -7,14 +7,17 @@ little-endian integers, never silently wrapped. (The dtype itself comes from
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:  # numpy loads on first use: the build driver imports prep.formats.units, never numpy
+    import numpy as np
+    import numpy.typing as npt
 
 
 def little_endian(dtype: npt.DTypeLike) -> np.dtype[Any]:
     """`dtype` with little-endian byte order, so written bytes do not depend on the host."""
+    import numpy as np
+
     resolved = np.dtype(dtype)
     if resolved.kind not in "iuf" or resolved.shape or resolved.names is not None:
         raise ValueError(f"token dtype must be a plain integer or float type, got {resolved}")
@@ -26,6 +29,8 @@ def as_tokens(tokens: npt.ArrayLike, dtype: npt.DTypeLike | None = None) -> npt.
 
     Refuses ids that `dtype` cannot hold instead of letting them wrap around silently.
     """
+    import numpy as np
+
     array = np.asarray(tokens)
     if array.ndim != 1:
         raise ValueError(f"tokens must be a 1-D array, got shape {array.shape}")

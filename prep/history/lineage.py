@@ -18,8 +18,10 @@ import pyarrow.compute as pc
 
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import wds
+from prep.formats.units import BIN, WDS, artifact_path
 from prep.manifest import canonical
 from prep.runner.tasks import fetch_local
+from prep.stages.dedup import MASK_HEADER_BYTES, mask_bytes_for, mask_count, unpack_flags
 from prep.stages.intermediate import Intermediate
 from prep.stages.shuffle import document_id, record_line
 from prep.stages.specs import ShardSpec
@@ -27,26 +29,27 @@ from prep.storage.base import Store
 from prep.store import cas
 from prep.store.snapshots import Snapshot
 
-MASK_HEADER_BYTES = 8  # prep.stages.dedup.pack_mask: u64 count, then np.packbits bits
 SCAN_BYTES = 1 << 22
 SCAN_ROWS = 1 << 20
 
 
 class PackedMask:
-    """A packed keep mask, memory-mapped: bit i (most significant first) keeps document i."""
+    """A keep mask (layout: prep.stages.dedup), memory-mapped: flag i keeps document i."""
 
     def __init__(self, path: Path) -> None:
         raw = np.memmap(path, dtype=np.uint8, mode="r")
-        self.count = int(np.asarray(raw[:MASK_HEADER_BYTES]).view("<u8")[0])
+        if len(raw) < MASK_HEADER_BYTES:
+            raise IntegrityError(f"{path}: keep mask of {len(raw)} bytes has no {MASK_HEADER_BYTES}-byte header")
+        self.count = mask_count(raw)
         self.bits = raw[MASK_HEADER_BYTES:]
-        if len(self.bits) != (self.count + 7) // 8:
+        if len(self.bits) != mask_bytes_for(self.count):
             raise IntegrityError(f"{path}: keep mask of {self.count} documents has {len(self.bits)} bytes")
 
     def slice(self, start: int, end: int) -> np.ndarray:
         """The keep flags of documents [start, end) as booleans."""
         first = start // 8
         chunk = np.asarray(self.bits[first:(end + 7) // 8])
-        return np.unpackbits(chunk, count=end - first * 8)[start - first * 8:].astype(bool)
+        return unpack_flags(chunk, end - first * 8)[start - first * 8:]
 
     def ones_before(self, index: int) -> int:
         """How many documents before `index` are kept (the plan row of a kept document)."""
@@ -55,7 +58,7 @@ class PackedMask:
         for begin in range(0, full, SCAN_BYTES):
             total += int(np.bitwise_count(np.asarray(self.bits[begin:min(full, begin + SCAN_BYTES)])).sum())
         if rest:
-            total += int(np.bitwise_count(np.uint8(int(self.bits[full]) >> (8 - rest))))
+            total += int(unpack_flags(self.bits[full:full + 1], rest).sum())
         return total
 
     def ones_between(self, start: int, end: int) -> int:
@@ -71,7 +74,7 @@ class PackedMask:
             if seen + int(cumulative[-1]) > n:
                 byte = int(np.searchsorted(cumulative, n - seen, side="right"))
                 before = seen + (int(cumulative[byte - 1]) if byte else 0)
-                bits = np.flatnonzero(np.unpackbits(np.asarray(self.bits[begin + byte:begin + byte + 1])))
+                bits = np.flatnonzero(unpack_flags(self.bits[begin + byte:begin + byte + 1], 8))
                 return (begin + byte) * 8 + int(bits[n - before])
             seen += int(cumulative[-1])
         raise IndexError(f"keep mask has only {seen} kept documents, not {n + 1}")
@@ -279,9 +282,9 @@ def _placements(records: SnapshotRecords, origin: DocumentOrigin, plan_row: np.v
     for artifact in _artifacts_of_shard(records, shard):
         offset: int | None
         length: int | None
-        if artifact["format"] == "bin":
+        if artifact["format"] == BIN:
             offset, length = int(plan_row["bin_off"]), tokens * dtype.itemsize
-        elif artifact["format"] == "wds":
+        elif artifact["format"] == WDS:
             json_size = len(wds.sample_json(origin.id, origin.source, origin.line, tokens))
             offset = int(plan_row["tar_off"])
             length = wds.sample_span(json_size, wds.npy_size(tokens, dtype), origin.text_bytes)
@@ -323,7 +326,7 @@ def parse_at(spec: str) -> tuple[str, int]:
     """`bin/00000.bin:17` -> ("bin/00000.bin", 17)."""
     path, _, number = spec.rpartition(":")
     if not path or not number.isdigit():
-        raise UsageError(f"--at {spec!r}: expected ARTIFACT_PATH:N, e.g. bin/00000.bin:0")
+        raise UsageError(f"--at {spec!r}: expected ARTIFACT_PATH:N, e.g. {artifact_path(BIN, 0)}:0")
     return path, int(number)
 
 

@@ -17,12 +17,13 @@ from prep.code import code_identity
 from prep.config import Pipeline
 from prep.errors import InputError, IntegrityError, NotFoundError, StoreError, UsageError
 from prep.faults import crash_point
+from prep.formats.units import unit_formats, units_for
 from prep.inputs.sources import SourceFile, discover, input_version, release_spool
 from prep.runner.executors.base import Executor, WarmUp
 from prep.runner.executors.local import LocalExecutor
 from prep.runner.planning import contiguous_ranges, describe_inputs, hash_inputs, looks_unchanged, task_bytes
 from prep.progress import Progress
-from prep.runner.publish import StageRun, build_stats, snapshot_manifest, units, write_log
+from prep.runner.publish import StageRun, build_stats, snapshot_manifest, write_log
 from prep.runner.reuse import Remake, ReuseGuard
 from prep.runner.tasks import (
     AssembleJob,
@@ -40,7 +41,7 @@ from prep.runner.tasks import (
     run_tokenize_job,
 )
 from prep.stages.read import ReadTask, plan_read_tasks
-from prep.stages.specs import UNIT_FILES, ShardSpec, TokenizeSettings
+from prep.stages.specs import ShardSpec, TokenizeSettings
 from prep.storage.base import Store
 from prep.store import records
 from prep.store.gc import Lease, build_lease
@@ -198,7 +199,7 @@ class _Builder:
         settings = {"formats": list(formats), "dtype": dtype, "eos_id": eos_id}
         stage_key = self.stage_key("shard", settings, [self.stages["shuffle"].output])
         specs = [ShardSpec.from_json(s) for s in shuffle["shards"]]
-        all_units = [(spec, unit) for spec in specs for unit in units(formats)]
+        all_units = [(spec, unit) for spec in specs for unit in units_for(formats)]
         unit_keys = {(spec.index, unit): records.content_key(stage_key, spec.index, unit) for spec, unit in all_units}
         found = {pair: records.read_task_record(self.store, "shard", unit_keys[pair[0].index, pair[1]])
                  for pair in all_units}
@@ -225,15 +226,15 @@ class _Builder:
                 crash_point("shard.before_commit")
                 found[spec, unit] = records.write_task_record(
                     self.store, "shard", unit_keys[spec.index, unit],
-                    {fmt: result.outputs[f"{spec.index}/{fmt}"] for fmt in UNIT_FILES[unit]},
-                    {"sizes": {fmt: result.summary["sizes"][f"{spec.index}/{fmt}"] for fmt in UNIT_FILES[unit]}})
+                    {fmt: result.outputs[f"{spec.index}/{fmt}"] for fmt in unit_formats(unit)},
+                    {"sizes": {fmt: result.summary["sizes"][f"{spec.index}/{fmt}"] for fmt in unit_formats(unit)}})
                 run.ran += 1
         run.cached = len(all_units) - len(missing)
         shards = []
         for spec in specs:
             outputs: dict[str, str] = {}
             sizes: dict[str, int] = {}
-            for unit in units(formats):
+            for unit in units_for(formats):
                 record = found[spec, unit]
                 assert record is not None
                 outputs.update(record["outputs"])

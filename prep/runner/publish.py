@@ -11,15 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from prep import hashing
+from prep.formats.units import artifact_path, unit_formats, units_for
 from prep.inputs.sources import SourceFile
-from prep.stages.specs import UNIT_FILES, UNITS
 from prep.storage.base import Store
 from prep.store.refs import Ref
 from prep.store.snapshots import Snapshot
 
 LOGS_PREFIX = "logs/"
 SNAPSHOT_SCHEMA = "prep.snapshot/1"  # manifests/snapshot-1.schema.json
-ARTIFACT_FILES = {"bin": ("bin", "bin"), "idx": ("bin", "idx"), "wds": ("wds", "tar")}
 
 
 @dataclass
@@ -33,19 +32,13 @@ class StageRun:
     output: str = ""
 
 
-def units(formats: tuple[str, ...]) -> list[str]:
-    """The shard units the output formats ask for (each format is one unit)."""
-    return [unit for unit in UNITS if unit in formats]
-
-
 def artifacts(shards: list[dict[str, Any]], formats: tuple[str, ...]) -> list[dict[str, Any]]:
     """The snapshot's artifact list: every file of every shard, sorted by path."""
     listed = []
     for shard in shards:
-        for fmt in (fmt for unit in units(formats) for fmt in UNIT_FILES[unit]):
-            folder, extension = ARTIFACT_FILES[fmt]
+        for fmt in (fmt for unit in units_for(formats) for fmt in unit_formats(unit)):
             listed.append({
-                "path": f"{folder}/{shard['index']:05d}.{extension}", "format": fmt, "shard": shard["index"],
+                "path": artifact_path(fmt, shard["index"]), "format": fmt, "shard": shard["index"],
                 "size": shard["sizes"][fmt], "sha256": hashing.parse_id(shard["outputs"][fmt]),
                 "documents": shard["documents"], "tokens": shard["tokens"],
             })

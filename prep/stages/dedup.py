@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
+from prep.errors import IntegrityError
 from prep.stages.columns import to_strings
 from prep.stages.intermediate import hash_pairs, read_columns
 
@@ -48,12 +50,39 @@ def check_unique_ids(source: str, paths: Iterable[Path]) -> None:
             seen.add(doc_id)
 
 
+# The keep mask (docs/manifests.md, "Binary objects"), defined here only: a u64 little-endian count
+# of documents, then the flags packed 8 to a byte, document 0 in the most significant bit, padding 0.
+MASK_COUNT_DTYPE = np.dtype("<u8")
+MASK_HEADER_BYTES = MASK_COUNT_DTYPE.itemsize
+MASK_BIT_ORDER: Literal["big"] = "big"
+
+
+def mask_count(header: bytes | np.ndarray) -> int:
+    """The document count a keep mask's first MASK_HEADER_BYTES bytes hold."""
+    return int(np.frombuffer(bytes(header[:MASK_HEADER_BYTES]), dtype=MASK_COUNT_DTYPE)[0])
+
+
+def mask_bytes_for(count: int) -> int:
+    """How many bytes of packed flags follow the header of a mask of `count` documents."""
+    return (count + 7) // 8
+
+
+def unpack_flags(packed: np.ndarray, count: int) -> np.ndarray:
+    """The first `count` keep flags of packed flag bytes, as booleans."""
+    return np.unpackbits(np.asarray(packed, dtype=np.uint8), count=count, bitorder=MASK_BIT_ORDER).astype(bool)
+
+
 def pack_mask(keep: np.ndarray) -> bytes:
     """Deterministic bytes of a keep mask: u64 little-endian length, then packed bits."""
-    header: bytes = np.array([len(keep)], dtype="<u8").tobytes()
-    return header + bytes(np.packbits(keep).tobytes())
+    header: bytes = np.array([len(keep)], dtype=MASK_COUNT_DTYPE).tobytes()
+    return header + bytes(np.packbits(np.asarray(keep, dtype=bool), bitorder=MASK_BIT_ORDER).tobytes())
 
 
 def unpack_mask(data: bytes) -> np.ndarray:
-    count = int(np.frombuffer(data[:8], dtype="<u8")[0])
-    return np.unpackbits(np.frombuffer(data[8:], dtype=np.uint8), count=count).astype(bool)
+    """The keep flags of a mask's bytes (`pack_mask` reversed); IntegrityError when its size is wrong."""
+    if len(data) < MASK_HEADER_BYTES:
+        raise IntegrityError(f"a keep mask has a {MASK_HEADER_BYTES}-byte header, got {len(data)} bytes")
+    count = mask_count(data)
+    if len(data) - MASK_HEADER_BYTES != mask_bytes_for(count):
+        raise IntegrityError(f"keep mask of {count} documents has {len(data) - MASK_HEADER_BYTES} bytes of flags")
+    return unpack_flags(np.frombuffer(data, dtype=np.uint8, offset=MASK_HEADER_BYTES), count)

@@ -1,7 +1,8 @@
 """Shard assembly: write each planned shard file front to back, gathering its documents from the
 intermediates in shuffled order.
 
-A shard has two units of work, one per format: `bin` (the .bin and .idx) and `wds` (the .tar).
+A shard has two units of work, one per format: `bin` (the .bin and .idx) and `wds` (the .tar);
+prep/formats/units.py names them and their files.
 A unit writes its file sequentially, a chunk of a few MiB at a time: the chunk is laid out in
 memory (tar headers for the whole chunk at once), each document's text and token ids are copied
 into place with one positional read from its intermediate (usually still in the page cache), then writer
@@ -28,6 +29,7 @@ import pyarrow as pa
 from prep.errors import IntegrityError, StorageIOError
 from prep.faults import crash_point
 from prep.formats import little_endian, megatron, wds
+from prep.formats.units import BIN, IDX, WDS, artifact_format, unit_formats
 from prep.hashing import Digest, HashingWriter
 from prep.stages.columns import int_column, to_numbers, to_strings
 from prep.stages.intermediate import Intermediate
@@ -318,8 +320,9 @@ def write_unit(unit: str, spec: ShardSpec, docs: ShardDocuments, reader: PartRea
     stem = work_dir / f"shard-{spec.index:05d}"
     if len(docs.n_tokens) != spec.documents:
         raise IntegrityError(f"shard {spec.index}: found {len(docs.n_tokens)} documents, the plan has {spec.documents}")
-    if unit == "bin":
-        bin_path, idx_path = stem.with_suffix(".bin"), stem.with_suffix(".idx")
+    paths = {fmt: stem.with_suffix(f".{artifact_format(fmt).extension}") for fmt in unit_formats(unit)}
+    if unit == BIN:
+        bin_path, idx_path = paths[BIN], paths[IDX]
         try:
             bin_digest, idx_digest = write_bin(docs, reader, dtype, eos_id, bin_path, idx_path)
         except OSError as exc:  # the .bin's own errors are StorageIOErrors already: this is the .idx
@@ -329,9 +332,9 @@ def write_unit(unit: str, spec: ShardSpec, docs: ShardDocuments, reader: PartRea
             raise StorageIOError.from_os_error("writing", idx_path, exc) from exc
         if bin_digest.size != spec.bin_size:
             raise IntegrityError(f"shard {spec.index}: wrote {bin_digest.size} .bin bytes, planned {spec.bin_size}")
-        return {"bin": (bin_path, bin_digest), "idx": (idx_path, idx_digest)}
-    tar_path = stem.with_suffix(".tar")
+        return {BIN: (bin_path, bin_digest), IDX: (idx_path, idx_digest)}
+    tar_path = paths[WDS]
     digest = write_tar(docs, reader, dtype, eos_id, spec.first_pos, tar_path)
     if digest.size != spec.tar_size:
         raise IntegrityError(f"shard {spec.index}: wrote {digest.size} .tar bytes, planned {spec.tar_size}")
-    return {"wds": (tar_path, digest)}
+    return {WDS: (tar_path, digest)}

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from prep.formats import wds
+from prep.formats.units import WDS
 from prep.stages.columns import to_numbers, to_strings
 from prep.stages.intermediate import hash_pairs, read_columns
 from prep.stages.specs import Part, ShardSpec
@@ -86,7 +87,7 @@ def _read_columns(parts: list[Part], keep: np.ndarray, with_json: bool) -> _Colu
 def plan_shards(parts: list[Part], keep: np.ndarray, seed: int, shard_size: int,
                 dtype: np.dtype[Any], formats: tuple[str, ...]) -> tuple[np.ndarray, list[ShardSpec]]:
     """Place every kept document: its shard, global position and byte offsets in each format."""
-    with_wds = "wds" in formats
+    with_wds = WDS in formats
     itemsize = dtype.itemsize
     cols = _read_columns(parts, keep, with_wds)
     count = len(cols.seq_lengths)

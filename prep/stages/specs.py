@@ -6,10 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-UNITS = ("bin", "wds")
-"""A shard's units of work: `bin` writes its .bin and .idx, `wds` its .tar."""
-UNIT_FILES = {"bin": ("bin", "idx"), "wds": ("wds",)}
-
 
 @dataclass(frozen=True)
 class TokenizeSettings:

@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prep.errors import UsageError
-
-# Formats that travel together as one unit: the family name is part of the unit's identity.
-FORMAT_FAMILY: dict[str, str] = {"bin": "megatron", "idx": "megatron", "wds": "wds"}
+from prep.formats.units import family_of
 
 
 @dataclass(frozen=True)
@@ -75,11 +73,10 @@ def artifacts_of(manifest: Mapping[str, Any]) -> list[Artifact]:
 
 
 def group_units(artifacts: Iterable[Artifact]) -> list[Unit]:
-    """Group artifacts into units (shard, format family), members sorted by path."""
+    """Group artifacts into units (shard, format family: prep.formats.units), members sorted by path."""
     members: dict[tuple[int, str], list[Artifact]] = {}
     for artifact in artifacts:
-        family = FORMAT_FAMILY.get(artifact.format, artifact.format)
-        members.setdefault((artifact.shard, family), []).append(artifact)
+        members.setdefault((artifact.shard, family_of(artifact.format)), []).append(artifact)
     return [
         Unit(shard=shard, family=family, artifacts=tuple(sorted(group, key=lambda a: a.path)))
         for (shard, family), group in members.items()

@@ -9,24 +9,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prep.errors import UsageError
+from prep.formats.units import UNIT_NAMES, artifact_path, unit_formats
 from prep.transfer.shares import Artifact, group_units, partition, share_of
-
-FORMATS = ("bin", "idx", "wds")
 
 
 @st.composite
 def artifact_lists(draw: st.DrawFn) -> list[Artifact]:
-    """Shards with random sizes; each shard has some subset of bin+idx and wds."""
+    """Shards with random sizes; each shard has a non-empty subset of the units (bin+idx, wds)."""
     shards = draw(st.integers(min_value=0, max_value=40))
     artifacts = []
     for shard in range(shards):
-        with_megatron = draw(st.booleans())
-        with_wds = draw(st.booleans()) or not with_megatron
-        formats = (("bin", "idx") if with_megatron else ()) + (("wds",) if with_wds else ())
-        for fmt in formats:
-            size = draw(st.integers(min_value=0, max_value=10**9))
-            folder = "wds" if fmt == "wds" else "bin"
-            artifacts.append(Artifact(f"{folder}/{shard:05d}.{fmt}", fmt, shard, size, f"{shard:064x}"))
+        for unit in draw(st.lists(st.sampled_from(UNIT_NAMES), min_size=1, unique=True)):
+            for fmt in unit_formats(unit):
+                size = draw(st.integers(min_value=0, max_value=10**9))
+                artifacts.append(Artifact(artifact_path(fmt, shard), fmt, shard, size, f"{shard:064x}"))
     return artifacts
 
 
@@ -79,3 +75,10 @@ def test_without_rank_the_share_is_everything() -> None:
 def test_bad_rank_arguments_are_usage_errors(rank: int | None, world_size: int | None) -> None:
     with pytest.raises(UsageError):
         share_of([], rank, world_size)
+
+
+def test_each_unit_of_a_shard_is_one_group_and_unknown_formats_travel_alone() -> None:
+    artifacts = [Artifact(artifact_path(fmt, 3), fmt, 3, 1, "0" * 64) for unit in UNIT_NAMES for fmt in unit_formats(unit)]
+    artifacts.append(Artifact("extra/00003.x", "future", 3, 1, "1" * 64))
+    groups = sorted((group.family, tuple(a.format for a in group.artifacts)) for group in group_units(artifacts))
+    assert groups == [("future", ("future",)), ("megatron", ("bin", "idx")), ("wds", ("wds",))]

@@ -1,0 +1,24 @@
+"""Text shared by commands that show documents: `prep trace` and `prep show --at` print traces."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # lineage loads pyarrow; only the commands that trace import it, when run
+    from prep.history.lineage import Trace
+
+
+def trace_lines(found: Trace, indent: str = "") -> list[str]:
+    """A document's origin and where each artifact holds it (or the copy kept instead)."""
+    doc = found.document
+    lines = [(f"{indent}document  {doc.id}  ({doc.source} line {doc.line}; {doc.tokens} tokens + EOS, "
+              f"{doc.text_bytes} bytes of text, text xxh3-128 {doc.text_hash})")]
+    if found.duplicate_of is not None:
+        lines.append(f"{indent}dropped   as an exact duplicate; the snapshot holds its text as:")
+        return lines + trace_lines(found.duplicate_of, indent + "  ")
+    lines.append(f"{indent}position  {found.position} in the shuffled order")
+    for place in found.placements:
+        span = f"  bytes {place.offset}..{place.offset + place.length}" if place.offset is not None \
+            and place.length is not None else ""
+        lines.append(f"{indent}  {place.path:<16} sequence {place.sequence}{span}")
+    return lines

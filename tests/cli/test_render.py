@@ -1,0 +1,38 @@
+"""Shared rendering lives in prep.cli.render: `show` and `history` both use it, neither imports the other."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from prep.cli import history, render, show
+from prep.history.lineage import DocumentOrigin, Placement, Trace
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _imported_modules(module: str) -> set[str]:
+    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    return found | {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+
+
+def test_show_and_history_do_not_import_each_other() -> None:
+    assert "prep.cli.history" not in _imported_modules("prep.cli.show")
+    assert "prep.cli.show" not in _imported_modules("prep.cli.history")
+    assert vars(show)["trace_lines"] is render.trace_lines and vars(history)["trace_lines"] is render.trace_lines
+    assert not _imported_modules("prep.cli.render") & {"prep.cli.show", "prep.cli.history"}
+
+
+def test_trace_lines_follow_a_dropped_copy_to_the_kept_one() -> None:
+    kept = Trace(DocumentOrigin(0, "a-1", "a.jsonl", 1, "00" * 16, 12, 3), 5,
+                 (Placement("bin/00000.bin", "bin", 0, 5, 40, 8), Placement("bin/00000.idx", "idx", 0, 5, None, None)))
+    dropped = Trace(DocumentOrigin(9, "b-1", "b.jsonl", 4, "00" * 16, 12, 3), None, (), kept)
+    assert render.trace_lines(dropped) == [
+        f"document  b-1  (b.jsonl line 4; 3 tokens + EOS, 12 bytes of text, text xxh3-128 {'00' * 16})",
+        "dropped   as an exact duplicate; the snapshot holds its text as:",
+        f"  document  a-1  (a.jsonl line 1; 3 tokens + EOS, 12 bytes of text, text xxh3-128 {'00' * 16})",
+        "  position  5 in the shuffled order",
+        "    bin/00000.bin    sequence 5  bytes 40..48",
+        "    bin/00000.idx    sequence 5",
+    ]

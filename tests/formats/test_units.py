@@ -1,0 +1,116 @@
+"""The shard vocabulary: units, their artifact formats, and artifact paths that parse back."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prep import config
+from prep.formats import megatron
+from prep.formats.units import (
+    ARTIFACT_FORMATS,
+    BIN,
+    IDX,
+    UNIT_NAMES,
+    UNITS,
+    WDS,
+    artifact_format,
+    artifact_path,
+    family_of,
+    parse_artifact_path,
+    unit,
+    unit_formats,
+    units_for,
+)
+from prep.runner import publish
+from prep.stages import specs
+from prep.transfer import shares
+
+
+@settings(max_examples=300, deadline=None)
+@given(fmt=st.sampled_from(sorted(ARTIFACT_FORMATS)), index=st.integers(min_value=0, max_value=10**12))
+def test_artifact_paths_parse_back(fmt: str, index: int) -> None:
+    path = artifact_path(fmt, index)
+    assert parse_artifact_path(path) == (fmt, index)
+    spec = artifact_format(fmt)
+    assert path.startswith(f"{spec.folder}/") and path.endswith(f".{spec.extension}")
+
+
+_NEAR_PATHS = st.builds(lambda folder, digits, extension: f"{folder}/{digits}.{extension}",
+                        st.sampled_from(["bin", "wds", "tar", "idx", "", "x"]),
+                        st.text(alphabet="0123456789-+ ０٣", max_size=8),
+                        st.sampled_from(["bin", "idx", "tar", "wds", "", "idx.x"]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(path=st.one_of(_NEAR_PATHS, st.text(max_size=20)))
+def test_whatever_parses_is_exactly_what_artifact_path_makes(path: str) -> None:
+    try:
+        fmt, index = parse_artifact_path(path)
+    except ValueError:
+        return
+    assert artifact_path(fmt, index) == path
+
+
+def test_artifact_paths_are_the_published_ones() -> None:
+    """Pinned: these strings are in every snapshot manifest, so their id depends on them."""
+    assert [artifact_path(fmt, 3) for fmt in (BIN, IDX, WDS)] == ["bin/00003.bin", "bin/00003.idx", "wds/00003.tar"]
+    assert artifact_path(IDX, 123456) == "bin/123456.idx"
+    assert parse_artifact_path("bin/123456.idx") == (IDX, 123456)
+
+
+@pytest.mark.parametrize("path", ["bin/3.idx", "bin/000003.idx", "bin/00003.tar", "wds/00003.idx", "bin/-0003.bin",
+                                  "bin/０００03.bin", "bin/00003", "bin/00003.idx/x", "/bin/00003.bin", "00003.bin", ""])
+def test_other_paths_do_not_parse(path: str) -> None:
+    with pytest.raises(ValueError):
+        parse_artifact_path(path)
+
+
+def test_unknown_names_and_negative_shards_are_refused() -> None:
+    for bad in (lambda: artifact_path("npy", 0), lambda: artifact_path(BIN, -1), lambda: unit("idx"),
+                lambda: unit_formats("tar")):
+        with pytest.raises(ValueError):
+            bad()
+
+
+def test_the_units_are_exactly_the_output_formats() -> None:
+    assert set(UNIT_NAMES) == set(config.OUTPUT_FORMATS)
+    assert units_for(config.OUTPUT_FORMATS) == list(UNIT_NAMES)
+    assert units_for(reversed(UNIT_NAMES)) == list(UNIT_NAMES)  # unit order, whatever the order asked
+    assert units_for([WDS]) == [WDS]
+    assert units_for([]) == []
+
+
+def test_every_artifact_format_belongs_to_one_unit_and_one_family() -> None:
+    assert {name: unit_formats(name) for name in UNIT_NAMES} == {BIN: (BIN, IDX), WDS: (WDS,)}
+    owners = [fmt.name for item in UNITS for fmt in item.formats]
+    assert sorted(owners) == sorted(ARTIFACT_FORMATS)  # no format in two units
+    families = {item.name: {fmt.family for fmt in item.formats} for item in UNITS}
+    assert all(len(found) == 1 for found in families.values())  # a unit's files travel together
+    assert len({next(iter(found)) for found in families.values()}) == len(UNITS)
+    assert {fmt: family_of(fmt) for fmt in ARTIFACT_FORMATS} == {BIN: "megatron", IDX: "megatron", WDS: "wds"}
+    assert family_of("future") == "future"
+    files = {(fmt.folder, fmt.extension) for fmt in ARTIFACT_FORMATS.values()}
+    assert len(files) == len(ARTIFACT_FORMATS)  # every path names one format
+
+
+def test_extensions_match_what_the_format_writers_name_their_files() -> None:
+    assert megatron.bin_path("x").suffix == f".{artifact_format(BIN).extension}"
+    assert megatron.idx_path("x").suffix == f".{artifact_format(IDX).extension}"
+
+
+def test_publish_lists_every_file_of_every_unit_at_its_artifact_path() -> None:
+    shard = {"index": 7, "documents": 2, "tokens": 9, "sizes": {BIN: 18, IDX: 82, WDS: 4096},
+             "outputs": {fmt: "sha256:" + str(n) * 64 for n, fmt in enumerate((BIN, IDX, WDS))}}
+    listed = publish.artifacts([shard], (WDS, BIN))
+    assert [(a["path"], a["format"]) for a in listed] == [("bin/00007.bin", BIN), ("bin/00007.idx", IDX),
+                                                           ("wds/00007.tar", WDS)]
+    assert [a["path"] for a in publish.artifacts([shard], (WDS,))] == ["wds/00007.tar"]
+
+
+def test_the_old_tables_are_gone() -> None:
+    """One vocabulary: no module keeps its own copy of the unit or artifact tables."""
+    for module, name in ((specs, "UNIT_FILES"), (specs, "UNITS"), (publish, "ARTIFACT_FILES"), (publish, "units"),
+                         (shares, "FORMAT_FAMILY")):
+        assert not hasattr(module, name), f"{module.__name__}.{name}"
