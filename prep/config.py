@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from prep.errors import ConfigError
-from prep.store.refs import NAME_PATTERN
+from prep.store.layout import NAME_PATTERN
 
 FORMATS = ("auto", "jsonl", "parquet", "text", "hf")
 OUTPUT_FORMATS = ("bin", "wds")

@@ -1,4 +1,4 @@
-"""Early writeback: ask the kernel to start writing a file's dirty pages to disk right away.
+"""Durability helpers: fsync by path, and early writeback (start writing a file's dirty pages now).
 
 A file that is only fsynced when complete leaves the whole of it to that final fsync (the kernel
 otherwise waits up to 30 s, or for gigabytes of dirty pages, before writing anything). Starting
@@ -11,8 +11,10 @@ elsewhere a no-op.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 SYNC_FILE_RANGE_WRITE = 2  # start writeback of dirty pages in the range; do not wait for it
 
@@ -43,3 +45,12 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
 def available() -> bool:
     """True where early writeback is supported (Linux)."""
     return _SYNC_FILE_RANGE is not None
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or folder by path (a folder's fsync makes its new entries durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

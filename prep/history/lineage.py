@@ -20,13 +20,13 @@ from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import wds
 from prep.formats.units import BIN, WDS, artifact_path
 from prep.manifest import canonical
-from prep.runner.tasks import fetch_local
 from prep.stages.dedup import MASK_HEADER_BYTES, mask_bytes_for, mask_count, unpack_flags
 from prep.stages.intermediate import Intermediate
 from prep.stages.shuffle import document_id, record_line
 from prep.stages.specs import ShardSpec
 from prep.storage.base import Store
 from prep.store import cas
+from prep.store.cache import local_file as fetch_local
 from prep.store.snapshots import Snapshot
 
 SCAN_BYTES = 1 << 22

@@ -44,7 +44,7 @@ from prep.stages.read import ReadTask, plan_read_tasks
 from prep.stages.specs import ShardSpec, TokenizeSettings
 from prep.storage.base import Store
 from prep.store import records
-from prep.store.gc import Lease, build_lease
+from prep.store.leases import Lease, build_lease
 from prep.store.refs import Ref, move_ref
 from prep.store.snapshots import Snapshot, publish_manifest
 from prep.tokenizer import describe_tokenizer
@@ -69,11 +69,11 @@ class _Builder:
     # -- generic task running ---------------------------------------------------------------
     def run_tasks(self, stage: str, jobs: Sequence[tuple[str, Any]], fn: Callable[[Any], TaskResult],
                   nbytes: Callable[[Any], int] = lambda job: 0,
-                  describe: Callable[[Any], str] | None = None) -> dict[str, dict[str, Any]]:
+                  describe: Callable[[Any], str] | None = None) -> dict[str, records.TaskRecord]:
         """Run every job whose task record is missing; return every task's record by key.
         Outputs of found records are registered as reused: checked before anything reads them."""
         run = self.stages.setdefault(stage, StageRun(stage))
-        committed: dict[str, dict[str, Any]] = {}
+        committed: dict[str, records.TaskRecord] = {}
         todo: list[tuple[str, Any]] = []
         for key, job in jobs:
             record = records.read_task_record(self.store, stage, key)
@@ -82,7 +82,7 @@ class _Builder:
             else:
                 committed[key] = record
                 what = describe(job) if describe else f"{stage} output"
-                self.guard.reused(record["outputs"].values(), Remake(what, fn, job))
+                self.guard.reused(record.outputs.values(), Remake(what, fn, job))
         run.cached += len(committed)
         todo.sort(key=lambda item: -nbytes(item[1]))  # largest first: less idle time at the end
         done_bytes = 0
@@ -156,10 +156,10 @@ class _Builder:
         line_offsets: dict[str, int] = {}
         for (key, job) in jobs:
             record = done[key]
-            summary = record["summary"]
+            summary = record.summary
             offset = line_offsets.get(job.task.source.rel, 0)
             line_offsets[job.task.source.rel] = offset + int(summary.get("lines", 0))
-            entries.append({**job.task.describe(), "key": key, "output": record["outputs"]["intermediate"],
+            entries.append({**job.task.describe(), "key": key, "output": record.outputs["intermediate"],
                             "line_offset": offset, **{k: v for k, v in summary.items()}})
         stage_key = self.stage_key("tokenize", settings.key_fields(), [key for key, _ in jobs])
         manifest = self.commit_stage("tokenize", stage_key, {"tasks": entries})
@@ -185,9 +185,9 @@ class _Builder:
             for group in reads:
                 self.guard.ensure(group)
         record = self.run_tasks(stage, [(key, job)], fn)[key]
-        manifest = self.commit_stage(stage, key, {"outputs": record["outputs"], **record["summary"]})
-        counts = [f"{k}={v}" for k, v in record["summary"].items() if isinstance(v, int)]
-        self.progress.done(stage, ", ".join(counts) or f"{len(record['outputs'])} outputs")
+        manifest = self.commit_stage(stage, key, {"outputs": record.outputs, **record.summary})
+        counts = [f"{k}={v}" for k, v in record.summary.items() if isinstance(v, int)]
+        self.progress.done(stage, ", ".join(counts) or f"{len(record.outputs)} outputs")
         return manifest
 
     def shard(self, parts: tuple[PartRef, ...], keep_id: str, shuffle: dict[str, Any], dtype: str,
@@ -203,12 +203,12 @@ class _Builder:
         unit_keys = {(spec.index, unit): records.content_key(stage_key, spec.index, unit) for spec, unit in all_units}
         found = {pair: records.read_task_record(self.store, "shard", unit_keys[pair[0].index, pair[1]])
                  for pair in all_units}
-        bad = set(self.guard.find_bad(oid for record in found.values() if record for oid in record["outputs"].values()))
+        bad = set(self.guard.find_bad(oid for record in found.values() if record for oid in record.outputs.values()))
         missing = []
         for (spec, unit), record in found.items():
-            if record is None or bad & set(record["outputs"].values()):
+            if record is None or bad & set(record.outputs.values()):
                 missing.append((spec, unit))
-            for object_id in sorted(bad & set(record["outputs"].values()) if record else ()):
+            for object_id in sorted(bad & set(record.outputs.values()) if record else ()):
                 self.guard.discard(object_id, f"shard {spec.index} {unit} file")
         self.progress.stage("shard", f"{len(specs)} shards, {len(all_units) - len(missing)} of {len(all_units)} files committed")
         if missing:
@@ -237,8 +237,8 @@ class _Builder:
             for unit in units_for(formats):
                 record = found[spec, unit]
                 assert record is not None
-                outputs.update(record["outputs"])
-                sizes.update(record["summary"]["sizes"])
+                outputs.update(record.outputs)
+                sizes.update(record.summary["sizes"])
             shards.append({**spec.to_json(), "outputs": outputs, "sizes": sizes})
         self.commit_stage("shard", stage_key, {"shards": shards})
         self.progress.done("shard", f"{run.ran} files written, {run.cached} cached")

@@ -14,10 +14,10 @@ from prep import hashing
 from prep.formats.units import artifact_path, unit_formats, units_for
 from prep.inputs.sources import SourceFile
 from prep.storage.base import Store
+from prep.store.layout import log_key
 from prep.store.refs import Ref
 from prep.store.snapshots import Snapshot
 
-LOGS_PREFIX = "logs/"
 SNAPSHOT_SCHEMA = "prep.snapshot/1"  # manifests/snapshot-1.schema.json
 
 
@@ -79,7 +79,7 @@ def write_log(store: Store, dataset: str, snapshot: Snapshot, stages: dict[str, 
               entries: list[dict[str, Any]], started: float, moved: list[Ref], extra: dict[str, Any]) -> str:
     """Store a build's log record (`prep.build-log/1`) under a fresh name; returns its key."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
-    key = f"{LOGS_PREFIX}{dataset}/{stamp}-{uuid.uuid4().hex[:12]}.json"
+    key = log_key(dataset, stamp, uuid.uuid4().hex[:12])
     record = {
         "schema": "prep.build-log/1",
         "snapshot": snapshot.id,

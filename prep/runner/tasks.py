@@ -3,8 +3,6 @@ content-addressed objects. They never write commit records; the driver does that
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -13,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from prep import hashing
-from prep.cache import cache_root
-from prep.errors import IntegrityError
 from prep.faults import crash_point
 from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import WarmUp
@@ -23,6 +19,7 @@ from prep.stages.specs import Part, ShardSpec, TokenizeSettings
 from prep.storage import open_store
 from prep.storage.base import Store
 from prep.store import cas
+from prep.store.cache import local_file as fetch_local
 
 # The stage modules (numpy, Arrow, tokenizers) are imported inside the task functions: the
 # driver imports this module for the job descriptions and must stay quick to start.
@@ -35,53 +32,6 @@ def worker_store(url: str) -> Store:
     if url not in _STORES:
         _STORES[url] = open_store(url)
     return _STORES[url]
-
-
-def cache_dir() -> Path:
-    return cache_root() / "objects"
-
-
-_CHECKED: set[Path] = set()  # cache files this process has re-hashed
-
-
-def fetch_local(store: Store, object_id: str) -> Path:
-    """A local file holding the object: the store's own file, or a verified cached download.
-
-    The cache is keyed by content hash; a cached file is re-hashed the first time a process
-    uses it (a corrupt one is replaced by a fresh download), so it never serves other bytes."""
-    sha = hashing.parse_id(object_id)
-    local = store.local_path(cas.object_key(sha))
-    if local is not None:
-        return local
-    target = cache_dir() / sha[:2] / sha
-    if target in _CHECKED or (target.exists() and _cached_copy_intact(target, sha)):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.with_name(f".{sha}.{uuid.uuid4().hex}.part")
-    hasher = hashlib.sha256()
-    with store.open(cas.object_key(sha)) as source, open(temp, "wb") as sink:
-        while chunk := source.read(8 << 20):
-            hasher.update(chunk)
-            sink.write(chunk)
-    if hasher.hexdigest() != sha:
-        temp.unlink(missing_ok=True)
-        raise IntegrityError(f"{store.url}: object {object_id} does not hash to its name")
-    os.replace(temp, target)
-    _CHECKED.add(target)
-    return target
-
-
-def _cached_copy_intact(path: Path, sha: str) -> bool:
-    """Re-hash a cached object; a corrupt copy is deleted (the caller downloads it again)."""
-    try:
-        intact = hashing.digest_file(path).sha256 == sha
-    except FileNotFoundError:
-        return False
-    if intact:
-        _CHECKED.add(path)
-    else:
-        path.unlink(missing_ok=True)
-    return intact
 
 
 def prepare_worker(warm: WarmUp | None) -> None:

@@ -7,13 +7,14 @@ create-only: `put_*` never replaces an existing key. Refs move only by compare-a
 from __future__ import annotations
 
 import abc
+import builtins
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from prep.errors import NotFoundError
+from prep.errors import NotFoundError, StoreError
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,14 @@ class Store(abc.ABC):
         """A local folder for building files before `put_file`; the same filesystem as the
         store when possible, so publishing is a rename or hard link rather than a copy."""
         return Path(tempfile.gettempdir())
+
+    def stale_staging(self, cutoff: float) -> builtins.list[ObjectInfo]:
+        """Entries of the store's own staging folder untouched since `cutoff`; none by default."""
+        return []
+
+    def delete_staging(self, info: ObjectInfo) -> None:
+        """Delete one entry `stale_staging` reported, a file or a folder with its contents."""
+        raise StoreError(f"{self.url}: the store has no staging folder of its own, so no {info.key!r}")
 
     def require(self, key: str) -> ObjectInfo:
         info = self.head(key)

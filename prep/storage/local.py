@@ -9,6 +9,7 @@ not a traceback), and a failed put or swap removes its temporary.
 
 from __future__ import annotations
 
+import builtins
 import errno
 import fcntl
 import hashlib
@@ -23,6 +24,7 @@ from typing import BinaryIO
 from prep.errors import NotFoundError, StorageIOError, StoreError
 from prep.faults import crash_point
 from prep.storage.base import ObjectInfo, RefValue, Store
+from prep.writeback import fsync_path
 
 TMP_DIR = "tmp"
 
@@ -36,13 +38,20 @@ def io_errors(operation: str, path: Path) -> Iterator[None]:
         raise StorageIOError.from_os_error(operation, path, exc) from exc
 
 
-def fsync_path(path: Path) -> None:
-    """fsync a file or folder by path (a folder's fsync makes its new entries durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _newest_mtime(path: Path) -> float:
+    """The latest mtime of `path` and, for a folder, of everything below it."""
+    newest = path.lstat().st_mtime
+    if path.is_dir() and not path.is_symlink():
+        for child in path.rglob("*"):
+            newest = max(newest, child.lstat().st_mtime)
+    return newest
+
+
+def _disk_size(path: Path) -> int:
+    """Bytes of a file, or of the files below a folder."""
+    if path.is_dir() and not path.is_symlink():
+        return sum(child.lstat().st_size for child in path.rglob("*") if child.is_file())
+    return path.lstat().st_size
 
 
 class LocalStore(Store):
@@ -61,6 +70,27 @@ class LocalStore(Store):
 
     def staging_dir(self) -> Path:
         return self.root / TMP_DIR
+
+    def stale_staging(self, cutoff: float) -> builtins.list[ObjectInfo]:
+        folder = self.root / TMP_DIR
+        stale = []
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            try:
+                if _newest_mtime(path) <= cutoff:
+                    stale.append(ObjectInfo(f"{TMP_DIR}/{path.name}", _disk_size(path), path.lstat().st_mtime))
+            except FileNotFoundError:
+                continue
+        return stale
+
+    def delete_staging(self, info: ObjectInfo) -> None:
+        path = self._path(info.key)
+        if path.parent != self.root / TMP_DIR:
+            raise StoreError(f"{self.url}: {info.key!r} is not in the staging folder")
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        with io_errors("deleting", path):
+            path.unlink(missing_ok=True)
 
     def _temp_path(self) -> Path:
         return self.root / TMP_DIR / f"{uuid.uuid4().hex}.part"

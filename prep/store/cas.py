@@ -9,13 +9,8 @@ from pathlib import Path
 from prep.errors import IntegrityError, NotFoundError
 from prep.hashing import CHUNK, Digest, digest_bytes, digest_file, parse_id
 from prep.storage.base import Store
-
-OBJECTS_PREFIX = "objects/sha256/"
-
-
-def object_key(sha256_hex: str) -> str:
-    """Where an object with this SHA-256 lives in a store."""
-    return f"{OBJECTS_PREFIX}{sha256_hex[:2]}/{sha256_hex}"
+from prep.store.layout import OBJECTS_PREFIX as OBJECTS_PREFIX
+from prep.store.layout import object_key as object_key
 
 
 def _settle_existing(store: Store, digest: Digest, write: Callable[[], bool]) -> None:

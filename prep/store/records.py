@@ -1,23 +1,85 @@
-"""Commit records and stage keys.
+"""Commit records and stage keys, typed, and the object ids each record or manifest names.
 
-Task records live at `tasks/<stage>/<task key>.json`, stage records at
-`stages/<stage>/<stage key>.json`; both are create-only. Keys are SHA-256 over canonical JSON
-of what determines the output (stage name, resolved settings, code identity, input ids), never
-paths or mtimes.
+Task records (`prep.task/1`) live at `layout.task_record_key`, stage records
+(`prep.stage-record/1`) at `layout.stage_record_key`; both are create-only and are validated
+against their schemas in manifests/ when read. Keys are SHA-256 over canonical JSON of what
+determines the output (stage name, resolved settings, code identity, input ids), never paths or
+mtimes. Garbage collection follows the ids these records and manifests declare (`names`,
+`stage_manifest_names`, `snapshot_names`); any other shape is an IntegrityError.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from prep.errors import IntegrityError
 from prep.manifest import canonical
+from prep.manifest.schema import validate
 from prep.storage.base import Store
 from prep.store import cas
+from prep.store.layout import STAGES_PREFIX as STAGES_PREFIX  # re-exported for callers of records
+from prep.store.layout import TASKS_PREFIX as TASKS_PREFIX
+from prep.store.layout import stage_record_key, task_record_key
 
-TASKS_PREFIX = "tasks/"
-STAGES_PREFIX = "stages/"
+TASK_SCHEMA = "prep.task/1"
+STAGE_RECORD_SCHEMA = "prep.stage-record/1"
+STAGE_SCHEMA = "prep.stage/1"
+SNAPSHOT_SCHEMA = "prep.snapshot/1"
+
+
+@dataclass(frozen=True)
+class Names:
+    """The object ids a record or manifest names; `manifests` are stage manifests, naming more in turn."""
+
+    objects: frozenset[str] = frozenset()
+    manifests: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """One committed task (`prep.task/1`): the objects it stored and what later steps need to know."""
+
+    stage: str
+    key: str
+    outputs: dict[str, str]
+    summary: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": TASK_SCHEMA, "stage": self.stage, "key": self.key, "outputs": self.outputs,
+                "summary": self.summary}
+
+    @classmethod
+    def from_json(cls, data: Any, source: str) -> TaskRecord:
+        """A validated task record; IntegrityError naming `source` when `data` breaks the schema."""
+        validate(data, TASK_SCHEMA, source)
+        return cls(str(data["stage"]), str(data["key"]), dict(data["outputs"]), dict(data["summary"]))
+
+    def names(self) -> Names:
+        return Names(objects=frozenset(self.outputs.values()))
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """One committed stage (`prep.stage-record/1`): the id of its output manifest."""
+
+    stage: str
+    key: str
+    output: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": STAGE_RECORD_SCHEMA, "stage": self.stage, "key": self.key, "output": self.output}
+
+    @classmethod
+    def from_json(cls, data: Any, source: str) -> StageRecord:
+        """A validated stage record; IntegrityError naming `source` when `data` breaks the schema."""
+        validate(data, STAGE_RECORD_SCHEMA, source)
+        return cls(str(data["stage"]), str(data["key"]), str(data["output"]))
+
+    def names(self) -> Names:
+        return Names(manifests=frozenset({self.output}))
 
 
 def content_key(*parts: Any) -> str:
@@ -25,64 +87,108 @@ def content_key(*parts: Any) -> str:
     return hashlib.sha256(canonical.dumps(list(parts))).hexdigest()
 
 
-def task_record_key(stage: str, key: str) -> str:
-    return f"{TASKS_PREFIX}{stage}/{key}.json"
+def _loads(raw: bytes, source: str) -> Any:
+    try:
+        return canonical.loads(raw)
+    except ValueError as exc:
+        raise IntegrityError(f"{source}: unreadable commit record ({exc})") from None
 
 
-def stage_record_key(stage: str, key: str) -> str:
-    return f"{STAGES_PREFIX}{stage}/{key}.json"
+def parse_record(key: str, raw: bytes, source: str) -> TaskRecord | StageRecord:
+    """The record stored at `key` (under tasks/ or stages/), validated, filed under its own key."""
+    data = _loads(raw, source)
+    record: TaskRecord | StageRecord
+    if key.startswith(TASKS_PREFIX):
+        record = TaskRecord.from_json(data, source)
+        own_key = task_record_key(record.stage, record.key)
+    elif key.startswith(STAGES_PREFIX):
+        record = StageRecord.from_json(data, source)
+        own_key = stage_record_key(record.stage, record.key)
+    else:
+        raise IntegrityError(f"{source}: {key!r} is no commit record key")
+    if own_key != key:
+        raise IntegrityError(f"{source}: the record belongs at {own_key}")
+    return record
 
 
-def _read_json(store: Store, key: str) -> dict[str, Any] | None:
+def _read(store: Store, key: str) -> TaskRecord | StageRecord | None:
     if store.head(key) is None:
         return None
-    try:
-        value = canonical.loads(store.get_bytes(key))
-    except ValueError as exc:
-        raise IntegrityError(f"{store.url}/{key}: unreadable commit record ({exc})") from None
-    if not isinstance(value, dict):
-        raise IntegrityError(f"{store.url}/{key}: commit record is not an object")
-    return value
+    return parse_record(key, store.get_bytes(key), f"{store.url}/{key}")
 
 
-def read_task_record(store: Store, stage: str, key: str) -> dict[str, Any] | None:
-    return _read_json(store, task_record_key(stage, key))
+def read_task_record(store: Store, stage: str, key: str) -> TaskRecord | None:
+    record = _read(store, task_record_key(stage, key))
+    assert record is None or isinstance(record, TaskRecord)
+    return record
+
+
+def read_stage_record(store: Store, stage: str, key: str) -> StageRecord | None:
+    record = _read(store, stage_record_key(stage, key))
+    assert record is None or isinstance(record, StageRecord)
+    return record
 
 
 def write_task_record(store: Store, stage: str, key: str, outputs: dict[str, str],
-                      summary: dict[str, Any]) -> dict[str, Any]:
+                      summary: dict[str, Any]) -> TaskRecord:
     """Commit a task: its outputs (object ids, already stored) and summary become reachable."""
-    record = {"schema": "prep.task/1", "stage": stage, "key": key, "outputs": outputs, "summary": summary}
-    store.put_bytes(task_record_key(stage, key), canonical.dumps(record))
+    record = TaskRecord(stage, key, outputs, summary)
+    TaskRecord.from_json(record.to_json(), f"new task record {stage}/{key}")  # never store an invalid one
+    store.put_bytes(task_record_key(stage, key), canonical.dumps(record.to_json()))
     # Another writer may have committed first: its record must name the same outputs.
     existing = read_task_record(store, stage, key)
-    if existing is None or existing.get("outputs") != outputs:
+    if existing is None or existing.outputs != outputs:
         raise IntegrityError(f"{store.url}: task {stage}/{key} was committed with different outputs")
     return existing
 
 
 def read_stage(store: Store, stage: str, key: str) -> dict[str, Any] | None:
     """The committed output manifest of a stage, or None when the stage is not committed."""
-    record = _read_json(store, stage_record_key(stage, key))
+    record = read_stage_record(store, stage, key)
     if record is None:
         return None
-    manifest = canonical.loads(cas.get_bytes(store, str(record["output"])))
+    manifest = canonical.loads(cas.get_bytes(store, record.output))
     if not isinstance(manifest, dict):
-        raise IntegrityError(f"{store.url}: stage manifest {record['output']} is not an object")
+        raise IntegrityError(f"{store.url}: stage manifest {record.output} is not an object")
     return manifest
 
 
 def commit_stage(store: Store, stage: str, key: str, manifest: dict[str, Any]) -> str:
     """Store a stage's output manifest, then its stage record; returns the manifest id."""
-    body = {"schema": "prep.stage/1", "stage": stage, "key": key, **manifest}
+    body = {"schema": STAGE_SCHEMA, "stage": stage, "key": key, **manifest}
     digest = cas.put_bytes(store, canonical.dumps(body))
-    record = canonical.dumps({"schema": "prep.stage-record/1", "stage": stage, "key": key, "output": digest.id})
-    store.put_bytes(stage_record_key(stage, key), record)
+    store.put_bytes(stage_record_key(stage, key), canonical.dumps(StageRecord(stage, key, digest.id).to_json()))
     return digest.id
 
 
 def stage_output_id(store: Store, stage: str, key: str) -> str:
-    record = _read_json(store, stage_record_key(stage, key))
+    record = read_stage_record(store, stage, key)
     if record is None:
         raise IntegrityError(f"{store.url}: stage {stage}/{key} is not committed")
-    return str(record["output"])
+    return record.output
+
+
+# ------------------------------------------------------------------ what a manifest names
+
+_STAGE_NAMES: dict[str, Callable[[dict[str, Any]], Iterable[str]]] = {
+    "tokenize": lambda manifest: (task["output"] for task in manifest["tasks"]),
+    "dedup": lambda manifest: manifest["outputs"].values(),
+    "shuffle": lambda manifest: manifest["outputs"].values(),
+    "shard": lambda manifest: (oid for shard in manifest["shards"] for oid in shard["outputs"].values()),
+}
+
+
+def stage_manifest_names(manifest: Any, source: str) -> Names:
+    """What a `prep.stage/1` manifest names by stage: tokenize tasks[].output, dedup/shuffle outputs, shard shards[].outputs."""
+    validate(manifest, STAGE_SCHEMA, source)
+    names = _STAGE_NAMES.get(manifest["stage"])
+    if names is None:
+        raise IntegrityError(f"{source}: stage manifest of unknown stage {manifest['stage']!r}")
+    return Names(objects=frozenset(str(object_id) for object_id in names(manifest)))
+
+
+def snapshot_names(manifest: Any, source: str) -> Names:
+    """What a `prep.snapshot/1` manifest names: its artifacts' sha256 and, as manifests, its stages' outputs."""
+    validate(manifest, SNAPSHOT_SCHEMA, source)
+    return Names(objects=frozenset(f"sha256:{artifact['sha256']}" for artifact in manifest["artifacts"]),
+                 manifests=frozenset(str(stage["output"]) for stage in manifest["stages"]))

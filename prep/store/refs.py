@@ -8,16 +8,15 @@ when builders race for one ref.
 from __future__ import annotations
 
 import datetime as dt
-import re
 from dataclasses import dataclass
 
-from prep.errors import IntegrityError, RefConflictError, UsageError
+from prep.errors import IntegrityError, RefConflictError
 from prep.manifest import canonical
 from prep.storage.base import Store
+from prep.store.layout import HISTORY_PREFIX as HISTORY_PREFIX  # re-exported for callers of refs
+from prep.store.layout import RECORD_SUFFIX, history_key, history_prefix, ref_key, refs_prefix
+from prep.store.layout import check_name as check_name
 
-REFS_PREFIX = "refs/"
-HISTORY_PREFIX = "history/"
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MAX_SWAP_ATTEMPTS = 50
 
 
@@ -56,20 +55,6 @@ class Ref:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"{source}: malformed ref record ({exc})") from None
-
-
-def check_name(kind: str, name: str) -> str:
-    if not NAME_PATTERN.match(name):
-        raise UsageError(f"invalid {kind} name {name!r}: use letters, digits, '.', '_' or '-'")
-    return name
-
-
-def ref_key(dataset: str, name: str) -> str:
-    return f"{REFS_PREFIX}{check_name('dataset', dataset)}/{check_name('ref', name)}.json"
-
-
-def history_key(dataset: str, name: str, generation: int) -> str:
-    return f"{HISTORY_PREFIX}{dataset}/{name}/{generation:016d}.json"
 
 
 def read_ref(store: Store, dataset: str, name: str) -> Ref | None:
@@ -114,10 +99,9 @@ def move_ref(store: Store, dataset: str, name: str, snapshot: str) -> Ref:
 
 def list_refs(store: Store, dataset: str | None = None) -> list[Ref]:
     """Every ref in the store (or of one dataset), sorted by dataset and name."""
-    prefix = REFS_PREFIX + (f"{check_name('dataset', dataset)}/" if dataset else "")
     refs = []
-    for info in store.list(prefix):
-        if not info.key.endswith(".json"):
+    for info in store.list(refs_prefix(dataset)):
+        if not info.key.endswith(RECORD_SUFFIX):
             continue
         value = store.read_ref(info.key)
         if value is not None:
@@ -128,7 +112,7 @@ def list_refs(store: Store, dataset: str | None = None) -> list[Ref]:
 def ref_history(store: Store, dataset: str) -> list[Ref]:
     """Every generation any ref of `dataset` has taken, newest first."""
     entries = []
-    for info in store.list(f"{HISTORY_PREFIX}{check_name('dataset', dataset)}/"):
+    for info in store.list(history_prefix(dataset)):
         entries.append(Ref.from_json(canonical.loads(store.get_bytes(info.key)), info.key))
     # Refs that moved but crashed before their history record still count.
     seen = {(ref.name, ref.generation) for ref in entries}

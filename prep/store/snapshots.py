@@ -8,16 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.storage.base import Store
 from prep.store import cas
+from prep.store.layout import SNAPSHOTS_PREFIX, marker_sha, snapshot_marker_key
 from prep.store.refs import read_ref
 
 SNAPSHOT_SCHEMA = "prep.snapshot/1"
-INDEX_PREFIX = "snapshots/"
 MIN_PREFIX = 4
 
 
@@ -43,11 +42,6 @@ class Snapshot:
     @property
     def artifacts(self) -> list[dict[str, Any]]:
         return list(self.manifest["artifacts"])
-
-
-def index_key(snapshot_id: str) -> str:
-    """A create-only marker per published manifest, so ids can be listed and found by prefix."""
-    return f"{INDEX_PREFIX}{hashing.parse_id(snapshot_id)}"
 
 
 def parse_manifest(raw: bytes, source: str) -> Snapshot:
@@ -125,7 +119,7 @@ def publish_manifest(store: Store, manifest: dict[str, Any]) -> Snapshot:
     validate(manifest, SNAPSHOT_SCHEMA, "new snapshot manifest")
     raw = canonical.dumps(manifest)
     digest = cas.put_bytes(store, raw)
-    store.put_bytes(index_key(digest.id), b"")
+    store.put_bytes(snapshot_marker_key(digest.id), b"")  # so ids can be listed and found by prefix
     return Snapshot(id=digest.id, manifest=manifest, raw=raw)
 
 
@@ -138,7 +132,7 @@ def load_snapshot(store: Store, snapshot_id: str) -> Snapshot:
 
 
 def list_snapshot_ids(store: Store, prefix: str = "") -> list[str]:
-    return [f"sha256:{info.key[len(INDEX_PREFIX):]}" for info in store.list(INDEX_PREFIX + prefix)]
+    return [f"sha256:{marker_sha(info.key)}" for info in store.list(SNAPSHOTS_PREFIX + prefix)]
 
 
 def is_manifest_path(spec: str) -> bool:

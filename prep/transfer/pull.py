@@ -25,7 +25,6 @@ from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.faults import crash_point
 from prep.storage.base import Store
-from prep.storage.local import fsync_path
 from prep.store import cas
 from prep.store.snapshots import Snapshot
 from prep.transfer.shares import Artifact, Share, artifacts_of, share_of
@@ -42,6 +41,7 @@ from prep.transfer.verify import (
     hash_file,
     run_parallel,
 )
+from prep.writeback import fsync_path
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = "pull.lock"

@@ -198,18 +198,18 @@ def test_a_corrupt_cached_download_is_fetched_again(s3_bucket: str, tmp_path: Pa
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers on an S3 store read objects through a local cache: a cached copy is re-hashed
     the first time a process uses it, and a corrupt one is downloaded again."""
-    from prep.runner import tasks
     from prep.storage import open_store
+    from prep.store import cache
 
-    monkeypatch.setattr(tasks, "_CHECKED", set())
+    monkeypatch.setattr(cache, "_CHECKED", set())
     store = open_store(f"{s3_bucket}/store")
     data = os.urandom(100_000)
     object_id = cas.put_bytes(store, data).id
-    cached = tasks.fetch_local(store, object_id)
+    cached = cache.local_file(store, object_id)
     assert cached.read_bytes() == data
-    tasks._CHECKED.clear()  # a new process
+    cache._CHECKED.clear()  # a new process
     flip_byte(cached, 500)
-    assert tasks.fetch_local(store, object_id).read_bytes() == data
+    assert cache.local_file(store, object_id).read_bytes() == data
 
 
 def test_a_driver_failure_leaves_no_intermediate_staged_by_tasks_in_flight(tmp_path: Path, tokenizer_path: Path,

@@ -22,22 +22,17 @@ from prep.manifest import canonical
 from prep.storage import LocalStore, open_store
 from prep.storage.base import Store
 from prep.store import cas, records
-from prep.store.gc import (
-    BUILD,
-    GC,
-    Lease,
-    build_lease,
-    collect_garbage,
-    parse_duration,
-    process_scope,
-    read_leases,
-)
+from prep.store.gc import collect_garbage, parse_duration
+from prep.store.layout import lease_key, stage_record_key, task_record_key
+from prep.store.leases import BUILD, GC, Lease, build_lease, process_scope, read_leases
 from prep.store.refs import move_ref
 from prep.store.snapshots import load_snapshot, resolve
 from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
 from tests.runner.test_disk_full import fill_up, small_tmpfs
 
 HOUR = 3600
+EMPTY_TOKENIZE = {"documents": 0, "tokens": 0, "text_bytes": 0, "bad_records": 0, "special_token_documents": 0,
+                  "lines": 0, "bad_record_examples": []}
 
 
 def age(root: Path, seconds: float) -> None:
@@ -161,7 +156,7 @@ def test_young_records_are_roots(project: dict[str, Path]) -> None:
     store = LocalStore(project["store"])
     orphan = cas.put_bytes(store, b"an intermediate an abandoned build left behind")
     age(project["store"], 2 * HOUR)
-    records.write_task_record(store, "tokenize", "f" * 64, {"intermediate": orphan.id}, {})
+    records.write_task_record(store, "tokenize", "f" * 64, {"intermediate": orphan.id}, EMPTY_TOKENIZE)
     collect_garbage(store, grace_seconds=HOUR)
     assert cas.check(store, orphan.id)
     age(project["store"], 2 * HOUR)
@@ -191,7 +186,7 @@ def test_gc_waits_for_builds_and_builds_wait_for_gc(project: dict[str, Path]) ->
 
 def test_expired_leases_are_ignored_and_removed(project: dict[str, Path]) -> None:
     store = LocalStore(project["store"])
-    stale = f"leases/{BUILD}/crashed-run/{int(time.time()) - 60:012d}.json"
+    stale = lease_key(BUILD, "crashed-run", int(time.time()) - 60)
     store.put_bytes(stale, b"{}")
     orphan = cas.put_bytes(store, b"garbage of the crashed run")
     age(project["store"], 2 * HOUR)
@@ -205,12 +200,12 @@ def test_a_killed_holder_releases_its_lease_only_where_its_pid_means_something(p
     dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_pid.wait()
     expires = int(time.time()) + 600
-    elsewhere = f"leases/{BUILD}/other-container/{expires:012d}.json"
+    elsewhere = lease_key(BUILD, "other-container", expires)
     store.put_bytes(elsewhere, json.dumps({"pid": dead_pid.pid, "scope": "host/boot/other-namespace"}).encode())
     with pytest.raises(StoreError, match="a build holds lease"):
         collect_garbage(store, grace_seconds=0)
     store.delete(elsewhere)
-    here = f"leases/{BUILD}/killed-run/{expires:012d}.json"
+    here = lease_key(BUILD, "killed-run", expires)
     store.put_bytes(here, json.dumps({"pid": dead_pid.pid, "scope": process_scope()}).encode())
     age(project["store"], 2 * HOUR)
     report = collect_garbage(store, grace_seconds=HOUR)
@@ -228,6 +223,67 @@ def test_gc_refuses_a_store_whose_ref_names_a_missing_snapshot(project: dict[str
     assert stored_objects(store) == objects
 
 
+def _intermediate_of(store: Store, snapshot_id: str) -> str:
+    """The first tokenize intermediate a snapshot needs."""
+    stages = load_snapshot(store, snapshot_id).manifest["stages"]
+    tokenize = next(stage for stage in stages if stage["name"] == "tokenize")
+    return str(canonical.loads(cas.get_bytes(store, tokenize["output"]))["tasks"][0]["output"])
+
+
+def test_gc_follows_the_ids_records_declare_not_ids_their_text_mentions(project: dict[str, Path]) -> None:
+    """An id in a task summary's text names nothing: that object goes, the record stays."""
+    store = LocalStore(project["store"])
+    kept = resolve(store, "tiny@latest")
+    orphan = cas.put_bytes(store, b"an object that only a skip reason mentions")
+    summary = {**EMPTY_TOKENIZE, "bad_records": 1, "bad_record_examples": [f"line 1: no text, only {orphan.id}"]}
+    age(project["store"], 2 * HOUR)
+    records.write_task_record(store, "tokenize", "d" * 64, {"intermediate": _intermediate_of(store, kept.id)}, summary)
+    report = collect_garbage(store, grace_seconds=HOUR)  # the young record is a root, of its outputs only
+    assert report.deleted["objects"].count == 1 and not store.exists(cas.object_key(orphan.sha256))
+    assert stored_objects(store) == reachable(store, kept.id)
+    age(project["store"], 2 * HOUR)
+    report = collect_garbage(store, grace_seconds=HOUR)  # old now, but everything it names is kept
+    assert report.freed.count == 0 and records.read_task_record(store, "tokenize", "d" * 64) is not None
+    assert stored_objects(store) == reachable(store, kept.id)
+    assert_records_resolve(store)
+
+
+def _plant_unknown_shape(store: LocalStore, shape: str, named: str) -> None:
+    """A record or manifest gc cannot read the names of, naming `named` among other things."""
+    key = "d" * 64
+    task = records.TaskRecord("tokenize", key, {"intermediate": named}, EMPTY_TOKENIZE).to_json()
+    if shape == "task record of a later schema":
+        store.put_bytes(task_record_key("tokenize", key), canonical.dumps({**task, "schema": "prep.task/2"}))
+    elif shape == "task record with an unknown field":
+        store.put_bytes(task_record_key("tokenize", key), canonical.dumps({**task, "inputs": [named]}))
+    elif shape == "unreadable task record":
+        store.put_bytes(task_record_key("tokenize", key), canonical.dumps(task)[:-20])
+    elif shape == "stage manifest of an unknown stage":
+        manifest = {"schema": "prep.stage/1", "stage": "publish", "key": key, "outputs": {"all": named}}
+        output = cas.put_bytes(store, canonical.dumps(manifest)).id
+        store.put_bytes(stage_record_key("dedup", key), canonical.dumps(records.StageRecord("dedup", key, output).to_json()))
+    else:  # a ref naming a snapshot manifest of a later schema
+        snapshot = cas.put_bytes(store, canonical.dumps({"schema": "prep.snapshot/2", "blobs": [named]}))
+        move_ref(store, "tiny", "future", snapshot.id)
+
+
+@pytest.mark.parametrize("shape", ["task record of a later schema", "task record with an unknown field",
+                                   "unreadable task record", "stage manifest of an unknown stage",
+                                   "snapshot manifest of a later schema"])
+def test_gc_refuses_a_record_or_manifest_of_unknown_shape(project: dict[str, Path], shape: str) -> None:
+    """gc cannot tell what such a record names, so it deletes nothing rather than guess."""
+    store = LocalStore(project["store"])
+    orphan = cas.put_bytes(store, b"an object only the unknown record names")
+    age(project["store"], 2 * HOUR)
+    _plant_unknown_shape(store, shape, orphan.id)
+    before = sorted(info.key for info in store.list(""))
+    for dry_run in (True, False):
+        with pytest.raises(IntegrityError, match="does not match|unreadable|not JSON"):
+            collect_garbage(store, grace_seconds=HOUR, dry_run=dry_run)
+    assert sorted(info.key for info in store.list("")) == before
+    assert cas.check(store, orphan.id)
+
+
 def test_gc_on_s3(template: dict[str, Path], s3_bucket: str) -> None:  # noqa: F811
     """The same rules through the S3 backend: list mtimes, deletes, and leases as objects."""
     local, store = LocalStore(template["store"]), open_store(s3_bucket)
@@ -237,7 +293,7 @@ def test_gc_on_s3(template: dict[str, Path], s3_bucket: str) -> None:  # noqa: F
     kept = resolve(local, "tiny@latest")
     move_ref(store, "tiny", "latest", kept.id)
     orphan = cas.put_bytes(store, b"an intermediate of an abandoned build")
-    records.write_task_record(store, "tokenize", "e" * 64, {"intermediate": orphan.id}, {})
+    records.write_task_record(store, "tokenize", "e" * 64, {"intermediate": orphan.id}, EMPTY_TOKENIZE)
     with Lease(store, BUILD), pytest.raises(StoreError, match="a build holds lease"):
         collect_garbage(store, grace_seconds=0)
     report = collect_garbage(store, grace_seconds=0)

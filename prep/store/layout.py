@@ -1,0 +1,103 @@
+"""The store's key layout (docs/store.md, "Keys"): every key prefix and key of a store, built here only.
+
+Backends (prep.storage) know nothing of this layout; everything above them takes its keys from
+this module, so the layout can be read, checked and changed in one place.
+"""
+
+from __future__ import annotations
+
+import re
+
+from prep import hashing
+from prep.errors import UsageError
+
+OBJECTS_PREFIX = "objects/sha256/"
+TASKS_PREFIX = "tasks/"
+STAGES_PREFIX = "stages/"
+SNAPSHOTS_PREFIX = "snapshots/"
+REFS_PREFIX = "refs/"
+HISTORY_PREFIX = "history/"
+LOGS_PREFIX = "logs/"
+LEASES_PREFIX = "leases/"
+RECORD_SUFFIX = ".json"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # datasets and ref names
+
+
+def check_name(kind: str, name: str) -> str:
+    """`name` itself when it is a valid dataset or ref name; UsageError otherwise."""
+    if not NAME_PATTERN.match(name):
+        raise UsageError(f"invalid {kind} name {name!r}: use letters, digits, '.', '_' or '-'")
+    return name
+
+
+def object_key(sha256_hex: str) -> str:
+    """Where an object with this SHA-256 lives: `objects/sha256/<h2>/<hex>`."""
+    return f"{OBJECTS_PREFIX}{sha256_hex[:2]}/{sha256_hex}"
+
+
+def object_sha(key: str) -> str:
+    """The SHA-256 hex an object key names (the inverse of `object_key`)."""
+    return key.rsplit("/", 1)[-1]
+
+
+def task_record_key(stage: str, key: str) -> str:
+    """`tasks/<stage>/<task key>.json`."""
+    return f"{TASKS_PREFIX}{stage}/{key}{RECORD_SUFFIX}"
+
+
+def stage_record_key(stage: str, key: str) -> str:
+    """`stages/<stage>/<stage key>.json`."""
+    return f"{STAGES_PREFIX}{stage}/{key}{RECORD_SUFFIX}"
+
+
+def snapshot_marker_key(snapshot_id: str) -> str:
+    """`snapshots/<hex>`: the create-only marker of a published snapshot manifest."""
+    return f"{SNAPSHOTS_PREFIX}{hashing.parse_id(snapshot_id)}"
+
+
+def marker_sha(key: str) -> str:
+    """The snapshot's SHA-256 hex a marker key names (the inverse of `snapshot_marker_key`)."""
+    return key[len(SNAPSHOTS_PREFIX):]
+
+
+def refs_prefix(dataset: str | None = None) -> str:
+    """`refs/`, or `refs/<dataset>/` for the refs of one dataset."""
+    return REFS_PREFIX + (f"{check_name('dataset', dataset)}/" if dataset else "")
+
+
+def ref_key(dataset: str, name: str) -> str:
+    """`refs/<dataset>/<name>.json`, the current value of `dataset@name`."""
+    return f"{refs_prefix(dataset)}{check_name('ref', name)}{RECORD_SUFFIX}"
+
+
+def history_prefix(dataset: str) -> str:
+    """`history/<dataset>/`: every generation any ref of the dataset has taken."""
+    return f"{HISTORY_PREFIX}{check_name('dataset', dataset)}/"
+
+
+def history_key(dataset: str, name: str, generation: int) -> str:
+    """`history/<dataset>/<name>/<generation:016d>.json`."""
+    return f"{HISTORY_PREFIX}{dataset}/{name}/{generation:016d}{RECORD_SUFFIX}"
+
+
+def log_key(dataset: str, stamp: str, suffix: str) -> str:
+    """`logs/<dataset>/<YYYYMMDDTHHMMSSZ>-<12 hex>.json`, one build log."""
+    return f"{LOGS_PREFIX}{dataset}/{stamp}-{suffix}{RECORD_SUFFIX}"
+
+
+def leases_prefix(kind: str | None = None) -> str:
+    """`leases/`, or `leases/<kind>/` for the leases of one kind (build, gc)."""
+    return LEASES_PREFIX + (f"{kind}/" if kind else "")
+
+
+def lease_key(kind: str, run: str, expires: int) -> str:
+    """`leases/<kind>/<run>/<expires epoch, 12 digits>.json`."""
+    return f"{leases_prefix(kind)}{run}/{expires:012d}{RECORD_SUFFIX}"
+
+
+def parse_lease_key(key: str) -> tuple[str, str, int] | None:
+    """(kind, run, expires) of a lease key, or None for a key that is no lease."""
+    parts = key[len(LEASES_PREFIX):].split("/") if key.startswith(LEASES_PREFIX) else []
+    if len(parts) != 3 or not parts[2].endswith(RECORD_SUFFIX) or not parts[2][:-len(RECORD_SUFFIX)].isdigit():
+        return None
+    return parts[0], parts[1], int(parts[2][:-len(RECORD_SUFFIX)])

@@ -1,0 +1,161 @@
+"""Leases: how builds and garbage collection keep out of each other's way (docs/history.md).
+
+A lease is a key `layout.lease_key(kind, run, expires)`; its name alone tells until when it is
+held. Its holder renews it by creating a later-expiring key and deleting the earlier one. gc
+holds a `gc` lease and refuses to start while a live `build` lease exists; builds hold a `build`
+lease and wait while a gc lease lives. Each writes its own lease before looking for the other's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from prep.errors import NotFoundError, StoreError
+from prep.storage.base import ObjectInfo, Store
+from prep.store.layout import lease_key, leases_prefix, parse_lease_key
+
+BUILD, GC = "build", "gc"
+DEFAULT_LEASE_SECONDS = 600
+WAIT_POLL_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """A lease as listed: `leases/<kind>/<run>/<expires epoch>.json`; the name alone tells liveness."""
+
+    key: str
+    kind: str
+    run: str
+    expires: int
+
+    def live(self, now: float) -> bool:
+        return now < self.expires
+
+
+def parse_lease(info: ObjectInfo) -> LeaseInfo | None:
+    """The lease a listed key is, or None for a key under leases/ that is no lease."""
+    parsed = parse_lease_key(info.key)
+    return None if parsed is None else LeaseInfo(info.key, *parsed)
+
+
+def read_leases(store: Store, kind: str | None = None) -> list[LeaseInfo]:
+    """Every lease key in the store (of one kind), oldest expiry first."""
+    found = (parse_lease(info) for info in store.list(leases_prefix(kind)))
+    return sorted((lease for lease in found if lease is not None), key=lambda lease: lease.expires)
+
+
+def process_scope() -> str | None:
+    """What makes a pid meaningful: this boot of this machine and this PID namespace (Linux);
+    None where that cannot be told, and then no lease is ever judged abandoned by its pid."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return f"{socket.gethostname()}/{boot}/{namespace}"
+
+
+def _holder_is_dead(store: Store, lease: LeaseInfo) -> bool:
+    """True when the lease's holder ran in this process scope (same boot, same PID namespace)
+    and its process is gone, so a killed build releases its lease at once instead of at expiry.
+    A lease from anywhere else counts as held (a pid means nothing across hosts or containers)."""
+    try:
+        body = json.loads(store.get_bytes(lease.key))
+    except NotFoundError:
+        return True  # released while we looked
+    except ValueError:
+        return False
+    scope = process_scope()
+    if scope is None or body.get("scope") != scope or not isinstance(body.get("pid"), int):
+        return False
+    try:
+        os.kill(body["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def held(store: Store, lease: LeaseInfo, now: float) -> bool:
+    """True while the lease has not expired and its holder may still be running."""
+    return lease.live(now) and not _holder_is_dead(store, lease)
+
+
+def live_leases(store: Store, kind: str, now: float | None = None) -> list[LeaseInfo]:
+    """Leases not yet expired whose holder may still be running."""
+    moment = time.time() if now is None else now
+    return [lease for lease in read_leases(store, kind) if held(store, lease, moment)]
+
+
+class Lease:
+    """Holds `leases/<kind>/<run>/<expires>.json` while in use, renewing it from a thread: each
+    renewal creates a later-expiring key, then deletes the previous one."""
+
+    def __init__(self, store: Store, kind: str, seconds: int = DEFAULT_LEASE_SECONDS) -> None:
+        self.store, self.kind, self.seconds = store, kind, seconds
+        self.run = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:12]}"
+        self.key = ""
+        self.expires = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _write(self) -> None:
+        expires = int(time.time()) + self.seconds
+        key = lease_key(self.kind, self.run, expires)
+        body = {"kind": self.kind, "run": self.run, "host": socket.gethostname(), "pid": os.getpid(),
+                "scope": process_scope(), "expires": expires}
+        self.store.put_bytes(key, json.dumps(body, sort_keys=True).encode())
+        previous, self.key, self.expires = self.key, key, expires
+        if previous and previous != key:
+            self.store.delete(previous)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.seconds / 4):
+            try:
+                self._write()
+            except Exception:  # noqa: BLE001, S112 - a failed renewal shows as `lapsed`
+                continue
+
+    @property
+    def lapsed(self) -> bool:
+        """True once the lease may have expired (renewals failed): stop acting under it."""
+        return time.time() >= self.expires - 1
+
+    def __enter__(self) -> Self:
+        self._write()
+        self._thread = threading.Thread(target=self._renew, name=f"prep-lease-{self.kind}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.store.delete(self.key)
+
+
+@contextmanager
+def build_lease(store: Store, timeout: float | None = None, poll: float = WAIT_POLL_SECONDS) -> Iterator[Lease]:
+    """What a build holds from before its first cache lookup until its refs moved: a build lease,
+    taken first, then a wait while any gc holds a live lease (StoreError after `timeout`)."""
+    with Lease(store, BUILD) as lease:
+        waited = 0.0
+        while running := live_leases(store, GC):
+            if timeout is not None and waited >= timeout:
+                raise StoreError(f"{store.url}: garbage collection is running ({running[0].key}); try again later")
+            time.sleep(poll)
+            waited += poll
+        yield lease
