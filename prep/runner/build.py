@@ -19,10 +19,10 @@ from prep.errors import InputError, IntegrityError, NotFoundError, StoreError, U
 from prep.faults import crash_point
 from prep.formats.units import unit_formats, units_for
 from prep.inputs.sources import SourceFile, discover, input_version, release_spool
+from prep.progress import Progress
 from prep.runner.executors.base import Executor, WarmUp
 from prep.runner.executors.local import LocalExecutor
 from prep.runner.planning import contiguous_ranges, describe_inputs, hash_inputs, looks_unchanged, task_bytes
-from prep.progress import Progress
 from prep.runner.publish import StageRun, build_stats, snapshot_manifest, write_log
 from prep.runner.reuse import Remake, ReuseGuard
 from prep.runner.tasks import (

@@ -152,6 +152,6 @@ def test_diff_header_names_each_side_once(store: Path) -> None:
 @pytest.mark.parametrize(("count", "shown"), [(0, "0 B"), (999, "999 B"), (1000, "1.0 kB"), (926_600, "926.6 kB"),
                                               (1_300_000_000, "1.3 GB"), (2 * 10**15, "2.0 PB")])
 def test_one_byte_style_everywhere(count: int, shown: str) -> None:
-    from prep.cli.common import human_bytes
+    from prep.progress import human_bytes
 
     assert human_bytes(count) == shown
