@@ -17,7 +17,9 @@ IDX = "idx"
 WDS = "wds"
 """The `wds` unit (output format), and the artifact format of its WebDataset tar."""
 SHARD_DIGITS = 5
-"""Shard indices in artifact names are zero-padded to at least this many digits."""
+"""Shard indices in artifact names are zero-padded to at least this many digits (layout 1)."""
+KEY_NAME_DIGITS = 16
+"""Shards named by their key range's start have names of this many hex digits (layout 2)."""
 
 
 @dataclass(frozen=True)
@@ -88,11 +90,21 @@ def family_of(fmt: str) -> str:
 
 
 def artifact_path(fmt: str, shard_index: int) -> str:
-    """Where a shard's artifact sits in a snapshot: ("idx", 3) -> "bin/00003.idx"."""
+    """Where a shard's artifact sits in a snapshot named by position (layout 1):
+    ("idx", 3) -> "bin/00003.idx"."""
     if shard_index < 0:
         raise ValueError(f"shard index must not be negative, got {shard_index}")
     spec = artifact_format(fmt)
     return f"{spec.folder}/{shard_index:0{SHARD_DIGITS}d}.{spec.extension}"
+
+
+def named_artifact_path(fmt: str, name: str) -> str:
+    """Where a shard's artifact sits in a snapshot named by key range (layout 2):
+    ("idx", "3a00000000000000") -> "bin/3a00000000000000.idx"."""
+    if len(name) != KEY_NAME_DIGITS or any(c not in "0123456789abcdef" for c in name):
+        raise ValueError(f"shard name {name!r} must be {KEY_NAME_DIGITS} lowercase hex digits")
+    spec = artifact_format(fmt)
+    return f"{spec.folder}/{name}.{spec.extension}"
 
 
 def parse_artifact_path(path: str) -> tuple[str, int]:

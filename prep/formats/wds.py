@@ -149,25 +149,47 @@ def member_header(name: str, size: int) -> bytes:
 _DECIMAL_PLACES = 10 ** np.arange(KEY_DIGITS - 1, -1, -1, dtype=np.int64)
 _OCTAL_SIZE_SHIFTS = 3 * np.arange(10, -1, -1, dtype=np.int64)  # 11 octal digits
 _OCTAL_CHECKSUM_SHIFTS = 3 * np.arange(5, -1, -1, dtype=np.int64)  # 6 octal digits
+_HEX_SHIFTS = (4 * np.arange(15, -1, -1)).astype(np.uint64)  # 16 hex digits of a u64, most significant first
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
 def member_headers(positions: npt.ArrayLike, suffix: str, sizes: npt.ArrayLike) -> npt.NDArray[np.uint8]:
     """`member_header(member_name(sample_key(p), suffix), size)` for many members at once, as an
     (n, 512) array: numpy arithmetic instead of three Python-built headers per document."""
     keys = np.asarray(positions, dtype=np.int64)
-    lengths = np.asarray(sizes, dtype=np.int64)
     if keys.size and (keys.min() < 0 or keys.max() >= 10**KEY_DIGITS):
         raise ValueError(f"sample positions must have at most {KEY_DIGITS} digits")
+    return headers_for_keys((keys[:, None] // _DECIMAL_PLACES % 10 + 48).astype(np.uint8), suffix, sizes)
+
+
+def hex_key_chars(key_hi: npt.ArrayLike, key_lo: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+    """The (n, 32) ASCII bytes of `order_key_name` for many keys at once."""
+    halves = [np.asarray(half, dtype=np.uint64) for half in (key_hi, key_lo)]
+    nibbles = np.concatenate([(half[:, None] >> _HEX_SHIFTS) & np.uint64(15) for half in halves], axis=1)
+    return _HEX_DIGITS[nibbles.astype(np.int64)]
+
+
+def order_key_name(key_hi: int, key_lo: int) -> str:
+    """The sample key of a document: its 128-bit order key as 32 lowercase hex digits, so keys
+    sort in sample order and say nothing about where the sample sits in the snapshot."""
+    return f"{key_hi:016x}{key_lo:016x}"
+
+
+def headers_for_keys(key_chars: npt.NDArray[np.uint8], suffix: str, sizes: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+    """Member headers named `<key>.<suffix>` from an (n, width) array of each key's ASCII bytes."""
+    lengths = np.asarray(sizes, dtype=np.int64)
     if lengths.size and (lengths.min() < 0 or lengths.max() > MAX_MEMBER_SIZE):
         raise ValueError(f"member sizes must be within 0..{MAX_MEMBER_SIZE}")
+    width = key_chars.shape[1] if key_chars.ndim == 2 else 0
     rest = ("." + suffix).encode("ascii")
-    headers = np.tile(np.frombuffer(_TEMPLATE, dtype=np.uint8), (len(keys), 1))
-    digits = (keys[:, None] // _DECIMAL_PLACES % 10 + 48).astype(np.uint8)
-    headers[:, :KEY_DIGITS] = digits
-    headers[:, KEY_DIGITS:KEY_DIGITS + len(rest)] = np.frombuffer(rest, dtype=np.uint8)
+    if width + len(rest) > MAX_NAME_BYTES:
+        raise ValueError(f"member names of {width + len(rest)} bytes are longer than {MAX_NAME_BYTES}")
+    headers = np.tile(np.frombuffer(_TEMPLATE, dtype=np.uint8), (len(lengths), 1))
+    headers[:, :width] = key_chars
+    headers[:, width:width + len(rest)] = np.frombuffer(rest, dtype=np.uint8)
     size_digits = ((lengths[:, None] >> _OCTAL_SIZE_SHIFTS) & 7) + 48
     headers[:, _SIZE_OFFSET:_SIZE_OFFSET + 11] = size_digits
-    checksum = (_TEMPLATE_SUM - _ZERO_SIZE_SUM + sum(rest) + digits.sum(axis=1, dtype=np.int64)
+    checksum = (_TEMPLATE_SUM - _ZERO_SIZE_SUM + sum(rest) + key_chars.reshape(len(lengths), -1).sum(axis=1, dtype=np.int64)
                 + size_digits.sum(axis=1) + 0)  # the size field's NUL adds nothing
     headers[:, _CHECKSUM_OFFSET:_CHECKSUM_OFFSET + 6] = ((checksum[:, None] >> _OCTAL_CHECKSUM_SHIFTS) & 7) + 48
     headers[:, _CHECKSUM_OFFSET + 6] = 0

@@ -17,31 +17,25 @@ from prep.code import code_identity
 from prep.config import Pipeline
 from prep.errors import InputError, IntegrityError, NotFoundError, StoreError, UsageError
 from prep.faults import crash_point
-from prep.formats.units import unit_formats, units_for
 from prep.inputs.sources import SourceFile, discover, input_version, release_spool
 from prep.progress import Progress
+from prep.runner import ordering
 from prep.runner.executors.base import Executor, WarmUp
 from prep.runner.executors.local import LocalExecutor
-from prep.runner.planning import contiguous_ranges, describe_inputs, hash_inputs, looks_unchanged, task_bytes
+from prep.runner.planning import describe_inputs, hash_inputs, looks_unchanged, task_bytes
 from prep.runner.publish import StageRun, build_stats, snapshot_manifest, write_log
 from prep.runner.reuse import Remake, ReuseGuard
 from prep.runner.tasks import (
-    AssembleJob,
-    DedupJob,
     PartRef,
-    ShuffleJob,
     TaskResult,
     TokenizeJob,
     discard_staged,
     prepare_worker,
     publish_staged,
-    run_assemble_job,
-    run_dedup_job,
-    run_shuffle_job,
     run_tokenize_job,
 )
 from prep.stages.read import ReadTask, plan_read_tasks
-from prep.stages.specs import ShardSpec, TokenizeSettings
+from prep.stages.specs import TokenizeSettings
 from prep.storage.base import Store
 from prep.store import records
 from prep.store.leases import Lease, build_lease
@@ -58,7 +52,9 @@ class BuildResult:
     log_key: str = ""
 
 
-class _Builder:
+class Builder:
+    """One build's state and the machinery every stage uses: run tasks, skip committed ones, commit."""
+
     def __init__(self, pipeline: Pipeline, store: Store, executor: Executor, progress: Progress) -> None:
         self.pipeline, self.store, self.executor, self.progress = pipeline, store, executor, progress
         self.code = code_identity()
@@ -68,10 +64,11 @@ class _Builder:
 
     # -- generic task running ---------------------------------------------------------------
     def run_tasks(self, stage: str, jobs: Sequence[tuple[str, Any]], fn: Callable[[Any], TaskResult],
-                  nbytes: Callable[[Any], int] = lambda job: 0,
-                  describe: Callable[[Any], str] | None = None) -> dict[str, records.TaskRecord]:
+                  nbytes: Callable[[Any], int] = lambda job: 0, describe: Callable[[Any], str] | None = None,
+                  reads: Sequence[Sequence[str]] = ()) -> dict[str, records.TaskRecord]:
         """Run every job whose task record is missing; return every task's record by key.
-        Outputs of found records are registered as reused: checked before anything reads them."""
+        Outputs of found records are registered as reused: checked before anything reads them;
+        `reads` are the objects the jobs read, checked (in groups, in order) before any job runs."""
         run = self.stages.setdefault(stage, StageRun(stage))
         committed: dict[str, records.TaskRecord] = {}
         todo: list[tuple[str, Any]] = []
@@ -85,6 +82,8 @@ class _Builder:
                 self.guard.reused(record.outputs.values(), Remake(what, fn, job))
         run.cached += len(committed)
         todo.sort(key=lambda item: -nbytes(item[1]))  # largest first: less idle time at the end
+        for group in reads if todo else ():
+            self.guard.ensure(group)
         done_bytes = 0
         self.progress.tick(stage, len(committed), len(jobs), len(committed), force=True)
         published: set[int] = set()
@@ -169,81 +168,6 @@ class _Builder:
     def parts(self, entries: list[dict[str, Any]]) -> tuple[PartRef, ...]:
         return tuple(PartRef(e["output"], e["source"], e["format"], e["line_offset"], e["documents"]) for e in entries)
 
-    def single(self, stage: str, settings: dict[str, Any], inputs: Any, job: Any,
-               fn: Callable[[Any], TaskResult], reads: Sequence[Sequence[str]]) -> dict[str, Any]:
-        """A stage of one task: its task key is its stage key. `reads` are the objects its job
-        reads, checked before it runs, in groups that are recomputed in order."""
-        key = self.stage_key(stage, settings, inputs)
-        existing = self.read_stage(stage, key)
-        if existing is not None:
-            self.stages[stage].cached += 1
-            self.stages[stage].output = records.stage_output_id(self.store, stage, key)
-            self.guard.reused(existing["outputs"].values(), Remake(f"{stage} output", fn, job))
-            return existing
-        self.progress.stage(stage)
-        if records.read_task_record(self.store, stage, key) is None:
-            for group in reads:
-                self.guard.ensure(group)
-        record = self.run_tasks(stage, [(key, job)], fn)[key]
-        manifest = self.commit_stage(stage, key, {"outputs": record.outputs, **record.summary})
-        counts = [f"{k}={v}" for k, v in record.summary.items() if isinstance(v, int)]
-        self.progress.done(stage, ", ".join(counts) or f"{len(record.outputs)} outputs")
-        return manifest
-
-    def shard(self, parts: tuple[PartRef, ...], keep_id: str, shuffle: dict[str, Any], dtype: str,
-              eos_id: int, workers: int) -> list[dict[str, Any]]:
-        """Write every shard's units (bin: .bin and .idx; wds: .tar), each with its own task
-        record; jobs get contiguous runs of units of similar size, at most one per worker.
-        A committed unit whose files fail their check is written again."""
-        formats = self.pipeline.output.formats
-        settings = {"formats": list(formats), "dtype": dtype, "eos_id": eos_id}
-        stage_key = self.stage_key("shard", settings, [self.stages["shuffle"].output])
-        specs = [ShardSpec.from_json(s) for s in shuffle["shards"]]
-        all_units = [(spec, unit) for spec in specs for unit in units_for(formats)]
-        unit_keys = {(spec.index, unit): records.content_key(stage_key, spec.index, unit) for spec, unit in all_units}
-        found = {pair: records.read_task_record(self.store, "shard", unit_keys[pair[0].index, pair[1]])
-                 for pair in all_units}
-        bad = set(self.guard.find_bad(oid for record in found.values() if record for oid in record.outputs.values()))
-        missing = []
-        for (spec, unit), record in found.items():
-            if record is None or bad & set(record.outputs.values()):
-                missing.append((spec, unit))
-            for object_id in sorted(bad & set(record.outputs.values()) if record else ()):
-                self.guard.discard(object_id, f"shard {spec.index} {unit} file")
-        self.progress.stage("shard", f"{len(specs)} shards, {len(all_units) - len(missing)} of {len(all_units)} files committed")
-        if missing:
-            self.guard.ensure([part.object_id for part in parts])
-            self.guard.ensure([keep_id])
-            self.guard.ensure([shuffle["outputs"]["plan"]])
-        weights = [spec.bin_size if unit == "bin" else spec.tar_size for spec, unit in missing]
-        groups = [tuple(missing[start:end]) for start, end in contiguous_ranges(weights, workers)]
-        jobs = [AssembleJob(self.store.url, parts, keep_id, shuffle["outputs"]["plan"], group, dtype, eos_id)
-                for group in groups]
-        run = self.stages["shard"]
-        for index, result in self.executor.run(run_assemble_job, jobs):
-            self.guard.produced(result.outputs.values())
-            for spec, unit in groups[index]:
-                crash_point("shard.before_commit")
-                found[spec, unit] = records.write_task_record(
-                    self.store, "shard", unit_keys[spec.index, unit],
-                    {fmt: result.outputs[f"{spec.index}/{fmt}"] for fmt in unit_formats(unit)},
-                    {"sizes": {fmt: result.summary["sizes"][f"{spec.index}/{fmt}"] for fmt in unit_formats(unit)}})
-                run.ran += 1
-        run.cached = len(all_units) - len(missing)
-        shards = []
-        for spec in specs:
-            outputs: dict[str, str] = {}
-            sizes: dict[str, int] = {}
-            for unit in units_for(formats):
-                record = found[spec, unit]
-                assert record is not None
-                outputs.update(record.outputs)
-                sizes.update(record.summary["sizes"])
-            shards.append({**spec.to_json(), "outputs": outputs, "sizes": sizes})
-        self.commit_stage("shard", stage_key, {"shards": shards})
-        self.progress.done("shard", f"{run.ran} files written, {run.cached} cached")
-        return shards
-
 
 def make_executor(kind: str, workers: int, ray_address: str | None = None) -> Executor:
     """The executor named by `--executor`; local workers start (and import the task modules) at once."""
@@ -268,7 +192,7 @@ def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[s
 
 def _build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[str], progress: Progress,
            lease: Lease) -> BuildResult:
-    builder = _Builder(pipeline, store, executor, progress)
+    builder = Builder(pipeline, store, executor, progress)
     started = time.time()
     tokenizer_path = pipeline.tokenizer_path()
     info = describe_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)
@@ -309,21 +233,11 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[
     return BuildResult(snapshot, moved, builder.stages, log_key)
 
 
-def _global_stages(builder: _Builder, entries: list[dict[str, Any]], dtype: str,
+def _global_stages(builder: Builder, entries: list[dict[str, Any]], dtype: str,
                    eos_id: int) -> tuple[list[dict[str, Any]], int]:
-    """Dedup, shuffle and shard over the tokenize outputs; returns the shards and duplicates dropped."""
-    pipeline, store = builder.pipeline, builder.store
+    """Route, order and shard over the tokenize outputs; returns the shards and duplicates dropped."""
     parts = builder.parts(entries)
-    part_ids = [part.object_id for part in parts]
-    tokenize_out = builder.stages["tokenize"].output
-    dedup = builder.single("dedup", {"exact": pipeline.dedup.exact}, [tokenize_out],
-                           DedupJob(store.url, parts, pipeline.dedup.exact), run_dedup_job, [part_ids])
-    keep_id = dedup["outputs"]["keep"]
-    formats = pipeline.output.formats
-    shuffle_settings = {"seed": pipeline.seed, "shard_size": pipeline.output.shard_size,
-                        "dtype": dtype, "formats": list(formats)}
-    shuffle_job = ShuffleJob(store.url, parts, keep_id, pipeline.seed, pipeline.output.shard_size, dtype, formats)
-    shuffle = builder.single("shuffle", shuffle_settings, [tokenize_out, builder.stages["dedup"].output],
-                             shuffle_job, run_shuffle_job, [part_ids, [keep_id]])
-    shards = builder.shard(parts, keep_id, shuffle, dtype, eos_id, builder.executor.workers)
-    return shards, int(dedup["duplicates_dropped"])
+    routed = ordering.route(builder, parts)
+    ordered = ordering.order(builder, routed, 2 if dtype == "uint16" else 4, dtype)
+    shards = ordering.shard(builder, parts, ordered, dtype, eos_id)
+    return shards, sum(int(bucket["duplicates_dropped"]) for bucket in ordered["buckets"])

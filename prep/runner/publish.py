@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prep import hashing
-from prep.formats.units import artifact_path, unit_formats, units_for
+from prep.formats.units import named_artifact_path, unit_formats, units_for
 from prep.inputs.sources import SourceFile
 from prep.storage.base import Store
 from prep.store.layout import log_key
@@ -38,7 +38,7 @@ def artifacts(shards: list[dict[str, Any]], formats: tuple[str, ...]) -> list[di
     for shard in shards:
         for fmt in (fmt for unit in units_for(formats) for fmt in unit_formats(unit)):
             listed.append({
-                "path": artifact_path(fmt, shard["index"]), "format": fmt, "shard": shard["index"],
+                "path": named_artifact_path(fmt, shard["name"]), "format": fmt, "shard": shard["index"],
                 "size": shard["sizes"][fmt], "sha256": hashing.parse_id(shard["outputs"][fmt]),
                 "documents": shard["documents"], "tokens": shard["tokens"],
             })

@@ -12,10 +12,12 @@ from typing import Any
 
 from prep import hashing
 from prep.faults import crash_point
+from prep.formats.units import WDS
 from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import WarmUp
+from prep.stages.cuts import ShardPlan
 from prep.stages.read import ReadTask
-from prep.stages.specs import Part, ShardSpec, TokenizeSettings
+from prep.stages.specs import Part, TokenizeSettings
 from prep.storage import open_store
 from prep.storage.base import Store
 from prep.store import cas
@@ -139,95 +141,108 @@ def run_tokenize_job(job: TokenizeJob) -> TaskResult:
 
 
 @dataclass(frozen=True)
-class DedupJob:
+class RouteJob:
+    """Route one tokenize part into key buckets (prep.stages.order). `same_file` lists the other
+    parts of a file split into byte ranges, given to the file's first part only: ids must be
+    unique within a file, so that task checks them across all of its parts."""
+
     store_url: str
-    parts: tuple[PartRef, ...]
-    exact: bool
+    part: PartRef
+    ordinal: int
+    seed: int
+    bits: int
+    same_file: tuple[PartRef, ...] = ()
 
 
-def run_dedup_job(job: DedupJob) -> TaskResult:
-    from prep.stages.dedup import check_unique_ids, keep_mask, pack_mask, read_hashes
+def run_route_job(job: RouteJob) -> TaskResult:
+    from prep.stages.dedup import check_unique_ids
+    from prep.stages.order import route_part
 
     store = worker_store(job.store_url)
-    by_source: dict[str, list[PartRef]] = {}
-    for ref in job.parts:
-        by_source.setdefault(ref.source, []).append(ref)
-    for source, refs in by_source.items():
-        if len(refs) > 1:
-            check_unique_ids(source, (ref.resolve(store).path for ref in refs))
-    keep = keep_mask((read_hashes(ref.resolve(store).path) for ref in job.parts), job.exact)
-    digest = cas.put_bytes(store, pack_mask(keep))
-    return TaskResult({"keep": digest.id},
-                      {"documents_read": len(keep), "duplicates_dropped": int(len(keep) - keep.sum())}, {})
+    part = job.part.resolve(store)
+    if job.same_file:
+        check_unique_ids(job.part.source, [part.path, *(ref.resolve(store).path for ref in job.same_file)])
+    staged = store.staging_dir() / f"route-{uuid.uuid4().hex}.part"
+    try:
+        digest, summary = route_part(part, job.ordinal, job.seed, job.bits, staged)
+        stored = cas.put_file(store, staged, digest)
+    finally:
+        staged.unlink(missing_ok=True)
+    return TaskResult({"route": stored.id}, summary, {})
 
 
 @dataclass(frozen=True)
-class ShuffleJob:
+class OrderJob:
+    """Dedup, sort and cut one key bucket: reads the bucket's slice of every route object (named
+    by the route stage manifest) and the parts' identities (from the tokenize stage manifest)."""
+
     store_url: str
-    parts: tuple[PartRef, ...]
-    keep_id: str
-    seed: int
+    route_stage: str
+    tokenize_stage: str
+    bucket: int
+    bits: int
+    exact: bool
     shard_size: int
-    dtype: str
-    formats: tuple[str, ...]
+    itemsize: int
 
 
-def run_shuffle_job(job: ShuffleJob) -> TaskResult:
-    import numpy as np
-
-    from prep.stages.dedup import unpack_mask
-    from prep.stages.shuffle import plan_bytes, plan_shards
+def run_order_job(job: OrderJob) -> TaskResult:
+    from prep.manifest import canonical
+    from prep.stages.order import PartIdentity, order_bucket
 
     store = worker_store(job.store_url)
-    keep = unpack_mask(cas.get_bytes(store, job.keep_id))
-    parts = [ref.resolve(store) for ref in job.parts]
-    plan, shards = plan_shards(parts, keep, job.seed, job.shard_size, np.dtype(job.dtype), job.formats)
-    digest = cas.put_bytes(store, plan_bytes(plan))
-    return TaskResult({"plan": digest.id}, {"shards": [spec.to_json() for spec in shards]}, {})
+    routes = canonical.loads(cas.get_bytes(store, job.route_stage))["tasks"]
+    tasks = canonical.loads(cas.get_bytes(store, job.tokenize_stage))["tasks"]
+    parts = [PartIdentity(t["output"], t["source"], int(t["line_offset"])) for t in tasks]
+    paths = [fetch_local(store, route["output"]) for route in routes]
+    staged = store.staging_dir() / f"order-{uuid.uuid4().hex}.part"
+    try:
+        digest, summary = order_bucket(paths, parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize,
+                                       staged)
+        stored = cas.put_file(store, staged, digest)
+    finally:
+        staged.unlink(missing_ok=True)
+    return TaskResult({"bucket": stored.id}, summary, {})
 
 
 @dataclass(frozen=True)
 class AssembleJob:
     """Write some units of some shards (see prep.stages.shard) and store their files.
-    `units` pairs a shard with "bin" (its .bin and .idx) or "wds" (its .tar)."""
+    `units` pairs a shard with "bin" (its .bin and .idx) or "wds" (its .tar); `buckets` names
+    the bucket object of every bucket the shards' slices read."""
 
     store_url: str
     parts: tuple[PartRef, ...]
-    keep_id: str
-    plan_id: str
-    units: tuple[tuple[ShardSpec, str], ...]
+    buckets: tuple[tuple[int, str], ...]
+    units: tuple[tuple[ShardPlan, str], ...]
     dtype: str
     eos_id: int
 
 
 def run_assemble_job(job: AssembleJob) -> TaskResult:
-    """Outputs are keyed `<shard>/<format>`; one metadata pass serves every unit of the job."""
+    """Outputs are keyed `<shard name>/<format>`."""
     import numpy as np
 
-    from prep.stages.dedup import unpack_mask
-    from prep.stages.shard import PartReader, collect_documents, write_unit
-    from prep.stages.shuffle import plan_from_bytes
+    from prep.stages.shard import PartReader, collect_shard, write_unit
 
     store = worker_store(job.store_url)
-    keep = unpack_mask(cas.get_bytes(store, job.keep_id))
-    plan = plan_from_bytes(cas.get_bytes(store, job.plan_id))
     parts = [ref.resolve(store) for ref in job.parts]
-    shards = sorted({spec.index for spec, _ in job.units})
-    documents = collect_documents(parts, keep, plan, shards, with_json=any(unit == "wds" for _, unit in job.units))
+    buckets = {bucket: fetch_local(store, object_id) for bucket, object_id in job.buckets}
     work_dir = store.staging_dir() / f"assemble-{uuid.uuid4().hex}"
     work_dir.mkdir(parents=True)
     reader = PartReader(parts)
     outputs: dict[str, str] = {}
     sizes: dict[str, int] = {}
     try:
-        for spec, unit in job.units:
-            written = write_unit(unit, spec, documents[spec.index], reader, np.dtype(job.dtype), job.eos_id, work_dir)
+        for plan, unit in job.units:
+            documents = collect_shard(plan, buckets, parts, with_json=unit == WDS)
+            written = write_unit(unit, plan, documents, reader, np.dtype(job.dtype), job.eos_id, work_dir)
             crash_point("shard.after_write")
             for fmt, (path, digest) in sorted(written.items()):
                 cas.put_file(store, path, digest)
                 crash_point("shard.between_puts")
-                outputs[f"{spec.index}/{fmt}"] = digest.id
-                sizes[f"{spec.index}/{fmt}"] = digest.size
+                outputs[f"{plan.name}/{fmt}"] = digest.id
+                sizes[f"{plan.name}/{fmt}"] = digest.size
                 path.unlink()
         return TaskResult(outputs, {"sizes": sizes}, {})
     finally:

@@ -1,5 +1,5 @@
 """Shard assembly: write each planned shard file front to back, gathering its documents from the
-intermediates in shuffled order.
+intermediates in key order (the shard's slices of the bucket objects say where they are).
 
 A shard has two units of work, one per format: `bin` (the .bin and .idx) and `wds` (the .tar);
 prep/formats/units.py names them and their files.
@@ -24,17 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from prep.errors import IntegrityError, StorageIOError
 from prep.faults import crash_point
 from prep.formats import little_endian, megatron, wds
 from prep.formats.units import BIN, IDX, WDS, artifact_format, unit_formats
 from prep.hashing import Digest, HashingWriter
-from prep.stages.columns import int_column, to_numbers, to_strings
-from prep.stages.intermediate import Intermediate
+from prep.stages.cuts import ShardPlan
+from prep.stages.order import ENTRY_DTYPE, NO_ID, EntryFile
 from prep.stages.shuffle import document_id, record_line
-from prep.stages.specs import Part, ShardSpec
+from prep.stages.specs import Part
 from prep.writeback import start_writeback
 
 CHUNK_BYTES = 8 << 20
@@ -44,62 +43,48 @@ _GATHER_COLUMNS = ["row", "id", "n_tokens", "text_bytes", "text_offset", "tokens
 
 @dataclass(frozen=True)
 class ShardDocuments:
-    """One shard's documents in position order: where each one's bytes are, and its `.json`."""
+    """One shard's documents in key order: where each one's bytes are, its key and its `.json`."""
 
     part: np.ndarray  # index into the parts list
     text_offset: np.ndarray
     text_bytes: np.ndarray
     tokens_offset: np.ndarray
     n_tokens: np.ndarray  # without EOS
+    key_hi: np.ndarray
+    key_lo: np.ndarray
     jsons: list[bytes]  # empty unless the wds unit needs them
 
 
-def collect_documents(parts: list[Part], keep: np.ndarray, plan: np.ndarray, shards: list[int],
-                      with_json: bool) -> dict[int, ShardDocuments]:
-    """One pass over the intermediates' metadata: the documents of `shards`, each in position order."""
-    wanted = np.zeros(int(plan["shard"].max()) + 1 if len(plan) else 0, dtype=bool)
-    wanted[shards] = True
-    kept_index = np.cumsum(keep) - 1  # document index -> plan row (valid where kept)
-    columns: dict[str, list[np.ndarray]] = {name: [] for name in ("shard", "pos", "part", "text_offset", "text_bytes",
-                                                                  "tokens_offset", "n_tokens")}
+def collect_shard(plan: ShardPlan, buckets: dict[int, Path], parts: list[Part], with_json: bool) -> ShardDocuments:
+    """The documents of one shard, read from its slices of the bucket objects (in key order)."""
+    chunks: list[np.ndarray] = []
     jsons: list[bytes] = []
-    first = 0
-    for number, part in enumerate(parts):
-        table = Intermediate(part.path, _GATHER_COLUMNS).table()
-        if table.num_rows != part.documents:
-            raise IntegrityError(f"{part.path}: {table.num_rows} documents, the tokenize record says {part.documents}")
-        rows = np.arange(first, first + part.documents)
-        first += part.documents
-        mine = keep[rows].copy()
-        mine[mine] = wanted[plan["shard"][kept_index[rows[mine]]]]
-        selected = np.flatnonzero(mine)
-        if not len(selected):
-            continue
-        entries = plan[kept_index[rows[selected]]]
-        columns["shard"].append(entries["shard"])
-        columns["pos"].append(entries["pos"])
-        columns["part"].append(np.full(len(selected), number, dtype=np.int32))
-        for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
-            columns[name].append(to_numbers(table.column(name))[selected].astype(np.int64))
+    for bucket, first, count in plan.slices:
+        entries, ids = EntryFile.open(buckets[bucket]).read(first, count)
+        chunks.append(entries)
         if with_json:
-            ids = to_strings(table.column("id").take(int_column(selected, pa.int64())))
-            record_rows = to_numbers(table.column("row"))[selected].tolist()
-            for doc_id, row, n in zip(ids, record_rows, columns["n_tokens"][-1].tolist()):
-                line = record_line(part.format, part.line_offset, row)
-                jsons.append(wds.sample_json(document_id(doc_id, part.source, line), part.source, line, n + 1))
-    if not columns["shard"]:
-        return {}
-    merged = {name: np.concatenate(arrays) for name, arrays in columns.items()}
-    order = np.lexsort((merged["pos"], merged["shard"]))
-    result: dict[int, ShardDocuments] = {}
-    shard_of = merged["shard"][order]
-    for index in shards:
-        rows = order[np.searchsorted(shard_of, index, "left"):np.searchsorted(shard_of, index, "right")]
-        result[index] = ShardDocuments(
-            part=merged["part"][rows], text_offset=merged["text_offset"][rows], text_bytes=merged["text_bytes"][rows],
-            tokens_offset=merged["tokens_offset"][rows], n_tokens=merged["n_tokens"][rows],
-            jsons=[jsons[i] for i in rows.tolist()] if with_json else [])
-    return result
+            jsons.extend(_sample_jsons(entries, ids, parts))
+    entries = np.concatenate(chunks) if chunks else np.zeros(0, dtype=ENTRY_DTYPE)
+    if len(entries) != plan.documents:
+        raise IntegrityError(f"shard {plan.name}: found {len(entries)} documents, the plan has {plan.documents}")
+    return ShardDocuments(
+        part=entries["part"].astype(np.int64), text_offset=entries["text_offset"].astype(np.int64),
+        text_bytes=entries["text_bytes"].astype(np.int64), tokens_offset=entries["tokens_offset"].astype(np.int64),
+        n_tokens=entries["n_tokens"].astype(np.int64), key_hi=entries["key_hi"], key_lo=entries["key_lo"], jsons=jsons)
+
+
+def _sample_jsons(entries: np.ndarray, ids: bytes, parts: list[Part]) -> list[bytes]:
+    """Each document's `.json` member: id (or source:line), source, line, tokens with EOS."""
+    view = memoryview(ids)
+    found = []
+    for part, row, id_offset, id_len, tokens in zip(entries["part"].tolist(), entries["row"].tolist(),
+                                                   entries["id_offset"].tolist(), entries["id_len"].tolist(),
+                                                   entries["n_tokens"].tolist()):
+        source = parts[part]
+        line = record_line(source.format, source.line_offset, row)
+        doc_id = None if id_len == NO_ID else bytes(view[id_offset:id_offset + id_len]).decode("utf-8", "surrogatepass")
+        found.append(wds.sample_json(document_id(doc_id, source.source, line), source.source, line, tokens + 1))
+    return found
 
 
 class PartReader:
@@ -262,8 +247,7 @@ def write_bin(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eo
     return bin_digest, index.close()
 
 
-def write_tar(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
-              first_pos: int, tar_path: Path) -> Digest:
+def write_tar(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eos_id: int, tar_path: Path) -> Digest:
     """The shard's WebDataset tar: three members per document in position order, then the
     end-of-archive blocks."""
     little = little_endian(dtype)
@@ -287,8 +271,8 @@ def write_tar(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eo
         if start >= end:
             return  # only the end-of-archive blocks
         at = sample_at[start:end] - int(sample_at[start])
-        positions = np.arange(first_pos + start, first_pos + end)
-        headers = [wds.member_headers(positions, suffix, sizes[start:end]).data.cast("B")
+        names = wds.hex_key_chars(docs.key_hi[start:end], docs.key_lo[start:end])
+        headers = [wds.headers_for_keys(names, suffix, sizes[start:end]).data.cast("B")
                    for suffix, sizes in ((wds.JSON_SUFFIX, json_sizes), (wds.TOKENS_SUFFIX, npy_sizes),
                                          (wds.TEXT_SUFFIX, docs.text_bytes))]
         tokens_at = at + npy_at[start:end] + npy_head
@@ -314,13 +298,11 @@ def write_tar(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eo
     return _write_chunks(tar_path, spans, fill, zeroed=True)
 
 
-def write_unit(unit: str, spec: ShardSpec, docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any],
+def write_unit(unit: str, plan: ShardPlan, docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any],
                eos_id: int, work_dir: Path) -> dict[str, tuple[Path, Digest]]:
     """Write one unit of a shard into `work_dir`; returns {format: (path, digest)}."""
-    stem = work_dir / f"shard-{spec.index:05d}"
-    if len(docs.n_tokens) != spec.documents:
-        raise IntegrityError(f"shard {spec.index}: found {len(docs.n_tokens)} documents, the plan has {spec.documents}")
-    paths = {fmt: stem.with_suffix(f".{artifact_format(fmt).extension}") for fmt in unit_formats(unit)}
+    stem = work_dir / f"shard-{plan.name}"
+    paths = {fmt: Path(f"{stem}.{artifact_format(fmt).extension}") for fmt in unit_formats(unit)}
     if unit == BIN:
         bin_path, idx_path = paths[BIN], paths[IDX]
         try:
@@ -330,11 +312,8 @@ def write_unit(unit: str, spec: ShardSpec, docs: ShardDocuments, reader: PartRea
                 with suppress(OSError):
                     path.unlink(missing_ok=True)
             raise StorageIOError.from_os_error("writing", idx_path, exc) from exc
-        if bin_digest.size != spec.bin_size:
-            raise IntegrityError(f"shard {spec.index}: wrote {bin_digest.size} .bin bytes, planned {spec.bin_size}")
+        if bin_digest.size != plan.bin_size:
+            raise IntegrityError(f"shard {plan.name}: wrote {bin_digest.size} .bin bytes, planned {plan.bin_size}")
         return {BIN: (bin_path, bin_digest), IDX: (idx_path, idx_digest)}
     tar_path = paths[WDS]
-    digest = write_tar(docs, reader, dtype, eos_id, spec.first_pos, tar_path)
-    if digest.size != spec.tar_size:
-        raise IntegrityError(f"shard {spec.index}: wrote {digest.size} .tar bytes, planned {spec.tar_size}")
-    return {WDS: (tar_path, digest)}
+    return {WDS: (tar_path, write_tar(docs, reader, dtype, eos_id, tar_path))}

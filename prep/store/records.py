@@ -174,12 +174,15 @@ _STAGE_NAMES: dict[str, Callable[[dict[str, Any]], Iterable[str]]] = {
     "tokenize": lambda manifest: (task["output"] for task in manifest["tasks"]),
     "dedup": lambda manifest: manifest["outputs"].values(),
     "shuffle": lambda manifest: manifest["outputs"].values(),
+    "route": lambda manifest: (task["output"] for task in manifest["tasks"]),
+    "order": lambda manifest: (bucket["output"] for bucket in manifest["buckets"]),
     "shard": lambda manifest: (oid for shard in manifest["shards"] for oid in shard["outputs"].values()),
 }
 
 
 def stage_manifest_names(manifest: Any, source: str) -> Names:
-    """What a `prep.stage/1` manifest names by stage: tokenize tasks[].output, dedup/shuffle outputs, shard shards[].outputs."""
+    """What a `prep.stage/1` manifest names by stage: tokenize and route tasks[].output, dedup and
+    shuffle outputs, order buckets[].output, shard shards[].outputs."""
     validate(manifest, STAGE_SCHEMA, source)
     names = _STAGE_NAMES.get(manifest["stage"])
     if names is None:

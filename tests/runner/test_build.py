@@ -68,7 +68,8 @@ def test_tokens_match_reference_and_formats_agree(corpus: Path, tokenizer_path: 
     assert stats["documents_written"] == len(sequences) == len(samples) == 126
     assert stats["tokens_written"] == sum(len(s) for s in sequences)
     assert stats["special_token_documents"] == 1
-    assert [key for key, _ in samples] == [f"{i:010d}" for i in range(len(samples))]
+    keys = [key for key, _ in samples]
+    assert keys == sorted(set(keys)) and all(len(key) == 32 and int(key, 16) >= 0 for key in keys)
     seen = set()
     for sequence, (_key, members) in zip(sequences, samples):
         meta = json.loads(members["json"])

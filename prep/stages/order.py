@@ -1,0 +1,294 @@
+"""The global order, partitioned: every document gets a 128-bit order key (a keyed permutation of
+its text hash), documents are routed into key-range buckets, and each bucket is deduplicated and
+sorted on its own. Memory of every task depends on its own part or bucket, never on the corpus.
+
+Route (one task per tokenize part): read the part's metadata, compute keys, write the part's
+entries grouped by bucket and sorted by key. Order (one task per bucket): gather the bucket's
+slice of every route output, sort by key then input order, keep the first of each run of equal
+keys (equal keys are equal text hashes: the key is a bijection of the hash), and cut the bucket
+into content-defined shard leaves (prep.stages.leaves).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prep.errors import IntegrityError
+from prep.hashing import Digest, HashingWriter
+from prep.manifest import canonical
+from prep.stages.columns import to_numbers, to_strings
+from prep.stages.intermediate import hash_pairs, read_columns
+from prep.stages.specs import Part
+
+ENTRY_DTYPE = np.dtype([
+    ("key_hi", "<u8"), ("key_lo", "<u8"), ("part", "<u4"), ("row", "<u4"), ("text_offset", "<u8"),
+    ("text_bytes", "<u8"), ("tokens_offset", "<u8"), ("n_tokens", "<u8"), ("id_offset", "<u8"),
+    ("id_len", "<u4"), ("flags", "<u4"),
+])
+"""One document of a route or bucket object: 72 bytes, little-endian (docs/manifests.md)."""
+NO_ID = 0xFFFFFFFF  # id_len of a document without a recorded id
+MAGIC = b"PREPENT1"
+_HEAD = struct.Struct("<8sQ")
+_ROUTE_COLUMNS = ["row", "id", "text_hash", "text_bytes", "n_tokens", "text_offset", "tokens_offset"]
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix64(values: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = values + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def order_keys(hashes: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The (hi, lo) 128-bit order key of each (n, 2) text hash: three Feistel rounds keyed by
+    the seed, so distinct hashes get distinct keys and the order is a pure function of both."""
+    rounds = _splitmix64(np.array([seed, seed ^ 0x5851F42D4C957F2D, seed ^ 0x14057B7EF767814F], dtype=np.uint64))
+    left, right = hashes[:, 0].astype(np.uint64), hashes[:, 1].astype(np.uint64)
+    left = left ^ _splitmix64(right ^ rounds[0])
+    right = right ^ _splitmix64(left ^ rounds[1])
+    left = left ^ _splitmix64(right ^ rounds[2])
+    return left, right
+
+
+def bucket_of(key_hi: np.ndarray, bits: int) -> np.ndarray:
+    """The bucket of each key: its top `bits` bits (all keys are in bucket 0 when bits is 0)."""
+    if bits == 0:
+        return np.zeros(len(key_hi), dtype=np.int64)
+    return (key_hi >> np.uint64(64 - bits)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class EntryFile:
+    """A route or bucket object opened for reading: its header, and where entries and ids start."""
+
+    path: Path
+    header: dict[str, Any]
+    entries_at: int
+    ids_at: int
+
+    @classmethod
+    def open(cls, path: Path) -> EntryFile:
+        """Read the header of an entries object; IntegrityError when it is not one."""
+        with open(path, "rb") as handle:
+            head = handle.read(_HEAD.size)
+            if len(head) != _HEAD.size or _HEAD.unpack(head)[0] != MAGIC:
+                raise IntegrityError(f"{path}: not a prep entries object")
+            length = _HEAD.unpack(head)[1]
+            header = canonical.loads(handle.read(length))
+        if not isinstance(header, dict) or not isinstance(header.get("count"), int):
+            raise IntegrityError(f"{path}: entries object header is malformed")
+        entries_at = _HEAD.size + length
+        return cls(path, header, entries_at, entries_at + header["count"] * ENTRY_DTYPE.itemsize)
+
+    def read(self, first: int, count: int) -> tuple[np.ndarray, bytes]:
+        """Entries [first, first + count) and the ids they point into (offsets are object-wide)."""
+        if first < 0 or count < 0 or first + count > self.header["count"]:
+            raise IntegrityError(f"{self.path}: entries {first}..{first + count} out of range")
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            raw = os.pread(fd, count * ENTRY_DTYPE.itemsize, self.entries_at + first * ENTRY_DTYPE.itemsize)
+            entries = np.frombuffer(raw, dtype=ENTRY_DTYPE).copy()
+            if len(entries) != count:
+                raise IntegrityError(f"{self.path}: shorter than its header says")
+            with_id = entries["id_len"] != NO_ID
+            if not with_id.any():
+                return entries, b""
+            start = int(entries["id_offset"][with_id].min())
+            end = int((entries["id_offset"][with_id] + entries["id_len"][with_id]).max())
+            ids = os.pread(fd, end - start, self.ids_at + start)
+        finally:
+            os.close(fd)
+        entries["id_offset"][with_id] -= start
+        return entries, ids
+
+
+def write_entries(path: Path, header: dict[str, Any], entries: np.ndarray, ids: bytes) -> Digest:
+    """Write an entries object (magic, header length, canonical JSON header, entries, ids)."""
+    body = canonical.dumps({**header, "count": len(entries)})
+    with HashingWriter(path, durable=False) as out:
+        out.write(_HEAD.pack(MAGIC, len(body)))
+        out.write(body)
+        out.write(np.ascontiguousarray(entries, dtype=ENTRY_DTYPE).tobytes())
+        out.write(ids)
+    return out.close()
+
+
+def _pack_ids(ids: Sequence[str | None]) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """Offsets, lengths (NO_ID for none) and the concatenated UTF-8 of `ids`."""
+    encoded = [b"" if doc_id is None else doc_id.encode("utf-8", "surrogatepass") for doc_id in ids]
+    lengths = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))
+    offsets = np.zeros(len(encoded), dtype=np.uint64)
+    if len(encoded) > 1:
+        offsets[1:] = np.cumsum(lengths[:-1])
+    lens = np.where([doc_id is None for doc_id in ids], NO_ID, lengths).astype(np.uint32)
+    return offsets, lens, b"".join(encoded)
+
+
+def route_part(part: Part, ordinal: int, seed: int, bits: int, out_path: Path) -> tuple[Digest, dict[str, Any]]:
+    """Write one part's documents as entries grouped by bucket, sorted by order key within each."""
+    table = read_columns(part.path, _ROUTE_COLUMNS)
+    count = table.num_rows
+    if count != part.documents:
+        raise IntegrityError(f"{part.path}: {count} documents, the tokenize record says {part.documents}")
+    key_hi, key_lo = order_keys(hash_pairs(table.column("text_hash")), seed)
+    entries = np.zeros(count, dtype=ENTRY_DTYPE)
+    entries["key_hi"], entries["key_lo"], entries["part"] = key_hi, key_lo, ordinal
+    entries["row"] = to_numbers(table.column("row"))
+    for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
+        entries[name] = to_numbers(table.column(name))
+    offsets, lens, blob = _pack_ids(to_strings(table.column("id")))
+    entries["id_offset"], entries["id_len"] = offsets, lens
+    buckets = bucket_of(key_hi, bits)
+    order = np.lexsort((entries["row"], key_lo, key_hi, buckets))
+    entries, buckets = entries[order], buckets[order]
+    entries, blob = _regroup_ids(entries, blob)
+    counts = np.bincount(buckets, minlength=1 << bits) if count else np.zeros(1 << bits, dtype=np.int64)
+    digest = write_entries(out_path, {"schema": "prep.entries/1", "kind": "route", "bits": bits,
+                                      "buckets": counts.tolist()}, entries, blob)
+    return digest, {"documents": count}
+
+
+def _regroup_ids(entries: np.ndarray, blob: bytes) -> tuple[np.ndarray, bytes]:
+    """Rewrite the id blob in entry order, so a run of entries has a contiguous run of ids."""
+    with_id = entries["id_len"] != NO_ID
+    if not with_id.any():
+        return entries, b""
+    view = memoryview(blob)
+    pieces = [view[start:start + length] for start, length in
+              zip(entries["id_offset"][with_id].tolist(), entries["id_len"][with_id].tolist())]
+    lengths = np.where(with_id, entries["id_len"], 0).astype(np.int64)
+    offsets = np.zeros(len(entries), dtype=np.uint64)
+    if len(entries) > 1:
+        offsets[1:] = np.cumsum(lengths[:-1])
+    entries["id_offset"] = offsets
+    return entries, b"".join(pieces)
+
+
+def bucket_slice(route: EntryFile, bucket: int) -> tuple[int, int]:
+    """(first entry, count) of `bucket` in a route object."""
+    counts = route.header["buckets"]
+    return int(sum(counts[:bucket])), int(counts[bucket])
+
+
+def gather_bucket(routes: Sequence[Path], bucket: int) -> tuple[np.ndarray, bytes]:
+    """Every route object's entries of `bucket`, concatenated, ids rebased onto one blob."""
+    chunks: list[np.ndarray] = []
+    blobs: list[bytes] = []
+    base = 0
+    for path in routes:
+        route = EntryFile.open(path)
+        first, count = bucket_slice(route, bucket)
+        if not count:
+            continue
+        entries, ids = route.read(first, count)
+        entries["id_offset"][entries["id_len"] != NO_ID] += np.uint64(base)
+        base += len(ids)
+        chunks.append(entries)
+        blobs.append(ids)
+    merged = np.concatenate(chunks) if chunks else np.zeros(0, dtype=ENTRY_DTYPE)
+    return merged, b"".join(blobs)
+
+
+def sort_and_dedup(entries: np.ndarray, exact: bool) -> tuple[np.ndarray, int]:
+    """Entries in order-key order (ties by input order); with `exact`, the first of each run of
+    equal keys only. Returns the kept entries and how many were dropped."""
+    order = np.lexsort((entries["row"], entries["part"], entries["key_lo"], entries["key_hi"]))
+    ordered = entries[order]
+    if not exact or len(ordered) < 2:
+        return ordered, 0
+    repeat = np.zeros(len(ordered), dtype=bool)
+    repeat[1:] = (ordered["key_hi"][1:] == ordered["key_hi"][:-1]) & (ordered["key_lo"][1:] == ordered["key_lo"][:-1])
+    return ordered[~repeat], int(repeat.sum())
+
+
+def compact_ids(entries: np.ndarray, blob: bytes) -> tuple[np.ndarray, bytes]:
+    """Entries with their ids laid out again in entry order (dropped documents' ids removed)."""
+    return _regroup_ids(entries.copy(), blob)
+
+
+@dataclass(frozen=True)
+class PartIdentity:
+    """What a document's bytes in a shard depend on besides its entry: its part's intermediate
+    and recorded source and line offset."""
+
+    intermediate: str
+    source: str
+    line_offset: int
+
+    def digest(self) -> bytes:
+        """32 bytes naming this identity inside leaf digests."""
+        return hashlib.sha256(f"{self.intermediate}\n{self.source}\n{self.line_offset}".encode()).digest()
+
+
+_DIGEST_FIELDS = ["row", "text_offset", "text_bytes", "tokens_offset", "n_tokens", "key_hi", "key_lo", "id_len"]
+
+
+def leaf_digest(entries: np.ndarray, ids: bytes, part_digests: np.ndarray) -> str:
+    """SHA-256 over everything a shard's bytes depend on in these entries (not where they sit
+    in any object): each document's part identity, offsets, sizes, key and id."""
+    records = np.zeros(len(entries), dtype=[("part", "V32")] + [(name, "<u8") for name in _DIGEST_FIELDS])
+    records["part"] = part_digests[entries["part"]]
+    for name in _DIGEST_FIELDS:
+        records[name] = entries[name]
+    hasher = hashlib.sha256(records.tobytes())
+    with_id = entries["id_len"] != NO_ID
+    view = memoryview(ids)
+    for start, length in zip(entries["id_offset"][with_id].tolist(), entries["id_len"][with_id].tolist()):
+        hasher.update(view[start:start + length])
+    return hasher.hexdigest()
+
+
+def split_leaves(key_hi: np.ndarray, weights: np.ndarray, start: int, depth: int,
+                 shard_size: int) -> list[tuple[int, int, int, int]]:
+    """Cut sorted keys of one key range into leaves (start key, depth, first, end): a range is
+    halved at its key midpoint while its weight exceeds `shard_size` and it holds more than one
+    document, so a leaf depends only on the documents in it and its parent."""
+    cumulative = np.zeros(len(weights) + 1, dtype=np.int64)
+    np.cumsum(weights, out=cumulative[1:])
+    leaves: list[tuple[int, int, int, int]] = []
+    stack = [(start, depth, 0, len(key_hi))]
+    while stack:
+        lo, level, first, end = stack.pop()
+        if end == first:
+            continue
+        if cumulative[end] - cumulative[first] <= shard_size or end - first <= 1 or level >= 64:
+            leaves.append((lo, level, first, end))
+            continue
+        middle = lo + (1 << (63 - level))
+        cut = first + int(np.searchsorted(key_hi[first:end], np.uint64(middle), side="left"))
+        stack.append((middle, level + 1, cut, end))
+        stack.append((lo, level + 1, first, cut))
+    return leaves
+
+
+def order_bucket(routes: Sequence[Path], parts: Sequence[PartIdentity], bucket: int, bits: int, exact: bool,
+                 shard_size: int, itemsize: int, out_path: Path) -> tuple[Digest, dict[str, Any]]:
+    """Dedup and sort one bucket, cut it into leaves, and write its kept entries."""
+    gathered, blob = gather_bucket(routes, bucket)
+    entries, dropped = sort_and_dedup(gathered, exact)
+    entries, ids = compact_ids(entries, blob)
+    part_digests = np.frombuffer(b"".join(part.digest() for part in parts) or b"\0" * 32, dtype="V32")
+    weights = (entries["n_tokens"].astype(np.int64) + 1) * itemsize
+    root = bucket << (64 - bits) if bits else 0
+    leaves = []
+    for lo, level, first, end in split_leaves(entries["key_hi"], weights, root, bits, shard_size):
+        chunk = entries[first:end]
+        leaves.append({"start": f"{lo:016x}", "depth": level, "first": first, "count": end - first,
+                       "tokens": int(chunk["n_tokens"].sum()) + (end - first), "bin_size": int(weights[first:end].sum()),
+                       "text_bytes": int(chunk["text_bytes"].sum()), "digest": leaf_digest(chunk, ids, part_digests)})
+    digest = write_entries(out_path, {"schema": "prep.entries/1", "kind": "bucket", "bits": bits, "bucket": bucket},
+                           entries, ids)
+    summary = {"documents_read": len(gathered), "duplicates_dropped": dropped, "documents": len(entries),
+               "bin_size": int(weights.sum()), "text_bytes": int(entries["text_bytes"].sum()),
+               "digest": leaf_digest(entries, ids, part_digests), "leaves": leaves}
+    return digest, summary
