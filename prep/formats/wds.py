@@ -189,7 +189,7 @@ def headers_for_keys(key_chars: npt.NDArray[np.uint8], suffix: str, sizes: npt.A
     headers[:, width:width + len(rest)] = np.frombuffer(rest, dtype=np.uint8)
     size_digits = ((lengths[:, None] >> _OCTAL_SIZE_SHIFTS) & 7) + 48
     headers[:, _SIZE_OFFSET:_SIZE_OFFSET + 11] = size_digits
-    checksum = (_TEMPLATE_SUM - _ZERO_SIZE_SUM + sum(rest) + key_chars.reshape(len(lengths), -1).sum(axis=1, dtype=np.int64)
+    checksum = (_TEMPLATE_SUM - _ZERO_SIZE_SUM + sum(rest) + key_chars.reshape(len(lengths), width).sum(axis=1, dtype=np.int64)
                 + size_digits.sum(axis=1) + 0)  # the size field's NUL adds nothing
     headers[:, _CHECKSUM_OFFSET:_CHECKSUM_OFFSET + 6] = ((checksum[:, None] >> _OCTAL_CHECKSUM_SHIFTS) & 7) + 48
     headers[:, _CHECKSUM_OFFSET + 6] = 0

@@ -61,6 +61,7 @@ class Builder:
         self.stages: dict[str, StageRun] = {}
         self.log: dict[str, Any] = {"tasks": {}}
         self.guard = ReuseGuard(store, executor, progress)
+        self.tokenize_settings: TokenizeSettings | None = None
 
     # -- generic task running ---------------------------------------------------------------
     def run_tasks(self, stage: str, jobs: Sequence[tuple[str, Any]], fn: Callable[[Any], TaskResult],
@@ -206,7 +207,7 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[
     version = input_version(sources)
     progress.done("inputs", f"{len(sources)} files, {sum(s.size for s in sources) / 1e6:.1f} MB, {version[:19]}")
 
-    settings = TokenizeSettings(str(tokenizer_path), info.sha256, pipeline.tokenizer.eos,
+    settings = builder.tokenize_settings = TokenizeSettings(str(tokenizer_path), info.sha256, pipeline.tokenizer.eos,
                                 pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend,
                                 pipeline.input.on_error)
     try:

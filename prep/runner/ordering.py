@@ -81,7 +81,9 @@ def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str
     """Write every shard's units (bin: .bin and .idx; wds: .tar), each with its own task record
     keyed by the shard's content digest, so an unchanged shard is never written again."""
     formats = builder.pipeline.output.formats
-    settings = {"dtype": dtype, "eos_id": eos_id}
+    assert builder.tokenize_settings is not None
+    # A unit's bytes follow from its digest (keys stand for texts), the tokenizer and these.
+    settings = {"dtype": dtype, "eos_id": eos_id, "tokenize": builder.tokenize_settings.key_fields()}
     stage_key = builder.stage_key("shard", {**settings, "formats": list(formats)}, [builder.stages["order"].output])
     plans = plan_shards(order_manifest["buckets"], int(order_manifest["bits"]), builder.pipeline.output.shard_size)
     bucket_ids = {int(b["bucket"]): str(b["output"]) for b in order_manifest["buckets"]}

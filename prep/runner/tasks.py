@@ -193,7 +193,7 @@ def run_order_job(job: OrderJob) -> TaskResult:
     store = worker_store(job.store_url)
     routes = canonical.loads(cas.get_bytes(store, job.route_stage))["tasks"]
     tasks = canonical.loads(cas.get_bytes(store, job.tokenize_stage))["tasks"]
-    parts = [PartIdentity(t["output"], t["source"], int(t["line_offset"])) for t in tasks]
+    parts = [PartIdentity(t["source"], int(t["line_offset"])) for t in tasks]
     paths = [fetch_local(store, route["output"]) for route in routes]
     staged = store.staging_dir() / f"order-{uuid.uuid4().hex}.part"
     try:

@@ -218,28 +218,31 @@ def compact_ids(entries: np.ndarray, blob: bytes) -> tuple[np.ndarray, bytes]:
 
 @dataclass(frozen=True)
 class PartIdentity:
-    """What a document's bytes in a shard depend on besides its entry: its part's intermediate
-    and recorded source and line offset."""
+    """What a document's `.json` member takes from its part: the source and the line offset."""
 
-    intermediate: str
     source: str
     line_offset: int
 
     def digest(self) -> bytes:
-        """32 bytes naming this identity inside leaf digests."""
-        return hashlib.sha256(f"{self.intermediate}\n{self.source}\n{self.line_offset}".encode()).digest()
+        """32 bytes naming the source inside leaf digests."""
+        return hashlib.sha256(self.source.encode("utf-8", "surrogatepass")).digest()
 
 
-_DIGEST_FIELDS = ["row", "text_offset", "text_bytes", "tokens_offset", "n_tokens", "key_hi", "key_lo", "id_len"]
+_DIGEST_FIELDS = ["key_hi", "key_lo", "n_tokens", "text_bytes", "line", "id_len"]
 
 
-def leaf_digest(entries: np.ndarray, ids: bytes, part_digests: np.ndarray) -> str:
-    """SHA-256 over everything a shard's bytes depend on in these entries (not where they sit
-    in any object): each document's part identity, offsets, sizes, key and id."""
-    records = np.zeros(len(entries), dtype=[("part", "V32")] + [(name, "<u8") for name in _DIGEST_FIELDS])
-    records["part"] = part_digests[entries["part"]]
+def leaf_digest(entries: np.ndarray, ids: bytes, parts: Sequence[PartIdentity], part_digests: np.ndarray) -> str:
+    """SHA-256 over what a shard's bytes are made of, and nothing about where they are stored:
+    per document its order key (which stands for its text: the key is a bijection of the text
+    hash), token count, text size, source, line and id. With the tokenizer and settings that the
+    shard task key adds, equal digests mean equal shard bytes."""
+    offsets = np.asarray([part.line_offset for part in parts] or [0], dtype=np.int64)
+    records = np.zeros(len(entries), dtype=[("source", "V32")] + [(name, "<u8") for name in _DIGEST_FIELDS])
+    records["source"] = part_digests[entries["part"]]
     for name in _DIGEST_FIELDS:
-        records[name] = entries[name]
+        if name != "line":
+            records[name] = entries[name]
+    records["line"] = offsets[entries["part"]] + entries["row"].astype(np.int64) + 1
     hasher = hashlib.sha256(records.tobytes())
     with_id = entries["id_len"] != NO_ID
     view = memoryview(ids)
@@ -285,10 +288,10 @@ def order_bucket(routes: Sequence[Path], parts: Sequence[PartIdentity], bucket: 
         chunk = entries[first:end]
         leaves.append({"start": f"{lo:016x}", "depth": level, "first": first, "count": end - first,
                        "tokens": int(chunk["n_tokens"].sum()) + (end - first), "bin_size": int(weights[first:end].sum()),
-                       "text_bytes": int(chunk["text_bytes"].sum()), "digest": leaf_digest(chunk, ids, part_digests)})
+                       "text_bytes": int(chunk["text_bytes"].sum()), "digest": leaf_digest(chunk, ids, parts, part_digests)})
     digest = write_entries(out_path, {"schema": "prep.entries/1", "kind": "bucket", "bits": bits, "bucket": bucket},
                            entries, ids)
     summary = {"documents_read": len(gathered), "duplicates_dropped": dropped, "documents": len(entries),
                "bin_size": int(weights.sum()), "text_bytes": int(entries["text_bytes"].sum()),
-               "digest": leaf_digest(entries, ids, part_digests), "leaves": leaves}
+               "digest": leaf_digest(entries, ids, parts, part_digests), "leaves": leaves}
     return digest, summary

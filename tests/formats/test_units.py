@@ -18,6 +18,7 @@ from prep.formats.units import (
     artifact_format,
     artifact_path,
     family_of,
+    named_artifact_path,
     parse_artifact_path,
     unit,
     unit_formats,
@@ -101,12 +102,19 @@ def test_extensions_match_what_the_format_writers_name_their_files() -> None:
 
 
 def test_publish_lists_every_file_of_every_unit_at_its_artifact_path() -> None:
-    shard = {"index": 7, "documents": 2, "tokens": 9, "sizes": {BIN: 18, IDX: 82, WDS: 4096},
+    shard = {"index": 7, "name": "3a00000000000000", "documents": 2, "tokens": 9,
+             "sizes": {BIN: 18, IDX: 82, WDS: 4096},
              "outputs": {fmt: "sha256:" + str(n) * 64 for n, fmt in enumerate((BIN, IDX, WDS))}}
     listed = publish.artifacts([shard], (WDS, BIN))
-    assert [(a["path"], a["format"]) for a in listed] == [("bin/00007.bin", BIN), ("bin/00007.idx", IDX),
-                                                           ("wds/00007.tar", WDS)]
-    assert [a["path"] for a in publish.artifacts([shard], (WDS,))] == ["wds/00007.tar"]
+    assert [(a["path"], a["format"], a["shard"]) for a in listed] == [
+        ("bin/3a00000000000000.bin", BIN, 7), ("bin/3a00000000000000.idx", IDX, 7), ("wds/3a00000000000000.tar", WDS, 7)]
+    assert [a["path"] for a in publish.artifacts([shard], (WDS,))] == ["wds/3a00000000000000.tar"]
+
+
+@pytest.mark.parametrize("name", ["3a", "3A00000000000000", "3a0000000000000g", "3a00000000000000.bin"])
+def test_shard_names_are_sixteen_lowercase_hex_digits(name: str) -> None:
+    with pytest.raises(ValueError):
+        named_artifact_path(BIN, name)
 
 
 def test_the_old_tables_are_gone() -> None:

@@ -1,5 +1,5 @@
 """Shard assembly: the chunked, gathered writers give exactly the bytes of the formats' own
-sequential writers, for any chunk size, shard size and set of dropped documents."""
+sequential writers, for any chunk size, shard size and bucket count."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prep.formats import megatron, wds
-from prep.stages import shard
+from prep.stages import order, shard
+from prep.stages.cuts import ShardPlan, plan_shards
 from prep.stages.intermediate import IntermediateWriter
-from prep.stages.shuffle import document_id, plan_shards, record_line
+from prep.stages.shuffle import document_id, record_line
 from prep.stages.specs import Part
 
 DTYPE = np.dtype(np.uint16)
@@ -37,11 +38,28 @@ def _write_part(folder: Path, name: str, docs: list[tuple[str, list[int]]], with
     return Part(path, f"{name}.jsonl", "jsonl", 3, len(docs))
 
 
+def _shards(folder: Path, parts: list[Part], shard_size: int, bits: int, exact: bool = True
+            ) -> tuple[list[ShardPlan], dict[int, Path]]:
+    """Route, order and cut `parts` as a build does, into `2**bits` buckets."""
+    routes = []
+    for ordinal, part in enumerate(parts):
+        path = folder / f"route-{ordinal}"
+        order.route_part(part, ordinal, 11, bits, path)
+        routes.append(path)
+    identities = [order.PartIdentity(part.source, part.line_offset) for part in parts]
+    summaries, buckets = [], {}
+    for bucket in range(1 << bits):
+        buckets[bucket] = folder / f"bucket-{bucket}"
+        summaries.append(order.order_bucket(routes, identities, bucket, bits, exact, shard_size, DTYPE.itemsize,
+                                            buckets[bucket])[1])
+    return plan_shards(summaries, bits, shard_size), buckets
+
+
 @settings(max_examples=25, deadline=None)
 @given(parts=st.lists(_documents, min_size=1, max_size=3), shard_size=st.integers(2, 200),
-       chunk=st.integers(1, 3000), drop_every=st.integers(0, 3), with_ids=st.booleans())
+       chunk=st.integers(1, 3000), bits=st.integers(0, 2), with_ids=st.booleans())
 def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int]]]], shard_size: int, chunk: int,
-                                            drop_every: int, with_ids: bool) -> None:
+                                            bits: int, with_ids: bool) -> None:
     texts = [text for part in parts for text, _ in part]
     if any("\ud800" <= c <= "\udfff" for text in texts for c in text):
         return  # inputs never hold lone surrogates (the read stage refuses them)
@@ -50,38 +68,42 @@ def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int
         patch.setattr(shard, "MAX_OPEN_FILES", 1)
         folder = Path(name)
         written = [_write_part(folder, f"p{i}", docs, with_ids) for i, docs in enumerate(parts)]
-        flat = [(index, number, row, text, tokens) for index, (number, row, text, tokens) in enumerate(
-            (n, r, t, k) for n, docs in enumerate(parts) for r, (t, k) in enumerate(docs))]
-        keep = np.ones(len(flat), dtype=bool)
-        if drop_every:
-            keep[::drop_every + 1] = False
-        if not keep.any():
-            return
-        plan, specs = plan_shards(written, keep, 11, shard_size, DTYPE, ("bin", "wds"))
-        documents = shard.collect_documents(written, keep, plan, [spec.index for spec in specs], with_json=True)
+        plans, buckets = _shards(folder, written, shard_size, bits)
         reader = shard.PartReader(written)
-        kept = [doc for doc, wanted in zip(flat, keep) if wanted]
+        hashes = {(n, r): np.frombuffer(r.to_bytes(8, "little") + f"p{n}".encode().ljust(8, b"_")[:8], "<u8")
+                  for n, docs in enumerate(parts) for r in range(len(docs))}
         try:
-            for spec in specs:
-                members = sorted((int(plan["pos"][i]), doc) for i, doc in enumerate(kept)
-                                 if plan["shard"][i] == spec.index)
-                out = folder / f"out-{spec.index}"
+            for plan in plans:
+                documents = shard.collect_shard(plan, buckets, written, with_json=True)
+                out = folder / f"out-{plan.name}"
                 out.mkdir()
-                files = {**shard.write_unit("bin", spec, documents[spec.index], reader, DTYPE, EOS, out),
-                         **shard.write_unit("wds", spec, documents[spec.index], reader, DTYPE, EOS, out)}
-                sequences = [np.asarray([*tokens, EOS], DTYPE) for _, (_, _, _, _, tokens) in members]
-                megatron.write_dataset(folder / f"expected-{spec.index}", sequences, DTYPE)
-                assert files["bin"][0].read_bytes() == megatron.bin_path(folder / f"expected-{spec.index}").read_bytes()
-                assert files["idx"][0].read_bytes() == megatron.idx_path(folder / f"expected-{spec.index}").read_bytes()
+                files = {**shard.write_unit("bin", plan, documents, reader, DTYPE, EOS, out),
+                         **shard.write_unit("wds", plan, documents, reader, DTYPE, EOS, out)}
+                members = [(int(p), int(r)) for p, r in zip(documents.part, _rows(plan, buckets))]
+                sequences = [np.asarray([*parts[n][r][1], EOS], DTYPE) for n, r in members]
+                megatron.write_dataset(folder / f"expected-{plan.name}", sequences, DTYPE)
+                assert files["bin"][0].read_bytes() == megatron.bin_path(folder / f"expected-{plan.name}").read_bytes()
+                assert files["idx"][0].read_bytes() == megatron.idx_path(folder / f"expected-{plan.name}").read_bytes()
                 samples = []
-                for position, (_, number, row, text, tokens) in members:
-                    part = written[number]
-                    line = record_line(part.format, part.line_offset, row)
-                    doc_id = document_id(f"p{number}-{row}" if with_ids else None, part.source, line)
-                    samples.append(wds.Sample.build(position, doc_id, part.source, line, np.asarray([*tokens, EOS], DTYPE), text))
-                wds.write_shard(folder / f"expected-{spec.index}.tar", samples)
-                assert files["wds"][0].read_bytes() == (folder / f"expected-{spec.index}.tar").read_bytes()
+                for n, r in members:
+                    part = written[n]
+                    line = record_line(part.format, part.line_offset, r)
+                    doc_id = document_id(f"p{n}-{r}" if with_ids else None, part.source, line)
+                    hi, lo = order.order_keys(hashes[n, r].reshape(1, 2), 11)
+                    samples.append(wds.Sample(wds.order_key_name(int(hi[0]), int(lo[0])),
+                                              wds.sample_json(doc_id, part.source, line, len(parts[n][r][1]) + 1),
+                                              wds.npy_bytes(np.asarray([*parts[n][r][1], EOS], DTYPE)),
+                                              parts[n][r][0].encode("utf-8")))
+                wds.write_shard(folder / f"expected-{plan.name}.tar", samples)
+                assert files["wds"][0].read_bytes() == (folder / f"expected-{plan.name}.tar").read_bytes()
                 for path, digest in files.values():
                     assert digest.size == path.stat().st_size
         finally:
             reader.close()
+
+
+def _rows(plan: ShardPlan, buckets: dict[int, Path]) -> list[int]:
+    rows: list[int] = []
+    for bucket, first, count in plan.slices:
+        rows.extend(order.EntryFile.open(buckets[bucket]).read(first, count)[0]["row"].tolist())
+    return rows

@@ -1,0 +1,130 @@
+"""Properties of the partitioned order: keys are a bijection of text hashes, exact dedup keeps the
+first copy in input order, every kept document lands in exactly one shard in key order, and the
+shards are content-defined: the same whatever the bucket count, and an edit changes only the
+shards whose key ranges hold it."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prep.stages import order
+from prep.stages.cuts import ShardPlan, bucket_bits, plan_shards
+from prep.stages.intermediate import IntermediateWriter
+from prep.stages.specs import Part
+
+DTYPE = np.dtype(np.uint16)
+
+
+def _part(folder: Path, name: str, docs: list[tuple[int, int]]) -> Part:
+    """An intermediate with one document per (hash seed, token count); equal seeds are equal texts."""
+    texts = [f"text-{h}".encode() for h, _ in docs]
+    hashes = [h.to_bytes(8, "little") + (h * 7919).to_bytes(8, "little") for h, _ in docs]
+    path = folder / f"{name}.part"
+    with IntermediateWriter(path, DTYPE) as writer:
+        writer.write_batch(range(len(docs)), [None] * len(docs), texts, hashes, [False] * len(docs),
+                           [np.zeros(n, DTYPE) for _, n in docs])
+    return Part(path, f"{name}.jsonl", "jsonl", 0, len(docs))
+
+
+def _plan(folder: Path, parts: list[Part], bits: int, shard_size: int, seed: int = 5,
+          exact: bool = True) -> tuple[list[ShardPlan], list[dict[str, object]], dict[int, Path]]:
+    routes = []
+    for ordinal, part in enumerate(parts):
+        routes.append(folder / f"route-{bits}-{ordinal}")
+        order.route_part(part, ordinal, seed, bits, routes[-1])
+    identities = [order.PartIdentity(p.source, p.line_offset) for p in parts]
+    summaries, buckets = [], {}
+    for bucket in range(1 << bits):
+        buckets[bucket] = folder / f"bucket-{bits}-{bucket}"
+        summaries.append(order.order_bucket(routes, identities, bucket, bits, exact, shard_size, 2, buckets[bucket])[1])
+    return plan_shards(summaries, bits, shard_size), summaries, buckets
+
+
+def _placed(plans: list[ShardPlan], buckets: dict[int, Path]) -> list[tuple[int, int, int, int]]:
+    """(key_hi, key_lo, part, row) of every document of every shard, in shard order."""
+    found = []
+    for plan in plans:
+        for bucket, first, count in plan.slices:
+            entries = order.EntryFile.open(buckets[bucket]).read(first, count)[0]
+            found.extend(zip(entries["key_hi"].tolist(), entries["key_lo"].tolist(), entries["part"].tolist(),
+                             entries["row"].tolist()))
+    return found
+
+
+@settings(max_examples=40, deadline=None)
+@given(hashes=st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), min_size=1, max_size=200,
+                       unique=True), seed=st.integers(0, 2**64 - 1))
+def test_order_keys_are_a_bijection_of_the_hash(hashes: list[tuple[int, int]], seed: int) -> None:
+    hi, lo = order.order_keys(np.asarray(hashes, dtype=np.uint64), seed)
+    assert len(set(zip(hi.tolist(), lo.tolist()))) == len(hashes)
+    again = order.order_keys(np.asarray(hashes, dtype=np.uint64), seed)
+    assert (again[0] == hi).all() and (again[1] == lo).all()
+
+
+_corpora = st.lists(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 60)), min_size=0, max_size=30),
+                    min_size=1, max_size=4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(corpus=_corpora, shard_size=st.integers(2, 400))
+def test_every_kept_document_is_placed_once_in_key_order_and_dedup_keeps_the_first(
+        corpus: list[list[tuple[int, int]]], shard_size: int) -> None:
+    with tempfile.TemporaryDirectory() as name:
+        folder = Path(name)
+        parts = [_part(folder, f"f{i}", docs) for i, docs in enumerate(corpus)]
+        plans, summaries, buckets = _plan(folder, parts, 1, shard_size)
+        placed = _placed(plans, buckets)
+        first: dict[int, tuple[int, int]] = {}
+        for number, docs in enumerate(corpus):
+            for row, (text, _) in enumerate(docs):
+                first.setdefault(text, (number, row))
+        assert sorted((p, r) for _, _, p, r in placed) == sorted(first.values())
+        assert [(hi, lo) for hi, lo, _, _ in placed] == sorted((hi, lo) for hi, lo, _, _ in placed)
+        assert sum(int(s["duplicates_dropped"]) for s in summaries) == sum(map(len, corpus)) - len(first)
+        for plan in plans:
+            assert plan.bin_size <= shard_size or plan.documents == 1
+            assert plan.documents == sum(count for _, _, count in plan.slices)
+
+
+@settings(max_examples=25, deadline=None)
+@given(corpus=_corpora, shard_size=st.integers(2, 400))
+def test_shards_do_not_depend_on_the_bucket_count(corpus: list[list[tuple[int, int]]], shard_size: int) -> None:
+    with tempfile.TemporaryDirectory() as name:
+        folder = Path(name)
+        parts = [_part(folder, f"f{i}", docs) for i, docs in enumerate(corpus)]
+        results = [_plan(folder, parts, bits, shard_size) for bits in (0, 1, 3)]
+        described = [[(p.name, p.depth, p.documents, p.bin_size) for p in plans] for plans, _, _ in results]
+        assert described[0] == described[1] == described[2]
+        placed = [_placed(plans, buckets) for plans, _, buckets in results]
+        assert placed[0] == placed[1] == placed[2]
+
+
+def test_an_added_document_changes_at_most_two_shards(tmp_path: Path) -> None:
+    """Content-defined cuts: one more document touches only the shard whose range holds it
+    (split in two when it overflows); every other shard keeps its name and digest."""
+    rng = np.random.default_rng(3)
+    docs = [(int(h), int(n)) for h, n in zip(rng.permutation(5000)[:2000] + 10, rng.integers(5, 60, 2000))]
+    def shards(run: str, corpus: list[tuple[int, int]]) -> list[ShardPlan]:
+        (tmp_path / run).mkdir()
+        return _plan(tmp_path / run, [_part(tmp_path / run, "a", corpus)], 2, 4000)[0]
+
+    before = shards("before", docs)
+    for extra in range(20):
+        after = shards(f"after-{extra}", [*docs, (6000 + extra, 30)])
+        old = {(p.name, p.digest) for p in before}
+        new = {(p.name, p.digest) for p in after}
+        assert len(new - old) <= 2 and len(old - new) <= 1, extra
+    sizes = np.asarray([p.bin_size for p in before])
+    assert len(before) > 10 and np.mean((sizes >= 0.4 * 4000) & (sizes <= 4000)) >= 0.9
+
+
+@pytest.mark.parametrize(("documents", "bits"), [(0, 0), (4_000_000, 0), (4_000_001, 1), (16_000_001, 3),
+                                                 (10**13, 20)])
+def test_bucket_count_follows_the_document_count(documents: int, bits: int) -> None:
+    assert bucket_bits(documents, 4_000_000) == bits
