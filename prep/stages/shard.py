@@ -38,7 +38,6 @@ from prep.writeback import start_writeback
 
 CHUNK_BYTES = 8 << 20
 MAX_OPEN_FILES = 256
-_GATHER_COLUMNS = ["row", "id", "n_tokens", "text_bytes", "text_offset", "tokens_offset"]
 
 
 @dataclass(frozen=True)
