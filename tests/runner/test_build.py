@@ -88,7 +88,7 @@ def test_tokens_match_reference_and_formats_agree(corpus: Path, tokenizer_path: 
 
 
 def test_rebuild_is_all_cache_hits_and_one_changed_file_retokenizes_only_it(corpus: Path, tokenizer_path: Path) -> None:
-    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="1KB")
     store = corpus / "store"
     first = build_local(pipeline, store, workers=2)
     again = build_local(pipeline, store, workers=2)
@@ -102,8 +102,15 @@ def test_rebuild_is_all_cache_hits_and_one_changed_file_retokenizes_only_it(corp
     changed = build_local(pipeline, store, workers=2)
     assert changed.snapshot.id != first.snapshot.id
     assert changed.stages["tokenize"].ran == 1 and changed.stages["tokenize"].cached == 2
-    assert changed.stages["dedup"].ran == 1 and changed.stages["shuffle"].ran == 1
+    assert changed.stages["route"].ran == 1 and changed.stages["route"].cached == 2
+    assert changed.stages["order"].ran == 1
     assert all_objects_intact(store)
+    # One edited document: at most k + 2 = 3 shards change per format; the rest keep path and bytes.
+    before = {(a["path"], a["sha256"]) for a in first.snapshot.artifacts}
+    for fmt in ("bin", "idx", "wds"):
+        changed_files = [a for a in changed.snapshot.artifacts if a["format"] == fmt and (a["path"], a["sha256"]) not in before]
+        assert 1 <= len(changed_files) <= 3, (fmt, len(changed_files))
+    assert len({a["shard"] for a in first.snapshot.artifacts}) > 4
 
 
 def test_moving_the_corpus_keeps_the_snapshot_id(corpus: Path, tokenizer_path: Path,

@@ -66,7 +66,8 @@ def test_corrupt_intermediate_is_recomputed_when_a_later_stage_reuses_it(corpus:
     size = intermediate.stat().st_size
     flip_byte(intermediate, {"text": 3, "tokens": size // 2, "metadata": size - 40}[region])
 
-    changed = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="3KB")
+    # Shards are content-defined: a shard_size that halves them makes the shard jobs run.
+    changed = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="1KB")
     result = build_local(changed, store_dir, workers=2)
     assert result.stages["tokenize"].cached == 2 and result.stages["tokenize"].ran == 0
     assert result.snapshot.id == clean_snapshot(corpus, changed, region)
@@ -88,37 +89,38 @@ def test_corrupt_shard_object_is_rewritten_by_a_rebuild(corpus: Path, tokenizer_
     assert all_objects_intact(store_dir)
 
 
-def test_corrupt_mask_and_plan_are_recomputed_when_shard_jobs_need_them(corpus: Path, tokenizer_path: Path) -> None:
-    """A build killed before committing its shards leaves dedup and shuffle committed; if their
+def test_corrupt_bucket_objects_are_recomputed_when_shard_jobs_need_them(corpus: Path, tokenizer_path: Path) -> None:
+    """A build killed before committing its shards leaves route and order committed; if their
     objects rot meanwhile, the rerun recomputes them before any shard job reads them."""
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
     store_dir = corpus / "store"
     first = build_local(pipeline, store_dir, workers=1)
     shutil.rmtree(store_dir / "tasks" / "shard")
     shutil.rmtree(store_dir / "stages" / "shard")
-    for stage in ("dedup", "shuffle"):
-        flip_byte(object_path(store_dir, task_outputs(store_dir, stage)[0]), 1)
+    flip_byte(object_path(store_dir, task_outputs(store_dir, "order")[0]), 90)
 
     again = build_local(pipeline, store_dir, workers=2)
     assert again.snapshot.id == first.snapshot.id
-    assert again.stages["dedup"].cached == 1 and again.stages["shuffle"].cached == 1
+    assert again.stages["order"].cached == 1 and again.stages["shard"].ran > 0
     assert all_objects_intact(store_dir)
 
 
-def test_corrupt_mask_is_recomputed_before_the_shuffle_reads_it(corpus: Path, tokenizer_path: Path) -> None:
-    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], seed=1)
+def test_corrupt_route_object_is_recomputed_before_the_order_reads_it(corpus: Path, tokenizer_path: Path) -> None:
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
     store_dir = corpus / "store"
     build_local(pipeline, store_dir, workers=1)
-    flip_byte(object_path(store_dir, task_outputs(store_dir, "dedup")[0]), 0)
+    flip_byte(object_path(store_dir, task_outputs(store_dir, "route")[0]), 100)
 
-    reseeded = write_pipeline(corpus, tokenizer_path, ["corpus"], seed=2)
-    result = build_local(reseeded, store_dir, workers=1)
-    assert result.stages["shuffle"].ran == 1
-    assert result.snapshot.id == clean_snapshot(corpus, reseeded, "mask")
+    nodedup = write_pipeline(corpus, tokenizer_path, ["corpus"], extra="", formats='["bin"]')
+    text = nodedup.read_text().replace("exact = true", "exact = false")
+    nodedup.write_text(text)
+    result = build_local(nodedup, store_dir, workers=1)
+    assert result.stages["order"].ran == 1 and result.stages["route"].cached == 2
+    assert result.snapshot.id == clean_snapshot(corpus, nodedup, "route")
     assert all_objects_intact(store_dir)
 
 
-@pytest.mark.parametrize("stage", ["tokenize", "dedup", "shuffle", "shard"])
+@pytest.mark.parametrize("stage", ["tokenize", "route", "order", "shard"])
 def test_corrupt_stage_manifest_is_rebuilt_from_task_records(corpus: Path, tokenizer_path: Path, stage: str) -> None:
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
     store_dir = corpus / "store"
