@@ -40,7 +40,8 @@ def test_worker_count_does_not_change_snapshot_or_bytes(corpus: Path, tokenizer_
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
     one = build_local(pipeline, corpus / "store1", workers=1)
     two = build_local(pipeline, corpus / "store2", workers=2)
-    assert one.snapshot.id == two.snapshot.id
+    three = build_local(pipeline, corpus / "store3", workers=3)
+    assert one.snapshot.id == two.snapshot.id == three.snapshot.id
     assert one.snapshot.raw == two.snapshot.raw
     assert len({a["shard"] for a in one.snapshot.artifacts}) > 2, "expected several shards"
     for artifact in one.snapshot.artifacts:
@@ -85,6 +86,30 @@ def test_tokens_match_reference_and_formats_agree(corpus: Path, tokenizer_path: 
     assert eos_doc.tolist().count(eos_id) == 1, "a literal EOS string must not become the EOS id"
     order = [json.loads(m["json"])["id"] for _, m in samples]
     assert order != sorted(order, key=lambda i: (i[0], int(i.split("-")[-1]) if i.split("-")[-1].isdigit() else 0))
+
+
+@pytest.mark.parametrize(("per_bucket", "range_bytes"), [(10, 1 << 25), (1000, 2000), (40, 700)])
+def test_bucket_count_and_task_size_do_not_change_the_shards(corpus: Path, tokenizer_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, per_bucket: int,
+                                                             range_bytes: int) -> None:
+    """Many small buckets and byte-range tasks, or one of each, give the same shard files under
+    the same names: shards are content-defined. (The snapshot id also records the stages' task
+    lists, so it follows these constants; they are code, not settings.)"""
+    from prep.config import load_pipeline
+    from prep.runner import ordering
+    from prep.runner.build import build
+    from prep.progress import Progress
+    from prep.stages import read
+    from prep.storage import LocalStore
+
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="1KB")
+    reference = build_local(pipeline, corpus / "reference", workers=1)
+    monkeypatch.setattr(ordering, "DOCUMENTS_PER_BUCKET", per_bucket)
+    monkeypatch.setattr(read, "RANGE_BYTES", range_bytes)
+    other = build(load_pipeline(pipeline), LocalStore(corpus / "other"), InProcessExecutor(), (), Progress(quiet=True))
+    assert [(a["path"], a["sha256"]) for a in other.snapshot.artifacts] == \
+        [(a["path"], a["sha256"]) for a in reference.snapshot.artifacts]
+    assert other.snapshot.manifest["stats"] == reference.snapshot.manifest["stats"]
 
 
 def test_rebuild_is_all_cache_hits_and_one_changed_file_retokenizes_only_it(corpus: Path, tokenizer_path: Path) -> None:
