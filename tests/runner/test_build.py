@@ -96,9 +96,9 @@ def test_bucket_count_and_task_size_do_not_change_the_shards(corpus: Path, token
     the same names: shards are content-defined. (The snapshot id also records the stages' task
     lists, so it follows these constants; they are code, not settings.)"""
     from prep.config import load_pipeline
+    from prep.progress import Progress
     from prep.runner import ordering
     from prep.runner.build import build
-    from prep.progress import Progress
     from prep.stages import read
     from prep.storage import LocalStore
 
