@@ -1,0 +1,182 @@
+"""`prep.data.Reader`: deterministic token windows (or documents) from snapshots, resumable
+exactly on any world size, with a state that names the content it was reading.
+
+Sample i of a source is the `seq_len + 1` tokens starting at `i * seq_len` of its token stream
+(consecutive samples share one boundary token). Each epoch visits every sample once in a seeded
+permutation (prep.data.permutation), a new one per epoch. Global sample k comes from the source
+the mixture schedule gives it (prep.data.mixture); step s's global batch is samples
+[s * G, (s + 1) * G), and rank r of W reads rows [r * m, (r + 1) * m) with m = G // W. So every
+batch is a pure function of (sources, seed, seq_len, G, step), whatever W or the worker count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prep.data.mixture import MixtureSpec, Schedule, SourceSpec, mixture_hash, parse_mixture
+from prep.data.permutation import IndexPermutation
+from prep.data.source import SnapshotSource
+from prep.errors import UsageError
+from prep.storage import open_store
+from prep.storage.base import Store
+
+STATE_SCHEMA = "prep.reader-state/1"
+MODES = ("tokens", "documents")
+
+
+class Exhausted(Exception):
+    """A source has served its max_epochs: the mixture has no next batch."""
+
+
+@dataclass
+class ReaderStats:
+    """What producing batches cost: seconds spent, bytes read, samples served per source."""
+
+    fetch_seconds: float = 0.0
+    last_step_seconds: float = 0.0
+    steps: int = 0
+    bytes_read: int = 0
+    samples_per_source: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        mean = self.fetch_seconds / self.steps if self.steps else 0.0
+        return {"fetch_seconds": self.fetch_seconds, "fetch_seconds_last_step": self.last_step_seconds,
+                "fetch_seconds_per_step": mean, "steps": self.steps, "bytes_read": self.bytes_read,
+                "samples_per_source": dict(self.samples_per_source)}
+
+
+def _open_sources(source: str | os.PathLike[str], store: Store | str | None) -> tuple[MixtureSpec, list[SnapshotSource]]:
+    """A mixture file, a pulled folder or a snapshot spec, resolved to snapshot sources."""
+    handle = open_store(store) if isinstance(store, str) else store
+    path = Path(source)
+    if path.suffix == ".toml" and path.is_file():
+        mixture = parse_mixture(path)
+        return mixture, [SnapshotSource.open(_relative(path, spec.snapshot), handle) for spec in mixture.sources]
+    return MixtureSpec(0, (SourceSpec(str(source)),)), [SnapshotSource.open(source, handle)]
+
+
+def _relative(mixture: Path, spec: str) -> str:
+    """A source given as a folder is relative to the mixture file; specs stay as they are."""
+    candidate = mixture.parent / spec
+    return str(candidate) if candidate.is_dir() else spec
+
+
+class Reader:
+    """Batches of token windows (numpy int64, shape (G // W, seq_len + 1)) or lists of documents."""
+
+    def __init__(self, source: str | os.PathLike[str], seq_len: int, global_batch_size: int, rank: int = 0,
+                 world_size: int = 1, seed: int = 0, store: Store | str | None = None, mode: str = "tokens") -> None:
+        if mode not in MODES:
+            raise UsageError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if seq_len < 1 or global_batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+            raise UsageError("seq_len, global_batch_size and world_size must be >= 1, and 0 <= rank < world_size")
+        if global_batch_size % world_size:
+            raise UsageError(f"global_batch_size {global_batch_size} is not a multiple of world_size {world_size}")
+        self.mixture, self.sources = _open_sources(source, store)
+        self.seq_len, self.global_batch_size, self.seed, self.mode = seq_len, global_batch_size, seed, mode
+        self.rank, self.world_size = rank, world_size
+        self.rows = global_batch_size // world_size
+        self._bounds = [s.document_bounds() for s in self.sources] if mode == "documents" else []
+        self.sizes = [self._samples_in(index) for index in range(len(self.sources))]
+        empty = [s.id for s, n in zip(self.sources, self.sizes) if n == 0]
+        if empty:
+            raise UsageError(f"{empty[0]}: too few tokens for one sample of seq_len {seq_len}")
+        self.schedule = Schedule([spec.weight for spec in self.mixture.sources])
+        self.mixture_id = mixture_hash(self.mixture.seed, [(s.id, spec.weight, spec.max_epochs)
+                                                           for s, spec in zip(self.sources, self.mixture.sources)])
+        self.consumed = 0  # global samples handed out before the next step
+        self._permutations: dict[tuple[int, int], IndexPermutation] = {}
+        self._stats = ReaderStats(samples_per_source={s.id: 0 for s in self.sources})
+
+    def _samples_in(self, source: int) -> int:
+        if self.mode == "documents":
+            return len(self._bounds[source]) - 1
+        return max(0, (self.sources[source].total_tokens - 1) // self.seq_len)
+
+    def _permutation(self, source: int, epoch: int) -> IndexPermutation:
+        key = (source, epoch)
+        if key not in self._permutations:
+            material = f"{self.seed}:{self.mixture.seed}:{self.sources[source].id}:{source}:{epoch}".encode()
+            self._permutations = {k: v for k, v in self._permutations.items() if k[0] != source or k[1] >= epoch - 1}
+            self._permutations[key] = IndexPermutation(self.sizes[source], int.from_bytes(
+                hashlib.sha256(material).digest()[:8], "little"))
+        return self._permutations[key]
+
+    def sample_ids(self, first: int, count: int) -> list[tuple[int, int, int]]:
+        """(source, epoch, sample index) of global samples [first, first + count); raises
+        Exhausted when one of them lies past its source's max_epochs."""
+        source, local = self.schedule.place(np.arange(first, first + count, dtype=np.int64))
+        sizes = np.asarray(self.sizes, dtype=np.int64)[source]
+        epoch, position = np.divmod(local, sizes)
+        sample = np.zeros(count, dtype=np.int64)
+        for s, e in sorted(set(zip(source.tolist(), epoch.tolist()))):
+            cap = self.mixture.sources[s].max_epochs
+            if cap is not None and e >= cap:
+                raise Exhausted(f"{self.sources[s].id} has served its max_epochs = {cap}")
+            chosen = (source == s) & (epoch == e)
+            sample[chosen] = self._permutation(s, e)(position[chosen])
+        return list(zip(source.tolist(), epoch.tolist(), sample.tolist()))
+
+    def window(self, source: int, sample: int) -> np.ndarray:
+        """The tokens of one sample (tokens mode) or one document (documents mode)."""
+        if self.mode == "documents":
+            bounds = self._bounds[source]
+            return self.sources[source].tokens(int(bounds[sample]), int(bounds[sample + 1] - bounds[sample]))
+        return self.sources[source].tokens(sample * self.seq_len, self.seq_len + 1)
+
+    def batch(self, step: int) -> Any:
+        """This rank's rows of global batch `step` (a pure function of the step)."""
+        started = time.perf_counter()
+        first = step * self.global_batch_size + self.rank * self.rows
+        picked = self.sample_ids(first, self.rows)
+        windows = [self.window(s, i) for s, _, i in picked]
+        for s, _, _ in picked:
+            self._stats.samples_per_source[self.sources[s].id] += 1
+        result: Any = windows if self.mode == "documents" else np.stack(windows).astype(np.int64)
+        spent = time.perf_counter() - started
+        self._stats.fetch_seconds += spent
+        self._stats.last_step_seconds = spent
+        self._stats.steps += 1
+        return result
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            step = self.consumed // self.global_batch_size
+            try:
+                batch = self.batch(step)
+            except Exhausted:
+                return
+            self.consumed += self.global_batch_size
+            yield batch
+
+    def stats(self) -> dict[str, Any]:
+        """fetch_seconds (total, last step, mean per step), bytes read, samples served per source."""
+        self._stats.bytes_read = sum(s.bytes_read for s in self.sources)
+        return self._stats.to_json()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run is, O(1) and JSON-serialisable; it names the content it was reading."""
+        return {"schema": STATE_SCHEMA, "sources": [s.id for s in self.sources], "mixture": self.mixture_id,
+                "seed": self.seed, "seq_len": self.seq_len, "global_batch_size": self.global_batch_size,
+                "mode": self.mode, "samples": self.consumed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a state; refuse one saved over other data or settings (world size may differ)."""
+        mine = self.state_dict()
+        if state.get("schema") != STATE_SCHEMA:
+            raise UsageError(f"not a prep reader state: schema {state.get('schema')!r}, expected {STATE_SCHEMA}")
+        for key in ("sources", "mixture", "seed", "seq_len", "global_batch_size", "mode"):
+            if state.get(key) != mine[key]:
+                raise UsageError(f"reader state is for {key} {state.get(key)!r}, this reader has {mine[key]!r}")
+        samples = state.get("samples")
+        if not isinstance(samples, int) or samples < 0 or samples % self.global_batch_size:
+            raise UsageError(f"reader state has an invalid sample count {samples!r}")
+        self.consumed = samples

@@ -1,0 +1,135 @@
+"""One snapshot as a token stream: its `.bin` shards in shard order, checked before they are read.
+
+A source is a pulled folder (`DEST` of `prep pull`, with `DEST/.prep/manifest.json`) or a snapshot
+spec resolved in a local store. Every shard file is hashed against the manifest the first time a
+process opens it (keyed by path, size, mtime and inode, so a file changed afterwards is hashed
+again); a mismatch is an IntegrityError naming the file, and nothing from it is served.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prep.errors import IntegrityError, NotFoundError, UsageError
+from prep.formats.megatron import read_index
+from prep.hashing import digest_file
+from prep.storage.base import Store
+from prep.store import cas
+from prep.store.snapshots import Snapshot, read_manifest_file, resolve
+
+PULLED_MANIFEST = Path(".prep") / "manifest.json"
+_CHECKED: dict[Path, tuple[int, int, int]] = {}  # file -> (size, mtime_ns, inode) when it hashed right
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard's token file and index, where they are on this machine and what they must hash to."""
+
+    index: int
+    bin_path: Path
+    bin_sha256: str
+    idx_path: Path | None
+    idx_sha256: str
+    tokens: int
+    documents: int
+
+
+def _check(path: Path, sha256: str) -> None:
+    """Hash `path` against the manifest once per process (again if the file changed)."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        raise NotFoundError(f"{path}: a shard file the snapshot names is missing") from None
+    identity = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if _CHECKED.get(path) == identity:
+        return
+    if digest_file(path).sha256 != sha256:
+        raise IntegrityError(f"{path}: does not match the snapshot (sha256 differs); refusing to read it")
+    _CHECKED[path] = identity
+
+
+class SnapshotSource:
+    """A snapshot's token stream: documents (each ending in EOS) concatenated in snapshot order."""
+
+    def __init__(self, snapshot: Snapshot, locate: dict[str, Path]) -> None:
+        self.snapshot = snapshot
+        manifest = snapshot.manifest
+        self.dtype = np.dtype(manifest["tokenizer"]["dtype"]).newbyteorder("<")
+        by_shard: dict[int, dict[str, dict[str, Any]]] = {}
+        for artifact in manifest["artifacts"]:
+            by_shard.setdefault(int(artifact["shard"]), {})[artifact["format"]] = artifact
+        if any("bin" not in files for files in by_shard.values()):
+            raise UsageError(f"{snapshot.id}: the reader needs the bin format; this snapshot has no .bin for some shards")
+        self.shards = [Shard(index, locate[files["bin"]["path"]], files["bin"]["sha256"],
+                             locate.get(files["idx"]["path"]) if "idx" in files else None,
+                             files["idx"]["sha256"] if "idx" in files else "",
+                             int(files["bin"]["size"]) // self.dtype.itemsize, int(files["bin"]["documents"]))
+                       for index, files in sorted(by_shard.items())]
+        self.token_starts = np.concatenate(([0], np.cumsum([s.tokens for s in self.shards], dtype=np.int64)))
+        self.total_tokens = int(self.token_starts[-1])
+        self._maps: dict[int, np.memmap[Any, Any]] = {}
+        self.bytes_read = 0
+
+    @property
+    def id(self) -> str:
+        return self.snapshot.id
+
+    @classmethod
+    def open(cls, source: str | os.PathLike[str], store: Store | None = None) -> SnapshotSource:
+        """A pulled folder, or a snapshot spec (`dataset@ref`, `sha256:...`) in a local `store`."""
+        folder = Path(source)
+        if folder.is_dir():
+            manifest = folder / PULLED_MANIFEST
+            if not manifest.exists():
+                raise UsageError(f"{folder}: not a pulled snapshot (no {PULLED_MANIFEST}); run prep pull first")
+            snapshot = read_manifest_file(manifest)
+            return cls(snapshot, {a["path"]: folder / a["path"] for a in snapshot.manifest["artifacts"]})
+        if store is None:
+            raise UsageError(f"{source}: a snapshot spec needs store=... (or give a pulled folder)")
+        snapshot = resolve(store, str(source))
+        located: dict[str, Path] = {}
+        for artifact in snapshot.manifest["artifacts"]:
+            path = store.local_path(cas.object_key(artifact["sha256"]))
+            if path is None:
+                raise UsageError(f"{store.url}: reading straight from a remote store needs the node-local cache; "
+                                 "prep pull the snapshot and give the folder")
+            located[artifact["path"]] = path
+        return cls(snapshot, located)
+
+    def _map(self, shard: int) -> np.memmap[Any, Any]:
+        found = self._maps.get(shard)
+        if found is None:
+            spec = self.shards[shard]
+            _check(spec.bin_path, spec.bin_sha256)
+            found = self._maps[shard] = np.memmap(spec.bin_path, dtype=self.dtype, mode="r")
+        return found
+
+    def tokens(self, start: int, count: int) -> np.ndarray:
+        """Tokens [start, start + count) of the stream, across shard boundaries when needed."""
+        if start < 0 or start + count > self.total_tokens:
+            raise IndexError(f"tokens {start}..{start + count} outside 0..{self.total_tokens}")
+        pieces = []
+        shard = int(np.searchsorted(self.token_starts, start, side="right")) - 1
+        while count > 0:
+            offset = start - int(self.token_starts[shard])
+            take = min(count, self.shards[shard].tokens - offset)
+            pieces.append(self._map(shard)[offset:offset + take])
+            start, count, shard = start + take, count - take, shard + 1
+        self.bytes_read += sum(p.nbytes for p in pieces)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def document_bounds(self) -> np.ndarray:
+        """Start offsets of every document in the stream plus the end: (documents + 1,) int64."""
+        starts = [np.zeros(0, dtype=np.int64)]
+        for spec, base in zip(self.shards, self.token_starts[:-1].tolist()):
+            if spec.idx_path is None:
+                raise UsageError(f"{self.id}: documents mode needs the .idx files")
+            _check(spec.idx_path, spec.idx_sha256)
+            lengths = read_index(spec.idx_path).lengths.astype(np.int64)
+            starts.append(base + np.concatenate(([0], np.cumsum(lengths)[:-1])))
+        return np.concatenate([*starts, [self.total_tokens]])

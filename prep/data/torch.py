@@ -1,0 +1,50 @@
+"""A torch IterableDataset over prep.data.Reader that DataLoader workers split with no repeat and
+no skip: worker w of n produces global steps start + w, start + w + n, ..., and DataLoader's
+in-order round robin hands them to the training loop in step order. Its state is the Reader's,
+computed from the number of batches the loop consumed, so it survives `num_workers > 0`.
+Use with `DataLoader(dataset, batch_size=None, num_workers=n)`: each item is already this rank's batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from prep.data.reader import Exhausted, Reader
+
+
+class ReaderDataset(IterableDataset[Any]):
+    """This rank's batches of a Reader, as torch tensors (documents mode: lists of tensors)."""
+
+    def __init__(self, source: Any, seq_len: int, global_batch_size: int, **options: Any) -> None:
+        self._args = (source, seq_len, global_batch_size)
+        self._options = options
+        self._reader = Reader(source, seq_len, global_batch_size, **options)  # validates now, in the main process
+        self._start_step = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        reader = Reader(*self._args, **self._options)
+        step = self._start_step + worker
+        while True:
+            try:
+                batch = reader.batch(step)
+            except Exhausted:
+                return
+            yield [torch.from_numpy(doc.astype("int64")) for doc in batch] if reader.mode == "documents" \
+                else torch.from_numpy(batch)
+            step += workers
+
+    def state_dict(self, batches_consumed: int) -> dict[str, Any]:
+        """The Reader state after the training loop has consumed `batches_consumed` batches from here."""
+        state = self._reader.state_dict()
+        state["samples"] = (self._start_step + batches_consumed) * self._reader.global_batch_size
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start the next iteration where `state` says (refused when it names other data)."""
+        self._reader.load_state_dict(state)
+        self._start_step = self._reader.consumed // self._reader.global_batch_size
