@@ -6,7 +6,10 @@ The rules (docs/history.md has the reasoning):
    than the grace period (what a build in progress may have written or re-committed).
 2. Kept: the roots' snapshot manifests and artifacts, their stage manifests, every object a kept
    stage manifest or young record names. What a record or manifest names is what its type
-   declares (prep.store.records); one of unknown shape makes gc refuse, deleting nothing.
+   declares (prep.store.records), for snapshots of either layout (layout 1: tokenize, dedup,
+   shuffle, shard; layout 2: tokenize, route, order, shard). One of unknown shape makes gc
+   refuse, deleting nothing: a record or manifest its schema refuses, a snapshot whose stages are
+   no layout, a stage manifest of another stage or layout than what names it.
 3. Deleted once older than the grace period: objects not kept; records naming any object not
    kept; markers of snapshots not kept; expired leases; stale temporaries of a local store.
 4. Exclusion: gc holds a gc lease and refuses to start while a live build lease exists; builds
@@ -123,7 +126,7 @@ def _parallel(function: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]
 
 def _shas(names: records.Names) -> set[str]:
     """Every SHA-256 hex `names` holds, objects and manifests alike."""
-    return {hashing.parse_id(object_id) for object_id in names.objects | names.manifests}
+    return {hashing.parse_id(object_id) for object_id in names.objects | {ref.object_id for ref in names.manifests}}
 
 
 class _Reach:
@@ -132,27 +135,39 @@ class _Reach:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.kept: set[str] = set()
+        self.shapes: dict[str, records.StageShape | None] = {}  # stage manifests read (None: missing)
 
     def names(self, names: records.Names, required: bool) -> None:
         """Keep what `names` holds, and follow the stage manifests among it."""
         self.kept |= {hashing.parse_id(object_id) for object_id in names.objects}
-        for manifest_id in sorted(names.manifests):
-            self.stage_manifest(manifest_id, required)
+        for ref in sorted(names.manifests, key=lambda ref: (ref.object_id, ref.stage, ref.layout or 0)):
+            self.stage_manifest(ref, required)
 
-    def stage_manifest(self, object_id: str, required: bool) -> None:
-        sha = hashing.parse_id(object_id)
-        if sha in self.kept:
-            return
+    def stage_manifest(self, ref: records.ManifestRef, required: bool) -> None:
+        """Keep a stage manifest and what it names; each one read once, checked against every name for it."""
+        sha = hashing.parse_id(ref.object_id)
+        source = f"{self.store.url}: stage manifest {ref.object_id}"
         self.kept.add(sha)
+        if sha not in self.shapes:
+            self.shapes[sha] = self._follow(ref.object_id, source)
+        shape = self.shapes[sha]
+        if shape is None:
+            if required:
+                raise IntegrityError(f"{source}, the {ref.stage} stage of a ref'd snapshot, is missing; "
+                                     "gc refuses to guess what it named")
+            return
+        records.check_named(shape, ref, source)
+
+    def _follow(self, object_id: str, source: str) -> records.StageShape | None:
+        """Read a stage manifest and keep what it names; its shape, or None when it is missing."""
         try:
             raw = cas.get_bytes(self.store, object_id)
         except NotFoundError:
-            if required:
-                raise IntegrityError(f"{self.store.url}: stage manifest {object_id} of a ref'd snapshot is missing; "
-                                     "gc refuses to guess what it named") from None
-            return
-        source = f"{self.store.url}: stage manifest {object_id}"
-        self.names(records.stage_manifest_names(_loads(raw, source), source), required)
+            return None
+        manifest = _loads(raw, source)
+        named = records.stage_manifest_names(manifest, source)
+        self.kept |= {hashing.parse_id(named_id) for named_id in named.objects}
+        return records.stage_shape(manifest)
 
     def snapshot(self, sha: str, required: bool) -> None:
         if sha in self.kept:

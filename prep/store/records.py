@@ -6,6 +6,11 @@ against their schemas in manifests/ when read. Keys are SHA-256 over canonical J
 determines the output (stage name, resolved settings, code identity, input ids), never paths or
 mtimes. Garbage collection follows the ids these records and manifests declare (`names`,
 `stage_manifest_names`, `snapshot_names`); any other shape is an IntegrityError.
+
+A store may hold snapshots of two layouts (`LAYOUTS`): layout 1 (tokenize, dedup, shuffle, shard),
+which builds wrote before the partitioned stages, and layout 2 (tokenize, route, order, shard). A
+snapshot names each stage manifest as a stage of its layout (`ManifestRef`), a stage record as its
+own stage; a manifest of another stage or layout than it is named as is refused (`check_named`).
 """
 
 from __future__ import annotations
@@ -29,13 +34,27 @@ STAGE_RECORD_SCHEMA = "prep.stage-record/1"
 STAGE_SCHEMA = "prep.stage/1"
 SNAPSHOT_SCHEMA = "prep.snapshot/1"
 
+LAYOUTS: dict[int, tuple[str, ...]] = {1: ("tokenize", "dedup", "shuffle", "shard"),
+                                       2: ("tokenize", "route", "order", "shard")}
+"""The stages of a snapshot of each layout, in the order its `stages` lists them."""
+
+
+@dataclass(frozen=True)
+class ManifestRef:
+    """A stage manifest as something names it: its id, the stage it must be, and the layout it
+    must belong to (None when the namer does not say: a stage record)."""
+
+    object_id: str
+    stage: str
+    layout: int | None = None
+
 
 @dataclass(frozen=True)
 class Names:
     """The object ids a record or manifest names; `manifests` are stage manifests, naming more in turn."""
 
     objects: frozenset[str] = frozenset()
-    manifests: frozenset[str] = frozenset()
+    manifests: frozenset[ManifestRef] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -79,7 +98,7 @@ class StageRecord:
         return cls(str(data["stage"]), str(data["key"]), str(data["output"]))
 
     def names(self) -> Names:
-        return Names(manifests=frozenset({self.output}))
+        return Names(manifests=frozenset({ManifestRef(self.output, self.stage)}))
 
 
 def content_key(*parts: Any) -> str:
@@ -190,8 +209,49 @@ def stage_manifest_names(manifest: Any, source: str) -> Names:
     return Names(objects=frozenset(str(object_id) for object_id in names(manifest)))
 
 
+@dataclass(frozen=True)
+class StageShape:
+    """What a validated stage manifest is: its stage, and the layouts it can be part of."""
+
+    stage: str
+    layouts: frozenset[int]
+
+
+def stage_shape(manifest: dict[str, Any]) -> StageShape:
+    """The stage and layouts of a manifest `stage_manifest_names` accepted. A shard manifest's
+    layout is its entries' (the schema allows one layout per manifest); one without shards, like
+    a tokenize manifest, fits both."""
+    stage = str(manifest["stage"])
+    layouts = frozenset(layout for layout, stages in LAYOUTS.items() if stage in stages)
+    if stage == "shard" and manifest["shards"]:
+        layouts = frozenset({1 if "first_pos" in manifest["shards"][0] else 2})
+    return StageShape(stage, layouts)
+
+
+def check_named(shape: StageShape, ref: ManifestRef, source: str) -> None:
+    """IntegrityError unless the manifest of `shape` is what `ref` names it as."""
+    if shape.stage != ref.stage:
+        raise IntegrityError(f"{source}: a {shape.stage} stage manifest, named as the {ref.stage} stage")
+    if ref.layout is not None and ref.layout not in shape.layouts:
+        raise IntegrityError(f"{source}: a {shape.stage} stage manifest of layout "
+                             f"{' or '.join(map(str, sorted(shape.layouts)))}, named by a layout {ref.layout} snapshot")
+
+
+def snapshot_layout(manifest: dict[str, Any], source: str) -> int:
+    """The layout of a validated snapshot manifest, from its stages; IntegrityError for any other list."""
+    stages = tuple(stage["name"] for stage in manifest["stages"])
+    for layout, expected in LAYOUTS.items():
+        if stages == expected:
+            return layout
+    raise IntegrityError(f"{source}: stages {', '.join(stages) or '(none)'} are no snapshot layout "
+                         f"({'; '.join(', '.join(expected) for expected in LAYOUTS.values())})")
+
+
 def snapshot_names(manifest: Any, source: str) -> Names:
-    """What a `prep.snapshot/1` manifest names: its artifacts' sha256 and, as manifests, its stages' outputs."""
+    """What a `prep.snapshot/1` manifest names: its artifacts' sha256 and, as manifests of its
+    layout's stages, its stages' outputs."""
     validate(manifest, SNAPSHOT_SCHEMA, source)
+    layout = snapshot_layout(manifest, source)
     return Names(objects=frozenset(f"sha256:{artifact['sha256']}" for artifact in manifest["artifacts"]),
-                 manifests=frozenset(str(stage["output"]) for stage in manifest["stages"]))
+                 manifests=frozenset(ManifestRef(str(stage["output"]), str(stage["name"]), layout)
+                                     for stage in manifest["stages"]))

@@ -7,6 +7,8 @@ import copy
 import itertools
 import json
 import re
+import shutil
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,18 +28,21 @@ from prep.progress import Progress
 from prep.runner.build import build
 from prep.runner.executors.local import LocalExecutor
 from prep.stages import read
+from prep.stages.intermediate import read_columns
 from prep.storage import LocalStore
 from prep.store import cas, records
 from tests.helpers import make_records, write_jsonl, write_pipeline
+from tests.store.layout1 import plant_layout1
 
 HEX = "[0-9a-f]{64}"
 NAME = "[A-Za-z0-9][A-Za-z0-9._-]*"
-STAGES = ("tokenize", "dedup", "shuffle", "shard")
+STAGES = records.LAYOUTS[2]  # what a build writes now: tokenize, route, order, shard
+STAGE_NAMES = ("tokenize", "dedup", "shuffle", "route", "order", "shard")  # docs/store.md: both layouts
 # The key patterns of docs/store.md, one per kind of key a build writes.
 KEY_PATTERNS = {
     "object": r"objects/sha256/([0-9a-f]{2})/\1[0-9a-f]{62}",
-    "task": rf"tasks/({'|'.join(STAGES)})/{HEX}\.json",
-    "stage": rf"stages/({'|'.join(STAGES)})/{HEX}\.json",
+    "task": rf"tasks/({'|'.join(STAGE_NAMES)})/{HEX}\.json",
+    "stage": rf"stages/({'|'.join(STAGE_NAMES)})/{HEX}\.json",
     "snapshot": rf"snapshots/{HEX}",
     "ref": rf"refs/{NAME}/{NAME}\.json",
     "history": rf"history/{NAME}/{NAME}/[0-9]{{16}}\.json",
@@ -103,8 +108,18 @@ def test_every_key_matches_a_documented_pattern(built: Built) -> None:
     assert kinds == set(KEY_PATTERNS)
 
 
-def test_every_record_validates_against_its_schema(built: Built) -> None:
-    store = built.store
+@pytest.fixture(scope="module")
+def with_layout1(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """A copy of the built store that also holds a layout-1 snapshot (tokenize, dedup, shuffle,
+    shard) on the same tokenize stage, as a store that older builds wrote to does."""
+    root = tmp_path_factory.mktemp("layout1") / "store"
+    shutil.copytree(built.store.root, root, symlinks=True)
+    store = LocalStore(root)
+    return Built(store, (*built.snapshot_ids, plant_layout1(store, built.snapshot_ids[0]).snapshot.id))
+
+
+def _validate_every_record(store: LocalStore) -> set[str]:
+    """Validate every record, stage manifest and snapshot of `store`; the stages it holds records of."""
     for key in (info.key for info in store.list("")):
         kind = kind_of(key)
         if kind in SCHEMA_OF:
@@ -115,7 +130,18 @@ def test_every_record_validates_against_its_schema(built: Built) -> None:
     for key in keys_of(store, "snapshot"):
         snapshot_id = "sha256:" + key.rsplit("/", 1)[1]
         validate(canonical.loads(cas.get_bytes(store, snapshot_id)), "prep.snapshot/1", snapshot_id)
+    return {key.split("/")[1] for key in keys_of(store, "task") + keys_of(store, "stage")}
+
+
+def test_every_record_validates_against_its_schema(built: Built) -> None:
+    store = built.store
+    assert _validate_every_record(store) == set(STAGES)
     assert {f"sha256:{key.rsplit('/', 1)[1]}" for key in keys_of(store, "snapshot")} == set(built.snapshot_ids)
+
+
+def test_records_of_both_layouts_in_one_store_validate(with_layout1: Built) -> None:
+    """Old stores keep their layout-1 records: they validate beside the new ones."""
+    assert _validate_every_record(with_layout1.store) == set(STAGE_NAMES)
 
 
 def test_records_are_canonical_and_filed_under_their_own_key(built: Built) -> None:
@@ -169,26 +195,49 @@ def test_typed_records_round_trip_byte_for_byte(built: Built) -> None:
         assert read == record, key
 
 
-def test_typed_names_are_what_the_manifests_hold(built: Built) -> None:
-    """What gc follows: a snapshot names its artifacts and stage manifests, a stage manifest its
-    outputs by kind, a task record its outputs, a stage record its manifest."""
-    store = built.store
-    for snapshot_id in built.snapshot_ids:
+EXPECTED_NAMES: dict[str, Callable[[dict[str, Any]], set[str]]] = {
+    "tokenize": lambda b: {t["output"] for t in b["tasks"]},
+    "dedup": lambda b: {b["outputs"]["keep"]},  # layout 1
+    "shuffle": lambda b: {b["outputs"]["plan"]},  # layout 1
+    "route": lambda b: {t["output"] for t in b["tasks"]},  # layout 2
+    "order": lambda b: {bucket["output"] for bucket in b["buckets"]},  # layout 2
+    "shard": lambda b: {o for s in b["shards"] for o in s["outputs"].values()},
+}
+
+
+def _check_typed_names(store: LocalStore, layouts: dict[str, int]) -> None:
+    for snapshot_id, layout in layouts.items():
         manifest = canonical.loads(cas.get_bytes(store, snapshot_id))
         names = records.snapshot_names(manifest, snapshot_id)
         assert names.objects == {f"sha256:{artifact['sha256']}" for artifact in manifest["artifacts"]}
-        assert names.manifests == {stage["output"] for stage in manifest["stages"]}
+        assert names.manifests == {records.ManifestRef(stage["output"], stage["name"], layout) for stage in manifest["stages"]}
+        assert [stage["name"] for stage in manifest["stages"]] == list(records.LAYOUTS[layout])
         for stage in manifest["stages"]:
             body = canonical.loads(cas.get_bytes(store, stage["output"]))
-            expected = {"tokenize": lambda b: {t["output"] for t in b["tasks"]},
-                        "dedup": lambda b: {b["outputs"]["keep"]},
-                        "shuffle": lambda b: {b["outputs"]["plan"]},
-                        "shard": lambda b: {o for s in b["shards"] for o in s["outputs"].values()}}[stage["name"]](body)
+            expected = EXPECTED_NAMES[stage["name"]](body)
+            assert expected, stage
             assert records.stage_manifest_names(body, stage["output"]) == records.Names(objects=frozenset(expected))
+            shape = records.stage_shape(body)
+            assert shape.stage == stage["name"] and layout in shape.layouts
+            records.check_named(shape, records.ManifestRef(stage["output"], stage["name"], layout), stage["output"])
     for key in keys_of(store, "task"):
         assert records.parse_record(key, store.get_bytes(key), key).names().objects == set(load(store, key)["outputs"].values())
     for key in keys_of(store, "stage"):
-        assert records.parse_record(key, store.get_bytes(key), key).names().manifests == {load(store, key)["output"]}
+        record = load(store, key)
+        assert records.parse_record(key, store.get_bytes(key), key).names().manifests == \
+            {records.ManifestRef(record["output"], record["stage"])}
+
+
+def test_typed_names_are_what_the_manifests_hold(built: Built) -> None:
+    """What gc follows: a snapshot names its artifacts and stage manifests (as stages of its
+    layout), a stage manifest its outputs by kind, a task record its outputs, a stage record its
+    manifest (as its stage)."""
+    _check_typed_names(built.store, dict.fromkeys(built.snapshot_ids, 2))
+
+
+def test_typed_names_of_a_layout_1_snapshot_are_what_its_manifests_hold(with_layout1: Built) -> None:
+    _check_typed_names(with_layout1.store, {**dict.fromkeys(with_layout1.snapshot_ids[:-1], 2),
+                                            with_layout1.snapshot_ids[-1]: 1})
 
 
 def test_tokenize_tasks_tile_each_input_file(built: Built) -> None:
@@ -214,6 +263,90 @@ def test_tokenize_tasks_tile_each_input_file(built: Built) -> None:
     assert sum(p["bad_records"] for p in entries) == 1
 
 
+# -- entries objects have the layout docs/manifests.md gives, field by field ------------------------
+
+# key_hi, key_lo, part, row, text_offset, text_bytes, tokens_offset, n_tokens, id_offset, id_len, flags
+ENTRY = struct.Struct("<QQIIQQQQQII")
+NO_ID = 0xFFFFFFFF
+
+
+def _parse_entries(raw: bytes) -> tuple[dict[str, Any], list[tuple[int, ...]], bytes]:
+    """An entries object read as documented: magic, u64 header length, canonical JSON header,
+    72-byte little-endian entries, the ids blob to the end."""
+    assert raw[:8] == b"PREPENT1"
+    (length,) = struct.unpack_from("<Q", raw, 8)
+    body = raw[16:16 + length]
+    header: dict[str, Any] = canonical.loads(body)
+    assert canonical.dumps(header) == body
+    start = 16 + length
+    entries = [ENTRY.unpack_from(raw, start + index * ENTRY.size) for index in range(header["count"])]
+    assert ENTRY.size == 72
+    return header, entries, raw[start + header["count"] * ENTRY.size:]
+
+
+def _ids_in_entry_order(entries: list[tuple[int, ...]], blob: bytes) -> list[str | None]:
+    ids: list[str | None] = []
+    offset = 0
+    for entry in entries:
+        id_offset, id_len, flags = entry[8:]
+        assert flags == 0
+        if id_len == NO_ID:
+            ids.append(None)
+            continue
+        assert id_offset == offset  # ids back to back, in entry order
+        ids.append(blob[offset:offset + id_len].decode("utf-8", "surrogatepass"))
+        offset += id_len
+    assert offset == len(blob)
+    return ids
+
+
+def test_entries_objects_have_the_documented_layout(built: Built) -> None:
+    store = built.store
+    route, order = (_stage_manifest(store, stage) for stage in ("route", "order"))
+    parts = _stage_manifest(store, "tokenize")["tasks"]
+    bits = route["bits"]
+    assert order["bits"] == bits and [task["part"] for task in route["tasks"]] == list(range(len(parts)))
+    documents: dict[tuple[int, int], tuple[Any, ...]] = {}  # (part, row) -> what its intermediate says
+    for ordinal, part in enumerate(parts):
+        path = store.root / cas.object_key(part["output"].removeprefix("sha256:"))
+        table = read_columns(path, ["row", "id", "text_bytes", "n_tokens", "text_offset", "tokens_offset"]).to_pylist()
+        documents |= {(ordinal, row["row"]): (row["text_offset"], row["text_bytes"], row["tokens_offset"], row["n_tokens"],
+                                              row["id"]) for row in table}
+    routed: list[tuple[int, ...]] = []
+    for ordinal, task in enumerate(route["tasks"]):
+        header, entries, blob = _parse_entries(cas.get_bytes(store, task["output"]))
+        assert header == {"schema": "prep.entries/1", "kind": "route", "bits": bits, "buckets": header["buckets"],
+                          "count": parts[ordinal]["documents"]}
+        assert len(header["buckets"]) == 1 << bits and sum(header["buckets"]) == header["count"]
+        buckets = [entry[0] >> (64 - bits) if bits else 0 for entry in entries]
+        assert buckets == sorted(buckets) and [buckets.count(b) for b in range(1 << bits)] == header["buckets"]
+        order_of = [(b, e[0], e[1], e[3]) for b, e in zip(buckets, entries)]  # bucket, key, row
+        assert order_of == sorted(order_of)
+        for entry, doc_id in zip(entries, _ids_in_entry_order(entries, blob)):
+            assert entry[2] == ordinal and (*entry[4:8], doc_id) == documents[ordinal, entry[3]]
+        routed.extend(entries)
+    kept = 0
+    for bucket in order["buckets"]:
+        header, entries, blob = _parse_entries(cas.get_bytes(store, bucket["output"]))
+        assert header == {"schema": "prep.entries/1", "kind": "bucket", "bits": bits, "bucket": bucket["bucket"],
+                          "count": bucket["documents"]}
+        keys = [(e[0], e[1], e[2], e[3]) for e in entries]
+        assert keys == sorted(keys) and len({key[:2] for key in keys}) == len(keys)  # exact dedup: keys unique
+        assert _ids_in_entry_order(entries, blob) == [documents[e[2], e[3]][4] for e in entries]
+        covered = 0
+        for leaf in bucket["leaves"]:  # leaves tile the bucket's entries and hold their key ranges
+            assert leaf["first"] == covered and leaf["count"] >= 1
+            start, width = int(leaf["start"], 16), 1 << (64 - leaf["depth"])
+            chunk = entries[leaf["first"]:leaf["first"] + leaf["count"]]
+            assert all(start <= e[0] < start + width for e in chunk)
+            assert leaf["tokens"] == sum(e[7] + 1 for e in chunk) and leaf["text_bytes"] == sum(e[5] for e in chunk)
+            covered += leaf["count"]
+        assert covered == len(entries)
+        kept += len(entries)
+    assert sum(b["documents_read"] for b in order["buckets"]) == len(routed)
+    assert kept == len(routed) - sum(b["duplicates_dropped"] for b in order["buckets"]) < len(routed)
+
+
 # -- the schemas reject what the code never writes ---------------------------------------------
 
 def _first(store: LocalStore, prefix: str) -> dict[str, Any]:
@@ -227,36 +360,76 @@ def _stage_manifest(store: LocalStore, stage: str) -> dict[str, Any]:
     return manifest
 
 
+def _stage_manifests(store: LocalStore, stage: str) -> list[dict[str, Any]]:
+    return [canonical.loads(cas.get_bytes(store, load(store, info.key)["output"])) for info in store.list(f"stages/{stage}/")]
+
+
 Mutation = Callable[[dict[str, Any]], object]
 MUTATIONS: list[tuple[str, str, Mutation]] = [
     ("task:tokenize", "prep.task/1", lambda d: d["summary"].pop("lines")),
     ("task:tokenize", "prep.task/1", lambda d: d["outputs"].update(plan=d["outputs"]["intermediate"])),
-    ("task:dedup", "prep.task/1", lambda d: d.update(stage="publish")),
-    ("task:shuffle", "prep.task/1", lambda d: d["summary"]["shards"][0].update(documents=0)),
+    ("task:route", "prep.task/1", lambda d: d.update(stage="publish")),
+    ("task:route", "prep.task/1", lambda d: d["outputs"].update(bucket=d["outputs"]["route"])),
+    ("task:route", "prep.task/1", lambda d: d["summary"].update(buckets=[d["summary"]["documents"]])),
+    ("task:order", "prep.task/1", lambda d: d.update(stage="dedup")),
+    ("task:order", "prep.task/1", lambda d: d["summary"]["leaves"][0].update(start="0")),
+    ("task:order", "prep.task/1", lambda d: d["summary"]["leaves"][0].update(count=0)),
+    ("task:order", "prep.task/1", lambda d: d["summary"].pop("digest")),
     ("task:shard", "prep.task/1", lambda d: d["outputs"].pop("idx", None) or d["outputs"].pop("wds")),
     ("task:shard", "prep.task/1", lambda d: d.update(key="sha256:" + d["key"])),
     ("stage:tokenize", "prep.stage/1", lambda d: d["tasks"][0].pop("line_offset")),
-    ("stage:dedup", "prep.stage/1", lambda d: d.update(shards=[])),
-    ("stage:shuffle", "prep.stage/1", lambda d: d["outputs"].update(keep=d["outputs"]["plan"])),
+    ("stage:route", "prep.stage/1", lambda d: d.update(bits=21)),
+    ("stage:route", "prep.stage/1", lambda d: d["tasks"][0].update(documents=1)),
+    ("stage:route", "prep.stage/1", lambda d: d.update(outputs={"plan": d["tasks"][0]["output"]})),
+    ("stage:order", "prep.stage/1", lambda d: d["buckets"][0].pop("leaves")),
+    ("stage:order", "prep.stage/1", lambda d: d["buckets"][0].update(outputs={"bucket": d["buckets"][0]["output"]})),
+    ("stage:order", "prep.stage/1", lambda d: d.update(shards=[])),
     ("stage:shard", "prep.stage/1", lambda d: d["shards"][0].pop("sizes")),
+    ("stage:shard", "prep.stage/1", lambda d: d["shards"][0].pop("slices")),
+    ("stage:shard", "prep.stage/1", lambda d: d["shards"][0].update(name="00000")),
+    ("stage:shard", "prep.stage/1", lambda d: d["shards"][0]["slices"][0].append(0)),
+    ("stage:shard", "prep.stage/1", lambda d: d["shards"][0].update(slices=[])),
+    ("stage:shard", "prep.stage/1", lambda d: d["shards"][0].update(tar_size=0)),
     ("stage:shard", "prep.stage/1", lambda d: d.update(stage="tokenize")),
     ("record:shard", "prep.stage-record/1", lambda d: d.update(output=d["output"][7:])),
     ("ref", "prep.ref/1", lambda d: d.update(previous=d["snapshot"], generation=1)),
     ("ref", "prep.ref/1", lambda d: d.update(previous=None, generation=2)),
     ("ref", "prep.ref/1", lambda d: d.update(time="2025-01-01 00:00:00")),
     ("log", "prep.build-log/1", lambda d: d["stages"].update(publish={"key": "0" * 64, "ran": 0, "cached": 0})),
+    ("log", "prep.build-log/1", lambda d: d["stages"].update(dedup={"key": "0" * 64, "ran": 0, "cached": 1})),
     ("log", "prep.build-log/1", lambda d: d["inputs"][0].pop("etag")),
+    ("snapshot", "prep.snapshot/1", lambda d: d["stages"][1].update(name="publish")),
+]
+# Layout-1 records, which old stores still hold, sampled from the planted layout-1 snapshot.
+LAYOUT_1_MUTATIONS: list[tuple[str, str, Mutation]] = [
+    ("task:dedup", "prep.task/1", lambda d: d.update(stage="publish")),
+    ("task:dedup", "prep.task/1", lambda d: d["outputs"].update(route=d["outputs"]["keep"])),
+    ("task:shuffle", "prep.task/1", lambda d: d["summary"]["shards"][0].update(documents=0)),
+    ("task:shuffle", "prep.task/1", lambda d: d["summary"]["shards"][0].update(name="0" * 16)),
+    ("stage:dedup", "prep.stage/1", lambda d: d.update(shards=[])),
+    ("stage:dedup", "prep.stage/1", lambda d: d.update(bits=0)),
+    ("stage:shuffle", "prep.stage/1", lambda d: d["outputs"].update(keep=d["outputs"]["plan"])),
+    ("stage:shuffle", "prep.stage/1", lambda d: d["shards"][0].update(digest="0" * 64)),
+    ("stage:shard", "prep.stage/1", lambda d: d["shards"][0].pop("tar_size")),
+    ("stage:shard", "prep.stage/1", lambda d: d["shards"][0].update(depth=1)),
 ]
 
 
-def _sample(store: LocalStore, which: str) -> dict[str, Any]:
+def _sample(store: LocalStore, which: str, layout: int = 2) -> dict[str, Any]:
+    """The first record of a kind; for the stage shared by both layouts, shard, the one of `layout`."""
     kind, _, stage = which.partition(":")
     if kind == "task":
         return _first(store, f"tasks/{stage}/")
+    if kind == "stage" and stage == "shard":
+        return next(manifest for manifest in _stage_manifests(store, stage)
+                    if records.stage_shape(manifest).layouts == {layout})
     if kind == "stage":
         return _stage_manifest(store, stage)
     if kind == "record":
         return _first(store, f"stages/{stage}/")
+    if kind == "snapshot":
+        manifest: dict[str, Any] = canonical.loads(cas.get_bytes(store, load(store, "refs/tiny/latest.json")["snapshot"]))
+        return manifest
     return _first(store, {"ref": "refs/", "log": "logs/"}[kind])
 
 
@@ -270,12 +443,64 @@ def test_schemas_reject_shapes_the_code_never_writes(built: Built, which: str, s
         validate(document, schema_id)
 
 
+@pytest.mark.parametrize(("which", "schema_id", "mutate"), LAYOUT_1_MUTATIONS)
+def test_schemas_reject_layout_1_shapes_the_code_never_wrote(with_layout1: Built, which: str, schema_id: str,
+                                                             mutate: Mutation) -> None:
+    document = copy.deepcopy(_sample(with_layout1.store, which, layout=1))
+    validate(document, schema_id)
+    mutate(document)
+    with pytest.raises(IntegrityError, match=re.escape(schema_id)):
+        validate(document, schema_id)
+
+
+def _shard_manifests(store: LocalStore) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A real shard stage manifest of each layout (layout 1 from the planted snapshot)."""
+    manifests = _stage_manifests(store, "shard")
+    first, second = ([m for m in manifests if records.stage_shape(m).layouts == {layout}][0] for layout in (1, 2))
+    return copy.deepcopy(first), copy.deepcopy(second)
+
+
+MIXES: list[tuple[str, Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]]] = [
+    ("a layout-2 entry with every layout-1 field", lambda old, new: {**old, **new}),
+    ("a layout-1 entry with every layout-2 field", lambda old, new: {**new, **old}),
+    ("a layout-2 entry with first_pos", lambda old, new: {**new, "first_pos": old["first_pos"]}),
+    ("a layout-2 entry with tar_size", lambda old, new: {**new, "tar_size": old["tar_size"]}),
+    ("a layout-1 entry with a name", lambda old, new: {**old, "name": new["name"]}),
+    ("a layout-1 entry with slices", lambda old, new: {**old, "slices": new["slices"]}),
+    ("a layout-1 entry with a digest", lambda old, new: {**old, "digest": new["digest"]}),
+]
+
+
+@pytest.mark.parametrize(("mix", "entry"), MIXES, ids=[mix for mix, _ in MIXES])
+def test_a_shard_entry_mixing_the_layouts_is_refused(with_layout1: Built, mix: str,
+                                                     entry: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]) -> None:
+    """shard_spec (layout 1) and shard_plan (layout 2) are each closed: an entry is one or the other."""
+    old, new = _shard_manifests(with_layout1.store)
+    for manifest in (old, new):
+        validate(manifest, "prep.stage/1")
+        manifest["shards"][0] = entry(old["shards"][0], new["shards"][0])
+        with pytest.raises(IntegrityError, match=r"does not match prep\.stage/1 at shards"):
+            validate(manifest, "prep.stage/1")
+
+
+def test_a_shard_manifest_listing_entries_of_both_layouts_is_refused(with_layout1: Built) -> None:
+    old, new = _shard_manifests(with_layout1.store)
+    old_entry, new_entry = copy.deepcopy(old["shards"][0]), copy.deepcopy(new["shards"][0])
+    for manifest, other in ((old, new_entry), (new, old_entry)):
+        manifest["shards"].append({**other, "index": len(manifest["shards"])})
+        with pytest.raises(IntegrityError, match=r"does not match prep\.stage/1 at shards"):
+            validate(manifest, "prep.stage/1")
+        manifest["shards"] = [other]  # an entry of the other layout alone is fine
+        validate(manifest, "prep.stage/1")
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=st.text(min_size=1, max_size=12))
 def test_every_record_kind_is_closed_to_unknown_fields(built: Built, field: str) -> None:
-    samples = [("task:tokenize", "prep.task/1"), ("task:shard", "prep.task/1"), ("stage:tokenize", "prep.stage/1"),
-               ("stage:shard", "prep.stage/1"), ("record:dedup", "prep.stage-record/1"), ("ref", "prep.ref/1"),
-               ("log", "prep.build-log/1")]
+    samples = [("task:tokenize", "prep.task/1"), ("task:route", "prep.task/1"), ("task:order", "prep.task/1"),
+               ("task:shard", "prep.task/1"), ("stage:tokenize", "prep.stage/1"), ("stage:route", "prep.stage/1"),
+               ("stage:order", "prep.stage/1"), ("stage:shard", "prep.stage/1"), ("record:route", "prep.stage-record/1"),
+               ("ref", "prep.ref/1"), ("log", "prep.build-log/1"), ("snapshot", "prep.snapshot/1")]
     for which, schema_id in samples:
         document = copy.deepcopy(_sample(built.store, which))
         if field in document:
@@ -283,3 +508,21 @@ def test_every_record_kind_is_closed_to_unknown_fields(built: Built, field: str)
         document[field] = 0
         with pytest.raises(IntegrityError):
             validate(document, schema_id)
+    for which, schema_id, inner in NESTED:  # entries inside records are closed too
+        document = copy.deepcopy(_sample(built.store, which))
+        entry = inner(document)
+        if field in entry:
+            continue
+        entry[field] = 0
+        with pytest.raises(IntegrityError):
+            validate(document, schema_id)
+
+
+NESTED: list[tuple[str, str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
+    ("stage:route", "prep.stage/1", lambda d: d["tasks"][0]),
+    ("stage:order", "prep.stage/1", lambda d: d["buckets"][0]),
+    ("stage:order", "prep.stage/1", lambda d: d["buckets"][0]["leaves"][0]),
+    ("task:order", "prep.task/1", lambda d: d["summary"]["leaves"][0]),
+    ("stage:shard", "prep.stage/1", lambda d: d["shards"][0]),
+    ("stage:shard", "prep.stage/1", lambda d: d["shards"][0]["outputs"]),
+]

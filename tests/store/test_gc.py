@@ -26,9 +26,10 @@ from prep.store.gc import collect_garbage, parse_duration
 from prep.store.layout import lease_key, stage_record_key, task_record_key
 from prep.store.leases import BUILD, GC, Lease, build_lease, process_scope, read_leases
 from prep.store.refs import move_ref
-from prep.store.snapshots import load_snapshot, resolve
+from prep.store.snapshots import load_snapshot, publish_manifest, resolve
 from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
 from tests.runner.test_disk_full import fill_up, small_tmpfs
+from tests.store.layout1 import plant_layout1
 
 HOUR = 3600
 EMPTY_TOKENIZE = {"documents": 0, "tokens": 0, "text_bytes": 0, "bad_records": 0, "special_token_documents": 0,
@@ -50,8 +51,10 @@ def reachable(store: Store, snapshot_id: str) -> set[str]:
         found.add(hashing.parse_id(stage["output"]))
         body: dict[str, Any] = canonical.loads(cas.get_bytes(store, stage["output"]))
         named = {"tokenize": lambda b: [t["output"] for t in b["tasks"]],
-                 "dedup": lambda b: [b["outputs"]["keep"]],
-                 "shuffle": lambda b: [b["outputs"]["plan"]],
+                 "dedup": lambda b: [b["outputs"]["keep"]],  # layout 1
+                 "shuffle": lambda b: [b["outputs"]["plan"]],  # layout 1
+                 "route": lambda b: [t["output"] for t in b["tasks"]],  # layout 2
+                 "order": lambda b: [bucket["output"] for bucket in b["buckets"]],  # layout 2
                  "shard": lambda b: [o for s in b["shards"] for o in s["outputs"].values()]}[stage["name"]](body)
         found |= {hashing.parse_id(object_id) for object_id in named}
     return found
@@ -248,11 +251,89 @@ def test_gc_follows_the_ids_records_declare_not_ids_their_text_mentions(project:
     assert_records_resolve(store)
 
 
+def test_gc_keeps_what_snapshots_of_both_layouts_need(project: dict[str, Path]) -> None:
+    """A store holding a layout-1 snapshot (tokenize, dedup, shuffle, shard) beside layout-2 builds
+    (tokenize, route, order, shard): gc keeps exactly what each ref'd snapshot needs, whatever its
+    layout, and a layout's own objects and records go once no ref reaches a snapshot of it."""
+    store = LocalStore(project["store"])
+    new = resolve(store, "tiny@latest")
+    old = plant_layout1(store, new.id)  # tiny@old: an older build of the same intermediates
+    assert [stage["name"] for stage in old.snapshot.manifest["stages"]] == ["tokenize", "dedup", "shuffle", "shard"]
+    assert [stage["name"] for stage in new.manifest["stages"]] == ["tokenize", "route", "order", "shard"]
+    shared = reachable(store, old.snapshot.id) & reachable(store, new.id)
+    assert _intermediate_of(store, new.id).removeprefix("sha256:") in shared
+    abandoned = plant_layout1(store, new.id, ref=None, salt="abandoned")  # published, then never ref'd
+    crash(project["v2"], project["store"], "shard.before_commit")  # a layout-2 build's leftovers
+    needed = reachable(store, new.id) | reachable(store, old.snapshot.id)
+    assert stored_objects(store) - needed, "the abandoned snapshot and the killed build should have left objects"
+
+    age(project["store"], 2 * HOUR)
+    report = collect_garbage(store, grace_seconds=HOUR)
+    assert stored_objects(store) == needed
+    assert report.deleted["snapshots"].count == 1 and not store.exists(f"snapshots/{hashing.parse_id(abandoned.snapshot.id)}")
+    for snapshot in (new, old.snapshot):
+        assert all(cas.check(store, f"sha256:{a['sha256']}") for a in snapshot.artifacts)
+        for stage in snapshot.manifest["stages"]:
+            assert store.exists(stage_record_key(stage["name"], stage["key"])), stage
+    assert {info.key.split("/")[1] for info in store.list(records.TASKS_PREFIX)} == \
+        {"tokenize", "dedup", "shuffle", "route", "order", "shard"}
+    assert_records_resolve(store)
+
+    old_tokenize = old.snapshot.manifest["stages"][0]
+    old_parts = canonical.loads(cas.get_bytes(store, old_tokenize["output"]))["tasks"]
+    assert old_tokenize["output"] != new.manifest["stages"][0]["output"]
+    assert {p["output"] for p in old_parts} <= {f"sha256:{sha}" for sha in shared}
+    move_ref(store, "tiny", "old", new.id)  # no ref reaches layout 1 any more
+    age(project["store"], 2 * HOUR)
+    collect_garbage(store, grace_seconds=HOUR)
+    assert stored_objects(store) == reachable(store, new.id)
+    assert not old.own_objects & stored_objects(store) and shared <= stored_objects(store)
+    assert not [info.key for info in [*store.list(records.TASKS_PREFIX), *store.list(records.STAGES_PREFIX)]
+                if info.key.split("/")[1] in ("dedup", "shuffle")]
+    assert not store.exists(stage_record_key("tokenize", old_tokenize["key"])), "its manifest is gone"
+    for part in old_parts:  # the old build's tokenize task records name only kept intermediates: they stay
+        assert records.read_task_record(store, "tokenize", part["key"]) is not None
+    assert_records_resolve(store)
+    assert run_prep("build", project["v1"], "--store", project["store"]).stdout.split()[-1] == new.id
+
+
+def _stage_of(store: Store, snapshot: dict[str, Any], name: str) -> dict[str, Any]:
+    stage = next(stage for stage in snapshot["stages"] if stage["name"] == name)
+    body: dict[str, Any] = canonical.loads(cas.get_bytes(store, stage["output"]))
+    return body
+
+
+def _plant_mixed_layouts(store: LocalStore, shape: str, named: str) -> None:
+    """Shapes only a store of two layouts can get wrong: each mixes layout 1 and layout 2."""
+    key = "d" * 64
+    latest = resolve(store, "tiny@latest")
+    if shape == "snapshot whose stages mix the layouts":
+        stages = [{**stage, "name": "dedup", "output": named} if stage["name"] == "route" else stage
+                  for stage in latest.manifest["stages"]]
+        move_ref(store, "tiny", "future", publish_manifest(store, {**latest.manifest, "stages": stages}).id)
+    elif shape == "layout-1 snapshot naming a layout-2 shard manifest":
+        old = plant_layout1(store, latest.id, ref=None).snapshot.manifest
+        shard = next(stage for stage in latest.manifest["stages"] if stage["name"] == "shard")
+        stages = [shard if stage["name"] == "shard" else stage for stage in old["stages"]]
+        move_ref(store, "tiny", "future", publish_manifest(store, {**old, "stages": stages}).id)
+    elif shape == "stage record naming a manifest of another stage":
+        manifest = {"outputs": {"keep": named}, "documents_read": 1, "duplicates_dropped": 0}
+        output = records.commit_stage(store, "dedup", key, manifest)
+        store.put_bytes(stage_record_key("order", key), canonical.dumps(records.StageRecord("order", key, output).to_json()))
+    else:  # a shard manifest listing a layout-2 shard and a layout-1 shard
+        new_entry = _stage_of(store, latest.manifest, "shard")["shards"][0]
+        old_entry = {"index": 1, "first_pos": new_entry["documents"], "documents": 1, "tokens": 2, "bin_size": 4,
+                     "tar_size": 2048, "outputs": {"wds": named}, "sizes": {"wds": 2048}}
+        records.commit_stage(store, "shard", key, {"shards": [new_entry, old_entry]})
+
+
 def _plant_unknown_shape(store: LocalStore, shape: str, named: str) -> None:
     """A record or manifest gc cannot read the names of, naming `named` among other things."""
     key = "d" * 64
     task = records.TaskRecord("tokenize", key, {"intermediate": named}, EMPTY_TOKENIZE).to_json()
-    if shape == "task record of a later schema":
+    if shape in MIXED_SHAPES:
+        _plant_mixed_layouts(store, shape, named)
+    elif shape == "task record of a later schema":
         store.put_bytes(task_record_key("tokenize", key), canonical.dumps({**task, "schema": "prep.task/2"}))
     elif shape == "task record with an unknown field":
         store.put_bytes(task_record_key("tokenize", key), canonical.dumps({**task, "inputs": [named]}))
@@ -267,9 +348,14 @@ def _plant_unknown_shape(store: LocalStore, shape: str, named: str) -> None:
         move_ref(store, "tiny", "future", snapshot.id)
 
 
+REFUSALS = "does not match|unreadable|not JSON|no snapshot layout|named as|named by a layout"
+MIXED_SHAPES = ["snapshot whose stages mix the layouts", "layout-1 snapshot naming a layout-2 shard manifest",
+                "stage record naming a manifest of another stage", "shard manifest mixing the layouts"]
+
+
 @pytest.mark.parametrize("shape", ["task record of a later schema", "task record with an unknown field",
                                    "unreadable task record", "stage manifest of an unknown stage",
-                                   "snapshot manifest of a later schema"])
+                                   "snapshot manifest of a later schema", *MIXED_SHAPES])
 def test_gc_refuses_a_record_or_manifest_of_unknown_shape(project: dict[str, Path], shape: str) -> None:
     """gc cannot tell what such a record names, so it deletes nothing rather than guess."""
     store = LocalStore(project["store"])
@@ -278,7 +364,7 @@ def test_gc_refuses_a_record_or_manifest_of_unknown_shape(project: dict[str, Pat
     _plant_unknown_shape(store, shape, orphan.id)
     before = sorted(info.key for info in store.list(""))
     for dry_run in (True, False):
-        with pytest.raises(IntegrityError, match="does not match|unreadable|not JSON"):
+        with pytest.raises(IntegrityError, match=REFUSALS):
             collect_garbage(store, grace_seconds=HOUR, dry_run=dry_run)
     assert sorted(info.key for info in store.list("")) == before
     assert cas.check(store, orphan.id)
