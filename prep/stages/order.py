@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from prep.errors import IntegrityError
 from prep.hashing import Digest, HashingWriter
 from prep.manifest import canonical
-from prep.stages.columns import to_numbers, to_strings
+from prep.stages.columns import to_numbers
 from prep.stages.intermediate import hash_pairs, read_columns
 from prep.stages.specs import Part
 
@@ -123,8 +124,64 @@ def write_entries(path: Path, header: dict[str, Any], entries: np.ndarray, ids: 
     return out.close()
 
 
+GATHER_BLOCK = 1 << 16  # (start, length) pairs per numpy gather: bounds the index arrays
+
+
+def gather_bytes(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> bytes:
+    """`blob[start:start + length]` of each pair, concatenated: one slice when the pieces are
+    already laid out one after another, else numpy gathers of a uint8 view."""
+    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if not total:
+        return b""
+    before = np.cumsum(lengths) - lengths
+    used = lengths > 0
+    first = int(starts[used][0])
+    if np.array_equal(starts[used] - before[used], np.full(int(used.sum()), first)):
+        return blob[first:first + total].tobytes()
+    pieces = []
+    for low in range(0, len(starts), GATHER_BLOCK):
+        block_starts, block_lengths = starts[low:low + GATHER_BLOCK], lengths[low:low + GATHER_BLOCK]
+        size = int(block_lengths.sum())
+        shift = np.repeat(block_starts - (np.cumsum(block_lengths) - block_lengths), block_lengths)
+        pieces.append(blob[shift + np.arange(size, dtype=np.int64)].tobytes())
+    return b"".join(pieces)
+
+
+def _string_chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
+    return list(column.chunks) if isinstance(column, pa.ChunkedArray) else [column]
+
+
+def _pack_id_column(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """Offsets, lengths (NO_ID for nulls) and the concatenated UTF-8 of a string column, read
+    from its buffers (the bytes `_pack_ids` makes of the column's strings)."""
+    blobs, all_lengths, all_valid = [], [], []
+    for chunk in _string_chunks(column):
+        if not len(chunk):
+            continue
+        validity, offsets_buffer, data = chunk.buffers()
+        width = np.dtype("<i8" if pa.types.is_large_string(chunk.type) else "<i4")
+        offsets = np.frombuffer(offsets_buffer, dtype=width, count=len(chunk) + 1,
+                                offset=chunk.offset * width.itemsize).astype(np.int64)
+        valid = (np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little",
+                               count=chunk.offset + len(chunk))[chunk.offset:].astype(bool)
+                 if validity is not None and chunk.null_count else np.ones(len(chunk), dtype=bool))
+        lengths = np.where(valid, offsets[1:] - offsets[:-1], 0)
+        raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+        blobs.append(gather_bytes(raw, offsets[:-1], lengths))
+        all_lengths.append(lengths)
+        all_valid.append(valid)
+    blob = b"".join(blobs)
+    blob.decode("utf-8")  # what decoding each id would check (the column is prep's own, hashed)
+    lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, dtype=np.int64)
+    valid = np.concatenate(all_valid) if all_valid else np.zeros(0, dtype=bool)
+    offsets = (np.cumsum(lengths) - lengths).astype(np.uint64)
+    return offsets, np.where(valid, lengths, NO_ID).astype(np.uint32), blob
+
+
 def _pack_ids(ids: Sequence[str | None]) -> tuple[np.ndarray, np.ndarray, bytes]:
-    """Offsets, lengths (NO_ID for none) and the concatenated UTF-8 of `ids`."""
+    """Offsets, lengths (NO_ID for none) and the concatenated UTF-8 of `ids` (the reference of
+    `_pack_id_column`)."""
     encoded = [b"" if doc_id is None else doc_id.encode("utf-8", "surrogatepass") for doc_id in ids]
     lengths = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))
     offsets = np.zeros(len(encoded), dtype=np.uint64)
@@ -146,7 +203,7 @@ def route_part(part: Part, ordinal: int, seed: int, bits: int, out_path: Path) -
     entries["row"] = to_numbers(table.column("row"))
     for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
         entries[name] = to_numbers(table.column(name))
-    offsets, lens, blob = _pack_ids(to_strings(table.column("id")))
+    offsets, lens, blob = _pack_id_column(table.column("id"))
     entries["id_offset"], entries["id_len"] = offsets, lens
     buckets = bucket_of(key_hi, bits)
     order = np.lexsort((entries["row"], key_lo, key_hi, buckets))
@@ -163,15 +220,11 @@ def _regroup_ids(entries: np.ndarray, blob: bytes) -> tuple[np.ndarray, bytes]:
     with_id = entries["id_len"] != NO_ID
     if not with_id.any():
         return entries, b""
-    view = memoryview(blob)
-    pieces = [view[start:start + length] for start, length in
-              zip(entries["id_offset"][with_id].tolist(), entries["id_len"][with_id].tolist())]
+    regrouped = gather_bytes(np.frombuffer(blob, dtype=np.uint8), entries["id_offset"][with_id],
+                             entries["id_len"][with_id])
     lengths = np.where(with_id, entries["id_len"], 0).astype(np.int64)
-    offsets = np.zeros(len(entries), dtype=np.uint64)
-    if len(entries) > 1:
-        offsets[1:] = np.cumsum(lengths[:-1])
-    entries["id_offset"] = offsets
-    return entries, b"".join(pieces)
+    entries["id_offset"] = (np.cumsum(lengths) - lengths).astype(np.uint64)
+    return entries, regrouped
 
 
 def bucket_slice(route: EntryFile, bucket: int) -> tuple[int, int]:
@@ -199,11 +252,27 @@ def gather_bucket(routes: Sequence[Path], bucket: int) -> tuple[np.ndarray, byte
     return merged, b"".join(blobs)
 
 
+def _key_order(entries: np.ndarray) -> np.ndarray:
+    """The permutation sorting entries by (key_hi, key_lo, part, row): one argsort of key_hi,
+    then a lexsort of only the entries whose key_hi is shared (duplicates, mostly)."""
+    order = np.argsort(entries["key_hi"], kind="stable")
+    high = entries["key_hi"][order]
+    tied = np.zeros(len(order), dtype=bool)
+    same = high[1:] == high[:-1]
+    tied[1:] |= same
+    tied[:-1] |= same
+    if tied.any():
+        at = np.flatnonzero(tied)
+        sub = order[at]
+        chosen = entries[sub]
+        order[at] = sub[np.lexsort((chosen["row"], chosen["part"], chosen["key_lo"], chosen["key_hi"]))]
+    return order
+
+
 def sort_and_dedup(entries: np.ndarray, exact: bool) -> tuple[np.ndarray, int]:
     """Entries in order-key order (ties by input order); with `exact`, the first of each run of
     equal keys only. Returns the kept entries and how many were dropped."""
-    order = np.lexsort((entries["row"], entries["part"], entries["key_lo"], entries["key_hi"]))
-    ordered = entries[order]
+    ordered = entries[_key_order(entries)]
     if not exact or len(ordered) < 2:
         return ordered, 0
     repeat = np.zeros(len(ordered), dtype=bool)
@@ -245,9 +314,9 @@ def leaf_digest(entries: np.ndarray, ids: bytes, parts: Sequence[PartIdentity], 
     records["line"] = offsets[entries["part"]] + entries["row"].astype(np.int64) + 1
     hasher = hashlib.sha256(records.tobytes())
     with_id = entries["id_len"] != NO_ID
-    view = memoryview(ids)
-    for start, length in zip(entries["id_offset"][with_id].tolist(), entries["id_len"][with_id].tolist()):
-        hasher.update(view[start:start + length])
+    # One update of the ids one after another: the same digest as one update per id.
+    hasher.update(gather_bytes(np.frombuffer(ids, dtype=np.uint8), entries["id_offset"][with_id],
+                               entries["id_len"][with_id]))
     return hasher.hexdigest()
 
 
