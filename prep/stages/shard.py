@@ -51,29 +51,51 @@ class ShardDocuments:
     n_tokens: np.ndarray  # without EOS
     key_hi: np.ndarray
     key_lo: np.ndarray
-    jsons: list[bytes]  # empty unless the wds unit needs them
+    jsons: bytes  # every `.json` member, one after another; empty unless the wds unit needs them
+    json_offsets: np.ndarray  # n + 1 offsets into `jsons` (just [0] without them)
+
+
+JSON_BLOCK = 1 << 16  # documents per vectorized `.json` batch: bounds its index arrays
 
 
 def collect_shard(plan: ShardPlan, buckets: dict[int, Path], parts: list[Part], with_json: bool) -> ShardDocuments:
     """The documents of one shard, read from its slices of the bucket objects (in key order)."""
     chunks: list[np.ndarray] = []
     jsons: list[bytes] = []
+    sizes: list[np.ndarray] = []
     for bucket, first, count in plan.slices:
         entries, ids = EntryFile.open(buckets[bucket]).read(first, count)
         chunks.append(entries)
-        if with_json:
-            jsons.extend(_sample_jsons(entries, ids, parts))
+        for low in range(0, len(entries), JSON_BLOCK) if with_json else ():
+            blob, offsets = _sample_jsons(entries[low:low + JSON_BLOCK], ids, parts)
+            jsons.append(blob)
+            sizes.append(np.diff(offsets))
     entries = np.concatenate(chunks) if chunks else np.zeros(0, dtype=ENTRY_DTYPE)
     if len(entries) != plan.documents:
         raise IntegrityError(f"shard {plan.name}: found {len(entries)} documents, the plan has {plan.documents}")
+    json_offsets = np.zeros(len(entries) + 1 if with_json else 1, dtype=np.int64)
+    if sizes:
+        np.cumsum(np.concatenate(sizes), out=json_offsets[1:])
     return ShardDocuments(
         part=entries["part"].astype(np.int64), text_offset=entries["text_offset"].astype(np.int64),
         text_bytes=entries["text_bytes"].astype(np.int64), tokens_offset=entries["tokens_offset"].astype(np.int64),
-        n_tokens=entries["n_tokens"].astype(np.int64), key_hi=entries["key_hi"], key_lo=entries["key_lo"], jsons=jsons)
+        n_tokens=entries["n_tokens"].astype(np.int64), key_hi=entries["key_hi"], key_lo=entries["key_lo"],
+        jsons=b"".join(jsons), json_offsets=json_offsets)
 
 
-def _sample_jsons(entries: np.ndarray, ids: bytes, parts: list[Part]) -> list[bytes]:
-    """Each document's `.json` member: id (or source:line), source, line, tokens with EOS."""
+def _sample_jsons(entries: np.ndarray, ids: bytes, parts: list[Part]) -> tuple[bytes, np.ndarray]:
+    """Each document's `.json` member (id or source:line, source, line, tokens with EOS), one
+    after another, and their offsets: `_sample_jsons_reference` vectorized."""
+    line_offsets = np.asarray([part.line_offset for part in parts] or [0], dtype=np.int64)
+    part = entries["part"].astype(np.int64)
+    lines = line_offsets[part] + entries["row"].astype(np.int64) + 1  # record_line: offset + row + 1
+    has_id = entries["id_len"] != NO_ID
+    return wds.sample_jsons(ids, entries["id_offset"].astype(np.int64), np.where(has_id, entries["id_len"], 0),
+                            has_id, [p.source for p in parts], part, lines, entries["n_tokens"].astype(np.int64) + 1)
+
+
+def _sample_jsons_reference(entries: np.ndarray, ids: bytes, parts: list[Part]) -> list[bytes]:
+    """Each document's `.json` member, one `wds.sample_json` per document (kept to test against)."""
     view = memoryview(ids)
     found = []
     for part, row, id_offset, id_len, tokens in zip(entries["part"].tolist(), entries["row"].tolist(),
@@ -106,6 +128,18 @@ class PartReader:
                 raise IntegrityError(f"{self._paths[part]}: shorter than its metadata says")
             view, offset = view[count:], offset + count
             count = os.preadv(fd, [view], offset)
+
+    def read_many(self, chunk: memoryview, parts: np.ndarray, offsets: np.ndarray, starts: np.ndarray,
+                  sizes: np.ndarray) -> None:
+        """`read_into(part, offset, chunk[start:start + size])` for each document, in one loop."""
+        opened, preadv = self._open, os.preadv
+        for part, offset, start, size in zip(parts.tolist(), offsets.tolist(), starts.tolist(), sizes.tolist()):
+            fd = opened.get(part)
+            if fd is None:
+                fd = self._reopen(part)
+            view = chunk[start:start + size]
+            if preadv(fd, [view], offset) < size:
+                self.read_into(part, offset, view)  # a short read: read_into retries or raises
 
     def _reopen(self, part: int) -> int:
         if len(self._open) >= MAX_OPEN_FILES:
@@ -233,11 +267,8 @@ def write_bin(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eo
     def fill(chunk: memoryview, start: int, end: int) -> None:
         base = int(ends[start - 1]) if start else 0
         eos_at = ends[start:end] - base - item
-        read = reader.read_into
-        for part, offset, at, size in zip(docs.part[start:end].tolist(), docs.tokens_offset[start:end].tolist(),
-                                          (eos_at - docs.n_tokens[start:end] * item).tolist(),
-                                          (docs.n_tokens[start:end] * item).tolist()):
-            read(part, offset, chunk[at:at + size])
+        sizes = docs.n_tokens[start:end] * item
+        reader.read_many(chunk, docs.part[start:end], docs.tokens_offset[start:end], eos_at - sizes, sizes)
         np.frombuffer(chunk, dtype=little)[eos_at // item] = eos_id
 
     bin_digest = _write_chunks(bin_path, lengths * item, fill, zeroed=False)
@@ -252,8 +283,8 @@ def write_tar(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eo
     little = little_endian(dtype)
     item = little.itemsize
     block = wds.BLOCK_SIZE
-    count = len(docs.jsons)
-    json_sizes = np.fromiter(map(len, docs.jsons), dtype=np.int64, count=count)
+    count = len(docs.json_offsets) - 1
+    json_sizes = np.diff(docs.json_offsets)
     npy_sizes = wds.npy_sizes(docs.n_tokens + 1, little)
     npy_head = len(wds.npy_header(0, little))
     # Offsets of each member's data within its sample; the end-of-archive blocks are one more
@@ -263,38 +294,39 @@ def write_tar(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eo
     text_at = npy_at + wds.padded_size(npy_sizes) + block
     spans = np.append(text_at + wds.padded_size(docs.text_bytes), len(wds.END_OF_ARCHIVE))
     sample_at = np.concatenate(([0], np.cumsum(spans)[:-1]))
-    npy_header = wds.npy_header_function(little)
+    jsons = np.frombuffer(docs.jsons, dtype=np.uint8)
 
     def fill(chunk: memoryview, start: int, end: int) -> None:
         end = min(end, count)
         if start >= end:
             return  # only the end-of-archive blocks
         at = sample_at[start:end] - int(sample_at[start])
-        names = wds.hex_key_chars(docs.key_hi[start:end], docs.key_lo[start:end])
-        headers = [wds.headers_for_keys(names, suffix, sizes[start:end]).data.cast("B")
-                   for suffix, sizes in ((wds.JSON_SUFFIX, json_sizes), (wds.TOKENS_SUFFIX, npy_sizes),
-                                         (wds.TEXT_SUFFIX, docs.text_bytes))]
-        tokens_at = at + npy_at[start:end] + npy_head
+        raw = np.frombuffer(chunk, dtype=np.uint8)
+        _place_headers(raw, docs, start, end, (at, at + npy_at[start:end] - block, at + text_at[start:end] - block),
+                       (json_sizes, npy_sizes, docs.text_bytes))
+        first, last = int(docs.json_offsets[start]), int(docs.json_offsets[end])
+        raw[np.repeat(at + block - (docs.json_offsets[start:end] - first), json_sizes[start:end])
+            + np.arange(last - first, dtype=np.int64)] = jsons[first:last]
+        npy_start = at + npy_at[start:end]
+        raw[npy_start[:, None] + np.arange(npy_head, dtype=np.int64)] = wds.npy_headers(docs.n_tokens[start:end] + 1,
+                                                                                         little)
+        tokens_at = npy_start + npy_head
         eos_at = tokens_at + docs.n_tokens[start:end] * item
         np.frombuffer(chunk, dtype=little)[eos_at // item] = eos_id
-        read = reader.read_into
-        for k, (json_bytes, sample, token_start, eos_start, text_start, part, tokens_offset, text_offset,
-                text_size, tokens) in enumerate(zip(
-                docs.jsons[start:end], at.tolist(), tokens_at.tolist(), eos_at.tolist(),
-                (at + text_at[start:end]).tolist(), docs.part[start:end].tolist(),
-                docs.tokens_offset[start:end].tolist(), docs.text_offset[start:end].tolist(),
-                docs.text_bytes[start:end].tolist(), docs.n_tokens[start:end].tolist())):
-            header = slice(k * block, (k + 1) * block)
-            chunk[sample:sample + block] = headers[0][header]
-            chunk[sample + block:sample + block + len(json_bytes)] = json_bytes
-            npy_start = token_start - npy_head
-            chunk[npy_start - block:npy_start] = headers[1][header]
-            chunk[npy_start:token_start] = npy_header(tokens + 1)
-            read(part, tokens_offset, chunk[token_start:eos_start])
-            chunk[text_start - block:text_start] = headers[2][header]
-            read(part, text_offset, chunk[text_start:text_start + text_size])
+        reader.read_many(chunk, docs.part[start:end], docs.tokens_offset[start:end], tokens_at, eos_at - tokens_at)
+        reader.read_many(chunk, docs.part[start:end], docs.text_offset[start:end], at + text_at[start:end],
+                         docs.text_bytes[start:end])
 
     return _write_chunks(tar_path, spans, fill, zeroed=True)
+
+
+def _place_headers(raw: np.ndarray, docs: ShardDocuments, start: int, end: int, header_at: tuple[np.ndarray, ...],
+                   sizes: tuple[np.ndarray, ...]) -> None:
+    """Write the three member headers of documents [start, end) at their (block-aligned) offsets."""
+    blocks = raw.reshape(-1, wds.BLOCK_SIZE)
+    names = wds.hex_key_chars(docs.key_hi[start:end], docs.key_lo[start:end])
+    for suffix, at, member_sizes in zip(wds.MEMBER_SUFFIXES, header_at, sizes):
+        blocks[at // wds.BLOCK_SIZE] = wds.headers_for_keys(names, suffix, member_sizes[start:end])
 
 
 def write_unit(unit: str, plan: ShardPlan, docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any],
