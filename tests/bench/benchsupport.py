@@ -127,3 +127,75 @@ def corpus_bytes(corpus_dir: Path) -> int:
         with open(path, encoding="utf-8") as handle:
             total += sum(len(json.loads(line)["text"].encode()) for line in handle)
     return total
+
+
+@dataclass(frozen=True)
+class TreeRun:
+    """A run with its stderr and the peak RSS (VmHWM) of its largest single process."""
+
+    seconds: float
+    peak_rss: int  # bytes, summed over the tree (sampled)
+    max_process_rss: int  # bytes, the largest VmHWM of any one process of the tree
+    stdout: str
+    stderr: str
+
+
+def _tree_hwm(root: int, peaks: dict[int, int]) -> None:
+    """Record each live process's VmHWM (its own peak RSS so far) in `peaks`."""
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmHWM:"):
+                        peaks[pid] = max(peaks.get(pid, 0), int(line.split()[1]) * 1024)
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as children:
+                    stack.extend(int(child) for child in children.read().split())
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+
+
+def measure_tree(command: list[str], cwd: Path | None = None) -> TreeRun:
+    """Like `measure`, also keeping stderr and the peak RSS of every single process."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, text=True)
+    peak, peaks = 0, dict[int, int]()
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _tree_rss(process.pid))
+            _tree_hwm(process.pid, peaks)
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = process.communicate()
+    seconds = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    if process.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} exited {process.returncode}: {stderr[-2000:]}")
+    return TreeRun(seconds, peak, max(peaks.values(), default=0), stdout, stderr)
+
+
+def stage_seconds(stderr: str) -> dict[str, float]:
+    """Seconds per stage from a build's progress lines (`<stage>: done in 1.2s, ...`)."""
+    import re
+
+    return {match[1]: float(match[2]) for match in re.finditer(r"\] (\w+): done in ([0-9.]+)s", stderr)}
+
+
+def du_bytes(path: Path) -> int:
+    """Bytes of every regular file under `path` (each inode once)."""
+    seen: set[int] = set()
+    total = 0
+    for file in path.rglob("*"):
+        info = file.lstat()
+        if file.is_file() and not file.is_symlink() and info.st_ino not in seen:
+            seen.add(info.st_ino)
+            total += info.st_size
+    return total
