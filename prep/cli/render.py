@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # lineage loads pyarrow; only the commands that trace import it, when run
-    from prep.history.lineage import Trace
+    from prep.history.documents import Trace
 
 
 def trace_lines(found: Trace, indent: str = "") -> list[str]:
@@ -16,7 +16,10 @@ def trace_lines(found: Trace, indent: str = "") -> list[str]:
     if found.duplicate_of is not None:
         lines.append(f"{indent}dropped   as an exact duplicate; the snapshot holds its text as:")
         return lines + trace_lines(found.duplicate_of, indent + "  ")
-    lines.append(f"{indent}position  {found.position} in the shuffled order")
+    if found.order_key is not None:  # shards named by key range: the key orders the samples
+        lines.append(f"{indent}key       {found.order_key}  (order key, also its WebDataset sample key)")
+    else:
+        lines.append(f"{indent}position  {found.position} in the shuffled order")
     for place in found.placements:
         span = f"  bytes {place.offset}..{place.offset + place.length}" if place.offset is not None \
             and place.length is not None else ""

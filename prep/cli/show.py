@@ -8,7 +8,7 @@ import click
 
 from prep.cli.common import open_store_option, store_option
 from prep.cli.render import trace_lines
-from prep.formats.units import BIN, artifact_path
+from prep.history.naming import AT_EXAMPLES
 from prep.progress import human_bytes
 from prep.store.refs import ref_history
 from prep.store.snapshots import is_manifest_path, reencoded_note, resolve
@@ -45,7 +45,7 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the manifest exactly as stored (no newline added): its SHA-256 is the snapshot id.")
 @click.option("--at", "at", default=None, metavar="PATH:N",
-              help=f"Show the document stored as sequence N (0-based) of artifact PATH, e.g. {artifact_path(BIN, 0)}:0.")
+              help=f"Show the document stored as sequence N (0-based) of artifact PATH, e.g. {AT_EXAMPLES}.")
 def show(snap: str, store_url: str | None, as_json: bool, at: str | None) -> None:
     """Show a snapshot: DATASET@REF, sha256:<hex>, a unique hex prefix, or a manifest file."""
     store = None if is_manifest_path(snap) and at is None else open_store_option(store_url)

@@ -2,7 +2,9 @@
 
 A document is named by its input file's relative path and its id when both snapshots have an
 id field, else by its file and the hash of its text (an edited text is then removed + added).
-Only documents a snapshot contains (kept by dedup) count. Files whose documents are provably the
+Only documents a snapshot contains (kept by dedup) count: its keep flags come from its keep
+mask (layout 1) or are computed again from its text hashes (layout 2, prep.history.keep), so
+snapshots of either layout compare with each other. Files whose documents are provably the
 same are skipped without reading; the others are compared file by file from the tokenize
 intermediates, in memory when small, else hash-partitioned into spill files so that at most
 about `memory_rows` documents are held at once. Changes stream to a JSON Lines file.
@@ -23,13 +25,8 @@ import pyarrow.compute as pc
 import xxhash
 
 from prep.errors import InputError
-from prep.history.lineage import (
-    SCAN_BYTES,
-    RecordedTask,
-    SnapshotRecords,
-    load_records,
-    task_batches,
-)
+from prep.history.documents import RecordedTask, SnapshotRecords, load_records, task_batches
+from prep.history.keep import SCAN_BYTES, KeepFlags, keep_flags
 from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
 from prep.store.snapshots import Snapshot
@@ -132,9 +129,10 @@ class _Counts:
 
 @dataclass(frozen=True)
 class _Side:
-    """One snapshot's documents of one file: its records, its tasks of that file, a label."""
+    """One snapshot's documents of one file: its records and keep flags, its tasks of that file, a label."""
 
     records: SnapshotRecords
+    keep: KeepFlags
     tasks: tuple[RecordedTask, ...]
     label: str
 
@@ -159,7 +157,7 @@ def _kept_batches(store: Store, side: _Side, by_id: bool) -> Iterator[pa.RecordB
     for task in side.tasks:
         offset = task.first
         for batch in task_batches(store, task, ["row", "text_hash"] + (["id"] if by_id else [])):
-            keep = side.records.keep.slice(offset, offset + batch.num_rows)
+            keep = side.keep.slice(offset, offset + batch.num_rows)
             offset += batch.num_rows
             if not keep.any():
                 continue
@@ -303,8 +301,8 @@ def _same_documents(a: _Side, b: _Side) -> bool:
     step = SCAN_BYTES * 8
     for begin in range(0, end_a - start_a, step):
         length = min(step, end_a - start_a - begin)
-        if not np.array_equal(a.records.keep.slice(start_a + begin, start_a + begin + length),
-                              b.records.keep.slice(start_b + begin, start_b + begin + length)):
+        if not np.array_equal(a.keep.slice(start_a + begin, start_a + begin + length),
+                              b.keep.slice(start_b + begin, start_b + begin + length)):
             return False
     return True
 
@@ -315,6 +313,11 @@ def diff_documents(store: Store, a: Snapshot, b: Snapshot, work_dir: Path,
 
     Raises InputError when an id repeats within one file of either snapshot."""
     records = load_records(store, a), load_records(store, b)
+    flags: dict[str, KeepFlags] = {}
+    for side in records:
+        if side.snapshot.id not in flags:
+            flags[side.snapshot.id] = keep_flags(store, side, work_dir, memory_rows)
+    keeps = tuple(flags[side.snapshot.id] for side in records)
     by_id = all(r.id_field is not None for r in records)
     compare = _compare_by_id if by_id else _compare_by_text
     counts = _Counts()
@@ -322,10 +325,10 @@ def diff_documents(store: Store, a: Snapshot, b: Snapshot, work_dir: Path,
     with open(path, "w", encoding="utf-8") as out:
         counts.out = out
         for source in sorted(set(records[0].sources()) | set(records[1].sources())):
-            side_a, side_b = (_Side(r, r.tasks_of(source), label) for r, label in zip(records, labels))
+            side_a, side_b = (_Side(r, keep, r.tasks_of(source), label) for r, keep, label in zip(records, keeps, labels))
             if _same_documents(side_a, side_b):
                 counts.skipped += 1
-                counts.unchanged += side_a.records.keep.ones_between(*side_a.span)
+                counts.unchanged += side_a.keep.ones_between(*side_a.span)
                 continue
             counts.compared += 1
             for table_a, table_b in _file_tables(store, side_a, side_b, by_id, memory_rows, work_dir):

@@ -1,10 +1,12 @@
 """The history and lineage commands through the real CLI: output, JSON reports validated against
-their schemas, and exit statuses (diff: 0 identical, 1 different, 2 error)."""
+their schemas, and exit statuses (diff: 0 identical, 1 different, 2 error), on layout-2 builds
+and on a layout-1 snapshot of the same inputs (tiny@layout1, tests/history/layout1_factory.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +16,10 @@ from click.testing import CliRunner
 
 from prep.cli.main import main
 from prep.manifest.schema import validate
+from prep.storage import LocalStore
+from prep.store.snapshots import resolve
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+from tests.history.layout1_factory import synthesize_layout1
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,8 @@ def prep(*args: str | Path, check: bool = True) -> Ran:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> Path:
-    """tiny@v1, then tiny@latest with one document edited, one removed and one added."""
+    """tiny@v1, then tiny@latest with one document edited, one removed and one added; tiny@layout1
+    is the layout-1 snapshot of v1's inputs."""
     root = tmp_path_factory.mktemp("history-cli")
     records = make_records(30, seed=5, prefix="d")
     write_jsonl(root / "v1" / "corpus" / "docs.jsonl", records)
@@ -54,6 +60,8 @@ def store(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> Pat
     for version, extra in (("v1", ("--tag", "v1")), ("v2", ())):
         pipeline = write_pipeline(root / version, tokenizer_path, shard_size="2KB")
         run_prep("build", pipeline, "--store", store, "--workers", "1", *extra)
+    local = LocalStore(store)
+    synthesize_layout1(local, resolve(local, "tiny@v1"), ref="layout1")
     return store
 
 
@@ -116,18 +124,51 @@ def test_tag_ls_and_trace(store: Path) -> None:
     tagged = prep("tag", "tiny@latest", "golden", "--store", store).stdout
     assert tagged.startswith("tiny@golden -> sha256:") and "(generation 1)" in tagged
     listing = prep("ls", "--store", store).stdout.splitlines()
-    assert [line.split()[0] for line in listing] == ["tiny@golden", "tiny@latest", "tiny@v1"]
+    assert [line.split()[0] for line in listing] == ["tiny@golden", "tiny@latest", "tiny@layout1", "tiny@v1"]
     assert all(" gen " in line and "sha256:" in line for line in listing)
     assert "no refs" in prep("ls", "other", "--store", store).stderr
     assert prep("tag", "tiny@latest", "bad name", "--store", store, check=False).returncode == 2
 
     traced = prep("trace", "tiny@latest", "d-new", "--store", store).stdout
     assert traced.startswith("document  d-new  (docs.jsonl line 30;")
-    assert "bin/" in traced and "wds/" in traced
+    key = re.search(r"^key       ([0-9a-f]{32})  \(order key, also its WebDataset sample key\)$", traced, re.M)
+    assert key is not None, traced
+    places = re.findall(r"^  ((?:bin|wds)/[0-9a-f]{16}\.(?:bin|idx|tar)) sequence (\d+)", traced, re.M)
+    assert sorted(path.rsplit(".", 1)[1] for path, _ in places) == ["bin", "idx", "tar"]
+    assert len({sequence for _, sequence in places}) == 1
     assert prep("trace", "tiny@latest", "d-4", "--store", store, check=False).returncode == 2
 
-    at = prep("show", "tiny@latest", "--store", store, "--at", "wds/00000.tar:0").stdout
-    assert at.startswith("document  d-") and "wds/00000.tar    sequence 0" in at
+    tar, sequence = next((path, number) for path, number in places if path.endswith(".tar"))
+    at = prep("show", "tiny@latest", "--store", store, "--at", f"{tar}:{sequence}").stdout
+    assert at == traced
+    first = prep("show", "tiny@latest", "--store", store, "--at", f"{tar}:0").stdout
+    assert first.startswith("document  d-") and f"{tar} sequence 0" in first
+    missing = prep("show", "tiny@latest", "--store", store, "--at", "wds/00000.tar:0", check=False)
+    assert missing.returncode == 2 and "has no artifact 'wds/00000.tar'" in missing.stderr
+
+
+def test_layout1_snapshots_stay_readable(store: Path) -> None:
+    traced = prep("trace", "tiny@layout1", "d-4", "--store", store).stdout
+    assert traced.startswith("document  d-4  (docs.jsonl line 5;")
+    position = re.search(r"^position  (\d+) in the shuffled order$", traced, re.M)
+    assert position is not None, traced
+    places = re.findall(r"^  ((?:bin|wds)/\d{5}\.(?:bin|idx|tar)) +sequence (\d+)", traced, re.M)
+    assert len(places) == 3 and len({sequence for _, sequence in places}) == 1
+    tar, sequence = next((path, number) for path, number in places if path.endswith(".tar"))
+    assert prep("show", "tiny@layout1", "--store", store, "--at", f"{tar}:{sequence}").stdout == traced
+    assert "wds/00000.tar    sequence 0" in prep("show", "tiny@layout1", "--store", store, "--at", "wds/00000.tar:0").stdout
+    same = run_prep("diff", "tiny@layout1", "tiny@v1", "--store", store, "--documents", check=False)
+    assert same.returncode == 1, same.stderr  # other stages and artifacts, the same documents
+    assert "documents  0 added, 0 removed, 0 changed, 30 unchanged (keyed by id; files: 0 compared, 1 skipped" \
+        in same.stdout
+    edited = run_prep("diff", "tiny@layout1", "tiny@latest", "--store", store, "--documents", check=False)
+    assert "documents  1 added, 1 removed, 1 changed, 28 unchanged (keyed by id" in edited.stdout
+    assert "  ~ docs.jsonl  d-3  (line 4 -> 4)" in edited.stdout
+
+
+def test_at_help_names_both_shard_naming_schemes() -> None:
+    text = prep("show", "--help").stdout
+    assert "bin/0000000000000000.bin:0" in " ".join(text.split()) and "bin/00000.bin:0" in text
 
 
 def test_gc_report(store: Path) -> None:

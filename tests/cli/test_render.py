@@ -25,9 +25,9 @@ def test_show_and_history_do_not_import_each_other() -> None:
 
 
 def test_trace_lines_follow_a_dropped_copy_to_the_kept_one() -> None:
-    kept = Trace(DocumentOrigin(0, "a-1", "a.jsonl", 1, "00" * 16, 12, 3), 5,
+    kept = Trace(DocumentOrigin(0, "a-1", "a.jsonl", 1, "00" * 16, 12, 3, 0, 0), 5,
                  (Placement("bin/00000.bin", "bin", 0, 5, 40, 8), Placement("bin/00000.idx", "idx", 0, 5, None, None)))
-    dropped = Trace(DocumentOrigin(9, "b-1", "b.jsonl", 4, "00" * 16, 12, 3), None, (), kept)
+    dropped = Trace(DocumentOrigin(9, "b-1", "b.jsonl", 4, "00" * 16, 12, 3, 1, 3), None, (), kept)
     assert render.trace_lines(dropped) == [
         f"document  b-1  (b.jsonl line 4; 3 tokens + EOS, 12 bytes of text, text xxh3-128 {'00' * 16})",
         "dropped   as an exact duplicate; the snapshot holds its text as:",
@@ -35,4 +35,19 @@ def test_trace_lines_follow_a_dropped_copy_to_the_kept_one() -> None:
         "  position  5 in the shuffled order",
         "    bin/00000.bin    sequence 5  bytes 40..48",
         "    bin/00000.idx    sequence 5",
+    ]
+
+
+def test_trace_lines_of_a_layout2_snapshot_show_the_order_key() -> None:
+    """Shards named by key range: no global position, the order key is the sample key."""
+    key = "3a" + "0" * 29 + "1"
+    kept = Trace(DocumentOrigin(0, "a-1", "a.jsonl", 1, "11" * 16, 12, 3, 0, 0), 2,
+                 (Placement("bin/3a00000000000000.bin", "bin", 4, 2, 16, 8),
+                  Placement("wds/3a00000000000000.tar", "wds", 4, 2, 6144, 3072)), order_key=key)
+    assert kept.sample_key == key
+    assert render.trace_lines(kept) == [
+        f"document  a-1  (a.jsonl line 1; 3 tokens + EOS, 12 bytes of text, text xxh3-128 {'11' * 16})",
+        f"key       {key}  (order key, also its WebDataset sample key)",
+        "  bin/3a00000000000000.bin sequence 2  bytes 16..24",
+        "  wds/3a00000000000000.tar sequence 2  bytes 6144..9216",
     ]

@@ -1,14 +1,19 @@
 """Document-level and snapshot-level diff of real builds: random edits to a corpus are reported
-exactly, and nothing else; bounded-memory partitioning gives the same answer as in-memory."""
+exactly, and nothing else; bounded-memory partitioning gives the same answer as in-memory; a
+layout-1 snapshot (tests/history/layout1_factory.py) diffs against layout-2 ones exactly as the
+layout-2 snapshot of the same inputs does; and the keep flags computed for layout 2 follow the
+dedup rule (the first copy of each text in input order)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,12 +23,15 @@ from prep.config import load_pipeline
 from prep.errors import InputError
 from prep.history.diff import diff_snapshots
 from prep.history.docdiff import DocumentChange, DocumentDiff, diff_documents
+from prep.history.documents import LAYOUT_KEYED, LAYOUT_POSITIONAL, load_records, task_batches
+from prep.history.keep import AllKept, PackedMask, first_occurrence_mask, keep_flags
 from prep.progress import Progress
 from prep.runner.build import build
 from prep.runner.executors.local import LocalExecutor
 from prep.storage import LocalStore
 from prep.store.snapshots import Snapshot
 from tests.helpers import make_records, write_jsonl, write_pipeline
+from tests.history.layout1_factory import first_occurrences, synthesize_layout1
 
 Corpus = dict[str, list[dict[str, Any]]]
 BASE_FILES = {"a.jsonl": 12, "b.jsonl": 9, "c.jsonl": 7}
@@ -69,6 +77,12 @@ def base(workspace: Workspace) -> Snapshot:
     snapshot = workspace.build("base", base_corpus())
     assert snapshot.manifest["stats"]["duplicates_dropped"] == 0, "base texts must be unique"
     return snapshot
+
+
+@pytest.fixture(scope="module")
+def base_v1(workspace: Workspace, base: Snapshot) -> Snapshot:
+    """The layout-1 snapshot of the base corpus (the same tokenize outputs)."""
+    return synthesize_layout1(workspace.store, base)
 
 
 def run_diff(workspace: Workspace, old: Snapshot, new: Snapshot,
@@ -161,7 +175,7 @@ def as_set(changes: list[DocumentChange], kind: str) -> set[tuple[str, str]]:
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edit=edits())
-def test_diff_reports_exactly_the_edits(workspace: Workspace, base: Snapshot, edit: Edit) -> None:
+def test_diff_reports_exactly_the_edits(workspace: Workspace, base: Snapshot, base_v1: Snapshot, edit: Edit) -> None:
     corpus, added, removed, changed = apply(edit)
     new = workspace.build(f"edit-{abs(hash(repr(edit)))}", corpus, seed=99 if edit.new_seed else 1234,
                           shard_size="3KB" if edit.new_shard_size else "4KB")
@@ -204,6 +218,9 @@ def test_diff_reports_exactly_the_edits(workspace: Workspace, base: Snapshot, ed
     partitioned, partitioned_changes = run_diff(workspace, base, new, memory_rows=4)
     assert partitioned.summary == summary
     assert sorted(map(repr, partitioned_changes)) == sorted(map(repr, changes))
+
+    from_layout1, layout1_changes = run_diff(workspace, base_v1, new)
+    assert from_layout1.summary == summary and layout1_changes == changes
 
 
 # ------------------------------------------------------------------------- keyed by text
@@ -264,3 +281,79 @@ def test_an_id_repeated_within_a_file_is_refused(workspace: Workspace, base: Sna
         run_diff(workspace, base, repeated)
     with pytest.raises(InputError, match="appears 2 times"):
         run_diff(workspace, base, repeated, memory_rows=3)
+
+
+# --------------------------------------------------------------------- kept documents
+
+
+def _hashes(workspace: Workspace, snapshot: Snapshot) -> list[bytes]:
+    """Every input document's text hash, in input order."""
+    records = load_records(workspace.store, snapshot)
+    return [bytes(h) for task in records.tasks for batch in task_batches(workspace.store, task, ["text_hash"])
+            for h in batch.column("text_hash").to_pylist()]
+
+
+def with_copies() -> Corpus:
+    """The base corpus where c.jsonl repeats two texts of a.jsonl and b.jsonl one of its own."""
+    corpus = base_corpus()
+    corpus["c.jsonl"] = corpus["c.jsonl"] + [{"id": "c-copy-a", "text": corpus["a.jsonl"][3]["text"]},
+                                             {"id": "c-copy-a2", "text": corpus["a.jsonl"][7]["text"]}]
+    corpus["b.jsonl"] = corpus["b.jsonl"] + [{"id": "b-copy", "text": corpus["b.jsonl"][0]["text"]}]
+    return corpus
+
+
+@pytest.mark.parametrize("memory_rows", [1_000_000, 2])
+def test_layout2_keep_flags_keep_the_first_copy_in_input_order(workspace: Workspace, memory_rows: int,
+                                                              tmp_path: Path) -> None:
+    snapshot = workspace.build("copies", with_copies())
+    assert snapshot.manifest["stats"]["duplicates_dropped"] == 3
+    records = load_records(workspace.store, snapshot)
+    assert records.layout == LAYOUT_KEYED
+    flags = keep_flags(workspace.store, records, tmp_path, memory_rows)
+    assert isinstance(flags, PackedMask)
+    expected = first_occurrences(_hashes(workspace, snapshot), exact=True)
+    assert flags.slice(0, records.documents).tolist() == expected.tolist()
+    old = load_records(workspace.store, synthesize_layout1(workspace.store, snapshot))
+    assert old.layout == LAYOUT_POSITIONAL
+    assert keep_flags(workspace.store, old, tmp_path, memory_rows).slice(0, old.documents).tolist() == expected.tolist()
+
+
+def test_without_duplicates_nothing_is_read_for_keep_flags(workspace: Workspace, base: Snapshot, tmp_path: Path) -> None:
+    flags = keep_flags(workspace.store, load_records(workspace.store, base), tmp_path, 10)
+    assert isinstance(flags, AllKept) and flags.ones_between(0, 5) == 5 and list(tmp_path.iterdir()) == []
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.integers(0, 6), max_size=60), parts=st.integers(1, 5), chunk=st.integers(1, 7),
+       extra=st.integers(0, 9))
+def test_first_occurrence_mask_matches_the_rule(texts: list[int], parts: int, chunk: int, extra: int,
+                                                tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Documents outside the chunks (`extra` after them) stay kept; chunk boundaries and partitions
+    do not matter."""
+    hashes = [text.to_bytes(8, "little") * 2 for text in texts]
+    pairs = np.frombuffer(b"".join(hashes), dtype="<u8").reshape(-1, 2)
+    chunks = [(pairs[i:i + chunk], np.arange(i, min(len(texts), i + chunk), dtype=np.int64))
+              for i in range(0, len(texts), chunk)]
+    mask, dropped = first_occurrence_mask(iter(chunks), len(texts) + extra, parts, tmp_path_factory.mktemp("mask"))
+    expected = list(itertools.chain(first_occurrences(hashes, exact=True).tolist(), [True] * extra))
+    assert mask.count == len(expected) and mask.slice(0, len(expected)).tolist() == expected
+    assert dropped == expected.count(False)
+
+
+def test_a_copy_dedup_dropped_is_no_document_of_its_file(workspace: Workspace, base: Snapshot, base_v1: Snapshot) -> None:
+    """Adding copies of earlier texts adds nothing; removing the first copy makes a later one the
+    kept document: removed from its file, added to the copy's file. Either layout on either side."""
+    copies = workspace.build("copies", with_copies())
+    for old in (base, base_v1):
+        documents, changes = run_diff(workspace, old, copies)
+        assert changes == [] and documents.summary.files_compared == 2
+    edited = with_copies()
+    del edited["a.jsonl"][3]
+    moved = workspace.build("moved", edited)
+    expected = [("removed", "a.jsonl", "a-3"), ("added", "c.jsonl", "c-copy-a")]
+    for old in (copies, synthesize_layout1(workspace.store, copies)):
+        documents, changes = run_diff(workspace, old, moved, memory_rows=3)
+        assert [(c.change, c.source, (c.old or c.new).id) for c in changes] == expected  # type: ignore[union-attr]
+        assert documents.summary.files_skipped == 1  # b.jsonl: same bytes, same keep flags
+        back, changes_back = run_diff(workspace, moved, old)
+        assert sorted((c.change, c.source) for c in changes_back) == [("added", "a.jsonl"), ("removed", "c.jsonl")]

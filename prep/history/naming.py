@@ -1,0 +1,9 @@
+"""How `--at` names a shard artifact, in both naming schemes (light: no numpy, for CLI help)."""
+
+from __future__ import annotations
+
+from prep.formats.units import BIN, KEY_NAME_DIGITS, artifact_path, named_artifact_path
+
+AT_EXAMPLES = (f"{named_artifact_path(BIN, '0' * KEY_NAME_DIGITS)}:0 (shards named by key range) or "
+               f"{artifact_path(BIN, 0)}:0 (older snapshots, shards named by position)")
+"""Examples of `--at PATH:N` values for both shard naming schemes."""

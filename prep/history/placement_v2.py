@@ -1,0 +1,248 @@
+"""Placements in layout-2 snapshots (shards named by key range).
+
+A document's order key is a keyed permutation of its text hash (prep.stages.order.order_keys),
+so its bucket (the key's top `bits` bits) follows from the text alone. The bucket object holds
+the bucket's kept entries sorted by (key, part, row): a binary search of it, a few positional
+reads, finds the document, or the copy with its key that the order stage kept instead. The
+shard whose slices cover that entry holds it, at the entry's index within the shard's slices.
+Byte offsets come from the sizes of the entries before it in the shard, read in chunks, so
+memory depends on neither the corpus nor the shard.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from prep.errors import IntegrityError, UsageError
+from prep.formats import wds
+from prep.formats.units import BIN, WDS
+from prep.history.documents import (
+    DocumentOrigin,
+    Placement,
+    SnapshotRecords,
+    Trace,
+    artifacts_of_shard,
+    origin_of_row,
+    stage_manifest,
+)
+from prep.stages.cuts import ShardPlan
+from prep.stages.order import ENTRY_DTYPE, NO_ID, EntryFile, bucket_of, order_keys
+from prep.stages.shuffle import document_id, record_line
+from prep.storage.base import Store
+from prep.store.cache import local_file as fetch_local
+
+CHUNK_ENTRIES = 1 << 16
+"""Entries read at once when summing the sizes of a shard's documents before a position."""
+
+Probe = tuple[int, int, int, int]
+"""(key_hi, key_lo, part, row): the order of a bucket object's entries."""
+
+
+def order_key(text_hash: str, seed: int) -> tuple[int, int]:
+    """The (hi, lo) order key of a text hash given as 32 hex digits."""
+    hashes = np.frombuffer(bytes.fromhex(text_hash), dtype="<u8").reshape(1, 2)
+    hi, lo = order_keys(hashes, seed)
+    return int(hi[0]), int(lo[0])
+
+
+def _probe(entry: np.void) -> Probe:
+    return int(entry["key_hi"]), int(entry["key_lo"]), int(entry["part"]), int(entry["row"])
+
+
+class BucketReader:
+    """Positional reads of single entries from one bucket object (no ids, no whole-object read)."""
+
+    def __init__(self, entries: EntryFile) -> None:
+        self.entries = entries
+        self.count = int(entries.header["count"])
+        self._fd = os.open(entries.path, os.O_RDONLY)
+
+    def __enter__(self) -> BucketReader:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        os.close(self._fd)
+
+    def at(self, index: int) -> np.void:
+        """Entry `index` of the bucket."""
+        raw = os.pread(self._fd, ENTRY_DTYPE.itemsize, self.entries.entries_at + index * ENTRY_DTYPE.itemsize)
+        if len(raw) != ENTRY_DTYPE.itemsize:
+            raise IntegrityError(f"{self.entries.path}: shorter than its header says")
+        entry: np.void = np.frombuffer(raw, dtype=ENTRY_DTYPE)[0]
+        return entry
+
+    def lower_bound(self, probe: Probe) -> int:
+        """The first index whose entry is not before `probe`."""
+        low, high = 0, self.count
+        while low < high:
+            middle = (low + high) // 2
+            if _probe(self.at(middle)) < probe:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+
+@dataclass(frozen=True)
+class _SliceRef:
+    """One slice of a shard, in the global (bucket, first entry) order of all slices."""
+
+    shard: int
+    bucket: int
+    first: int
+    count: int
+    before: int  # documents of the shard in its earlier slices
+
+
+@dataclass(frozen=True)
+class KeyedPlacer:
+    """Traces and locates documents of a layout-2 snapshot."""
+
+    store: Store
+    records: SnapshotRecords
+    seed: int
+    bits: int
+    buckets: tuple[dict[str, Any], ...]
+    shards: dict[int, ShardPlan]
+    slices: tuple[_SliceRef, ...]
+    starts: tuple[tuple[int, int], ...]  # (bucket, first) of each of `slices`
+
+    @classmethod
+    def load(cls, store: Store, records: SnapshotRecords) -> KeyedPlacer:
+        """Read the route, order and shard stage manifests (no bucket object is read)."""
+        snapshot = records.snapshot
+        bits = int(stage_manifest(store, snapshot, "route")["bits"])
+        buckets = tuple(stage_manifest(store, snapshot, "order")["buckets"])
+        if [int(bucket["bucket"]) for bucket in buckets] != list(range(1 << bits)):
+            raise IntegrityError(f"snapshot {snapshot.id[:19]}: its order stage does not list buckets 0..{(1 << bits) - 1}")
+        shards = {plan.index: plan for plan in map(ShardPlan.from_json, stage_manifest(store, snapshot, "shard")["shards"])}
+        slices = []
+        for plan in shards.values():
+            before = 0
+            for bucket, first, count in plan.slices:
+                slices.append(_SliceRef(plan.index, bucket, first, count, before))
+                before += count
+        slices.sort(key=lambda ref: (ref.bucket, ref.first))
+        return cls(store, records, int(snapshot.manifest["seed"]), bits, buckets, shards, tuple(slices),
+                   tuple((ref.bucket, ref.first) for ref in slices))
+
+    def _bucket(self, bucket: int) -> EntryFile:
+        recorded = self.buckets[bucket]
+        entries = EntryFile.open(fetch_local(self.store, recorded["output"]))
+        header = entries.header
+        if header.get("kind") != "bucket" or header.get("bucket") != bucket or header["count"] != int(recorded["documents"]):
+            raise IntegrityError(f"{recorded['output']}: not the bucket object of bucket {bucket} "
+                                 f"({recorded['documents']} documents)")
+        return entries
+
+    def _entry(self, bucket: int, index: int) -> np.void:
+        with BucketReader(self._bucket(bucket)) as reader:
+            if not 0 <= index < reader.count:
+                raise IntegrityError(f"bucket {bucket} has {reader.count} entries, a shard names entry {index}")
+            return reader.at(index)
+
+    def trace_origin(self, origin: DocumentOrigin) -> Trace:
+        """Where `origin` went: its shard placements, or the trace of the copy kept instead."""
+        hi, lo = order_key(origin.text_hash, self.seed)
+        bucket = int(bucket_of(np.array([hi], dtype=np.uint64), self.bits)[0])
+        with BucketReader(self._bucket(bucket)) as reader:
+            index = reader.lower_bound((hi, lo, origin.part, origin.row))
+            if index < reader.count and _probe(reader.at(index)) == (hi, lo, origin.part, origin.row):
+                return self._kept(origin, wds.order_key_name(hi, lo), bucket, index)
+            first = reader.lower_bound((hi, lo, 0, 0))
+            kept = reader.at(first) if first < reader.count else None
+        if kept is None or _probe(kept)[:2] != (hi, lo) or _probe(kept)[2:] > (origin.part, origin.row):
+            raise IntegrityError(f"snapshot {self.records.snapshot.id[:19]}: document {origin.id!r} is not in "
+                                 f"bucket {bucket}, and no earlier copy of its text is")
+        copy = origin_of_row(self.store, self.records, int(kept["part"]), int(kept["row"]))
+        return Trace(origin, None, (), self.trace_origin(copy))
+
+    def _covering(self, bucket: int, index: int) -> tuple[ShardPlan, int]:
+        """The shard holding entry `index` of `bucket`, and the entry's sequence within it."""
+        at = bisect.bisect_right(self.starts, (bucket, index)) - 1
+        ref = self.slices[at] if at >= 0 else None
+        if ref is None or ref.bucket != bucket or index >= ref.first + ref.count:
+            raise IntegrityError(f"snapshot {self.records.snapshot.id[:19]}: no shard holds entry {index} "
+                                 f"of bucket {bucket}")
+        return self.shards[ref.shard], ref.before + index - ref.first
+
+    def _kept(self, origin: DocumentOrigin, key: str, bucket: int, index: int) -> Trace:
+        plan, sequence = self._covering(bucket, index)
+        artifacts = artifacts_of_shard(self.records.snapshot, plan.index)
+        bin_offset, tar_offset = self._offsets(plan, sequence, any(a["format"] == WDS for a in artifacts))
+        dtype = np.dtype(self.records.snapshot.manifest["tokenizer"]["dtype"])
+        tokens = origin.tokens + 1  # every sequence ends with EOS
+        found = []
+        for artifact in artifacts:
+            offset: int | None
+            length: int | None
+            if artifact["format"] == BIN:
+                offset, length = bin_offset, tokens * dtype.itemsize
+            elif artifact["format"] == WDS:
+                json_size = len(wds.sample_json(origin.id, origin.source, origin.line, tokens))
+                offset, length = tar_offset, wds.sample_span(json_size, wds.npy_size(tokens, dtype), origin.text_bytes)
+            else:  # idx: the sequence's entries in the index; no byte range of its own
+                offset, length = None, None
+            found.append(Placement(artifact["path"], artifact["format"], plan.index, sequence, offset, length))
+        return Trace(origin, sequence, tuple(found), order_key=key)
+
+    def _entries_before(self, plan: ShardPlan, sequence: int) -> Iterator[tuple[np.ndarray, bytes]]:
+        """The shard's first `sequence` entries (and their ids), in chunks of CHUNK_ENTRIES."""
+        left = sequence
+        for bucket, first, count in plan.slices:
+            if left <= 0:
+                return
+            entries = self._bucket(bucket)
+            for start in range(first, first + min(count, left), CHUNK_ENTRIES):
+                yield entries.read(start, min(CHUNK_ENTRIES, first + min(count, left) - start))
+            left -= count
+
+    def _offsets(self, plan: ShardPlan, sequence: int, with_tar: bool) -> tuple[int, int]:
+        """Where sequence `sequence` of `plan` starts in its .bin and in its .tar."""
+        dtype = np.dtype(self.records.snapshot.manifest["tokenizer"]["dtype"])
+        bin_offset = tar_offset = 0
+        for entries, ids in self._entries_before(plan, sequence):
+            lengths = entries["n_tokens"].astype(np.int64) + 1
+            bin_offset += int(lengths.sum()) * dtype.itemsize
+            if with_tar:
+                json_sizes = [len(sample) for sample in self._sample_jsons(entries, ids)]
+                tar_offset += int(wds.sample_spans(json_sizes, wds.npy_sizes(lengths, dtype),
+                                                   entries["text_bytes"].astype(np.int64)).sum())
+        return bin_offset, tar_offset
+
+    def _sample_jsons(self, entries: np.ndarray, ids: bytes) -> Iterator[bytes]:
+        """Each entry's `.json` member, as shard assembly writes it."""
+        view = memoryview(ids)
+        for part, row, id_offset, id_len, tokens in zip(entries["part"].tolist(), entries["row"].tolist(),
+                                                       entries["id_offset"].tolist(), entries["id_len"].tolist(),
+                                                       entries["n_tokens"].tolist()):
+            task = self.records.tasks[part]
+            line = record_line(task.format, task.line_offset, row)
+            doc_id = None if id_len == NO_ID else bytes(view[id_offset:id_offset + id_len]).decode("utf-8", "surrogatepass")
+            yield wds.sample_json(document_id(doc_id, task.source, line), task.source, line, tokens + 1)
+
+    def locate(self, artifact: dict[str, Any], sequence: int) -> Trace:
+        """The document stored as sequence `sequence` of `artifact`'s shard."""
+        plan = self.shards[int(artifact["shard"])]
+        if not 0 <= sequence < plan.documents:
+            raise UsageError(f"{artifact['path']} holds {plan.documents} sequences (0..{plan.documents - 1}); "
+                             f"got {sequence}")
+        before = 0
+        for bucket, first, count in plan.slices:
+            if sequence < before + count:
+                entry = self._entry(bucket, first + sequence - before)
+                break
+            before += count
+        else:
+            raise IntegrityError(f"shard {plan.name}: its slices hold fewer than {plan.documents} documents")
+        traced = self.trace_origin(origin_of_row(self.store, self.records, int(entry["part"]), int(entry["row"])))
+        if traced.position != sequence or any(place.shard != plan.index for place in traced.placements):
+            raise IntegrityError(f"snapshot {self.records.snapshot.id[:19]}: sequence {sequence} of shard {plan.name} "
+                                 "traces back to another place")
+        return traced
