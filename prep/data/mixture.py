@@ -1,8 +1,8 @@
 """Mixtures of snapshots: which source each global sample comes from, as a pure function.
 
 The schedule repeats a block of BLOCK samples in which each source has its share of the weights
-(largest remainders, so the counts add up to BLOCK), interleaved smoothly: sample o of the block
-goes to the source whose count is furthest behind its weight at o. So any BLOCK consecutive
+(largest remainders, so the counts add up to BLOCK), interleaved smoothly: a source's j-th sample
+of the block is due at (j + 0.5) / its count, and the block takes samples in order of due time. So any BLOCK consecutive
 samples hold each source within a few samples of its weight, and the source-local index of
 global sample k is one multiplication and a table lookup: no O(samples) state.
 """
@@ -89,7 +89,7 @@ def mixture_hash(seed: int, sources: list[tuple[str, float, int | None]]) -> str
 
 
 class Schedule:
-    """Global sample k -> (source, that source's k-th... sample index) for fixed weights."""
+    """Global sample k -> (its source, its index among that source's samples), for fixed weights."""
 
     def __init__(self, weights: list[float]) -> None:
         shares = np.asarray(weights, dtype=np.float64) / float(sum(weights))
@@ -97,15 +97,13 @@ class Schedule:
         order = np.argsort(-(shares * BLOCK - counts), kind="stable")
         counts[order[:BLOCK - int(counts.sum())]] += 1
         self.counts = counts
-        self.source = np.zeros(BLOCK, dtype=np.int32)
-        self.rank = np.zeros(BLOCK, dtype=np.int64)
-        taken = np.zeros(len(weights), dtype=np.int64)
-        for position in range(BLOCK):
-            behind = (position + 1) * counts / BLOCK - taken
-            behind[taken >= counts] = -np.inf
-            chosen = int(np.argmax(behind))
-            self.source[position], self.rank[position] = chosen, taken[chosen]
-            taken[chosen] += 1
+        # Source s's j-th sample of the block is due at (j + 0.5) / counts[s]; sorting every
+        # sample by that time (ties by source) interleaves the sources smoothly.
+        source = np.repeat(np.arange(len(weights), dtype=np.int32), counts)
+        rank = np.concatenate([np.arange(n, dtype=np.int64) for n in counts.tolist()])
+        due = (rank + 0.5) / counts[source]
+        order = np.lexsort((source, due))
+        self.source, self.rank = source[order], rank[order]
 
     def place(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For global sample indices, their source and index among that source's samples."""

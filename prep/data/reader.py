@@ -86,6 +86,7 @@ class Reader:
         self.rows = global_batch_size // world_size
         self._bounds = [s.document_bounds() for s in self.sources] if mode == "documents" else []
         self.sizes = [self._samples_in(index) for index in range(len(self.sources))]
+        self._sizes = np.asarray(self.sizes, dtype=np.int64)
         empty = [s.id for s, n in zip(self.sources, self.sizes) if n == 0]
         if empty:
             raise UsageError(f"{empty[0]}: too few tokens for one sample of seq_len {seq_len}")
@@ -113,17 +114,22 @@ class Reader:
     def sample_ids(self, first: int, count: int) -> list[tuple[int, int, int]]:
         """(source, epoch, sample index) of global samples [first, first + count); raises
         Exhausted when one of them lies past its source's max_epochs."""
+        source, epoch, sample = self._samples(first, count)
+        return list(zip(source.tolist(), epoch.tolist(), sample.tolist()))
+
+    def _samples(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         source, local = self.schedule.place(np.arange(first, first + count, dtype=np.int64))
-        sizes = np.asarray(self.sizes, dtype=np.int64)[source]
-        epoch, position = np.divmod(local, sizes)
-        sample = np.zeros(count, dtype=np.int64)
-        for s, e in sorted(set(zip(source.tolist(), epoch.tolist()))):
+        epoch, position = np.divmod(local, self._sizes[source])
+        sample = np.empty(count, dtype=np.int64)
+        pairs = np.unique(source.astype(np.int64) * (1 << 32) + epoch)
+        for pair in pairs.tolist():
+            s, e = divmod(pair, 1 << 32)
             cap = self.mixture.sources[s].max_epochs
             if cap is not None and e >= cap:
                 raise Exhausted(f"{self.sources[s].id} has served its max_epochs = {cap}")
-            chosen = (source == s) & (epoch == e)
+            chosen = (source == s) & (epoch == e) if len(pairs) > 1 else slice(None)
             sample[chosen] = self._permutation(s, e)(position[chosen])
-        return list(zip(source.tolist(), epoch.tolist(), sample.tolist()))
+        return source, epoch, sample
 
     def window(self, source: int, sample: int) -> np.ndarray:
         """The tokens of one sample (tokens mode) or one document (documents mode)."""
@@ -135,12 +141,20 @@ class Reader:
     def batch(self, step: int) -> Any:
         """This rank's rows of global batch `step` (a pure function of the step)."""
         started = time.perf_counter()
-        first = step * self.global_batch_size + self.rank * self.rows
-        picked = self.sample_ids(first, self.rows)
-        windows = [self.window(s, i) for s, _, i in picked]
-        for s, _, _ in picked:
-            self._stats.samples_per_source[self.sources[s].id] += 1
-        result: Any = windows if self.mode == "documents" else np.stack(windows).astype(np.int64)
+        source, _, sample = self._samples(step * self.global_batch_size + self.rank * self.rows, self.rows)
+        result: Any
+        if self.mode == "documents":
+            result = [self.window(s, i) for s, i in zip(source.tolist(), sample.tolist())]
+        elif len(self.sources) == 1:
+            result = self.sources[0].windows(sample * self.seq_len, self.seq_len + 1)
+        else:
+            result = np.empty((self.rows, self.seq_len + 1), dtype=np.int64)
+            for index, src in enumerate(self.sources):
+                chosen = source == index
+                if chosen.any():
+                    result[chosen] = src.windows(sample[chosen] * self.seq_len, self.seq_len + 1)
+        for index, served in enumerate(np.bincount(source, minlength=len(self.sources)).tolist()):
+            self._stats.samples_per_source[self.sources[index].id] += served
         spent = time.perf_counter() - started
         self._stats.fetch_seconds += spent
         self._stats.last_step_seconds = spent

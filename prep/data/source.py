@@ -72,7 +72,7 @@ class SnapshotSource:
                        for index, files in sorted(by_shard.items())]
         self.token_starts = np.concatenate(([0], np.cumsum([s.tokens for s in self.shards], dtype=np.int64)))
         self.total_tokens = int(self.token_starts[-1])
-        self._maps: dict[int, np.memmap[Any, Any]] = {}
+        self._maps: dict[int, np.ndarray] = {}
         self.bytes_read = 0
 
     @property
@@ -101,13 +101,27 @@ class SnapshotSource:
             located[artifact["path"]] = path
         return cls(snapshot, located)
 
-    def _map(self, shard: int) -> np.memmap[Any, Any]:
+    def _map(self, shard: int) -> np.ndarray:
         found = self._maps.get(shard)
         if found is None:
             spec = self.shards[shard]
             _check(spec.bin_path, spec.bin_sha256)
-            found = self._maps[shard] = np.memmap(spec.bin_path, dtype=self.dtype, mode="r")
+            # A plain ndarray view: slicing it costs less than slicing a np.memmap.
+            found = self._maps[shard] = np.memmap(spec.bin_path, dtype=self.dtype, mode="r").view(np.ndarray)
         return found
+
+    def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """Rows of `length` tokens starting at each of `starts`, as one (len(starts), length) int64 array."""
+        out = np.empty((len(starts), length), dtype=np.int64)
+        shards = np.searchsorted(self.token_starts, starts, side="right") - 1
+        offsets = starts - self.token_starts[shards]
+        for row, (shard, offset) in enumerate(zip(shards.tolist(), offsets.tolist())):
+            if offset + length <= self.shards[shard].tokens:
+                out[row] = self._map(shard)[offset:offset + length]
+            else:
+                out[row] = self.tokens(int(starts[row]), length)
+        self.bytes_read += out.shape[0] * length * self.dtype.itemsize
+        return out
 
     def tokens(self, start: int, count: int) -> np.ndarray:
         """Tokens [start, start + count) of the stream, across shard boundaries when needed."""

@@ -1,0 +1,144 @@
+"""Benchmark (not a test): prep.data.Reader against a numpy memmap ceiling and megatron-core's
+GPTDataset, side by side in one run, on a synthetic pulled snapshot of --tokens token ids.
+
+    python -m tests.bench.bench_reader --tokens 1000000000 --workdir /tmp/prep-bench-reader
+
+1. Start-up: seconds from constructing the reader to its first batch (cold: every shard is hashed
+   against the manifest on first open; then warm, in a second reader of the same process, where
+   the files were already checked), against megatron-core building GPTDataset's document, sample
+   and shuffle indices for the same .bin/.idx (its index cache emptied first).
+2. Throughput: samples/s reading the same windows in the same order through the Reader and
+   through plain numpy memmaps with precomputed offsets (the ceiling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prep.data.reader import Reader
+from prep.data.source import PULLED_MANIFEST
+from prep.formats import megatron
+from prep.hashing import digest_file
+from prep.manifest import canonical
+from tests.snapshot_factory import manifest_for
+
+SHARD_TOKENS = 128 << 20
+SEQ_LEN, GLOBAL_BATCH = 2048, 256
+
+
+def make_snapshot(dest: Path, tokens: int, seed: int = 0) -> None:
+    """A pulled folder of random uint16 documents (64..4096 tokens, EOS last), made once."""
+    if (dest / PULLED_MANIFEST).exists():
+        return
+    rng = np.random.default_rng(seed)
+    (dest / "bin").mkdir(parents=True, exist_ok=True)
+    artifacts: list[dict[str, Any]] = []
+    left, shard = tokens, 0
+    while left > 4096:
+        lengths = rng.integers(64, 4097, size=SHARD_TOKENS // 2000 + 16, dtype=np.int64)
+        ends = np.cumsum(lengths)
+        keep = int(np.searchsorted(ends, min(left, SHARD_TOKENS), side="right")) or 1
+        lengths = lengths[:keep]
+        total = int(lengths.sum())
+        prefix = dest / "bin" / f"{shard:016x}"
+        with open(megatron.bin_path(prefix), "wb") as out:
+            for start in range(0, total, 16 << 20):
+                out.write(rng.integers(0, 50000, size=min(16 << 20, total - start), dtype=np.uint16).tobytes())
+        megatron.write_index(megatron.idx_path(prefix), lengths, np.uint16)
+        for fmt, path in (("bin", megatron.bin_path(prefix)), ("idx", megatron.idx_path(prefix))):
+            digest = digest_file(path)
+            artifacts.append({"path": f"bin/{path.name}", "format": fmt, "shard": shard, "size": digest.size,
+                              "sha256": digest.sha256, "documents": len(lengths), "tokens": total})
+        left, shard = left - total, shard + 1
+    (dest / PULLED_MANIFEST).parent.mkdir(exist_ok=True)
+    (dest / PULLED_MANIFEST).write_bytes(canonical.dumps(manifest_for("bench", artifacts)))
+
+
+def reader_start(dest: Path) -> tuple[float, Reader]:
+    started = time.perf_counter()
+    reader = Reader(dest, seq_len=SEQ_LEN, global_batch_size=GLOBAL_BATCH)
+    reader.batch(0)
+    return time.perf_counter() - started, reader
+
+
+def megatron_start(dest: Path) -> float:
+    """Seconds for megatron-core to build GPTDataset's indices over every shard, one epoch each
+    (its index cache emptied first), and read one sample."""
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.core.datasets.utils import Split
+    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+
+    cache = Path(tempfile.mkdtemp(prefix="megatron-cache-"))
+    try:
+        started = time.perf_counter()
+        for prefix in sorted({p.with_suffix("") for p in (dest / "bin").glob("*.bin")}):
+            indexed = IndexedDataset(str(prefix), mmap=True)
+            config = GPTDatasetConfig(random_seed=0, sequence_length=SEQ_LEN, path_to_cache=str(cache),
+                                      tokenizer=NullTokenizer(50000), reset_position_ids=False, reset_attention_mask=False,
+                                      eod_mask_loss=False, split="1,0,0", mid_level_dataset_surplus=0.005)
+            samples = (int(indexed.sequence_lengths.sum()) - 1) // SEQ_LEN
+            if not samples:
+                continue
+            dataset = GPTDataset(indexed, str(prefix), np.arange(len(indexed.sequence_lengths)), samples, Split.train,
+                                 config)
+            dataset[0]
+        return time.perf_counter() - started
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def throughput(reader: Reader, steps: int) -> tuple[float, float]:
+    """(reader samples/s, memmap ceiling samples/s) over the same windows in the same order."""
+    source = reader.sources[0]
+    maps = [np.memmap(shard.bin_path, dtype=np.uint16, mode="r") for shard in source.shards]
+    picks = [[i for _, _, i in reader.sample_ids(step * GLOBAL_BATCH, GLOBAL_BATCH)] for step in range(steps)]
+    located = []
+    for ids in picks:
+        starts = np.asarray(ids, dtype=np.int64) * SEQ_LEN
+        shard = np.searchsorted(source.token_starts, starts, side="right") - 1
+        located.append((shard, starts - source.token_starts[shard]))
+    started = time.perf_counter()
+    for step in range(steps):
+        reader.batch(step)
+    ours = steps * GLOBAL_BATCH / (time.perf_counter() - started)
+    started = time.perf_counter()
+    for shards, offsets in located:
+        rows = []
+        for shard, offset in zip(shards.tolist(), offsets.tolist()):
+            end = offset + SEQ_LEN + 1
+            rows.append(maps[shard][offset:end] if end <= len(maps[shard]) else
+                        np.concatenate([maps[shard][offset:], maps[shard + 1][:end - len(maps[shard])]]))
+        np.stack(rows).astype(np.int64)
+    ceiling = steps * GLOBAL_BATCH / (time.perf_counter() - started)
+    return ours, ceiling
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=10**9)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench-reader"))
+    args = parser.parse_args()
+    dest = args.workdir / f"snapshot-{args.tokens}"
+    make_snapshot(dest, args.tokens)
+    cold, reader = reader_start(dest)
+    warm, _ = reader_start(dest)
+    theirs = megatron_start(dest)
+    ours, ceiling = throughput(reader, args.steps)
+    print(f"tokens {reader.sources[0].total_tokens}, shards {len(reader.sources[0].shards)}, samples {reader.sizes[0]}")
+    print(f"start-up  prep cold {cold:.2f} s (hashes every shard once), prep warm {warm:.3f} s, "
+          f"megatron GPTDataset indices {theirs:.2f} s: ratio megatron/prep-warm {theirs / warm:.0f}x, "
+          f"megatron/prep-cold {theirs / cold:.1f}x")
+    print(f"throughput prep {ours:.0f} samples/s, memmap ceiling {ceiling:.0f} samples/s, ratio {ours / ceiling:.2f}")
+
+
+if __name__ == "__main__":
+    main()
