@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ def _part(folder: Path, name: str, docs: list[tuple[int, int]]) -> Part:
 
 
 def _plan(folder: Path, parts: list[Part], bits: int, shard_size: int, seed: int = 5,
-          exact: bool = True) -> tuple[list[ShardPlan], list[dict[str, object]], dict[int, Path]]:
+          exact: bool = True) -> tuple[list[ShardPlan], list[dict[str, Any]], dict[int, Path]]:
     routes = []
     for ordinal, part in enumerate(parts):
         routes.append(folder / f"route-{bits}-{ordinal}")
@@ -48,7 +49,7 @@ def _plan(folder: Path, parts: list[Part], bits: int, shard_size: int, seed: int
 
 def _placed(plans: list[ShardPlan], buckets: dict[int, Path]) -> list[tuple[int, int, int, int]]:
     """(key_hi, key_lo, part, row) of every document of every shard, in shard order."""
-    found = []
+    found: list[tuple[int, int, int, int]] = []
     for plan in plans:
         for bucket, first, count in plan.slices:
             entries = order.EntryFile.open(buckets[bucket]).read(first, count)[0]
@@ -128,3 +129,49 @@ def test_an_added_document_changes_at_most_two_shards(tmp_path: Path) -> None:
                                                  (10**13, 20)])
 def test_bucket_count_follows_the_document_count(documents: int, bits: int) -> None:
     assert bucket_bits(documents, 4_000_000) == bits
+
+
+_ids = st.lists(st.one_of(st.none(), st.text(max_size=12)), max_size=40)
+
+
+@given(_ids, st.integers(1, 5))
+@settings(max_examples=60, deadline=None)
+def test_the_id_column_packs_like_its_strings(ids: list[str | None], pieces: int) -> None:
+    """Read from the buffers (nulls, slices, chunks), ids pack to the bytes `_pack_ids` makes."""
+    import pyarrow as pa
+
+    from prep.stages.columns import string_column, to_strings
+
+    column = string_column(ids)
+    cut = len(ids) // pieces
+    chunked = pa.chunked_array([column.slice(0, cut), column.slice(cut)], type=pa.string())
+    for packed in (column, chunked, column.slice(min(1, len(ids)))):
+        got = order._pack_id_column(packed)
+        expected = order._pack_ids(to_strings(packed))
+        for mine, theirs in zip(got, expected):
+            assert (mine == theirs) if isinstance(mine, bytes) else np.array_equal(mine, theirs)
+
+
+@given(st.binary(min_size=1, max_size=60), st.lists(st.tuples(st.integers(0, 59), st.integers(0, 9)), max_size=30))
+@settings(max_examples=80, deadline=None)
+def test_gather_bytes_equals_slicing(blob: bytes, pairs: list[tuple[int, int]]) -> None:
+    """Gathered pieces (contiguous or not, some empty) are the Python slices, concatenated."""
+    pairs = [(min(start, len(blob) - 1), min(length, len(blob) - min(start, len(blob) - 1))) for start, length in pairs]
+    starts = np.asarray([s for s, _ in pairs], dtype=np.int64)
+    lengths = np.asarray([n for _, n in pairs], dtype=np.int64)
+    expected = b"".join(blob[s:s + n] for s, n in pairs)
+    assert order.gather_bytes(np.frombuffer(blob, dtype=np.uint8), starts, lengths) == expected
+    contiguous = np.cumsum(lengths) - lengths
+    if int(lengths.sum()) <= len(blob):
+        assert order.gather_bytes(np.frombuffer(blob, dtype=np.uint8), contiguous, lengths) == blob[:int(lengths.sum())]
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 2), st.integers(0, 50)), max_size=60))
+@settings(max_examples=80, deadline=None)
+def test_key_order_equals_the_full_lexsort(rows: list[tuple[int, int, int, int]]) -> None:
+    """Sorting by key_hi and then only the tied entries gives the four-key lexsort (many ties)."""
+    entries = np.zeros(len(rows), dtype=order.ENTRY_DTYPE)
+    for name, column in zip(("key_hi", "key_lo", "part", "row"), zip(*rows) if rows else ((), (), (), ())):
+        entries[name] = column
+    expected = np.lexsort((entries["row"], entries["part"], entries["key_lo"], entries["key_hi"]))
+    assert np.array_equal(entries[order._key_order(entries)], entries[expected])
