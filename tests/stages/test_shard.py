@@ -107,3 +107,37 @@ def _rows(plan: ShardPlan, buckets: dict[int, Path]) -> list[int]:
     for bucket, first, count in plan.slices:
         rows.extend(order.EntryFile.open(buckets[bucket]).read(first, count)[0]["row"].tolist())
     return rows
+
+
+_json_ids = st.lists(st.one_of(st.none(), st.text(st.characters(blacklist_categories=["Cs"]), max_size=10)),
+                     min_size=1, max_size=30)
+
+
+@given(_json_ids, st.lists(st.text(st.characters(blacklist_categories=["Cs"]), max_size=8), min_size=1, max_size=3),
+       st.integers(0, 10**12), st.data())
+@settings(max_examples=80, deadline=None)
+def test_vectorized_json_members_equal_the_reference(ids: list[str | None], sources: list[str], line_offset: int,
+                                                     data: st.DataObject) -> None:
+    """`.json` members built with numpy are the bytes of one `wds.sample_json` per document:
+    ids with quotes, backslashes or control characters, missing ids, any source and line."""
+    parts = [Part(Path("unused"), source, "jsonl", line_offset, len(ids)) for source in sources]
+    encoded = [b"" if doc_id is None else doc_id.encode() for doc_id in ids]
+    entries = np.zeros(len(ids), dtype=order.ENTRY_DTYPE)
+    entries["part"] = data.draw(st.lists(st.integers(0, len(sources) - 1), min_size=len(ids), max_size=len(ids)))
+    entries["row"] = data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=len(ids), max_size=len(ids)))
+    entries["n_tokens"] = data.draw(st.lists(st.integers(0, 10**9), min_size=len(ids), max_size=len(ids)))
+    entries["id_offset"] = np.cumsum([0] + [len(e) for e in encoded])[:-1] + 3
+    entries["id_len"] = [order.NO_ID if doc_id is None else len(e) for doc_id, e in zip(ids, encoded)]
+    blob = b"pad" + b"".join(encoded)
+    members, offsets = shard._sample_jsons(entries, blob, parts)
+    got = [members[offsets[k]:offsets[k + 1]] for k in range(len(ids))]
+    assert got == shard._sample_jsons_reference(entries, blob, parts)
+
+
+@given(st.lists(st.integers(0, 2**63 - 1), max_size=20))
+def test_decimal_digits_and_npy_headers(values: list[int]) -> None:
+    """Digits and widths are `str`'s; vectorized .npy headers are `wds.npy_header`'s."""
+    digits, widths = wds.decimal_digits(values)
+    assert [row[20 - width:].tobytes().decode() for row, width in zip(digits, widths)] == [str(v) for v in values]
+    headers = wds.npy_headers(values, DTYPE)
+    assert [row.tobytes() for row in headers] == [wds.npy_header(v, DTYPE) for v in values]
