@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "trace": "prep.cli.history:trace",
     "gc": "prep.cli.history:gc",
     "sample": "prep.cli.sample:sample",
+    "consumed": "prep.cli.data:consumed",
 }
 
 
