@@ -24,7 +24,8 @@ import numpy as np
 from prep.data.mixture import MixtureSpec, Schedule, SourceSpec, mixture_hash, parse_mixture
 from prep.data.permutation import IndexPermutation
 from prep.data.source import SnapshotSource
-from prep.errors import UsageError
+from prep.errors import IntegrityError, UsageError
+from prep.manifest.schema import validate
 from prep.storage import open_store
 from prep.storage.base import Store
 
@@ -185,8 +186,13 @@ class Reader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a state; refuse one saved over other data or settings (world size may differ)."""
         mine = self.state_dict()
-        if state.get("schema") != STATE_SCHEMA:
-            raise UsageError(f"not a prep reader state: schema {state.get('schema')!r}, expected {STATE_SCHEMA}")
+        if not isinstance(state, dict) or state.get("schema") != STATE_SCHEMA:
+            found = state.get("schema") if isinstance(state, dict) else type(state).__name__
+            raise UsageError(f"not a prep reader state: schema {found!r}, expected {STATE_SCHEMA}")
+        try:
+            validate(state, STATE_SCHEMA, "reader state")
+        except IntegrityError as exc:
+            raise UsageError(str(exc)) from None
         for key in ("sources", "mixture", "seed", "seq_len", "global_batch_size", "mode"):
             if state.get(key) != mine[key]:
                 raise UsageError(f"reader state is for {key} {state.get(key)!r}, this reader has {mine[key]!r}")

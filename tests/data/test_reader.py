@@ -199,3 +199,14 @@ def test_dataloader_workers_neither_repeat_nor_skip_and_the_state_resumes(pulled
     again = iter(DataLoader(resumed, batch_size=None, num_workers=workers))
     assert all((next(again).numpy() == expected[step]).all() for step in range(7, 12))
 
+
+
+def test_the_state_validates_against_its_schema_and_a_malformed_one_is_refused(pulled: dict[str, Path]) -> None:
+    from prep.manifest.schema import validate
+
+    reader = Reader(pulled["web"], seq_len=SEQ, global_batch_size=GLOBAL)
+    state = reader.state_dict()
+    validate(state, "prep.reader-state/1", "state")
+    for broken in ({**state, "samples": -GLOBAL}, {**state, "extra": 1}, {**state, "schema": "other"}, [state]):
+        with pytest.raises(UsageError):
+            reader.load_state_dict(broken)  # type: ignore[arg-type]
