@@ -102,3 +102,75 @@ def build_snapshot(
         move_ref(store, dataset, ref, snapshot.id)
     return Built(snapshot, files)
 
+
+def many_artifacts(
+    store: Store, count: int, *, dataset: str = "many", changed: int = 0, ref: str | None = "latest"
+) -> Snapshot:
+    """A snapshot of `count` tiny artifacts (per shard a .bin, .idx and .tar), for benchmarks.
+
+    Objects are written straight into the local store's folder, without fsync. The first
+    `changed` artifacts hold other bytes than with `changed=0`, so two such snapshots differ
+    in exactly those files."""
+    entries: list[dict[str, Any]] = []
+    made: set[str] = set()
+    formats = ("bin", "idx", "wds")
+    for index in range(count):
+        shard, fmt = divmod(index, len(formats))
+        path = artifact_path(formats[fmt], shard)
+        data = f"{path}{' changed' if index < changed else ''}\n".encode()
+        sha = hashlib.sha256(data).hexdigest()
+        local = store.local_path(cas.object_key(sha))
+        assert local is not None, "many_artifacts needs a local store"
+        if local.parent.name not in made:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            made.add(local.parent.name)
+        if not local.exists():
+            local.write_bytes(data)
+        entries.append({"path": path, "format": formats[fmt], "shard": shard, "size": len(data), "sha256": sha,
+                        "documents": 1, "tokens": len(data) // 2})
+    snapshot = publish_manifest(store, manifest_for(dataset, entries))
+    if ref is not None:
+        move_ref(store, dataset, ref, snapshot.id)
+    return snapshot
+
+
+def derive_snapshot(
+    store: Store,
+    base: Built,
+    work: Path,
+    *,
+    changed: Sequence[str] = (),
+    removed: Sequence[str] = (),
+    added: Sequence[tuple[str, str, int]] = (),
+    ref: str | None = "latest",
+    seed: int = 1,
+) -> Built:
+    """A new version of `base`: the same bytes at the same paths, except `changed` paths (other
+    bytes of the same size), `removed` paths, and `added` (path, format, shard) with random bytes."""
+    rng = random.Random(seed)
+    work.mkdir(parents=True, exist_ok=True)
+    entries: list[dict[str, Any]] = []
+    files: dict[str, bytes] = {}
+
+    def store_entry(entry: dict[str, Any], data: bytes) -> None:
+        local = work / entry["path"].replace("/", "_")
+        local.write_bytes(data)
+        digest = cas.put_file(store, local)
+        entries.append({**entry, "size": digest.size, "sha256": digest.sha256})
+        files[entry["path"]] = data
+
+    for entry in base.snapshot.artifacts:
+        path = entry["path"]
+        if path in removed:
+            continue
+        if path in changed:
+            store_entry(entry, rng.randbytes(entry["size"]))
+        else:
+            entries.append(entry)
+            files[path] = base.files[path]
+    for path, fmt, shard in added:
+        store_entry({"path": path, "format": fmt, "shard": shard, "documents": 3, "tokens": 100}, rng.randbytes(700))
+    snapshot = publish_manifest(store, manifest_for(base.snapshot.dataset, entries, seed))
+    if ref is not None:
+        move_ref(store, base.snapshot.dataset, ref, snapshot.id)
+    return Built(snapshot, files)

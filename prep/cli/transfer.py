@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -15,6 +15,9 @@ from prep.progress import Progress, human_bytes, rate
 from prep.store.snapshots import ManifestFileError, Snapshot, is_manifest_path, reencoded_note, resolve
 from prep.transfer.shares import check_rank
 from prep.transfer.verify import DEFAULT_JOBS, VerifyResult
+
+if TYPE_CHECKING:
+    from prep.transfer.pull import PullResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,8 +45,12 @@ def _check_rank(rank: int | None, world_size: int | None) -> None:
 @click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
 @store_option
 @rank_options
-def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_size: int | None, jobs: int) -> None:
-    """Copy a snapshot's artifacts to DEST, verified by SHA-256; rerun to resume."""
+@click.option("--prune", is_flag=True,
+              help="Then delete the files DEST's previous snapshot named that SNAP does not (nothing else).")
+def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_size: int | None, jobs: int,
+         prune: bool) -> None:
+    """Copy a snapshot's artifacts to DEST, verified by SHA-256, reusing files already valid;
+    rerun to resume."""
     from prep.transfer.pull import pull as run_pull
     from prep.transfer.shares import artifacts_of, share_of
 
@@ -54,17 +61,25 @@ def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_s
     share = share_of(artifacts_of(snapshot.manifest), rank, world_size)
     progress = Progress().meter("pull", len(share.artifacts), share.size)
     try:
-        result = run_pull(store, snapshot, dest, rank=rank, world_size=world_size, jobs=jobs,
+        result = run_pull(store, snapshot, dest, rank=rank, world_size=world_size, jobs=jobs, prune_old=prune,
                           on_bytes=progress.add, on_file=progress.file_done)
     finally:
         progress.finish()
-    click.echo(
-        f"pulled {snapshot.id} into {dest}: {result.files_copied} files copied ({human_bytes(result.bytes_copied)}), "
-        f"{result.files_skipped} already valid ({human_bytes(result.bytes_skipped)}), "
-        f"{result.temporaries_removed} stale temporaries removed, {result.seconds:.2f} s, "
-        f"{rate(result.bytes_copied, result.seconds, 1e6, 'MB/s')}",
-        err=True,
-    )
+    if result.prune_warning is not None:
+        click.echo(f"prep: warning: --prune deleted nothing: {result.prune_warning}", err=True)
+    click.echo(_pull_line(result), err=True)
+
+
+def _pull_line(result: PullResult) -> str:
+    """The one summary line of a pull."""
+    pruned = f"{result.files_pruned} pruned ({human_bytes(result.bytes_pruned)}), " if result.files_pruned else ""
+    left = (f"{result.files_left} files of the previous snapshot left in place (not named by this one; "
+            f"--prune removes them), " if result.files_left else "")
+    return (f"pulled {result.snapshot_id} into {result.dest}: {result.files_copied} files copied "
+            f"({human_bytes(result.bytes_copied)}), {result.files_reused} reused as already valid "
+            f"({human_bytes(result.bytes_reused)}; {result.files_rehashed} of them re-hashed), {pruned}{left}"
+            f"{result.temporaries_removed} stale temporaries removed, {result.seconds:.2f} s, "
+            f"{rate(result.bytes_copied, result.seconds, 1e6, 'MB/s')}")
 
 
 def _note(snap: str, snapshot: Snapshot) -> None:

@@ -74,8 +74,13 @@ def _no_constant(text: str) -> NoReturn:
     raise ValueError(f"{text} is not JSON")
 
 
-def read_manifest_file(path: Path) -> Snapshot:
-    """Load a manifest file in any JSON spelling; its id is the SHA-256 of its canonical encoding."""
+def read_manifest_content(path: Path) -> dict[str, Any]:
+    """A manifest file's content, checked as read_manifest_file checks it (strict JSON, the
+    prep.snapshot/1 schema) but not encoded canonically: for readers that need no id."""
+    return _read_manifest(path)[0]
+
+
+def _read_manifest(path: Path) -> tuple[dict[str, Any], bytes]:
     source = str(path)
 
     def refuse(reason: str) -> NoReturn:
@@ -98,10 +103,16 @@ def read_manifest_file(path: Path) -> Snapshot:
         refuse(exc.message.removeprefix(f"{source}: "))
     if not isinstance(manifest, dict):  # the schema already demands an object
         refuse("not a JSON object")
+    return manifest, data
+
+
+def read_manifest_file(path: Path) -> Snapshot:
+    """Load a manifest file in any JSON spelling; its id is the SHA-256 of its canonical encoding."""
+    manifest, data = _read_manifest(path)
     try:
         raw = canonical.dumps(manifest)
     except (TypeError, UnicodeError) as exc:
-        refuse(f"cannot be encoded canonically: {exc}")
+        raise ManifestFileError(f"{path}: not a canonical prep manifest (cannot be encoded canonically: {exc})") from None
     snapshot_id = f"sha256:{hashlib.sha256(raw).hexdigest()}"
     return Snapshot(id=snapshot_id, manifest=manifest, raw=raw, reencoded=raw != data)
 

@@ -1,4 +1,7 @@
-"""Rank shares: a deterministic, byte-balanced partition of a snapshot's artifacts.
+"""A snapshot's artifacts and the folder they land in, as pull and verify see them: read from
+the manifest, refused when a path is unsafe, DEST's own files (the `.prep/` folder, temporaries,
+the pull lock, the record of proven files), and rank shares (a deterministic, byte-balanced
+partition).
 
 Every node computes the same partition from the manifest alone. A Megatron `.bin` and its
 `.idx` always land on the same rank, because one is useless without the other.
@@ -6,13 +9,27 @@ Every node computes the same partition from the manifest alone. A Megatron `.bin
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import heapq
+import json
+import os
+import threading
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import IO, Any, Self
 
-from prep.errors import UsageError
+from prep.errors import InputError, UsageError
 from prep.formats.units import family_of
+
+PREP_DIR = ".prep"
+TEMP_MARKER = ".prep-tmp-"
+LOCK_NAME = "pull.lock"
+RECORD_NAME = "verified.jsonl"
+
+Stamp = tuple[int, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,224 @@ class Share:
 def artifacts_of(manifest: Mapping[str, Any]) -> list[Artifact]:
     """The artifacts a snapshot manifest lists, in manifest order."""
     return [Artifact.from_manifest(entry) for entry in manifest["artifacts"]]
+
+
+# ---------------------------------------------------------------- refusing unsafe manifests
+
+
+def _unsafe_reason(path: str) -> str | None:
+    parts = path.split("/")
+    if path.startswith("/"):
+        return "is absolute"
+    if "\0" in path:
+        return "contains a NUL byte"
+    if ".." in parts:
+        return "contains '..'"
+    if "" in parts or "." in parts:
+        return "is not a normalized relative path"
+    if parts[0] == PREP_DIR:
+        return f"is inside the reserved {PREP_DIR}/ folder"
+    if TEMP_MARKER in parts[-1]:
+        return f"uses the reserved temporary marker {TEMP_MARKER!r}"
+    return None
+
+
+def _symlinks_in(folder: str) -> frozenset[str]:
+    try:
+        with os.scandir(folder) as entries:
+            return frozenset(entry.name for entry in entries if entry.is_symlink())
+    except OSError:  # absent, not a folder, unreadable: nothing in it can redirect a path
+        return frozenset()
+
+
+class _Resolver:
+    """`realpath(root/path)` with one `realpath` and one listing per folder, not per file: a
+    file's own name needs resolving only when it is a symlink."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.folders: dict[str, tuple[str, frozenset[str]]] = {}
+
+    def __call__(self, path: str) -> str:
+        folder, _, name = path.rpartition("/")
+        known = self.folders.get(folder)
+        if known is None:
+            real = os.path.realpath(os.path.join(self.root, folder)) if folder else self.root
+            known = self.folders[folder] = (real, _symlinks_in(real))
+        if name in known[1]:
+            return os.path.realpath(os.path.join(self.root, path))
+        return f"{known[0]}/{name}" if known[0] != "/" else f"/{name}"
+
+
+def check_paths(artifacts: Sequence[Artifact], dest: Path, source: str) -> None:
+    """Refuse (InputError, exit 2) a manifest whose paths are absolute, climb with '..',
+    repeat, or resolve outside `dest` through symlinks that exist right now."""
+    root = os.path.realpath(dest)
+    inside = root.rstrip("/") + "/"
+    resolve = _Resolver(root)
+    seen: set[str] = set()
+    for artifact in artifacts:
+        reason = _unsafe_reason(artifact.path)
+        if reason is None and artifact.path in seen:
+            reason = "is listed twice"
+        if reason is None:
+            real = resolve(artifact.path)
+            if real != root and not real.startswith(inside):
+                reason = f"resolves outside {dest} through a symlink (to {real})"
+        if reason is not None:
+            raise InputError(f"{source}: artifact path {artifact.path!r} {reason}; manifest refused")
+        seen.add(artifact.path)
+
+
+def artifact_folders(paths: Iterable[str]) -> list[str]:
+    """The top-level folders artifact paths live in (e.g. `bin`, `wds`), sorted."""
+    return sorted({path.split("/", 1)[0] for path in paths if "/" in path})
+
+
+# ---------------------------------------------------------------- DEST's own files
+
+
+def temp_name(final: Path) -> Path:
+    """A fresh temporary next to `final`, recognizable as ours by the marker."""
+    return final.with_name(f".{final.name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}")
+
+
+def _is_temp(name: str) -> bool:
+    return name.startswith(".") and TEMP_MARKER in name
+
+
+def remove_stale_temporaries(folders: set[Path]) -> int:
+    """Delete temporaries a killed pull left in these folders; returns how many."""
+    removed = 0
+    for folder in sorted(folders):
+        try:
+            names = os.listdir(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in names:
+            if _is_temp(name):
+                (folder / name).unlink(missing_ok=True)
+                removed += 1
+    return removed
+
+
+def discard(path: Path) -> None:
+    """Remove a temporary if it is there; never mask the error that is already propagating."""
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def stamp(info: os.stat_result) -> Stamp:
+    """What a recorded proof is tied to: size, mtime, ctime, inode and device."""
+    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
+
+
+def _record_line(path: str, sha256: str, numbers: Stamp) -> str:
+    size, mtime, ctime, ino, dev = numbers
+    return f"[{json.dumps(path)},{json.dumps(sha256)},{size},{mtime},{ctime},{ino},{dev}]\n"
+
+
+def _record_rows(lines: list[bytes]) -> list[Any]:
+    try:  # all lines whole: one parse
+        rows: list[Any] = json.loads(b"[" + b",".join(lines) + b"]")
+        return rows
+    except ValueError:
+        pass
+    rows = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            rows.append(json.loads(line))
+    return rows
+
+
+def _load_record(path: Path) -> tuple[dict[str, tuple[str, Stamp]], int]:
+    """The entries of a record and its line count; torn or malformed lines are ignored."""
+    try:
+        lines = path.read_bytes().split(b"\n")[:-1]  # a torn last line has no newline
+    except OSError:
+        return {}, 0
+    entries: dict[str, tuple[str, Stamp]] = {}
+    for row in _record_rows(lines):
+        if type(row) is list and len(row) == 7 and type(row[0]) is str and type(row[1]) is str:
+            name, sha, size, mtime, ctime, ino, dev = row
+            if all(type(n) is int for n in (size, mtime, ctime, ino, dev)):
+                entries[name] = (sha, (size, mtime, ctime, ino, dev))
+    return entries, len(lines)
+
+
+class PullRecord:
+    """DEST/.prep/verified.jsonl: files pull installed or proved by hashing, with the SHA-256
+    and stat stamp they had then. An entry counts only while the file's stamp is unchanged.
+    Lines are appended as files are proven (so a killed pull keeps them); the record is
+    compacted once it has grown to twice the entries worth keeping. Losing it only costs
+    re-hashing; it is never fsynced."""
+
+    def __init__(self, dest: Path) -> None:
+        self.path = dest / PREP_DIR / RECORD_NAME
+        self.entries, self.lines = _load_record(self.path)
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+
+    def proven(self, path: str, info: os.stat_result) -> str | None:
+        """The SHA-256 recorded for `path` if its stamp still is `info`'s, else None."""
+        entry = self.entries.get(path)
+        return entry[0] if entry is not None and entry[1] == stamp(info) else None
+
+    def add(self, path: str, sha256: str, info: os.stat_result) -> None:
+        numbers = stamp(info)
+        line = _record_line(path, sha256, numbers).encode()
+        with self._lock:
+            self.entries[path] = (sha256, numbers)
+            self.lines += 1
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            os.write(self._fd, line)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def compact(self, keep: set[str]) -> None:
+        """Rewrite the record (temporary, rename) with the entries of `keep` only, once it has
+        more than twice as many lines; an entry of a path not kept is never wrong, only idle."""
+        kept = {path: entry for path, entry in self.entries.items() if path in keep}
+        if self.lines <= 2 * len(kept) + 64:
+            return
+        temp = temp_name(self.path)
+        try:
+            with open(temp, "x", encoding="utf-8") as out:
+                out.writelines(_record_line(path, sha, numbers) for path, (sha, numbers) in kept.items())
+            os.replace(temp, self.path)
+        finally:
+            discard(temp)
+        self.entries, self.lines = kept, len(kept)
+
+
+class DestLock:
+    """An exclusive flock on DEST/.prep/pull.lock: one pull per folder; freed by the kernel
+    even when the pull is killed."""
+
+    def __init__(self, dest: Path) -> None:
+        self.path = dest / PREP_DIR / LOCK_NAME
+        self.handle: IO[bytes] | None = None
+
+    def __enter__(self) -> Self:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = open(self.path, "a+b")
+        try:
+            fcntl.flock(self.handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.close()
+            raise UsageError(f"{self.path.parent.parent}: another prep pull is writing into this folder") from None
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.handle is not None:
+            self.handle.close()
+
+
+# ---------------------------------------------------------------- rank shares
 
 
 def group_units(artifacts: Iterable[Artifact]) -> list[Unit]:

@@ -1,7 +1,7 @@
 """Check a pulled snapshot on disk: every artifact present with the right size and SHA-256.
 
-Also home of what `prep pull` shares with verification: refusing unsafe artifact paths,
-hashing a file while proving it did not change underneath, and a small interruptible pool.
+Also home of what `prep pull` shares with verification: hashing a file while proving it did
+not change underneath, and a small interruptible pool.
 """
 
 from __future__ import annotations
@@ -14,20 +14,18 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from prep.errors import InputError
 from prep.hashing import Digest
 from prep.store.snapshots import Snapshot
-from prep.transfer.shares import Artifact, Share, artifacts_of, share_of
+from prep.transfer.shares import PREP_DIR as PREP_DIR
+from prep.transfer.shares import TEMP_MARKER as TEMP_MARKER
+from prep.transfer.shares import Artifact, Share, artifact_folders, artifacts_of, check_paths, share_of
 
 REPORT_SCHEMA = "prep.verify-report/1"
 DIGEST_TAG = b"prep.verify-digest/1\n"
-PREP_DIR = ".prep"
-TEMP_MARKER = ".prep-tmp-"
 READ_SIZE = 1 << 20  # >= 1 MiB so hashlib releases the GIL for most of the work
 DEFAULT_JOBS = 8
 
@@ -39,49 +37,6 @@ Result = TypeVar("Result")
 
 class Cancelled(Exception):
     """Raised inside workers once the pool has been told to stop."""
-
-
-# ---------------------------------------------------------------- refusing unsafe manifests
-
-
-def _unsafe_reason(path: str) -> str | None:
-    parts = path.split("/")
-    if path.startswith("/"):
-        return "is absolute"
-    if "\0" in path:
-        return "contains a NUL byte"
-    if ".." in parts:
-        return "contains '..'"
-    if "" in parts or "." in parts:
-        return "is not a normalized relative path"
-    if parts[0] == PREP_DIR:
-        return f"is inside the reserved {PREP_DIR}/ folder"
-    if TEMP_MARKER in parts[-1]:
-        return f"uses the reserved temporary marker {TEMP_MARKER!r}"
-    return None
-
-
-def check_paths(artifacts: Sequence[Artifact], dest: Path, source: str) -> None:
-    """Refuse (InputError, exit 2) a manifest whose paths are absolute, climb with '..',
-    repeat, or resolve outside `dest` through symlinks that exist right now."""
-    root = os.path.realpath(dest)
-    seen: set[str] = set()
-    for artifact in artifacts:
-        reason = _unsafe_reason(artifact.path)
-        if reason is None and artifact.path in seen:
-            reason = "is listed twice"
-        if reason is None:
-            real = os.path.realpath(os.path.join(root, artifact.path))
-            if os.path.commonpath([root, real]) != root:
-                reason = f"resolves outside {dest} through a symlink (to {real})"
-        if reason is not None:
-            raise InputError(f"{source}: artifact path {artifact.path!r} {reason}; manifest refused")
-        seen.add(artifact.path)
-
-
-def artifact_folders(paths: Iterable[str]) -> list[str]:
-    """The top-level folders artifact paths live in (e.g. `bin`, `wds`), sorted."""
-    return sorted({path.split("/", 1)[0] for path in paths if "/" in path})
 
 
 # ---------------------------------------------------------------- hashing
@@ -99,7 +54,7 @@ def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
     return (info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev)
 
 
-def hash_file(path: Path, on_bytes: ByteCounter | None = None, stop: threading.Event | None = None) -> FileHash:
+def hash_file(path: str | Path, on_bytes: ByteCounter | None = None, stop: threading.Event | None = None) -> FileHash:
     """SHA-256 a regular file in 1 MiB reads; raises OSError when it cannot be opened or read.
 
     O_NONBLOCK keeps a FIFO planted under an artifact's name from blocking the open.
@@ -161,28 +116,44 @@ def run_parallel(
     on_done: Callable[[Item], None] | None = None,
 ) -> list[Result]:
     """Run `work` over items on `jobs` threads, results in item order, calling `on_done` after
-    each; the first error (or Ctrl-C) stops the other workers early, then it is raised."""
+    each; the first error (or Ctrl-C) stops the other workers early, then it is raised.
+
+    Workers take the next index from a shared counter: no future per item (those cost about
+    40 us each, 4 s for 100,000 files)."""
     stop = threading.Event()
+    lock = threading.Lock()
+    pending = iter(range(len(items)))
+    results: dict[int, Result] = {}
+    errors: list[BaseException] = []
 
-    def task(item: Item) -> Result:
-        result = work(item, stop)
-        if on_done is not None:
-            on_done(item)
-        return result
+    def worker() -> None:
+        while not stop.is_set():
+            with lock:
+                index = next(pending, None)
+            if index is None:
+                return
+            try:
+                results[index] = work(items[index], stop)
+                if on_done is not None:
+                    on_done(items[index])
+            except BaseException as exc:  # handed to the caller below
+                errors.append(exc)
+                stop.set()
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures: list[Future[Result]] = [pool.submit(task, item) for item in items]
-        try:
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            for future in futures:
-                error = future.exception() if future in done else None
-                if error is not None:
-                    raise error
-            return [future.result() for future in futures]
-        finally:
-            stop.set()
-            for future in futures:
-                future.cancel()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(max(1, jobs), len(items)))]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        stop.set()
+        for thread in threads:
+            if thread.ident is not None:
+                thread.join()
+    if errors:
+        raise next((error for error in errors if not isinstance(error, Cancelled)), errors[0])
+    return [results[index] for index in range(len(items))]
 
 
 # ---------------------------------------------------------------- verification
@@ -274,7 +245,7 @@ def _check_artifact(
         return Problem(artifact.path, kind, detail, expected_size=artifact.size, actual_size=actual_size,
                        expected_sha256=artifact.sha256 if actual_sha256 else None, actual_sha256=actual_sha256)
 
-    path = dest / artifact.path
+    path = os.path.join(dest, artifact.path)
     try:
         info = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
@@ -330,6 +301,8 @@ def _pair_renames(dest: Path, problems: list[Problem], share: Share) -> list[Pro
     wanted = {a.path: a for a in share.artifacts}
     missing = {(wanted[p.path].size, wanted[p.path].sha256): p for p in problems if p.kind == "missing"}
     sizes = {size for size, _ in missing}
+    paired: set[int] = set()
+    renamed: list[Problem] = []
     for extra in [p for p in problems if p.kind == "extra"]:
         candidate = dest / extra.path
         try:
@@ -341,11 +314,10 @@ def _pair_renames(dest: Path, problems: list[Problem], share: Share) -> list[Pro
         original = missing.pop((found.digest.size, found.digest.sha256), None)
         if original is None or found.changed:
             continue
-        problems.remove(original)
-        problems.remove(extra)
-        problems.append(Problem(original.path, "renamed", f"its bytes are at {extra.path}",
-                                expected_size=found.digest.size, found_at=extra.path))
-    return problems
+        paired.update((id(original), id(extra)))
+        renamed.append(Problem(original.path, "renamed", f"its bytes are at {extra.path}",
+                               expected_size=found.digest.size, found_at=extra.path))
+    return [p for p in problems if id(p) not in paired] + renamed
 
 
 def verify(

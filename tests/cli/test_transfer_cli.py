@@ -14,7 +14,7 @@ import pytest
 from prep.manifest.schema import validate
 from prep.storage.local import LocalStore
 from prep.store.snapshots import publish_manifest
-from tests.snapshot_factory import Built, build_snapshot, manifest_for
+from tests.snapshot_factory import Built, build_snapshot, derive_snapshot, manifest_for
 
 
 def prep(*args: str | Path | int, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -180,3 +180,35 @@ def test_escaping_manifests_are_refused_by_both_commands(tmp_path: Path, path: s
         assert result.returncode == 2, result.stderr
         assert "manifest refused" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "evil.bin").exists()
+
+
+def test_pull_reports_reuse_leftovers_and_prune(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    old = build_snapshot(store, tmp_path / "work-old", ref="v1")
+    derive_snapshot(store, old, tmp_path / "work-new", changed=["bin/00000.bin"], removed=["wds/00002.tar"], ref="v2")
+    dest = tmp_path / "dest"
+    assert prep("pull", "demo@v1", dest, "--store", store.root).returncode == 0
+    kept = prep("pull", "demo@v2", dest, "--store", store.root)
+    assert kept.returncode == 0, kept.stderr
+    assert re.search(r": 1 files copied \(.*\), 7 reused as already valid \(.*; 0 of them re-hashed\), 1 files of the "
+                     r"previous snapshot left in place .*--prune", kept.stderr), kept.stderr
+    extra = prep("verify", "demo@v2", dest, "--store", store.root)
+    assert extra.returncode == 1 and re.search(r"^extra +wds/00002.tar", extra.stdout, re.MULTILINE)
+    assert prep("pull", "demo@v1", dest, "--store", store.root).returncode == 0
+    pruned = prep("pull", "demo@v2", dest, "--store", store.root, "--prune")
+    assert pruned.returncode == 0 and "warning" not in pruned.stderr
+    assert re.search(r"1 files copied .*, 7 reused as already valid .*, 1 pruned \(", pruned.stderr), pruned.stderr
+    assert prep("verify", "demo@v2", dest, "--store", store.root).returncode == 0
+
+
+def test_prune_without_an_earlier_manifest_warns_and_deletes_nothing(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    build_snapshot(store, tmp_path / "work")
+    dest = tmp_path / "dest"
+    (dest / "bin").mkdir(parents=True)
+    (dest / "bin/00009.bin").write_bytes(b"someone's")
+    result = prep("pull", "demo@latest", dest, "--store", store.root, "--prune")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^prep: warning: --prune deleted nothing: .*manifest.json does not exist", result.stderr,
+                     re.MULTILINE), result.stderr
+    assert (dest / "bin/00009.bin").read_bytes() == b"someone's"

@@ -16,7 +16,8 @@ from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.storage import open_store
 from prep.storage.local import LocalStore
 from prep.store import cas
-from prep.transfer.pull import pull, temp_name
+from prep.transfer.pull import pull
+from prep.transfer.shares import temp_name
 from prep.transfer.verify import TEMP_MARKER, verify
 from tests.s3support import new_bucket
 from tests.snapshot_factory import Built, build_snapshot
@@ -49,11 +50,11 @@ def test_pull_copies_everything_and_a_rerun_skips_it(store: LocalStore, built: B
     seen: list[str] = []
     first = pull(store, built.snapshot, dest, jobs=3, on_file=lambda artifact: seen.append(artifact.path))
     assert_complete(built, dest)
-    assert (first.files_copied, first.files_skipped) == (len(built.files), 0)
+    assert (first.files_copied, first.files_reused) == (len(built.files), 0)
     assert first.bytes_copied == sum(len(data) for data in built.files.values())
     assert sorted(seen) == sorted(built.files)
     again = pull(store, built.snapshot, dest)
-    assert (again.files_copied, again.files_skipped, again.bytes_copied) == (0, len(built.files), 0)
+    assert (again.files_copied, again.files_reused, again.bytes_copied) == (0, len(built.files), 0)
 
 
 def test_damaged_files_are_replaced_and_stale_temporaries_removed(
