@@ -119,7 +119,7 @@ def write_entries(path: Path, header: dict[str, Any], entries: np.ndarray, ids: 
     with HashingWriter(path, durable=False) as out:
         out.write(_HEAD.pack(MAGIC, len(body)))
         out.write(body)
-        out.write(np.ascontiguousarray(entries, dtype=ENTRY_DTYPE).tobytes())
+        out.write(np.ascontiguousarray(entries, dtype=ENTRY_DTYPE).view(np.uint8).data)
         out.write(ids)
     return out.close()
 
@@ -235,20 +235,19 @@ def bucket_slice(route: EntryFile, bucket: int) -> tuple[int, int]:
 
 def gather_bucket(routes: Sequence[Path], bucket: int) -> tuple[np.ndarray, bytes]:
     """Every route object's entries of `bucket`, concatenated, ids rebased onto one blob."""
-    chunks: list[np.ndarray] = []
+    opened = [EntryFile.open(path) for path in routes]
+    slices = [bucket_slice(route, bucket) for route in opened]
+    merged = np.zeros(sum(count for _, count in slices), dtype=ENTRY_DTYPE)
     blobs: list[bytes] = []
-    base = 0
-    for path in routes:
-        route = EntryFile.open(path)
-        first, count = bucket_slice(route, bucket)
+    base = at = 0
+    for route, (first, count) in zip(opened, slices):
         if not count:
             continue
         entries, ids = route.read(first, count)
         entries["id_offset"][entries["id_len"] != NO_ID] += np.uint64(base)
-        base += len(ids)
-        chunks.append(entries)
+        merged[at:at + count] = entries
+        base, at = base + len(ids), at + count
         blobs.append(ids)
-    merged = np.concatenate(chunks) if chunks else np.zeros(0, dtype=ENTRY_DTYPE)
     return merged, b"".join(blobs)
 
 
@@ -272,12 +271,13 @@ def _key_order(entries: np.ndarray) -> np.ndarray:
 def sort_and_dedup(entries: np.ndarray, exact: bool) -> tuple[np.ndarray, int]:
     """Entries in order-key order (ties by input order); with `exact`, the first of each run of
     equal keys only. Returns the kept entries and how many were dropped."""
-    ordered = entries[_key_order(entries)]
-    if not exact or len(ordered) < 2:
-        return ordered, 0
-    repeat = np.zeros(len(ordered), dtype=bool)
-    repeat[1:] = (ordered["key_hi"][1:] == ordered["key_hi"][:-1]) & (ordered["key_lo"][1:] == ordered["key_lo"][:-1])
-    return ordered[~repeat], int(repeat.sum())
+    order = _key_order(entries)
+    if not exact or len(order) < 2:
+        return entries[order], 0
+    high, low = entries["key_hi"][order], entries["key_lo"][order]
+    repeat = np.zeros(len(order), dtype=bool)
+    repeat[1:] = (high[1:] == high[:-1]) & (low[1:] == low[:-1])
+    return entries[order[~repeat]], int(repeat.sum())  # one copy of the entries, the kept ones
 
 
 def compact_ids(entries: np.ndarray, blob: bytes) -> tuple[np.ndarray, bytes]:
@@ -306,13 +306,16 @@ def leaf_digest(entries: np.ndarray, ids: bytes, parts: Sequence[PartIdentity], 
     hash), token count, text size, source, line and id. With the tokenizer and settings that the
     shard task key adds, equal digests mean equal shard bytes."""
     offsets = np.asarray([part.line_offset for part in parts] or [0], dtype=np.int64)
-    records = np.zeros(len(entries), dtype=[("source", "V32")] + [(name, "<u8") for name in _DIGEST_FIELDS])
-    records["source"] = part_digests[entries["part"]]
-    for name in _DIGEST_FIELDS:
-        if name != "line":
-            records[name] = entries[name]
-    records["line"] = offsets[entries["part"]] + entries["row"].astype(np.int64) + 1
-    hasher = hashlib.sha256(records.tobytes())
+    hasher = hashlib.sha256()
+    for low in range(0, len(entries), GATHER_BLOCK):  # the records in blocks: one digest, bounded memory
+        block = entries[low:low + GATHER_BLOCK]
+        records = np.zeros(len(block), dtype=[("source", "V32")] + [(name, "<u8") for name in _DIGEST_FIELDS])
+        records["source"] = part_digests[block["part"]]
+        for name in _DIGEST_FIELDS:
+            if name != "line":
+                records[name] = block[name]
+        records["line"] = offsets[block["part"]] + block["row"].astype(np.int64) + 1
+        hasher.update(records.tobytes())
     with_id = entries["id_len"] != NO_ID
     # One update of the ids one after another: the same digest as one update per id.
     hasher.update(gather_bytes(np.frombuffer(ids, dtype=np.uint8), entries["id_offset"][with_id],
@@ -347,8 +350,10 @@ def order_bucket(routes: Sequence[Path], parts: Sequence[PartIdentity], bucket: 
                  shard_size: int, itemsize: int, out_path: Path) -> tuple[Digest, dict[str, Any]]:
     """Dedup and sort one bucket, cut it into leaves, and write its kept entries."""
     gathered, blob = gather_bucket(routes, bucket)
+    documents_read = len(gathered)
     entries, dropped = sort_and_dedup(gathered, exact)
-    entries, ids = compact_ids(entries, blob)
+    del gathered  # a bucket's entries are held once, plus the kept copy while sorting
+    entries, ids = _regroup_ids(entries, blob)  # entries is sort_and_dedup's own copy
     part_digests = np.frombuffer(b"".join(part.digest() for part in parts) or b"\0" * 32, dtype="V32")
     weights = (entries["n_tokens"].astype(np.int64) + 1) * itemsize
     root = bucket << (64 - bits) if bits else 0
@@ -360,7 +365,7 @@ def order_bucket(routes: Sequence[Path], parts: Sequence[PartIdentity], bucket: 
                        "text_bytes": int(chunk["text_bytes"].sum()), "digest": leaf_digest(chunk, ids, parts, part_digests)})
     digest = write_entries(out_path, {"schema": "prep.entries/1", "kind": "bucket", "bits": bits, "bucket": bucket},
                            entries, ids)
-    summary = {"documents_read": len(gathered), "duplicates_dropped": dropped, "documents": len(entries),
+    summary = {"documents_read": documents_read, "duplicates_dropped": dropped, "documents": len(entries),
                "bin_size": int(weights.sum()), "text_bytes": int(entries["text_bytes"].sum()),
                "digest": leaf_digest(entries, ids, parts, part_digests), "leaves": leaves}
     return digest, summary
