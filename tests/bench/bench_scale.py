@@ -1,6 +1,7 @@
 """Benchmark (not a test): short documents at scale, and appends (issue 13).
 
-    python -m tests.bench.bench_scale [--docs 1,4,16] [--runs 1] [--no-append] [--workdir /tmp/prep-bench]
+    python -m tests.bench.bench_scale [--docs 1,4,16] [--formats "bin;bin,wds"] [--runs 1] [--no-append]
+                                      [--no-scale] [--workdir /tmp/prep-bench]
 
 Corpora of 1M, 4M and 16M short documents (40-200 bytes of real text each: fragments of the
 `make_corpus.py` texts cut at seeded random places, starting after a space or newline), spread
@@ -164,7 +165,7 @@ def scale(args: argparse.Namespace, tok: Path) -> None:
             print(f"{label:>5} {'gigatoken encode_files':<22} {ceiling_seconds:8.2f} "
                   f"{documents / ceiling_seconds / 1e3:8.1f}k {nbytes / ceiling_seconds / 1e6:6.2f} "
                   f"{ceiling.peak_rss / 2**20:8.0f}M", flush=True)
-            for formats in (["bin"], ["bin", "wds"]):
+            for formats in args.formats:
                 store = args.workdir / "store-scale"
                 shutil.rmtree(store, ignore_errors=True)
                 run = build(write_pipeline(args.workdir, folder, tok, formats), store, args.workers)
@@ -175,9 +176,8 @@ def scale(args: argparse.Namespace, tok: Path) -> None:
                 print(f"      stages: {json.dumps(stages)}; tokenize tasks: {len(tasks)}, "
                       f"{sum(tasks):.1f} s in all, longest {max(tasks, default=0):.2f} s", flush=True)
                 if "wds" in formats:
-                    tar, shards = artifact_bytes(store, ("wds",)), artifact_bytes(store, ("bin", "idx", "wds"))
+                    tar = artifact_bytes(store, ("wds",))
                     print(f"      dd of the tar bytes ({tar / 1e6:.0f} MB): {dd_seconds(args.workdir, tar):.2f} s; "
-                          f"of all shard bytes ({shards / 1e6:.0f} MB): {dd_seconds(args.workdir, shards):.2f} s; "
                           f"shard stage {stages.get('shard', 0):.1f} s", flush=True)
                 shutil.rmtree(store, ignore_errors=True)
 
@@ -237,6 +237,7 @@ def append(args: argparse.Namespace, tok: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", default="1,4,16", help="corpus sizes in millions of documents, comma-separated")
+    parser.add_argument("--formats", default="bin;bin,wds", help="builds per size: format lists separated by ';'")
     parser.add_argument("--runs", type=int, default=1, help="runs of each scale measurement")
     parser.add_argument("--no-append", action="store_true", help="skip the append benchmark")
     parser.add_argument("--no-scale", action="store_true", help="skip the scale benchmark")
@@ -244,6 +245,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     args.docs = [float(size) for size in args.docs.split(",")]
+    args.formats = [formats.split(",") for formats in args.formats.split(";")]
     args.workdir.mkdir(parents=True, exist_ok=True)
     tok = tokenizer(corpus(args.workdir, SOURCE_MB), args.workdir / "tokenizer-50257.json")
     print(f"{time.strftime('%Y-%m-%d %H:%M')} load average {os.getloadavg()[0]:.2f}", flush=True)
