@@ -3,7 +3,9 @@
 A source is a pulled folder (`DEST` of `prep pull`, with `DEST/.prep/manifest.json`) or a snapshot
 spec resolved in a local store. Every shard file is hashed against the manifest the first time a
 process opens it (keyed by path, size, mtime and inode, so a file changed afterwards is hashed
-again); a mismatch is an IntegrityError naming the file, and nothing from it is served.
+again), unless pull's record (`DEST/.prep/verified.jsonl`) says it proved exactly those bytes and
+the file's stat stamp has not changed since; a mismatch is an IntegrityError naming the file, and
+nothing from it is served.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from prep.hashing import digest_file
 from prep.storage.base import Store
 from prep.store import cas
 from prep.store.snapshots import Snapshot, read_manifest_file, resolve
+from prep.transfer.shares import PullRecord
 
 PULLED_MANIFEST = Path(".prep") / "manifest.json"
 _CHECKED: dict[Path, tuple[int, int, int]] = {}  # file -> (size, mtime_ns, inode) when it hashed right
@@ -37,16 +40,22 @@ class Shard:
     idx_sha256: str
     tokens: int
     documents: int
+    bin_name: str = ""
+    idx_name: str = ""
 
 
-def _check(path: Path, sha256: str) -> None:
-    """Hash `path` against the manifest once per process (again if the file changed)."""
+def _check(path: Path, sha256: str, record: PullRecord | None = None, name: str = "") -> None:
+    """Hash `path` against the manifest once per process (again if the file changed), unless
+    `prep pull` recorded proving exactly these bytes and the file's stat stamp is unchanged."""
     try:
         stat = path.stat()
     except FileNotFoundError:
         raise NotFoundError(f"{path}: a shard file the snapshot names is missing") from None
     identity = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
     if _CHECKED.get(path) == identity:
+        return
+    if record is not None and record.proven(name, stat) == sha256:
+        _CHECKED[path] = identity
         return
     if digest_file(path).sha256 != sha256:
         raise IntegrityError(f"{path}: does not match the snapshot (sha256 differs); refusing to read it")
@@ -56,8 +65,9 @@ def _check(path: Path, sha256: str) -> None:
 class SnapshotSource:
     """A snapshot's token stream: documents (each ending in EOS) concatenated in snapshot order."""
 
-    def __init__(self, snapshot: Snapshot, locate: dict[str, Path]) -> None:
+    def __init__(self, snapshot: Snapshot, locate: dict[str, Path], record: PullRecord | None = None) -> None:
         self.snapshot = snapshot
+        self.record = record
         manifest = snapshot.manifest
         self.dtype = np.dtype(manifest["tokenizer"]["dtype"]).newbyteorder("<")
         by_shard: dict[int, dict[str, dict[str, Any]]] = {}
@@ -68,7 +78,8 @@ class SnapshotSource:
         self.shards = [Shard(index, locate[files["bin"]["path"]], files["bin"]["sha256"],
                              locate.get(files["idx"]["path"]) if "idx" in files else None,
                              files["idx"]["sha256"] if "idx" in files else "",
-                             int(files["bin"]["size"]) // self.dtype.itemsize, int(files["bin"]["documents"]))
+                             int(files["bin"]["size"]) // self.dtype.itemsize, int(files["bin"]["documents"]),
+                             files["bin"]["path"], files["idx"]["path"] if "idx" in files else "")
                        for index, files in sorted(by_shard.items())]
         self.token_starts = np.concatenate(([0], np.cumsum([s.tokens for s in self.shards], dtype=np.int64)))
         self.total_tokens = int(self.token_starts[-1])
@@ -88,7 +99,8 @@ class SnapshotSource:
             if not manifest.exists():
                 raise UsageError(f"{folder}: not a pulled snapshot (no {PULLED_MANIFEST}); run prep pull first")
             snapshot = read_manifest_file(manifest)
-            return cls(snapshot, {a["path"]: folder / a["path"] for a in snapshot.manifest["artifacts"]})
+            return cls(snapshot, {a["path"]: folder / a["path"] for a in snapshot.manifest["artifacts"]},
+                       PullRecord(folder))
         if store is None:
             raise UsageError(f"{source}: a snapshot spec needs store=... (or give a pulled folder)")
         snapshot = resolve(store, str(source))
@@ -105,7 +117,7 @@ class SnapshotSource:
         found = self._maps.get(shard)
         if found is None:
             spec = self.shards[shard]
-            _check(spec.bin_path, spec.bin_sha256)
+            _check(spec.bin_path, spec.bin_sha256, self.record, spec.bin_name)
             # A plain ndarray view: slicing it costs less than slicing a np.memmap.
             found = self._maps[shard] = np.memmap(spec.bin_path, dtype=self.dtype, mode="r").view(np.ndarray)
         return found
@@ -143,7 +155,7 @@ class SnapshotSource:
         for spec, base in zip(self.shards, self.token_starts[:-1].tolist()):
             if spec.idx_path is None:
                 raise UsageError(f"{self.id}: documents mode needs the .idx files")
-            _check(spec.idx_path, spec.idx_sha256)
+            _check(spec.idx_path, spec.idx_sha256, self.record, spec.idx_name)
             lengths = read_index(spec.idx_path).lengths.astype(np.int64)
             starts.append(base + np.concatenate(([0], np.cumsum(lengths)[:-1])))
         return np.concatenate([*starts, [self.total_tokens]])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -210,3 +211,32 @@ def test_the_state_validates_against_its_schema_and_a_malformed_one_is_refused(p
     for broken in ({**state, "samples": -GLOBAL}, {**state, "extra": 1}, {**state, "schema": "other"}, [state]):
         with pytest.raises(UsageError):
             reader.load_state_dict(broken)  # type: ignore[arg-type]
+
+
+def test_files_pull_proved_are_not_hashed_again_until_they_change(pulled: dict[str, Path], tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start-up reads pull's record (DEST/.prep/verified.jsonl) instead of hashing every shard;
+    a file whose stat stamp moved since is hashed again (and refused if its bytes changed)."""
+    from prep.data import source
+
+    dest = tmp_path / "dest"
+    run_prep("pull", "web@latest", dest, "--store", pulled["store"])
+    hashed: list[Path] = []
+    real = source.digest_file  # type: ignore[attr-defined]
+    monkeypatch.setattr(source, "_CHECKED", {})
+    def counting(path: Path) -> Any:
+        hashed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(source, "digest_file", counting)
+    reader = Reader(dest, seq_len=SEQ, global_batch_size=GLOBAL)
+    for step in range(reader.sizes[0] // GLOBAL):
+        reader.batch(step)
+    assert hashed == []
+    victim = reader.sources[0].shards[0].bin_path
+    os.utime(victim, ns=(victim.stat().st_atime_ns, victim.stat().st_mtime_ns + 1))
+    monkeypatch.setattr(source, "_CHECKED", {})
+    again = Reader(dest, seq_len=SEQ, global_batch_size=GLOBAL)
+    for step in range(again.sizes[0] // GLOBAL):
+        again.batch(step)
+    assert hashed == [victim]
