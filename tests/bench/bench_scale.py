@@ -84,12 +84,13 @@ def short_corpus(workdir: Path, documents: int) -> Path:
     return out
 
 
-def write_pipeline(folder: Path, corpus_dir: Path, tokenizer_path: Path, formats: list[str]) -> Path:
+def write_pipeline(folder: Path, corpus_dir: Path, tokenizer_path: Path, formats: list[str],
+                   shard_size: str = "256MB") -> Path:
     """A fast-backend pipeline over `corpus_dir` writing `formats`."""
     path = folder / f"scale-{'-'.join(formats)}.toml"
     path.write_text(f'dataset = "bench"\nseed = 1\n[input]\npaths = ["{corpus_dir}"]\nid_field = "id"\n'
                     f'[tokenizer]\npath = "{tokenizer_path}"\nbackend = "gigatoken"\n'
-                    f'[output]\nshard_size = "256MB"\nformats = {json.dumps(formats)}\n')
+                    f'[output]\nshard_size = "{shard_size}"\nformats = {json.dumps(formats)}\n')
     return path
 
 
@@ -212,7 +213,7 @@ def append(args: argparse.Namespace, tok: Path) -> None:
     store, dest = args.workdir / "store-append", args.workdir / "pull-append"
     for stale in (store, dest):
         shutil.rmtree(stale, ignore_errors=True)
-    spec = write_pipeline(args.workdir, folder, tok, ["bin", "wds"])
+    spec = write_pipeline(args.workdir, folder, tok, ["bin", "wds"], args.append_shard_size)
     first = build(spec, store, args.workers)
     old = manifest(store)
     subprocess.run(prep("pull", f"sha256:{old['id']}" if "id" in old else "bench@latest", str(dest),
@@ -240,6 +241,8 @@ def main() -> None:
     parser.add_argument("--formats", default="bin;bin,wds", help="builds per size: format lists separated by ';'")
     parser.add_argument("--runs", type=int, default=1, help="runs of each scale measurement")
     parser.add_argument("--no-append", action="store_true", help="skip the append benchmark")
+    parser.add_argument("--append-shard-size", default="4MB",
+                        help="shard_size of the append benchmark (1M short documents are 73 MB of .bin)")
     parser.add_argument("--no-scale", action="store_true", help="skip the scale benchmark")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench"))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
