@@ -163,9 +163,10 @@ def _pack_id_column(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.
         width = np.dtype("<i8" if pa.types.is_large_string(chunk.type) else "<i4")
         offsets = np.frombuffer(offsets_buffer, dtype=width, count=len(chunk) + 1,
                                 offset=chunk.offset * width.itemsize).astype(np.int64)
-        valid = (np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little",
-                               count=chunk.offset + len(chunk))[chunk.offset:].astype(bool)
-                 if validity is not None and chunk.null_count else np.ones(len(chunk), dtype=bool))
+        valid = np.ones(len(chunk), dtype=bool)
+        if validity is not None and chunk.null_count:
+            bits = pa.Array.from_buffers(pa.bool_(), chunk.offset + len(chunk), [None, validity])
+            valid = to_numbers(bits.slice(chunk.offset))
         lengths = np.where(valid, offsets[1:] - offsets[:-1], 0)
         raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
         blobs.append(gather_bytes(raw, offsets[:-1], lengths))
