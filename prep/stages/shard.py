@@ -60,19 +60,22 @@ JSON_BLOCK = 1 << 16  # documents per vectorized `.json` batch: bounds its index
 
 def collect_shard(plan: ShardPlan, buckets: dict[int, Path], parts: list[Part], with_json: bool) -> ShardDocuments:
     """The documents of one shard, read from its slices of the bucket objects (in key order)."""
-    chunks: list[np.ndarray] = []
+    found = sum(count for _, _, count in plan.slices)
+    if found != plan.documents:
+        raise IntegrityError(f"shard {plan.name}: found {found} documents, the plan has {plan.documents}")
+    entries = np.zeros(found, dtype=ENTRY_DTYPE)  # filled slice by slice: the entries are held once
     jsons: list[bytes] = []
     sizes: list[np.ndarray] = []
+    at = 0
     for bucket, first, count in plan.slices:
-        entries, ids = EntryFile.open(buckets[bucket]).read(first, count)
-        chunks.append(entries)
-        for low in range(0, len(entries), JSON_BLOCK) if with_json else ():
-            blob, offsets = _sample_jsons(entries[low:low + JSON_BLOCK], ids, parts)
+        chunk, ids = EntryFile.open(buckets[bucket]).read(first, count)
+        entries[at:at + count] = chunk
+        at += count
+        for low in range(0, len(chunk), JSON_BLOCK) if with_json else ():
+            blob, offsets = _sample_jsons(chunk[low:low + JSON_BLOCK], ids, parts)
             jsons.append(blob)
             sizes.append(np.diff(offsets))
-    entries = np.concatenate(chunks) if chunks else np.zeros(0, dtype=ENTRY_DTYPE)
-    if len(entries) != plan.documents:
-        raise IntegrityError(f"shard {plan.name}: found {len(entries)} documents, the plan has {plan.documents}")
+        del chunk
     json_offsets = np.zeros(len(entries) + 1 if with_json else 1, dtype=np.int64)
     if sizes:
         np.cumsum(np.concatenate(sizes), out=json_offsets[1:])
