@@ -55,6 +55,9 @@ def test_windows_are_contiguous_slices_and_an_epoch_covers_every_sample_once(pul
         seen.extend(ids)
     assert len(set(seen)) == len(seen) == steps * GLOBAL
     assert set(seen) <= set(range(samples))
+    whole_epoch = reader.sample_ids(0, samples)
+    assert sorted(i for _, _, i in whole_epoch) == list(range(samples)) and {e for _, e, _ in whole_epoch} == {0}
+    assert reader.sample_ids(samples, 1)[0][1] == 1  # the next sample opens epoch 1
 
 
 def test_resume_on_another_world_size_gives_the_same_rows(pulled: dict[str, Path]) -> None:
@@ -82,7 +85,9 @@ def test_resume_on_another_world_size_gives_the_same_rows(pulled: dict[str, Path
 
 def test_a_state_over_other_data_or_settings_is_refused(pulled: dict[str, Path]) -> None:
     state = Reader(pulled["web"], seq_len=SEQ, global_batch_size=GLOBAL, seed=1).state_dict()
+    mix = _mixture(pulled["root"], '[[source]]\nsnapshot = "web-dest"\nweight = 2\n')
     for other in (Reader(pulled["code"], seq_len=SEQ, global_batch_size=GLOBAL, seed=1),
+                  Reader(mix, seq_len=SEQ, global_batch_size=GLOBAL, seed=1),
                   Reader(pulled["web"], seq_len=SEQ, global_batch_size=GLOBAL, seed=2),
                   Reader(pulled["web"], seq_len=SEQ + 1, global_batch_size=GLOBAL, seed=1),
                   Reader(pulled["web"], seq_len=SEQ, global_batch_size=GLOBAL * 2, seed=1)):
