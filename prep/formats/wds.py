@@ -24,7 +24,7 @@ import numpy.typing as npt
 from prep.errors import InputError, IntegrityError, NotFoundError
 from prep.formats import as_tokens, little_endian
 
-KEY_DIGITS = 10
+KEYDECIMAL_WIDTH = 10
 BLOCK_SIZE = 512
 END_OF_ARCHIVE = bytes(2 * BLOCK_SIZE)
 """Two zero blocks close the archive; prep does not pad further to a 10240-byte record."""
@@ -46,14 +46,14 @@ _CHECKSUM_END = _CHECKSUM_OFFSET + 8
 
 _NPY_MAGIC = b"\x93NUMPY\x01\x00"  # format version 1.0
 _NPY_ALIGN = 64
-_NPY_GROWTH_DIGITS = 21  # numpy pads the shape so the header can be rewritten in place
+_NPY_GROWTHDECIMAL_WIDTH = 21  # numpy pads the shape so the header can be rewritten in place
 
 
 def sample_key(position: int) -> str:
     """The key of the document at `position` in the snapshot: 10-digit zero-padded decimal."""
-    if not 0 <= position < 10**KEY_DIGITS:
-        raise ValueError(f"sample position {position} does not fit in {KEY_DIGITS} digits")
-    return f"{position:0{KEY_DIGITS}d}"
+    if not 0 <= position < 10**KEYDECIMAL_WIDTH:
+        raise ValueError(f"sample position {position} does not fit in {KEYDECIMAL_WIDTH} digits")
+    return f"{position:0{KEYDECIMAL_WIDTH}d}"
 
 
 def member_name(key: str, suffix: str) -> str:
@@ -146,19 +146,19 @@ def member_header(name: str, size: int) -> bytes:
     return bytes(header)
 
 
-_DECIMAL_PLACES = 10 ** np.arange(KEY_DIGITS - 1, -1, -1, dtype=np.int64)
+_DECIMAL_PLACES = 10 ** np.arange(KEYDECIMAL_WIDTH - 1, -1, -1, dtype=np.int64)
 _OCTAL_SIZE_SHIFTS = 3 * np.arange(10, -1, -1, dtype=np.int64)  # 11 octal digits
 _OCTAL_CHECKSUM_SHIFTS = 3 * np.arange(5, -1, -1, dtype=np.int64)  # 6 octal digits
 _HEX_SHIFTS = (4 * np.arange(15, -1, -1)).astype(np.uint64)  # 16 hex digits of a u64, most significant first
-_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_HEXDECIMAL_WIDTH = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
 def member_headers(positions: npt.ArrayLike, suffix: str, sizes: npt.ArrayLike) -> npt.NDArray[np.uint8]:
     """`member_header(member_name(sample_key(p), suffix), size)` for many members at once, as an
     (n, 512) array: numpy arithmetic instead of three Python-built headers per document."""
     keys = np.asarray(positions, dtype=np.int64)
-    if keys.size and (keys.min() < 0 or keys.max() >= 10**KEY_DIGITS):
-        raise ValueError(f"sample positions must have at most {KEY_DIGITS} digits")
+    if keys.size and (keys.min() < 0 or keys.max() >= 10**KEYDECIMAL_WIDTH):
+        raise ValueError(f"sample positions must have at most {KEYDECIMAL_WIDTH} digits")
     return headers_for_keys((keys[:, None] // _DECIMAL_PLACES % 10 + 48).astype(np.uint8), suffix, sizes)
 
 
@@ -166,7 +166,7 @@ def hex_key_chars(key_hi: npt.ArrayLike, key_lo: npt.ArrayLike) -> npt.NDArray[n
     """The (n, 32) ASCII bytes of `order_key_name` for many keys at once."""
     halves = [np.asarray(half, dtype=np.uint64) for half in (key_hi, key_lo)]
     nibbles = np.concatenate([(half[:, None] >> _HEX_SHIFTS) & np.uint64(15) for half in halves], axis=1)
-    return _HEX_DIGITS[nibbles.astype(np.int64)]
+    return _HEXDECIMAL_WIDTH[nibbles.astype(np.int64)]
 
 
 def order_key_name(key_hi: int, key_lo: int) -> str:
@@ -233,7 +233,7 @@ def _npy_header_parts(descr: str) -> tuple[bytes, dict[int, bytes]]:
     below 10**21 gives a header of the same length, hence one tail per digit count."""
     def build(count: str) -> bytes:
         text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({count},), }}"
-        text += " " * (_NPY_GROWTH_DIGITS - len(count))
+        text += " " * (_NPY_GROWTHDECIMAL_WIDTH - len(count))
         text_size = len(text) + 1  # the closing newline
         padding = _NPY_ALIGN - (len(_NPY_MAGIC) + 2 + text_size) % _NPY_ALIGN
         length = struct.pack("<H", text_size + padding)
@@ -241,7 +241,7 @@ def _npy_header_parts(descr: str) -> tuple[bytes, dict[int, bytes]]:
 
     prefix = build("0")[: build("0").index(b"(") + 1]
     tails = {}
-    for width in range(1, _NPY_GROWTH_DIGITS + 1):
+    for width in range(1, _NPY_GROWTHDECIMAL_WIDTH + 1):
         sample = build("1" * width)
         tails[width] = sample[len(prefix) + width:]
     return prefix, tails
@@ -274,11 +274,8 @@ def sample_json(doc_id: str, source: str, line: int, tokens: int) -> bytes:
 
 
 _json_string = json.encoder.encode_basestring
-
-
 _POWERS = (10 ** np.arange(19, -1, -1, dtype=np.uint64)).astype(np.uint64)  # 20 digits hold any u64
-_DIGITS = len(_POWERS)
-_QUOTE, _BACKSLASH, _SPACE = 0x22, 0x5C, 0x20
+DECIMAL_WIDTH = len(_POWERS)  # columns of `decimal_digits`
 
 
 def decimal_digits(values: npt.ArrayLike) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
@@ -289,79 +286,7 @@ def decimal_digits(values: npt.ArrayLike) -> tuple[npt.NDArray[np.uint8], npt.ND
         raise ValueError("decimal_digits takes non-negative integers")
     unsigned = numbers.astype(np.uint64)
     digits = ((unsigned[:, None] // _POWERS) % np.uint64(10) + np.uint64(48)).astype(np.uint8)
-    widths = 1 + (unsigned[:, None] >= _POWERS[:-1]).sum(axis=1).astype(np.int64)
-    return digits.reshape(len(numbers), _DIGITS), widths
-
-
-def join_pieces(pool: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64],
-                lengths: npt.NDArray[np.int64]) -> tuple[bytes, npt.NDArray[np.int64]]:
-    """Row i of the result is `pool[starts[i, k]:starts[i, k] + lengths[i, k]]` for k = 0, 1, ...
-    concatenated; returns all rows one after another and the n + 1 offsets of the rows."""
-    totals = lengths.sum(axis=1)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(totals, out=offsets[1:])
-    flat_lengths = lengths.reshape(-1)
-    size = int(flat_lengths.sum())
-    shift = np.repeat(starts.reshape(-1) - (np.cumsum(flat_lengths) - flat_lengths), flat_lengths)
-    return pool[shift + np.arange(size, dtype=np.int64)].tobytes(), offsets
-
-
-def plain_strings(blob: npt.NDArray[np.uint8], starts: npt.ArrayLike, lengths: npt.ArrayLike) -> npt.NDArray[np.bool_]:
-    """Whether each UTF-8 string `blob[start:start + length]` is its own JSON string body, i.e.
-    holds no byte `encode_basestring` escapes (a quote, a backslash, a control character)."""
-    begin = np.asarray(starts, dtype=np.int64)
-    end = begin + np.asarray(lengths, dtype=np.int64)
-    special = np.zeros(len(blob) + 1, dtype=np.int64)
-    np.cumsum((blob < _SPACE) | (blob == _QUOTE) | (blob == _BACKSLASH), out=special[1:])
-    return np.asarray(special[end] == special[begin])
-
-
-def sample_jsons(ids: bytes, id_starts: npt.ArrayLike, id_lengths: npt.ArrayLike, has_id: npt.ArrayLike,
-                 sources: list[str], source_of: npt.ArrayLike, lines: npt.ArrayLike,
-                 tokens: npt.ArrayLike) -> tuple[bytes, npt.NDArray[np.int64]]:
-    """`sample_json(id or f"{source}:{line}", source, line, tokens)` of many documents at once:
-    document i's id is `ids[id_starts[i]:...]` (UTF-8) when `has_id[i]`, its source
-    `sources[source_of[i]]`. Returns the members one after another and their n + 1 offsets.
-    Ids that need escaping are spelled by `_json_string` itself."""
-    count = len(np.asarray(lines))
-    starts, lengths = np.asarray(id_starts, dtype=np.int64), np.asarray(id_lengths, dtype=np.int64)
-    present, part = np.asarray(has_id, dtype=bool), np.asarray(source_of, dtype=np.int64)
-    raw = np.frombuffer(ids, dtype=np.uint8)
-    plain = present & plain_strings(raw, np.where(present, starts, 0), np.where(present, lengths, 0))
-    escaped = np.flatnonzero(present & ~plain)
-    extra = [_json_string(ids[int(starts[i]):int(starts[i] + lengths[i])].decode("utf-8")).encode() for i in escaped]
-    quoted = [_json_string(source).encode() for source in sources]
-    consts = [b'{"id":', b'"', b":", b',"line":', b',"source":', b',"tokens":', b"}"]
-    line_digits, line_widths = decimal_digits(lines)
-    token_digits, token_widths = decimal_digits(tokens)
-    pieces = [b"".join(consts), b"".join(quoted), ids, b"".join(extra), line_digits.tobytes(), token_digits.tobytes()]
-    bases = np.cumsum([0] + [len(piece) for piece in pieces])
-    at = np.cumsum([0] + [len(c) for c in consts])  # where each constant is in the pool
-    source_at = bases[1] + np.cumsum([0] + [len(q) for q in quoted])[part]
-    source_len = np.asarray([len(q) for q in quoted] or [0], dtype=np.int64)[part]
-    extra_at = np.zeros(count, dtype=np.int64)
-    extra_len = np.zeros(count, dtype=np.int64)
-    extra_at[escaped] = bases[3] + np.cumsum([0] + [len(e) for e in extra])[:-1]
-    extra_len[escaped] = [len(e) for e in extra]
-    rows = np.arange(count, dtype=np.int64) * _DIGITS + _DIGITS
-    line_at, token_at = bases[4] + rows - line_widths, bases[5] + rows - token_widths
-    missing = ~present
-    # Per document: {"id":  open  body  line-if-missing  close  ,"line":  N  ,"source":  S  ,"tokens":  T  }
-    table = [
-        (np.full(count, at[0]), np.full(count, len(consts[0]))),
-        (np.select([plain, missing], [np.full(count, at[1]), source_at], extra_at),
-         np.select([plain, missing], [np.ones(count, np.int64), source_len - 1], extra_len)),
-        (np.where(plain, bases[2] + starts, at[2]), np.select([plain, missing], [lengths, np.ones(count, np.int64)], 0)),
-        (line_at, np.where(missing, line_widths, 0)),
-        (np.full(count, at[1]), (plain | missing).astype(np.int64)),
-        (np.full(count, at[3]), np.full(count, len(consts[3]))), (line_at, line_widths),
-        (np.full(count, at[4]), np.full(count, len(consts[4]))), (source_at, source_len),
-        (np.full(count, at[5]), np.full(count, len(consts[5]))), (token_at, token_widths),
-        (np.full(count, at[6]), np.ones(count, np.int64)),
-    ]
-    pool = np.frombuffer(b"".join(pieces), dtype=np.uint8)
-    return join_pieces(pool, np.stack([s for s, _ in table], axis=1).astype(np.int64),
-                       np.stack([n for _, n in table], axis=1).astype(np.int64))
+    return digits.reshape(len(numbers), DECIMAL_WIDTH), 1 + (unsigned[:, None] >= _POWERS[:-1]).sum(axis=1)
 
 
 def npy_headers(counts: npt.ArrayLike, dtype: npt.DTypeLike) -> npt.NDArray[np.uint8]:
@@ -374,7 +299,7 @@ def npy_headers(counts: npt.ArrayLike, dtype: npt.DTypeLike) -> npt.NDArray[np.u
     headers[:, :len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
     for width in np.unique(widths).tolist():
         rows = widths == width
-        headers[rows, len(prefix):len(prefix) + width] = digits[rows, _DIGITS - width:]
+        headers[rows, len(prefix):len(prefix) + width] = digits[rows, DECIMAL_WIDTH - width:]
         headers[rows, len(prefix) + width:] = np.frombuffer(tails[width], dtype=np.uint8)
     return headers
 
