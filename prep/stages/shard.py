@@ -82,8 +82,21 @@ def collect_shard(plan: ShardPlan, buckets: dict[int, Path], parts: list[Part], 
     return ShardDocuments(
         part=entries["part"].astype(np.int64), text_offset=entries["text_offset"].astype(np.int64),
         text_bytes=entries["text_bytes"].astype(np.int64), tokens_offset=entries["tokens_offset"].astype(np.int64),
-        n_tokens=entries["n_tokens"].astype(np.int64), key_hi=entries["key_hi"], key_lo=entries["key_lo"],
+        n_tokens=entries["n_tokens"].astype(np.int64), key_hi=entries["key_hi"], key_lo=_sample_key_lo(entries),
         jsons=b"".join(jsons), json_offsets=json_offsets)
+
+
+def _sample_key_lo(entries: np.ndarray) -> np.ndarray:
+    """The low halves of the sample keys: the order keys, except that with dedup off the k-th
+    further copy of a text (same order key) gets low half + k, so tar sample keys stay unique."""
+    key_lo = entries["key_lo"].copy()
+    same = np.zeros(len(entries), dtype=bool)
+    same[1:] = (entries["key_hi"][1:] == entries["key_hi"][:-1]) & (entries["key_lo"][1:] == entries["key_lo"][:-1])
+    if same.any():
+        run_start = np.maximum.accumulate(np.where(same, 0, np.arange(len(entries))))
+        with np.errstate(over="ignore"):
+            key_lo += (np.arange(len(entries)) - run_start).astype(np.uint64)
+    return key_lo
 
 
 def _sample_jsons(entries: np.ndarray, ids: bytes, parts: list[Part]) -> tuple[bytes, np.ndarray]:

@@ -277,3 +277,21 @@ def test_workers_load_the_tokenizer_up_front_unless_a_rebuild_looks_unchanged(co
     with open(sorted((corpus / "corpus").glob("*.jsonl"))[0], "a") as handle:
         handle.write(json.dumps({"id": "extra", "text": "one more document"}) + "\n")
     assert warmed_by_build()
+
+
+def test_without_dedup_repeated_texts_get_distinct_sample_keys(tmp_path: Path, tokenizer_path: Path) -> None:
+    """Equal texts share an order key; with dedup off each further copy's sample key is the
+    order key plus its copy number, so no WebDataset reader merges two samples."""
+    import webdataset
+
+    records = make_records(20, seed=9, prefix="r") + [{"id": f"copy-{i}", "text": "the same text"} for i in range(4)]
+    write_jsonl(tmp_path / "corpus" / "r.jsonl", records)
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], shard_size="1MB")
+    pipeline.write_text(pipeline.read_text().replace("exact = true", "exact = false"))
+    result = build_local(pipeline, tmp_path / "store")
+    samples = read_samples(tmp_path / "store", result.snapshot.manifest)
+    keys = [key for key, _ in samples]
+    assert len(keys) == len(set(keys)) == 24 and keys == sorted(keys)
+    tar = next(a for a in result.snapshot.artifacts if a["format"] == "wds")
+    read = list(webdataset.WebDataset(str(artifact_path(tmp_path / "store", tar)), shardshuffle=False))
+    assert len(read) == 24 and sum(1 for s in read if b'"copy-' in s["json"]) == 4
