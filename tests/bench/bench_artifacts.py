@@ -32,6 +32,7 @@ from pathlib import Path
 from prep.storage.local import LocalStore
 from prep.store.snapshots import Snapshot
 from prep.transfer.shares import artifacts_of, partition, share_of
+from tests.bench.benchsupport import best_of
 from tests.snapshot_factory import many_artifacts
 
 PREP = [sys.executable, "-m", "prep.cli.main"]
@@ -43,17 +44,6 @@ def run(command: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> 
     if result.returncode not in ok:
         raise SystemExit(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr}")
     return result
-
-
-def best_of(repeat: int, action: Callable[[], object], prepare: Callable[[], object] = lambda: None) -> float:
-    """Fastest wall time of `action` over `repeat` runs, `prepare` untimed before each."""
-    best = float("inf")
-    for _ in range(repeat):
-        prepare()
-        started = time.perf_counter()
-        action()
-        best = min(best, time.perf_counter() - started)
-    return best
 
 
 def timed(label: str, action: Callable[[], object]) -> float:

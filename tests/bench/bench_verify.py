@@ -17,11 +17,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from prep.storage.local import LocalStore
+from tests.bench.benchsupport import best_of
 from tests.snapshot_factory import build_snapshot
 
 PREP = [sys.executable, "-m", "prep.cli.main"]
@@ -45,17 +45,6 @@ def bin_size_for(total_bytes: int, shards: int) -> int:
 
 def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(command, check=True, stdout=subprocess.PIPE, **kwargs)  # type: ignore[call-overload, no-any-return]
-
-
-def best_of(repeat: int, prepare: Callable[[], object], action: Callable[[], object]) -> float:
-    """Fastest wall time of `action` over `repeat` runs, `prepare` untimed before each."""
-    best = float("inf")
-    for _ in range(repeat):
-        prepare()
-        started = time.perf_counter()
-        action()
-        best = min(best, time.perf_counter() - started)
-    return best
 
 
 def warm(paths: list[Path]) -> None:
@@ -91,12 +80,12 @@ def main() -> None:
         pulled, copied = root / "pulled", root / "copied"
         env = dict(os.environ, PREP_STORE=str(store.root))
         pull_cmd = [*PREP, "pull", "demo@latest", str(pulled), "--jobs", str(args.pull_jobs)]
-        pull_s = best_of(args.repeat, lambda: shutil.rmtree(pulled, ignore_errors=True),
-                         lambda: run(pull_cmd, env=env, stderr=subprocess.DEVNULL))
-        cp_s = best_of(args.repeat, lambda: shutil.rmtree(copied, ignore_errors=True),
-                       lambda: run(["cp", "-r", str(store.root / "objects"), str(copied)]))
-        cp_sync_s = best_of(args.repeat, lambda: shutil.rmtree(copied, ignore_errors=True),
-                            lambda: (run(["cp", "-r", str(store.root / "objects"), str(copied)]),
+        pull_s = best_of(args.repeat, prepare=lambda: shutil.rmtree(pulled, ignore_errors=True),
+                         action=lambda: run(pull_cmd, env=env, stderr=subprocess.DEVNULL))
+        cp_s = best_of(args.repeat, prepare=lambda: shutil.rmtree(copied, ignore_errors=True),
+                       action=lambda: run(["cp", "-r", str(store.root / "objects"), str(copied)]))
+        cp_sync_s = best_of(args.repeat, prepare=lambda: shutil.rmtree(copied, ignore_errors=True),
+                            action=lambda: (run(["cp", "-r", str(store.root / "objects"), str(copied)]),
                                      run(["sync", "-f", str(copied)])))
         artifacts = sorted(p for p in pulled.rglob("*") if p.is_file() and ".prep" not in p.parts)
         warm(artifacts)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,3 +200,14 @@ def du_bytes(path: Path) -> int:
             seen.add(info.st_ino)
             total += info.st_size
     return total
+
+
+def best_of(repeat: int, action: Callable[[], object], prepare: Callable[[], object] = lambda: None) -> float:
+    """Fastest wall time of `action` over `repeat` runs, `prepare` untimed before each."""
+    best = float("inf")
+    for _ in range(repeat):
+        prepare()
+        started = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - started)
+    return best
