@@ -14,12 +14,7 @@ import numpy as np
 
 from prep.errors import IntegrityError
 from prep.stages.columns import to_strings
-from prep.stages.intermediate import hash_pairs, read_columns
-
-
-def read_hashes(path: Path) -> np.ndarray:
-    """A task's text hashes as an (n, 2) uint64 array, in row order."""
-    return hash_pairs(read_columns(path, ["text_hash"]).column("text_hash"))
+from prep.stages.intermediate import read_columns
 
 
 def keep_mask(hash_arrays: Iterable[np.ndarray], exact: bool) -> np.ndarray:

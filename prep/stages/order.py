@@ -294,11 +294,6 @@ def sort_and_dedup(entries: np.ndarray, exact: bool) -> tuple[np.ndarray, int]:
     return entries[order[~repeat]], int(repeat.sum())  # one copy of the entries, the kept ones
 
 
-def compact_ids(entries: np.ndarray, blob: bytes) -> tuple[np.ndarray, bytes]:
-    """Entries with their ids laid out again in entry order (dropped documents' ids removed)."""
-    return _regroup_ids(entries.copy(), blob)
-
-
 @dataclass(frozen=True)
 class PartIdentity:
     """What a document's `.json` member takes from its part: the source and the line offset."""

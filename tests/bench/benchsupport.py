@@ -84,26 +84,8 @@ def _tree_rss(root: int) -> int:
 
 def measure(command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> Run:
     """Run `command`, sampling the RSS of its whole process tree every 50 ms."""
-    started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd, text=True)
-    peak = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, _tree_rss(process.pid))
-            done.wait(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, _ = process.communicate()
-    seconds = time.perf_counter() - started
-    done.set()
-    sampler.join()
-    if process.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} exited {process.returncode}")
-    return Run(seconds, peak, stdout)
+    run = measure_tree(command, env=env, cwd=cwd)
+    return Run(run.seconds, run.peak_rss, run.stdout)
 
 
 def pipeline(folder: Path, corpus_dir: Path, tokenizer_path: Path, backend: str) -> Path:
@@ -158,10 +140,11 @@ def _tree_hwm(root: int, peaks: dict[int, int]) -> None:
             continue
 
 
-def measure_tree(command: list[str], cwd: Path | None = None) -> TreeRun:
-    """Like `measure`, also keeping stderr and the peak RSS of every single process."""
+def measure_tree(command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> TreeRun:
+    """Run `command`, sampling the RSS of its whole process tree and the peak RSS of every single
+    process every 50 ms; keeps stdout and stderr."""
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd, text=True)
     peak, peaks = 0, dict[int, int]()
     done = threading.Event()
 
