@@ -25,7 +25,7 @@ from prep.history.documents import (
     stage_manifest,
     task_batches,
 )
-from prep.stages.dedup import MASK_COUNT_DTYPE, MASK_HEADER_BYTES, mask_bytes_for, mask_count, unpack_flags
+from prep.stages.dedup import MASK_COUNT_DTYPE, MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, unpack_flags
 from prep.stages.intermediate import hash_pairs
 from prep.stages.order import bucket_of, order_keys
 from prep.storage.base import Store
@@ -206,9 +206,8 @@ def _write_mask(path: Path, count: int, spills: list[Path]) -> int:
         entries = np.fromfile(spill, dtype=_SPILL_DTYPE)
         if len(entries) < 2:
             continue
-        entries = entries[np.lexsort((entries["index"], entries["lo"], entries["hi"]))]
-        repeat = (entries["hi"][1:] == entries["hi"][:-1]) & (entries["lo"][1:] == entries["lo"][:-1])
-        indexes = entries["index"][1:][repeat]
+        entries = entries[np.argsort(entries["index"], kind="stable")]  # input order: the rule's tie-break
+        indexes = entries["index"][~keep_mask([np.stack([entries["hi"], entries["lo"]], axis=1)], exact=True)]
         np.bitwise_and.at(bits, indexes >> 3, ~(np.uint8(0x80) >> (indexes & 7).astype(np.uint8)))
         dropped += len(indexes)
     bits.flush()
