@@ -21,18 +21,21 @@ from prep.runner.tasks import TaskResult, publish_staged, worker_store
 from prep.storage.base import Store
 from prep.store import cas
 
+JOBS_PER_WORKER = 4  # checks are split into this many jobs per worker: parallel, without a task per object
+
 
 @dataclass(frozen=True)
 class CheckJob:
-    """Re-hash one stored object."""
+    """Re-hash some stored objects."""
 
     store_url: str
-    object_id: str
+    object_ids: tuple[str, ...]
 
 
-def run_check_job(job: CheckJob) -> bool:
-    """True when the object exists and its bytes hash to its name."""
-    return cas.check(worker_store(job.store_url), job.object_id)
+def run_check_job(job: CheckJob) -> list[str]:
+    """The objects of the job that are missing or do not hash to their names."""
+    store = worker_store(job.store_url)
+    return [object_id for object_id in job.object_ids if not cas.check(store, object_id)]
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,9 @@ class ReuseGuard:
     def find_bad(self, object_ids: Iterable[str]) -> list[str]:
         """Re-hash the untrusted ones among `object_ids`; the corrupt or missing ones, sorted."""
         todo = sorted(set(object_ids) - self.trusted)
-        jobs = [CheckJob(self.store.url, object_id) for object_id in todo]
-        bad = sorted(todo[index] for index, intact in self.executor.run(run_check_job, jobs) if not intact)
+        count = max(1, self.executor.workers * JOBS_PER_WORKER)
+        jobs = [CheckJob(self.store.url, tuple(todo[start::count])) for start in range(min(count, len(todo)))]
+        bad = sorted(object_id for _, found in self.executor.run(run_check_job, jobs) for object_id in found)
         self.trusted.update(set(todo) - set(bad))
         return bad
 
