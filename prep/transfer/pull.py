@@ -11,7 +11,6 @@ does not (see docs/pull-verify.md for the order and why a killed pull converges)
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import os
 import stat
@@ -20,14 +19,14 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
 
 from prep import hashing
-from prep.errors import IntegrityError, NotFoundError, PrepError, UsageError
+from prep.errors import NotFoundError, PrepError, UsageError
 from prep.faults import crash_point
 from prep.storage.base import Store
 from prep.store import cas
 from prep.store.snapshots import Snapshot, read_manifest_content
+from prep.transfer.fetch import download_verified, write_all
 from prep.transfer.shares import (
     PREP_DIR,
     Artifact,
@@ -44,10 +43,8 @@ from prep.transfer.shares import (
 )
 from prep.transfer.verify import (
     DEFAULT_JOBS,
-    READ_SIZE,
     ByteCounter,
     ByteTally,
-    Cancelled,
     FileDone,
     hash_file,
     run_parallel,
@@ -55,8 +52,6 @@ from prep.transfer.verify import (
 from prep.writeback import fsync_path
 
 MANIFEST_NAME = "manifest.json"
-# Objects at least this big go through the store's own parallel `download_file`, when it has one.
-DOWNLOAD_FILE_MIN = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -78,68 +73,6 @@ class PullResult:
     prune_warning: str | None  # why --prune deleted nothing
     temporaries_removed: int
     seconds: float
-
-
-def _write_all(out: io.FileIO, data: memoryview | bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = out.write(view)
-        view = view[written or 0 :]
-
-
-def _source_chunks(store: Store, key: str, stop: threading.Event) -> Iterator[memoryview | bytes]:
-    """The object's bytes in large chunks: straight from the file when the store is local."""
-    size = READ_SIZE
-    local = store.local_path(key)
-    stream: IO[bytes] | io.FileIO
-    if local is not None:
-        try:
-            stream = io.FileIO(local, "r")
-        except FileNotFoundError:
-            raise NotFoundError(f"{store.url}: no such key {key!r}") from None
-    else:
-        stream = store.open(key)
-    with stream:
-        buffer = bytearray(size)
-        view = memoryview(buffer)
-        while True:
-            if stop.is_set():
-                raise Cancelled()
-            if isinstance(stream, io.FileIO):
-                count = stream.readinto(buffer) or 0
-                chunk: memoryview | bytes = view[:count]
-            else:
-                chunk = stream.read(size)
-                count = len(chunk)
-            if not count:
-                return
-            yield chunk
-            crash_point("pull.after_chunk")  # the consumer has written the chunk
-
-
-def _copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop: threading.Event) -> hashing.Digest:
-    """Copy one object into `temp` (created exclusively), hashing as it goes; fsynced."""
-    download_file: Any = getattr(store, "download_file", None)
-    info = store.head(key) if download_file is not None else None
-    if download_file is not None and info is not None and info.size >= DOWNLOAD_FILE_MIN:
-        # The S3 backend hashes in order while it downloads and returns the hex; re-hash otherwise.
-        reported = download_file(key, temp, DEFAULT_JOBS)
-        fsync_path(temp)
-        if isinstance(reported, str) and len(reported) == 64:
-            size = temp.stat().st_size
-            on_bytes(size)
-            return hashing.Digest(reported, size)
-        return hash_file(temp, on_bytes, stop).digest
-    hasher = hashlib.sha256()
-    size = 0
-    with io.FileIO(temp, "x") as out:
-        for chunk in _source_chunks(store, key, stop):
-            hasher.update(chunk)
-            _write_all(out, chunk)
-            size += len(chunk)
-            on_bytes(len(chunk))
-        os.fsync(out.fileno())
-    return hashing.Digest(hasher.hexdigest(), size)
 
 
 def _fsync_file(path: Path) -> None:
@@ -180,16 +113,9 @@ def fetch_artifact(
     temp = temp_name(final)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        digest = _copy_object(store, key, temp, on_bytes, stop)
-        if digest.size != artifact.size or digest.sha256 != artifact.sha256:
-            raise IntegrityError(
-                f"{store.url}: object {key} for {artifact.path} has {digest.size} bytes with sha256 "
-                f"{digest.sha256}; the manifest says {artifact.size} bytes with sha256 {artifact.sha256}"
-            )
-        ours = os.stat(temp)
-        os.replace(temp, final)
-        installed = os.stat(final)
-        if (installed.st_ino, installed.st_dev) == (ours.st_ino, ours.st_dev):
+        installed = download_verified(store, hashing.Digest(artifact.sha256, artifact.size), final, temp=temp,
+                                      what=artifact.path, on_bytes=on_bytes, stop=stop)
+        if installed is not None:
             record.add(artifact.path, artifact.sha256, installed)
     except NotFoundError:
         raise NotFoundError(f"{store.url}: object {key} for {artifact.path} is missing from the store") from None
@@ -251,7 +177,7 @@ def write_manifest(dest: Path, raw: bytes) -> Path:
     temp = temp_name(final)
     try:
         with io.FileIO(temp, "x") as out:
-            _write_all(out, raw)
+            write_all(out, raw)
             os.fsync(out.fileno())
         os.replace(temp, final)
     finally:

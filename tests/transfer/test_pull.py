@@ -171,7 +171,7 @@ def test_pull_reads_through_the_store_interface(built: Built, store: LocalStore,
 def test_large_objects_use_download_file_when_the_store_has_it(
     built: Built, store: LocalStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report_hash: bool
 ) -> None:
-    monkeypatch.setattr("prep.transfer.pull.DOWNLOAD_FILE_MIN", 20_000)
+    monkeypatch.setattr("prep.transfer.fetch.DOWNLOAD_FILE_MIN", 20_000)
     remote = DownloadingStore(store.root, report_hash)
     pull(remote, built.snapshot, tmp_path / "dest")
     assert_complete(built, tmp_path / "dest")
@@ -182,7 +182,7 @@ def test_large_objects_use_download_file_when_the_store_has_it(
 @pytest.mark.usefixtures("s3_endpoint")
 @pytest.mark.parametrize("download_min", [1 << 40, 0], ids=["streamed", "download_file"])
 def test_pull_from_an_s3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, download_min: int) -> None:
-    monkeypatch.setattr("prep.transfer.pull.DOWNLOAD_FILE_MIN", download_min)
+    monkeypatch.setattr("prep.transfer.fetch.DOWNLOAD_FILE_MIN", download_min)
     remote = open_store(f"{new_bucket()}/datasets")
     built = build_snapshot(remote, tmp_path / "work", shard_sizes=(30_000, 20_000))
     pull(remote, built.snapshot, tmp_path / "dest", jobs=2)
