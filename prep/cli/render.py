@@ -16,7 +16,10 @@ def trace_lines(found: Trace, indent: str = "") -> list[str]:
     if found.duplicate_of is not None:
         lines.append(f"{indent}dropped   as an exact duplicate; the snapshot holds its text as:")
         return lines + trace_lines(found.duplicate_of, indent + "  ")
-    if found.order_key is not None:  # shards named by key range: the key orders the samples
+    if found.order_key is not None and found.copy:  # dedup off: equal texts, keys told apart by copy number
+        lines.append(f"{indent}key       {found.sample_key}  (WebDataset sample key: order key {found.order_key} "
+                     f"+ copy {found.copy})")
+    elif found.order_key is not None:  # shards named by key range: the key orders the samples
         lines.append(f"{indent}key       {found.order_key}  (order key, also its WebDataset sample key)")
     else:
         lines.append(f"{indent}position  {found.position} in the shuffled order")

@@ -156,6 +156,11 @@ class Placement:
     offset: int | None
     length: int | None
 
+    def to_json(self) -> dict[str, Any]:
+        """The placement as reports print it."""
+        return {"path": self.path, "format": self.format, "shard": self.shard, "sequence": self.sequence,
+                "offset": self.offset, "length": self.length}
+
 
 @dataclass(frozen=True)
 class Trace:
@@ -169,13 +174,22 @@ class Trace:
     placements: tuple[Placement, ...]
     duplicate_of: Trace | None = None
     order_key: str | None = None
+    copy: int = 0  # layout 2, dedup off: the document's number among equal texts in its shard
 
     @property
     def sample_key(self) -> str | None:
-        """The document's WebDataset sample key, None when it was dropped."""
+        """The document's WebDataset sample key, None when it was dropped: its order key, whose
+        low half is advanced by its copy number (prep.stages.shard), or its position (layout 1)."""
         if self.order_key is not None:
-            return self.order_key
+            low = (int(self.order_key[16:], 16) + self.copy) % (1 << 64)
+            return f"{self.order_key[:16]}{low:016x}"
         return None if self.position is None else wds.sample_key(self.position)
+
+    def to_json(self) -> dict[str, Any]:
+        """The trace as reports print it (manifests/trace-report-1.schema.json, `$defs/trace`)."""
+        return {"document": self.document.to_json(), "sample_key": self.sample_key, "order_key": self.order_key,
+                "position": self.position, "placements": [place.to_json() for place in self.placements],
+                "duplicate_of": None if self.duplicate_of is None else self.duplicate_of.to_json()}
 
 
 _ORIGIN_COLUMNS = ["row", "id", "text_hash", "text_bytes", "n_tokens"]
@@ -249,15 +263,16 @@ def _parts_of(records: SnapshotRecords, source: str | None = None) -> list[int]:
 
 
 def find_documents(store: Store, records: SnapshotRecords, spec: str) -> list[DocumentOrigin]:
-    """Every input document named by `spec`: an id (unique across files), SOURCE:ID, or, without
-    an id field, SOURCE:LINE. Raises NotFoundError, or UsageError when ambiguous."""
+    """Every input document named by `spec`: an id (unique across files), SOURCE:ID, or SOURCE:LINE
+    (with or without an id field: when SOURCE:N names both the document with id N and another
+    on line N, it is ambiguous). Raises NotFoundError, or UsageError when ambiguous."""
     sources = records.sources()
     prefixed = [(source, spec[len(source) + 1:]) for source in sources if spec.startswith(source + ":")]
     found: list[DocumentOrigin] = []
+    for source, rest in prefixed:
+        if rest.isdigit() and int(rest) > 0:
+            found.extend(scan(store, records, _parts_of(records, source), line_is(int(rest))))
     if records.id_field is None:
-        for source, rest in prefixed:
-            if rest.isdigit():
-                found.extend(scan(store, records, _parts_of(records, source), line_is(int(rest))))
         if not prefixed:
             raise UsageError(f"{spec!r}: snapshot {records.snapshot.id[:19]} has no id field, so documents "
                              "are named SOURCE:LINE")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from prep.errors import NotFoundError, UsageError
+from prep.formats import wds
 from prep.history.documents import (
     LAYOUT_POSITIONAL,
     DocumentOrigin,
@@ -22,15 +23,15 @@ from prep.history.documents import (
     load_records,
 )
 from prep.history.keep import PackedMask
-from prep.history.naming import AT_EXAMPLES
+from prep.history.naming import AT_EXAMPLES, KEY_HEX_DIGITS
 from prep.history.placement_v1 import PositionalPlacer
 from prep.history.placement_v2 import KeyedPlacer
 from prep.stages.dedup import MASK_HEADER_BYTES, mask_bytes_for, mask_count, unpack_flags
 from prep.storage.base import Store
 from prep.store.snapshots import Snapshot
 
-__all__ = ["AT_EXAMPLES", "DocumentOrigin", "Placement", "Placer", "Trace", "locate", "parse_at", "placer_for",
-           "trace",
+__all__ = ["AT_EXAMPLES", "DocumentOrigin", "Placement", "Placer", "Trace", "locate", "locate_at", "locate_key",
+           "parse_at", "placer_for", "trace",
            # the memory-mapped keep-mask reader (prep.history.keep) and the one mask definition it reads by
            "MASK_HEADER_BYTES", "PackedMask", "mask_bytes_for", "mask_count", "unpack_flags"]
 
@@ -50,6 +51,10 @@ class Placer(Protocol):
         """The document stored as sequence `sequence` of `artifact`'s shard."""
         ...
 
+    def locate_key(self, key: str) -> Trace:
+        """The document whose WebDataset sample key is `key` (NotFoundError when none is)."""
+        ...
+
 
 def placer_for(store: Store, snapshot: Snapshot) -> Placer:
     """The placer of `snapshot`'s layout, with its small records loaded."""
@@ -65,11 +70,18 @@ def trace(store: Store, snapshot: Snapshot, spec: str) -> list[Trace]:
     return [placer.trace_origin(origin) for origin in find_documents(store, placer.records, spec)]
 
 
+def is_sample_key(spec: str) -> bool:
+    """True for a WebDataset sample key: 32 hex digits (layout 2) or 10 decimal digits (layout 1)."""
+    return len(spec) in (KEY_HEX_DIGITS, wds.KEYDECIMAL_WIDTH) and all(c in "0123456789abcdef" for c in spec) \
+        and (len(spec) == KEY_HEX_DIGITS or spec.isdigit())
+
+
 def parse_at(spec: str) -> tuple[str, int]:
     """`bin/3a00000000000000.bin:17` -> ("bin/3a00000000000000.bin", 17); any artifact path."""
     path, _, number = spec.rpartition(":")
     if not path or not number.isdigit():
-        raise UsageError(f"--at {spec!r}: expected ARTIFACT_PATH:N, e.g. {AT_EXAMPLES}")
+        raise UsageError(f"--at {spec!r}: expected a WebDataset sample key (32 hex digits; 10 decimal digits in "
+                         f"older snapshots) or ARTIFACT_PATH:N, e.g. {AT_EXAMPLES}")
     return path, int(number)
 
 
@@ -80,3 +92,22 @@ def locate(store: Store, snapshot: Snapshot, path: str, sequence: int) -> Trace:
         paths = ", ".join(a["path"] for a in snapshot.artifacts[:3])
         raise NotFoundError(f"snapshot {snapshot.id[:19]} has no artifact {path!r} (artifacts are like {paths})")
     return placer_for(store, snapshot).locate(artifact, sequence)
+
+
+def locate_key(store: Store, snapshot: Snapshot, key: str) -> Trace:
+    """The document whose WebDataset sample key is `key`: its order key (layout 2; the shard is
+    the one whose key range holds it) or its 10-digit global position (layout 1)."""
+    placer = placer_for(store, snapshot)
+    expected = wds.KEYDECIMAL_WIDTH if placer.records.layout == LAYOUT_POSITIONAL else KEY_HEX_DIGITS
+    if len(key) != expected:
+        raise UsageError(f"--at {key!r}: the sample keys of snapshot {snapshot.id[:19]} are {expected} "
+                         + ("decimal digits (its shards are named by position)" if expected != KEY_HEX_DIGITS
+                            else "hex digits (its shards are named by key range)"))
+    return placer.locate_key(key.lower())
+
+
+def locate_at(store: Store, snapshot: Snapshot, spec: str) -> Trace:
+    """The document `--at SPEC` names: a WebDataset sample key, or ARTIFACT_PATH:N."""
+    if is_sample_key(spec.lower()):
+        return locate_key(store, snapshot, spec)
+    return locate(store, snapshot, *parse_at(spec))

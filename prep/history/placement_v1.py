@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from prep.errors import IntegrityError, UsageError
+from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import wds
 from prep.formats.units import BIN, WDS
 from prep.history.documents import (
@@ -106,3 +106,12 @@ class PositionalPlacer:
                 index = self.keep.nth_one(begin + int(hits[0]))
                 return self.trace_origin(origin_at(self.store, self.records, index))
         raise IntegrityError(f"snapshot {self.records.snapshot.id[:19]}: no planned document at position {target}")
+
+    def locate_key(self, key: str) -> Trace:
+        """The document whose sample key (its global position, 10 decimal digits) is `key`."""
+        position = int(key)
+        for spec in self.shards:
+            if spec.first_pos <= position < spec.first_pos + spec.documents:
+                artifact = artifacts_of_shard(self.records.snapshot, spec.index)[0]
+                return self.locate(artifact, position - spec.first_pos)
+        raise NotFoundError(f"snapshot {self.records.snapshot.id[:19]} has no document with sample key {key}")

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from prep.errors import IntegrityError, UsageError
+from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import wds
 from prep.formats.units import BIN, WDS
 from prep.history.documents import (
@@ -153,9 +153,9 @@ class KeyedPlacer:
         bucket = int(bucket_of(np.array([hi], dtype=np.uint64), self.bits)[0])
         with BucketReader(self._bucket(bucket)) as reader:
             index = reader.lower_bound((hi, lo, origin.part, origin.row))
-            if index < reader.count and _probe(reader.at(index)) == (hi, lo, origin.part, origin.row):
-                return self._kept(origin, wds.order_key_name(hi, lo), bucket, index)
             first = reader.lower_bound((hi, lo, 0, 0))
+            if index < reader.count and _probe(reader.at(index)) == (hi, lo, origin.part, origin.row):
+                return self._kept(origin, (hi, lo), bucket, index, first)
             kept = reader.at(first) if first < reader.count else None
         if kept is None or _probe(kept)[:2] != (hi, lo) or _probe(kept)[2:] > (origin.part, origin.row):
             raise IntegrityError(f"snapshot {self.records.snapshot.id[:19]}: document {origin.id!r} is not in "
@@ -163,17 +163,25 @@ class KeyedPlacer:
         copy = origin_of_row(self.store, self.records, int(kept["part"]), int(kept["row"]))
         return Trace(origin, None, (), self.trace_origin(copy))
 
-    def _covering(self, bucket: int, index: int) -> tuple[ShardPlan, int]:
-        """The shard holding entry `index` of `bucket`, and the entry's sequence within it."""
+    def _slice_of(self, bucket: int, index: int) -> _SliceRef:
+        """The shard slice holding entry `index` of `bucket`."""
         at = bisect.bisect_right(self.starts, (bucket, index)) - 1
         ref = self.slices[at] if at >= 0 else None
         if ref is None or ref.bucket != bucket or index >= ref.first + ref.count:
             raise IntegrityError(f"snapshot {self.records.snapshot.id[:19]}: no shard holds entry {index} "
                                  f"of bucket {bucket}")
+        return ref
+
+    def _covering(self, bucket: int, index: int) -> tuple[ShardPlan, int]:
+        """The shard holding entry `index` of `bucket`, and the entry's sequence within it."""
+        ref = self._slice_of(bucket, index)
         return self.shards[ref.shard], ref.before + index - ref.first
 
-    def _kept(self, origin: DocumentOrigin, key: str, bucket: int, index: int) -> Trace:
+    def _kept(self, origin: DocumentOrigin, key: tuple[int, int], bucket: int, index: int, first: int) -> Trace:
+        """The placements of kept entry `index`; `first` is the bucket's first entry with its key
+        (with dedup off, its copy number within its shard is how far after the key's first there)."""
         plan, sequence = self._covering(bucket, index)
+        copy = index - max(first, self._slice_of(bucket, index).first)
         artifacts = artifacts_of_shard(self.records.snapshot, plan.index)
         bin_offset, tar_offset = self._offsets(plan, sequence, any(a["format"] == WDS for a in artifacts))
         dtype = np.dtype(self.records.snapshot.manifest["tokenizer"]["dtype"])
@@ -190,7 +198,7 @@ class KeyedPlacer:
             else:  # idx: the sequence's entries in the index; no byte range of its own
                 offset, length = None, None
             found.append(Placement(artifact["path"], artifact["format"], plan.index, sequence, offset, length))
-        return Trace(origin, sequence, tuple(found), order_key=key)
+        return Trace(origin, sequence, tuple(found), order_key=wds.order_key_name(*key), copy=copy)
 
     def _entries_before(self, plan: ShardPlan, sequence: int) -> Iterator[tuple[np.ndarray, bytes]]:
         """The shard's first `sequence` entries (and their ids), in chunks of CHUNK_ENTRIES."""
@@ -246,3 +254,36 @@ class KeyedPlacer:
             raise IntegrityError(f"snapshot {self.records.snapshot.id[:19]}: sequence {sequence} of shard {plan.name} "
                                  "traces back to another place")
         return traced
+
+    def locate_key(self, key: str) -> Trace:
+        """The document whose sample key is `key` (32 hex digits): its order key, plus its copy
+        number within its shard when dedup was off. A binary search of the key's bucket finds the
+        last order key not after it; the shard is the one whose slices cover the entry."""
+        hi, lo = int(key[:16], 16), int(key[16:], 16)
+        bucket = int(bucket_of(np.array([hi], dtype=np.uint64), self.bits)[0])
+        with BucketReader(self._bucket(bucket)) as reader:
+            below = reader.lower_bound((hi, lo, 1 << 64, 0)) - 1  # the last entry whose key is not after `key`
+            probe = _probe(reader.at(below)) if below >= 0 else None
+            if probe is None or probe[0] != hi:
+                raise NotFoundError(f"snapshot {self.records.snapshot.id[:19]} has no document with sample key {key}")
+            first = reader.lower_bound((hi, probe[1], 0, 0))
+            index = self._copy_index(bucket, first, below + 1, lo - probe[1])
+            if index is None:
+                raise NotFoundError(f"snapshot {self.records.snapshot.id[:19]} has no document with sample key {key}")
+            entry = reader.at(index)
+        traced = self.trace_origin(origin_of_row(self.store, self.records, int(entry["part"]), int(entry["row"])))
+        if traced.sample_key != key:
+            raise IntegrityError(f"snapshot {self.records.snapshot.id[:19]}: the entry of sample key {key} traces "
+                                 f"to sample key {traced.sample_key}")
+        return traced
+
+    def _copy_index(self, bucket: int, first: int, end: int, copy: int) -> int | None:
+        """The entry among `first..end` (one order key's entries) that is copy `copy` in its shard."""
+        index = first
+        while index < end:
+            ref = self._slice_of(bucket, index)
+            target = max(first, ref.first) + copy
+            if target < min(end, ref.first + ref.count):
+                return target
+            index = ref.first + ref.count
+        return None
