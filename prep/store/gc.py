@@ -2,8 +2,10 @@
 reaches and never what a build in progress may still commit.
 
 The rules (docs/history.md has the reasoning):
-1. Roots: every current ref, plus every snapshot marker, stage record and task record younger
-   than the grace period (what a build in progress may have written or re-committed).
+1. Roots: the snapshots the retention rules keep (`prep.store.retention`: every current ref, the
+   last N generations of each ref, what is younger than keep_within, every held snapshot), plus
+   every snapshot marker, stage record and task record younger than the grace period (what a
+   build in progress may have written or re-committed). The walk is `prep.store.reach`'s.
 2. Kept: the roots' snapshot manifests and artifacts, their stage manifests, every object a kept
    stage manifest or young record names. What a record or manifest names is what its type
    declares (prep.store.records), for snapshots of either layout (layout 1: tokenize, dedup,
@@ -25,19 +27,17 @@ The rules (docs/history.md has the reasoning):
 from __future__ import annotations
 
 import errno
-import re
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 from prep import hashing
-from prep.errors import IntegrityError, NotFoundError, StorageIOError, StoreError, UsageError
-from prep.manifest import canonical
+from prep.errors import NotFoundError, StorageIOError, StoreError, UsageError
 from prep.storage.base import ObjectInfo, Store
-from prep.store import cas, records
+from prep.store import records, retention
+from prep.store.holds import list_holds
 from prep.store.layout import (
     OBJECTS_PREFIX,
     SNAPSHOTS_PREFIX,
@@ -48,23 +48,14 @@ from prep.store.layout import (
     object_sha,
 )
 from prep.store.leases import BUILD, GC, Lease, held, live_leases, parse_lease
-from prep.store.refs import list_refs
+from prep.store.reach import Reach, parallel
+from prep.store.retention import RULES, Kept, Policy
+from prep.store.retention import parse_duration as parse_duration  # re-exported for callers of gc
 
-REPORT_SCHEMA = "prep.gc-report/1"
+REPORT_SCHEMA = "prep.gc-report/2"
 DEFAULT_GRACE = "24h"
-IO_THREADS = 8
 CATEGORIES = ("objects", "records", "snapshots", "leases", "temporary")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
-
-
-def parse_duration(text: str) -> int:
-    """'30m' -> 1800, '6h', '2d', '1w', '45s', or bare seconds; UsageError otherwise."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise UsageError(f"invalid duration {text!r}: use a number with s, m, h, d or w, like 30m, 6h or 2d")
-    return int(float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
 
 
 # ------------------------------------------------------------------------------------ report
@@ -94,6 +85,8 @@ class GcReport:
     refs: int
     kept: dict[str, Tally] = field(default_factory=dict)
     deleted: dict[str, Tally] = field(default_factory=dict)
+    policies: dict[str, Policy] = field(default_factory=dict)
+    rules: tuple[Kept, ...] = ()
 
     @property
     def freed(self) -> Tally:
@@ -104,7 +97,10 @@ class GcReport:
                 "grace_seconds": self.grace_seconds, "refs": self.refs,
                 "kept": {name: tally.to_json() for name, tally in self.kept.items()},
                 "deleted": {name: tally.to_json() for name, tally in self.deleted.items()},
-                "freed": self.freed.to_json()}
+                "freed": self.freed.to_json(),
+                "policies": {name: {"keep_last": policy.keep_last, "keep_within_seconds": policy.keep_within,
+                                    "source": policy.source} for name, policy in self.policies.items()},
+                "rules": {rule: [kept.to_json() for kept in self.rules if kept.rule == rule] for rule in RULES}}
 
 
 # ------------------------------------------------------------------------------ reachability
@@ -119,75 +115,9 @@ def _record_names(store: Store, key: str) -> records.Names:
     return records.parse_record(key, raw, f"{store.url}/{key}").names()
 
 
-def _parallel(function: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
-    with ThreadPoolExecutor(max_workers=IO_THREADS) as pool:
-        return list(pool.map(function, items))
-
-
 def _shas(names: records.Names) -> set[str]:
     """Every SHA-256 hex `names` holds, objects and manifests alike."""
     return {hashing.parse_id(object_id) for object_id in names.objects | {ref.object_id for ref in names.manifests}}
-
-
-class _Reach:
-    """The kept object SHA-256s, grown from roots by following the ids records and manifests declare."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.kept: set[str] = set()
-        self.shapes: dict[str, records.StageShape | None] = {}  # stage manifests read (None: missing)
-
-    def names(self, names: records.Names, required: bool) -> None:
-        """Keep what `names` holds, and follow the stage manifests among it."""
-        self.kept |= {hashing.parse_id(object_id) for object_id in names.objects}
-        for ref in sorted(names.manifests, key=lambda ref: (ref.object_id, ref.stage, ref.layout or 0)):
-            self.stage_manifest(ref, required)
-
-    def stage_manifest(self, ref: records.ManifestRef, required: bool) -> None:
-        """Keep a stage manifest and what it names; each one read once, checked against every name for it."""
-        sha = hashing.parse_id(ref.object_id)
-        source = f"{self.store.url}: stage manifest {ref.object_id}"
-        self.kept.add(sha)
-        if sha not in self.shapes:
-            self.shapes[sha] = self._follow(ref.object_id, source)
-        shape = self.shapes[sha]
-        if shape is None:
-            if required:
-                raise IntegrityError(f"{source}, the {ref.stage} stage of a ref'd snapshot, is missing; "
-                                     "gc refuses to guess what it named")
-            return
-        records.check_named(shape, ref, source)
-
-    def _follow(self, object_id: str, source: str) -> records.StageShape | None:
-        """Read a stage manifest and keep what it names; its shape, or None when it is missing."""
-        try:
-            raw = cas.get_bytes(self.store, object_id)
-        except NotFoundError:
-            return None
-        manifest = _loads(raw, source)
-        named = records.stage_manifest_names(manifest, source)
-        self.kept |= {hashing.parse_id(named_id) for named_id in named.objects}
-        return records.stage_shape(manifest)
-
-    def snapshot(self, sha: str, required: bool) -> None:
-        if sha in self.kept:
-            return
-        try:
-            raw = cas.get_bytes(self.store, f"sha256:{sha}")
-        except NotFoundError:
-            if required:
-                raise IntegrityError(f"{self.store.url}: a ref names snapshot sha256:{sha}, which is missing") from None
-            return
-        self.kept.add(sha)
-        source = f"{self.store.url}: snapshot sha256:{sha}"
-        self.names(records.snapshot_names(_loads(raw, source), source), required)
-
-
-def _loads(raw: bytes, source: str) -> Any:
-    try:
-        return canonical.loads(raw)
-    except ValueError as exc:
-        raise IntegrityError(f"{source}: not JSON ({exc}); gc refuses to guess what it named") from None
 
 
 @dataclass(frozen=True)
@@ -197,29 +127,39 @@ class _Plan:
     deletions: dict[str, list[ObjectInfo]]
     kept: dict[str, Tally]
     refs: int
+    policies: dict[str, Policy]
+    rules: tuple[Kept, ...]
+
+
+def _roots(store: Store, override: Policy | None, now: float) -> tuple[dict[str, Policy], list[Kept]]:
+    """Each dataset's policy, and every snapshot a retention rule keeps (refs first)."""
+    chosen = retention.policies(store, override)
+    holds = [Kept("holds", hold.snapshot, hold.dataset, f"hold: {hold.reason}" if hold.reason else "hold")
+             for hold in list_holds(store)]
+    return chosen, [*retention.retained(store, chosen, now), *holds]
 
 
 def _reach(store: Store, cutoff: float, markers: list[ObjectInfo], named: dict[str, records.Names],
-           young: list[ObjectInfo]) -> tuple[_Reach, int]:
-    """What the roots reach: current refs, young snapshot markers, young records; and how many refs."""
-    reach = _Reach(store)
-    refs = list_refs(store)
-    for ref in refs:
-        reach.snapshot(hashing.parse_id(ref.snapshot), required=True)
+           young: list[ObjectInfo], rules: list[Kept]) -> Reach:
+    """What the roots reach: the retention rules' snapshots, young snapshot markers, young records."""
+    reach = Reach(store)
+    for kept in rules:  # only a current ref's snapshot must exist; history may name collected ones
+        reach.snapshot(hashing.parse_id(kept.snapshot), kept.by, required=kept.rule == "refs")
     for marker in markers:
         if marker.mtime > cutoff:
-            reach.snapshot(marker_sha(marker.key), required=False)
+            reach.snapshot(marker_sha(marker.key), marker.key, required=False)
     for info in young:
-        reach.names(named[info.key], required=False)
-    return reach, len(refs)
+        reach.names(named[info.key], info.key, required=False)
+    return reach
 
 
-def _plan(store: Store, cutoff: float, now: float) -> _Plan:
+def _plan(store: Store, cutoff: float, now: float, override: Policy | None) -> _Plan:
     objects = list(store.list(OBJECTS_PREFIX))
     found = list(store.list(TASKS_PREFIX)) + list(store.list(STAGES_PREFIX))
     markers = list(store.list(SNAPSHOTS_PREFIX))
-    named = dict(zip((info.key for info in found), _parallel(lambda info: _record_names(store, info.key), found)))
-    reach, refs = _reach(store, cutoff, markers, named, [info for info in found if info.mtime > cutoff])
+    named = dict(zip((info.key for info in found), parallel(lambda info: _record_names(store, info.key), found)))
+    chosen, rules = _roots(store, override, now)
+    reach = _reach(store, cutoff, markers, named, [info for info in found if info.mtime > cutoff], rules)
     dead_records = [info for info in found if info.mtime <= cutoff and not _shas(named[info.key]) <= reach.kept]
     expired = [info for info in store.list(leases_prefix())
                if info.mtime <= cutoff and ((lease := parse_lease(info)) is None or not held(store, lease, now))]
@@ -233,7 +173,8 @@ def _plan(store: Store, cutoff: float, now: float) -> _Plan:
     dead_keys = {info.key for info in dead_records}
     kept = {"objects": _tally(o for o in objects if object_sha(o.key) in reach.kept),
             "records": _tally(info for info in found if info.key not in dead_keys)}
-    return _Plan(deletions, kept, refs)
+    refs = sum(1 for rule in rules if rule.rule == "refs")
+    return _Plan(deletions, kept, refs, chosen, tuple(rule for rule in rules if hashing.parse_id(rule.snapshot) in reach.kept))
 
 
 def _delete(store: Store, category: str, infos: list[ObjectInfo]) -> None:
@@ -241,19 +182,21 @@ def _delete(store: Store, category: str, infos: list[ObjectInfo]) -> None:
         for info in infos:
             store.delete_staging(info)
         return
-    _parallel(lambda info: store.delete(info.key), infos)
+    parallel(lambda info: store.delete(info.key), infos)
 
 
-def collect_garbage(store: Store, grace_seconds: int, dry_run: bool = False) -> GcReport:
-    """Delete (or with `dry_run` only count) what no ref reaches and is older than the grace
-    period; raises StoreError without deleting anything while a build holds a live lease."""
+def collect_garbage(store: Store, grace_seconds: int, dry_run: bool = False,
+                    policy: Policy | None = None) -> GcReport:
+    """Delete (or with `dry_run` only count) what no retention rule keeps and is older than the
+    grace period; `policy` overrides every dataset's recorded one. Raises StoreError without
+    deleting anything while a build holds a live lease."""
     if grace_seconds < 0:
         raise UsageError(f"grace period must not be negative, got {grace_seconds} s")
     if dry_run:
         now = time.time()
-        plan = _plan(store, now - grace_seconds, now)
+        plan = _plan(store, now - grace_seconds, now, policy)
         return GcReport(store.url, True, grace_seconds, plan.refs, plan.kept,
-                        {name: _tally(plan.deletions[name]) for name in CATEGORIES})
+                        {name: _tally(plan.deletions[name]) for name in CATEGORIES}, plan.policies, plan.rules)
     with ExitStack() as stack:
         freed: list[ObjectInfo] = []  # stale temporaries deleted without a lease (a full disk)
         try:
@@ -274,14 +217,14 @@ def collect_garbage(store: Store, grace_seconds: int, dry_run: bool = False) -> 
             raise StoreError(f"{store.url}: a build holds lease {builds[0].key}; gc deletes nothing while "
                              "builds run, try again later")
         now = time.time()
-        plan = _plan(store, now - grace_seconds, now)
+        plan = _plan(store, now - grace_seconds, now, policy)
         for name in ("snapshots", "records", "leases", "objects", "temporary"):
             if lease.lapsed:
                 raise StoreError(f"{store.url}: the gc lease lapsed (renewals failed); stopped before deleting {name}")
             _delete(store, name, [info for info in plan.deletions[name] if info.key != lease.key])
         deleted = {name: _tally(plan.deletions[name]) for name in CATEGORIES}
         deleted["temporary"] = _tally([*freed, *plan.deletions["temporary"]])
-        return GcReport(store.url, False, grace_seconds, plan.refs, plan.kept, deleted)
+        return GcReport(store.url, False, grace_seconds, plan.refs, plan.kept, deleted, plan.policies, plan.rules)
 
 
 def _free_temporaries(store: Store, grace_seconds: int, cause: StorageIOError) -> list[ObjectInfo]:

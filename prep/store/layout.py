@@ -19,6 +19,9 @@ REFS_PREFIX = "refs/"
 HISTORY_PREFIX = "history/"
 LOGS_PREFIX = "logs/"
 LEASES_PREFIX = "leases/"
+READBACK_PREFIX = "readback/"
+RETENTION_PREFIX = "retention/"
+HOLDS_PREFIX = "holds/"
 RECORD_SUFFIX = ".json"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # datasets and ref names
 
@@ -85,6 +88,11 @@ def log_key(dataset: str, stamp: str, suffix: str) -> str:
     return f"{LOGS_PREFIX}{dataset}/{stamp}-{suffix}{RECORD_SUFFIX}"
 
 
+def readback_key(snapshot_id: str) -> str:
+    """`readback/<hex>.json`: the create-only record that every object of a snapshot read back intact."""
+    return f"{READBACK_PREFIX}{hashing.parse_id(snapshot_id)}{RECORD_SUFFIX}"
+
+
 def leases_prefix(kind: str | None = None) -> str:
     """`leases/`, or `leases/<kind>/` for the leases of one kind (build, gc)."""
     return LEASES_PREFIX + (f"{kind}/" if kind else "")
@@ -101,3 +109,13 @@ def parse_lease_key(key: str) -> tuple[str, str, int] | None:
     if len(parts) != 3 or not parts[2].endswith(RECORD_SUFFIX) or not parts[2][:-len(RECORD_SUFFIX)].isdigit():
         return None
     return parts[0], parts[1], int(parts[2][:-len(RECORD_SUFFIX)])
+
+
+def retention_key(dataset: str, generation: int) -> str:
+    """`retention/<dataset>/<generation:016d>.json`: one create-only version of a dataset's retention policy."""
+    return f"{RETENTION_PREFIX}{check_name('dataset', dataset)}/{generation:016d}{RECORD_SUFFIX}"
+
+
+def hold_key(snapshot_id: str) -> str:
+    """`holds/<hex>.json`: the create-only hold that keeps a snapshot from garbage collection."""
+    return f"{HOLDS_PREFIX}{hashing.parse_id(snapshot_id)}{RECORD_SUFFIX}"

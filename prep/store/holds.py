@@ -1,0 +1,116 @@
+"""Holds: snapshots garbage collection must never collect (legal or audit holds).
+
+A hold is a create-only record `layout.hold_key(snapshot)` (`prep.hold/1`); `prep release`
+deletes it. Holds and gc follow the lease rule of builds and gc: a hold is written first and
+then gc leases are looked for, while gc writes its lease first and then lists holds, so a gc
+either sees the hold or the hold sees the gc and withdraws (exit 2, try again).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+from dataclasses import dataclass
+from typing import Any
+
+from prep import hashing
+from prep.errors import IntegrityError, NotFoundError, StoreError
+from prep.manifest import canonical
+from prep.manifest.schema import validate
+from prep.storage.base import Store
+from prep.store import cas
+from prep.store.layout import HOLDS_PREFIX, RECORD_SUFFIX, hold_key
+from prep.store.leases import GC, live_leases
+from prep.store.snapshots import Snapshot
+
+HOLD_SCHEMA = "prep.hold/1"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One hold: the snapshot, its dataset, why, since when, by whom."""
+
+    snapshot: str
+    dataset: str
+    reason: str
+    time: str
+    user: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body = {"schema": HOLD_SCHEMA, "snapshot": self.snapshot, "dataset": self.dataset, "reason": self.reason,
+                "time": self.time}
+        return body | ({"user": self.user} if self.user else {})
+
+    @classmethod
+    def from_json(cls, data: Any, source: str) -> Hold:
+        validate(data, HOLD_SCHEMA, source)
+        return cls(str(data["snapshot"]), str(data["dataset"]), str(data["reason"]), str(data["time"]),
+                   data.get("user"))
+
+
+def _user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
+def read_hold(store: Store, snapshot_id: str) -> Hold | None:
+    """The hold on a snapshot, or None."""
+    key = hold_key(snapshot_id)
+    try:
+        raw = store.get_bytes(key)
+    except NotFoundError:
+        return None
+    source = f"{store.url}/{key}"
+    try:
+        data = canonical.loads(raw)
+    except ValueError as exc:
+        raise IntegrityError(f"{source}: unreadable hold record ({exc})") from None
+    hold = Hold.from_json(data, source)
+    if hold_key(hold.snapshot) != key:
+        raise IntegrityError(f"{source}: the hold belongs at {hold_key(hold.snapshot)}")
+    return hold
+
+
+def list_holds(store: Store) -> list[Hold]:
+    """Every hold in the store, by snapshot id; an unreadable one is an IntegrityError (gc must not guess)."""
+    found = []
+    for info in store.list(HOLDS_PREFIX):
+        if info.key.endswith(RECORD_SUFFIX):
+            hold = read_hold(store, "sha256:" + info.key[len(HOLDS_PREFIX):-len(RECORD_SUFFIX)])
+            if hold is not None:
+                found.append(hold)
+    return found
+
+
+def place_hold(store: Store, snapshot: Snapshot, reason: str) -> tuple[Hold, bool]:
+    """Hold a stored snapshot; (the hold, True) when this call placed it, (the existing one, False)
+    when it was already held. StoreError, holding nothing, while a gc runs."""
+    hashing.parse_id(snapshot.id)
+    hold = Hold(snapshot.id, snapshot.dataset, reason, dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                _user())
+    key = hold_key(snapshot.id)
+    if not store.put_bytes(key, canonical.dumps(hold.to_json())):
+        existing = read_hold(store, snapshot.id)
+        if existing is not None:
+            return existing, False
+        raise StoreError(f"{store.url}: the hold on {snapshot.id} was released while being placed; try again")
+    running = live_leases(store, GC)
+    if running:
+        store.delete(key)  # ours: put_bytes created it
+        raise StoreError(f"{store.url}: garbage collection is running (lease {running[0].key}); nothing held, "
+                         "try again when it is done")
+    if store.head(cas.object_key(hashing.parse_id(snapshot.id))) is None:
+        store.delete(key)
+        raise NotFoundError(f"{store.url}: snapshot {snapshot.id} was collected before the hold was placed")
+    return hold, True
+
+
+def release_hold(store: Store, snapshot_id: str) -> Hold:
+    """Remove the hold on a snapshot, so gc may collect it again; NotFoundError when none is held."""
+    hold = read_hold(store, snapshot_id)
+    if hold is None:
+        raise NotFoundError(f"{store.url}: snapshot {snapshot_id} is not held")
+    store.delete(hold_key(snapshot_id))
+    return hold

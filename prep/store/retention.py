@@ -1,0 +1,168 @@
+"""Retention: which snapshots garbage collection keeps beyond what current refs name.
+
+A dataset's policy (`keep_last`, `keep_within`) comes from its pipeline file's `[retention]`
+table; each build records it in the store (`layout.retention_key`, create-only versions, the
+highest generation current), so `prep gc` applies every dataset's own policy without being
+handed pipeline files, and gc flags override it. The rules, each listed by `gc --dry-run --json`:
+refs (every current ref: `latest` and every tag), keep_last (the last N generations of each ref,
+from `history/`), keep_within (every generation younger than the duration, and every snapshot
+published within it), holds (`prep.store.holds`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+from prep import hashing
+from prep.errors import IntegrityError, UsageError
+from prep.manifest import canonical
+from prep.storage.base import Store
+from prep.store import cas
+from prep.store.layout import (
+    HISTORY_PREFIX,
+    RECORD_SUFFIX,
+    RETENTION_PREFIX,
+    SNAPSHOTS_PREFIX,
+    marker_sha,
+    retention_key,
+)
+from prep.store.refs import Ref, list_refs, ref_history
+
+POLICY_SCHEMA = "prep.retention/1"
+RULES = ("refs", "keep_last", "keep_within", "holds")
+MAX_RECORD_ATTEMPTS = 20
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> int:
+    """'30m' -> 1800, '6h', '2d', '1w', '45s', or bare seconds; UsageError otherwise."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise UsageError(f"invalid duration {text!r}: use a number with s, m, h, d or w, like 30m, 6h or 2d")
+    return int(float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How many generations of each ref to keep, and for how long to keep every snapshot.
+    The default keeps only what current refs name (keep_last 1, keep_within 0)."""
+
+    keep_last: int = 1
+    keep_within: int = 0  # seconds
+    source: str = "default"  # where it came from: default, store, pipeline or flags
+
+    def to_json(self, dataset: str) -> dict[str, object]:
+        return {"schema": POLICY_SCHEMA, "dataset": dataset, "keep_last": self.keep_last,
+                "keep_within_seconds": self.keep_within}
+
+
+def check_policy(keep_last: int, keep_within: int, source: str) -> Policy:
+    """A policy, or UsageError naming what is wrong (keep_last at least 1, keep_within not negative)."""
+    if keep_last < 1:
+        raise UsageError(f"{source}: keep_last must be at least 1 (the current generation), got {keep_last}")
+    if keep_within < 0:
+        raise UsageError(f"{source}: keep_within must not be negative, got {keep_within} s")
+    return Policy(keep_last, keep_within, source)
+
+
+def _policy_keys(store: Store, dataset: str) -> list[str]:
+    return [info.key for info in store.list(f"{RETENTION_PREFIX}{dataset}/") if info.key.endswith(RECORD_SUFFIX)]
+
+
+def stored_policy(store: Store, dataset: str) -> Policy | None:
+    """The dataset's policy as its last build recorded it, or None when none did."""
+    keys = _policy_keys(store, dataset)
+    if not keys:
+        return None
+    source = f"{store.url}/{keys[-1]}"
+    try:
+        data = canonical.loads(store.get_bytes(keys[-1]))
+        if data.get("schema") != POLICY_SCHEMA or data.get("dataset") != dataset:
+            raise ValueError("not a prep.retention/1 record of this dataset")
+        return check_policy(int(data["keep_last"]), int(data["keep_within_seconds"]), "store")
+    except (ValueError, KeyError, TypeError, AttributeError, UsageError) as exc:
+        raise IntegrityError(f"{source}: unreadable retention policy ({exc}); gc refuses to guess") from None
+
+
+def record_policy(store: Store, dataset: str, policy: Policy) -> None:
+    """Record `policy` as the dataset's current one unless it already is (create-only versions:
+    of two builds racing for one version one wins, and the other re-reads and retries)."""
+    body = canonical.dumps(policy.to_json(dataset))
+    for _ in range(MAX_RECORD_ATTEMPTS):
+        keys = _policy_keys(store, dataset)
+        if keys and store.get_bytes(keys[-1]) == body:
+            return
+        generation = int(keys[-1].rsplit("/", 1)[-1][:-len(RECORD_SUFFIX)]) + 1 if keys else 1
+        if store.put_bytes(retention_key(dataset, generation), body):
+            return
+    raise IntegrityError(f"{store.url}: the retention policy of {dataset} kept changing; gave up recording it")
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One snapshot a rule keeps, and why (`by`: like "tiny@latest~2" or "hold: audit")."""
+
+    rule: str
+    snapshot: str
+    dataset: str
+    by: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"snapshot": self.snapshot, "dataset": self.dataset, "by": self.by}
+
+
+def datasets(store: Store) -> list[str]:
+    """Every dataset with a ref or a history record."""
+    found = {ref.dataset for ref in list_refs(store)}
+    found |= {info.key[len(HISTORY_PREFIX):].split("/", 1)[0] for info in store.list(HISTORY_PREFIX)}
+    return sorted(found)
+
+
+def _age(stamp: str, now: float) -> float:
+    """Seconds since a ref time like 2026-01-01T00:00:00.000000Z."""
+    moment = dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+    return now - moment.timestamp()
+
+
+def _history_rules(dataset: str, entries: list[Ref], policy: Policy, now: float) -> list[Kept]:
+    """keep_last and keep_within over one dataset's history (newest first)."""
+    by_name: dict[str, list[Ref]] = defaultdict(list)
+    for entry in entries:
+        by_name[entry.name].append(entry)
+    kept: list[Kept] = []
+    for name, generations in sorted(by_name.items()):
+        generations.sort(key=lambda ref: ref.generation, reverse=True)
+        newest = generations[0].generation
+        for entry in generations:
+            label = f"{dataset}@{name}~{newest - entry.generation}"
+            if newest - entry.generation < policy.keep_last:
+                kept.append(Kept("keep_last", entry.snapshot, dataset, label))
+            if policy.keep_within and _age(entry.time, now) < policy.keep_within:
+                kept.append(Kept("keep_within", entry.snapshot, dataset, f"{label} (moved {entry.time})"))
+    return kept
+
+
+def policies(store: Store, override: Policy | None) -> dict[str, Policy]:
+    """Each dataset's policy: `override` (gc flags) when given, else what its build recorded, else the default."""
+    return {dataset: override or stored_policy(store, dataset) or Policy() for dataset in datasets(store)}
+
+
+def retained(store: Store, chosen: dict[str, Policy], now: float) -> list[Kept]:
+    """What the refs, keep_last and keep_within rules keep (holds come from `prep.store.holds`)."""
+    kept = [Kept("refs", ref.snapshot, ref.dataset, f"{ref.dataset}@{ref.name}") for ref in list_refs(store)]
+    for dataset, policy in chosen.items():
+        kept.extend(_history_rules(dataset, ref_history(store, dataset), policy, now))
+    longest = max((policy.keep_within for policy in chosen.values()), default=0)
+    if longest:  # a marker's dataset is unknown until its manifest is read: the longest duration applies
+        kept.extend(Kept("keep_within", f"sha256:{marker_sha(info.key)}", "", "published within keep_within")
+                    for info in store.list(SNAPSHOTS_PREFIX) if now - info.mtime < longest)
+    return kept
+
+
+def snapshot_exists(store: Store, snapshot_id: str) -> bool:
+    """True while the snapshot's manifest is stored; False once gc collected it (for `prep log`)."""
+    return store.head(cas.object_key(hashing.parse_id(snapshot_id))) is not None
