@@ -21,8 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from prep.data.cache import CacheOptions, NodeCache
 from prep.data.mixture import MixtureSpec, Schedule, SourceSpec, mixture_hash, parse_mixture
 from prep.data.permutation import IndexPermutation
+from prep.data.plan import Need, Plan
+from prep.data.prefetch import Prefetcher
+from prep.data.remote import CachedSource
 from prep.data.source import SnapshotSource
 from prep.errors import IntegrityError, UsageError
 from prep.manifest.schema import validate
@@ -54,14 +58,30 @@ class ReaderStats:
                 "samples_per_source": dict(self.samples_per_source)}
 
 
-def _open_sources(source: str | os.PathLike[str], store: Store | str | None) -> tuple[MixtureSpec, list[SnapshotSource]]:
+def _open_sources(source: str | os.PathLike[str], store: Store | None,
+                  cache: NodeCache | None) -> tuple[MixtureSpec, list[SnapshotSource]]:
     """A mixture file, a pulled folder or a snapshot spec, resolved to snapshot sources."""
-    handle = open_store(store) if isinstance(store, str) else store
     path = Path(source)
     if path.suffix == ".toml" and path.is_file():
         mixture = parse_mixture(path)
-        return mixture, [SnapshotSource.open(_relative(path, spec.snapshot), handle) for spec in mixture.sources]
-    return MixtureSpec(0, (SourceSpec(str(source)),)), [SnapshotSource.open(source, handle)]
+        return mixture, [_open_one(_relative(path, spec.snapshot), store, cache) for spec in mixture.sources]
+    return MixtureSpec(0, (SourceSpec(str(source)),)), [_open_one(source, store, cache)]
+
+
+def _open_one(source: str | os.PathLike[str], store: Store | None, cache: NodeCache | None) -> SnapshotSource:
+    """A pulled folder as it is; a snapshot spec through the node-local cache when there is one."""
+    if cache is not None and store is not None and not Path(source).is_dir():
+        return CachedSource.resolve(str(source), store, cache)
+    return SnapshotSource.open(source, store)
+
+
+def _cache_for(store: Store | None, cache: dict[str, Any]) -> NodeCache | None:
+    """The node-local cache the options ask for (cache_dir and cache_bytes go together)."""
+    if cache.get("cache_dir") is None and cache.get("cache_bytes") is None:
+        return None
+    if cache.get("cache_dir") is None or cache.get("cache_bytes") is None or store is None:
+        raise UsageError("a node-local cache needs store=..., cache_dir=... and cache_bytes=... together")
+    return NodeCache(store, CacheOptions(**{**cache, "cache_dir": Path(cache["cache_dir"])}))
 
 
 def _relative(mixture: Path, spec: str) -> str:
@@ -74,14 +94,22 @@ class Reader:
     """Batches of token windows (numpy int64, shape (G // W, seq_len + 1)) or lists of documents."""
 
     def __init__(self, source: str | os.PathLike[str], seq_len: int, global_batch_size: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, store: Store | str | None = None, mode: str = "tokens") -> None:
+                 world_size: int = 1, seed: int = 0, store: Store | str | None = None, mode: str = "tokens",
+                 **cache: Any) -> None:
+        """`cache`: cache_dir, cache_bytes, prefetch_steps, prefetch_bytes, jobs, policy, horizon
+        (prep.data.cache.CacheOptions): read snapshot specs straight from `store` through them."""
         if mode not in MODES:
             raise UsageError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if seq_len < 1 or global_batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
             raise UsageError("seq_len, global_batch_size and world_size must be >= 1, and 0 <= rank < world_size")
         if global_batch_size % world_size:
             raise UsageError(f"global_batch_size {global_batch_size} is not a multiple of world_size {world_size}")
-        self.mixture, self.sources = _open_sources(source, store)
+        unknown = sorted(set(cache) - set(CacheOptions.__dataclass_fields__))
+        if unknown:
+            raise UsageError(f"Reader got an unknown option {unknown[0]!r}")
+        handle = open_store(store) if isinstance(store, str) else store
+        self.cache = _cache_for(handle, cache)
+        self.mixture, self.sources = _open_sources(source, handle, self.cache)
         self.seq_len, self.global_batch_size, self.seed, self.mode = seq_len, global_batch_size, seed, mode
         self.rank, self.world_size = rank, world_size
         self.rows = global_batch_size // world_size
@@ -97,6 +125,13 @@ class Reader:
         self.consumed = 0  # global samples handed out before the next step
         self._permutations: dict[tuple[int, int], IndexPermutation] = {}
         self._stats = ReaderStats(samples_per_source={s.id: 0 for s in self.sources})
+        self.plan: Plan | None = None
+        self._prefetcher: Prefetcher | None = None
+        if self.cache is not None:
+            options = self.cache.options
+            self.plan = self.cache.plan = Plan(self._needs_at, max(options.horizon, options.prefetch_steps or 1))
+            self._prefetcher = Prefetcher(self.cache, self.plan, options.prefetch_steps, options.prefetch_bytes,
+                                          options.jobs)
 
     def _samples_in(self, source: int) -> int:
         if self.mode == "documents":
@@ -140,9 +175,44 @@ class Reader:
             return self.sources[source].tokens(int(bounds[sample]), int(bounds[sample + 1] - bounds[sample]))
         return self.sources[source].tokens(sample * self.seq_len, self.seq_len + 1)
 
+    def spans(self, step: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """(source, token starts, lengths) of this rank's rows of step `step`, source by source."""
+        source, _, sample = self._samples(step * self.global_batch_size + self.rank * self.rows, self.rows)
+        found = []
+        for index in range(len(self.sources)):
+            chosen = sample[source == index]
+            if not len(chosen):
+                continue
+            if self.mode == "documents":
+                bounds = self._bounds[index]
+                found.append((index, bounds[chosen], bounds[chosen + 1] - bounds[chosen]))
+            else:
+                found.append((index, chosen * self.seq_len, np.full(len(chosen), self.seq_len + 1, dtype=np.int64)))
+        return found
+
+    def _needs_at(self, step: int) -> list[Need] | None:
+        """The stored objects step `step` reads through the cache, in reading order (plan input)."""
+        try:
+            spans = self.spans(step)
+        except Exhausted:
+            return None
+        needs: list[Need] = []
+        for index, starts, lengths in spans:
+            source = self.sources[index]
+            if isinstance(source, CachedSource):
+                needs.extend(source.needs(starts, lengths))
+        return needs
+
+    def _advance(self, step: int) -> None:
+        """Slide the plan to `step` and queue the prefetches its lookahead asks for."""
+        if self.plan is not None and self._prefetcher is not None:
+            self.plan.advance(step)
+            self._prefetcher.kick()
+
     def batch(self, step: int) -> Any:
         """This rank's rows of global batch `step` (a pure function of the step)."""
         started = time.perf_counter()
+        self._advance(step)
         source, _, sample = self._samples(step * self.global_batch_size + self.rank * self.rows, self.rows)
         result: Any
         if self.mode == "documents":
@@ -161,7 +231,23 @@ class Reader:
         self._stats.fetch_seconds += spent
         self._stats.last_step_seconds = spent
         self._stats.steps += 1
+        self._advance(step + 1)  # fetch ahead while the caller computes
         return result
+
+    def close(self) -> None:
+        """Stop prefetching and release the cache (its pins and reservations stop counting)."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __iter__(self) -> Iterator[Any]:
         while True:
@@ -174,9 +260,13 @@ class Reader:
             yield batch
 
     def stats(self) -> dict[str, Any]:
-        """fetch_seconds (total, last step, mean per step), bytes read, samples served per source."""
+        """fetch_seconds (total, last step, mean per step), bytes read, samples served per source;
+        with a cache, its hits, misses, bytes fetched (and twice), peak size and prefetch lead."""
         self._stats.bytes_read = sum(s.bytes_read for s in self.sources)
-        return self._stats.to_json()
+        found = self._stats.to_json()
+        if self.cache is not None:
+            found["cache"] = self.cache.stats.to_json()
+        return found
 
     def state_dict(self) -> dict[str, Any]:
         """Where the run is, O(1) and JSON-serialisable; it names the content it was reading."""

@@ -44,7 +44,7 @@ class Shard:
     idx_name: str = ""
 
 
-def _check(path: Path, sha256: str, record: PullRecord | None = None, name: str = "") -> None:
+def check_file(path: Path, sha256: str, record: PullRecord | None = None, name: str = "") -> None:
     """Hash `path` against the manifest once per process (again if the file changed), unless
     `prep pull` recorded proving exactly these bytes and the file's stat stamp is unchanged."""
     try:
@@ -108,8 +108,8 @@ class SnapshotSource:
         for artifact in snapshot.manifest["artifacts"]:
             path = store.local_path(cas.object_key(artifact["sha256"]))
             if path is None:
-                raise UsageError(f"{store.url}: reading straight from a remote store needs the node-local cache; "
-                                 "prep pull the snapshot and give the folder")
+                raise UsageError(f"{store.url}: reading straight from a remote store needs the node-local cache "
+                                 "(cache_dir=... and cache_bytes=...), or prep pull the snapshot and give the folder")
             located[artifact["path"]] = path
         return cls(snapshot, located)
 
@@ -117,7 +117,7 @@ class SnapshotSource:
         found = self._maps.get(shard)
         if found is None:
             spec = self.shards[shard]
-            _check(spec.bin_path, spec.bin_sha256, self.record, spec.bin_name)
+            check_file(spec.bin_path, spec.bin_sha256, self.record, spec.bin_name)
             # A plain ndarray view: slicing it costs less than slicing a np.memmap.
             found = self._maps[shard] = np.memmap(spec.bin_path, dtype=self.dtype, mode="r").view(np.ndarray)
         return found
@@ -155,7 +155,7 @@ class SnapshotSource:
         for spec, base in zip(self.shards, self.token_starts[:-1].tolist()):
             if spec.idx_path is None:
                 raise UsageError(f"{self.id}: documents mode needs the .idx files")
-            _check(spec.idx_path, spec.idx_sha256, self.record, spec.idx_name)
+            check_file(spec.idx_path, spec.idx_sha256, self.record, spec.idx_name)
             lengths = read_index(spec.idx_path).lengths.astype(np.int64)
             starts.append(base + np.concatenate(([0], np.cumsum(lengths)[:-1])))
         return np.concatenate([*starts, [self.total_tokens]])

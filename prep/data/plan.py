@@ -1,0 +1,90 @@
+"""The reader's future, object by object: which stored files each coming step needs, in the order
+it reads them, so the node-local cache can evict the file needed furthest ahead (Belady) and
+prefetch the next ones.
+
+A batch is a pure function of the step (prep.data.reader), so the plan is exact: it is computed
+for `horizon` steps past the current one and slid forward as the reader advances. A jump (a
+resumed or a torch worker's reader) rebuilds it from the new step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+DEFAULT_HORIZON = 1024
+
+
+@dataclass(frozen=True)
+class Need:
+    """One stored object a step reads: its content hash, its size, and a name for messages."""
+
+    sha256: str
+    size: int
+    what: str
+
+
+class Plan:
+    """Needs of steps [start, start + horizon), and for each object the steps that read it."""
+
+    def __init__(self, needs_at: Callable[[int], list[Need] | None], horizon: int = DEFAULT_HORIZON) -> None:
+        self._needs_at = needs_at  # None past the last step (a source reached max_epochs)
+        self.horizon = max(1, horizon)
+        self.start = 0
+        self._steps: deque[list[Need]] = deque()
+        self._uses: dict[str, deque[int]] = {}
+        self._ended = False
+        self._lock = threading.Lock()
+
+    def advance(self, step: int) -> None:
+        """Make `step` the current step; the window keeps `horizon` steps from it."""
+        with self._lock:
+            if step < self.start or step > self.start + len(self._steps):
+                self._steps.clear()
+                self._uses.clear()
+                self.start, self._ended = step, False
+            while self.start < step:
+                for need in self._steps.popleft():
+                    uses = self._uses[need.sha256]
+                    uses.popleft()
+                    if not uses:
+                        del self._uses[need.sha256]
+                self.start += 1
+            while not self._ended and len(self._steps) < self.horizon:
+                at = self.start + len(self._steps)
+                needs = self._needs_at(at)
+                if needs is None:
+                    self._ended = True
+                    break
+                self._steps.append(needs)
+                for need in needs:
+                    uses = self._uses.setdefault(need.sha256, deque())
+                    if not uses or uses[-1] != at:
+                        uses.append(at)
+
+    def next_use(self, sha256: str) -> int | None:
+        """The first step at or after the current one that reads the object, None if none in the horizon."""
+        with self._lock:
+            uses = self._uses.get(sha256)
+            return uses[0] if uses else None
+
+    def upcoming(self, steps: int | None, max_bytes: int | None) -> list[Need]:
+        """Distinct objects in the order the next `steps` steps read them (from the current one),
+        stopping once their sizes add up to `max_bytes`."""
+        with self._lock:
+            window: Iterable[list[Need]] = list(self._steps)[: steps if steps is not None else len(self._steps)]
+        seen: set[str] = set()
+        found: list[Need] = []
+        total = 0
+        for needs in window:
+            for need in needs:
+                if need.sha256 in seen:
+                    continue
+                if max_bytes is not None and total + need.size > max_bytes and found:
+                    return found
+                seen.add(need.sha256)
+                found.append(need)
+                total += need.size
+        return found

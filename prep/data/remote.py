@@ -1,0 +1,97 @@
+"""A snapshot read straight from a store (S3 or local) through the node-local cache: each shard is
+fetched into the cache on first need (prep.data.cache), pinned only while rows are copied out of
+it, and read from the verified cache file; nothing is read from a file before it is proven.
+
+Rows are copied shard by shard in ascending shard order, the order prep.data.plan predicts, so
+one reader pins one shard at a time and a cache of one shard (the largest) is enough to progress.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prep.data.cache import NodeCache
+from prep.data.plan import Need
+from prep.data.source import SnapshotSource
+from prep.errors import UsageError
+from prep.formats.megatron import read_index
+from prep.storage.base import Store
+from prep.store.snapshots import Snapshot, resolve
+
+
+class CachedSource(SnapshotSource):
+    """A SnapshotSource whose shard files come from a NodeCache rather than a folder."""
+
+    def __init__(self, snapshot: Snapshot, cache: NodeCache) -> None:
+        artifacts = snapshot.manifest["artifacts"]
+        super().__init__(snapshot, {a["path"]: cache.path_of(a["sha256"]) for a in artifacts})
+        self.cache = cache
+        sizes = {a["path"]: int(a["size"]) for a in artifacts}
+        label = snapshot.id[:19]
+        self.bin_needs = [Need(s.bin_sha256, sizes[s.bin_name], f"{label} {s.bin_name}") for s in self.shards]
+        self.idx_needs = [Need(s.idx_sha256, sizes[s.idx_name], f"{label} {s.idx_name}") if s.idx_name else None
+                          for s in self.shards]
+
+    @classmethod
+    def resolve(cls, spec: str, store: Store, cache: NodeCache) -> CachedSource:
+        """The snapshot `spec` names in `store`, read through `cache`."""
+        return cls(resolve(store, spec), cache)
+
+    def shard_span(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """First and last shard each token range [start, start + length) touches."""
+        first = np.searchsorted(self.token_starts, starts, side="right") - 1
+        last = np.searchsorted(self.token_starts, starts + np.maximum(lengths, 1) - 1, side="right") - 1
+        return first, last
+
+    def needs(self, starts: np.ndarray, lengths: np.ndarray) -> list[Need]:
+        """The bin objects these token ranges read, in the order `_fill` reads them."""
+        return [self.bin_needs[shard] for shard in self._touched(*self.shard_span(starts, lengths))]
+
+    @staticmethod
+    def _touched(first: np.ndarray, last: np.ndarray) -> list[int]:
+        if not len(first):
+            return []
+        if (first == last).all():
+            return sorted(set(first.tolist()))
+        return sorted({s for a, b in zip(first.tolist(), last.tolist()) for s in range(a, b + 1)})
+
+    def _fill(self, out: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Rows of out.shape[1] tokens from each of `starts`, one pinned shard at a time."""
+        length = out.shape[1]
+        if len(starts) and (starts.min() < 0 or starts.max() + length > self.total_tokens):
+            raise IndexError(f"tokens outside 0..{self.total_tokens}")
+        first, last = self.shard_span(starts, np.full(len(starts), length, dtype=np.int64))
+        for shard in self._touched(first, last):
+            base, count = int(self.token_starts[shard]), self.shards[shard].tokens
+            with self.cache.using(self.bin_needs[shard]) as path:
+                tokens = np.memmap(path, dtype=self.dtype, mode="r").view(np.ndarray)
+                inside = np.flatnonzero((first == shard) & (last == shard))
+                if len(inside):
+                    offsets = starts[inside] - base
+                    out[inside] = tokens[offsets[:, None] + np.arange(length)]
+                for row in np.flatnonzero((first <= shard) & (last >= shard) & (first != last)).tolist():
+                    lo, hi = max(int(starts[row]), base), min(int(starts[row]) + length, base + count)
+                    out[row, lo - int(starts[row]):hi - int(starts[row])] = tokens[lo - base:hi - base]
+                del tokens  # unmapped before the pin ends, so an evicted file frees its blocks
+        self.bytes_read += out.size * self.dtype.itemsize
+        return out
+
+    def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
+        return self._fill(np.empty((len(starts), length), dtype=np.int64), np.asarray(starts, dtype=np.int64))
+
+    def tokens(self, start: int, count: int) -> np.ndarray:
+        if start < 0 or start + count > self.total_tokens:
+            raise IndexError(f"tokens {start}..{start + count} outside 0..{self.total_tokens}")
+        row: np.ndarray = self._fill(np.empty((1, count), dtype=self.dtype), np.asarray([start], dtype=np.int64))[0]
+        return row
+
+    def document_bounds(self) -> np.ndarray:
+        """Document starts from the `.idx` files, each fetched through the cache."""
+        starts = [np.zeros(0, dtype=np.int64)]
+        for need, base in zip(self.idx_needs, self.token_starts[:-1].tolist()):
+            if need is None:
+                raise UsageError(f"{self.id}: documents mode needs the .idx files")
+            with self.cache.using(need) as path:
+                lengths = read_index(path).lengths.astype(np.int64)
+            starts.append(base + np.concatenate(([0], np.cumsum(lengths)[:-1])))
+        return np.concatenate([*starts, [self.total_tokens]])
