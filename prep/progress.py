@@ -1,5 +1,6 @@
-"""How prep reports to a person while it works: stage lines with counts and rates, a redrawn
-byte meter for transfers, and the one style of byte counts every command prints."""
+"""How prep reports to a person while it works: one line per stage with counts, bytes, rates and
+an ETA (redrawn in place on a terminal, plain lines at most every few seconds in a log), a redrawn
+byte meter for transfers, and the one style of counts every command prints."""
 
 from __future__ import annotations
 
@@ -10,6 +11,48 @@ from typing import TextIO
 
 METER_INTERVAL_TTY = 0.5
 METER_INTERVAL_LOG = 10.0
+STAGE_INTERVAL_TTY = 0.2
+STAGE_INTERVAL_LOG = 5.0
+_CLEAR = "\r\x1b[K"  # carriage return, then erase to the end of the line
+_quiet = False
+_open_line: list[TextIO] = []  # the stream whose last line is being redrawn (no newline yet)
+
+
+def set_quiet(value: bool) -> None:
+    """Make every Progress made without an explicit `quiet` silent (or not): `--quiet` sets it."""
+    global _quiet
+    _quiet = value
+
+
+def end_line() -> None:
+    """End a redrawn line left open (a stage that failed), so an error prints on a line of its own."""
+    while _open_line:
+        stream = _open_line.pop()
+        stream.write("\n")
+        stream.flush()
+
+
+def is_tty(stream: TextIO) -> bool:
+    """Whether `stream` is a terminal (a stream without isatty is not)."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """`1 file`, `0 files`, `2 tasks`: `count` with `noun`, or its plural (`nouns`, else noun + s)."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
+def eta(seconds: float) -> str:
+    """A remaining time as `42s`, `7m05s` or `2h13m`."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 def human_bytes(count: int) -> str:
@@ -30,42 +73,79 @@ def rate(count: int, seconds: float, unit: float, name: str) -> str:
 
 
 class Progress:
-    """Progress of one command on stderr (nothing when quiet)."""
+    """Progress of one command on stderr (nothing when quiet). On a terminal each stage is one line
+    redrawn in place and kept once the stage is done; elsewhere lines are printed at most every
+    STAGE_INTERVAL_LOG seconds, plus each stage's start and final line."""
 
-    def __init__(self, stream: TextIO | None = None, quiet: bool = False) -> None:
+    def __init__(self, stream: TextIO | None = None, quiet: bool | None = None) -> None:
         self.stream = stream or sys.stderr
-        self.quiet = quiet
+        self.quiet = _quiet if quiet is None else quiet
+        self.tty = is_tty(self.stream)
         self.started = time.perf_counter()
         self._stage_started = self.started
         self._last = 0.0
+        self._base: tuple[float, int] | None = None  # (time, tasks done) at the stage's first tick
+        self._live = ""  # the line being redrawn on a terminal
+        self._lock = threading.Lock()
 
     def stage(self, name: str, detail: str = "") -> None:
-        self._stage_started = time.perf_counter()
-        self._emit(f"{name}: {detail}" if detail else f"{name}: started")
+        with self._lock:
+            self._stage_started = time.perf_counter()
+            self._base = None
+            self._show(f"{name}: {detail}" if detail else f"{name}: started", live=True)
 
     def tick(self, name: str, done: int, total: int, cached: int, nbytes: int = 0, force: bool = False) -> None:
         now = time.perf_counter()
-        if not force and now - self._last < 1.0 and done < total:
-            return
-        self._last = now
+        with self._lock:
+            if self._base is None:
+                self._base = (now, done)
+            interval = STAGE_INTERVAL_TTY if self.tty else STAGE_INTERVAL_LOG
+            if not force and now - self._last < interval and (done < total or not self.tty):
+                return
+            self._last = now
+            self._show(f"{name}: {done}/{total} tasks ({cached} cached){self._rates(now, done, total, nbytes)}",
+                       live=True)
+
+    def _rates(self, now: float, done: int, total: int, nbytes: int) -> str:
+        """`, 12.3 MB, 4.1 MB/s, ETA 7s`: bytes and their rate since the stage started, and the time
+        left at the rate tasks finished since the first tick (none before one finished)."""
         elapsed = max(now - self._stage_started, 1e-9)
-        rate = f", {nbytes / elapsed / 1e6:.1f} MB/s" if nbytes else ""
-        self._emit(f"{name}: {done}/{total} tasks ({cached} cached){rate}")
+        text = f", {human_bytes(nbytes)}, {rate(nbytes, elapsed, 1e6, 'MB/s')}" if nbytes else ""
+        started, first = self._base or (now, done)
+        if first < done < total:
+            text += f", ETA {eta((total - done) * (now - started) / (done - first))}"
+        return text
 
     def done(self, name: str, detail: str) -> None:
-        elapsed = time.perf_counter() - self._stage_started
-        self._emit(f"{name}: done in {elapsed:.1f}s, {detail}")
+        with self._lock:
+            elapsed = time.perf_counter() - self._stage_started
+            self._show(f"{name}: done in {elapsed:.1f}s, {detail}", live=False)
 
     def meter(self, verb: str, total_files: int, total_bytes: int) -> ByteMeter:
         """A byte meter for a transfer of `total_files` files, on this progress's stream."""
         return ByteMeter(self.stream, self.quiet, verb, total_files, total_bytes)
 
     def info(self, message: str) -> None:
-        self._emit(message)
+        with self._lock:
+            live, self._live = self._live, ""
+            if live and not self.quiet:
+                self.stream.write(_CLEAR)
+            self._show(message, live=False)
+            if live:
+                self._show(live, live=True, stamped=True)
 
-    def _emit(self, message: str) -> None:
-        if not self.quiet:
-            print(f"[{time.perf_counter() - self.started:7.1f}s] {message}", file=self.stream, flush=True)
+    def _show(self, message: str, live: bool, stamped: bool = False) -> None:
+        """Print `message` as a kept line, or (live, on a terminal) as the line redrawn in place."""
+        if self.quiet:
+            return
+        line = message if stamped else f"[{time.perf_counter() - self.started:7.1f}s] {message}"
+        if not self.tty:
+            print(line, file=self.stream, flush=True)
+            return
+        self._live = line if live else ""
+        self.stream.write(f"{_CLEAR}{line}" + ("" if live else "\n"))
+        self.stream.flush()
+        _open_line[:] = [self.stream] if live else []
 
 
 class ByteMeter:

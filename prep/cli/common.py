@@ -8,23 +8,61 @@ from typing import Any, TypeVar
 
 import click
 
+from prep import progress
+from prep.project import find_project
 from prep.storage import open_store
 from prep.storage.base import Store
+from prep.store.marker import open_existing
 
 DEFAULT_STORE = "./prep-store"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def store_option(function: F) -> F:
-    """--store URL (default: $PREP_STORE, then ./prep-store)."""
+    """--store URL (default: $PREP_STORE, the project config, then ./prep-store)."""
     return click.option("--store", "store_url", default=None, metavar="URL",
-                        help=f"Store location: a path or s3://bucket/prefix. Default: $PREP_STORE or {DEFAULT_STORE}.")(function)
+                        help="Store location: a path or s3://bucket/prefix. Default: $PREP_STORE, the "
+                             f"project's .prep/config.toml, {DEFAULT_STORE} (see docs/cli.md).")(function)
+
+
+def _set_quiet(_ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """Silence progress for the rest of the process (an option of the group and of commands)."""
+    if value:
+        progress.set_quiet(True)
+
+
+def quiet_option(function: F) -> F:
+    """-q/--quiet: no progress on stderr (errors still print). Needs no parameter in the callback."""
+    return click.option("-q", "--quiet", is_flag=True, expose_value=False, is_eager=True, callback=_set_quiet,
+                        help="Print no progress on stderr (errors still print).")(function)
+
+
+def json_option(schema_id: str) -> Callable[[F], F]:
+    """--json (parameter `as_json`): print a `schema_id` document on stdout; a failure then prints a
+    prep.error/1 object there instead (prep/cli/main.py), with the same exit code."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help=f"Print a {schema_id} JSON document on stdout (on failure a prep.error/1 one).")
 
 
 def resolve_store_url(option: str | None, pipeline_store: str | None = None) -> str:
-    """--store beats $PREP_STORE, which beats the pipeline file's `store`, then the default."""
-    return option or os.environ.get("PREP_STORE") or pipeline_store or DEFAULT_STORE
+    """--store, then $PREP_STORE, then the project config found above the working directory,
+    then the pipeline file's `store` (build only), then ./prep-store."""
+    if option:
+        return option
+    if os.environ.get("PREP_STORE"):
+        return os.environ["PREP_STORE"]
+    project = find_project()
+    if project is not None:
+        return project.store_url
+    return pipeline_store or DEFAULT_STORE
 
 
 def open_store_option(option: str | None) -> Store:
-    return open_store(resolve_store_url(option))
+    """The store a reading command names; `prep: error: URL is not a prep store` (exit 2), with
+    nothing created, when it is none."""
+    return open_existing(resolve_store_url(option))
+
+
+def open_store_for_writing(option: str | None, pipeline_store: str | None = None) -> Store:
+    """The store a writing command (build) names, created on its first write if it is new."""
+    return open_store(resolve_store_url(option, pipeline_store))

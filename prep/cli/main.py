@@ -1,12 +1,19 @@
-"""The `prep` command: a lazy click group, so each command imports only what it needs."""
+"""The `prep` command: a lazy click group, so each command imports only what it needs, and the one
+error format: `prep: error: <one line>` on stderr (and, with --json, a prep.error/1 object on stdout)."""
 
 from __future__ import annotations
 
 import importlib
+import json
+import re
 import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import click
 
+from prep import progress
+from prep.cli.common import quiet_option
 from prep.errors import PrepError, StorageIOError
 
 # command name -> "module:attribute"; modules are imported only when their command runs.
@@ -23,10 +30,35 @@ COMMANDS: dict[str, str] = {
     "gc": "prep.cli.history:gc",
     "sample": "prep.cli.sample:sample",
     "consumed": "prep.cli.data:consumed",
+    "init": "prep.cli.init:init",
+    "completion": "prep.cli.completion:completion",
 }
 
 
+# The one-line summaries `prep --help` lists, so it imports no command module and cuts none; a
+# command missing here is imported for its own short help.
+SUMMARIES: dict[str, str] = {
+    "build": "Build a pipeline into the store and publish a snapshot.",
+    "show": "Summarize a snapshot, or print its manifest.",
+    "log": "The snapshots a dataset's refs pointed to, newest first.",
+    "pull": "Copy a snapshot's files to a folder, verifying them.",
+    "verify": "Prove a folder holds exactly a snapshot's bytes.",
+    "diff": "What changed between two snapshots, and why.",
+    "tag": "Point DATASET@NAME at a snapshot.",
+    "ls": "List datasets and their refs.",
+    "trace": "Where a document landed in a snapshot's shards.",
+    "gc": "Delete what no ref reaches, past a grace period.",
+    "sample": "Write the sample corpus, tokenizer and pipeline.",
+    "consumed": "Which documents a training run's first N samples read.",
+    "init": "Make this folder a project that names its store.",
+    "completion": "Print the shell completion script (bash, zsh, fish).",
+}
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
 class LazyGroup(click.Group):
+    """A group whose commands are imported only when run; each gets -q/--quiet if it lacks it."""
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
@@ -43,11 +75,33 @@ class LazyGroup(click.Group):
             raise
         command = getattr(module, attribute)
         assert isinstance(command, click.Command)
+        if not any(param.name == "quiet" for param in command.params):
+            quiet_option(command)
         return command
 
+    def summary(self, ctx: click.Context, name: str) -> str:
+        """The command's one-line summary, from SUMMARIES or else its own (uncut) short help."""
+        if name in SUMMARIES:
+            return SUMMARIES[name]
+        command = self.get_command(ctx, name)
+        return command.get_short_help_str(limit=200) if command is not None else ""
 
-@click.group(cls=LazyGroup)
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, self.summary(ctx, name)) for name in self.list_commands(ctx)])
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        """Command names with their summaries, importing no command module."""
+        from click.shell_completion import CompletionItem
+
+        names = [name for name in self.list_commands(ctx) if name.startswith(incomplete)]
+        options = [item for item in super().shell_complete(ctx, incomplete) if item.type != "plain"]
+        return [CompletionItem(name, help=self.summary(ctx, name)) for name in names] + options
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT)
 @click.version_option(package_name="prep")
+@quiet_option
 def cli() -> None:
     """Turn raw text corpora into training-ready, versioned, verifiable datasets."""
 
@@ -61,27 +115,62 @@ def os_error_message(exc: OSError) -> str:
     return f"accessing {paths}: {reason}"
 
 
-def main() -> None:
-    """Entry point: run the CLI and turn prep errors into one-line messages and exit codes."""
+def wants_json(args: Sequence[str]) -> bool:
+    """Whether the command line asks for --json (before any `--`), read from argv itself so even a
+    usage error that stops parsing answers in JSON."""
+    for arg in args:
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
+
+
+def usage_message(exc: click.UsageError) -> str:
+    """click's message on one line, lower-cased like prep's own, with a pointer to the help."""
+    text = " ".join(exc.format_message().split()).rstrip(".")
+    if len(text) > 1 and text[0].isupper() and text[1].islower():
+        text = text[0].lower() + text[1:]
+    path = exc.ctx.command_path if exc.ctx is not None else "prep"
+    return f"{text} (see {path} --help)"
+
+
+def error_kind(exc: BaseException) -> str:
+    """`config` for ConfigError, `storage_io` for StorageIOError: the kind a JSON error names."""
+    name = type(exc).__name__.removesuffix("Error") or "prep"
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def fail(message: str, exit_code: int, kind: str, as_json: bool) -> NoReturn:
+    """Print the one error line (and the JSON error object) and exit with `exit_code`."""
+    progress.end_line()
+    click.echo(f"prep: error: {message}", err=True)
+    if as_json:
+        click.echo(json.dumps({"schema": "prep.error/1", "error": message, "exit_code": exit_code, "kind": kind}))
+    sys.exit(exit_code)
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    """Entry point: run the CLI and turn every error into one line and its exit code."""
+    argv = list(sys.argv[1:] if args is None else args)
+    as_json = wants_json(argv)
     try:
-        code = cli.main(standalone_mode=False)
+        code = cli.main(argv, prog_name="prep", standalone_mode=False)
     except PrepError as exc:
-        click.echo(f"prep: error: {exc.message}", err=True)
-        sys.exit(exc.exit_code)
+        fail(" ".join(exc.message.splitlines()), exc.exit_code, error_kind(exc), as_json)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:  # usage errors: click prints them, exit 2
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("prep: aborted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("prep: interrupted", err=True)
-        sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `prep`: the help, as `prep --help` gives it
+        click.echo(exc.ctx.get_help() if exc.ctx is not None else cli.get_help(click.Context(cli)))
+        sys.exit(0)
+    except click.UsageError as exc:
+        fail(usage_message(exc), exc.exit_code, "usage", as_json)
+    except click.ClickException as exc:
+        fail(" ".join(exc.format_message().split()), exc.exit_code, "error", as_json)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        fail("interrupted", 130, "interrupted", as_json)
     except OSError as exc:  # last resort: an I/O error no layer below named is still one line
-        click.echo(f"prep: error: {os_error_message(exc)}", err=True)
-        sys.exit(StorageIOError.exit_code)
+        fail(os_error_message(exc), StorageIOError.exit_code, "storage_io", as_json)
     # Without standalone mode click returns a command's ctx.exit(code) instead of exiting.
     sys.exit(code if isinstance(code, int) else 0)
 

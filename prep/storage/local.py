@@ -55,13 +55,12 @@ def _disk_size(path: Path) -> int:
 
 
 class LocalStore(Store):
-    """Keys map to files below `root`; temporaries live in `root/tmp`."""
+    """Keys map to files below `root`; temporaries live in `root/tmp`. Opening creates nothing:
+    the folders appear with the first write, so reading a path that is no store leaves it alone."""
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root).absolute()
         self.url = str(self.root)
-        with io_errors("creating store folder", self.root / TMP_DIR):
-            (self.root / TMP_DIR).mkdir(parents=True, exist_ok=True)
 
     def _path(self, key: str) -> Path:
         if not key or key.startswith("/") or ".." in key.split("/"):
@@ -69,7 +68,15 @@ class LocalStore(Store):
         return self.root / key
 
     def staging_dir(self) -> Path:
-        return self.root / TMP_DIR
+        return self._tmp_dir()
+
+    def _tmp_dir(self) -> Path:
+        """`root/tmp`, created (with the root) on first use by a write."""
+        folder = self.root / TMP_DIR
+        if not folder.is_dir():
+            with io_errors("creating store folder", folder):
+                self._makedirs(folder)
+        return folder
 
     def stale_staging(self, cutoff: float) -> builtins.list[ObjectInfo]:
         folder = self.root / TMP_DIR
@@ -93,7 +100,7 @@ class LocalStore(Store):
             path.unlink(missing_ok=True)
 
     def _temp_path(self) -> Path:
-        return self.root / TMP_DIR / f"{uuid.uuid4().hex}.part"
+        return self._tmp_dir() / f"{uuid.uuid4().hex}.part"
 
     def _makedirs(self, folder: Path) -> None:
         """Create `folder` and fsync each new folder's parent, so a power loss cannot drop a

@@ -67,6 +67,22 @@ def test_read_errors_name_the_path(tmp_path: Path) -> None:
 
 
 def test_a_store_folder_that_cannot_be_made(tmp_path: Path) -> None:
+    """Opening creates nothing; the first write makes the folders and names the one it could not make."""
     (tmp_path / "file").write_text("")
+    store = LocalStore(tmp_path / "file" / "store")
+    assert store.head("refs/x.json") is None and list(store.list("")) == []
     with pytest.raises(StorageIOError, match=r"^creating store folder .*/file/store/tmp: Not a directory$"):
-        LocalStore(tmp_path / "file" / "store")
+        store.put_bytes("objects/a", b"x")
+
+
+def test_opening_and_reading_create_nothing(tmp_path: Path) -> None:
+    """A store opened on a missing path stays missing through every read; the first write creates it."""
+    store = LocalStore(tmp_path / "absent")
+    assert store.head("a") is None and store.read_ref("refs/d/latest.json") is None
+    assert list(store.list("refs/")) == [] and store.stale_staging(float("inf")) == []
+    with pytest.raises(NotFoundError):
+        store.get_bytes("a")
+    assert not (tmp_path / "absent").exists()
+    assert store.put_bytes("objects/a", b"x") and store.get_bytes("objects/a") == b"x"
+    assert sorted(p.name for p in (tmp_path / "absent").iterdir()) == ["objects", "tmp"]
+    assert store.swap_ref("refs/d/latest.json", b"{}", None)

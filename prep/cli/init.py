@@ -1,0 +1,33 @@
+"""`prep init [--store URL]`: make the working directory a prep project naming its store."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from prep.cli.common import quiet_option
+from prep.project import DEFAULT_PROJECT_STORE, config_path, write_config
+from prep.storage import open_store
+from prep.store.marker import mark
+
+
+@click.command()
+@click.option("--store", "store_url", default=DEFAULT_PROJECT_STORE, show_default=True, metavar="URL",
+              help="The project's store: a path (relative to this folder) or s3://bucket/prefix.")
+@click.option("--force", is_flag=True, help="Replace an existing .prep/config.toml.")
+@quiet_option
+def init(store_url: str, force: bool) -> None:
+    """Write .prep/config.toml here, so prep commands run in this folder or below use STORE without
+    --store; a local store is created (an S3 one is left untouched until the first build)."""
+    folder = Path.cwd()
+    path = config_path(folder)
+    if path.exists() and not force:
+        raise click.UsageError(f"{path} exists already (pass --force to replace it)")
+    if "://" not in store_url:
+        mark(open_store(store_url, base=folder))  # create the store first: a failure writes no config
+    write_config(folder, store_url, force)
+    click.echo(f"wrote {path}: commands in {folder} and below use the store {store_url}", err=True)
+    if os.environ.get("PREP_STORE"):
+        click.echo(f"note: $PREP_STORE ({os.environ['PREP_STORE']}) is set and overrides it", err=True)
