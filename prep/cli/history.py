@@ -1,4 +1,4 @@
-"""`prep diff`, `prep tag`, `prep ls`, `prep trace` and `prep gc`: history and lineage commands."""
+"""`prep diff`, `prep tag`, `prep ls` and `prep trace`: history and lineage commands."""
 
 from __future__ import annotations
 
@@ -13,13 +13,11 @@ import click
 
 from prep.cli.common import open_store_option, store_option
 from prep.cli.render import trace_lines
-from prep.errors import NotFoundError
+from prep.errors import UsageError
 from prep.history.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
 from prep.progress import human_bytes
 from prep.storage.base import Store
-from prep.store import cas
-from prep.store.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage, parse_duration
-from prep.store.refs import check_name, list_refs, move_ref
+from prep.store.refs import list_refs
 from prep.store.snapshots import Snapshot, is_manifest_path, load_snapshot, resolve
 
 if TYPE_CHECKING:  # the document-level modules load pyarrow; import them only when used
@@ -144,19 +142,49 @@ def diff(old_spec: str, new_spec: str, store_url: str | None, as_json: bool,
 
 
 @click.command()
-@click.argument("snap")
-@click.argument("name")
+@click.argument("args", nargs=-1, metavar="SNAP NAME | -d DATASET@NAME")
+@click.option("-d", "--delete", is_flag=True, help="Delete tag DATASET@NAME (recorded in its history).")
+@click.option("--force", is_flag=True, help="Move a tag that names another snapshot (tags stay put otherwise).")
+@click.option("--expect", default=None, metavar="GEN",
+              help="Move (or delete) the tag only if it is at generation GEN (0 or 'none': it must not exist).")
+@click.option("--no-readback", is_flag=True, help="Do not read the snapshot's objects back before tagging.")
 @store_option
-def tag(snap: str, name: str, store_url: str | None) -> None:
-    """Point DATASET@NAME at snapshot SNAP (its dataset is the snapshot's)."""
+def tag(args: tuple[str, ...], delete: bool, force: bool, expect: str | None, no_readback: bool,
+        store_url: str | None) -> None:
+    """Point tag DATASET@NAME at snapshot SNAP (its dataset is the snapshot's), or delete one with -d.
+
+    An existing tag naming another snapshot is refused (exit 2) unless --force; re-tagging the
+    snapshot it names is a no-op; `latest` is reserved for builds. Every object of SNAP is read
+    back from the store before the tag moves (exit 3 naming a corrupt or missing one)."""
+    from prep.store.tags import delete_tag, parse_expect, set_tag
+
+    wanted = parse_expect(expect) if expect is not None else None
+    if len(args) != (1 if delete else 2):
+        raise UsageError("usage: prep tag SNAP NAME, or prep tag -d DATASET@NAME")
     store = open_store_option(store_url)
-    snapshot = load_snapshot(store, resolve(store, snap).id)  # a manifest file must be in the store too
-    missing = [a["path"] for a in snapshot.artifacts if store.head(cas.object_key(a["sha256"])) is None]
-    if missing:
-        raise NotFoundError(f"{store.url}: snapshot {snapshot.id} lacks {len(missing)} artifacts "
-                            f"(first: {missing[0]}); not tagged")
-    ref = move_ref(store, snapshot.dataset, check_name("ref", name), snapshot.id)
-    click.echo(f"{ref.dataset}@{ref.name} -> {ref.snapshot} (generation {ref.generation})")
+    if delete:
+        dataset, _, name = args[0].partition("@")
+        if not name:
+            raise UsageError(f"{args[0]!r}: name the tag to delete as DATASET@NAME")
+        gone = delete_tag(store, dataset, name, expect=wanted).ref
+        click.echo(f"deleted {gone.dataset}@{gone.name} (was {gone.snapshot}; generation {gone.generation})")
+        return
+    snapshot = load_snapshot(store, resolve(store, args[0]).id)  # a manifest file must be in the store too
+    move = set_tag(store, snapshot.dataset, args[1], snapshot.id, force=force, expect=wanted,
+                   prove=None if no_readback else lambda: _read_back(store, snapshot))
+    ref = move.ref
+    state = "" if move.moved else "; already there, nothing moved"
+    click.echo(f"{ref.dataset}@{ref.name} -> {ref.snapshot} (generation {ref.generation}{state})")
+
+
+def _read_back(store: Store, snapshot: Snapshot) -> None:
+    """Prove every object of `snapshot` reads back intact before a tag names it (prep.runner.readback)."""
+    from prep.runner.readback import passed_before, read_back, thread_checker
+    from prep.store.refs import read_ref
+
+    latest = read_ref(store, snapshot.dataset, "latest")
+    readback = read_back(store, snapshot, thread_checker(store), passed_before(store, latest.snapshot if latest else None))
+    click.echo(f"prep: {readback.summary()}", err=True)
 
 
 @click.command(name="ls")
@@ -174,47 +202,27 @@ def ls(dataset: str | None, store_url: str | None) -> None:
         click.echo(f"{ref.dataset + '@' + ref.name:<{width}}  gen {ref.generation:<4} {ref.time}  {ref.snapshot}")
 
 
+TRACE_SCHEMA = "prep.trace-report/1"  # manifests/trace-report-1.schema.json
+
+
 @click.command()
 @click.argument("snap")
 @click.argument("doc_id")
 @store_option
-def trace(snap: str, doc_id: str, store_url: str | None) -> None:
-    """Which artifacts, at which positions, hold document DOC_ID (an id, SOURCE:ID, or SOURCE:LINE)."""
+@click.option("--json", "as_json", is_flag=True, help=f"Print a {TRACE_SCHEMA} JSON document.")
+def trace(snap: str, doc_id: str, store_url: str | None, as_json: bool) -> None:
+    """Which artifacts, at which positions, hold document DOC_ID (an id, SOURCE:ID, or SOURCE:LINE,
+    the 1-based line or record of SOURCE, with or without an id field)."""
     from prep.history.lineage import trace as trace_document
 
     store = open_store_option(store_url)
-    found = trace_document(store, _resolve(store, snap), doc_id)
+    snapshot = _resolve(store, snap)
+    found = trace_document(store, snapshot, doc_id)
+    if as_json:
+        click.echo(json.dumps({"schema": TRACE_SCHEMA, "snapshot": snapshot.id, "spec": doc_id,
+                               "documents": [entry.to_json() for entry in found]}, ensure_ascii=False))
+        return
     for index, entry in enumerate(found):
         if index:
             click.echo("")
         click.echo("\n".join(trace_lines(entry)))
-
-
-def gc_lines(report: GcReport) -> list[str]:
-    verb = "would delete" if report.dry_run else "deleted"
-    width = len(verb)
-    lines = [f"{report.store}: {report.refs} refs; grace period {report.grace_seconds} s"
-             + ("; dry run, nothing deleted" if report.dry_run else "")]
-    for name, tally in report.kept.items():
-        lines.append(f"{'kept':<{width}}  {name:<10} {tally.count:>8}  {human_bytes(tally.bytes)}")
-    for name in CATEGORIES:
-        tally = report.deleted[name]
-        lines.append(f"{verb}  {name:<10} {tally.count:>8}  {human_bytes(tally.bytes)}")
-    lines.append(f"{'would free' if report.dry_run else 'freed'} {report.freed.count} keys, {human_bytes(report.freed.bytes)}")
-    return lines
-
-
-@click.command()
-@store_option
-@click.option("--dry-run", is_flag=True, help="Report what would be deleted; delete nothing.")
-@click.option("--grace", default=DEFAULT_GRACE, show_default=True, metavar="DURATION",
-              help="Only delete what is older than this (30m, 6h, 2d); must exceed the longest build.")
-@click.option("--json", "as_json", is_flag=True, help="Print a prep.gc-report/1 JSON document.")
-def gc(store_url: str | None, dry_run: bool, grace: str, as_json: bool) -> None:
-    """Delete objects and records that no ref reaches, once older than the grace period."""
-    store = open_store_option(store_url)
-    report = collect_garbage(store, parse_duration(grace), dry_run)
-    if as_json:
-        click.echo(json.dumps(report.to_json()))
-    else:
-        click.echo("\n".join(gc_lines(report)))

@@ -1,20 +1,39 @@
-"""`prep show SNAP` and `prep log DATASET`."""
+"""`prep show SNAP|DEST` (summary, --json, --at, --megatron-paths) and `prep log DATASET`."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from prep.cli.common import open_store_option, store_option
+from prep.cli.common import json_option, open_store_option, store_option
 from prep.cli.render import trace_lines
+from prep.errors import NotFoundError, UsageError
 from prep.history.naming import AT_EXAMPLES
 from prep.progress import human_bytes
-from prep.store.refs import ref_history
-from prep.store.snapshots import is_manifest_path, reencoded_note, resolve
+from prep.storage.base import Store
+from prep.store.snapshots import Snapshot, is_manifest_path, read_manifest_file, reencoded_note, resolve
+
+if TYPE_CHECKING:  # the lineage modules load pyarrow; import them only when used
+    from prep.history.builds import BuildRecord, Generation
+
+SHOW_AT_SCHEMA = "prep.show-at/1"  # manifests/show-at-1.schema.json
+PREP_DIR, MANIFEST_NAME, SHARE_NAME = ".prep", "manifest.json", "share.json"  # a pulled folder (prep.transfer)
+
+
+def document_counts(stats: dict[str, Any]) -> str:
+    """The documents line: records read (bad ones skipped included), duplicates, written."""
+    skipped = int(stats.get("bad_records_skipped", 0))
+    read = int(stats["documents_read"]) + skipped
+    return (f"documents  {read} read, {skipped} bad records skipped, {stats['duplicates_dropped']} duplicates "
+            f"dropped, {stats['documents_written']} written")
 
 
 def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
+    """The human summary of a snapshot: inputs, tokenizer, code, counts, artifacts, stages."""
     stats, tok = manifest["stats"], manifest["tokenizer"]
     by_format: dict[str, list[int]] = {}
     for artifact in manifest["artifacts"]:
@@ -28,8 +47,7 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
         f"{human_bytes(sum(f['size'] for f in manifest['inputs']['files']))}, version {manifest['inputs']['version'][:23]}",
         f"tokenizer  sha256:{tok['sha256'][:16]}  vocab {tok['vocab_size']}  eos {tok['eos']!r}={tok['eos_id']}  {tok['dtype']}",
         f"code       prep {manifest['code']['version']}  sha256:{manifest['code']['sha256'][:16]}",
-        f"documents  {stats['documents_read']} read, {stats['duplicates_dropped']} duplicates dropped, "
-        f"{stats['documents_written']} written",
+        document_counts(stats),
         f"tokens     {stats['tokens_written']}",
     ]
     for fmt, (count, size) in sorted(by_format.items()):
@@ -39,41 +57,186 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
     return lines
 
 
+def pulled_manifest(spec: str) -> Path | None:
+    """DEST/.prep/manifest.json when SPEC is a folder (a pulled one, else a UsageError); None otherwise."""
+    folder = Path(spec)
+    if not folder.is_dir():
+        return None
+    manifest = folder / PREP_DIR / MANIFEST_NAME
+    if not manifest.is_file():
+        raise UsageError(f"{spec}: a folder, but no pulled snapshot ({PREP_DIR}/{MANIFEST_NAME} is missing: "
+                         "`prep pull` writes it last)")
+    return manifest
+
+
+def _share_line(dest: Path) -> str | None:
+    """What DEST/.prep/share.json says the folder holds, when a pull recorded it."""
+    try:
+        record = json.loads((dest / PREP_DIR / SHARE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    rank, world = record.get("rank"), record.get("world_size")
+    formats = record.get("formats")
+    where = f"rank {rank} of {world}" if rank is not None else "the whole snapshot"
+    return f"share      {where}, formats {', '.join(map(str, formats)) if formats else 'all'}"
+
+
+def dest_lines(dest: Path, snapshot: Snapshot) -> list[str]:
+    """What a pulled folder holds: where, its share, and how many of the artifacts are present."""
+    present = [a for a in snapshot.artifacts if (dest / a["path"]).is_file()]
+    check = f"prep verify {dest}/{PREP_DIR}/{MANIFEST_NAME} {dest}"
+    lines = [f"pulled     {dest.resolve()}",
+             f"present    {len(present)} of {len(snapshot.artifacts)} files, "
+             f"{human_bytes(sum(a['size'] for a in present))} (verify with `{check}`)"]
+    share = _share_line(dest)
+    return lines + ([share] if share else [])
+
+
+def megatron_prefixes(snapshot: Snapshot, root: Path, absolute: bool) -> tuple[list[str], int]:
+    """Each shard's `.bin` path without `.bin` under `root` (Megatron's --data-path takes these);
+    for a pulled folder (`absolute`), only shards whose .bin and .idx are both there, and how many are not."""
+    prefixes, missing = [], 0
+    for artifact in sorted((a for a in snapshot.artifacts if a["format"] == "bin"), key=lambda a: a["path"]):
+        prefix = artifact["path"].removesuffix(".bin")
+        if absolute and not all((root / f"{prefix}{ext}").is_file() for ext in (".bin", ".idx")):
+            missing += 1
+            continue
+        prefixes.append(str(root.resolve() / prefix) if absolute else os.path.join(root, prefix))
+    return prefixes, missing
+
+
+def _print_megatron_paths(snapshot: Snapshot, dest: Path | None, root: Path | None) -> None:
+    if dest is None and root is None:
+        raise UsageError("--megatron-paths of a store snapshot needs --root DIR (the folder it is pulled into), "
+                         "or give the pulled folder itself: prep show DEST --megatron-paths")
+    prefixes, missing = megatron_prefixes(snapshot, dest or root or Path("."), dest is not None and root is None)
+    if not prefixes and not any(a["format"] == "bin" for a in snapshot.artifacts):
+        raise NotFoundError(f"snapshot {snapshot.id[:19]} has no Megatron (.bin/.idx) artifacts")
+    if missing:
+        click.echo(f"prep: note: {missing} of {missing + len(prefixes)} shards are not in {dest} "
+                   "(another rank's share, or an unfinished pull); listed only those present", err=True)
+    if not prefixes:
+        raise NotFoundError(f"{dest}: none of the snapshot's .bin/.idx pairs are in this folder")
+    click.echo("\n".join(prefixes))
+
+
+def _show_at(store: Store, snapshot: Snapshot, at: str, text: bool, tokens: bool, as_json: bool) -> None:
+    """Print the document `--at` names: its trace, and its text and tokens when asked."""
+    from prep.history.content import document_content
+    from prep.history.documents import load_records
+    from prep.history.lineage import locate_at
+
+    found = locate_at(store, snapshot, at)
+    content = document_content(store, load_records(store, snapshot), found.document) if text or tokens else None
+    if as_json:
+        report: dict[str, Any] = {"schema": SHOW_AT_SCHEMA, "snapshot": snapshot.id, "at": at, "trace": found.to_json()}
+        if content is not None:
+            report.update({k: v for k, v in content.to_json().items() if (text, tokens)[k == "tokens"]})
+        click.echo(json.dumps(report, ensure_ascii=False))
+        return
+    if content is None:
+        click.echo("\n".join(trace_lines(found)))
+    if content is not None and text:
+        click.echo(content.text)
+    if content is not None and tokens:
+        click.echo(" ".join(map(str, content.tokens)))
+
+
 @click.command()
-@click.argument("snap")
+@click.argument("snap", metavar="SNAP|DEST")
 @store_option
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the manifest exactly as stored (no newline added): its SHA-256 is the snapshot id.")
-@click.option("--at", "at", default=None, metavar="PATH:N",
-              help=f"Show the document stored as sequence N (0-based) of artifact PATH, e.g. {AT_EXAMPLES}.")
-def show(snap: str, store_url: str | None, as_json: bool, at: str | None) -> None:
-    """Show a snapshot: DATASET@REF, sha256:<hex>, a unique hex prefix, or a manifest file."""
-    store = None if is_manifest_path(snap) and at is None else open_store_option(store_url)
-    snapshot = resolve(None if is_manifest_path(snap) else store, snap)
-    note = reencoded_note(snap, snapshot)
+@json_option("prep.snapshot/1 (the manifest exactly as stored) or, with --at, " + SHOW_AT_SCHEMA)
+@click.option("--at", "at", default=None, metavar="KEY|PATH:N",
+              help="Show one document: a WebDataset sample key (as in the .tar), or sequence N (0-based) of "
+                   f"artifact PATH, e.g. {AT_EXAMPLES}.")
+@click.option("--text", is_flag=True, help="With --at: print the document's text (instead of where it is).")
+@click.option("--tokens", is_flag=True, help="With --at: print its token ids as its .bin holds them (EOS last).")
+@click.option("--megatron-paths", is_flag=True, help="Print each shard's .bin path without .bin, for Megatron's --data-path.")
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --megatron-paths: the folder the snapshot is (to be) pulled into.")
+def show(snap: str, store_url: str | None, as_json: bool, at: str | None, text: bool, tokens: bool,
+         megatron_paths: bool, root: Path | None) -> None:
+    """Show a snapshot (DATASET@REF, sha256:<hex>, a unique hex prefix, a manifest file) or a pulled folder."""
+    if (text or tokens) and at is None:
+        raise UsageError("--text and --tokens need --at KEY|PATH:N")
+    if root is not None and not megatron_paths:
+        raise UsageError("--root goes with --megatron-paths")
+    if megatron_paths and (at is not None or as_json):
+        raise UsageError("--megatron-paths prints paths only: not with --at or --json")
+    manifest_file = pulled_manifest(snap)
+    dest = Path(snap) if manifest_file is not None else None
+    spec = str(manifest_file) if manifest_file is not None else snap
+    store = None if is_manifest_path(spec) and at is None else open_store_option(store_url)
+    snapshot = read_manifest_file(manifest_file) if manifest_file else resolve(None if is_manifest_path(spec) else store, spec)
+    note = reencoded_note(spec, snapshot)
     if note is not None:
         click.echo(note, err=True)
-    if at is not None:
-        from prep.history.lineage import locate, parse_at
-
+    if megatron_paths:
+        _print_megatron_paths(snapshot, dest, root)
+    elif at is not None:
         assert store is not None
-        click.echo("\n".join(trace_lines(locate(store, snapshot, *parse_at(at)))))
-        return
-    if as_json:
+        _show_at(store, snapshot, at, text, tokens, as_json)
+    elif as_json:
         click.echo(snapshot.raw, nl=False)  # bytes go to stdout's binary buffer untouched
-        return
-    click.echo("\n".join(summary_lines(snapshot.id, snapshot.manifest)))
+    else:
+        click.echo("\n".join(summary_lines(snapshot.id, snapshot.manifest)
+                             + (dest_lines(dest, snapshot) if dest is not None else [])))
+
+
+def generation_line(generation: Generation) -> str:
+    """One generation of one ref, marked when its snapshot was collected (or the ref deleted)."""
+    ref = generation.ref
+    marks = [mark for mark, on in (("(collected)", generation.collected), ("(ref deleted)", ref.deleted)) if on]
+    return f"{ref.time}  {ref.dataset}@{ref.name:<12} gen {ref.generation:<4} {ref.snapshot}" + \
+        "".join(f"  {mark}" for mark in marks)
+
+
+def build_lines(build: BuildRecord) -> list[str]:
+    """One build: when, where, how, what ran or was reused per stage, and the records it skipped."""
+    entry = build.to_json()
+    unknown = "(not recorded)"
+    lines = [f"build      {entry['started']}  {entry['seconds']} s  host {entry['host']}  snapshot {entry['snapshot']}"
+             + ("  (collected)" if build.collected else ""),
+             f"  run      executor {entry['executor'] or unknown}  workers {entry['workers'] or unknown}  "
+             f"tokenizer backend {entry['backend'] or unknown}",
+             "  stages   " + ", ".join(f"{name} {run['ran']} ran/{run['cached']} cached"
+                                      for name, run in entry["stages"].items())]
+    listed = entry["skip_reasons"]
+    lines.append(f"  skipped  {entry['skipped']} bad records" + (":" if listed else ""))
+    lines.extend(f"    {reason}" for reason in listed)
+    if len(listed) < entry["skipped"]:
+        lines.append(f"    ... {entry['skipped'] - len(listed)} more not listed (at most 100 per tokenize task)")
+    return lines
 
 
 @click.command()
 @click.argument("dataset")
 @store_option
-def log(dataset: str, store_url: str | None) -> None:
-    """The snapshots DATASET's refs have pointed to, newest first."""
+@click.option("--builds", "show_builds", is_flag=True,
+              help="List builds instead: time, host, duration, executor, workers, cache hits, skipped records.")
+@json_option("prep.log-report/1")
+def log(dataset: str, store_url: str | None, show_builds: bool, as_json: bool) -> None:
+    """The snapshots DATASET's refs have pointed to, newest first; collected ones are marked."""
+    from prep.history.builds import REPORT_SCHEMA, builds, generations
+
     store = open_store_option(store_url)
-    entries = ref_history(store, dataset)
+    entries = generations(store, dataset)
+    found = builds(store, dataset) if show_builds else None
+    if as_json:
+        click.echo(json.dumps({"schema": REPORT_SCHEMA, "dataset": dataset, "store": store.url,
+                               "generations": [entry.to_json() for entry in entries],
+                               "builds": None if found is None else [build.to_json() for build in found]},
+                              ensure_ascii=False))
+        return
+    if found is not None:
+        if not found:
+            click.echo(f"no build logs for dataset {dataset!r} in {store.url}", err=True)
+        else:
+            click.echo("\n".join(line for build in found for line in build_lines(build)))
+        return
     if not entries:
         click.echo(f"no refs for dataset {dataset!r} in {store.url}", err=True)
         return
-    for ref in entries:
-        click.echo(f"{ref.time}  {ref.dataset}@{ref.name:<12} gen {ref.generation:<4} {ref.snapshot}")
+    click.echo("\n".join(generation_line(entry) for entry in entries))

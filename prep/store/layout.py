@@ -83,6 +83,11 @@ def history_key(dataset: str, name: str, generation: int) -> str:
     return f"{HISTORY_PREFIX}{dataset}/{name}/{generation:016d}{RECORD_SUFFIX}"
 
 
+def logs_prefix(dataset: str) -> str:
+    """`logs/<dataset>/`: the build logs of one dataset."""
+    return f"{LOGS_PREFIX}{check_name('dataset', dataset)}/"
+
+
 def log_key(dataset: str, stamp: str, suffix: str) -> str:
     """`logs/<dataset>/<YYYYMMDDTHHMMSSZ>-<12 hex>.json`, one build log."""
     return f"{LOGS_PREFIX}{dataset}/{stamp}-{suffix}{RECORD_SUFFIX}"

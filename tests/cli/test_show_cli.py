@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from prep.manifest.schema import validate
 from prep.storage.local import LocalStore
 from tests.snapshot_factory import Built, build_snapshot
 
@@ -70,7 +71,10 @@ def test_a_file_that_is_not_a_manifest_is_refused_in_one_line(tmp_path: Path, co
     bad = tmp_path / "notes.json"
     bad.write_bytes(content)
     result = prep_bytes("show", bad, "--json", "--store", tmp_path / "absent")
-    assert result.returncode == 2 and result.stdout == b""
+    assert result.returncode == 2
+    error = json.loads(result.stdout)  # with --json, a failure is a prep.error/1 object on stdout
+    validate(error, "prep.error/1", "stdout")
+    assert error["exit_code"] == 2 and f"{bad}: not a canonical prep manifest" in error["error"]
     message = result.stderr.decode()
     assert message.startswith("prep: error: ") and message.count("\n") == 1, message
     assert f"{bad}: not a canonical prep manifest" in message
