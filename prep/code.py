@@ -36,3 +36,11 @@ def dependency_versions() -> dict[str, str]:
 def code_identity() -> dict[str, object]:
     """The `code` object of a manifest."""
     return {"version": prep.__version__, "sha256": source_hash(), "dependencies": dependency_versions()}
+
+
+def describe_code(identity: dict[str, object]) -> str:
+    """A code identity in one phrase: version, source hash prefix and the byte-shaping libraries."""
+    sha = str(identity.get("sha256", "?"))[:12]
+    deps = identity.get("dependencies")
+    libraries = ", ".join(f"{name} {version}" for name, version in sorted(deps.items())) if isinstance(deps, dict) else "?"
+    return f"prep {identity.get('version', '?')} (source sha256 {sha}; {libraries})"

@@ -64,12 +64,24 @@ class NotFoundError(StoreError):
 
 
 class RefConflictError(StoreError):
-    """A ref moved under us more often than we were willing to retry."""
+    """A ref moved under us more often than we were willing to retry, or a tag exists elsewhere."""
+
+
+class StaleRefError(RefConflictError):
+    """A ref is not at the generation the caller expected (`--expect`, or what a build saw at its
+    start): another publisher moved it, so this one leaves it where it is."""
 
 
 class ExecutorError(PrepError):
     """The executor lost work it could not recover: a worker died too often, ran out of memory,
     or the cluster went away. The build committed nothing more; rerunning resumes it."""
+
+
+class ForeignCodeError(ExecutorError):
+    """A worker runs other code than the driver (another prep source or byte-shaping library), so
+    it refuses the task: its bytes would be committed under keys naming the driver's code."""
+
+    exit_code = 5
 
 
 class IntegrityError(PrepError):

@@ -9,9 +9,9 @@ import click
 
 from prep.cli.common import resolve_store_url, store_option
 from prep.config import load_pipeline
-from prep.runner.build import make_executor
+from prep.runner.build import PublishOptions, make_executor
 from prep.storage import open_store
-from prep.store.refs import check_name
+from prep.store.tags import check_tag_name, parse_expect
 
 
 @click.command()
@@ -19,16 +19,28 @@ from prep.store.refs import check_name
 @store_option
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes running tasks (default: the number of cores).")
-@click.option("--tag", "tags", multiple=True, metavar="NAME", help="Also point DATASET@NAME at the snapshot.")
+@click.option("--tag", "tags", multiple=True, metavar="NAME",
+              help="Also point DATASET@NAME at the snapshot (a tag naming another snapshot needs --force).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Run tasks in a local process pool or on a Ray cluster.")
 @click.option("--ray-address", default=None, metavar="ADDR", help="Ray cluster address (default: a local instance).")
+@click.option("--expect", "expect", default=None, metavar="GEN",
+              help="Move DATASET@latest only if it is at generation GEN (0 or 'none': it must not exist); "
+                   "else exit 2 and it stays.")
+@click.option("--force", is_flag=True,
+              help="Move refs another build moved while this one ran, and --tag names that point elsewhere.")
+@click.option("--no-readback", is_flag=True,
+              help="Do not read the snapshot's objects back from the store before moving refs (the log says so).")
 def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tuple[str, ...], executor: str,
-          ray_address: str | None) -> None:
-    """Build PIPELINE into the store and publish a snapshot; prints the snapshot id."""
+          ray_address: str | None, expect: str | None, force: bool, no_readback: bool) -> None:
+    """Build PIPELINE into the store and publish a snapshot; prints the snapshot id.
+
+    A ref another publisher moved while the build ran is left alone (a warning line, exit 0)
+    unless --force; a stale --expect exits 2. A rebuild with nothing changed moves no ref."""
     config = load_pipeline(pipeline)
     for tag in tags:
-        check_name("tag", tag)
+        check_tag_name(tag)
+    options = PublishOptions(tags, parse_expect(expect) if expect is not None else None, force, not no_readback)
     pipeline_store = config.store
     if pipeline_store and "://" not in pipeline_store:
         pipeline_store = str(config.base_dir / pipeline_store)  # relative to the pipeline file
@@ -37,7 +49,7 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
     try:
         from prep.runner.build import build as run_build  # heavy: imported while the workers start
 
-        result = run_build(config, store, pool, tags)
+        result = run_build(config, store, pool, progress=None, options=options)
     finally:
         pool.close()
     click.echo(result.snapshot.id)

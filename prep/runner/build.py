@@ -2,7 +2,8 @@
 
 Stages: tokenize (read + hash + tokenize, one task per file part) -> dedup (global decisions over
 text hashes) -> shuffle (plan of every output byte) -> shard (assemble groups of shards) ->
-publish (snapshot manifest, then refs by compare-and-swap).
+publish (snapshot manifest, read-back of every object it names, then refs by compare-and-swap
+from the generations seen when the build started; see prep/runner/publish.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prep.code import code_identity
@@ -20,12 +21,23 @@ from prep.faults import crash_point
 from prep.inputs.sources import SourceFile, discover, input_version, release_spool
 from prep.progress import Progress
 from prep.runner import ordering
-from prep.runner.executors.base import Executor, WarmUp
+from prep.runner.executors.base import Executor, WarmUp, WrappedExecutor
 from prep.runner.executors.local import LocalExecutor
 from prep.runner.planning import describe_inputs, hash_inputs, looks_unchanged, task_bytes
-from prep.runner.publish import StageRun, build_stats, snapshot_manifest, write_log
+from prep.runner.publish import (
+    BuildFacts,
+    RefOutcome,
+    RefPlan,
+    StageRun,
+    build_stats,
+    publish_refs,
+    snapshot_manifest,
+    write_log,
+)
+from prep.runner.readback import Readback, executor_checker, passed_before, read_back
 from prep.runner.reuse import Remake, ReuseGuard
 from prep.runner.tasks import (
+    CodeChecked,
     PartRef,
     TaskResult,
     TokenizeJob,
@@ -39,17 +51,20 @@ from prep.stages.specs import TokenizeSettings
 from prep.storage.base import Store
 from prep.store import records
 from prep.store.leases import Lease, build_lease
-from prep.store.refs import Ref, move_ref
 from prep.store.snapshots import Snapshot, publish_manifest
+from prep.store.tags import check_tag_name
 from prep.tokenizer import describe_tokenizer
 
 
 @dataclass
 class BuildResult:
+    """A finished build: its snapshot, what it did to each ref, its stages, log and read-back."""
+
     snapshot: Snapshot
-    refs: list[Ref]
+    refs: list[RefOutcome]
     stages: dict[str, StageRun] = field(default_factory=dict)
     log_key: str = ""
+    readback: Readback = field(default_factory=lambda: Readback(False))
 
 
 class Builder:
@@ -62,6 +77,7 @@ class Builder:
         self.log: dict[str, Any] = {"tasks": {}}
         self.guard = ReuseGuard(store, executor, progress)
         self.tokenize_settings: TokenizeSettings | None = None
+        self.written: set[str] = set()  # objects this build's tasks stored: always read back before a publish
 
     # -- generic task running ---------------------------------------------------------------
     def run_tasks(self, stage: str, jobs: Sequence[tuple[str, Any]], fn: Callable[[Any], TaskResult],
@@ -95,6 +111,7 @@ class Builder:
                     result = publish_staged(self.store, result)
                     published.add(index)
                     self.guard.produced(result.outputs.values())
+                    self.written.update(result.outputs.values())
                     crash_point(f"{stage}.before_commit")
                     committed[key] = records.write_task_record(self.store, stage, key, result.outputs, result.summary)
                     if result.log:
@@ -181,18 +198,49 @@ def make_executor(kind: str, workers: int, ray_address: str | None = None) -> Ex
     raise UsageError(f"unknown executor {kind!r} (use local or ray)")
 
 
+@dataclass(frozen=True)
+class PublishOptions:
+    """How a build publishes: `--tag`s, `--expect` (the generation `latest` must be at), `--force`
+    (move refs another publisher moved meanwhile, and tags that name other snapshots), and
+    whether to read the snapshot back before any ref moves (`--no-readback` turns it off)."""
+
+    tags: tuple[str, ...] = ()
+    expect: int | None = None
+    force: bool = False
+    readback: bool = True
+
+
 def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[str] = (),
-          progress: Progress | None = None) -> BuildResult:
+          progress: Progress | None = None, options: PublishOptions | None = None) -> BuildResult:
     """Run the pipeline into `store` and publish it; returns the snapshot and moved refs.
 
     The whole build holds a build lease, so garbage collection never runs while this build may
-    still commit what it found in the store (docs/history.md)."""
+    still commit what it found in the store (docs/history.md). Every task runs behind the
+    driver's code-identity check (`runner.tasks.CodeChecked`)."""
+    options = options or PublishOptions()
+    if tags:
+        options = replace(options, tags=tuple(tags))
+    for tag in options.tags:
+        check_tag_name(tag)
+    code = code_identity()
+    checked = WrappedExecutor(executor, lambda fn: CodeChecked(fn, code))
+    plan = RefPlan.note(store, pipeline.dataset, options.tags, options.expect, options.force)
     with build_lease(store) as lease:
-        return _build(pipeline, store, executor, tags, progress or Progress(), lease)
+        return _build(pipeline, store, checked, progress or Progress(), lease,
+                      Publishing(options, plan, getattr(executor, "backend", type(executor).__name__)))
 
 
-def _build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[str], progress: Progress,
-           lease: Lease) -> BuildResult:
+@dataclass(frozen=True)
+class Publishing:
+    """A build's publish options with the refs' generations noted at its start and the executor's name."""
+
+    options: PublishOptions
+    plan: RefPlan
+    backend: str
+
+
+def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progress, lease: Lease,
+           publishing: Publishing) -> BuildResult:
     builder = Builder(pipeline, store, executor, progress)
     started = time.time()
     tokenizer_path = pipeline.tokenizer_path()
@@ -227,11 +275,34 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[
                          "rerun to publish from the committed work")
     snapshot = publish_manifest(store, manifest)
     crash_point("publish.before_refs")
-    moved = [move_ref(store, pipeline.dataset, name, snapshot.id) for name in ("latest", *tags)]
+    readback, outcomes = _publish(builder, snapshot, publishing)
     extra = {"tasks": builder.log["tasks"], **({"recomputed": builder.guard.recomputed} if builder.guard.recomputed else {})}
-    log_key = write_log(store, pipeline.dataset, snapshot, builder.stages, sources, entries, started, moved, extra)
-    progress.info(f"published {snapshot.id} as " + ", ".join(f"{r.dataset}@{r.name} (generation {r.generation})" for r in moved))
-    return BuildResult(snapshot, moved, builder.stages, log_key)
+    facts = BuildFacts(started, publishing.backend, executor.workers, readback.to_json(), outcomes)
+    log_key = write_log(store, pipeline.dataset, snapshot, builder.stages, sources, entries, facts, extra)
+    return BuildResult(snapshot, outcomes, builder.stages, log_key, readback)
+
+
+def _publish(builder: Builder, snapshot: Snapshot, publishing: Publishing) -> tuple[Readback, list[RefOutcome]]:
+    """Read the snapshot back (unless told not to, or no ref would move), then move the refs."""
+    store, progress, plan = builder.store, builder.progress, publishing.plan
+    pending = plan.pending(store, snapshot.id)
+    readback = Readback(False, skipped="no ref moves" if not pending else "--no-readback")
+    if pending and publishing.options.readback:
+        # What this build wrote or recomputed is read back even if an earlier snapshot's record lists it.
+        known = passed_before(store, plan.latest_snapshot) - builder.written
+        known -= {str(item["object"]) for item in builder.guard.recomputed}
+        readback = read_back(store, snapshot, executor_checker(store, builder.executor), known)
+    if pending:
+        progress.info(readback.summary())
+    outcomes = publish_refs(store, plan, snapshot.id, progress.info)
+    moved = [o for o in outcomes if o.action == "moved"]
+    if not moved and all(o.action == "unchanged" for o in outcomes):
+        progress.info(f"up to date: {snapshot.id} is already " +
+                      ", ".join(f"{plan.dataset}@{o.name} (generation {o.generation})" for o in outcomes))
+    elif moved:
+        progress.info(f"published {snapshot.id} as " +
+                      ", ".join(f"{plan.dataset}@{o.name} (generation {o.generation})" for o in moved))
+    return readback, outcomes
 
 
 def _global_stages(builder: Builder, entries: list[dict[str, Any]], dtype: str,

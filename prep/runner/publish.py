@@ -1,22 +1,27 @@
-"""The end of a build: the snapshot manifest assembled from the committed stages, and the
-build log (what may differ between two builds of one snapshot, so none of it is in the id)."""
+"""The end of a build: the snapshot manifest assembled from the committed stages, the refs moved
+by compare-and-swap from the generations seen at the start, and the build log (what may differ
+between two builds of one snapshot, so none of it is in the id)."""
 
 from __future__ import annotations
 
 import json
-import os
+import re
+import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from prep import hashing
+from prep.errors import StaleRefError
 from prep.formats.units import named_artifact_path, unit_formats, units_for
 from prep.inputs.sources import SourceFile
 from prep.storage.base import Store
 from prep.store.layout import log_key
-from prep.store.refs import Ref
+from prep.store.refs import Mover, read_ref, read_ref_value, update_ref
 from prep.store.snapshots import Snapshot
+from prep.store.tags import tag_expectation
 
 SNAPSHOT_SCHEMA = "prep.snapshot/1"  # manifests/snapshot-1.schema.json
 
@@ -75,23 +80,149 @@ def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[So
     }
 
 
+SKIPPED_LISTED = 1000  # skipped records a build log lists; `skipped.total` counts them all
+LOG_SCHEMA = "prep.build-log/2"  # manifests/build-log-2.schema.json (logs of version 1 stay readable)
+
+
+@dataclass(frozen=True)
+class RefOutcome:
+    """What a build did to one ref: moved it, found it already naming the snapshot (unchanged), or
+    declined to move it over a value another publisher set while this build ran."""
+
+    name: str
+    action: str
+    generation: int
+    previous: str | None
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "action": self.action, "generation": self.generation,
+                "previous": self.previous, **({"reason": self.reason} if self.reason else {})}
+
+
+@dataclass(frozen=True)
+class RefPlan:
+    """The refs a build publishes (`latest`, then its tags), the live generation each had when the
+    build started, and the caller's `--expect` (for `latest`) and `--force`."""
+
+    dataset: str
+    tags: tuple[str, ...]
+    seen: dict[str, int]
+    expect: int | None = None
+    force: bool = False
+    latest_snapshot: str | None = None  # what `latest` named at the start
+
+    @classmethod
+    def note(cls, store: Store, dataset: str, tags: tuple[str, ...], expect: int | None, force: bool) -> RefPlan:
+        """Note each ref's generation now; StaleRefError (exit 2) at once for a stale `expect`."""
+        seen, latest = {}, None
+        for name in ("latest", *tags):
+            ref = read_ref_value(store, dataset, name)
+            seen[name] = ref.live if ref else 0
+            if name == "latest" and ref is not None and not ref.deleted:
+                latest = ref.snapshot
+        if expect is not None and seen["latest"] != expect:
+            raise StaleRefError(f"{dataset}@latest is at generation {seen['latest']}, not {expect} as expected "
+                                "(--expect); nothing built, no ref moved")
+        return cls(dataset, tags, seen, expect, force, latest)
+
+    def pending(self, store: Store, snapshot_id: str) -> list[str]:
+        """The refs that do not name `snapshot_id` yet; RefConflictError (nothing moved) for a tag
+        that names another snapshot, unless `force`."""
+        todo = []
+        for name in ("latest", *self.tags):
+            current = read_ref(store, self.dataset, name)
+            if current is not None and current.snapshot == snapshot_id:
+                continue
+            if name != "latest":
+                tag_expectation(current, snapshot_id, force=self.force, expect=None)
+            todo.append(name)
+        return todo
+
+    def expected(self, name: str) -> int | None:
+        if name == "latest" and self.expect is not None:
+            return self.expect
+        return None if self.force else self.seen[name]
+
+
+def publish_refs(store: Store, plan: RefPlan, snapshot_id: str, warn: Callable[[str], None]) -> list[RefOutcome]:
+    """Move the plan's refs to `snapshot_id` by compare-and-swap from the generations noted at the
+    start. A ref another publisher moved meanwhile is left alone with a warning (with `--expect`
+    the StaleRefError is raised: exit 2)."""
+    outcomes = []
+    mover = Mover.here("build")
+    for name in ("latest", *plan.tags):
+        try:
+            move = update_ref(store, plan.dataset, name, snapshot_id, expect=plan.expected(name), mover=mover)
+        except StaleRefError as exc:
+            if name == "latest" and plan.expect is not None:
+                raise
+            now = read_ref_value(store, plan.dataset, name)
+            outcomes.append(RefOutcome(name, "declined", now.generation if now else 0, now.snapshot if now else None,
+                                       str(exc)))
+            warn(f"warning: {exc}: another publisher moved it while this build ran (use --force to move it anyway)")
+            continue
+        ref = move.ref
+        outcomes.append(RefOutcome(name, "moved" if move.moved else "unchanged", ref.generation,
+                                   ref.previous if move.moved else ref.snapshot))
+    return outcomes
+
+
+def skipped_records(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Records skipped under on_error = "skip": the total and the first SKIPPED_LISTED as file, line (or row), reason."""
+    listed: list[dict[str, Any]] = []
+    for entry in entries:
+        source = str(entry.get("source", ""))
+        for message in entry.get("bad_record_examples", []):
+            if len(listed) == SKIPPED_LISTED:
+                break
+            listed.append(_skip_entry(source, str(message)))
+    return {"total": sum(int(e.get("bad_records", 0)) for e in entries), "listed": listed}
+
+
+def _skip_entry(source: str, message: str) -> dict[str, Any]:
+    """`file:line: reason` (or `file: row N: reason`, `file: reason`, see prep.stages.read.BadRecord) split up."""
+    rest = message[len(source):] if source and message.startswith(source) else ""
+    if found := re.fullmatch(r":(\d+): (.*)", rest, re.S):
+        return {"file": source, "line": int(found.group(1)), "reason": found.group(2)}
+    if found := re.fullmatch(r": row (\d+): (.*)", rest, re.S):
+        return {"file": source, "row": int(found.group(1)), "reason": found.group(2)}
+    if rest.startswith(": "):
+        return {"file": source, "reason": rest[2:]}
+    return {"file": None, "reason": message}
+
+
+@dataclass(frozen=True)
+class BuildFacts:
+    """What a build log records beside the stages: when, where, by whom, on what, and what it did."""
+
+    started: float
+    backend: str
+    workers: int
+    readback: dict[str, Any]
+    refs: list[RefOutcome]
+
+
 def write_log(store: Store, dataset: str, snapshot: Snapshot, stages: dict[str, StageRun], sources: list[SourceFile],
-              entries: list[dict[str, Any]], started: float, moved: list[Ref], extra: dict[str, Any]) -> str:
-    """Store a build's log record (`prep.build-log/1`) under a fresh name; returns its key."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+              entries: list[dict[str, Any]], facts: BuildFacts, extra: dict[str, Any]) -> str:
+    """Store a build's log record (`prep.build-log/2`) under a fresh name; returns its key."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(facts.started))
     key = log_key(dataset, stamp, uuid.uuid4().hex[:12])
     record = {
-        "schema": "prep.build-log/1",
+        "schema": LOG_SCHEMA,
         "snapshot": snapshot.id,
         "dataset": dataset,
         "started": stamp,
-        "seconds": int(time.time() - started),
-        "host": os.uname().nodename,
+        "seconds": round(time.time() - facts.started, 3),
+        "host": socket.gethostname(),
+        "user": Mover.here("build").user,
+        "executor": {"backend": facts.backend, "workers": facts.workers},
         "stages": {n: {"key": r.key, "ran": r.ran, "cached": r.cached} for n, r in stages.items()},
         "inputs": [{"path": s.rel, "location": s.location, "etag": s.etag, "version_id": s.version_id}
                    for s in sources],
-        "refs": [{"name": ref.name, "generation": ref.generation, "previous": ref.previous} for ref in moved],
-        "bad_records": [reason for e in entries for reason in e.get("bad_record_examples", [])],
+        "refs": [outcome.to_json() for outcome in facts.refs],
+        "skipped": skipped_records(entries),
+        "readback": facts.readback,
         **extra,
     }
     store.put_bytes(key, json.dumps(record, sort_keys=True, indent=1).encode())

@@ -4,13 +4,17 @@ content-addressed objects. They never write commit records; the driver does that
 from __future__ import annotations
 
 import shutil
+import socket
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prep import hashing
+from prep.code import code_identity, describe_code
+from prep.errors import ForeignCodeError
 from prep.faults import crash_point
 from prep.formats.units import WDS
 from prep.inputs.sources import SourceFile, hash_source
@@ -34,6 +38,29 @@ def worker_store(url: str) -> Store:
     if url not in _STORES:
         _STORES[url] = open_store(url)
     return _STORES[url]
+
+
+def check_code(driver: dict[str, object]) -> None:
+    """Refuse to run a task for a driver whose code identity is not this worker's own: the task's
+    bytes would be committed under keys that name the driver's code."""
+    own = code_identity()
+    if own != driver:
+        raise ForeignCodeError(f"worker on host {socket.gethostname()} runs {describe_code(own)}, the driver "
+                               f"{describe_code(driver)}; it refuses the task (run the driver's prep and "
+                               "libraries on every node)")
+
+
+@dataclass(frozen=True)
+class CodeChecked:
+    """The entry point of every task: checks the worker's code identity against the driver's
+    (carried with the task) before running `fn`."""
+
+    fn: Callable[[Any], Any]
+    code: dict[str, object]
+
+    def __call__(self, item: Any) -> Any:
+        check_code(self.code)
+        return self.fn(item)
 
 
 def prepare_worker(warm: WarmUp | None) -> None:

@@ -27,12 +27,13 @@ from prep.storage.base import Store
 from prep.store import cas
 from prep.store.layout import STAGES_PREFIX as STAGES_PREFIX  # re-exported for callers of records
 from prep.store.layout import TASKS_PREFIX as TASKS_PREFIX
-from prep.store.layout import stage_record_key, task_record_key
+from prep.store.layout import readback_key, stage_record_key, task_record_key
 
 TASK_SCHEMA = "prep.task/1"
 STAGE_RECORD_SCHEMA = "prep.stage-record/1"
 STAGE_SCHEMA = "prep.stage/1"
 SNAPSHOT_SCHEMA = "prep.snapshot/1"
+READBACK_SCHEMA = "prep.readback/1"
 
 LAYOUTS: dict[int, tuple[str, ...]] = {1: ("tokenize", "dedup", "shuffle", "shard"),
                                        2: ("tokenize", "route", "order", "shard")}
@@ -99,6 +100,48 @@ class StageRecord:
 
     def names(self) -> Names:
         return Names(manifests=frozenset({ManifestRef(self.output, self.stage)}))
+
+
+@dataclass(frozen=True)
+class ReadbackRecord:
+    """Every object of a snapshot (manifest and artifacts) was read back from the store and hashed
+    to its name (`prep.readback/1`, at `layout.readback_key`): a later publish of the snapshot
+    need not read it again. `checked` objects were read by that publish, `known` ones had passed before."""
+
+    snapshot: str
+    objects: int
+    checked: int
+    bytes_read: int
+    time: str
+    host: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": READBACK_SCHEMA, "snapshot": self.snapshot, "objects": self.objects,
+                "checked": self.checked, "bytes_read": self.bytes_read, "time": self.time, "host": self.host}
+
+    @classmethod
+    def from_json(cls, data: Any, source: str) -> ReadbackRecord:
+        """A validated read-back record; IntegrityError naming `source` when `data` breaks the schema."""
+        validate(data, READBACK_SCHEMA, source)
+        return cls(str(data["snapshot"]), int(data["objects"]), int(data["checked"]), int(data["bytes_read"]),
+                   str(data["time"]), str(data["host"]))
+
+
+def read_readback(store: Store, snapshot_id: str) -> ReadbackRecord | None:
+    """The read-back record of a snapshot, or None when it never passed one."""
+    key = readback_key(snapshot_id)
+    if store.head(key) is None:
+        return None
+    record = ReadbackRecord.from_json(_loads(store.get_bytes(key), f"{store.url}/{key}"), f"{store.url}/{key}")
+    if record.snapshot != snapshot_id:
+        raise IntegrityError(f"{store.url}/{key}: the read-back record of {record.snapshot} is filed under another snapshot")
+    return record
+
+
+def write_readback(store: Store, record: ReadbackRecord) -> None:
+    """Store a snapshot's read-back record, create-only (a concurrent publisher's equal record wins)."""
+    ReadbackRecord.from_json(record.to_json(), f"new read-back record of {record.snapshot}")
+    store.put_bytes(readback_key(record.snapshot), canonical.dumps(record.to_json()))
 
 
 def content_key(*parts: Any) -> str:

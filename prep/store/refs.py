@@ -2,17 +2,20 @@
 
 A ref body carries a generation number that only grows. Every generation a ref takes is also
 recorded create-only under `history/`, so no published generation is lost without trace even
-when builders race for one ref.
+when builders race for one ref. Each value records who set it (user, host, command); deleting a
+tag swaps in a tombstone value, so generations keep growing and history keys never repeat.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import getpass
+import socket
 from dataclasses import dataclass
 
-from prep.errors import IntegrityError, RefConflictError
+from prep.errors import IntegrityError, RefConflictError, StaleRefError
 from prep.manifest import canonical
-from prep.storage.base import Store
+from prep.storage.base import RefValue, Store
 from prep.store.layout import HISTORY_PREFIX as HISTORY_PREFIX  # re-exported for callers of refs
 from prep.store.layout import RECORD_SUFFIX, history_key, history_prefix, ref_key, refs_prefix
 from prep.store.layout import check_name as check_name
@@ -21,8 +24,27 @@ MAX_SWAP_ATTEMPTS = 50
 
 
 @dataclass(frozen=True)
+class Mover:
+    """Who moves a ref: the user and host of the process and the command (build or tag)."""
+
+    command: str
+    user: str | None = None
+    host: str | None = None
+
+    @classmethod
+    def here(cls, command: str) -> Mover:
+        """This process's user and host, moving refs for `command`."""
+        try:
+            user: str | None = getpass.getuser()
+        except (KeyError, OSError):  # no passwd entry and no $USER: a container's anonymous uid
+            user = None
+        return cls(command, user, socket.gethostname())
+
+
+@dataclass(frozen=True)
 class Ref:
-    """One value of a ref: which snapshot it names, at which generation, since when."""
+    """One value of a ref: which snapshot it names, at which generation, since when, and who set it.
+    A `deleted` value is a tombstone (`prep tag -d`): the ref reads as absent, its generations go on."""
 
     dataset: str
     name: str
@@ -30,9 +52,13 @@ class Ref:
     generation: int
     time: str
     previous: str | None = None
+    user: str | None = None
+    host: str | None = None
+    command: str | None = None
+    deleted: bool = False
 
     def to_json(self) -> dict[str, object]:
-        return {
+        body: dict[str, object] = {
             "schema": "prep.ref/1",
             "dataset": self.dataset,
             "name": self.name,
@@ -41,6 +67,12 @@ class Ref:
             "time": self.time,
             "previous": self.previous,
         }
+        # Optional fields only when set: values written before they existed keep their bytes.
+        body.update({key: value for key, value in (("user", self.user), ("host", self.host),
+                                                    ("command", self.command)) if value is not None})
+        if self.deleted:
+            body["deleted"] = True
+        return body
 
     @classmethod
     def from_json(cls, data: dict[str, object], source: str) -> Ref:
@@ -51,41 +83,80 @@ class Ref:
                 snapshot=str(data["snapshot"]),
                 generation=int(data["generation"]),  # type: ignore[call-overload]
                 time=str(data["time"]),
-                previous=None if data.get("previous") is None else str(data["previous"]),
+                previous=_optional(data, "previous"),
+                user=_optional(data, "user"),
+                host=_optional(data, "host"),
+                command=_optional(data, "command"),
+                deleted=data.get("deleted", False) is True,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"{source}: malformed ref record ({exc})") from None
 
+    @property
+    def live(self) -> int:
+        """The generation `--expect` compares with: this one, or 0 for a deleted ref."""
+        return 0 if self.deleted else self.generation
+
+
+def _optional(data: dict[str, object], key: str) -> str | None:
+    return None if data.get(key) is None else str(data[key])
+
+
+@dataclass(frozen=True)
+class RefMove:
+    """What `update_ref` did: the ref's value now, and whether this call changed it."""
+
+    ref: Ref
+    moved: bool
+
+
+def _read_value(store: Store, key: str) -> tuple[RefValue | None, Ref | None]:
+    current = store.read_ref(key)
+    return current, Ref.from_json(canonical.loads(current.body), f"{store.url}/{key}") if current else None
+
 
 def read_ref(store: Store, dataset: str, name: str) -> Ref | None:
-    key = ref_key(dataset, name)
-    value = store.read_ref(key)
-    if value is None:
-        return None
-    return Ref.from_json(canonical.loads(value.body), f"{store.url}/{key}")
+    """The live value of `dataset@name`, or None when it does not exist or was deleted."""
+    ref = read_ref_value(store, dataset, name)
+    return None if ref is None or ref.deleted else ref
+
+
+def read_ref_value(store: Store, dataset: str, name: str) -> Ref | None:
+    """The stored value of `dataset@name`, a tombstone included; None when it never existed."""
+    return _read_value(store, ref_key(dataset, name))[1]
 
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def move_ref(store: Store, dataset: str, name: str, snapshot: str) -> Ref:
-    """Point `dataset@name` at `snapshot` by compare-and-swap, retrying lost races.
+def _stale(dataset: str, name: str, expect: int, old: Ref | None) -> StaleRefError:
+    now = f"generation {old.generation} ({old.snapshot})" if old and not old.deleted else "absent"
+    if old is not None and old.deleted:
+        now = f"deleted at generation {old.generation}"
+    wanted = "absent" if expect == 0 else f"generation {expect}"
+    return StaleRefError(f"{dataset}@{name} is {now}, not {wanted} as expected; left unmoved")
 
-    The caller must only pass snapshots whose manifest and artifacts are already stored.
-    """
+
+def update_ref(store: Store, dataset: str, name: str, snapshot: str, *, expect: int | None = None,
+               mover: Mover | None = None, delete: bool = False) -> RefMove:
+    """Point `dataset@name` at `snapshot` (or, with `delete`, leave a tombstone naming it) by
+    compare-and-swap, retrying lost races. A ref that already names `snapshot` is left as it is.
+
+    `expect` (None: any): the live generation the ref must be at, 0 for absent or deleted; the
+    swap presents the token of the value that was checked, so no other move can slip in between.
+    The caller must only pass snapshots whose manifest and artifacts are already stored."""
     key = ref_key(dataset, name)
     for _ in range(MAX_SWAP_ATTEMPTS):
-        current = store.read_ref(key)
-        old = Ref.from_json(canonical.loads(current.body), key) if current else None
-        new = Ref(
-            dataset=dataset,
-            name=name,
-            snapshot=snapshot,
-            generation=(old.generation + 1) if old else 1,
-            time=_now(),
-            previous=old.snapshot if old else None,
-        )
+        current, old = _read_value(store, key)
+        if old is not None and old.snapshot == snapshot and old.deleted == delete:
+            return RefMove(old, False)
+        if expect is not None and (old.live if old else 0) != expect:
+            raise _stale(dataset, name, expect, old)
+        who = mover or Mover("api")
+        new = Ref(dataset=dataset, name=name, snapshot=snapshot, generation=(old.generation + 1) if old else 1,
+                  time=_now(), previous=old.snapshot if old else None, user=who.user, host=who.host,
+                  command=who.command, deleted=delete)
         body = canonical.dumps(new.to_json())
         if old is not None and current is not None:
             # Idempotent: records the generation we replace in case its own writer died first.
@@ -93,8 +164,14 @@ def move_ref(store: Store, dataset: str, name: str, snapshot: str) -> Ref:
         if store.swap_ref(key, body, current.token if current else None):
             # Create-only: a generation is won by exactly one swap, so this key is ours.
             store.put_bytes(history_key(dataset, name, new.generation), body)
-            return new
+            return RefMove(new, True)
     raise RefConflictError(f"{dataset}@{name}: the ref kept moving; gave up after {MAX_SWAP_ATTEMPTS} attempts")
+
+
+def move_ref(store: Store, dataset: str, name: str, snapshot: str, *, expect: int | None = None,
+             mover: Mover | None = None) -> Ref:
+    """Point `dataset@name` at `snapshot` (see `update_ref`); returns the ref's value now."""
+    return update_ref(store, dataset, name, snapshot, expect=expect, mover=mover).ref
 
 
 def list_refs(store: Store, dataset: str | None = None) -> list[Ref]:
@@ -105,7 +182,9 @@ def list_refs(store: Store, dataset: str | None = None) -> list[Ref]:
             continue
         value = store.read_ref(info.key)
         if value is not None:
-            refs.append(Ref.from_json(canonical.loads(value.body), info.key))
+            ref = Ref.from_json(canonical.loads(value.body), info.key)
+            if not ref.deleted:  # a tag deleted with `prep tag -d`: only its history remains
+                refs.append(ref)
     return sorted(refs, key=lambda ref: (ref.dataset, ref.name))
 
 
@@ -114,7 +193,9 @@ def ref_history(store: Store, dataset: str) -> list[Ref]:
     entries = []
     for info in store.list(history_prefix(dataset)):
         entries.append(Ref.from_json(canonical.loads(store.get_bytes(info.key)), info.key))
-    # Refs that moved but crashed before their history record still count.
+    # Refs that moved but crashed before their history record still count (tombstones too).
     seen = {(ref.name, ref.generation) for ref in entries}
-    entries.extend(ref for ref in list_refs(store, dataset) if (ref.name, ref.generation) not in seen)
+    current = [_read_value(store, info.key)[1] for info in store.list(refs_prefix(dataset))
+               if info.key.endswith(RECORD_SUFFIX)]
+    entries.extend(ref for ref in current if ref is not None and (ref.name, ref.generation) not in seen)
     return sorted(entries, key=lambda ref: (ref.time, ref.generation, ref.name), reverse=True)

@@ -37,3 +37,22 @@ class Executor(Protocol):
 
 Prepare = Callable[[WarmUp | None], None]
 """A function a worker runs before its first task (imports; with a WarmUp, the tokenizer too)."""
+
+
+class WrappedExecutor:
+    """An executor whose every task function is first passed through `wrap` (the build wraps each
+    in the driver's code-identity check); everything else is the wrapped executor's."""
+
+    def __init__(self, inner: Executor, wrap: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]) -> None:
+        self.inner, self.wrap = inner, wrap
+        self.workers = inner.workers
+        self.shares_filesystem = inner.shares_filesystem
+
+    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Generator[tuple[int, Any], None, None]:
+        return self.inner.run(self.wrap(fn), items)
+
+    def warm(self, warm_up: WarmUp) -> None:
+        self.inner.warm(warm_up)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -79,6 +79,7 @@ class LocalExecutor:
     """A warm pool of `workers` spawned processes, kept for the whole build."""
 
     shares_filesystem = True
+    backend = "local"
 
     def __init__(self, workers: int, prepare: Prepare | None = None, threads_per_worker: int = 1) -> None:
         self.workers = workers

@@ -147,6 +147,7 @@ class RayExecutor:
     paths the jobs name; `visible_paths` records, per node id, the paths found there."""
 
     shares_filesystem = False  # nodes need not see this machine's staging files
+    backend = "ray"
 
     def __init__(self, workers: int, address: str | None = None, *,
                  max_retries: int = DEFAULT_MAX_RETRIES, verify_paths: bool | None = None) -> None:
