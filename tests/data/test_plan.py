@@ -1,0 +1,109 @@
+"""prep.data.plan and the cache's eviction on fixed plans: the plan's next uses are exact, and on a
+plan that rereads, Belady fetches what the optimal offline policy fetches and fewer bytes than LRU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prep.data.cache import CacheOptions, NodeCache
+from prep.data.plan import Need, Plan
+from prep.storage import LocalStore
+from prep.store import cas
+
+SIZE = 1000
+
+
+def objects(store: LocalStore, tmp_path: Path, count: int) -> list[Need]:
+    needs = []
+    for index in range(count):
+        local = tmp_path / f"object-{index}"
+        local.write_bytes(bytes([index]) * SIZE)
+        digest = cas.put_file(store, local)
+        needs.append(Need(digest.sha256, digest.size, f"object {index}"))
+    return needs
+
+
+def optimal_fetches(order: list[int], capacity: int) -> int:
+    """Belady's MIN over the whole sequence, written independently of the cache."""
+    held: set[int] = set()
+    fetches = 0
+    for at, item in enumerate(order):
+        if item in held:
+            continue
+        fetches += 1
+        if len(held) == capacity:
+            future = order[at + 1:]
+            held.remove(max(held, key=lambda h: future.index(h) if h in future else len(future)))
+        held.add(item)
+    return fetches
+
+
+def lru_fetches(order: list[int], capacity: int) -> int:
+    recent: list[int] = []
+    fetches = 0
+    for item in order:
+        if item in recent:
+            recent.remove(item)
+        else:
+            fetches += 1
+            if len(recent) == capacity:
+                recent.pop(0)
+        recent.append(item)
+    return fetches
+
+
+def test_plan_next_use_and_upcoming_follow_the_steps() -> None:
+    needs = [Need(f"{i:064x}", 10, f"n{i}") for i in range(4)]
+    order = [[0, 1], [2], [0], [3], [1]]
+    plan = Plan(lambda step: [needs[i] for i in order[step]] if step < len(order) else None, horizon=3)
+    plan.advance(0)
+    assert [plan.next_use(n.sha256) for n in needs] == [0, 0, 1, None]  # 3 is past the horizon
+    assert [n.what for n in plan.upcoming(2, None)] == ["n0", "n1", "n2"]
+    assert [n.what for n in plan.upcoming(None, 20)] == ["n0", "n1"]
+    plan.advance(1)
+    assert [plan.next_use(n.sha256) for n in needs] == [2, None, 1, 3]
+    plan.advance(4)
+    assert [plan.next_use(n.sha256) for n in needs] == [None, 4, None, None]
+    plan.advance(2)  # backwards: rebuilt from there
+    assert plan.next_use(needs[0].sha256) == 2 and plan.next_use(needs[1].sha256) == 4
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3, 4] * 6, [0, 1, 2, 0, 3, 0, 4, 1, 2, 0, 1, 3, 4, 2, 0] * 2])
+def test_belady_matches_the_optimum_and_beats_lru_on_a_rereading_plan(tmp_path: Path, order: list[int]) -> None:
+    store = LocalStore(tmp_path / "store")
+    needs = objects(store, tmp_path, 5)
+    fetched = {}
+    for policy in ("belady", "lru"):
+        cache = NodeCache(store, CacheOptions(tmp_path / policy, 3 * SIZE, policy=policy))
+        plan = cache.plan = Plan(lambda step: [needs[order[step]]] if step < len(order) else None, horizon=len(order))
+        for step, item in enumerate(order):
+            plan.advance(step)
+            with cache.using(needs[item]) as path:
+                assert path.read_bytes() == bytes([item]) * SIZE
+        fetched[policy] = cache.stats.bytes_fetched
+        assert cache.stats.peak_bytes <= 3 * SIZE
+        cache.close()
+    assert fetched["belady"] == optimal_fetches(order, 3) * SIZE
+    assert fetched["lru"] == lru_fetches(order, 3) * SIZE
+    assert fetched["belady"] < fetched["lru"]
+
+
+def test_a_prefetch_never_evicts_a_file_needed_sooner(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    needs = objects(store, tmp_path, 3)
+    order = [0, 1, 2, 0, 1]
+    cache = NodeCache(store, CacheOptions(tmp_path / "cache", 2 * SIZE))
+    cache.plan = Plan(lambda step: [needs[order[step]]] if step < len(order) else None, horizon=len(order))
+    cache.plan.advance(0)
+    for need in needs[:2]:
+        with cache.using(need):
+            pass
+    cache.plan.advance(2)  # now 2 is needed now, 0 next, 1 after it
+    cache.prefetch(needs[1])  # already there: nothing to do
+    assert cache.stats.fetches == 2
+    cache.plan.advance(3)  # 0 now, 1 next, 2 never: prefetching 2 must not evict either
+    cache.prefetch(needs[2])
+    assert cache.stats.fetches == 2 and not cache.path_of(needs[2].sha256).exists()
+    cache.close()
