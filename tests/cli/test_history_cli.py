@@ -172,17 +172,6 @@ def test_at_help_names_both_shard_naming_schemes() -> None:
     assert "bin/0000000000000000.bin:0" in " ".join(text.split()) and "bin/00000.bin:0" in text
 
 
-def test_gc_report(store: Path) -> None:
-    report = json.loads(prep("gc", "--store", store, "--dry-run", "--json", "--grace", "0").stdout)
-    validate(report, "prep.gc-report/1", "gc report")
-    assert report["dry_run"] is True and report["refs"] >= 2
-    assert report["deleted"]["objects"]["count"] == 0, "every build of this store is still ref'd"
-    text = prep("gc", "--store", store, "--grace", "1d").stdout
-    assert "grace period 86400 s" in text and "freed 0 keys" in text
-    bad = prep("gc", "--store", store, "--grace", "soon", check=False)
-    assert bad.returncode == 2 and "invalid duration 'soon'" in bad.stderr
-
-
 def test_diff_header_names_each_side_once(store: Path) -> None:
     """Given by id, a side's header shows the id once; given by ref, the ref and then its id."""
     old_id = "sha256:" + hashlib.sha256(prep("show", "tiny@v1", "--json", "--store", store).stdout.encode()).hexdigest()

@@ -1,0 +1,145 @@
+"""`prep gc`, `prep fsck`, `prep hold` and `prep release`: keeping a store healthy and its versions kept."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from prep.cli.common import open_store_option, store_option
+from prep.progress import Progress, human_bytes
+from prep.store.fsck import DEFAULT_JOBS, FsckReport, fsck
+from prep.store.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage
+from prep.store.holds import place_hold, release_hold
+from prep.store.reach import CORRUPT, INVALID, MISSING
+from prep.store.retention import RULES, Policy, check_policy, parse_duration
+from prep.store.snapshots import load_snapshot, resolve
+
+DANGLING_SHOWN = 20
+
+
+def gc_lines(report: GcReport) -> list[str]:
+    """The human gc report: policies, what each rule kept, then kept and deleted by category."""
+    verb = "would delete" if report.dry_run else "deleted"
+    width = len(verb)
+    lines = [f"{report.store}: {report.refs} refs; grace period {report.grace_seconds} s"
+             + ("; dry run, nothing deleted" if report.dry_run else "")]
+    for dataset, policy in report.policies.items():
+        lines.append(f"policy {dataset}: keep last {policy.keep_last}, keep within {policy.keep_within} s "
+                     f"({policy.source})")
+    for rule in RULES:
+        kept = [entry for entry in report.rules if entry.rule == rule]
+        lines.append(f"rule {rule:<11} keeps {len({entry.snapshot for entry in kept})} snapshots"
+                     + (": " + ", ".join(entry.by for entry in kept[:5]) + (" ..." if len(kept) > 5 else "")
+                        if kept else ""))
+    for name, tally in report.kept.items():
+        lines.append(f"{'kept':<{width}}  {name:<10} {tally.count:>8}  {human_bytes(tally.bytes)}")
+    for name in CATEGORIES:
+        tally = report.deleted[name]
+        lines.append(f"{verb}  {name:<10} {tally.count:>8}  {human_bytes(tally.bytes)}")
+    lines.append(f"{'would free' if report.dry_run else 'freed'} {report.freed.count} keys, {human_bytes(report.freed.bytes)}")
+    return lines
+
+
+def _override(keep_last: int | None, keep_within: str | None) -> Policy | None:
+    """The policy gc flags give, or None to apply each dataset's recorded one. A flag left out
+    takes the default (keep_last 1, keep_within 0)."""
+    if keep_last is None and keep_within is None:
+        return None
+    return check_policy(1 if keep_last is None else keep_last, parse_duration(keep_within) if keep_within else 0, "flags")
+
+
+@click.command()
+@store_option
+@click.option("--dry-run", is_flag=True, help="Report what would be deleted and what each rule keeps; delete nothing.")
+@click.option("--grace", default=DEFAULT_GRACE, show_default=True, metavar="DURATION",
+              help="Only delete what is older than this (30m, 6h, 2d); must exceed the longest build.")
+@click.option("--keep-last", type=int, default=None, metavar="N",
+              help="Keep the last N generations of every ref (overrides each dataset's [retention]).")
+@click.option("--keep-within", default=None, metavar="DURATION",
+              help="Keep every snapshot a ref took, or that was published, within DURATION (overrides [retention]).")
+@click.option("--json", "as_json", is_flag=True, help="Print a prep.gc-report/2 JSON document.")
+def gc(store_url: str | None, dry_run: bool, grace: str, keep_last: int | None, keep_within: str | None,
+       as_json: bool) -> None:
+    """Delete objects and records no retention rule keeps, once older than the grace period."""
+    policy = _override(keep_last, keep_within)
+    grace_seconds = parse_duration(grace)
+    store = open_store_option(store_url)
+    report = collect_garbage(store, grace_seconds, dry_run, policy)
+    if as_json:
+        click.echo(json.dumps(report.to_json()))
+    else:
+        click.echo("\n".join(gc_lines(report)))
+
+
+def fsck_lines(report: FsckReport) -> list[str]:
+    """The human fsck report: counts, each finding by problem and kind, dangling objects, repairs."""
+    checked = report.checked
+    lines = [f"{report.store}{' dataset ' + report.dataset if report.dataset else ''}: checked {checked['objects']} "
+             f"objects ({human_bytes(checked['bytes'])}) and {checked['records']} records; "
+             f"{report.collected} generations in history were collected by gc"]
+    for problem in (CORRUPT, MISSING, INVALID):
+        found = [f for f in report.findings if f.problem == problem]
+        lines.append(f"{problem:<8} {len(found)}")
+        lines.extend(f"  {f.kind}  {f.key}  (reached from {f.by})" for f in found)
+    lines.append(f"dangling {len(report.dangling)} objects ({human_bytes(sum(d.size for d in report.dangling))}), "
+                 "nothing reaches them: prep gc collects them")
+    lines.extend(f"  {d.key}" for d in report.dangling[:DANGLING_SHOWN])
+    if report.repair is not None:
+        lines.append(f"repair: removed {len(report.repair.records)} records and {len(report.repair.objects)} objects; "
+                     "rebuild to recompute them")
+        lines.extend(f"  removed {key}" for key in (*report.repair.records, *report.repair.objects))
+        lines.extend(f"  unrepairable {key} (a ref names it: restore it from a copy, or move the ref)"
+                     for key in report.repair.unrepairable)
+    lines.append("clean" if report.clean else f"{len(report.findings)} findings")
+    return lines
+
+
+@click.command()
+@store_option
+@click.option("--dataset", default=None, metavar="NAME", help="Check only what this dataset's refs, history and holds reach.")
+@click.option("--jobs", type=click.IntRange(min=1), default=DEFAULT_JOBS, show_default=True,
+              help="Objects hashed in parallel.")
+@click.option("--repair", is_flag=True,
+              help="Delete the task and stage records naming damaged objects, and corrupt objects, so a rebuild recomputes them.")
+@click.option("--json", "as_json", is_flag=True, help="Print a prep.fsck-report/1 JSON document.")
+def fsck_command(store_url: str | None, dataset: str | None, jobs: int, repair: bool, as_json: bool) -> None:
+    """Re-hash every object the store's refs, history, holds and records reach. Exit 0 when clean,
+    1 with findings, 2 when it could not run."""
+    store = open_store_option(store_url)
+    report = fsck(store, dataset, jobs, Progress(), repair)
+    if as_json:
+        click.echo(json.dumps(report.to_json()))
+    else:
+        click.echo("\n".join(fsck_lines(report)))
+    if not report.clean:
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("snap")
+@store_option
+@click.option("--reason", default="", metavar="TEXT", help="Why it is held (recorded in the hold).")
+def hold(snap: str, store_url: str | None, reason: str) -> None:
+    """Keep snapshot SNAP from garbage collection whatever the refs and retention say, until released."""
+    store = open_store_option(store_url)
+    snapshot = load_snapshot(store, resolve(store, snap).id)  # a manifest file must be in the store too
+    placed, new = place_hold(store, snapshot, reason)
+    click.echo(f"held {placed.snapshot} ({placed.dataset})" if new else
+               f"{placed.snapshot} was already held since {placed.time}" + (f": {placed.reason}" if placed.reason else ""))
+
+
+@click.command()
+@click.argument("snap")
+@store_option
+def release(snap: str, store_url: str | None) -> None:
+    """Remove the hold on snapshot SNAP (a full id or anything `prep show` takes), so gc may collect it."""
+    store = open_store_option(store_url)
+    hex_part = snap.removeprefix("sha256:")
+    if len(hex_part) == 64 and all(c in "0123456789abcdef" for c in hex_part):
+        snapshot_id = f"sha256:{hex_part}"  # a held snapshot always exists, but name it without reading it
+    else:
+        snapshot_id = resolve(store, snap).id
+    released = release_hold(store, snapshot_id)
+    click.echo(f"released {released.snapshot} ({released.dataset})")

@@ -1,0 +1,287 @@
+"""fsck: re-hash everything the store's snapshots and records declare, and say what is damaged.
+
+Roots are every current ref, every generation in `history/` whose snapshot is still stored (gc
+collects the rest by policy: those are counted, not findings), every snapshot marker, every hold,
+and every task and stage record. From them `prep.store.reach` walks the ids typed records and
+manifests declare; every object reached is then re-hashed (streaming, `jobs` at a time), and what
+is missing, corrupt (bytes that do not hash to the name) or invalid (a record or manifest its
+schema refuses) is a finding naming the object's kind, key and what reached it. Stored objects
+nothing reaches are dangling: garbage for gc, not damage, so they do not fail fsck.
+
+`repair` (under the gc lease, so never beside a build or a gc) deletes the task and stage
+records whose outputs are missing, corrupt or invalid, and the corrupt objects themselves, so the
+next build recomputes them; never a ref, and never a snapshot manifest a current ref names
+(reported as unrepairable).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prep import hashing
+from prep.errors import IntegrityError, NotFoundError, PrepError, StoreError
+from prep.progress import Progress
+from prep.storage.base import Store
+from prep.store import records
+from prep.store.holds import list_holds
+from prep.store.layout import (
+    HISTORY_PREFIX,
+    OBJECTS_PREFIX,
+    REFS_PREFIX,
+    SNAPSHOTS_PREFIX,
+    STAGES_PREFIX,
+    TASKS_PREFIX,
+    marker_sha,
+    object_key,
+    object_sha,
+    snapshot_marker_key,
+)
+from prep.store.leases import BUILD, GC, Lease, live_leases
+from prep.store.reach import CORRUPT, INVALID, MISSING, Problem, Reach, Via, parallel
+from prep.store.refs import list_refs, ref_history
+from prep.store.retention import datasets
+
+REPORT_SCHEMA = "prep.fsck-report/1"
+DEFAULT_JOBS = 8
+
+
+@dataclass(frozen=True)
+class Dangling:
+    """A stored object nothing reaches (gc's to collect once past the grace period)."""
+
+    key: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What `--repair` deleted, and what it must not touch."""
+
+    records: tuple[str, ...] = ()
+    objects: tuple[str, ...] = ()
+    unrepairable: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"removed_records": list(self.records), "removed_objects": list(self.objects),
+                "unrepairable": list(self.unrepairable)}
+
+
+@dataclass(frozen=True)
+class FsckReport:
+    """What fsck checked and found."""
+
+    store: str
+    dataset: str | None
+    checked: dict[str, int]
+    findings: tuple[Problem, ...]
+    dangling: tuple[Dangling, ...] = ()
+    collected: int = 0
+    repair: Repair | None = None
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings
+
+    def count(self, problem: str) -> int:
+        return sum(1 for found in self.findings if found.problem == problem)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": REPORT_SCHEMA, "store": self.store, "dataset": self.dataset, "clean": self.clean,
+                "checked": self.checked,
+                "summary": {name: self.count(name) for name in (CORRUPT, MISSING, INVALID)}
+                | {"dangling": len(self.dangling), "collected": self.collected},
+                "findings": [{"problem": f.problem, "kind": f.kind, "key": f.key, "reached_by": f.by,
+                              "detail": f.detail} for f in self.findings],
+                "dangling": [{"key": d.key, "size": d.size} for d in self.dangling],
+                "repair": None if self.repair is None else self.repair.to_json()}
+
+
+class _Walk(Reach):
+    """The shared walk, recording what it cannot follow instead of refusing like gc."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.problems: dict[tuple[str, str], Problem] = {}
+
+    def problem(self, found: Problem, required: bool, error: PrepError | None) -> None:
+        """Record the first problem seen for each key."""
+        self.add(found)
+
+    def add(self, found: Problem) -> None:
+        with self._lock:
+            self.problems.setdefault((found.problem, found.key), found)
+
+
+@dataclass
+class _Records:
+    """Every commit record: the object shas each one names, and the invalid ones."""
+
+    names: dict[str, set[str]] = field(default_factory=dict)
+    invalid: list[str] = field(default_factory=list)
+
+
+def _read_record(store: Store, key: str) -> records.TaskRecord | records.StageRecord | PrepError | None:
+    """A record, None when it vanished, or the error that makes it invalid."""
+    try:
+        return records.parse_record(key, store.get_bytes(key), f"{store.url}/{key}")
+    except NotFoundError:
+        return None
+    except IntegrityError as exc:
+        return exc
+
+
+def _walk_records(walk: _Walk, jobs: int, dataset: str | None) -> _Records:
+    """Follow every task and stage record (with `dataset`, only those naming what its snapshots reach)."""
+    store = walk.store
+    keys = [info.key for prefix in (TASKS_PREFIX, STAGES_PREFIX) for info in store.list(prefix)]
+    found = _Records()
+    for key, record in zip(keys, parallel(lambda key: _read_record(store, key), keys, jobs)):
+        kind = "task record" if key.startswith(TASKS_PREFIX) else "stage record"
+        if isinstance(record, PrepError):
+            walk.add(Problem(INVALID, kind, key, key, record.message))
+            found.invalid.append(key)
+            continue
+        if record is None:
+            continue
+        named = record.names()
+        shas = {hashing.parse_id(object_id) for object_id in named.objects | {r.object_id for r in named.manifests}}
+        if dataset is not None and not shas & walk.kept:
+            continue
+        outputs = record.outputs if isinstance(record, records.TaskRecord) else {}
+        for name, object_id in sorted(outputs.items()):
+            walk.note(hashing.parse_id(object_id), f"{name} (output of task {record.stage})", key)
+        for ref in sorted(named.manifests, key=lambda ref: ref.object_id):
+            walk.stage_manifest(ref, key, required=True)
+            shas |= walk.children.get(hashing.parse_id(ref.object_id), frozenset())
+        found.names[key] = shas
+    return found
+
+
+def _walk_snapshots(walk: _Walk, dataset: str | None) -> tuple[set[str], int]:
+    """Follow refs, retained history, markers and holds; (shas current refs name, generations collected)."""
+    store = walk.store
+    current = set()
+    for ref in list_refs(store, dataset):
+        current.add(hashing.parse_id(ref.snapshot))
+        walk.snapshot(hashing.parse_id(ref.snapshot), f"{ref.dataset}@{ref.name}", required=True)
+    collected = 0
+    for name in [dataset] if dataset else datasets(store):
+        for entry in ref_history(store, name):
+            sha = hashing.parse_id(entry.snapshot)
+            if sha in walk.kept:
+                continue
+            if store.head(object_key(sha)) is None and store.head(snapshot_marker_key(entry.snapshot)) is None:
+                collected += 1  # gc collected it by policy: history outlives snapshots
+                continue
+            walk.snapshot(sha, f"{entry.dataset}@{entry.name} generation {entry.generation}", required=True)
+    for hold in list_holds(store):
+        if dataset is None or hold.dataset == dataset:
+            walk.snapshot(hashing.parse_id(hold.snapshot), f"hold on {hold.snapshot}", required=True)
+    if dataset is None:
+        for info in store.list(SNAPSHOTS_PREFIX):
+            walk.snapshot(marker_sha(info.key), info.key, required=True)
+    return current, collected
+
+
+def _hash(store: Store, sha: str, on_bytes: Callable[[int], None]) -> str | None:
+    """Stream an object through SHA-256: None when it matches its name, else MISSING or CORRUPT."""
+    hasher = hashlib.sha256()
+    try:
+        with store.open(object_key(sha)) as stream:
+            while chunk := stream.read(hashing.CHUNK):
+                hasher.update(chunk)
+                on_bytes(len(chunk))
+    except NotFoundError:
+        return MISSING
+    return None if hasher.hexdigest() == sha else CORRUPT
+
+
+def _hash_reached(walk: _Walk, sizes: dict[str, int], jobs: int, progress: Progress) -> int:
+    """Re-hash every reached object the walk has not already read whole; returns the bytes hashed."""
+    todo = sorted(walk.kept - walk.read)
+    for sha in [sha for sha in todo if sha not in sizes]:
+        _object_problem(walk, MISSING, sha, "is missing")
+    present = [sha for sha in todo if sha in sizes]
+    total = sum(sizes[sha] for sha in present)
+    meter = progress.meter("fsck: hashing", len(present), total)
+
+    def check(sha: str) -> None:
+        status = _hash(walk.store, sha, meter.add)
+        meter.file_done(sha)
+        if status is not None:
+            _object_problem(walk, status, sha, "is missing" if status == MISSING else "does not hash to its name")
+
+    parallel(check, present, jobs)
+    meter.finish()
+    return total
+
+
+def _object_problem(walk: _Walk, problem: str, sha: str, what: str) -> None:
+    via = walk.via.get(sha, Via("object", "(unknown)"))
+    walk.add(Problem(problem, via.kind, object_key(sha), via.by,
+                     f"{walk.store.url}: {via.kind} sha256:{sha}, reached from {via.by}, {what}", sha))
+
+
+def _require_store(store: Store, dataset: str | None) -> None:
+    """StoreError (exit 2: fsck could not run) for a location holding no prep store, or no such dataset."""
+    prefixes = (REFS_PREFIX, HISTORY_PREFIX, SNAPSHOTS_PREFIX, OBJECTS_PREFIX)
+    if not any(next(iter(store.list(prefix)), None) for prefix in prefixes):
+        raise StoreError(f"{store.url}: not a prep store (no refs, history, snapshots or objects)")
+    if dataset is not None and dataset not in datasets(store):
+        raise NotFoundError(f"{store.url}: no dataset {dataset!r} (no refs or history)")
+
+
+def fsck(store: Store, dataset: str | None = None, jobs: int = DEFAULT_JOBS, progress: Progress | None = None,
+         repair: bool = False) -> FsckReport:
+    """Check the store (or one dataset's part of it); with `repair`, then delete what a rebuild recomputes."""
+    progress = progress or Progress(quiet=True)
+    _require_store(store, dataset)
+    if not repair:
+        return _check(store, dataset, jobs, progress)[0]
+    with Lease(store, GC):
+        builds = live_leases(store, BUILD)
+        if builds:
+            raise StoreError(f"{store.url}: a build holds lease {builds[0].key}; fsck --repair deletes nothing "
+                             "while builds run, try again later")
+        report, found, current = _check(store, dataset, jobs, progress)
+        done = _repair(store, report.findings, found, current)
+        progress.info(f"fsck: repair removed {len(done.records)} records and {len(done.objects)} objects; "
+                      f"{len(done.unrepairable)} unrepairable")
+        return FsckReport(report.store, dataset, report.checked, report.findings, report.dangling,
+                          report.collected, done)
+
+
+def _check(store: Store, dataset: str | None, jobs: int, progress: Progress) -> tuple[FsckReport, _Records, set[str]]:
+    """The walk, the hashing and the dangling objects: the report, the records, the current refs' shas."""
+    walk = _Walk(store)
+    progress.stage("fsck", "following refs, history, holds and records")
+    current, collected = _walk_snapshots(walk, dataset)
+    found = _walk_records(walk, jobs, dataset)
+    sizes = {object_sha(info.key): info.size for info in store.list(OBJECTS_PREFIX)}  # after the records
+    hashed = _hash_reached(walk, sizes, jobs, progress)
+    dangling = () if dataset else tuple(Dangling(object_key(sha), size) for sha, size in sorted(sizes.items())
+                                        if sha not in walk.kept)
+    findings = tuple(sorted(walk.problems.values(), key=lambda p: (p.problem, p.kind, p.key)))
+    checked = {"objects": len(walk.kept & sizes.keys()), "bytes": hashed + sum(sizes.get(s, 0) for s in walk.read),
+               "records": len(found.names) + len(found.invalid)}
+    progress.done("fsck", f"{checked['objects']} objects, {checked['records']} records, {len(findings)} findings")
+    return FsckReport(store.url, dataset, checked, findings, dangling, collected), found, current
+
+
+def _repair(store: Store, findings: tuple[Problem, ...], found: _Records, current: set[str]) -> Repair:
+    """Delete records naming bad objects (and invalid records), then corrupt objects no current ref's
+    snapshot manifest is; records first, so no record is left naming a deleted object."""
+    bad = {f.sha for f in findings if f.sha is not None}
+    unrepairable = sorted({f.key for f in findings if f.sha in current
+                           or (f.kind == "snapshot manifest" and f.problem != CORRUPT)})
+    doomed = sorted({*found.invalid, *(key for key, shas in found.names.items() if shas & bad)})
+    corrupt = sorted({f.sha for f in findings if f.problem == CORRUPT and f.sha is not None and f.sha not in current})
+    for key in doomed:
+        store.delete(key)
+    for sha in corrupt:
+        store.delete(snapshot_marker_key(f"sha256:{sha}"))  # a no-op unless it was a snapshot manifest
+        store.delete(object_key(sha))
+    return Repair(tuple(doomed), tuple(object_key(sha) for sha in corrupt), tuple(unrepairable))
