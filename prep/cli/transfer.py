@@ -13,7 +13,7 @@ from prep.cli.common import open_store_option, store_option
 from prep.errors import IntegrityError, UsageError, VerificationFailed
 from prep.progress import Progress, human_bytes, rate
 from prep.store.snapshots import ManifestFileError, Snapshot, is_manifest_path, reencoded_note, resolve
-from prep.transfer.shares import check_rank
+from prep.transfer.shares import Share, check_rank, parse_formats
 from prep.transfer.verify import DEFAULT_JOBS, VerifyResult
 
 if TYPE_CHECKING:
@@ -23,7 +23,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def rank_options(function: F) -> F:
-    """--rank R --world-size W (together) and --jobs N."""
+    """--rank R --world-size W (together), --formats bin,wds and --jobs N."""
+    function = click.option("--formats", "formats", multiple=True, metavar="bin|wds",
+                            help="Only these formats (repeatable or a comma list; bin brings its idx).")(function)
     function = click.option("--jobs", type=click.IntRange(min=1), default=DEFAULT_JOBS, show_default=True,
                             help="Files transferred or hashed in parallel.")(function)
     function = click.option("--world-size", type=click.IntRange(min=1), default=None,
@@ -32,12 +34,24 @@ def rank_options(function: F) -> F:
                         help="Handle only this rank's share (with --world-size).")(function)
 
 
-def _check_rank(rank: int | None, world_size: int | None) -> None:
-    """Reject bad rank options before any store is opened (a local one would be created)."""
+def _check_share(rank: int | None, world_size: int | None, formats: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Reject bad share options before any store is opened (a local one would be created);
+    the parsed --formats."""
     if (rank is None) != (world_size is None):
         raise UsageError("--rank and --world-size must be given together")
     if rank is not None and world_size is not None:
         check_rank(rank, world_size)
+    return parse_formats(formats)
+
+
+def _files(count: int) -> str:
+    """`1 file`, `2 files`."""
+    return f"{count} file" if count == 1 else f"{count} files"
+
+
+def _warn(warnings: list[str]) -> None:
+    for warning in warnings:
+        click.echo(f"prep: warning: {warning}", err=True)
 
 
 @click.command()
@@ -47,39 +61,52 @@ def _check_rank(rank: int | None, world_size: int | None) -> None:
 @rank_options
 @click.option("--prune", is_flag=True,
               help="Then delete the files DEST's previous snapshot named that SNAP does not (nothing else).")
+@click.option("--json", "as_json", is_flag=True, help="Print a prep.pull-report/1 JSON report on stdout.")
 def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_size: int | None, jobs: int,
-         prune: bool) -> None:
-    """Copy a snapshot's artifacts to DEST, verified by SHA-256, reusing files already valid;
-    rerun to resume."""
+         formats: tuple[str, ...], prune: bool, as_json: bool) -> None:
+    """Copy a snapshot's artifacts (or one rank's share of some formats) to DEST, verified by
+    SHA-256, reusing files already valid; rerun to resume, even mid-file."""
     from prep.transfer.pull import pull as run_pull
     from prep.transfer.shares import artifacts_of, share_of
 
-    _check_rank(rank, world_size)
+    selected = _check_share(rank, world_size, formats)
     store = open_store_option(store_url)
     snapshot = resolve(store, snap)
     _note(snap, snapshot)
-    share = share_of(artifacts_of(snapshot.manifest), rank, world_size)
+    share = share_of(artifacts_of(snapshot.manifest), rank, world_size, selected, snapshot.id)
     progress = Progress().meter("pull", len(share.artifacts), share.size)
     try:
-        result = run_pull(store, snapshot, dest, rank=rank, world_size=world_size, jobs=jobs, prune_old=prune,
-                          on_bytes=progress.add, on_file=progress.file_done)
+        result = run_pull(store, snapshot, dest, rank=rank, world_size=world_size, formats=selected, jobs=jobs,
+                          prune_old=prune, on_bytes=progress.add, on_file=progress.file_done)
     finally:
         progress.finish()
-    if result.prune_warning is not None:
-        click.echo(f"prep: warning: --prune deleted nothing: {result.prune_warning}", err=True)
+    _warn(result.warnings)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
     click.echo(_pull_line(result), err=True)
+
+
+def _share_text(share: Share, ranked: bool) -> str:
+    """` (rank 1 of 4, formats bin)`, or nothing for the whole snapshot in every format."""
+    parts = ([f"rank {share.rank} of {share.world_size}"] if ranked else []) + (
+        [f"formats {','.join(share.formats)}"] if share.formats else [])
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _pull_line(result: PullResult) -> str:
     """The one summary line of a pull."""
-    pruned = f"{result.files_pruned} pruned ({human_bytes(result.bytes_pruned)}), " if result.files_pruned else ""
-    left = (f"{result.files_left} files of the previous snapshot left in place (not named by this one; "
+    pruned = f"{_files(result.files_pruned)} pruned ({human_bytes(result.bytes_pruned)}), " if result.files_pruned else ""
+    left = (f"{_files(result.files_left)} of the previous snapshot left in place (not named by this one; "
             f"--prune removes them), " if result.files_left else "")
-    return (f"pulled {result.snapshot_id} into {result.dest}: {result.files_copied} files copied "
-            f"({human_bytes(result.bytes_copied)}), {result.files_reused} reused as already valid "
-            f"({human_bytes(result.bytes_reused)}; {result.files_rehashed} of them re-hashed), {pruned}{left}"
-            f"{result.temporaries_removed} stale temporaries removed, {result.seconds:.2f} s, "
-            f"{rate(result.bytes_copied, result.seconds, 1e6, 'MB/s')}")
+    resumed = (f", {result.files_resumed} resumed from partial files ({human_bytes(result.bytes_resumed)} kept)"
+               if result.files_resumed else "")
+    temps = result.temporaries_removed
+    return (f"pulled {result.snapshot_id}{_share_text(result.share, result.ranked)} into {result.dest}: "
+            f"{_files(result.files_copied)} copied ({human_bytes(result.bytes_copied)}{resumed}), "
+            f"{result.files_reused} reused as already valid ({human_bytes(result.bytes_reused)}; "
+            f"{result.files_rehashed} of them re-hashed), {pruned}{left}"
+            f"{temps} stale {'temporary' if temps == 1 else 'temporaries'} removed, {result.seconds:.2f} s, "
+            f"{rate(result.bytes_fetched, result.seconds, 1e6, 'MB/s')}")
 
 
 def _note(snap: str, snapshot: Snapshot) -> None:
@@ -91,19 +118,21 @@ def _note(snap: str, snapshot: Snapshot) -> None:
 
 def _human_report(result: VerifyResult) -> list[str]:
     lines = [f"{p.kind:<20} {p.path}  ({p.detail})" for p in result.problems]
-    share = f" (rank {result.share.rank} of {result.share.world_size})" if result.ranked else ""
+    share = _share_text(result.share, result.ranked)
+    if result.from_record and share:
+        share = f"{share} as recorded in {result.dest}/.prep/share.json"
     matched = result.matched
     if result.quick:
         lines.append(f"quick check (presence and size only; contents NOT hashed){share}: "
-                     f"{len(matched)} of {len(result.share.artifacts)} files match, "
+                     f"{len(matched)} of {_files(len(result.share.artifacts))} match, "
                      f"{human_bytes(sum(a.size for a in matched))} of {human_bytes(result.share.size)}")
     else:
-        lines.append(f"verified {result.snapshot_id}{share}: {len(matched)} of {len(result.share.artifacts)} files "
+        lines.append(f"verified {result.snapshot_id}{share}: {len(matched)} of {_files(len(result.share.artifacts))} "
                      f"match, {human_bytes(sum(a.size for a in matched))} of {human_bytes(result.share.size)}; hashed "
                      f"{human_bytes(result.bytes_read)} in {result.seconds:.2f} s, "
                      f"{rate(result.bytes_read, result.seconds, 1e9, 'GB/s')}")
     if result.problems:
-        lines.append(f"{len(result.problems)} problems found")
+        lines.append(f"{len(result.problems)} problem{'' if len(result.problems) == 1 else 's'} found")
     if result.digest is not None:
         lines.append(f"verification digest: {result.digest}")
     return lines
@@ -114,31 +143,36 @@ def _human_report(result: VerifyResult) -> list[str]:
 @click.argument("dest", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @store_option
 @rank_options
-@click.option("--json", "as_json", is_flag=True, help="Print a prep.verify-report/1 JSON report on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="Print a prep.verify-report/2 JSON report on stdout.")
 @click.option("--quick", is_flag=True, help="Check presence and size only; do not hash.")
 def verify(snap: str, dest: Path, store_url: str | None, rank: int | None, world_size: int | None, jobs: int,
-           as_json: bool, quick: bool) -> None:
-    """Check DEST against a snapshot (SNAP may be DEST/.prep/manifest.json): exit 0 when
-    everything matches, 1 when anything is wrong, 2 when it could not run."""
+           formats: tuple[str, ...], as_json: bool, quick: bool) -> None:
+    """Check DEST against a snapshot (SNAP may be DEST/.prep/manifest.json), or the share
+    DEST/.prep/share.json says it holds: exit 0 when everything matches, 1 when anything is
+    wrong, 2 when it could not run."""
     from prep.transfer.shares import artifacts_of, share_of
+    from prep.transfer.verify import planned_share
     from prep.transfer.verify import verify as run_verify
 
-    _check_rank(rank, world_size)
+    selected = _check_share(rank, world_size, formats)
     try:
         snapshot = resolve(None if is_manifest_path(snap) else open_store_option(store_url), snap)
     except (IntegrityError, ManifestFileError) as exc:  # verify's contract: a manifest it cannot trust is exit 2
         raise UsageError(f"manifest refused: {exc.message}") from None
     _note(snap, snapshot)
-    share = share_of(artifacts_of(snapshot.manifest), rank, world_size)
+    spec, _ = planned_share(snapshot, dest, rank, world_size, selected)
+    share = share_of(artifacts_of(snapshot.manifest), spec.rank, spec.world_size, spec.formats, snapshot.id)
     progress = Progress().meter("verify", len(share.artifacts), share.size)
     try:
-        result = run_verify(snapshot, dest, rank=rank, world_size=world_size, jobs=jobs, quick=quick,
-                            on_bytes=progress.add, on_file=progress.file_done)
+        result = run_verify(snapshot, dest, rank=rank, world_size=world_size, formats=selected, jobs=jobs,
+                            quick=quick, on_bytes=progress.add, on_file=progress.file_done)
     finally:
         progress.finish()
+    _warn([share.warning] if share.warning else [])
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
     else:
         click.echo("\n".join(_human_report(result)))
     if not result.ok:
-        raise VerificationFailed(f"{dest}: {len(result.problems)} problems against {result.snapshot_id}")
+        count = len(result.problems)
+        raise VerificationFailed(f"{dest}: {count} problem{'' if count == 1 else 's'} against {result.snapshot_id}")

@@ -2,8 +2,13 @@
 
 `prep pull` and the training reader's node-local cache both fetch through `download_verified`,
 so a byte reaches a final name only after its object's size and SHA-256 matched what the
-manifest declared. The copy goes to a temporary (created exclusively) beside the final name and
-is renamed into place only once it is proven and durable.
+manifest declared. The copy goes to a temporary beside the final name and is renamed into
+place only once it is proven and durable.
+
+With `resume`, the temporary is a partial file a killed run may have left (a deterministic name
+the caller holds a lock on): its bytes are re-hashed and the copy continues from its end with a
+ranged read (a seek on a local store, Range GETs on S3). A partial whose prefix is not the
+object's shows up as a wrong final hash; it is then discarded and the object fetched afresh.
 """
 
 from __future__ import annotations
@@ -12,20 +17,25 @@ import hashlib
 import io
 import os
 import threading
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from prep import hashing
 from prep.errors import IntegrityError, NotFoundError
 from prep.faults import crash_point
 from prep.storage.base import Store
 from prep.store import cas
-from prep.transfer.verify import DEFAULT_JOBS, READ_SIZE, ByteCounter, Cancelled, hash_file
-from prep.writeback import fsync_path
+from prep.transfer.verify import READ_SIZE, ByteCounter, Cancelled
+from prep.writeback import start_writeback
 
-# Objects at least this big go through the store's own parallel `download_file`, when it has one.
+COPY_SIZE = 8 << 20  # bytes per read and write: large, so per-call overhead is noise
+# A remote object at least this big is fetched with RANGE_JOBS ranged reads of RANGE_SIZE at once.
 DOWNLOAD_FILE_MIN = 64 << 20
+RANGE_SIZE = 8 << 20
+RANGE_JOBS = 4
 
 
 def write_all(out: io.FileIO, data: memoryview | bytes) -> None:
@@ -36,76 +46,141 @@ def write_all(out: io.FileIO, data: memoryview | bytes) -> None:
         view = view[written or 0 :]
 
 
-def _source_chunks(store: Store, key: str, stop: threading.Event) -> Iterator[memoryview | bytes]:
-    """The object's bytes in large chunks: straight from the file when the store is local."""
-    size = READ_SIZE
-    local = store.local_path(key)
-    stream: IO[bytes] | io.FileIO
-    if local is not None:
-        try:
-            stream = io.FileIO(local, "r")
-        except FileNotFoundError:
-            raise NotFoundError(f"{store.url}: no such key {key!r}") from None
-    else:
-        stream = store.open(key)
+def _local_chunks(local: Path, start: int, stop: threading.Event) -> Iterator[memoryview]:
+    """A local object's bytes from `start` to its end, read into one reused buffer."""
+    try:
+        stream = io.FileIO(local, "r")
+    except FileNotFoundError:
+        raise NotFoundError(f"no such object {local}") from None
     with stream:
-        buffer = bytearray(size)
+        stream.seek(start)
+        buffer = bytearray(COPY_SIZE)
         view = memoryview(buffer)
-        while True:
+        while count := stream.readinto(buffer) or 0:
             if stop.is_set():
                 raise Cancelled()
-            if isinstance(stream, io.FileIO):
-                count = stream.readinto(buffer) or 0
-                chunk: memoryview | bytes = view[:count]
-            else:
-                chunk = stream.read(size)
-                count = len(chunk)
-            if not count:
-                return
-            yield chunk
-            crash_point("pull.after_chunk")  # the consumer has written the chunk
+            yield view[:count]
 
 
-def copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop: threading.Event) -> hashing.Digest:
-    """Copy one object into `temp` (created exclusively), hashing as it goes; fsynced."""
-    download_file: Any = getattr(store, "download_file", None)
-    info = store.head(key) if download_file is not None else None
-    if download_file is not None and info is not None and info.size >= DOWNLOAD_FILE_MIN:
-        # The S3 backend hashes in order while it downloads and returns the hex; re-hash otherwise.
-        reported = download_file(key, temp, DEFAULT_JOBS)
-        fsync_path(temp)
-        if isinstance(reported, str) and len(reported) == 64:
-            size = temp.stat().st_size
-            on_bytes(size)
-            return hashing.Digest(reported, size)
-        return hash_file(temp, on_bytes, stop).digest
+def _in_order(tasks: Iterator[Callable[[], bytes]], jobs: int, stop: threading.Event) -> Iterator[bytes]:
+    """Run up to `jobs` reads at once, yielding their results in order (memory: jobs reads)."""
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="prep-range")
+    pending: deque[Future[bytes]] = deque()
+    try:
+        for task in tasks:
+            pending.append(pool.submit(task))
+            if len(pending) >= jobs:
+                yield pending.popleft().result()
+            if stop.is_set():
+                raise Cancelled()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _ranged_chunks(store: Store, key: str, start: int, size: int, stop: threading.Event) -> Iterator[bytes]:
+    """Bytes `start`.. of a remote object by ranged reads, in parallel for a large object. The
+    last read asks for one byte more than `size`, so an object longer than declared shows."""
+    remaining = size - start
+    jobs = RANGE_JOBS if remaining >= DOWNLOAD_FILE_MIN else 1
+    offsets = range(start, size, RANGE_SIZE) if remaining > 0 else range(start, start + 1)
+
+    def read(offset: int) -> Callable[[], bytes]:
+        return lambda: store.get_range(key, offset, min(RANGE_SIZE, size - offset) + (offset + RANGE_SIZE >= size))
+
+    for chunk in _in_order((read(offset) for offset in offsets), jobs, stop):
+        if not chunk:
+            return
+        yield chunk
+
+
+def _hash_prefix(partial: Path, limit: int, on_bytes: ByteCounter, stop: threading.Event) -> tuple[int, Any]:
+    """(bytes kept, sha256 state over them) of a partial file; (0, fresh) when there is none or
+    it is longer than the object (then it is removed)."""
     hasher = hashlib.sha256()
-    size = 0
-    with io.FileIO(temp, "x") as out:
-        for chunk in _source_chunks(store, key, stop):
+    try:
+        stream = io.FileIO(partial, "r")
+    except FileNotFoundError:
+        return 0, hasher
+    with stream:
+        if os.fstat(stream.fileno()).st_size > limit:
+            partial.unlink()
+            return 0, hasher
+        buffer = bytearray(READ_SIZE)
+        view = memoryview(buffer)
+        kept = 0
+        while count := stream.readinto(buffer) or 0:
+            if stop.is_set():
+                raise Cancelled()
+            hasher.update(view[:count])
+            kept += count
+            on_bytes(count)
+    return kept, hasher
+
+
+def copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop: threading.Event, *,
+                start: int = 0, hasher: Any = None, size: int | None = None) -> hashing.Digest:
+    """Copy one object into `temp` from byte `start` on (`temp` then holds the first `start`
+    bytes, already in `hasher`; at 0 it is created exclusively), hashing as it goes; fsynced.
+    `size` is the declared size, needed for a remote store's ranged reads."""
+    hasher = hasher if hasher is not None else hashlib.sha256()
+    local = store.local_path(key)
+    if local is not None:
+        chunks: Iterator[memoryview | bytes] = _local_chunks(local, start, stop)
+    else:
+        declared = size if size is not None else store.require(key).size
+        chunks = _ranged_chunks(store, key, start, declared, stop)
+    written = start
+    with io.FileIO(temp, "r+" if start else "x") as out:
+        out.seek(start)
+        for chunk in chunks:
             hasher.update(chunk)
             write_all(out, chunk)
-            size += len(chunk)
+            start_writeback(out.fileno(), written, len(chunk))
+            written += len(chunk)
             on_bytes(len(chunk))
+            crash_point("pull.after_chunk")  # the chunk is written, the file not yet renamed
+        out.truncate(written)
         os.fsync(out.fileno())
-    return hashing.Digest(hasher.hexdigest(), size)
+    return hashing.Digest(hasher.hexdigest(), written)
+
+
+def _mismatch(store: Store, key: str, what: str, digest: hashing.Digest, expected: hashing.Digest) -> IntegrityError:
+    return IntegrityError(
+        f"{store.url}: object {key} for {what} has {digest.size} bytes with sha256 "
+        f"{digest.sha256}; the manifest says {expected.size} bytes with sha256 {expected.sha256}"
+    )
 
 
 def download_verified(store: Store, expected: hashing.Digest, final: Path, *, temp: Path, what: str,
-                      on_bytes: ByteCounter, stop: threading.Event) -> os.stat_result | None:
+                      on_bytes: ByteCounter, stop: threading.Event, resume: bool = False,
+                      on_resumed: ByteCounter | None = None) -> os.stat_result | None:
     """Copy the object named by `expected.sha256` to `final` through `temp`, refusing bytes whose
-    size or SHA-256 differ (IntegrityError naming `what`); the caller removes `temp` in any case.
+    size or SHA-256 differ (IntegrityError naming `what`); without `resume` the caller removes
+    `temp` in any case, with it `temp` is a partial kept for the next run (see the module).
 
     Returns the stat of the installed file when it is still the inode this call wrote (None if
-    another writer replaced it meanwhile), so a caller can record what it proved."""
+    another writer replaced it meanwhile), so a caller can record what it proved. `on_resumed`
+    hears how many bytes of a partial were kept, once the result is proven."""
     key = cas.object_key(expected.sha256)
-    digest = copy_object(store, key, temp, on_bytes, stop)
-    if digest.size != expected.size or digest.sha256 != expected.sha256:
-        raise IntegrityError(
-            f"{store.url}: object {key} for {what} has {digest.size} bytes with sha256 "
-            f"{digest.sha256}; the manifest says {expected.size} bytes with sha256 {expected.sha256}"
-        )
+    try:
+        kept, hasher = _hash_prefix(temp, expected.size, on_bytes, stop) if resume else (0, None)
+        if resume and os.path.lexists(temp) and not kept:
+            temp.unlink()  # an empty or oversized partial: start clean
+        digest = copy_object(store, key, temp, on_bytes, stop, start=kept, hasher=hasher, size=expected.size)
+        if kept and digest != expected:  # the partial's prefix was not this object's: start over
+            temp.unlink()
+            kept, digest = 0, copy_object(store, key, temp, on_bytes, stop, size=expected.size)
+        if digest.size != expected.size or digest.sha256 != expected.sha256:
+            raise _mismatch(store, key, what, digest, expected)
+    except IntegrityError:
+        if resume:
+            temp.unlink(missing_ok=True)  # wrong bytes are never kept for a later resume
+        raise
     ours = os.stat(temp)
     os.replace(temp, final)
     installed = os.stat(final)
+    if on_resumed is not None and kept:
+        on_resumed(kept)
     return installed if (installed.st_ino, installed.st_dev) == (ours.st_ino, ours.st_dev) else None

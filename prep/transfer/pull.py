@@ -11,7 +11,6 @@ does not (see docs/pull-verify.md for the order and why a killed pull converges)
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import stat
 import threading
@@ -19,6 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prep import hashing
 from prep.errors import NotFoundError, PrepError, UsageError
@@ -26,7 +26,8 @@ from prep.faults import crash_point
 from prep.storage.base import Store
 from prep.store import cas
 from prep.store.snapshots import Snapshot, read_manifest_content
-from prep.transfer.fetch import download_verified, write_all
+from prep.transfer.fetch import download_verified
+from prep.transfer.held import ShareRecord, ShareSpec, install_bytes, write_share_record
 from prep.transfer.shares import (
     PREP_DIR,
     Artifact,
@@ -36,10 +37,10 @@ from prep.transfer.shares import (
     artifacts_of,
     check_paths,
     discard,
+    partial_name,
     remove_stale_temporaries,
     share_of,
     stamp,
-    temp_name,
 )
 from prep.transfer.verify import (
     DEFAULT_JOBS,
@@ -52,6 +53,7 @@ from prep.transfer.verify import (
 from prep.writeback import fsync_path
 
 MANIFEST_NAME = "manifest.json"
+PULL_REPORT_SCHEMA = "prep.pull-report/1"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,38 @@ class PullResult:
     prune_warning: str | None  # why --prune deleted nothing
     temporaries_removed: int
     seconds: float
+    ranked: bool = False  # --rank/--world-size were given
+    files_resumed: int = 0  # copied files that continued a partial a killed run left
+    bytes_resumed: int = 0  # bytes of those partials kept (re-hashed, not fetched again)
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes read from the store: copied minus resumed."""
+        return self.bytes_copied - self.bytes_resumed
+
+    @property
+    def warnings(self) -> list[str]:
+        """An empty share, and why --prune deleted nothing."""
+        found = [self.share.warning] if self.share.warning else []
+        return found + ([f"--prune deleted nothing: {self.prune_warning}"] if self.prune_warning else [])
+
+    def to_json(self) -> dict[str, Any]:
+        """The prep.pull-report/1 document (manifests/pull-report-1.schema.json)."""
+        def tally(files: int, size: int) -> dict[str, int]:
+            return {"files": files, "bytes": size}
+        ranked = self.share.world_size if self.ranked else None
+        return {
+            "schema": PULL_REPORT_SCHEMA, "snapshot": self.snapshot_id, "dest": str(self.dest),
+            "rank": self.share.rank if self.ranked else None, "world_size": ranked,
+            "formats": list(self.share.formats) if self.share.formats is not None else None,
+            "share": tally(len(self.share.artifacts), self.share.size),
+            "copied": tally(self.files_copied, self.bytes_copied),
+            "resumed": tally(self.files_resumed, self.bytes_resumed),
+            "reused": tally(self.files_reused, self.bytes_reused), "rehashed_files": self.files_rehashed,
+            "pruned": tally(self.files_pruned, self.bytes_pruned), "left_files": self.files_left,
+            "temporaries_removed": self.temporaries_removed, "seconds": round(self.seconds, 6),
+            "warnings": self.warnings,
+        }
 
 
 def _fsync_file(path: Path) -> None:
@@ -102,29 +136,40 @@ def _prove(final: Path, artifact: Artifact, record: PullRecord, on_bytes: ByteCo
 
 def fetch_artifact(
     store: Store, dest: Path, artifact: Artifact, *, record: PullRecord, stale: bool, on_bytes: ByteCounter,
-    stop: threading.Event
+    stop: threading.Event, on_resumed: ByteCounter | None = None
 ) -> bool:
-    """Make DEST/<path> hold the artifact's bytes; False when it already did (proven by hashing,
-    unless `stale`: the record shows it holds other bytes)."""
+    """Make DEST/<path> hold the artifact's bytes, continuing a partial a killed run left; False
+    when it already did (proven by hashing, unless `stale`: the record shows other bytes)."""
     final = dest / artifact.path
     if not stale and _prove(final, artifact, record, on_bytes, stop):
         return False
     key = cas.object_key(artifact.sha256)
-    temp = temp_name(final)
+    temp = partial_name(final, artifact.sha256)  # kept on failure: the next run resumes it
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         installed = download_verified(store, hashing.Digest(artifact.sha256, artifact.size), final, temp=temp,
-                                      what=artifact.path, on_bytes=on_bytes, stop=stop)
+                                      what=artifact.path, on_bytes=on_bytes, stop=stop, resume=True,
+                                      on_resumed=on_resumed)
         if installed is not None:
             record.add(artifact.path, artifact.sha256, installed)
     except NotFoundError:
+        discard(temp)
         raise NotFoundError(f"{store.url}: object {key} for {artifact.path} is missing from the store") from None
     except OSError as exc:
+        _discard_empty(temp)
         culprit = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != os.fspath(final) else ""
         raise UsageError(f"{final}: cannot copy into place: {exc.strerror or exc}{culprit}") from None
-    finally:
-        discard(temp)
+    except BaseException:  # stopped (another file failed, Ctrl-C): what was copied stays, to resume
+        _discard_empty(temp)
+        raise
     return True
+
+
+def _discard_empty(partial: Path) -> None:
+    """Remove a partial file with nothing in it to resume from."""
+    with contextlib.suppress(OSError):
+        if partial.stat().st_size == 0:
+            partial.unlink()
 
 
 def plan(dest: Path, artifacts: Iterable[Artifact], record: PullRecord) -> tuple[list[Artifact], list[Artifact], set[str]]:
@@ -169,20 +214,7 @@ def write_manifest(dest: Path, raw: bytes) -> Path:
     """Store the manifest bytes at DEST/.prep/manifest.json atomically, so verification
     needs no store."""
     final = dest / PREP_DIR / MANIFEST_NAME
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        if final.read_bytes() == raw:  # a rerun: the same bytes are already in place
-            fsync_path(final.parent)
-            return final
-    temp = temp_name(final)
-    try:
-        with io.FileIO(temp, "x") as out:
-            write_all(out, raw)
-            os.fsync(out.fileno())
-        os.replace(temp, final)
-    finally:
-        discard(temp)
-    fsync_path(final.parent)
+    install_bytes(final, raw)
     return final
 
 
@@ -237,28 +269,44 @@ def prune(dest: Path, stale: Iterable[str], keep: set[str]) -> tuple[int, int]:
     return files, size
 
 
+@dataclass(frozen=True)
+class _Moved:
+    """What `_transfer` did: copied, reused, how many of the reused were proven by hashing, and
+    the copies that resumed a partial (count, bytes kept)."""
+
+    copied: list[Artifact]
+    reused: list[Artifact]
+    rehashed: int
+    resumed: tuple[int, int]
+
+
 def _transfer(
     store: Store, dest: Path, share: Share, record: PullRecord, jobs: int, on_bytes: ByteCounter | None,
     on_file: FileDone | None
-) -> tuple[list[Artifact], list[Artifact], int]:
-    """Copy what DEST lacks: (copied, reused, how many of the reused were proven by hashing)."""
+) -> _Moved:
+    """Copy what DEST lacks, largest files first."""
     ordered = sorted(share.artifacts, key=lambda a: (-a.size, a.path))
     reused, fetch, stale = plan(dest, ordered, record)
     if on_file is not None:
         for artifact in reused:
             on_file(artifact)
-    tally = ByteTally(on_bytes)
+    tally, kept, resumed = ByteTally(on_bytes), ByteTally(), ByteTally()
+
+    def on_resumed(count: int) -> None:
+        kept.add(count)
+        resumed.add(1)
 
     def work(artifact: Artifact, stop: threading.Event) -> bool:
         return fetch_artifact(store, dest, artifact, record=record, stale=artifact.path in stale, on_bytes=tally.add,
-                              stop=stop)
+                              stop=stop, on_resumed=on_resumed)
 
     try:
         copied = run_parallel(work, fetch, jobs, on_file)
     finally:
         record.close()
     hashed = [artifact for artifact, was_copied in zip(fetch, copied) if not was_copied]
-    return [artifact for artifact, was_copied in zip(fetch, copied) if was_copied], reused + hashed, len(hashed)
+    return _Moved([artifact for artifact, was_copied in zip(fetch, copied) if was_copied], reused + hashed,
+                  len(hashed), (resumed.total, kept.total))
 
 
 def pull(
@@ -268,18 +316,20 @@ def pull(
     *,
     rank: int | None = None,
     world_size: int | None = None,
+    formats: tuple[str, ...] | None = None,
     jobs: int = DEFAULT_JOBS,
     prune_old: bool = False,
     on_bytes: ByteCounter | None = None,
     on_file: FileDone | None = None,
 ) -> PullResult:
-    """Copy the snapshot (or one rank's share) into `dest`, reusing files already valid; with
-    `prune_old`, then delete what DEST's previous snapshot named and this one does not. Returns
-    only once every file, folder, deletion and the manifest copy are durable."""
+    """Copy the snapshot (or one rank's share, of the selected formats) into `dest`, reusing
+    files already valid; with `prune_old`, then delete what DEST's previous snapshot named and
+    this one does not. Records the share held, then the manifest; returns only once every file,
+    folder, deletion and both records are durable."""
     started = time.perf_counter()
     everything = artifacts_of(snapshot.manifest)
     check_paths(everything, dest, snapshot.id)
-    share = share_of(everything, rank, world_size)
+    share = share_of(everything, rank, world_size, formats, snapshot.id)
     named = {artifact.path for artifact in everything}
     try:
         dest.mkdir(parents=True, exist_ok=True)
@@ -289,24 +339,27 @@ def pull(
         with DestLock(dest):
             previous, problem = previous_paths(dest, snapshot, named)  # before anything changes
             parents = {artifact.path.rpartition("/")[0] for artifact in everything}
-            removed = remove_stale_temporaries({dest / parent for parent in parents} | {dest / PREP_DIR})
+            resumable = frozenset(os.fspath(partial_name(dest / a.path, a.sha256)) for a in share.artifacts)
+            removed = remove_stale_temporaries({dest / parent for parent in parents} | {dest / PREP_DIR}, resumable)
             record = PullRecord(dest)
-            copied, reused, rehashed = _transfer(store, dest, share, record, jobs, on_bytes, on_file)
+            moved = _transfer(store, dest, share, record, jobs, on_bytes, on_file)
             for folder in folders_to_sync(dest, share.artifacts):
                 fsync_path(folder)
             leftover = sorted(previous - named) if previous is not None else []
             pruned = prune(dest, leftover, named) if prune_old else (0, 0)  # only once all of it is in place
             left = 0 if prune_old else sum(1 for path in leftover if os.path.lexists(os.path.join(dest, path)))
             record.compact(named)
+            write_share_record(dest, ShareRecord(snapshot.id, ShareSpec(rank, world_size, formats)))
             crash_point("pull.before_manifest")
             write_manifest(dest, snapshot.raw)  # last: its presence means the pull completed
     except OSError as exc:
         raise UsageError(f"{exc.filename or dest}: {exc.strerror or exc}") from None
     return PullResult(
         snapshot_id=snapshot.id, dest=dest, share=share,
-        files_copied=len(copied), bytes_copied=sum(a.size for a in copied),
-        files_reused=len(reused), bytes_reused=sum(a.size for a in reused), files_rehashed=rehashed,
+        files_copied=len(moved.copied), bytes_copied=sum(a.size for a in moved.copied),
+        files_reused=len(moved.reused), bytes_reused=sum(a.size for a in moved.reused), files_rehashed=moved.rehashed,
         files_pruned=pruned[0], bytes_pruned=pruned[1], files_left=left,
         prune_warning=problem if prune_old and previous is None else None,
         temporaries_removed=removed, seconds=time.perf_counter() - started,
+        ranked=rank is not None, files_resumed=moved.resumed[0], bytes_resumed=moved.resumed[1],
     )

@@ -3,8 +3,9 @@ the manifest, refused when a path is unsafe, DEST's own files (the `.prep/` fold
 the pull lock, the record of proven files), and rank shares (a deterministic, byte-balanced
 partition).
 
-Every node computes the same partition from the manifest alone. A Megatron `.bin` and its
-`.idx` always land on the same rank, because one is useless without the other.
+Every node computes the same partition from the manifest alone. A share is whole shards: every
+selected format of a shard (a Megatron `.bin`, its `.idx`, the WebDataset `.tar`) lands on the
+same rank, so a rank never holds a `.tar` without the `.bin` of the same shard.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from pathlib import Path
 from typing import IO, Any, Self
 
 from prep.errors import InputError, UsageError
-from prep.formats.units import family_of
+from prep.formats.units import UNIT_NAMES, unit_formats
 
 PREP_DIR = ".prep"
 TEMP_MARKER = ".prep-tmp-"
+PARTIAL_TAG = "partial-"
 LOCK_NAME = "pull.lock"
 RECORD_NAME = "verified.jsonl"
 
@@ -55,10 +57,9 @@ class Artifact:
 
 @dataclass(frozen=True)
 class Unit:
-    """Artifacts that must stay on one rank: one shard of one format family."""
+    """Artifacts that must stay on one rank: every selected file of one shard."""
 
     shard: int
-    family: str
     artifacts: tuple[Artifact, ...]
 
     @property
@@ -66,22 +67,32 @@ class Unit:
         return sum(artifact.size for artifact in self.artifacts)
 
     @property
-    def sort_key(self) -> tuple[int, int, str, str]:
-        """Largest first; ties broken by shard, family and first path so every node agrees."""
-        return (-self.size, self.shard, self.family, self.artifacts[0].path)
+    def sort_key(self) -> tuple[int, int, str]:
+        """Largest first; ties broken by shard index and first path so every node agrees."""
+        return (-self.size, self.shard, self.artifacts[0].path)
 
 
 @dataclass(frozen=True)
 class Share:
-    """What one rank of `world_size` holds."""
+    """What one rank of `world_size` holds: whole shards of the selected formats (None: all)."""
 
     rank: int
     world_size: int
     artifacts: tuple[Artifact, ...]
+    formats: tuple[str, ...] | None = None
+    shards: int = 0  # shards in the selection all ranks share
 
     @property
     def size(self) -> int:
         return sum(artifact.size for artifact in self.artifacts)
+
+    @property
+    def warning(self) -> str | None:
+        """Why this share is suspicious (it holds no file), or None."""
+        if self.artifacts:
+            return None
+        shards = f"{self.shards} shard" + ("" if self.shards == 1 else "s")
+        return f"rank {self.rank} of {self.world_size} holds no files: {shards} for {self.world_size} ranks"
 
 
 def artifacts_of(manifest: Mapping[str, Any]) -> list[Artifact]:
@@ -169,12 +180,19 @@ def temp_name(final: Path) -> Path:
     return final.with_name(f".{final.name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}")
 
 
+def partial_name(final: Path, sha256: str) -> Path:
+    """The deterministic name a resumable copy of the object `sha256` to `final` grows under:
+    marked as a temporary, so it never looks complete, and recognisable by the next run."""
+    return final.with_name(f".{final.name}{TEMP_MARKER}{PARTIAL_TAG}{sha256[:16]}")
+
+
 def _is_temp(name: str) -> bool:
     return name.startswith(".") and TEMP_MARKER in name
 
 
-def remove_stale_temporaries(folders: set[Path]) -> int:
-    """Delete temporaries a killed pull left in these folders; returns how many."""
+def remove_stale_temporaries(folders: set[Path], keep: frozenset[str] = frozenset()) -> int:
+    """Delete temporaries a killed pull left in these folders, except the partial files at the
+    paths in `keep` (the ones this run will resume); returns how many."""
     removed = 0
     for folder in sorted(folders):
         try:
@@ -182,7 +200,7 @@ def remove_stale_temporaries(folders: set[Path]) -> int:
         except (FileNotFoundError, NotADirectoryError):
             continue
         for name in names:
-            if _is_temp(name):
+            if _is_temp(name) and os.path.join(folder, name) not in keep:
                 (folder / name).unlink(missing_ok=True)
                 removed += 1
     return removed
@@ -308,14 +326,34 @@ class DestLock:
 
 
 def group_units(artifacts: Iterable[Artifact]) -> list[Unit]:
-    """Group artifacts into units (shard, format family: prep.formats.units), members sorted by path."""
-    members: dict[tuple[int, str], list[Artifact]] = {}
+    """Group artifacts into units, one per shard (all its selected formats), members sorted by path."""
+    members: dict[int, list[Artifact]] = {}
     for artifact in artifacts:
-        members.setdefault((artifact.shard, family_of(artifact.format)), []).append(artifact)
-    return [
-        Unit(shard=shard, family=family, artifacts=tuple(sorted(group, key=lambda a: a.path)))
-        for (shard, family), group in members.items()
-    ]
+        members.setdefault(artifact.shard, []).append(artifact)
+    return [Unit(shard=shard, artifacts=tuple(sorted(group, key=lambda a: a.path))) for shard, group in members.items()]
+
+
+def parse_formats(values: Iterable[str]) -> tuple[str, ...] | None:
+    """`--formats` values (repeatable, comma lists) as sorted unit names; None when none given."""
+    names = {name.strip() for value in values for name in value.split(",") if name.strip()}
+    unknown = sorted(names - set(UNIT_NAMES))
+    if unknown:
+        raise UsageError(f"--formats: unknown format {unknown[0]!r}: expected {' or '.join(UNIT_NAMES)}")
+    return tuple(sorted(names)) if names else None
+
+
+def select_formats(artifacts: Sequence[Artifact], formats: tuple[str, ...] | None, source: str) -> list[Artifact]:
+    """The artifacts of the selected units (`bin` brings its `idx`); all when `formats` is None.
+    A selected format the snapshot lacks is a UsageError naming what it has."""
+    if formats is None:
+        return list(artifacts)
+    wanted = {fmt for name in formats for fmt in unit_formats(name)}
+    present = {artifact.format for artifact in artifacts}
+    lacking = [name for name in formats if not set(unit_formats(name)) <= present]
+    if lacking:
+        has = ", ".join(name for name in UNIT_NAMES if set(unit_formats(name)) <= present) or "none"
+        raise UsageError(f"--formats {lacking[0]}: {source} has no {lacking[0]} artifacts (it has: {has})")
+    return [artifact for artifact in artifacts if artifact.format in wanted]
 
 
 def check_rank(rank: int, world_size: int) -> None:
@@ -326,27 +364,33 @@ def check_rank(rank: int, world_size: int) -> None:
         raise UsageError(f"--rank must be between 0 and {world_size - 1}, got {rank}")
 
 
-def partition(artifacts: Sequence[Artifact], world_size: int) -> list[Share]:
-    """Split artifacts into `world_size` shares: units go largest first to the least-loaded
-    rank (lowest rank on ties), so max load <= total/world_size + largest unit."""
+def partition(artifacts: Sequence[Artifact], world_size: int, formats: tuple[str, ...] | None = None) -> list[Share]:
+    """Split artifacts into `world_size` shares of whole shards: shards go largest first to the
+    least-loaded rank (lowest rank on ties), so max load <= total/world_size + largest shard."""
     check_rank(0, world_size)
     loads: list[tuple[int, int]] = [(0, rank) for rank in range(world_size)]
     assigned: list[list[Artifact]] = [[] for _ in range(world_size)]
-    for unit in sorted(group_units(artifacts), key=lambda u: u.sort_key):
+    units = group_units(artifacts)
+    for unit in sorted(units, key=lambda u: u.sort_key):
         load, rank = heapq.heappop(loads)
         assigned[rank].extend(unit.artifacts)
         heapq.heappush(loads, (load + unit.size, rank))
     return [
-        Share(rank=rank, world_size=world_size, artifacts=tuple(sorted(items, key=lambda a: a.path)))
+        Share(rank=rank, world_size=world_size, artifacts=tuple(sorted(items, key=lambda a: a.path)), formats=formats,
+              shards=len(units))
         for rank, items in enumerate(assigned)
     ]
 
 
-def share_of(artifacts: Sequence[Artifact], rank: int | None, world_size: int | None) -> Share:
-    """The share of `rank`; with no rank and world size, everything as one share."""
+def share_of(artifacts: Sequence[Artifact], rank: int | None, world_size: int | None,
+             formats: tuple[str, ...] | None = None, source: str = "the snapshot") -> Share:
+    """The share of `rank` among the artifacts of `formats`; with no rank and world size, all
+    of them as one share."""
+    selected = select_formats(artifacts, formats, source)
     if rank is None and world_size is None:
-        return Share(rank=0, world_size=1, artifacts=tuple(sorted(artifacts, key=lambda a: a.path)))
+        return Share(rank=0, world_size=1, artifacts=tuple(sorted(selected, key=lambda a: a.path)), formats=formats,
+                     shards=len({artifact.shard for artifact in selected}))
     if rank is None or world_size is None:
         raise UsageError("--rank and --world-size must be given together")
     check_rank(rank, world_size)
-    return partition(artifacts, world_size)[rank]
+    return partition(selected, world_size, formats)[rank]

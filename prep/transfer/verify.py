@@ -20,11 +20,12 @@ from typing import Any, TypeVar
 
 from prep.hashing import Digest
 from prep.store.snapshots import Snapshot
+from prep.transfer.held import ShareSpec, choose_share, read_share_record
 from prep.transfer.shares import PREP_DIR as PREP_DIR
 from prep.transfer.shares import TEMP_MARKER as TEMP_MARKER
 from prep.transfer.shares import Artifact, Share, artifact_folders, artifacts_of, check_paths, share_of
 
-REPORT_SCHEMA = "prep.verify-report/1"
+REPORT_SCHEMA = "prep.verify-report/2"
 DIGEST_TAG = b"prep.verify-digest/1\n"
 READ_SIZE = 1 << 20  # >= 1 MiB so hashlib releases the GIL for most of the work
 DEFAULT_JOBS = 8
@@ -191,6 +192,7 @@ class VerifyResult:
     problems: tuple[Problem, ...]
     bytes_read: int
     seconds: float
+    from_record: bool = False  # the share came from DEST/.prep/share.json, not from flags
 
     @property
     def ok(self) -> bool:
@@ -218,6 +220,9 @@ class VerifyResult:
             "mode": "quick" if self.quick else "full",
             "rank": self.share.rank if self.ranked else None,
             "world_size": self.share.world_size if self.ranked else None,
+            "formats": list(self.share.formats) if self.share.formats is not None else None,
+            "share_from": "record" if self.from_record else "flags",
+            "warnings": [self.share.warning] if self.share.warning else [],
             "ok": self.ok,
             "expected": {"files": len(self.share.artifacts), "bytes": self.share.size},
             "matched": {"files": len(self.matched), "bytes": sum(a.size for a in self.matched)},
@@ -326,18 +331,23 @@ def verify(
     *,
     rank: int | None = None,
     world_size: int | None = None,
+    formats: tuple[str, ...] | None = None,
     jobs: int = DEFAULT_JOBS,
     quick: bool = False,
     on_bytes: ByteCounter | None = None,
     on_file: FileDone | None = None,
+    use_record: bool = True,
 ) -> VerifyResult:
-    """Check `dest` against the snapshot (or one rank's share of it); never raises for what
-    it finds on disk, only for a refused manifest or bad arguments."""
+    """Check `dest` against the snapshot (or one rank's share of it, of some formats): the share
+    DEST/.prep/share.json records when it is about this snapshot (`use_record`; flags that
+    disagree are a UsageError), else the flags'. Never raises for what it finds on disk, only
+    for a refused manifest or bad arguments."""
     started = time.perf_counter()
     counter = ByteTally(on_bytes)
+    spec, from_record = planned_share(snapshot, dest, rank, world_size, formats, use_record)
     everything = artifacts_of(snapshot.manifest)
     check_paths(everything, dest, snapshot.id)
-    share = share_of(everything, rank, world_size)
+    share = share_of(everything, spec.rank, spec.world_size, spec.formats, snapshot.id)
     ordered = sorted(share.artifacts, key=lambda a: (-a.size, a.path))  # big files first: even finish
     found = run_parallel(lambda a, stop: _check_artifact(dest, a, quick, counter.add, stop), ordered, jobs, on_file)
     problems = [problem for problem in found if problem is not None]
@@ -349,8 +359,16 @@ def verify(
         dest=dest,
         quick=quick,
         share=share,
-        ranked=rank is not None,
+        ranked=spec.rank is not None,
         problems=tuple(sorted(problems, key=lambda p: (p.path, p.kind))),
         bytes_read=counter.total,
         seconds=time.perf_counter() - started,
+        from_record=from_record,
     )
+
+
+def planned_share(snapshot: Snapshot, dest: Path, rank: int | None, world_size: int | None,
+                  formats: tuple[str, ...] | None, use_record: bool = True) -> tuple[ShareSpec, bool]:
+    """The share verify checks and whether DEST's share record chose it (see `verify`)."""
+    flags = ShareSpec(rank, world_size, formats)
+    return choose_share(read_share_record(dest), snapshot.id, flags, dest) if use_record else (flags, False)

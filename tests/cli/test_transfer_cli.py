@@ -54,7 +54,7 @@ def test_verify_from_the_manifest_copy_needs_no_store(pulled: tuple[LocalStore, 
     result = prep("verify", dest / ".prep/manifest.json", dest, "--store", absent, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    validate(report, "prep.verify-report/1", "report")
+    validate(report, "prep.verify-report/2", "report")
     assert report["ok"] and report["mode"] == "full" and report["digest"]
     assert not absent.exists()
 
@@ -122,8 +122,9 @@ def test_problems_exit_1_with_a_json_report(pulled: tuple[LocalStore, Built, Pat
     (dest / "wds/extra.tar").write_bytes(b"extra")
     result = prep("verify", dest / ".prep/manifest.json", dest, "--json", "--rank", "0", "--world-size", "1")
     assert result.returncode == 1
-    report = json.loads(result.stdout)
-    validate(report, "prep.verify-report/1", "report")
+    report, end = json.JSONDecoder().raw_decode(result.stdout)  # then the prep.error/1 object main prints
+    assert json.loads(result.stdout[end:])["schema"] == "prep.error/1"
+    validate(report, "prep.verify-report/2", "report")
     assert [(p["kind"], p["path"]) for p in report["problems"]] == [("missing", "bin/00002.idx"), ("extra", "wds/extra.tar")]
     assert report["digest"] is None and (report["rank"], report["world_size"]) == (0, 1)
     assert result.stderr.startswith("prep: error: ") and result.stderr.count("\n") == 1
@@ -190,14 +191,14 @@ def test_pull_reports_reuse_leftovers_and_prune(tmp_path: Path) -> None:
     assert prep("pull", "demo@v1", dest, "--store", store.root).returncode == 0
     kept = prep("pull", "demo@v2", dest, "--store", store.root)
     assert kept.returncode == 0, kept.stderr
-    assert re.search(r": 1 files copied \(.*\), 7 reused as already valid \(.*; 0 of them re-hashed\), 1 files of the "
+    assert re.search(r": 1 file copied \(.*\), 7 reused as already valid \(.*; 0 of them re-hashed\), 1 file of the "
                      r"previous snapshot left in place .*--prune", kept.stderr), kept.stderr
     extra = prep("verify", "demo@v2", dest, "--store", store.root)
     assert extra.returncode == 1 and re.search(r"^extra +wds/00002.tar", extra.stdout, re.MULTILINE)
     assert prep("pull", "demo@v1", dest, "--store", store.root).returncode == 0
     pruned = prep("pull", "demo@v2", dest, "--store", store.root, "--prune")
     assert pruned.returncode == 0 and "warning" not in pruned.stderr
-    assert re.search(r"1 files copied .*, 7 reused as already valid .*, 1 pruned \(", pruned.stderr), pruned.stderr
+    assert re.search(r"1 file copied .*, 7 reused as already valid .*, 1 file pruned \(", pruned.stderr), pruned.stderr
     assert prep("verify", "demo@v2", dest, "--store", store.root).returncode == 0
 
 

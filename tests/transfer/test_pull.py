@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.storage import open_store
 from prep.storage.local import LocalStore
@@ -105,7 +106,10 @@ def test_a_missing_object_names_the_artifact(store: LocalStore, built: Built, tm
     store.delete(cas.object_key(artifact["sha256"]))
     with pytest.raises(NotFoundError, match=artifact["path"]):
         pull(store, built.snapshot, tmp_path / "dest")
-    assert temporaries(tmp_path / "dest") == []
+    # Files stopped mid-copy keep their partial (the next run resumes it); the missing one has none.
+    left = temporaries(tmp_path / "dest")
+    assert all(".prep-tmp-partial-" in path.name and path.stat().st_size for path in left)
+    assert not [path for path in left if path.name.startswith("." + Path(artifact["path"]).name)]
 
 
 def test_two_pulls_into_one_folder_are_refused(store: LocalStore, built: Built, tmp_path: Path) -> None:
@@ -135,7 +139,9 @@ def test_a_pull_killed_mid_transfer_resumes_to_a_valid_copy(tmp_path: Path) -> N
 
     rerun = subprocess.run(command, capture_output=True, text=True, check=False)
     assert rerun.returncode == 0, rerun.stderr
-    assert "already valid" in rerun.stderr and "1 stale temporaries removed" in rerun.stderr
+    # The second file's partial held all its bytes: the rerun re-hashes it and fetches nothing more.
+    assert "already valid" in rerun.stderr and "0 stale temporaries removed" in rerun.stderr
+    assert "1 resumed from partial files" in rerun.stderr
     assert_complete(built, dest)
 
 
@@ -146,19 +152,26 @@ class StreamOnlyStore(LocalStore):
         return None
 
 
-class DownloadingStore(StreamOnlyStore):
-    """A store with the S3 backend's `download_file(key, dest, jobs)`; reports the hex or not."""
+class RangeCountingStore(StreamOnlyStore):
+    """A remote-like store that records its ranged reads and how many ran at once."""
 
-    def __init__(self, root: Path, report_hash: bool) -> None:
+    def __init__(self, root: Path) -> None:
         super().__init__(root)
-        self.report_hash = report_hash
-        self.downloads: list[str] = []
+        self.reads: list[tuple[str, int, int]] = []
+        self.running = self.most_at_once = 0
+        self._lock = threading.Lock()
 
-    def download_file(self, key: str, dest: Path, jobs: int) -> str | None:
-        data = self.get_bytes(key)
-        dest.write_bytes(data)
-        self.downloads.append(key)
-        return hashing.digest_bytes(data).sha256 if self.report_hash else None
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        with self._lock:
+            self.reads.append((key, start, length))
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            time.sleep(0.002)  # long enough for parallel reads to overlap
+            return super().get_range(key, start, length)
+        finally:
+            with self._lock:
+                self.running -= 1
 
 
 def test_pull_reads_through_the_store_interface(built: Built, store: LocalStore, tmp_path: Path) -> None:
@@ -167,20 +180,37 @@ def test_pull_reads_through_the_store_interface(built: Built, store: LocalStore,
     assert_complete(built, tmp_path / "dest")
 
 
-@pytest.mark.parametrize("report_hash", [True, False])
-def test_large_objects_use_download_file_when_the_store_has_it(
-    built: Built, store: LocalStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report_hash: bool
+def test_large_remote_objects_are_fetched_by_parallel_ranged_reads(
+    built: Built, store: LocalStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("prep.transfer.fetch.DOWNLOAD_FILE_MIN", 20_000)
-    remote = DownloadingStore(store.root, report_hash)
-    pull(remote, built.snapshot, tmp_path / "dest")
+    monkeypatch.setattr("prep.transfer.fetch.RANGE_SIZE", 4096)
+    remote = RangeCountingStore(store.root)
+    pull(remote, built.snapshot, tmp_path / "dest", jobs=1)
     assert_complete(built, tmp_path / "dest")
-    large = sorted(cas.object_key(a["sha256"]) for a in built.snapshot.artifacts if a["size"] >= 20_000)
-    assert sorted(remote.downloads) == large and large
+    large = max(built.snapshot.artifacts, key=lambda a: a["size"])
+    key = cas.object_key(large["sha256"])
+    starts = sorted(start for read_key, start, _ in remote.reads if read_key == key)
+    assert starts == list(range(0, large["size"], 4096))  # the object in order, each range once
+    assert remote.most_at_once > 1  # one file, several ranges in flight
+    last = max((r for r in remote.reads if r[0] == key), key=lambda r: r[1])
+    assert last[1] + last[2] == large["size"] + 1  # the last read asks one byte past the declared end
+
+
+def test_an_object_longer_than_declared_is_refused(built: Built, store: LocalStore, tmp_path: Path) -> None:
+    artifact = built.snapshot.artifacts[0]
+    stored = store.root / cas.object_key(artifact["sha256"])
+    stored.chmod(0o644)
+    stored.write_bytes(stored.read_bytes() + b"tail")
+    for source in (store, StreamOnlyStore(store.root)):
+        dest = tmp_path / f"dest-{type(source).__name__}"
+        with pytest.raises(IntegrityError, match=artifact["path"]):
+            pull(source, built.snapshot, dest, jobs=1)
+        assert not (dest / artifact["path"]).exists() and temporaries(dest) == []
 
 
 @pytest.mark.usefixtures("s3_endpoint")
-@pytest.mark.parametrize("download_min", [1 << 40, 0], ids=["streamed", "download_file"])
+@pytest.mark.parametrize("download_min", [1 << 40, 0], ids=["streamed", "ranged"])
 def test_pull_from_an_s3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, download_min: int) -> None:
     monkeypatch.setattr("prep.transfer.fetch.DOWNLOAD_FILE_MIN", download_min)
     remote = open_store(f"{new_bucket()}/datasets")

@@ -52,17 +52,20 @@ def test_partition_is_identical_whatever_the_listing_order(
     assert partition(shuffled, world_size) == partition(artifacts, world_size)
 
 
-def test_ties_go_to_the_lowest_rank_largest_unit_first() -> None:
+def test_ties_go_to_the_lowest_rank_largest_shard_first() -> None:
     artifacts = [
         Artifact("bin/00000.bin", "bin", 0, 100, "0" * 64),
         Artifact("bin/00000.idx", "idx", 0, 10, "1" * 64),
         Artifact("wds/00000.tar", "wds", 0, 60, "2" * 64),
         Artifact("bin/00001.bin", "bin", 1, 50, "3" * 64),
         Artifact("bin/00001.idx", "idx", 1, 10, "4" * 64),
+        Artifact("bin/00002.bin", "bin", 2, 50, "5" * 64),
+        Artifact("bin/00002.idx", "idx", 2, 10, "6" * 64),
     ]
     shares = partition(artifacts, 2)
-    assert [a.path for a in shares[0].artifacts] == ["bin/00000.bin", "bin/00000.idx"]
-    assert [a.path for a in shares[1].artifacts] == ["bin/00001.bin", "bin/00001.idx", "wds/00000.tar"]
+    assert [a.path for a in shares[0].artifacts] == ["bin/00000.bin", "bin/00000.idx", "wds/00000.tar"]
+    # shards 1 and 2 tie at 60 bytes: shard 1 is placed first, both land on the lighter rank 1
+    assert [a.path for a in shares[1].artifacts] == ["bin/00001.bin", "bin/00001.idx", "bin/00002.bin", "bin/00002.idx"]
 
 
 def test_without_rank_the_share_is_everything() -> None:
@@ -77,8 +80,9 @@ def test_bad_rank_arguments_are_usage_errors(rank: int | None, world_size: int |
         share_of([], rank, world_size)
 
 
-def test_each_unit_of_a_shard_is_one_group_and_unknown_formats_travel_alone() -> None:
+def test_every_file_of_a_shard_is_one_group_even_formats_this_version_does_not_know() -> None:
     artifacts = [Artifact(artifact_path(fmt, 3), fmt, 3, 1, "0" * 64) for unit in UNIT_NAMES for fmt in unit_formats(unit)]
     artifacts.append(Artifact("extra/00003.x", "future", 3, 1, "1" * 64))
-    groups = sorted((group.family, tuple(a.format for a in group.artifacts)) for group in group_units(artifacts))
-    assert groups == [("future", ("future",)), ("megatron", ("bin", "idx")), ("wds", ("wds",))]
+    artifacts.append(Artifact("wds/00004.tar", "wds", 4, 1, "2" * 64))
+    groups = sorted((group.shard, tuple(a.format for a in group.artifacts)) for group in group_units(artifacts))
+    assert groups == [(3, ("bin", "idx", "future", "wds")), (4, ("wds",))]  # members sorted by path
