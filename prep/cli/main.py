@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "release": "prep.cli.store:release",
     "sample": "prep.cli.sample:sample",
     "consumed": "prep.cli.data:consumed",
+    "drill": "prep.cli.data:drill",
     "init": "prep.cli.init:init",
     "completion": "prep.cli.completion:completion",
 }
