@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prep.errors import ConfigError
+from prep.errors import ConfigError, UsageError
 from prep.store.layout import NAME_PATTERN
+from prep.store.retention import Policy, check_policy, parse_duration
 
 FORMATS = ("auto", "jsonl", "parquet", "text", "hf")
 OUTPUT_FORMATS = ("bin", "wds")
@@ -67,6 +68,7 @@ class Pipeline:
     tokenizer: TokenizerConfig
     dedup: DedupConfig
     output: OutputConfig
+    retention: Policy = Policy()  # not output-affecting: kept out of `resolved()`
 
     def tokenizer_path(self) -> Path:
         path = Path(self.tokenizer.path).expanduser()
@@ -222,5 +224,21 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
         formats=tuple(sorted(formats)),
     )
     out.finish()
+    retention = _retention(root.table("retention"))
     root.finish()
-    return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output)
+    return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output, retention)
+
+
+def _retention(table: _Table) -> Policy:
+    """`[retention]`: keep_last (generations of each ref, at least 1) and keep_within (a duration
+    like "30d"); what gc keeps of this dataset once a build has recorded it in the store."""
+    keep_last = table.get("keep_last", int, 1)
+    keep_within = table.get("keep_within", str, "0s")
+    table.finish()
+    if keep_last < 1:
+        raise table._fail("keep_last", f"must be at least 1 (the current generation), got {keep_last}")
+    try:
+        seconds = parse_duration(keep_within)
+    except UsageError:
+        raise table._fail("keep_within", f"expected a duration like \"30d\", \"12h\" or \"90m\", got {keep_within!r}") from None
+    return check_policy(keep_last, seconds, "pipeline")

@@ -57,3 +57,24 @@ def test_mistakes_name_the_key(change: dict[str, object], needle: str) -> None:
 
 def test_largest_seed_is_accepted() -> None:
     assert parse_pipeline({**MINIMAL, "seed": 2**64 - 1}, Path("."), "p.toml").seed == 2**64 - 1
+
+
+def test_retention_table_is_parsed_and_stays_out_of_the_resolved_config() -> None:
+    pipeline = parse_pipeline({**MINIMAL, "retention": {"keep_last": 3, "keep_within": "30d"}}, Path("."), "p.toml")
+    assert (pipeline.retention.keep_last, pipeline.retention.keep_within) == (3, 30 * 86400)
+    assert "retention" not in pipeline.resolved(), "retention changes no output byte, so no snapshot id"
+    default = parse_pipeline(dict(MINIMAL), Path("."), "p.toml").retention
+    assert (default.keep_last, default.keep_within) == (1, 0)
+
+
+@pytest.mark.parametrize(("table", "needle"), [
+    ({"keep_last": 0}, "p.toml: retention.keep_last: must be at least 1"),
+    ({"keep_last": "3"}, "p.toml: retention.keep_last: expected int, got str"),
+    ({"keep_last": True}, "p.toml: retention.keep_last: expected int, got bool"),
+    ({"keep_within": "a month"}, "p.toml: retention.keep_within: expected a duration like"),
+    ({"keep_within": 30}, "p.toml: retention.keep_within: expected str, got int"),
+    ({"keep_forever": True}, "p.toml: retention.keep_forever: unknown key"),
+])
+def test_retention_mistakes_name_the_key(table: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        parse_pipeline({**MINIMAL, "retention": table}, Path("."), "p.toml")

@@ -11,6 +11,7 @@ from prep.cli.common import resolve_store_url, store_option
 from prep.config import load_pipeline
 from prep.runner.build import PublishOptions, make_executor
 from prep.storage import open_store
+from prep.store.retention import record_policy
 from prep.store.tags import check_tag_name, parse_expect
 
 
@@ -52,4 +53,5 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
         result = run_build(config, store, pool, progress=None, options=options)
     finally:
         pool.close()
+    record_policy(store, config.dataset, config.retention)  # what prep gc keeps of this dataset
     click.echo(result.snapshot.id)

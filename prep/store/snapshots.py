@@ -13,8 +13,8 @@ from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.storage.base import Store
 from prep.store import cas
-from prep.store.layout import SNAPSHOTS_PREFIX, marker_sha, snapshot_marker_key
-from prep.store.refs import read_ref
+from prep.store.layout import SNAPSHOTS_PREFIX, history_key, marker_sha, snapshot_marker_key
+from prep.store.refs import Ref, read_ref
 
 SNAPSHOT_SCHEMA = "prep.snapshot/1"
 MIN_PREFIX = 4
@@ -150,19 +150,50 @@ def is_manifest_path(spec: str) -> bool:
     return Path(spec).is_file()
 
 
+def _generation(store: Store, dataset: str, name: str, generation: int) -> Ref | None:
+    """One recorded generation of a ref, from its create-only history record."""
+    key = history_key(dataset, name, generation)
+    try:
+        raw = store.get_bytes(key)
+    except NotFoundError:
+        return None
+    return Ref.from_json(canonical.loads(raw), f"{store.url}/{key}")
+
+
+def _resolve_ref(store: Store, spec: str) -> Snapshot:
+    """`dataset@ref` or `dataset@ref~N`: the ref's value now, or N generations ago (git-like)."""
+    dataset, name = spec.split("@", 1)
+    name, tilde, back_text = name.partition("~")
+    if tilde and not (back_text.isascii() and back_text.isdigit()):
+        raise UsageError(f"{spec!r}: after ~ comes a number of generations back, like {dataset}@{name}~2")
+    back = int(back_text or 0)
+    ref = read_ref(store, dataset, name)
+    if ref is None:
+        raise NotFoundError(f"{store.url}: no ref {dataset}@{name}")
+    if back >= ref.generation:
+        raise NotFoundError(f"{store.url}: {spec}: {dataset}@{name} has taken only {ref.generation} "
+                            f"generations, so ~{ref.generation - 1} is the oldest")
+    value = _generation(store, dataset, name, ref.generation - back) if back else ref
+    if value is None:
+        raise NotFoundError(f"{store.url}: {spec}: generation {ref.generation - back} of {dataset}@{name} is "
+                            "not in the store's history")
+    try:
+        return load_snapshot(store, value.snapshot)
+    except NotFoundError:
+        raise NotFoundError(f"{store.url}: {spec} is snapshot {value.snapshot}, which is no longer stored "
+                            "(collected by prep gc; keep it with [retention] or prep hold)") from None
+
+
 def resolve(store: Store | None, spec: str) -> Snapshot:
-    """Load the snapshot named by SPEC: `dataset@ref`, `sha256:<hex>`, a unique hex prefix,
-    or the path of a manifest file (which needs no store; see read_manifest_file)."""
+    """Load the snapshot named by SPEC: `dataset@ref`, `dataset@ref~N` (N generations ago),
+    `sha256:<hex>`, a unique hex prefix, or the path of a manifest file (which needs no store;
+    see read_manifest_file)."""
     if is_manifest_path(spec):
         return read_manifest_file(Path(spec))
     if store is None:
         raise UsageError(f"{spec!r} is not a manifest file, and no store was given")
     if "@" in spec:
-        dataset, name = spec.split("@", 1)
-        ref = read_ref(store, dataset, name)
-        if ref is None:
-            raise NotFoundError(f"{store.url}: no ref {spec}")
-        return load_snapshot(store, ref.snapshot)
+        return _resolve_ref(store, spec)
     hexpart = spec.removeprefix("sha256:").lower()
     if len(hexpart) == 64:
         return load_snapshot(store, f"sha256:{hexpart}")
