@@ -200,14 +200,14 @@ def build_lines(build: BuildRecord) -> list[str]:
     lines = [f"build      {entry['started']}  {entry['seconds']} s  host {entry['host']}  snapshot {entry['snapshot']}"
              + ("  (collected)" if build.collected else ""),
              f"  run      executor {entry['executor'] or unknown}  workers {entry['workers'] or unknown}  "
-             f"tokenizer backend {entry['backend'] or unknown}",
+             f"tokenizer backend {entry['tokenizer_backend'] or unknown}",
              "  stages   " + ", ".join(f"{name} {run['ran']} ran/{run['cached']} cached"
                                       for name, run in entry["stages"].items())]
     listed = entry["skip_reasons"]
     lines.append(f"  skipped  {entry['skipped']} bad records" + (":" if listed else ""))
     lines.extend(f"    {reason}" for reason in listed)
     if len(listed) < entry["skipped"]:
-        lines.append(f"    ... {entry['skipped'] - len(listed)} more not listed (at most 100 per tokenize task)")
+        lines.append(f"    ... {entry['skipped'] - len(listed)} more not listed in the build log")
     return lines
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from prep import hashing
 from prep.errors import IntegrityError, PrepError
-from prep.manifest.schema import validate
+from prep.manifest.schema import schema_path, validate
 from prep.storage.base import Store
 from prep.store import cas
 from prep.store.layout import logs_prefix, snapshot_marker_key
@@ -21,7 +21,7 @@ from prep.store.refs import Ref, ref_history
 from prep.store.snapshots import Snapshot, load_snapshot
 
 REPORT_SCHEMA = "prep.log-report/1"  # manifests/log-report-1.schema.json
-BUILD_LOG_SCHEMA = "prep.build-log/1"
+BUILD_LOG_SCHEMAS = ("prep.build-log/1", "prep.build-log/2")
 
 
 @dataclass(frozen=True)
@@ -56,50 +56,60 @@ def generations(store: Store, dataset: str) -> list[Generation]:
 
 @dataclass(frozen=True)
 class BuildRecord:
-    """One build as its log recorded it, with what its snapshot says when it is still there.
-
-    `executor`, `workers` and `backend` are None when the log (and the snapshot) do not record
-    them; `skipped` is the snapshot's count of bad records skipped (None once collected), which
-    may exceed the reasons listed (at most 100 per tokenize task)."""
+    """One build as its log recorded it (prep.build-log/1 or /2), with what its snapshot says
+    while it is still there. Fields a log does not record are None (log/1 has no executor or
+    workers); `skipped` counts every bad record skipped, `skip_reasons` the ones the log lists."""
 
     key: str
     log: dict[str, Any]
     collected: bool
-    backend: str | None
-    skipped: int | None
-
-    @property
-    def executor(self) -> str | None:
-        """The executor kind the log names, if any."""
-        value = self.log.get("executor")
-        return None if value is None else str(value)
-
-    @property
-    def workers(self) -> int | None:
-        """The worker count the log names, if any."""
-        value = self.log.get("workers")
-        return None if value is None else int(value)
+    tokenizer_backend: str | None
+    skipped: int
+    skip_reasons: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
         """The build as log reports print it."""
         log = self.log
-        return {"log": self.key, "snapshot": log["snapshot"], "started": log["started"], "seconds": log["seconds"],
-                "host": log["host"], "executor": self.executor, "workers": self.workers, "backend": self.backend,
-                "collected": self.collected, "refs": log["refs"],
+        recorded = log.get("executor")
+        executor: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+        return {"log": self.key, "schema": log["schema"], "snapshot": log["snapshot"], "started": log["started"],
+                "seconds": log["seconds"], "host": log["host"], "user": log.get("user"),
+                "executor": executor.get("backend"), "workers": executor.get("workers"),
+                "tokenizer_backend": self.tokenizer_backend, "collected": self.collected,
                 "stages": {name: {"ran": int(run["ran"]), "cached": int(run["cached"])}
                            for name, run in log["stages"].items()},
-                "skipped": self.skipped if self.skipped is not None else len(log["bad_records"]),
-                "skip_reasons": list(log["bad_records"]),
+                "skipped": self.skipped, "skip_reasons": list(self.skip_reasons),
                 "recomputed": len(log.get("recomputed", []))}
 
 
+def _skips(log: dict[str, Any], manifest: dict[str, Any] | None) -> tuple[int, tuple[str, ...]]:
+    """How many records the build skipped, and the reasons its log lists (`file:line: reason`)."""
+    if isinstance(log.get("skipped"), dict):  # prep.build-log/2
+        reasons = []
+        for entry in log["skipped"].get("listed", []):
+            where = f":{entry['line']}" if "line" in entry else (f": row {entry['row']}" if "row" in entry else "")
+            reasons.append(f"{entry['file']}{where}: {entry['reason']}" if entry.get("file") else str(entry["reason"]))
+        return int(log["skipped"].get("total", len(reasons))), tuple(reasons)
+    reasons = [str(reason) for reason in log.get("bad_records", [])]
+    total = int(manifest["stats"].get("bad_records_skipped", len(reasons))) if manifest else len(reasons)
+    return total, tuple(reasons)
+
+
 def _read_log(store: Store, key: str) -> dict[str, Any]:
-    """One build log, parsed and validated; IntegrityError naming its key otherwise."""
+    """One build log, parsed and validated against its own schema; IntegrityError naming its key otherwise."""
+    source = f"{store.url}: build log {key}"
     try:
         data = json.loads(store.get_bytes(key))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise IntegrityError(f"{store.url}: build log {key} is not JSON ({exc})") from None
-    validate(data, BUILD_LOG_SCHEMA, f"{store.url}: build log {key}")
+        raise IntegrityError(f"{source} is not JSON ({exc})") from None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema not in BUILD_LOG_SCHEMAS:
+        raise IntegrityError(f"{source}: schema {schema!r} is none of {', '.join(BUILD_LOG_SCHEMAS)}")
+    if schema_path(str(schema)).is_file():
+        validate(data, str(schema), source)
+    missing = [field for field in ("snapshot", "started", "seconds", "host", "stages") if field not in data]
+    if missing:
+        raise IntegrityError(f"{source}: lacks {', '.join(missing)}")
     assert isinstance(data, dict)
     return data
 
@@ -128,8 +138,7 @@ def builds(store: Store, dataset: str) -> list[BuildRecord]:
         log = _read_log(store, info.key)
         snapshot = _snapshot(store, str(log["snapshot"]))
         manifest = snapshot.manifest if snapshot is not None else None
-        backend = log.get("backend") or _task_backends(log) or (
-            manifest["config"].get("tokenizer", {}).get("backend") if manifest else None)
-        skipped = int(manifest["stats"].get("bad_records_skipped", 0)) if manifest else None
-        found.append(BuildRecord(info.key, log, snapshot is None, None if backend is None else str(backend), skipped))
+        backend = _task_backends(log) or (manifest["config"].get("tokenizer", {}).get("backend") if manifest else None)
+        skipped, reasons = _skips(log, manifest)
+        found.append(BuildRecord(info.key, log, snapshot is None, backend, skipped, reasons))
     return found
