@@ -1,4 +1,5 @@
-"""`prep consumed SOURCE`: which documents the first N global samples of a training run touched."""
+"""`prep consumed SOURCE`: which documents the first N global samples of a training run touched;
+`prep drill SOURCE`: a load drill of W ranks reading from the store through the node-local cache."""
 
 from __future__ import annotations
 
@@ -142,3 +143,68 @@ def consumed(source: str, samples: int | None, state_path: Path | None, store_ur
         return
     ledger = ledger_of(reader, count)
     click.echo(json.dumps(ledger.to_json(), indent=2, ensure_ascii=False) if as_json else "\n".join(ledger_lines(ledger, source)))
+
+
+def _size(value: str, flag: str) -> int:
+    """A byte count like 512MB or 2GiB (a bare integer is bytes) for a size flag."""
+    from prep.config import parse_size
+    from prep.errors import ConfigError
+
+    try:
+        return parse_size(int(value) if value.isdigit() else value, flag)
+    except ConfigError as exc:
+        raise UsageError(exc.message) from None
+
+
+def drill_lines(report: dict[str, Any]) -> list[str]:
+    """The human summary of a drill: one line per rank, then the node's totals and duplicates."""
+    settings = report["settings"]
+    lines = [f"{settings['source']}: {settings['world_size']} ranks (processes) read {settings['steps']} steps "
+             f"(seq_len {settings['seq_len']}, global batch {settings['global_batch']}) through a "
+             f"{settings['cache_bytes']}-byte cache in {report['wall_seconds']:.2f} s"]
+    for rank in report["ranks"]:
+        waits = rank["fetch_seconds"]
+        lines.append(f"  rank {rank['rank']}: first batch {rank['first_batch_seconds']:.3f} s, fetched "
+                     f"{rank['bytes_fetched']} bytes ({rank['fetches']} objects, {rank['bytes_refetched']} again), "
+                     f"peak cache {rank['peak_cache_bytes']}, fetch_seconds p50 {waits['p50']:.4f} p90 "
+                     f"{waits['p90']:.4f} p99 {waits['p99']:.4f} max {waits['max']:.4f} total {waits['total']:.3f} "
+                     f"({rank['fetch_share_after_first_batch']:.1%} of wall after the first batch)")
+    totals, duplicates = report["totals"], report["duplicates"]
+    lines.append(f"node: {totals['bytes_fetched']} bytes fetched, {totals['distinct_objects_fetched']} distinct objects, "
+                 f"{duplicates['fetches']} duplicate fetches ({duplicates['bytes']} bytes; "
+                 f"{duplicates['objects_fetched_by_several_ranks']} objects fetched by several ranks)")
+    return lines
+
+
+@click.command()
+@click.argument("source")
+@store_option
+@click.option("--world-size", type=click.IntRange(min=1), required=True, help="Ranks to simulate (one process each).")
+@click.option("--cache-bytes", "cache_bytes", required=True, metavar="SIZE",
+              help="The node-local cache's bound shared by the ranks, e.g. 64GB.")
+@click.option("--steps", type=click.IntRange(min=1), required=True, help="Steps each rank reads.")
+@click.option("--seq-len", type=click.IntRange(min=1), required=True, help="The reader's seq_len.")
+@click.option("--global-batch", type=click.IntRange(min=1), required=True, help="The global batch size.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, help="The reader's seed (default 0).")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The cache folder (default: a fresh temporary one, removed afterwards).")
+@click.option("--prefetch-steps", type=click.IntRange(min=0), default=None,
+              help="Steps to prefetch ahead (default: as far as the plan and the cache allow).")
+@click.option("--jobs", type=click.IntRange(min=1), default=4, help="Parallel fetches per rank (default 4).")
+@click.option("--json", "as_json", is_flag=True, help="Print a prep.drill-report/1 JSON report on stdout.")
+def drill(source: str, store_url: str | None, world_size: int, cache_bytes: str, steps: int, seq_len: int,
+          global_batch: int, seed: int, cache_dir: Path | None, prefetch_steps: int | None, jobs: int,
+          as_json: bool) -> None:
+    """A load drill: WORLD_SIZE ranks read STEPS steps of SOURCE (a snapshot spec or mixture read
+    from the store, or a pulled folder) through one node-local cache, without training."""
+    from prep.data.drill import DrillConfig
+    from prep.data.drill import drill as run
+
+    if global_batch % world_size:
+        raise UsageError(f"--global-batch {global_batch} is not a multiple of --world-size {world_size}")
+    store = _store_for(source, store_url)
+    config = DrillConfig(source, store.url if store is not None else None, world_size, _size(cache_bytes, "--cache-bytes"),
+                         steps, seq_len, global_batch, str(cache_dir) if cache_dir is not None else None, seed,
+                         prefetch_steps, jobs)
+    report = run(config)
+    click.echo(json.dumps(report, indent=2) if as_json else "\n".join(drill_lines(report)))

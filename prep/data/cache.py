@@ -68,6 +68,8 @@ class CacheStats:
     evictions: int = 0
     peak_bytes: int = 0
     leads: list[float] = field(default_factory=list)
+    fetched: Counter[str] = field(default_factory=Counter)  # fetches per object sha256
+    sizes: dict[str, int] = field(default_factory=dict)  # object sizes by sha256
 
     def to_json(self) -> dict[str, Any]:
         leads = sorted(self.leads)
@@ -357,6 +359,8 @@ class NodeCache:
             self.stats.bytes_fetched += need.size
             self.stats.bytes_refetched += need.size if again else 0
             self._fetched.add(need.sha256)
+            self.stats.fetched[need.sha256] += 1
+            self.stats.sizes[need.sha256] = need.size
             self._used_at[need.sha256] = time.monotonic()
             if not demand:
                 self._ready_at[need.sha256] = time.monotonic()

@@ -29,9 +29,14 @@ class Need:
 class Plan:
     """Needs of steps [start, start + horizon), and for each object the steps that read it."""
 
-    def __init__(self, needs_at: Callable[[int], list[Need] | None], horizon: int = DEFAULT_HORIZON) -> None:
+    def __init__(self, needs_at: Callable[[int], list[Need] | None], horizon: int = DEFAULT_HORIZON,
+                 minimum: int = 0, grow: int | None = None) -> None:
         self._needs_at = needs_at  # None past the last step (a source reached max_epochs)
         self.horizon = max(1, horizon)
+        # The window is filled to `minimum` steps at once, then by `grow` more per advance, so the
+        # first batch does not wait for the whole horizon to be computed.
+        self.minimum = min(self.horizon, max(1, minimum))
+        self.grow = self.horizon if grow is None else grow
         self.start = 0
         self._steps: deque[list[Need]] = deque()
         self._uses: dict[str, deque[int]] = {}
@@ -52,7 +57,8 @@ class Plan:
                     if not uses:
                         del self._uses[need.sha256]
                 self.start += 1
-            while not self._ended and len(self._steps) < self.horizon:
+            target = min(self.horizon, max(self.minimum, len(self._steps) + self.grow))
+            while not self._ended and len(self._steps) < target:
                 at = self.start + len(self._steps)
                 needs = self._needs_at(at)
                 if needs is None:

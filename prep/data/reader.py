@@ -35,6 +35,7 @@ from prep.storage.base import Store
 
 STATE_SCHEMA = "prep.reader-state/1"
 MODES = ("tokens", "documents")
+PLAN_GROWTH = 16  # plan steps computed per advance beyond the prefetch window, until the horizon
 
 
 class Exhausted(Exception):
@@ -129,7 +130,8 @@ class Reader:
         self._prefetcher: Prefetcher | None = None
         if self.cache is not None:
             options = self.cache.options
-            self.plan = self.cache.plan = Plan(self._needs_at, max(options.horizon, options.prefetch_steps or 1))
+            self.plan = self.cache.plan = Plan(self._needs_at, max(options.horizon, options.prefetch_steps or 1),
+                                               minimum=(options.prefetch_steps or 0) + 1, grow=PLAN_GROWTH)
             self._prefetcher = Prefetcher(self.cache, self.plan, options.prefetch_steps, options.prefetch_bytes,
                                           options.jobs)
 
