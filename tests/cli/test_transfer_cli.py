@@ -213,3 +213,63 @@ def test_prune_without_an_earlier_manifest_warns_and_deletes_nothing(tmp_path: P
     assert re.search(r"^prep: warning: --prune deleted nothing: .*manifest.json does not exist", result.stderr,
                      re.MULTILINE), result.stderr
     assert (dest / "bin/00009.bin").read_bytes() == b"someone's"
+
+
+def test_pull_by_formats_and_rank_then_verify_by_the_record(pulled: tuple[LocalStore, Built, Path],
+                                                             tmp_path: Path) -> None:
+    store, built, _ = pulled
+    dest = tmp_path / "rank0-bin"
+    result = prep("pull", "demo@latest", dest, "--store", store.root, "--rank", 0, "--world-size", 2,
+                  "--formats", "bin", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    validate(report, "prep.pull-report/1", "report")
+    assert (report["rank"], report["world_size"], report["formats"]) == (0, 2, ["bin"])
+    assert "(rank 0 of 2, formats bin)" in result.stderr and "kB" in result.stderr
+    assert {p.suffix for p in dest.rglob("*") if p.is_file() and ".prep" not in p.parts} == {".bin", ".idx"}
+    assert not (dest / "wds").exists()
+    record = json.loads((dest / ".prep/share.json").read_text())
+    validate(record, "prep.share/1", "share record")
+    check = prep("verify", dest / ".prep/manifest.json", dest, "--json")
+    assert check.returncode == 0, check.stderr + check.stdout
+    verified = json.loads(check.stdout)
+    validate(verified, "prep.verify-report/2", "report")
+    assert (verified["rank"], verified["world_size"], verified["formats"], verified["share_from"]) == (0, 2, ["bin"],
+                                                                                                        "record")
+    assert verified["expected"] == report["share"]
+    human = prep("verify", dest / ".prep/manifest.json", dest)
+    assert "(rank 0 of 2, formats bin) as recorded in" in human.stdout
+    for flags in (["--rank", "1", "--world-size", "2"], ["--formats", "wds"], ["--formats", "bin,wds"]):
+        conflict = prep("verify", dest / ".prep/manifest.json", dest, *flags)
+        assert conflict.returncode == 2 and conflict.stdout == ""
+        assert re.match(r"prep: error: .* conflicts with .*share\.json: this folder holds rank 0 of 2, formats bin",
+                        conflict.stderr), conflict.stderr
+
+
+def test_an_empty_share_is_a_warning_and_a_json_field(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    build_snapshot(store, tmp_path / "work", shard_sizes=(40_000,))
+    dest = tmp_path / "rank1"
+    result = prep("pull", "demo@latest", dest, "--store", store.root, "--rank", 1, "--world-size", 2, "--json")
+    assert result.returncode == 0, result.stderr
+    warning = "rank 1 of 2 holds no files: 1 shard for 2 ranks"
+    assert f"prep: warning: {warning}\n" in result.stderr and "0 files copied" in result.stderr
+    report = json.loads(result.stdout)
+    validate(report, "prep.pull-report/1", "report")
+    assert report["warnings"] == [warning] and report["share"] == {"files": 0, "bytes": 0}
+    check = prep("verify", dest / ".prep/manifest.json", dest, "--json")
+    assert check.returncode == 0 and f"prep: warning: {warning}" in check.stderr
+    assert json.loads(check.stdout)["warnings"] == [warning]
+    whole = tmp_path / "rank0"
+    first = prep("pull", "demo@latest", whole, "--store", store.root, "--rank", 0, "--world-size", 2)
+    assert first.returncode == 0 and "warning" not in first.stderr
+    assert {p.suffix for p in whole.rglob("*") if p.is_file() and ".prep" not in p.parts} == {".bin", ".idx", ".tar"}
+
+
+@pytest.mark.parametrize(("formats", "message"), [("idx", "unknown format 'idx'"), ("bin,tar", "unknown format 'tar'")])
+def test_bad_formats_are_one_line_errors(pulled: tuple[LocalStore, Built, Path], tmp_path: Path, formats: str,
+                                         message: str) -> None:
+    store, _, _ = pulled
+    for command in ("pull", "verify"):
+        result = prep(command, "demo@latest", tmp_path, "--store", store.root, "--formats", formats)
+        assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1
