@@ -24,6 +24,11 @@ def set_quiet(value: bool) -> None:
     _quiet = value
 
 
+def is_quiet() -> bool:
+    """Whether `--quiet` was given: a command's own notes on stderr are silenced with its progress."""
+    return _quiet
+
+
 def end_line() -> None:
     """End a redrawn line left open (a stage that failed), so an error prints on a line of its own."""
     while _open_line:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import sysconfig
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -19,6 +21,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 EOS = "<|endoftext|>"
 DEFAULT_FOLDER = Path("pipelines/sample-data")
 PIPELINE_NAME = "sample.toml"
+MIN_CHARS = 80
+_SKIPPED = frozenset({"site-packages", "dist-packages", "__pycache__"})
+_TESTS = frozenset({"test", "tests", "idle_test"})
 _HEADER = """\
 # The built-in sample: `prep sample` writes pipelines/sample-data/ offline, then
 # `prep build pipelines/sample.toml` builds it into ./prep-store.
@@ -50,22 +55,43 @@ formats = ["bin", "wds"]
 """
 
 
+def stdlib_root() -> Path:
+    """The folder of this Python's standard library."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files(root: Path) -> Iterator[Path]:
+    """The standard library's modules in a fixed order: top-level ones, then those of packages,
+    then test modules (installed packages below `root`, as in site-packages, are not its own)."""
+    nested: list[tuple[bool, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [name for name in dirnames if name not in _SKIPPED]
+        folder = Path(dirpath)
+        if folder != root:
+            is_test = bool(_TESTS.intersection(folder.relative_to(root).parts))
+            nested.extend((is_test, folder / name) for name in filenames if name.endswith(".py"))
+    yield from sorted(root.glob("*.py"))
+    yield from (path for _, path in sorted(nested))
+
+
 def stdlib_docstrings(limit: int) -> Iterator[tuple[str, str]]:
-    """(id, text) pairs: module, class and function docstrings of the standard library."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+    """(id, text) pairs: module, class and function docstrings of 80+ characters of the standard
+    library, at most `limit`; fewer only when this Python has fewer."""
+    root = stdlib_root()
     count = 0
-    for path in sorted(root.glob("*.py")):
+    for path in stdlib_files(root):
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, OSError):
+        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
             continue
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             doc = ast.get_docstring(node)
-            if doc and len(doc) >= 80:
+            if doc and len(doc) >= MIN_CHARS:
                 name = getattr(node, "name", "<module>")
-                yield f"{path.stem}.{name}.{getattr(node, 'lineno', 0)}", doc
+                yield f"{module}.{name}.{getattr(node, 'lineno', 0)}", doc
                 count += 1
                 if count >= limit:
                     return
@@ -84,8 +110,19 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, path: Path, eos: str 
     return path
 
 
-def make_sample(folder: Path, documents: int = 3000, vocab_size: int = 4096) -> tuple[Path, Path]:
-    """Write folder/corpus.jsonl and folder/tokenizer.json; returns their paths."""
+@dataclass(frozen=True)
+class Sample:
+    """What make_sample wrote: the two files and how many docstrings the corpus holds."""
+
+    corpus: Path
+    tokenizer: Path
+    documents: int
+    records: int  # documents plus the duplicates and the document spelling EOS
+
+
+def make_sample(folder: Path, documents: int = 3000, vocab_size: int = 4096) -> Sample:
+    """Write folder/corpus.jsonl and folder/tokenizer.json from `documents` docstrings (fewer only
+    when the standard library has fewer)."""
     folder.mkdir(parents=True, exist_ok=True)
     records = [{"id": doc_id, "text": text} for doc_id, text in stdlib_docstrings(documents)]
     extras = [{"id": f"dup-{i}", "text": records[i * 7]["text"]} for i in range(min(5, len(records) // 7))]
@@ -97,7 +134,7 @@ def make_sample(folder: Path, documents: int = 3000, vocab_size: int = 4096) -> 
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     temp.replace(corpus)
     tokenizer = train_tokenizer((r["text"] for r in records), vocab_size, folder / "tokenizer.json")
-    return corpus, tokenizer
+    return Sample(corpus, tokenizer, len(records), len(records) + len(extras))
 
 
 def pipeline_path(folder: Path) -> Path:

@@ -9,7 +9,7 @@ SHELLS = ("bash", "zsh", "fish")
 
 
 @click.command()
-@click.argument("shell", type=click.Choice(SHELLS))
+@click.argument("shell", type=click.Choice(SHELLS), metavar="SHELL")
 def completion(shell: str) -> None:
     """Print the completion script for SHELL; e.g. `eval "$(prep completion bash)"` in ~/.bashrc."""
     from prep.cli.main import cli  # the group this script completes (main imports this module lazily)

@@ -6,20 +6,35 @@ from pathlib import Path
 
 import click
 
-from prep.sample import DEFAULT_FOLDER, make_sample, pipeline_path, write_pipeline
+from prep.cli.common import quiet_option
+from prep.progress import is_quiet, plural
+from prep.sample import DEFAULT_FOLDER, MIN_CHARS, make_sample, pipeline_path, write_pipeline
+
+
+def note(message: str) -> None:
+    """A line on stderr unless --quiet."""
+    if not is_quiet():
+        click.echo(message, err=True)
 
 
 @click.command()
 @click.argument("folder", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_FOLDER)
-@click.option("--documents", type=click.IntRange(min=10), default=3000, show_default=True)
+@click.option("--documents", type=click.IntRange(min=10), default=3000, show_default=True,
+              help="Docstrings to take from the standard library (about 5,000 exist).")
 @click.option("--vocab-size", type=click.IntRange(min=300), default=4096, show_default=True)
+@quiet_option
 def sample(folder: Path, documents: int, vocab_size: int) -> None:
     """Write FOLDER/corpus.jsonl, FOLDER/tokenizer.json (default: pipelines/sample-data) and, beside
     FOLDER, the pipeline sample.toml that builds them, unless that file exists already."""
-    corpus, tokenizer = make_sample(folder, documents, vocab_size)
-    click.echo(f"wrote {corpus} and {tokenizer}", err=True)
+    made = make_sample(folder, documents, vocab_size)
+    extra = made.records - made.documents
+    note(f"wrote {made.corpus} ({plural(made.documents, 'docstring')}, plus {extra} records showing dedup and "
+         f"special-token handling) and {made.tokenizer}")
+    if made.documents < documents:
+        note(f"note: {documents} documents were asked for, but this Python's standard library has only "
+             f"{made.documents} docstrings of {MIN_CHARS}+ characters")
     pipeline = write_pipeline(folder)
     if pipeline is not None:
-        click.echo(f"wrote {pipeline}: build it with `prep build {pipeline}`", err=True)
+        note(f"wrote {pipeline}: build it with `prep build {pipeline}`")
     else:
-        click.echo(f"kept the existing {pipeline_path(folder)}: build it with `prep build {pipeline_path(folder)}`", err=True)
+        note(f"kept the existing {pipeline_path(folder)}: build it with `prep build {pipeline_path(folder)}`")
