@@ -45,7 +45,7 @@ def test_shares_are_whole_shards_of_the_selected_formats_balanced_by_bytes(
     rank_of = {a.path: share.rank for share in shares for a in share.artifacts}
     for shard in {a.shard for a in selected}:
         assert len({rank_of[a.path] for a in selected if a.shard == shard}) == 1  # never split
-    sizes = {}
+    sizes: dict[int, int] = {}
     for artifact in selected:
         sizes[artifact.shard] = sizes.get(artifact.shard, 0) + artifact.size
     largest = max(sizes.values(), default=0)
@@ -106,7 +106,7 @@ def test_verify_refuses_flags_that_conflict_with_the_record(store: LocalStore, t
     pull(store, built.snapshot, dest, rank=1, world_size=2, formats=("bin",))
     for flags in ({"rank": 0, "world_size": 2}, {"formats": ("wds",)}, {"rank": 1, "world_size": 3}):
         with pytest.raises(UsageError, match="conflicts with .*share.json: this folder holds rank 1 of 2, formats bin"):
-            verify(built.snapshot, dest, **flags)  # type: ignore[arg-type]
+            verify(built.snapshot, dest, **flags)
     assert verify(built.snapshot, dest, rank=1, world_size=2, formats=("bin",)).ok  # agreeing flags are fine
     assert not verify(built.snapshot, dest, use_record=False).ok  # the whole snapshot is not there
 
