@@ -28,7 +28,7 @@ def sample(folder: Path, documents: int, vocab_size: int) -> None:
     FOLDER, the pipeline sample.toml that builds them, unless that file exists already."""
     made = make_sample(folder, documents, vocab_size)
     extra = made.records - made.documents
-    note(f"wrote {made.corpus} ({plural(made.documents, 'docstring')}, plus {extra} records showing dedup and "
+    note(f"wrote {made.corpus} ({plural(made.documents, 'docstring')}, plus {plural(extra, 'record')} showing dedup and "
          f"special-token handling) and {made.tokenizer}")
     if made.documents < documents:
         note(f"note: {documents} documents were asked for, but this Python's standard library has only "
