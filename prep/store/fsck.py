@@ -104,15 +104,15 @@ class _Walk(Reach):
 
     def __init__(self, store: Store) -> None:
         super().__init__(store)
-        self.problems: dict[tuple[str, str], Problem] = {}
+        self.problems: dict[str, Problem] = {}
 
     def problem(self, found: Problem, required: bool, error: PrepError | None) -> None:
-        """Record the first problem seen for each key."""
+        """Record the problem (the first one seen for each key)."""
         self.add(found)
 
     def add(self, found: Problem) -> None:
         with self._lock:
-            self.problems.setdefault((found.problem, found.key), found)
+            self.problems.setdefault(found.key, found)
 
 
 @dataclass

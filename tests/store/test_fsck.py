@@ -1,0 +1,174 @@
+"""fsck on real builds damaged by hand: a flipped byte in a shard, an intermediate or a stage
+manifest, a deleted object, a record naming a missing object; each found with its kind and what
+reaches it, each repaired so that a rebuild gives a clean fsck and the clean build's snapshot id.
+Also on S3 (moto), with parallel hashing, and what repair must never touch."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prep import hashing
+from prep.errors import NotFoundError, StoreError
+from prep.manifest import canonical
+from prep.manifest.schema import validate
+from prep.progress import Progress
+from prep.storage import LocalStore, open_store
+from prep.storage.base import Store
+from prep.store import cas, records
+from prep.store.fsck import fsck
+from prep.store.layout import object_key, task_record_key
+from prep.store.leases import BUILD, Lease
+from prep.store.refs import move_ref
+from prep.store.snapshots import Snapshot, resolve
+from tests.helpers import run_prep, write_pipeline
+from tests.s3support import admin_client
+from tests.store.test_gc import EMPTY_TOKENIZE, project, template  # noqa: F401  (module fixtures)
+
+
+def flip(store: LocalStore, object_id: str, offset: int | None = None) -> None:
+    """Flip one bit of a stored object in place (objects are stored read-only)."""
+    path = store.local_path(object_key(hashing.parse_id(object_id)))
+    assert path is not None
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 if offset is None else offset] ^= 0x01
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+
+
+def stage_output(store: Store, snapshot: Snapshot, stage: str) -> str:
+    return next(str(s["output"]) for s in snapshot.manifest["stages"] if s["name"] == stage)
+
+
+def first_intermediate(store: Store, snapshot: Snapshot) -> str:
+    manifest: dict[str, Any] = canonical.loads(cas.get_bytes(store, stage_output(store, snapshot, "tokenize")))
+    return str(manifest["tasks"][0]["output"])
+
+
+def _shard(store: LocalStore, snapshot: Snapshot) -> str:
+    flip(store, "sha256:" + snapshot.artifacts[0]["sha256"])
+    return f"artifact {snapshot.artifacts[0]['path']}"
+
+
+def _intermediate(store: LocalStore, snapshot: Snapshot) -> str:
+    flip(store, first_intermediate(store, snapshot))
+    return "intermediate (tokenize output)"
+
+
+def _stage_manifest(store: LocalStore, snapshot: Snapshot) -> str:
+    flip(store, stage_output(store, snapshot, "order"), offset=3)
+    return "stage manifest (order)"
+
+
+def _deleted(store: LocalStore, snapshot: Snapshot) -> str:
+    artifact = snapshot.artifacts[-1]
+    store.delete(object_key(artifact["sha256"]))
+    return f"artifact {artifact['path']}"
+
+
+def _record_naming_missing(store: LocalStore, snapshot: Snapshot) -> str:
+    records.write_task_record(store, "tokenize", "d" * 64, {"intermediate": "sha256:" + "9" * 64}, EMPTY_TOKENIZE)
+    return "intermediate (output of task tokenize)"
+
+
+DAMAGE: dict[str, tuple[Callable[[LocalStore, Snapshot], str], str]] = {
+    "shard": (_shard, "corrupt"), "intermediate": (_intermediate, "corrupt"),
+    "stage manifest": (_stage_manifest, "corrupt"), "deleted object": (_deleted, "missing"),
+    "record naming a missing object": (_record_naming_missing, "missing"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_fsck_finds_damage_and_repair_then_rebuild_restores_the_clean_snapshot(
+        project: dict[str, Path], damage: str) -> None:  # noqa: F811
+    store = LocalStore(project["store"])
+    clean = resolve(store, "tiny@latest")
+    assert fsck(store).clean
+    harm, problem = DAMAGE[damage]
+    kind = harm(store, clean)
+
+    report = fsck(store, jobs=3)
+    validate(report.to_json(), "prep.fsck-report/1", "fsck report")
+    assert [(f.problem, f.kind) for f in report.findings] == [(problem, kind)], report.findings
+    assert "tiny@latest" in report.findings[0].by or report.findings[0].by.startswith("tasks/")
+    assert fsck(store, jobs=1).findings == report.findings, "the same findings however many jobs hash"
+
+    repaired = fsck(store, repair=True)
+    assert repaired.repair is not None and repaired.repair.records and not repaired.repair.unrepairable
+    assert all(not store.exists(key) for key in (*repaired.repair.records, *repaired.repair.objects))
+    rebuilt = run_prep("build", project["v1"], "--store", project["store"], "--workers", "1").stdout.split()[-1]
+    assert rebuilt == clean.id
+    after = fsck(store)
+    assert after.clean, after.findings
+    assert all(cas.check(store, f"sha256:{a['sha256']}") for a in resolve(store, "tiny@latest").artifacts)
+
+
+def test_a_corrupt_snapshot_manifest_a_ref_names_is_reported_never_deleted(project: dict[str, Path]) -> None:  # noqa: F811
+    store = LocalStore(project["store"])
+    snapshot = resolve(store, "tiny@latest")
+    flip(store, snapshot.id, offset=10)
+    report = fsck(store, repair=True)
+    assert ("corrupt", "snapshot manifest") in [(f.problem, f.kind) for f in report.findings]
+    assert report.repair is not None and report.repair.unrepairable == (object_key(hashing.parse_id(snapshot.id)),)
+    assert store.exists(object_key(hashing.parse_id(snapshot.id))) and store.exists("refs/tiny/latest.json")
+
+
+def test_invalid_records_and_dangling_objects(project: dict[str, Path]) -> None:  # noqa: F811
+    store = LocalStore(project["store"])
+    orphan = cas.put_bytes(store, b"an object nothing names")
+    assert [d.key for d in fsck(store).dangling] == [object_key(orphan.sha256)]
+    assert fsck(store).clean, "dangling objects are gc's business, not damage"
+    key = task_record_key("tokenize", "a" * 64)
+    store.put_bytes(key, b'{"schema": "prep.task/9"}')
+    report = fsck(store)
+    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "task record", key)]
+    repaired = fsck(store, repair=True)
+    assert repaired.repair is not None and repaired.repair.records == (key,) and not store.exists(key)
+    assert fsck(store).clean
+
+
+def test_repair_waits_for_no_build_and_check_needs_a_store(project: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+    store = LocalStore(project["store"])
+    _shard(store, resolve(store, "tiny@latest"))
+    with Lease(store, BUILD), pytest.raises(StoreError, match="a build holds lease"):
+        fsck(store, repair=True)
+    assert len(fsck(store).findings) == 1, "nothing was repaired while the build ran"
+    with pytest.raises(StoreError, match="not a prep store"):
+        fsck(LocalStore(tmp_path / "empty"))
+    with pytest.raises(NotFoundError, match="no dataset 'other'"):
+        fsck(store, dataset="other")
+
+
+def test_dataset_scope_and_progress(project: dict[str, Path], tokenizer_path: Path) -> None:  # noqa: F811
+    store = LocalStore(project["store"])
+    other = write_pipeline(project["v1"].parent, tokenizer_path, dataset="other", shard_size="5KB", name="other.toml")
+    run_prep("build", other, "--store", project["store"], "--workers", "1")
+    snapshot = resolve(store, "other@latest")
+    flip(store, "sha256:" + snapshot.artifacts[-1]["sha256"])
+    assert fsck(store, dataset="tiny").clean, "another dataset's damage is not this dataset's"
+    stream = io.StringIO()
+    report = fsck(store, dataset="other", progress=Progress(stream))
+    assert [f.kind for f in report.findings] == [f"artifact {snapshot.artifacts[-1]['path']}"]
+    assert report.dangling == () and "fsck: done" in stream.getvalue()
+
+
+def test_fsck_on_s3_finds_a_corrupted_object(template: dict[str, Path], s3_bucket: str) -> None:  # noqa: F811
+    local, store = LocalStore(template["store"]), open_store(s3_bucket)
+    for info in local.list(""):
+        if not info.key.startswith(("refs/", "history/")):
+            store.put_bytes(info.key, local.get_bytes(info.key))
+    snapshot = resolve(local, "tiny@latest")
+    move_ref(store, "tiny", "latest", snapshot.id)
+    assert fsck(store).clean
+    intermediate = first_intermediate(store, snapshot)
+    key = object_key(hashing.parse_id(intermediate))
+    data = bytearray(local.get_bytes(key))
+    data[7] ^= 0x80
+    admin_client().put_object(Bucket=s3_bucket.removeprefix("s3://").split("/", 1)[0], Key=key, Body=bytes(data))
+    report = fsck(store, jobs=4)
+    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("corrupt", "intermediate (tokenize output)", key)]
+    assert "tiny@latest" in report.findings[0].by
