@@ -28,7 +28,7 @@ def int_column(values: Sequence[int] | np.ndarray[Any, Any], arrow_type: pa.Data
     return pa.Array.from_buffers(arrow_type, len(data), [None, pa.py_buffer(data)])
 
 
-def bool_column(values: Sequence[bool]) -> pa.Array:
+def bool_column(values: Sequence[bool] | np.ndarray[Any, Any]) -> pa.Array:
     bits = np.packbits(np.asarray(values, dtype=bool), bitorder="little")
     return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
 

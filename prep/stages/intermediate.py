@@ -74,7 +74,7 @@ class IntermediateWriter:
         self.digest: Digest | None = None
 
     def write_batch(self, rows: Sequence[int], ids: Sequence[str | None], texts: Sequence[bytes],
-                    text_hashes: Sequence[bytes], specials: Sequence[bool],
+                    text_hashes: Sequence[bytes], specials: Sequence[bool] | np.ndarray[Any, Any],
                     tokens: Sequence[np.ndarray[Any, Any]]) -> None:
         """Append one batch of documents: their UTF-8 texts and token arrays, in order."""
         text_lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))

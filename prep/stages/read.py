@@ -42,16 +42,42 @@ class Document:
     data: bytes  # the text as UTF-8
 
 
-def _document(row: int, doc_id: str | None, text: str) -> Document:
+def _utf8(doc_id: str | None, text: str) -> bytes:
+    """The text as UTF-8, after checking that the id and text are encodable (no lone surrogates)."""
     if doc_id is not None and not doc_id.isascii():
         try:
             doc_id.encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError("id has an unpaired surrogate") from None
     try:
-        return Document(row, doc_id, text, text.encode("utf-8"))
+        return text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"text has an unpaired surrogate at character {exc.start}") from None
+
+
+def _document(row: int, doc_id: str | None, text: str) -> Document:
+    return Document(row, doc_id, text, _utf8(doc_id, text))
+
+
+@dataclass(frozen=True)
+class DocumentBatch:
+    """Consecutive documents of a task as columns (fields of Document), filled in place: no
+    object per document beyond the values themselves."""
+
+    rows: list[int]
+    ids: list[str | None]
+    texts: list[str]
+    data: list[bytes]
+
+    @classmethod
+    def empty(cls) -> DocumentBatch:
+        return cls([], [], [], [])
+
+    def add(self, row: int, doc_id: str | None, text: str, data: bytes) -> None:
+        self.rows.append(row)
+        self.ids.append(doc_id)
+        self.texts.append(text)
+        self.data.append(data)
 
 
 @dataclass(frozen=True)
@@ -182,8 +208,8 @@ def _shallow(record: dict[str, Any]) -> bool:
     return False
 
 
-def _fast_document(parse: Callable[[bytes], object], raw: bytes, local: int, task: ReadTask) -> Document | None:
-    """The line's Document when `parse` surely reads it as json.loads does, else None (ask json).
+def _fast_fields(parse: Callable[[bytes], object], raw: bytes, task: ReadTask) -> tuple[str | None, str] | None:
+    """The line's (id, text) when `parse` surely reads it as json.loads does, else None (ask json).
 
     Only clean successes are taken, so every error message stays json's. simdjson rejects all
     that json rejects and more (lone surrogate escapes, NaN, integers beyond 64 bits), and keeps
@@ -195,22 +221,28 @@ def _fast_document(parse: Callable[[bytes], object], raw: bytes, local: int, tas
         record = parse(raw)
     except Exception:  # noqa: BLE001 -- ValueError (also for long lines), RuntimeError, UnicodeDecodeError
         return None
-    if type(record) is not dict or not _shallow(record):
+    # Nesting is at most the number of opening brackets, so most lines skip the walk.
+    if type(record) is not dict or (raw.count(b"{") + raw.count(b"[") > _MAX_FAST_DEPTH and not _shallow(record)):
         return None
     text = record.get(task.text_field)
     if type(text) is not str:
         return None
-    doc_id = None
-    if task.id_field is not None:
-        value = record.get(task.id_field)
-        if type(value) is not str and type(value) is not int:  # floats and the rest: as json reads them
-            return None
-        doc_id = str(value)
-    return _document(local, doc_id, text)
+    if task.id_field is None:
+        return None, text
+    value = record.get(task.id_field)
+    if type(value) is not str and type(value) is not int:  # floats and the rest: as json reads them
+        return None
+    return str(value), text
 
 
-def _json_document(raw: bytes, local: int, task: ReadTask) -> Document:
-    """The line's Document as json.loads reads it; ValueError says why the line is bad."""
+def _fast_document(parse: Callable[[bytes], object], raw: bytes, local: int, task: ReadTask) -> Document | None:
+    """The line's Document when `parse` surely reads it as json.loads does, else None (see _fast_fields)."""
+    fields = _fast_fields(parse, raw, task)
+    return None if fields is None else _document(local, *fields)
+
+
+def _json_fields(raw: bytes, task: ReadTask) -> tuple[str | None, str]:
+    """The line's (id, text) as json.loads reads it; ValueError says why the line is bad."""
     try:
         text_line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -220,7 +252,12 @@ def _json_document(raw: bytes, local: int, task: ReadTask) -> Document:
     except json.JSONDecodeError as exc:
         raise ValueError(f"malformed JSON: {exc.msg} at column {exc.colno}") from None
     text = _field_text(record, task.text_field)
-    return _document(local, _field_id(record, task.id_field), text)
+    return _field_id(record, task.id_field), text
+
+
+def _json_document(raw: bytes, local: int, task: ReadTask) -> Document:
+    """The line's Document as json.loads reads it; ValueError says why the line is bad."""
+    return _document(local, *_json_fields(raw, task))
 
 
 def _line_document(parse: Callable[[bytes], object] | None, raw: bytes, local: int, task: ReadTask) -> Document:
@@ -229,18 +266,34 @@ def _line_document(parse: Callable[[bytes], object] | None, raw: bytes, local: i
     return document if document is not None else _json_document(raw, local, task)
 
 
-def _jsonl(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
+_Row = tuple[int, str | None, str, bytes]  # a Document's fields
+
+
+def _jsonl_rows(task: ReadTask, stats: dict[str, int]) -> Iterator[_Row | BadRecord]:
+    """Every line's Document fields (one function call per line on the fast parser's path)."""
     parse = _fast_parser()
+    local = -1
     with open_decoded(task.source) as stream:
         lines = iter_lines_in_range(stream, task.start, task.end if not task.source.compressed else sys.maxsize)
-        for local, raw in enumerate(lines):
+        try:
+            for local, raw in enumerate(lines):
+                if not raw.strip():
+                    continue
+                try:
+                    fields = _fast_fields(parse, raw, task) if parse is not None else None
+                    doc_id, text = fields if fields is not None else _json_fields(raw, task)
+                    data = _utf8(doc_id, text)
+                except ValueError as exc:
+                    yield BadRecord(local, str(exc), line=line_number(task, local))
+                    continue
+                yield local, doc_id, text, data
+        finally:
             stats["lines"] = local + 1
-            if not raw.strip():
-                continue
-            try:
-                yield _line_document(parse, raw, local, task)
-            except ValueError as exc:
-                yield BadRecord(local, str(exc), line=line_number(task, local))
+
+
+def _jsonl(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
+    for item in _jsonl_rows(task, stats):
+        yield item if isinstance(item, BadRecord) else Document(*item)
 
 
 def _text(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
@@ -302,11 +355,27 @@ def _arrow(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadReco
 _READERS = {"jsonl": _jsonl, "text": _text, "parquet": _parquet, "hf": _arrow}
 
 
-def read_documents(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
-    """Every record of the task in file order; I/O and format errors become InputError.
-    `stats["lines"]` ends as the number of lines a JSON Lines task consumed."""
+def _batched(items: Iterator[_Row | BadRecord], max_documents: int,
+             max_bytes: int) -> Iterator[DocumentBatch | BadRecord]:
+    """Documents gathered into batches of at most `max_documents` or about `max_bytes` of text."""
+    batch, size = DocumentBatch.empty(), 0
+    for item in items:
+        if isinstance(item, BadRecord):
+            yield item
+            continue
+        batch.add(*item)
+        size += len(item[3])
+        if size >= max_bytes or len(batch.rows) >= max_documents:
+            yield batch
+            batch, size = DocumentBatch.empty(), 0
+    if batch.rows:
+        yield batch
+
+
+def _translated(task: ReadTask, items: Iterator[Any]) -> Iterator[Any]:
+    """`items`, with I/O and format errors turned into InputError naming the task's file."""
     try:
-        yield from _READERS[task.source.format](task, stats)
+        yield from items
     except InputError:
         raise
     except (OSError, EOFError) as exc:
@@ -315,3 +384,19 @@ def read_documents(task: ReadTask, stats: dict[str, int]) -> Iterator[Document |
         if type(exc).__module__.startswith(("pyarrow", "zstd", "zstandard")) or isinstance(exc, ValueError):
             raise InputError(f"{task.source.location}: cannot read: {str(exc).splitlines()[0]}") from None
         raise
+
+
+def read_documents(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
+    """Every record of the task in file order; I/O and format errors become InputError.
+    `stats["lines"]` ends as the number of lines a JSON Lines task consumed."""
+    return _translated(task, _READERS[task.source.format](task, stats))
+
+
+def read_batches(task: ReadTask, stats: dict[str, int], max_documents: int,
+                 max_bytes: int) -> Iterator[DocumentBatch | BadRecord]:
+    """`read_documents` in batches of at most `max_documents` documents or about `max_bytes` of
+    text. A bad record comes as soon as it is read, before the batch of the documents read before it."""
+    rows = _jsonl_rows(task, stats) if task.source.format == "jsonl" else (
+        item if isinstance(item, BadRecord) else (item.row, item.id, item.text, item.data)
+        for item in _READERS[task.source.format](task, stats))
+    return _translated(task, _batched(rows, max_documents, max_bytes))

@@ -8,11 +8,11 @@ applied later, when shards are assembled.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import xxhash
@@ -21,9 +21,10 @@ from prep.errors import InputError
 from prep.hashing import Digest
 from prep.inputs.sources import check_unchanged
 from prep.stages.intermediate import IntermediateWriter
-from prep.stages.read import BadRecord, Document, ReadTask, read_documents
+from prep.stages.read import BadRecord, DocumentBatch, ReadTask, read_batches
 from prep.stages.specs import TokenizeSettings
-from prep.tokenizer import TokenizerInfo, contains_special, load_tokenizer
+from prep.tokenizer import TokenizerInfo, load_tokenizer
+from prep.tokenizer.crosscheck import documents_containing
 from prep.tokenizer.engine import TokenizerEngine
 
 BATCH_TEXT_BYTES = 8 * 2**20
@@ -68,24 +69,49 @@ def warm_engine(tokenizer_path: str, eos: str, encode_special_tokens: bool, back
         pass
 
 
-def _batches(task: ReadTask, on_error: str, bad: list[str], counts: dict[str, int]) -> Iterator[list[Document]]:
-    batch: list[Document] = []
-    size = 0
-    for item in read_documents(task, counts):
-        if isinstance(item, BadRecord):
-            if on_error == "fail":
-                raise InputError(item.message(task.source.location))
-            counts["bad_records"] += 1
-            if len(bad) < MAX_BAD_RECORDS_LISTED:
-                bad.append(item.message(task.source.rel))  # relative: summaries must not name machines
+def _batches(task: ReadTask, on_error: str, bad: list[str], counts: dict[str, int]) -> Iterator[DocumentBatch]:
+    for item in read_batches(task, counts, BATCH_DOCUMENTS, BATCH_TEXT_BYTES):
+        if not isinstance(item, BadRecord):
+            yield item
             continue
-        batch.append(item)
-        size += len(item.data)
-        if size >= BATCH_TEXT_BYTES or len(batch) >= BATCH_DOCUMENTS:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
+        if on_error == "fail":
+            raise InputError(item.message(task.source.location))
+        counts["bad_records"] += 1
+        if len(bad) < MAX_BAD_RECORDS_LISTED:
+            bad.append(item.message(task.source.rel))  # relative: summaries must not name machines
+
+
+class _DocumentNames(Sequence[str]):
+    """`source:part:row` of each document of a batch, spelled only when asked (an error, a seed)."""
+
+    def __init__(self, task: ReadTask, rows: list[int]) -> None:
+        self._prefix = f"{task.source.rel}:{task.part}:"
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self._prefix + str(row) for row in self._rows[index]]
+        return self._prefix + str(self._rows[index])
+
+
+def _check_ids(task: ReadTask, batch: DocumentBatch, seen: set[str]) -> None:
+    """Fail on an id seen before in this part, naming the first repeat's row."""
+    fresh = {doc_id for doc_id in batch.ids if doc_id is not None}
+    if len(fresh) == len(batch.ids) - batch.ids.count(None) and fresh.isdisjoint(seen):
+        seen |= fresh
+        return
+    for row, doc_id in zip(batch.rows, batch.ids):
+        if doc_id is not None:
+            if doc_id in seen:
+                raise InputError(f"{task.source.location}: duplicate id {doc_id!r} (row/line {row + 1} of this part)")
+            seen.add(doc_id)
 
 
 def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, durable: bool = True) -> TokenizeResult:
@@ -101,22 +127,18 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     try:
         with IntermediateWriter(out_path, dtype, durable) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
-                texts = [doc.text for doc in batch]
-                encoded = [doc.data for doc in batch]
-                tokens = engine.encode_batch(texts, [f"{task.source.rel}:{task.part}:{d.row}" for d in batch])
-                for doc in batch:
-                    if doc.id is not None:
-                        if doc.id in seen_ids:
-                            raise InputError(f"{task.source.location}: duplicate id {doc.id!r} "
-                                             f"(row/line {doc.row + 1} of this part)")
-                        seen_ids.add(doc.id)
-                specials = [contains_special(t, info.special_tokens) for t in texts]
-                writer.write_batch([doc.row for doc in batch], [doc.id for doc in batch], encoded,
-                                   [xxhash.xxh3_128_digest(b) for b in encoded], specials, tokens)
-                counts["documents"] += len(batch)
-                counts["tokens"] += sum(len(t) for t in tokens)
-                counts["text_bytes"] += sum(len(b) for b in encoded)
-                counts["special_token_documents"] += sum(specials)
+                offsets = np.zeros(len(batch.data) + 1, dtype=np.int64)
+                np.cumsum(np.fromiter(map(len, batch.data), dtype=np.int64, count=len(batch.data)), out=offsets[1:])
+                utf8 = (b"".join(batch.data), offsets)
+                tokens = engine.encode_batch(batch.texts, _DocumentNames(task, batch.rows), utf8)
+                _check_ids(task, batch, seen_ids)
+                specials = documents_containing(*utf8, [token.encode() for token in info.special_tokens])
+                writer.write_batch(batch.rows, batch.ids, batch.data, list(map(xxhash.xxh3_128_digest, batch.data)),
+                                   specials, tokens)
+                counts["documents"] += len(batch.data)
+                counts["tokens"] += int(sum(map(len, tokens)))
+                counts["text_bytes"] += int(offsets[-1])
+                counts["special_token_documents"] += int(np.count_nonzero(specials))
         check_unchanged(task.source)
     except BaseException:  # a bad record, a full disk, an interrupt: leave nothing staged
         with suppress(OSError):

@@ -73,55 +73,87 @@ def unusual_score(text: str, special_tokens: Sequence[str] = ()) -> int:
     return _cheap_score(text, tuple(special_tokens)) + _scanned_score(text)
 
 
+def utf8_batch(texts: Sequence[str]) -> tuple[bytes, np.ndarray[Any, Any]]:
+    """Texts as one UTF-8 blob (lone surrogates kept, as utf8_size counts them) and n + 1 offsets."""
+    encoded = [text.encode("utf-8", "surrogatepass") for text in texts]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
+    return b"".join(encoded), offsets
+
+
+def _counts(mask: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """How many positions of `mask` are set within each span [offsets[i], offsets[i + 1])."""
+    totals = np.zeros(len(mask) + 1, dtype=np.int64)
+    np.cumsum(mask, out=totals[1:])
+    return np.asarray(totals[offsets[1:]] - totals[offsets[:-1]])
+
+
+def documents_containing(blob: bytes, offsets: np.ndarray[Any, Any], needles: Sequence[bytes]) -> np.ndarray[Any, Any]:
+    """Whether each span [offsets[i], offsets[i + 1]) of `blob` contains any of `needles` (a
+    UTF-8 needle is in a UTF-8 text exactly when its string is in the text's string)."""
+    found = np.zeros(len(offsets) - 1, dtype=bool)
+    for needle in needles:
+        if not needle:
+            found[:] = True
+            continue
+        positions, at = [], blob.find(needle)
+        while at >= 0:
+            positions.append(at)
+            at = blob.find(needle, at + 1)
+        starts = np.asarray(positions, dtype=np.int64)
+        document = np.searchsorted(offsets, starts, "right") - 1
+        found[document[starts + len(needle) <= offsets[document + 1]]] = True
+    return found
+
+
 def select_sample(texts: Sequence[str], budget_bytes: int, seed: int, *,
-                  special_tokens: Sequence[str] = ()) -> list[int]:
+                  special_tokens: Sequence[str] = (), utf8: tuple[bytes, np.ndarray[Any, Any]] | None = None) -> list[int]:
     """Sorted indices of a deterministic sample of `texts` of at most `budget_bytes` UTF-8 bytes.
 
     Documents are visited in a seeded random order. A quarter of the budget goes to ordinary
     documents, the rest to the most unusual ones: every document gets the cheap checks, the
     first few budgets' worth also the regular-expression ones. Documents larger than the whole
-    budget are never sampled."""
+    budget are never sampled. `utf8` is `utf8_batch(texts)` when the caller has it already;
+    the cheap checks run over it with numpy, not per document."""
     if budget_bytes <= 0 or not texts:
         return []
+    blob, offsets = utf8 if utf8 is not None else utf8_batch(texts)
+    raw = np.frombuffer(blob, dtype=np.uint8)
+    chars = _counts((raw & 0xC0) != 0x80, offsets)  # code points: bytes that start one
     # A special token that contains the generic spelling is found by looking for that alone.
-    others = tuple(token for token in special_tokens if _SPECIAL_LIKE not in token)
+    others = [token.encode("utf-8", "surrogatepass") for token in special_tokens if _SPECIAL_LIKE not in token]
+    cheap = ((_counts(raw >= 0x80, offsets) > 0).astype(np.int64) + (_counts(raw == 0x0D, offsets) > 0)
+             + documents_containing(blob, offsets, [_SPECIAL_LIKE.encode(), *others]))
     order = np.random.RandomState(seed % 2**32).permutation(len(texts))
-    ordinary: list[int] = []
-    unusual: list[tuple[int, int]] = []  # (-score, visiting rank)
-    scanned_chars = 0
-    for rank, index in enumerate(order.tolist()):
-        text = texts[index]
-        if len(text) > budget_bytes:  # more bytes than characters: can never fit
-            continue
-        score = _cheap_score(text, others)
-        if scanned_chars < POOL_FACTOR * budget_bytes:
-            score += _scanned_score(text)
-            scanned_chars += len(text)
-        if score:
-            unusual.append((-score, rank))
-        else:
-            ordinary.append(index)
-    unusual.sort()
-
+    visit = order[chars[order] <= budget_bytes]  # more bytes than characters: can never fit
+    before = np.cumsum(chars[visit]) - chars[visit]
+    score = cheap[visit]
+    for position in range(int(np.count_nonzero(before < POOL_FACTOR * budget_bytes))):  # a prefix
+        score[position] += _scanned_score(texts[int(visit[position])])
+    unusual = np.flatnonzero(score)
+    unusual = unusual[np.argsort(-score[unusual], kind="stable")]
+    sizes = np.diff(offsets)
     chosen: list[int] = []
     used = 0
 
-    def take(pending: list[int], limit: int) -> list[int]:
+    def take(pending: np.ndarray[Any, Any], limit: int) -> np.ndarray[Any, Any]:
+        """Take, in order, each pending document that still fits under `limit`; the rest stay pending."""
         nonlocal used
-        left: list[int] = []
-        for position, index in enumerate(pending):
-            if used >= limit:
-                return left + pending[position:]
-            size = utf8_size(texts[index])
-            if used + size <= limit:
-                chosen.append(index)
-                used += size
-            else:
-                left.append(index)
-        return left
+        picked: list[int] = []
+        at = 0
+        while used < limit:
+            fits = np.flatnonzero(sizes[pending[at:]] <= limit - used)
+            if not fits.size:
+                break
+            at += int(fits[0])
+            picked.append(at)
+            used += int(sizes[pending[at]])
+            at += 1
+        chosen.extend(pending[picked].tolist())
+        return np.delete(pending, picked)
 
-    ordinary = take(ordinary, int(budget_bytes * ORDINARY_SHARE))
-    take([int(order[rank]) for _, rank in unusual], budget_bytes)
+    ordinary = take(visit[score == 0], int(budget_bytes * ORDINARY_SHARE))
+    take(visit[unusual], budget_bytes)
     take(ordinary, budget_bytes)
     return sorted(chosen)
 

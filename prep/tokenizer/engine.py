@@ -8,6 +8,7 @@ naming the document.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,15 @@ class TokenizerEngine:
         reference = backend if isinstance(backend, ReferenceBackend) else ReferenceBackend(tokenizer, np.dtype(info.dtype))
         return cls(info, backend, reference)
 
-    def encode_batch(self, texts: list[str], names: list[str]) -> list[np.ndarray[Any, Any]]:
+    def encode_batch(self, texts: list[str], names: Sequence[str],
+                     utf8: tuple[bytes, np.ndarray[Any, Any]] | None = None) -> list[np.ndarray[Any, Any]]:
+        """Encode `texts` (named `names` in errors; `utf8` is `crosscheck.utf8_batch(texts)` when the
+        caller has it) and cross-check a sample of them."""
         tokens = self.backend.encode_batch(texts)
         if self.backend is not self.reference and texts:
-            budget = sample_budget(sum(utf8_size(text) for text in texts))
+            budget = sample_budget(int(utf8[1][-1]) if utf8 is not None else sum(map(utf8_size, texts)))
             indices = select_sample(texts, budget, seed=zlib.crc32(names[0].encode()),
-                                    special_tokens=self.info.special_tokens)
+                                    special_tokens=self.info.special_tokens, utf8=utf8)
             report = crosscheck(self.backend, self.reference, texts, tokens, indices, names)
             self.checked["documents"] += report.documents
             self.checked["bytes"] += report.bytes

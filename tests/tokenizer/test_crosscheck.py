@@ -154,3 +154,59 @@ def test_first_difference() -> None:
     assert first_difference(a, np.array([1, 2, 9, 4], dtype=np.uint16)) == 2
     assert first_difference(a, a[:3]) == 3
     assert first_difference(a[:0], a) == 0
+
+
+def reference_select_sample(texts: list[str], budget_bytes: int, seed: int, special_tokens: tuple[str, ...]) -> list[int]:
+    """select_sample's rule one document at a time (the shape it had before its numpy form)."""
+    if budget_bytes <= 0 or not texts:
+        return []
+    order = np.random.RandomState(seed % 2**32).permutation(len(texts))
+    ordinary: list[int] = []
+    unusual: list[tuple[int, int]] = []
+    scanned = 0
+    for rank, index in enumerate(order.tolist()):
+        text = texts[index]
+        if len(text) > budget_bytes:
+            continue
+        score = unusual_score(text, special_tokens) if scanned < 2 * budget_bytes else (
+            (0 if text.isascii() else 1) + ("\r" in text) + ("<|" in text or any(t in text for t in special_tokens)))
+        if scanned < 2 * budget_bytes:
+            scanned += len(text)
+        if score:
+            unusual.append((-score, rank))
+        else:
+            ordinary.append(index)
+    unusual.sort()
+    chosen: list[int] = []
+    used = 0
+
+    def take(pending: list[int], limit: int) -> list[int]:
+        nonlocal used
+        left = []
+        for index in pending:
+            if used < limit and used + utf8_size(texts[index]) <= limit:
+                chosen.append(index)
+                used += utf8_size(texts[index])
+            else:
+                left.append(index)
+        return left
+
+    ordinary = take(ordinary, budget_bytes // 4)
+    take([int(order[rank]) for _, rank in unusual], budget_bytes)
+    take(ordinary, budget_bytes)
+    return sorted(chosen)
+
+
+_ODD_TEXTS = st.lists(st.lists(st.sampled_from(["a", " ", "\r", "<", "|", "é", "\x01", "7", "X", "😀", "\ud800",
+                                               "<|endoftext|>", "[SEP]", " " * 40]), max_size=30).map("".join),
+                      max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=_ODD_TEXTS, budget=st.integers(0, 400), seed=st.integers(0, 2**32),
+       specials=st.sampled_from([(), ("<|endoftext|>",), ("[SEP]", "<|x|>")]))
+def test_select_sample_matches_the_per_document_rule(texts: list[str], budget: int, seed: int,
+                                                     specials: tuple[str, ...]) -> None:
+    """The numpy form picks exactly what the per-document rule picks, lone surrogates included."""
+    assert select_sample(texts, budget, seed, special_tokens=specials) == reference_select_sample(texts, budget, seed,
+                                                                                                  specials)

@@ -1,0 +1,61 @@
+"""The tokenize stage: one task's documents, counts and duplicate-id refusals, batch by batch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import prep.stages.tokenize as tokenize
+from prep.errors import InputError
+from prep.inputs.sources import discover, hash_source
+from prep.stages.intermediate import read_columns
+from prep.stages.read import plan_read_tasks
+from prep.stages.specs import TokenizeSettings
+from prep.tokenizer import load_tokenizer
+
+
+def _run(tmp_path: Path, tokenizer_path: Path, lines: list[dict[str, object]]) -> tokenize.TokenizeResult:
+    folder = tmp_path / "in"
+    folder.mkdir(exist_ok=True)
+    (folder / "a.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    task = plan_read_tasks(hash_source(discover(("a.jsonl",), folder, "auto")[0]), "text", "id")[0]
+    _, info = load_tokenizer(tokenizer_path, "<|endoftext|>", True)
+    settings = TokenizeSettings(str(tokenizer_path), info.sha256, "<|endoftext|>", True, "auto", "fail")
+    out = tmp_path / "part.int"
+    out.unlink(missing_ok=True)
+    return tokenize.run_tokenize(task, settings, out, durable=False)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 100])
+@pytest.mark.parametrize("second", [1, 2, 4])
+def test_a_repeated_id_is_refused_in_any_batch(tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               batch: int, second: int) -> None:
+    """The line named is the repeat's, whether it shares a batch with the first copy or not;
+    documents without ids never clash; nothing is left behind."""
+    monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", batch)
+    lines: list[dict[str, object]] = [{"id": f"d{i}", "text": f"text {i}"} for i in range(5)]
+    lines[second]["id"] = "d0"
+    with pytest.raises(InputError, match=rf"duplicate id 'd0' \(row/line {second + 1} of this part\)"):
+        _run(tmp_path, tokenizer_path, lines)
+    assert not (tmp_path / "part.int").exists()
+
+
+@pytest.mark.parametrize("batch", [1, 2, 100])
+def test_counts_and_columns_do_not_depend_on_batches(tmp_path: Path, tokenizer_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
+    """Special-token spellings are flagged per document (not across a neighbour's boundary);
+    the summary counts what the table holds."""
+    monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", batch)
+    texts = ["plain", "a <|endoftext|> b", "ends <|endo", "ftext|> starts", "naïve <|endoftext|>", ""]
+    result = _run(tmp_path, tokenizer_path, [{"id": f"d{i}", "text": text} for i, text in enumerate(texts)])
+    table = read_columns(result.path, ["special", "text_bytes", "n_tokens", "row"])
+    assert table.column("special").to_pylist() == [False, True, False, False, True, False]
+    assert table.column("text_bytes").to_pylist() == [len(t.encode()) for t in texts]
+    assert table.column("row").to_pylist() == list(range(len(texts)))
+    assert result.summary["special_token_documents"] == 2
+    assert result.summary["documents"] == len(texts)
+    assert result.summary["text_bytes"] == sum(len(t.encode()) for t in texts)
+    assert result.summary["tokens"] == int(np.sum(table.column("n_tokens").to_pylist()))
