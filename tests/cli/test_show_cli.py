@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -9,10 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from prep.manifest.schema import validate
+from prep.formats import wds
 from prep.storage.local import LocalStore
+from prep.store import cas
+from prep.store.snapshots import resolve
+from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+from tests.runner.buildsupport import read_sequences
 from tests.snapshot_factory import Built, build_snapshot
 
 
@@ -79,3 +86,133 @@ def test_a_file_that_is_not_a_manifest_is_refused_in_one_line(tmp_path: Path, co
     assert message.startswith("prep: error: ") and message.count("\n") == 1, message
     assert f"{bad}: not a canonical prep manifest" in message
     assert not (tmp_path / "absent").exists()
+
+
+@dataclasses.dataclass(frozen=True)
+class Project:
+    """A built pipeline with an id field, two skipped bad records and three formats' shards."""
+
+    root: Path
+    store: Path
+    snapshot: str
+    texts: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> Project:
+    root = tmp_path_factory.mktemp("show-at")
+    records = make_records(30, seed=8, prefix="s")
+    write_jsonl(root / "corpus" / "a.jsonl", records)
+    with open(root / "corpus" / "a.jsonl", "a") as out:
+        out.write('{"id": "y", "text": broken}\n{"id": "z"}\n')
+    pipeline = write_pipeline(root, tokenizer_path, shard_size="2KB", extra_input='on_error = "skip"\n')
+    built = run_prep("build", pipeline, "--store", root / "store", "--workers", "1").stdout.split()[-1]
+    return Project(root, root / "store", built, {r["id"]: r["text"] for r in records})
+
+
+def _samples(project: Project) -> list[tuple[str, str, int, dict[str, bytes]]]:
+    """(key, tar path, sequence, members) of every WebDataset sample, from the store's files."""
+    snapshot = resolve(LocalStore(project.store), project.snapshot)
+    found = []
+    for artifact in (a for a in snapshot.artifacts if a["format"] == "wds"):
+        path = project.store / cas.object_key(artifact["sha256"])
+        found.extend((key, artifact["path"], n, members) for n, (key, members) in enumerate(wds.iter_samples(path)))
+    return found
+
+
+def test_show_at_a_sample_key_prints_its_text_tokens_and_json(project: Project) -> None:
+    samples = _samples(project)
+    assert len(samples) == 30 and len({path for _, path, _, _ in samples}) > 1
+    for key, path, sequence, members in (samples[0], samples[13], samples[-1]):
+        doc_id = json.loads(members["json"])["id"]
+        base = ("show", project.snapshot, "--store", project.store, "--at", key)
+        text = run_prep(*base, "--text").stdout
+        assert text == project.texts[doc_id] + "\n"  # the corpus' own text
+        tokens = run_prep(*base, "--tokens").stdout.split()
+        assert [int(t) for t in tokens] == wds.load_npy(members["tokens.npy"]).tolist()
+        report = json.loads(run_prep(*base, "--text", "--tokens", "--json").stdout)
+        validate(report, "prep.show-at/1", "show --at --json")
+        assert report["trace"]["sample_key"] == key and report["trace"]["document"]["id"] == doc_id
+        assert report["text"] == project.texts[doc_id] and report["tokens"] == [int(t) for t in tokens]
+        by_path = json.loads(run_prep("show", project.snapshot, "--store", project.store, "--at",
+                                      f"{path}:{sequence}", "--json").stdout)
+        assert by_path["trace"] == report["trace"] and "text" not in by_path and "tokens" not in by_path
+        assert run_prep(*base).stdout == run_prep(*base[:-1], f"{path}:{sequence}").stdout
+
+
+def test_show_at_refuses_what_names_no_document(project: Project) -> None:
+    base = ("show", project.snapshot, "--store", project.store)
+    for args, message in (((*base, "--at", "0" * 32), "no document with sample key"),
+                          ((*base, "--at", "nonsense"), "expected a WebDataset sample key"),
+                          ((*base, "--text"), "--text and --tokens need --at"),
+                          ((*base, "--root", "x"), "--root goes with --megatron-paths")):
+        result = run_prep(*args, check=False)
+        assert result.returncode == 2 and result.stderr.startswith("prep: error: ") and message in result.stderr
+
+
+def test_show_counts_skipped_records_and_log_builds_lists_their_reasons(project: Project) -> None:
+    shown = run_prep("show", project.snapshot, "--store", project.store).stdout
+    assert "documents  32 read, 2 bad records skipped, 0 duplicates dropped, 30 written" in shown
+    builds = run_prep("log", "tiny", "--builds", "--store", project.store).stdout
+    assert "  skipped  2 bad records:" in builds and "a.jsonl:31: " in builds and "a.jsonl:32: " in builds
+    assert "tokenize 1 ran/0 cached" in builds and f"snapshot {project.snapshot}" in builds
+    report = json.loads(run_prep("log", "tiny", "--builds", "--json", "--store", project.store).stdout)
+    validate(report, "prep.log-report/1", "log --json")
+    [build] = report["builds"]
+    assert build["skipped"] == 2 and len(build["skip_reasons"]) == 2 and not build["collected"]
+    assert build["host"] and build["stages"]["tokenize"] == {"ran": 1, "cached": 0}
+
+
+def test_log_marks_a_collected_snapshot(tmp_path: Path, tokenizer_path: Path) -> None:
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(5, seed=1, prefix="o"))
+    pipeline = write_pipeline(tmp_path, tokenizer_path)
+    first = run_prep("build", pipeline, "--store", tmp_path / "store", "--workers", "1").stdout.split()[-1]
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(6, seed=1, prefix="o"))
+    second = run_prep("build", pipeline, "--store", tmp_path / "store", "--workers", "1").stdout.split()[-1]
+    (tmp_path / "store" / cas.object_key(first.removeprefix("sha256:"))).unlink()  # its manifest object
+    lines = run_prep("log", "tiny", "--store", tmp_path / "store").stdout.splitlines()
+    assert [line.endswith("(collected)") for line in lines] == [False, True]
+    assert second in lines[0] and first in lines[1]
+    report = json.loads(run_prep("log", "tiny", "--json", "--store", tmp_path / "store").stdout)
+    validate(report, "prep.log-report/1", "log --json")
+    assert [(g["snapshot"], g["collected"]) for g in report["generations"]] == [(second, False), (first, True)]
+    assert report["builds"] is None
+    builds = json.loads(run_prep("log", "tiny", "--builds", "--json", "--store", tmp_path / "store").stdout)["builds"]
+    assert [(b["snapshot"], b["collected"]) for b in builds] == [(second, False), (first, True)]
+
+
+def test_show_dest_and_megatron_paths_load_in_megatron(project: Project, tmp_path: Path) -> None:
+    dest = tmp_path / "pulled"
+    run_prep("pull", project.snapshot, dest, "--store", project.store)
+    snapshot = resolve(LocalStore(project.store), project.snapshot)
+    shown = run_prep("show", dest).stdout
+    assert shown.startswith(f"snapshot   {snapshot.id}\n") and f"pulled     {dest.resolve()}" in shown
+    assert f"present    {len(snapshot.artifacts)} of {len(snapshot.artifacts)} files" in shown
+    prefixes = run_prep("show", dest, "--megatron-paths").stdout.split()
+    bins = sorted((a for a in snapshot.artifacts if a["format"] == "bin"), key=lambda a: a["path"])
+    assert len(bins) > 1 and prefixes == [str(dest.resolve() / a["path"].removesuffix(".bin")) for a in bins]
+    sequences = [seq.tolist() for seq in read_sequences(project.store, snapshot.manifest)]
+    try:
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+    except ImportError:
+        pytest.skip("megatron-core is not installed")
+    loaded = [IndexedDataset(prefix) for prefix in prefixes]
+    assert [np.asarray(ds[i]).tolist() for ds in loaded for i in range(len(ds))] == sequences
+    rooted = run_prep("show", project.snapshot, "--store", project.store, "--megatron-paths", "--root", "/data/x")
+    assert rooted.stdout.split() == [f"/data/x/{a['path'].removesuffix('.bin')}" for a in bins]
+    bare = run_prep("show", project.snapshot, "--store", project.store, "--megatron-paths", check=False)
+    assert bare.returncode == 2 and "needs --root DIR" in bare.stderr
+
+
+def test_megatron_paths_of_a_rank_share_list_only_the_shards_present(project: Project, tmp_path: Path) -> None:
+    dest = tmp_path / "rank0"
+    run_prep("pull", project.snapshot, dest, "--store", project.store, "--rank", "0", "--world-size", "2")
+    listed = run_prep("show", dest, "--megatron-paths")
+    prefixes = listed.stdout.split()
+    assert prefixes and all(Path(p + ".bin").is_file() and Path(p + ".idx").is_file() for p in prefixes)
+    total = sum(a["format"] == "bin" for a in resolve(LocalStore(project.store), project.snapshot).artifacts)
+    assert len(prefixes) < total and f"{total - len(prefixes)} of {total} shards are not in" in listed.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = run_prep("show", empty, check=False)
+    assert refused.returncode == 2 and "no pulled snapshot" in refused.stderr
