@@ -1,4 +1,6 @@
-"""`prep show SNAP --json` prints the manifest byte for byte; manifest files are read canonically."""
+"""`prep show`: SNAP --json prints the manifest byte for byte (manifest files read canonically), --at a
+sample key or shard position with --text/--tokens/--json, pulled folders and --megatron-paths; `prep log`
+marks collected snapshots and --builds lists builds with their skipped records."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prep.manifest.schema import validate
 from prep.formats import wds
+from prep.manifest.schema import validate
 from prep.storage.local import LocalStore
 from prep.store import cas
 from prep.store.snapshots import resolve
@@ -113,7 +115,7 @@ def project(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> P
 def _samples(project: Project) -> list[tuple[str, str, int, dict[str, bytes]]]:
     """(key, tar path, sequence, members) of every WebDataset sample, from the store's files."""
     snapshot = resolve(LocalStore(project.store), project.snapshot)
-    found = []
+    found: list[tuple[str, str, int, dict[str, bytes]]] = []
     for artifact in (a for a in snapshot.artifacts if a["format"] == "wds"):
         path = project.store / cas.object_key(artifact["sha256"])
         found.extend((key, artifact["path"], n, members) for n, (key, members) in enumerate(wds.iter_samples(path)))
