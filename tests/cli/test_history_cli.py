@@ -186,3 +186,19 @@ def test_one_byte_style_everywhere(count: int, shown: str) -> None:
     from prep.progress import human_bytes
 
     assert human_bytes(count) == shown
+
+
+def test_trace_names_documents_by_source_line_with_an_id_field_and_prints_json(store: Path) -> None:
+    by_line = prep("trace", "tiny@latest", "docs.jsonl:30", "--store", store).stdout
+    assert by_line.startswith("document  d-new  (docs.jsonl line 30;")
+    assert by_line == prep("trace", "tiny@latest", "d-new", "--store", store).stdout
+    # v2 (latest) removed d-4, so its line 5 holds d-5; v1 (and its layout-1 copy) still has d-4 there
+    for snap, doc_id, key in (("tiny@latest", "d-5", r"^[0-9a-f]{32}$"), ("tiny@layout1", "d-4", r"^[0-9]{10}$")):
+        report = json.loads(prep("trace", snap, "docs.jsonl:5", "--json", "--store", store).stdout)
+        validate(report, "prep.trace-report/1", "trace --json")
+        [found] = report["documents"]
+        assert (found["document"]["id"], found["document"]["line"], report["spec"]) == (doc_id, 5, "docs.jsonl:5")
+        assert re.match(key, found["sample_key"]) and len(found["placements"]) == 3 and found["duplicate_of"] is None
+    missing = prep("trace", "tiny@latest", "docs.jsonl:99", "--json", "--store", store, check=False)
+    assert missing.returncode == 2 and "no document 'docs.jsonl:99'" in missing.stderr
+    validate(json.loads(missing.stdout), "prep.error/1", "trace --json failure")
