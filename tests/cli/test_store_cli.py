@@ -19,7 +19,8 @@ def test_gc_report(store: Path) -> None:  # noqa: F811
     assert report["dry_run"] is True and report["refs"] >= 2
     assert report["deleted"]["objects"]["count"] == 0, "every build of this store is still ref'd"
     assert {entry["by"] for entry in report["rules"]["refs"]} >= {"tiny@v1", "tiny@latest"}
-    assert report["policies"]["tiny"] == {"keep_last": 1, "keep_within_seconds": 0, "source": "default"}
+    # Each build recorded its pipeline's policy: here the default, no [retention] table.
+    assert report["policies"]["tiny"] == {"keep_last": 1, "keep_within_seconds": 0, "source": "store"}
     text = prep("gc", "--store", store, "--grace", "1d").stdout
     assert "grace period 86400 s" in text and "freed 0 keys" in text and "rule refs" in text
     bad = prep("gc", "--store", store, "--grace", "soon", check=False)

@@ -131,7 +131,9 @@ def test_a_hold_placed_while_gc_runs_withdraws(store: LocalStore, history: tuple
 
 
 def test_policies_are_recorded_once_per_change_and_an_unreadable_one_stops_gc(store: LocalStore) -> None:
-    keys = lambda: [info.key for info in store.list("retention/tiny/")]  # noqa: E731
+    def keys() -> list[str]:
+        return [info.key for info in store.list("retention/tiny/")]
+
     assert keys() == [retention_key("tiny", 1)], "five builds with one policy recorded it once"
     record_policy(store, "tiny", Policy(7, 60))
     record_policy(store, "tiny", Policy(7, 60))
