@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from prep import hashing
 from prep.errors import IntegrityError, UsageError
 from prep.manifest import canonical
+from prep.manifest.schema import validate
 from prep.storage.base import Store
 from prep.store import cas
 from prep.store.layout import (
@@ -81,11 +82,12 @@ def stored_policy(store: Store, dataset: str) -> Policy | None:
     source = f"{store.url}/{keys[-1]}"
     try:
         data = canonical.loads(store.get_bytes(keys[-1]))
-        if data.get("schema") != POLICY_SCHEMA or data.get("dataset") != dataset:
-            raise ValueError("not a prep.retention/1 record of this dataset")
-        return check_policy(int(data["keep_last"]), int(data["keep_within_seconds"]), "store")
-    except (ValueError, KeyError, TypeError, AttributeError, UsageError) as exc:
+        validate(data, POLICY_SCHEMA, source)
+    except (ValueError, IntegrityError) as exc:
         raise IntegrityError(f"{source}: unreadable retention policy ({exc}); gc refuses to guess") from None
+    if data["dataset"] != dataset:
+        raise IntegrityError(f"{source}: the retention policy of {data['dataset']!r} filed under {dataset!r}")
+    return Policy(data["keep_last"], data["keep_within_seconds"], "store")
 
 
 def record_policy(store: Store, dataset: str, policy: Policy) -> None:
