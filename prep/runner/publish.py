@@ -19,7 +19,7 @@ from prep.formats.units import named_artifact_path, unit_formats, units_for
 from prep.inputs.sources import SourceFile
 from prep.storage.base import Store
 from prep.store.layout import log_key
-from prep.store.refs import Mover, read_ref, read_ref_value, update_ref
+from prep.store.refs import Mover, read_ref, read_ref_value, stale_ref, update_ref
 from prep.store.snapshots import Snapshot
 from prep.store.tags import tag_expectation
 
@@ -115,16 +115,12 @@ class RefPlan:
     @classmethod
     def note(cls, store: Store, dataset: str, tags: tuple[str, ...], expect: int | None, force: bool) -> RefPlan:
         """Note each ref's generation now; StaleRefError (exit 2) at once for a stale `expect`."""
-        seen, latest = {}, None
-        for name in ("latest", *tags):
-            ref = read_ref_value(store, dataset, name)
-            seen[name] = ref.live if ref else 0
-            if name == "latest" and ref is not None and not ref.deleted:
-                latest = ref.snapshot
+        values = {name: read_ref_value(store, dataset, name) for name in ("latest", *tags)}
+        seen = {name: ref.live if ref else 0 for name, ref in values.items()}
         if expect is not None and seen["latest"] != expect:
-            raise StaleRefError(f"{dataset}@latest is at generation {seen['latest']}, not {expect} as expected "
-                                "(--expect); nothing built, no ref moved")
-        return cls(dataset, tags, seen, expect, force, latest)
+            raise StaleRefError(f"{stale_ref(dataset, 'latest', expect, values['latest'])}; nothing built")
+        latest = values["latest"]
+        return cls(dataset, tags, seen, expect, force, latest.snapshot if latest and not latest.deleted else None)
 
     def pending(self, store: Store, snapshot_id: str) -> list[str]:
         """The refs that do not name `snapshot_id` yet; RefConflictError (nothing moved) for a tag

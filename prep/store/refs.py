@@ -130,7 +130,8 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _stale(dataset: str, name: str, expect: int, old: Ref | None) -> StaleRefError:
+def stale_ref(dataset: str, name: str, expect: int, old: Ref | None) -> StaleRefError:
+    """The error for `dataset@name` found at `old` while the caller expected live generation `expect`."""
     now = f"generation {old.generation} ({old.snapshot})" if old and not old.deleted else "absent"
     if old is not None and old.deleted:
         now = f"deleted at generation {old.generation}"
@@ -152,7 +153,7 @@ def update_ref(store: Store, dataset: str, name: str, snapshot: str, *, expect: 
         if old is not None and old.snapshot == snapshot and old.deleted == delete:
             return RefMove(old, False)
         if expect is not None and (old.live if old else 0) != expect:
-            raise _stale(dataset, name, expect, old)
+            raise stale_ref(dataset, name, expect, old)
         who = mover or Mover("api")
         new = Ref(dataset=dataset, name=name, snapshot=snapshot, generation=(old.generation + 1) if old else 1,
                   time=_now(), previous=old.snapshot if old else None, user=who.user, host=who.host,
