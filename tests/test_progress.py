@@ -73,7 +73,7 @@ def test_a_terminal_gets_one_redrawn_line_per_stage() -> None:
 
 def test_a_pipe_gets_plain_lines_at_most_every_few_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
-    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     stream = io.StringIO()
     report = Progress(stream)
     report.stage("tokenize", "100 tasks")

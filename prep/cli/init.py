@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from prep.cli.common import quiet_option
+from prep.errors import UsageError
 from prep.project import DEFAULT_PROJECT_STORE, config_path, write_config
 from prep.storage import open_store
 from prep.store.marker import mark
@@ -24,7 +25,7 @@ def init(store_url: str, force: bool) -> None:
     folder = Path.cwd()
     path = config_path(folder)
     if path.exists() and not force:
-        raise click.UsageError(f"{path} exists already (pass --force to replace it)")
+        raise UsageError(f"{path} exists already (pass --force to replace it)")
     if "://" not in store_url:
         mark(open_store(store_url, base=folder))  # create the store first: a failure writes no config
     write_config(folder, store_url, force)

@@ -59,6 +59,7 @@ SUMMARIES: dict[str, str] = {
     "release": "Let garbage collection collect a held snapshot again.",
     "sample": "Write the sample corpus, tokenizer and pipeline.",
     "consumed": "Which documents a training run's first N samples read.",
+    "drill": "A load drill: ranks read a source through one node cache.",
     "init": "Make this folder a project that names its store.",
     "completion": "Print the shell completion script (bash, zsh, fish).",
 }
