@@ -23,6 +23,7 @@ from typing import Any
 
 from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, PrepError, StoreError
+from prep.faults import crash_point
 from prep.progress import Progress
 from prep.storage.base import Store
 from prep.store import records
@@ -281,6 +282,7 @@ def _repair(store: Store, findings: tuple[Problem, ...], found: _Records, curren
     corrupt = sorted({f.sha for f in findings if f.problem == CORRUPT and f.sha is not None and f.sha not in current})
     for key in doomed:
         store.delete(key)
+    crash_point("fsck.after_records")
     for sha in corrupt:
         store.delete(snapshot_marker_key(f"sha256:{sha}"))  # a no-op unless it was a snapshot manifest
         store.delete(object_key(sha))

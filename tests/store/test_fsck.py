@@ -6,6 +6,7 @@ Also on S3 (moto), with parallel hashing, and what repair must never touch."""
 from __future__ import annotations
 
 import io
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from prep.store.layout import object_key, task_record_key
 from prep.store.leases import BUILD, Lease
 from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, resolve
-from tests.helpers import run_prep, write_pipeline
+from tests.helpers import prep_env, run_prep, write_pipeline
 from tests.s3support import admin_client
 from tests.store.test_gc import EMPTY_TOKENIZE, project, template  # noqa: F401  (module fixtures)
 
@@ -172,3 +173,22 @@ def test_fsck_on_s3_finds_a_corrupted_object(template: dict[str, Path], s3_bucke
     report = fsck(store, jobs=4)
     assert [(f.problem, f.kind, f.key) for f in report.findings] == [("corrupt", "intermediate (tokenize output)", key)]
     assert "tiny@latest" in report.findings[0].by
+
+
+def test_a_repair_killed_between_records_and_objects_is_finished_by_the_next(project: dict[str, Path]) -> None:  # noqa: F811
+    store = LocalStore(project["store"])
+    clean = resolve(store, "tiny@latest")
+    _intermediate(store, clean)
+    killed = run_prep("fsck", "--repair", "--store", project["store"], check=False, new_session=True,
+                      env=prep_env(PREP_CRASH_AT="fsck.after_records"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    left = fsck(store)
+    assert [(f.problem, f.kind) for f in left.findings] == [("corrupt", "intermediate (tokenize output)")], \
+        "records went first: the corrupt object is still found, through the snapshot"
+    named = [info.key for info in store.list(records.TASKS_PREFIX)
+             if first_intermediate(store, clean) in store.get_bytes(info.key).decode()]
+    assert named == [], "the kill came after the records naming the corrupt object were deleted"
+    again = fsck(store, repair=True)
+    assert again.repair is not None and again.repair.objects
+    assert run_prep("build", project["v1"], "--store", project["store"], "--workers", "1").stdout.split()[-1] == clean.id
+    assert fsck(store).clean
