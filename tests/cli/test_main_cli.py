@@ -148,6 +148,7 @@ READ_ONLY = {
     "consumed": ["consumed", "d@latest", "--samples", "1", "--seq-len", "8"],
     "gc --dry-run": ["gc", "--dry-run"],
     "gc": ["gc"],
+    "fsck": ["fsck"],
     "tag": ["tag", "d@latest", "golden"],
 }
 
