@@ -133,3 +133,25 @@ def test_skip_policy_counts_bad_records(project: Path) -> None:
     assert stats["bad_records_skipped"] == 2 and stats["documents_read"] == 30
     logs = list((project / "store" / "logs" / "tiny").glob("*.json"))
     assert any("a.jsonl:31" in reason for reason in json.loads(logs[0].read_text())["bad_records"])
+
+
+def test_a_no_op_rebuild_says_up_to_date_and_moves_no_ref(project: Path) -> None:
+    args = ("build", project / "pipeline.toml", "--store", project / "store", "--workers", "1")
+    first = run_prep(*args, "--tag", "v1")
+    again = run_prep(*args, "--tag", "v1")
+    assert again.stdout == first.stdout
+    assert "up to date" in again.stderr and "published" not in again.stderr
+    history = run_prep("log", "tiny", "--store", project / "store").stdout
+    assert history.count(" gen 1 ") == 2 and " gen 2 " not in history
+
+
+def test_expect_a_stale_generation_exits_2_and_moves_nothing(project: Path) -> None:
+    args = ("build", project / "pipeline.toml", "--store", project / "store", "--workers", "1")
+    refused = run_prep(*args, "--expect", "1", check=False)  # no latest yet: it is absent, not at 1
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1] == \
+        "prep: error: tiny@latest is absent, not generation 1 as expected; left unmoved; nothing built"
+    assert run_prep(*args, "--expect", "none").returncode == 0
+    assert run_prep(*args, "--expect", "seven", check=False).returncode == 2
+    reserved = run_prep(*args, "--tag", "latest", check=False)
+    assert reserved.returncode == 2 and "reserved" in reserved.stderr

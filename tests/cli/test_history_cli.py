@@ -202,3 +202,73 @@ def test_trace_names_documents_by_source_line_with_an_id_field_and_prints_json(s
     missing = prep("trace", "tiny@latest", "docs.jsonl:99", "--json", "--store", store, check=False)
     assert missing.returncode == 2 and "no document 'docs.jsonl:99'" in missing.stderr
     validate(json.loads(missing.stdout), "prep.error/1", "trace --json failure")
+
+
+@pytest.fixture
+def own_store(store: Path, tmp_path: Path) -> Path:
+    """A copy of the module's store that a test may move tags in."""
+    import shutil
+
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy, symlinks=True)
+    return copy
+
+
+def ref_line(store: Path, name: str) -> str:
+    return next((line for line in prep("ls", "tiny", "--store", store).stdout.splitlines()
+                 if line.startswith(f"tiny@{name} ")), "")
+
+
+def test_tags_stay_put_unless_forced(own_store: Path) -> None:
+    v1 = ref_line(own_store, "v1")
+    refused = prep("tag", "tiny@latest", "v1", "--store", own_store, check=False)
+    assert refused.returncode == 2 and refused.stderr.startswith("prep: error: tiny@v1 names sha256:")
+    assert "use --force" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    assert ref_line(own_store, "v1") == v1
+    same = prep("tag", "tiny@v1", "v1", "--store", own_store)
+    assert "nothing moved" in same.stdout and ref_line(own_store, "v1") == v1
+    stale = prep("tag", "tiny@latest", "v1", "--force", "--expect", "7", "--store", own_store, check=False)
+    assert stale.returncode == 2 and "not generation 7" in stale.stderr and ref_line(own_store, "v1") == v1
+    forced = prep("tag", "tiny@latest", "v1", "--force", "--expect", "1", "--store", own_store)
+    assert "(generation 2)" in forced.stdout
+    body = json.loads((own_store / "refs" / "tiny" / "v1.json").read_text())
+    validate(body, "prep.ref/1")
+    assert body["command"] == "tag" and body["user"] and body["host"]
+
+
+def test_latest_is_reserved_and_tags_can_be_deleted(own_store: Path) -> None:
+    reserved = prep("tag", "tiny@v1", "latest", "--store", own_store, check=False)
+    assert reserved.returncode == 2 and "reserved" in reserved.stderr
+    assert prep("tag", "-d", "tiny@latest", "--store", own_store, check=False).returncode == 2
+    assert prep("tag", "-d", "v1", "--store", own_store, check=False).returncode == 2  # needs DATASET@NAME
+    deleted = prep("tag", "-d", "tiny@v1", "--store", own_store)
+    assert deleted.stdout.startswith("deleted tiny@v1 (was sha256:") and "generation 2" in deleted.stdout
+    assert ref_line(own_store, "v1") == ""
+    assert prep("show", "tiny@v1", "--store", own_store, check=False).returncode == 2
+    history = [line for line in prep("log", "tiny", "--store", own_store).stdout.splitlines() if "tiny@v1 " in line]
+    assert len(history) == 2 and " gen 2 " in history[0]
+    assert prep("tag", "-d", "tiny@v1", "--store", own_store, check=False).returncode == 2  # already gone
+    again = prep("tag", "tiny@latest", "v1", "--expect", "none", "--store", own_store)
+    assert "(generation 3)" in again.stdout
+
+
+def test_tag_reads_the_snapshot_back_first(own_store: Path) -> None:
+    """A store without read-back records (written before them) and a flipped shard byte: exit 3
+    naming the artifact, and no tag; --no-readback tags anyway."""
+    import shutil
+
+    shutil.rmtree(own_store / "readback")
+    snapshot = resolve(LocalStore(own_store), "tiny@v1")
+    artifact = snapshot.artifacts[0]
+    path = own_store / "objects" / "sha256" / artifact["sha256"][:2] / artifact["sha256"]
+    data = bytearray(path.read_bytes())
+    path.unlink()
+    data[0] ^= 0xFF
+    path.write_bytes(bytes(data))
+    failed = prep("tag", "tiny@v1", "golden", "--store", own_store, check=False)
+    assert failed.returncode == 3
+    assert failed.stderr.startswith("prep: error: ") and artifact["path"] in failed.stderr
+    assert "no ref moved" in failed.stderr and ref_line(own_store, "golden") == ""
+    assert not (own_store / "readback").exists() or not any((own_store / "readback").iterdir())
+    prep("tag", "tiny@v1", "golden", "--no-readback", "--store", own_store)
+    assert ref_line(own_store, "golden") != ""

@@ -31,7 +31,7 @@ from prep.runner.tasks import TokenizeJob
 from prep.stages.read import ReadTask
 from prep.stages.specs import TokenizeSettings
 from prep.storage import open_store
-from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -204,3 +204,40 @@ def test_crash_once_kills_only_the_first_process_to_reach_the_point(tmp_path: Pa
     assert died.returncode == -9 and died.stdout == "first\n" and marker.exists()
     survived = run()
     assert survived.returncode == 0 and survived.stdout == "first\nsecond\n"
+
+
+# A second driver on the module's cluster whose job gives every worker a modified copy of prep
+# first on PYTHONPATH (a node running other code); the driver itself runs this checkout.
+FOREIGN_DRIVER = """
+import logging, sys
+import ray
+ray.init(address=sys.argv[1], runtime_env={"env_vars": {"PYTHONPATH": sys.argv[2]}}, logging_level=logging.WARNING)
+from prep.cli.main import main
+sys.argv = ["prep", *sys.argv[3:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("modified", [True, False])
+def test_a_ray_worker_running_other_code_refuses_its_tasks(ray_address: str, corpus: Path, tmp_path: Path,
+                                                           modified: bool) -> None:
+    """With the copy changed, every task is refused (exit 5, nothing committed); the unchanged copy
+    (the same code from another path) builds, so the refusal is the code's doing, not the set-up's."""
+    from tests.runner.test_code_identity import FOREIGN_EXIT, package_copy
+
+    copy = package_copy(tmp_path / "copy")
+    if modified:
+        shard = copy / "prep" / "stages" / "shard.py"
+        shard.write_text(shard.read_text() + "\n# another version of the code on this node\n")
+    store = tmp_path / "store"
+    ran = subprocess.run([sys.executable, "-c", FOREIGN_DRIVER, ray_address, str(copy), "build", str(corpus),
+                          "--store", str(store), "--executor", "ray", "--workers", "2"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300, env=prep_env())
+    if not modified:
+        assert ran.returncode == 0, ran.stderr
+        assert (store / "refs" / "tiny" / "latest.json").exists()
+        return
+    last = ran.stderr.strip().splitlines()[-1]
+    assert ran.returncode == FOREIGN_EXIT, ran.stderr
+    assert last.startswith("prep: error: worker on host ") and "refuses the task" in last, ran.stderr
+    assert not (store / "refs").exists() and not list(store.glob("tasks/*/*.json"))
