@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,15 +85,23 @@ def config_text(store: str) -> str:
 
 
 def write_config(folder: Path, store: str, force: bool = False) -> Path:
-    """Write folder/.prep/config.toml atomically; refuses to replace one unless `force`."""
+    """Write folder/.prep/config.toml atomically; refuses to replace one unless `force` (create-only
+    by a hard link, so of two `prep init` at once one wins and the other is refused)."""
     path = config_path(folder)
+    refused = UsageError(f"{path} exists already (pass --force to replace it)")
     if path.exists() and not force:
-        raise UsageError(f"{path} exists already (pass --force to replace it)")
+        raise refused
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f"{CONFIG_NAME}.{os.getpid()}.part")
+    temp = path.with_name(f"{CONFIG_NAME}.{os.getpid()}.{threading.get_ident()}.part")
     try:
         temp.write_text(config_text(store), encoding="utf-8")
-        temp.replace(path)
+        if force:
+            temp.replace(path)
+        else:
+            try:
+                os.link(temp, path)
+            except FileExistsError:
+                raise refused from None
     finally:
         temp.unlink(missing_ok=True)
     return path

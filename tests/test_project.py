@@ -44,11 +44,12 @@ def test_any_store_spelling_round_trips(tmp_path: Path, store: str) -> None:
     ('store = ""\n', "`store` must be a non-empty string"),
     ("", "`store` must be a non-empty string"),
     ("store = \n", "not valid TOML"),
+    ("store = \"\xff\"\n", "cannot read the project config"),
 ])
 def test_a_bad_config_is_one_error_naming_the_file(tmp_path: Path, body: str, message: str) -> None:
     path = config_path(tmp_path)
     path.parent.mkdir()
-    path.write_text(body)
+    path.write_bytes(body.encode("latin-1"))
     with pytest.raises(ConfigError) as caught:
         find_project(tmp_path)
     assert caught.value.message.startswith(f"{path}: ") and message in caught.value.message
@@ -75,3 +76,22 @@ def test_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PREP_STORE", "/from/env")
     assert resolve_store_url(None, "/from/pipeline") == "/from/env"
     assert resolve_store_url("/from/option", "/from/pipeline") == "/from/option"
+
+
+def test_two_inits_at_once_one_wins(tmp_path: Path) -> None:
+    """Create-only: many writers racing for one folder leave exactly one config, whole, and refuse the rest."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def attempt(index: int) -> str:
+        try:
+            write_config(tmp_path, f"store-{index}")
+            return "won"
+        except UsageError:
+            return "refused"
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(attempt, range(32)))
+    assert outcomes.count("won") == 1
+    winner = outcomes.index("won")
+    assert load_project(config_path(tmp_path)).store == f"store-{winner}"
+    assert sorted(p.name for p in (tmp_path / ".prep").iterdir()) == ["config.toml"]

@@ -164,6 +164,7 @@ def main(args: Sequence[str] | None = None) -> None:
     """Entry point: run the CLI and turn every error into one line and its exit code."""
     argv = list(sys.argv[1:] if args is None else args)
     as_json = wants_json(argv)
+    progress.set_quiet(False)  # set by -q/--quiet while parsing; a second main() in one process starts afresh
     try:
         code = cli.main(argv, prog_name="prep", standalone_mode=False)
     except PrepError as exc:
