@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -95,16 +95,26 @@ def index_size(sequence_count: int) -> int:
 
 def index_bytes(lengths: npt.ArrayLike, dtype: npt.DTypeLike) -> bytes:
     """The whole `.idx` content for one document per sequence with these token counts."""
+    return b"".join(index_pieces(lengths, dtype))
+
+
+INDEX_PIECE = 1 << 20  # sequences per piece of index_pieces
+
+
+def index_pieces(lengths: npt.ArrayLike, dtype: npt.DTypeLike) -> Iterator[bytes]:
+    """`index_bytes` in pieces of at most INDEX_PIECE sequences, so writing it holds no more."""
     counts = _as_lengths(lengths)
-    header = _HEADER.pack(INDEX_MAGIC, INDEX_VERSION, dtype_code(dtype), counts.size, counts.size + 1)
-    return b"".join(
-        [
-            header,
-            counts.astype("<i4").tobytes(),
-            sequence_pointers(counts, dtype).astype("<i8").tobytes(),
-            np.arange(counts.size + 1, dtype="<i8").tobytes(),
-        ]
-    )
+    itemsize = little_endian(dtype).itemsize
+    yield _HEADER.pack(INDEX_MAGIC, INDEX_VERSION, dtype_code(dtype), counts.size, counts.size + 1)
+    for low in range(0, counts.size, INDEX_PIECE):
+        yield counts[low:low + INDEX_PIECE].astype("<i4").tobytes()
+    base = 0
+    for low in range(0, counts.size, INDEX_PIECE):
+        piece = counts[low:low + INDEX_PIECE].astype(np.int64) * itemsize
+        yield (base + np.cumsum(piece) - piece).astype("<i8").tobytes()
+        base += int(piece.sum())
+    for low in range(0, counts.size + 1, INDEX_PIECE):
+        yield np.arange(low, min(low + INDEX_PIECE, counts.size + 1), dtype="<i8").tobytes()
 
 
 def sequence_bytes(tokens: npt.ArrayLike, dtype: npt.DTypeLike) -> bytes:

@@ -14,10 +14,9 @@ bytes per document of the job's shards.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
@@ -32,7 +31,8 @@ from prep.formats import little_endian, megatron, wds
 from prep.formats.units import BIN, IDX, WDS, artifact_format, unit_formats
 from prep.hashing import Digest, HashingWriter
 from prep.stages.cuts import ShardPlan
-from prep.stages.order import ENTRY_DTYPE, NO_ID, EntryFile, join_pieces
+from prep.stages.members import sample_jsons
+from prep.stages.order import EntryFile
 from prep.stages.specs import Part
 from prep.writeback import start_writeback
 
@@ -42,7 +42,7 @@ MAX_OPEN_FILES = 256
 
 @dataclass(frozen=True)
 class ShardDocuments:
-    """One shard's documents in key order: where each one's bytes are, its key and its `.json`."""
+    """A window of one shard's documents in key order: where each one's bytes are, its key and its `.json`."""
 
     part: np.ndarray  # index into the parts list
     text_offset: np.ndarray
@@ -56,120 +56,77 @@ class ShardDocuments:
 
 
 JSON_BLOCK = 1 << 16  # documents per vectorized `.json` batch: bounds its index arrays
+WINDOW_DOCUMENTS = 1 << 18
+"""Documents of a shard held at once (about 250 bytes each with `.json` members): a unit's
+memory does not grow with its shard's document count."""
+_Carry = tuple[int, int, int]  # the last document's order key (hi, lo) and its copy number
 
 
-def collect_shard(plan: ShardPlan, buckets: dict[int, Path], parts: list[Part], with_json: bool) -> ShardDocuments:
-    """The documents of one shard, read from its slices of the bucket objects (in key order)."""
+@dataclass(frozen=True)
+class ShardSource:
+    """One shard's documents, read from its slices of the bucket objects window by window."""
+
+    plan: ShardPlan
+    buckets: dict[int, Path]
+    parts: list[Part]
+    with_json: bool
+
+    def windows(self) -> Iterator[ShardDocuments]:
+        """The shard's documents in key order, at most WINDOW_DOCUMENTS at a time."""
+        carry: _Carry | None = None
+        for bucket, first, count in self.plan.slices:
+            entry_file = EntryFile.open(self.buckets[bucket])
+            for low in range(first, first + count, WINDOW_DOCUMENTS):
+                entries, ids = entry_file.read(low, min(WINDOW_DOCUMENTS, first + count - low))
+                key_lo, carry = _sample_key_lo(entries, carry)
+                yield _window(entries, ids, key_lo, self.parts, self.with_json)
+
+
+def collect_shard(plan: ShardPlan, buckets: dict[int, Path], parts: list[Part], with_json: bool) -> ShardSource:
+    """The documents of one shard, read lazily from its slices of the bucket objects (in key order)."""
     found = sum(count for _, _, count in plan.slices)
     if found != plan.documents:
         raise IntegrityError(f"shard {plan.name}: found {found} documents, the plan has {plan.documents}")
-    entries = np.zeros(found, dtype=ENTRY_DTYPE)  # filled slice by slice: the entries are held once
+    return ShardSource(plan, buckets, parts, with_json)
+
+
+def _window(entries: np.ndarray, ids: bytes, key_lo: np.ndarray, parts: list[Part], with_json: bool) -> ShardDocuments:
     jsons: list[bytes] = []
     sizes: list[np.ndarray] = []
-    at = 0
-    for bucket, first, count in plan.slices:
-        chunk, ids = EntryFile.open(buckets[bucket]).read(first, count)
-        entries[at:at + count] = chunk
-        at += count
-        for low in range(0, len(chunk), JSON_BLOCK) if with_json else ():
-            blob, offsets = _sample_jsons(chunk[low:low + JSON_BLOCK], ids, parts)
-            jsons.append(blob)
-            sizes.append(np.diff(offsets))
-        del chunk
+    for low in range(0, len(entries), JSON_BLOCK) if with_json else ():
+        blob, offsets = sample_jsons(entries[low:low + JSON_BLOCK], ids, parts)
+        jsons.append(blob)
+        sizes.append(np.diff(offsets))
     json_offsets = np.zeros(len(entries) + 1 if with_json else 1, dtype=np.int64)
     if sizes:
         np.cumsum(np.concatenate(sizes), out=json_offsets[1:])
     return ShardDocuments(
         part=entries["part"].astype(np.int64), text_offset=entries["text_offset"].astype(np.int64),
         text_bytes=entries["text_bytes"].astype(np.int64), tokens_offset=entries["tokens_offset"].astype(np.int64),
-        n_tokens=entries["n_tokens"].astype(np.int64), key_hi=entries["key_hi"], key_lo=_sample_key_lo(entries),
+        n_tokens=entries["n_tokens"].astype(np.int64), key_hi=entries["key_hi"], key_lo=key_lo,
         jsons=b"".join(jsons), json_offsets=json_offsets)
 
 
-def _sample_key_lo(entries: np.ndarray) -> np.ndarray:
+def _sample_key_lo(entries: np.ndarray, carry: _Carry | None) -> tuple[np.ndarray, _Carry | None]:
     """The low halves of the sample keys: the order keys, except that with dedup off the k-th
-    further copy of a text (same order key) gets low half + k, so tar sample keys stay unique."""
-    key_lo = entries["key_lo"].copy()
+    further copy of a text (same order key) gets low half + k, so tar sample keys stay unique.
+    `carry` continues a run of copies from the previous window; returns the next window's."""
+    if not len(entries):
+        return entries["key_lo"].copy(), carry
+    hi, lo = entries["key_hi"], entries["key_lo"]
+    key_lo = lo.copy()
     same = np.zeros(len(entries), dtype=bool)
-    same[1:] = (entries["key_hi"][1:] == entries["key_hi"][:-1]) & (entries["key_lo"][1:] == entries["key_lo"][:-1])
-    if same.any():
+    same[1:] = (hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1])
+    continued = carry is not None and (int(hi[0]), int(lo[0])) == carry[:2]
+    copies = np.zeros(len(entries), dtype=np.int64)
+    if same.any() or continued:
         run_start = np.maximum.accumulate(np.where(same, 0, np.arange(len(entries))))
+        copies = np.arange(len(entries)) - run_start
+        if continued and carry is not None:
+            copies[run_start == 0] += carry[2] + 1
         with np.errstate(over="ignore"):
-            key_lo += (np.arange(len(entries)) - run_start).astype(np.uint64)
-    return key_lo
-
-
-def _sample_jsons(entries: np.ndarray, ids: bytes, parts: list[Part]) -> tuple[bytes, np.ndarray]:
-    """Each document's `.json` member (id or source:line, source, line, tokens with EOS), one
-    after another, and their offsets (one `wds.sample_json` per document, vectorized)."""
-    line_offsets = np.asarray([part.line_offset for part in parts] or [0], dtype=np.int64)
-    part = entries["part"].astype(np.int64)
-    lines = line_offsets[part] + entries["row"].astype(np.int64) + 1  # record_line: offset + row + 1
-    has_id = entries["id_len"] != NO_ID
-    return sample_members(ids, entries["id_offset"].astype(np.int64), np.where(has_id, entries["id_len"], 0),
-                            has_id, [p.source for p in parts], part, lines, entries["n_tokens"].astype(np.int64) + 1)
-
-
-_QUOTE, _BACKSLASH, _SPACE = 0x22, 0x5C, 0x20
-_json_string = json.encoder.encode_basestring
-
-
-def _plain_strings(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Whether each UTF-8 string `blob[start:start + length]` is its own JSON string body, i.e.
-    holds no byte `encode_basestring` escapes (a quote, a backslash, a control character)."""
-    begin = np.asarray(starts, dtype=np.int64)
-    end = begin + np.asarray(lengths, dtype=np.int64)
-    special = np.zeros(len(blob) + 1, dtype=np.int64)
-    np.cumsum((blob < _SPACE) | (blob == _QUOTE) | (blob == _BACKSLASH), out=special[1:])
-    return np.asarray(special[end] == special[begin])
-
-
-def sample_members(ids: bytes, id_starts: np.ndarray, id_lengths: np.ndarray, has_id: np.ndarray,
-                 sources: list[str], source_of: np.ndarray, lines: np.ndarray,
-                 tokens: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """`wds.sample_json(id or f"{source}:{line}", source, line, tokens)` of many documents at once:
-    document i's id is `ids[id_starts[i]:...]` (UTF-8) when `has_id[i]`, its source
-    `sources[source_of[i]]`. Returns the members one after another and their n + 1 offsets.
-    Ids that need escaping are spelled by `_json_string` itself."""
-    count = len(np.asarray(lines))
-    starts, lengths = np.asarray(id_starts, dtype=np.int64), np.asarray(id_lengths, dtype=np.int64)
-    present, part = np.asarray(has_id, dtype=bool), np.asarray(source_of, dtype=np.int64)
-    raw = np.frombuffer(ids, dtype=np.uint8)
-    plain = present & _plain_strings(raw, np.where(present, starts, 0), np.where(present, lengths, 0))
-    escaped = np.flatnonzero(present & ~plain)
-    extra = [_json_string(ids[int(starts[i]):int(starts[i] + lengths[i])].decode("utf-8")).encode() for i in escaped]
-    quoted = [_json_string(source).encode() for source in sources]
-    consts = [b'{"id":', b'"', b":", b',"line":', b',"source":', b',"tokens":', b"}"]
-    line_digits, line_widths = wds.decimal_digits(lines)
-    token_digits, token_widths = wds.decimal_digits(tokens)
-    pieces = [b"".join(consts), b"".join(quoted), ids, b"".join(extra), line_digits.tobytes(), token_digits.tobytes()]
-    bases = np.cumsum([0] + [len(piece) for piece in pieces])
-    at = np.cumsum([0] + [len(c) for c in consts])  # where each constant is in the pool
-    source_at = bases[1] + np.cumsum([0] + [len(q) for q in quoted])[part]
-    source_len = np.asarray([len(q) for q in quoted] or [0], dtype=np.int64)[part]
-    extra_at = np.zeros(count, dtype=np.int64)
-    extra_len = np.zeros(count, dtype=np.int64)
-    extra_at[escaped] = bases[3] + np.cumsum([0] + [len(e) for e in extra])[:-1]
-    extra_len[escaped] = [len(e) for e in extra]
-    rows = np.arange(count, dtype=np.int64) * wds.DECIMAL_WIDTH + wds.DECIMAL_WIDTH
-    line_at, token_at = bases[4] + rows - line_widths, bases[5] + rows - token_widths
-    missing = ~present
-    # Per document: {"id":  open  body  line-if-missing  close  ,"line":  N  ,"source":  S  ,"tokens":  T  }
-    table = [
-        (np.full(count, at[0]), np.full(count, len(consts[0]))),
-        (np.select([plain, missing], [np.full(count, at[1]), source_at], extra_at),
-         np.select([plain, missing], [np.ones(count, np.int64), source_len - 1], extra_len)),
-        (np.where(plain, bases[2] + starts, at[2]), np.select([plain, missing], [lengths, np.ones(count, np.int64)], 0)),
-        (line_at, np.where(missing, line_widths, 0)),
-        (np.full(count, at[1]), (plain | missing).astype(np.int64)),
-        (np.full(count, at[3]), np.full(count, len(consts[3]))), (line_at, line_widths),
-        (np.full(count, at[4]), np.full(count, len(consts[4]))), (source_at, source_len),
-        (np.full(count, at[5]), np.full(count, len(consts[5]))), (token_at, token_widths),
-        (np.full(count, at[6]), np.ones(count, np.int64)),
-    ]
-    pool = np.frombuffer(b"".join(pieces), dtype=np.uint8)
-    return join_pieces(pool, np.stack([s for s, _ in table], axis=1).astype(np.int64),
-                       np.stack([n for _, n in table], axis=1).astype(np.int64))
+            key_lo += copies.astype(np.uint64)
+    return key_lo, (int(hi[-1]), int(lo[-1]), int(copies[-1]))
 
 
 class PartReader:
@@ -297,21 +254,24 @@ def _chunks(spans: np.ndarray) -> list[tuple[int, int]]:
 
 
 _Fill = Callable[[memoryview, int, int], None]
+_Pieces = Iterator[tuple[np.ndarray, _Fill]]
 
 
-def _write_chunks(path: Path, spans: np.ndarray, fill: _Fill, zeroed: bool) -> Digest:
-    """Write a file of consecutive spans, chunk by chunk; `fill(chunk, start, end)` lays out
-    spans [start, end) in a buffer that is zero-filled when `zeroed` (else fully overwritten)."""
+def _write_chunks(path: Path, pieces: _Pieces, zeroed: bool) -> Digest:
+    """Write a file of consecutive spans, piece by piece and chunk by chunk: for each piece
+    (spans, fill), `fill(chunk, start, end)` lays out its spans [start, end) in a buffer that
+    is zero-filled when `zeroed` (else fully overwritten)."""
     sink = _ChunkSink(path)
     try:
-        for start, end in _chunks(spans):
-            chunk = sink.buffer(int(spans[start:end].sum()), zeroed)
-            try:
-                fill(chunk, start, end)
-            except OSError as exc:  # reading an intermediate
-                raise StorageIOError.from_os_error("reading", exc.filename or f"the intermediates of {path}",
-                                                   exc) from exc
-            sink.write(chunk)
+        for spans, fill in pieces:
+            for start, end in _chunks(spans):
+                chunk = sink.buffer(int(spans[start:end].sum()), zeroed)
+                try:
+                    fill(chunk, start, end)
+                except OSError as exc:  # reading an intermediate
+                    raise StorageIOError.from_os_error("reading", exc.filename or f"the intermediates of {path}",
+                                                       exc) from exc
+                sink.write(chunk)
         return sink.close()
     except BaseException:  # a full disk, an interrupt: remove the partial file
         sink.abort()
@@ -320,13 +280,10 @@ def _write_chunks(path: Path, spans: np.ndarray, fill: _Fill, zeroed: bool) -> D
         raise
 
 
-def write_bin(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
-              bin_path: Path, idx_path: Path) -> tuple[Digest, Digest]:
-    """The shard's .bin (each document's tokens then EOS) and its .idx."""
-    little = little_endian(dtype)
+def _bin_window(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any], eos_id: int) -> tuple[np.ndarray, _Fill]:
+    """A window's .bin spans (each document's tokens then EOS) and how to fill them."""
     item = little.itemsize
-    lengths = docs.n_tokens + 1
-    ends = np.cumsum(lengths * item)
+    ends = np.cumsum((docs.n_tokens + 1) * item)
 
     def fill(chunk: memoryview, start: int, end: int) -> None:
         base = int(ends[start - 1]) if start else 0
@@ -335,35 +292,44 @@ def write_bin(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eo
         reader.read_many(chunk, docs.part[start:end], docs.tokens_offset[start:end], eos_at - sizes, sizes)
         np.frombuffer(chunk, dtype=little)[eos_at // item] = eos_id
 
-    bin_digest = _write_chunks(bin_path, lengths * item, fill, zeroed=False)
+    return (docs.n_tokens + 1) * item, fill
+
+
+def write_bin(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
+              bin_path: Path, idx_path: Path) -> tuple[Digest, Digest]:
+    """The shard's .bin (each document's tokens then EOS) and its .idx (from 4 bytes per document)."""
+    little = little_endian(dtype)
+    lengths: list[np.ndarray] = []
+
+    def pieces() -> _Pieces:
+        for docs in source.windows():
+            lengths.append((docs.n_tokens + 1).astype("<i4"))
+            yield _bin_window(docs, reader, little, eos_id)
+
+    bin_digest = _write_chunks(bin_path, pieces(), zeroed=False)
     with HashingWriter(idx_path) as index:
-        index.write(megatron.index_bytes(lengths, little))
+        for piece in megatron.index_pieces(np.concatenate(lengths) if lengths else np.zeros(0, "<i4"), little):
+            index.write(piece)
     return bin_digest, index.close()
 
 
-def write_tar(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eos_id: int, tar_path: Path) -> Digest:
-    """The shard's WebDataset tar: three members per document in position order, then the
-    end-of-archive blocks."""
-    little = little_endian(dtype)
+def _tar_window(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any], eos_id: int) -> tuple[np.ndarray, _Fill]:
+    """A window's tar spans (three members per document) and how to fill them."""
     item = little.itemsize
     block = wds.BLOCK_SIZE
     count = len(docs.json_offsets) - 1
     json_sizes = np.diff(docs.json_offsets)
     npy_sizes = wds.npy_sizes(docs.n_tokens + 1, little)
     npy_head = len(wds.npy_header(0, little))
-    # Offsets of each member's data within its sample; the end-of-archive blocks are one more
-    # "sample" that stays zeros.
+    # Offsets of each member's data within its sample.
     json_at = np.full(count, block, dtype=np.int64)
     npy_at = json_at + wds.padded_size(json_sizes) + block
     text_at = npy_at + wds.padded_size(npy_sizes) + block
-    spans = np.append(text_at + wds.padded_size(docs.text_bytes), len(wds.END_OF_ARCHIVE))
+    spans = text_at + wds.padded_size(docs.text_bytes)
     sample_at = np.concatenate(([0], np.cumsum(spans)[:-1]))
     jsons = np.frombuffer(docs.jsons, dtype=np.uint8)
 
     def fill(chunk: memoryview, start: int, end: int) -> None:
-        end = min(end, count)
-        if start >= end:
-            return  # only the end-of-archive blocks
         at = sample_at[start:end] - int(sample_at[start])
         raw = np.frombuffer(chunk, dtype=np.uint8)
         _place_headers(raw, docs, start, end, (at, at + npy_at[start:end] - block, at + text_at[start:end] - block),
@@ -381,7 +347,20 @@ def write_tar(docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any], eo
         reader.read_many(chunk, docs.part[start:end], docs.text_offset[start:end], at + text_at[start:end],
                          docs.text_bytes[start:end])
 
-    return _write_chunks(tar_path, spans, fill, zeroed=True)
+    return spans, fill
+
+
+def write_tar(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int, tar_path: Path) -> Digest:
+    """The shard's WebDataset tar: three members per document in position order, then the
+    end-of-archive blocks (a last piece left zero)."""
+    little = little_endian(dtype)
+
+    def pieces() -> _Pieces:
+        for docs in source.windows():
+            yield _tar_window(docs, reader, little, eos_id)
+        yield np.asarray([len(wds.END_OF_ARCHIVE)], dtype=np.int64), lambda chunk, start, end: None
+
+    return _write_chunks(tar_path, pieces(), zeroed=True)
 
 
 def _place_headers(raw: np.ndarray, docs: ShardDocuments, start: int, end: int, header_at: tuple[np.ndarray, ...],
@@ -393,7 +372,7 @@ def _place_headers(raw: np.ndarray, docs: ShardDocuments, start: int, end: int, 
         blocks[at // wds.BLOCK_SIZE] = wds.headers_for_keys(names, suffix, member_sizes[start:end])
 
 
-def write_unit(unit: str, plan: ShardPlan, docs: ShardDocuments, reader: PartReader, dtype: np.dtype[Any],
+def write_unit(unit: str, plan: ShardPlan, docs: ShardSource, reader: PartReader, dtype: np.dtype[Any],
                eos_id: int, work_dir: Path) -> dict[str, tuple[Path, Digest]]:
     """Write one unit of a shard into `work_dir`; returns {format: (path, digest)}."""
     stem = work_dir / f"shard-{plan.name}"

@@ -237,3 +237,17 @@ def test_megatron_core_reads_every_sequence(
     for position, sequence in enumerate(sequences):
         assert np.array_equal(dataset[position], sequence)
     assert all(np.array_equal(got, want) for got, want in zip(dataset[2:9], sequences[2:9]))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 2**31 - 1), max_size=40), st.integers(1, 7), st.sampled_from(["<u2", "<i4"]))
+def test_index_pieces_are_the_index_bytes(lengths: list[int], piece: int, dtype: str) -> None:
+    """Pieces of any size join to the one-piece .idx (header, sizes, pointers, document index)."""
+    module = megatron
+    whole = b"".join(module.index_pieces(lengths, dtype))
+    pointers = np.concatenate(([0], np.cumsum(np.asarray(lengths, dtype=np.int64) * np.dtype(dtype).itemsize)))[:-1]
+    assert whole[-8 * (len(lengths) + 1):] == np.arange(len(lengths) + 1, dtype="<i8").tobytes()
+    assert whole[-8 * (2 * len(lengths) + 1):-8 * (len(lengths) + 1)] == pointers.astype("<i8").tobytes()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "INDEX_PIECE", piece)
+        assert b"".join(module.index_pieces(lengths, dtype)) == whole

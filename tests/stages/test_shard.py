@@ -15,6 +15,7 @@ from prep.formats import megatron, wds
 from prep.stages import order, shard
 from prep.stages.cuts import ShardPlan, plan_shards
 from prep.stages.intermediate import IntermediateWriter
+from prep.stages.members import sample_jsons
 from prep.stages.shuffle import document_id, record_line
 from prep.stages.specs import Part
 
@@ -57,15 +58,16 @@ def _shards(folder: Path, parts: list[Part], shard_size: int, bits: int, exact: 
 
 @settings(max_examples=25, deadline=None)
 @given(parts=st.lists(_documents, min_size=1, max_size=3), shard_size=st.integers(2, 200),
-       chunk=st.integers(1, 3000), bits=st.integers(0, 2), with_ids=st.booleans())
+       chunk=st.integers(1, 3000), bits=st.integers(0, 2), with_ids=st.booleans(), window=st.integers(1, 5))
 def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int]]]], shard_size: int, chunk: int,
-                                            bits: int, with_ids: bool) -> None:
+                                            bits: int, with_ids: bool, window: int) -> None:
     texts = [text for part in parts for text, _ in part]
     if any("\ud800" <= c <= "\udfff" for text in texts for c in text):
         return  # inputs never hold lone surrogates (the read stage refuses them)
     with tempfile.TemporaryDirectory() as name, pytest.MonkeyPatch.context() as patch:
         patch.setattr(shard, "CHUNK_BYTES", chunk)
         patch.setattr(shard, "MAX_OPEN_FILES", 1)
+        patch.setattr(shard, "WINDOW_DOCUMENTS", window)
         folder = Path(name)
         written = [_write_part(folder, f"p{i}", docs, with_ids) for i, docs in enumerate(parts)]
         plans, buckets = _shards(folder, written, shard_size, bits)
@@ -79,7 +81,10 @@ def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int
                 out.mkdir()
                 files = {**shard.write_unit("bin", plan, documents, reader, DTYPE, EOS, out),
                          **shard.write_unit("wds", plan, documents, reader, DTYPE, EOS, out)}
-                members = [(int(p), int(r)) for p, r in zip(documents.part, _rows(plan, buckets))]
+                windows = list(documents.windows())
+                assert all(0 < len(w.part) <= window for w in windows)
+                members = [(int(p), int(r)) for p, r in zip(np.concatenate([w.part for w in windows] or [np.zeros(0, np.int64)]),
+                                                            _rows(plan, buckets))]
                 sequences = [np.asarray([*parts[n][r][1], EOS], DTYPE) for n, r in members]
                 megatron.write_dataset(folder / f"expected-{plan.name}", sequences, DTYPE)
                 assert files["bin"][0].read_bytes() == megatron.bin_path(folder / f"expected-{plan.name}").read_bytes()
@@ -143,7 +148,7 @@ def test_vectorized_json_members_equal_the_reference(ids: list[str | None], sour
     entries["id_offset"] = np.cumsum([0] + [len(e) for e in encoded])[:-1] + 3
     entries["id_len"] = [order.NO_ID if doc_id is None else len(e) for doc_id, e in zip(ids, encoded)]
     blob = b"pad" + b"".join(encoded)
-    members, offsets = shard._sample_jsons(entries, blob, parts)
+    members, offsets = sample_jsons(entries, blob, parts)
     got = [members[offsets[k]:offsets[k + 1]] for k in range(len(ids))]
     assert got == _reference_jsons(entries, blob, parts)
 
@@ -155,3 +160,24 @@ def test_decimal_digits_and_npy_headers(values: list[int]) -> None:
     assert [row[20 - width:].tobytes().decode() for row, width in zip(digits, widths)] == [str(v) for v in values]
     headers = wds.npy_headers(values, DTYPE)
     assert [row.tobytes() for row in headers] == [wds.npy_header(v, DTYPE) for v in values]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from([0, 5, 2**64 - 1])), max_size=40), st.integers(1, 7))
+def test_copy_numbers_continue_across_windows(keys: list[tuple[int, int]], window: int) -> None:
+    """With dedup off, the k-th further copy of a key gets low half + k (wrapping), whether or not
+    its run of copies crosses a window boundary: windows give the whole shard's sample keys."""
+    entries = np.zeros(len(keys), dtype=order.ENTRY_DTYPE)
+    entries["key_hi"] = [hi for hi, _ in keys]
+    entries["key_lo"] = [lo for _, lo in keys]
+    expected, previous, copy = [], None, 0
+    for key in keys:
+        copy = copy + 1 if key == previous else 0
+        expected.append((key[1] + copy) % 2**64)
+        previous = key
+    carry = None
+    found: list[int] = []
+    for low in range(0, len(keys), window):
+        key_lo, carry = shard._sample_key_lo(entries[low:low + window], carry)
+        found.extend(key_lo.tolist())
+    assert found == expected
