@@ -25,8 +25,9 @@ from prep.store import records
 if TYPE_CHECKING:
     from prep.runner.build import Builder
 
-DOCUMENTS_PER_BUCKET = 4_000_000
-"""Target documents per order task: about 80 bytes each in memory, three copies while sorting."""
+DOCUMENTS_PER_BUCKET = 1_000_000
+"""Target documents per order task (about 170 bytes each in memory while sorting): no larger than
+a shard unit's window and the tokenize parts' share, so no task's peak follows the corpus size."""
 
 
 def route(builder: Builder, parts: tuple[PartRef, ...]) -> dict[str, Any]:
