@@ -1,8 +1,8 @@
 """What `prep log` reports: the generations a dataset's refs took (marking the snapshots that no
 longer exist: collected), and its builds as their build logs (`logs/<dataset>/`) recorded them.
 
-Reads only. A snapshot counts as present when both its marker and its manifest object exist
-(prep.store.layout); a build log is validated against manifests/build-log-1.schema.json.
+Reads only. A snapshot counts as present while its manifest object is stored
+(prep.store.retention.snapshot_exists, what gc deletes); a build log is validated against manifests/build-log-1.schema.json.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from prep import hashing
 from prep.errors import IntegrityError, PrepError
 from prep.manifest.schema import schema_path, validate
 from prep.storage.base import Store
-from prep.store import cas
-from prep.store.layout import logs_prefix, snapshot_marker_key
+from prep.store.layout import logs_prefix
 from prep.store.refs import Ref, ref_history
+from prep.store.retention import snapshot_exists
 from prep.store.snapshots import Snapshot, load_snapshot
 
 REPORT_SCHEMA = "prep.log-report/1"  # manifests/log-report-1.schema.json
@@ -36,11 +35,6 @@ class Generation:
         ref = self.ref
         return {"ref": ref.name, "generation": ref.generation, "time": ref.time, "snapshot": ref.snapshot,
                 "previous": ref.previous, "deleted": ref.deleted, "collected": self.collected}
-
-
-def snapshot_exists(store: Store, snapshot_id: str) -> bool:
-    """True when the snapshot's marker and its manifest object are both in the store."""
-    return store.exists(snapshot_marker_key(snapshot_id)) and store.exists(cas.object_key(hashing.parse_id(snapshot_id)))
 
 
 def generations(store: Store, dataset: str) -> list[Generation]:
