@@ -1,17 +1,17 @@
-"""A bounded, verified node-local cache of stored objects, shared by the ranks of one node.
+"""A bounded, verified node-local cache of stored objects, shared by the ranks of one node (the
+folder and its locks: prep.data.cachedir).
 
-Layout of `cache_dir`: `objects/<sha256>` (complete, proven files, named by content, so two
-snapshots sharing a shard share one copy), `objects/.<sha256>.prep-tmp-*` (fetches under way),
-`locks/<sha256>` (one flock per object: a fetch happens once however many readers want it),
-`users/<id>.json` (one per live cache user: the objects it has pinned and the fetches it has
-reserved room for), `cache.lock` (the flock every decision about room is taken under) and
-`.prep/verified.jsonl` (pull's record of proven files, stat stamps included).
+An object is fetched on first need through the one verified download path
+(prep.transfer.fetch.download_verified: hashed while copied, renamed into place only when
+proven). A file found in the cache is used only after its identity is checked: a wrong size (a
+file truncated behind the cache's back) is deleted and fetched again; the right size is proven by
+pull's record (its stat stamp unchanged) or hashed once per process, and a mismatch is an
+IntegrityError naming the file. Eviction drops the file needed furthest in the future by the
+reader's plan (Belady), or the least recently used one (LRU, for comparison).
 
-The size bound holds across processes because the ledger is the directory itself, read under
-`cache.lock`: complete files count their size, a fetch under way counts its object's full size
-from before its first byte is written until it is renamed into place. A user holds an exclusive
-flock on its own users file for its whole life, so a user killed mid-fetch is seen as dead (its
-file is unlocked): its reservations stop counting and its temporaries are deleted.
+A reader keeps a file it read mapped and pinned (a shared flock) until a step that does not need
+it, so a shard read by every step costs no system call per step; pins are dropped when this user
+needs room, and when another user signals that it waits for room.
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
+import mmap
 import os
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prep import hashing
+from prep.data.cachedir import CacheDir
 from prep.data.plan import Need, Plan
 from prep.data.source import check_file
 from prep.errors import IntegrityError, UsageError
@@ -80,17 +80,14 @@ class CacheStats:
                 "prefetch_lead_seconds_median": leads[len(leads) // 2] if leads else None}
 
 
-@dataclass(frozen=True)
-class _Ledger:
-    """The directory as read under cache.lock: complete files, bytes counted, what others hold."""
+@dataclass
+class Hold:
+    """A pinned, mapped cache file: its lock descriptor (flocked shared), its bytes, its path."""
 
-    complete: dict[str, os.stat_result]
-    used: int
-    held: frozenset[str]  # pinned or being fetched by some live user, this one included
-
-
-def _is_sha(name: str) -> bool:
-    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+    fd: int
+    data: mmap.mmap | bytes
+    path: Path
+    refs: int = 0
 
 
 class NodeCache:
@@ -102,93 +99,154 @@ class NodeCache:
         if options.policy not in POLICIES:
             raise UsageError(f"cache policy must be one of {', '.join(POLICIES)}, got {options.policy!r}")
         self.store, self.options, self.limit = store, options, options.cache_bytes
-        self.root = Path(options.cache_dir)
-        self.objects = self.root / "objects"
-        for folder in (self.objects, self.root / "locks", self.root / "users", self.root / ".prep"):
-            folder.mkdir(parents=True, exist_ok=True)
+        self.dir = CacheDir(Path(options.cache_dir))
         self.plan: Plan | None = None
         self.stats = CacheStats()
-        self.record = PullRecord(self.root)
+        self.record = PullRecord(self.dir.root)
         self.stop = threading.Event()
-        self._mutex = threading.Lock()
-        self._lock_fd = os.open(self.root / "cache.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self._pinned: Counter[str] = Counter()
+        self._mutex = threading.Lock()  # never held while taking self.dir.locked()
+        self._holds: dict[str, Hold] = {}
         self._fetching: dict[str, int] = {}
-        self._fetched: set[str] = set()
         self._used_at: dict[str, float] = {}
         self._ready_at: dict[str, float] = {}
-        self._user_fd, self._user_path = self._register()
-        with self._locked():
-            self._ledger()  # drop dead users and their temporaries now
+        self._pressure = self.dir.pressure_mark()
+        with self.dir.locked():
+            self.dir.ledger(self._fetching)  # drop dead users and their temporaries now
 
-    # ------------------------------------------------------------ users and the ledger
+    def path_of(self, sha256: str) -> Path:
+        return self.dir.objects / sha256
 
-    def _register(self) -> tuple[int, Path]:
-        """Create this user's file already flocked (made aside, renamed in), so no one sees it unlocked."""
-        final = self.root / "users" / f"{uuid.uuid4().hex}.json"
-        temp = temp_name(final)
-        fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.replace(temp, final)
-        return fd, final
+    # ------------------------------------------------------------ pins
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """This process's mutex, then cache.lock: every decision about room is taken under both."""
+    def using(self, need: Need) -> Iterator[Hold]:
+        """The object's verified file, mapped and pinned (never evicted) at least until the block ends."""
+        if need.size > self.limit:
+            raise UsageError(f"{need.what} is {need.size} bytes, more than cache_bytes {self.limit}; "
+                             "give the reader a larger cache")
+        hold = self._acquire(need)
+        try:
+            yield hold
+        finally:
+            with self._mutex:
+                hold.refs -= 1
+
+    def _acquire(self, need: Need) -> Hold:
+        """A hold on the object: kept from an earlier step, found in the cache, or fetched now."""
         with self._mutex:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            hold = self._holds.get(need.sha256)
+            if hold is not None:
+                hold.refs += 1
+                self.stats.hits += 1
+                self._used_at[need.sha256] = time.monotonic()
+                return hold
+        deadline = time.monotonic() + ROOM_WAIT_SECONDS
+        fd = self.dir.object_lock(need.sha256)
+        try:
+            hold = self._pin_or_fetch(need, fd, deadline)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._mutex:
+            other = self._holds.get(need.sha256)
+            if other is None:
+                self._holds[need.sha256] = hold
+                return hold
+            other.refs += 1  # another thread of this user pinned it meanwhile: keep one hold
+        hold.refs = 0
+        self._holds_drop(hold)
+        return other
+
+    @staticmethod
+    def _holds_drop(hold: Hold) -> None:
+        if isinstance(hold.data, mmap.mmap):
+            hold.data.close()
+        os.close(hold.fd)
+
+    def _pin_or_fetch(self, need: Need, fd: int, deadline: float) -> Hold:
+        """Pin the file (shared lock), fetching it first under the exclusive lock when it is absent.
+        Lock conversions are not atomic (flock(2)), so every step re-checks what it finds."""
+        missed = False
+        while True:
+            self._lock_shared(fd)
+            hold = self._open(need, fd)
+            if hold is not None:
+                if not missed:
+                    self._count_hit(need)
+                return hold
+            if not missed:
+                missed = True
+                self.stats.misses += 1
             try:
-                yield
-            finally:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-
-    def _publish(self) -> None:
-        """Rewrite this user's file in place (its inode carries the flock); read only under cache.lock."""
-        body = json.dumps({"pid": os.getpid(), "pinned": sorted(self._pinned), "fetching": self._fetching}).encode()
-        os.ftruncate(self._user_fd, 0)
-        os.pwrite(self._user_fd, body, 0)
-
-    def _others(self) -> tuple[set[str], dict[str, int]]:
-        """What live users other than this one hold; files of dead users are removed."""
-        pinned: set[str] = set()
-        fetching: dict[str, int] = {}
-        for entry in os.scandir(self.root / "users"):
-            if entry.path == str(self._user_path) or not entry.name.endswith(".json"):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # someone fetches it (the shared lock waits for that) or reads it
+                if time.monotonic() > deadline:
+                    raise UsageError(f"{self.dir.root}: {need.what} could not be pinned for "
+                                     f"{ROOM_WAIT_SECONDS:.0f} s: cache_bytes {self.limit} is too small") from None
+                time.sleep(0.002)
                 continue
-            try:
-                fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:  # alive: its owner holds the lock
-                    with contextlib.suppress(ValueError):
-                        state = json.loads(os.pread(fd, 1 << 24, 0) or b"{}")
-                        pinned.update(state.get("pinned", []))
-                        fetching.update(state.get("fetching", {}))
-                else:
-                    os.unlink(entry.path)  # dead: killed without closing
-            finally:
-                os.close(fd)
-        return pinned, fetching
+            self._fetch_locked(need, demand=True)
 
-    def _ledger(self) -> _Ledger:
-        """Read the directory (under cache.lock): count bytes, delete temporaries nobody fetches."""
-        pinned, fetching = self._others()
-        fetching.update(self._fetching)
-        complete: dict[str, os.stat_result] = {}
-        for entry in os.scandir(self.objects):
-            if _is_sha(entry.name):
-                with contextlib.suppress(FileNotFoundError):
-                    complete[entry.name] = entry.stat()
-            elif entry.name.startswith(".") and entry.name[1:65] not in fetching:
-                discard(Path(entry.path))  # left by a killed fetch
-        used = sum(info.st_size for info in complete.values())
-        used += sum(size for sha, size in fetching.items() if sha not in complete)
-        return _Ledger(complete, used, frozenset(pinned | set(fetching) | set(self._pinned)))
+    def _lock_shared(self, fd: int) -> None:
+        """Take the object's shared lock; before waiting for it, drop this user's idle pins, which
+        whoever holds the lock may be waiting for room from."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._release_idle()
+            fcntl.flock(fd, fcntl.LOCK_SH)
 
-    # ------------------------------------------------------------ eviction
+    def _open(self, need: Need, fd: int) -> Hold | None:
+        """Map the cache file if it is there with the right size, after proving its bytes."""
+        final = self.path_of(need.sha256)
+        try:
+            size = final.stat().st_size
+        except FileNotFoundError:
+            return None
+        if size != need.size:
+            return None  # truncated: the fetch (under the exclusive lock) deletes and refetches it
+        try:
+            check_file(final, need.sha256, self.record, need.sha256)
+        except IntegrityError as exc:
+            raise IntegrityError(f"{exc.message} (cache file for {need.what}; delete it to fetch it again)") from None
+        if size == 0:
+            return Hold(fd, b"", final, refs=1)
+        with open(final, "rb") as handle:
+            return Hold(fd, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), final, refs=1)
+
+    def _release(self, sha256: str) -> None:
+        """Unmap and unpin an idle hold (call under self._mutex)."""
+        hold = self._holds.pop(sha256)
+        try:
+            self._holds_drop(hold)
+        except BufferError:  # a caller still has a view: the map closes when it is dropped
+            os.close(hold.fd)
+
+    def _release_idle(self, keep: Iterable[str] = ()) -> None:
+        kept = set(keep)
+        with self._mutex:
+            for sha in [sha for sha, hold in self._holds.items() if hold.refs <= 0 and sha not in kept]:
+                self._release(sha)
+
+    def settle(self, next_needs: Iterable[str]) -> None:
+        """Between steps: keep pinned only what the next step reads, none if others wait for room."""
+        mark = self.dir.pressure_mark()
+        if mark != self._pressure:
+            self._pressure = mark
+            self._release_idle()
+        else:
+            self._release_idle(next_needs)
+
+    def _count_hit(self, need: Need) -> None:
+        now = time.monotonic()
+        with self._mutex:
+            self.stats.hits += 1
+            self._used_at[need.sha256] = now
+            ready = self._ready_at.pop(need.sha256, None)
+            if ready is not None:
+                self.stats.leads.append(now - ready)
+
+    # ------------------------------------------------------------ room
 
     def _rank(self, sha: str, info: os.stat_result) -> float:
         """Eviction order, highest first: Belady's next use (never: infinity), or LRU's age."""
@@ -200,183 +258,118 @@ class NodeCache:
     def _make_room(self, need: Need, demand: bool) -> bool:
         """Evict until `need` fits, then reserve it (under cache.lock); False if it cannot fit now.
         A prefetch evicts only files needed later than `need` (or never)."""
-        ledger = self._ledger()
-        if ledger.used + need.size <= self.limit:
-            return self._reserve(need, ledger.used)
-        floor = -float("inf")
-        if not demand:
-            if self.options.policy == "lru":
+        ledger = self.dir.ledger(self._fetching)
+        used = ledger.used
+        if used + need.size > self.limit:
+            floor = -float("inf")
+            if not demand:
+                if self.options.policy == "lru":
+                    return False
+                use = self.plan.next_use(need.sha256) if self.plan is not None else None
+                floor = float("inf") if use is None else float(use)
+            victims = sorted(((self._rank(sha, info), sha, info.st_size) for sha, info in ledger.complete.items()
+                              if sha not in ledger.fetching), reverse=True)
+            for rank, sha, size in victims:
+                if used + need.size <= self.limit or rank <= floor:
+                    break
+                if self._evict(sha):
+                    used -= size
+            if used + need.size > self.limit:
                 return False
-            use = self.plan.next_use(need.sha256) if self.plan is not None else None
-            floor = float("inf") if use is None else float(use)
-        victims = sorted(((self._rank(sha, info), sha, info.st_size) for sha, info in ledger.complete.items()
-                          if sha not in ledger.held), reverse=True)
-        chosen, freed = [], 0
-        for rank, sha, size in victims:
-            if ledger.used - freed + need.size <= self.limit or rank <= floor:
-                break
-            chosen.append(sha)
-            freed += size
-        if ledger.used - freed + need.size > self.limit:
-            return False
-        for sha in chosen:
-            (self.objects / sha).unlink(missing_ok=True)
-            self.stats.evictions += 1
-        return self._reserve(need, ledger.used - freed)
-
-    def _reserve(self, need: Need, used: int) -> bool:
         self._fetching[need.sha256] = need.size
-        self._publish()
+        self.dir.publish(self._fetching)
         self.stats.peak_bytes = max(self.stats.peak_bytes, used + need.size)
         return True
 
-    # ------------------------------------------------------------ getting an object
-
-    def path_of(self, sha256: str) -> Path:
-        return self.objects / sha256
-
-    @contextlib.contextmanager
-    def using(self, need: Need) -> Iterator[Path]:
-        """The object's verified file, pinned (never evicted) until the block ends."""
-        if need.size > self.limit:
-            raise UsageError(f"{need.what} is {need.size} bytes, more than cache_bytes {self.limit}; "
-                             "give the reader a larger cache")
-        path = self._obtain(need, demand=True)
-        assert path is not None
-        try:
-            yield path
-        finally:
-            with self._locked():
-                self._pinned[need.sha256] -= 1
-                if self._pinned[need.sha256] <= 0:
-                    del self._pinned[need.sha256]
-                self._publish()
-
-    def _pin_if_present(self, need: Need) -> bool:
-        with self._locked():
-            if not self.path_of(need.sha256).exists():
-                return False
-            self._pinned[need.sha256] += 1
-            self._publish()
-            return True
-
-    def _obtain(self, need: Need, demand: bool) -> Path | None:
-        """Pin (demand) or just fetch (prefetch) the object, fetching it once if absent."""
-        final = self.path_of(need.sha256)
-        if demand and self._pin_if_present(need):
-            if self._usable(need, final):
-                self._count_hit(need)
-                return final
-        elif not demand and final.exists():
-            return None
-        if demand:
-            self.stats.misses += 1
-        lock = os.open(self.root / "locks" / need.sha256, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if demand and self._pin_if_present(need):
-                if self._usable(need, final):
-                    return final
-            elif not demand and final.exists():
-                return None
-            return self._fetch(need, final, demand)
-        finally:
-            os.close(lock)
-
-    def _usable(self, need: Need, final: Path) -> bool:
-        """A pinned file found in the cache: proven, or of the wrong size (a truncated file: it is
-        removed and fetched again, unpinned). Right size, wrong bytes: IntegrityError."""
-        try:
-            size = final.stat().st_size
-        except FileNotFoundError:
-            size = -1
-        if size == need.size:
-            try:
-                check_file(final, need.sha256, self.record, need.sha256)
-                return True
-            except IntegrityError as exc:
-                self._unpin(need.sha256)
-                raise IntegrityError(f"{exc.message} (cache file for {need.what}; delete it to fetch it again)") from None
-        self._unpin(need.sha256)
-        discard(final)
-        return False
-
-    def _unpin(self, sha: str) -> None:
-        with self._locked():
-            self._pinned[sha] -= 1
-            if self._pinned[sha] <= 0:
-                del self._pinned[sha]
-            self._publish()
-
-    def _count_hit(self, need: Need) -> None:
-        now = time.monotonic()
+    def _evict(self, sha: str) -> bool:
+        """Delete a cache file unless some reader uses it; this user's idle pin does not count."""
         with self._mutex:
-            self.stats.hits += 1
-            self._used_at[need.sha256] = now
-            ready = self._ready_at.pop(need.sha256, None)
-            if ready is not None:
-                self.stats.leads.append(now - ready)
+            hold = self._holds.get(sha)
+            if hold is not None:
+                if hold.refs > 0:
+                    return False
+                self._release(sha)
+        if not self.dir.try_evict(sha):
+            return False
+        self.stats.evictions += 1
+        return True
 
     def _wait_for_room(self, need: Need, demand: bool) -> bool:
         """Reserve room for `need`; a read waits for other users to release some, a prefetch does not."""
         deadline = time.monotonic() + ROOM_WAIT_SECONDS
         while True:
-            with self._locked():
+            with self.dir.locked():
                 if self._make_room(need, demand):
                     return True
             if not demand:
                 return False
             if time.monotonic() > deadline:
-                raise UsageError(f"{self.root}: no room for {need.what} ({need.size} bytes) within cache_bytes "
+                raise UsageError(f"{self.dir.root}: no room for {need.what} ({need.size} bytes) within cache_bytes "
                                  f"{self.limit}: the other readers of this cache hold the rest")
+            self._release_idle()
+            self.dir.signal_pressure()
             time.sleep(0.02)
 
-    def _fetch(self, need: Need, final: Path, demand: bool) -> Path | None:
-        """Download `need` into `final` through the verified path, inside a reservation."""
+    # ------------------------------------------------------------ fetching
+
+    def _fetch_locked(self, need: Need, demand: bool) -> None:
+        """Under the object's exclusive lock: fetch it unless a proven copy is there already."""
+        final = self.path_of(need.sha256)
+        try:
+            if final.stat().st_size == need.size:
+                return  # fetched while we waited for the lock; _open proves it
+            discard(final)  # truncated behind our back
+        except FileNotFoundError:
+            pass
         if not self._wait_for_room(need, demand):
-            return None
-        temp = temp_name(final)  # .<sha256>.prep-tmp-*: _ledger knows whose fetch it is
-        again = need.sha256 in self._fetched
+            return
+        temp = temp_name(final)  # .<sha256>.prep-tmp-*: the ledger knows whose fetch it is
+        again = need.sha256 in self.stats.fetched
         try:
             installed = download_verified(self.store, hashing.Digest(need.sha256, need.size), final, temp=temp,
                                           what=need.what, on_bytes=lambda n: None, stop=self.stop)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
-                raise UsageError(f"{self.root}: disk full while caching {need.what}; lower cache_bytes") from None
+                raise UsageError(f"{self.dir.root}: disk full while caching {need.what}; lower cache_bytes") from None
             raise
         finally:
             discard(temp)
-            with self._locked():
+            with self.dir.locked():
                 self._fetching.pop(need.sha256, None)
-                if demand and final.exists():
-                    self._pinned[need.sha256] += 1
-                self._publish()
+                self.dir.publish(self._fetching)
         if installed is not None:
             self.record.add(need.sha256, need.sha256, installed)
-            check_file(final, need.sha256, self.record, need.sha256)  # proven: recorded, not re-hashed
+        now = time.monotonic()
         with self._mutex:
             self.stats.fetches += 1
             self.stats.bytes_fetched += need.size
             self.stats.bytes_refetched += need.size if again else 0
-            self._fetched.add(need.sha256)
             self.stats.fetched[need.sha256] += 1
             self.stats.sizes[need.sha256] = need.size
-            self._used_at[need.sha256] = time.monotonic()
+            self._used_at[need.sha256] = now
             if not demand:
-                self._ready_at[need.sha256] = time.monotonic()
-        return final if demand else None
+                self._ready_at[need.sha256] = now
 
     def prefetch(self, need: Need) -> None:
-        """Fetch `need` ahead of its use when room can be made without evicting sooner needs."""
-        if need.size <= self.limit:
-            self._obtain(need, demand=False)
+        """Fetch `need` ahead of its use, when nobody else is fetching it and room can be made
+        without evicting a file needed sooner."""
+        if need.size > self.limit or self.path_of(need.sha256).exists():
+            return
+        fd = self.dir.object_lock(need.sha256)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # being fetched, or just fetched and being read
+            self._fetch_locked(need, demand=False)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
-        """Stop fetches, release this user's file (its pins and reservations stop counting)."""
+        """Stop fetches, unpin everything, release this user's file (its reservations stop counting)."""
         self.stop.set()
-        with self._locked():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._user_path)
-            os.close(self._user_fd)
-        os.close(self._lock_fd)
+        with self._mutex:
+            for sha in list(self._holds):
+                self._release(sha)
+        self.dir.close()
         self.record.close()

@@ -70,6 +70,12 @@ class Plan:
                     if not uses or uses[-1] != at:
                         uses.append(at)
 
+    def needs(self, step: int) -> list[Need]:
+        """What step `step` reads, if it is inside the window (else nothing is known: [])."""
+        with self._lock:
+            at = step - self.start
+            return list(self._steps[at]) if 0 <= at < len(self._steps) else []
+
     def next_use(self, sha256: str) -> int | None:
         """The first step at or after the current one that reads the object, None if none in the horizon."""
         with self._lock:

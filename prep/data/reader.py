@@ -207,8 +207,9 @@ class Reader:
 
     def _advance(self, step: int) -> None:
         """Slide the plan to `step` and queue the prefetches its lookahead asks for."""
-        if self.plan is not None and self._prefetcher is not None:
+        if self.plan is not None and self._prefetcher is not None and self.cache is not None:
             self.plan.advance(step)
+            self.cache.settle(need.sha256 for need in self.plan.needs(step))
             self._prefetcher.kick()
 
     def batch(self, step: int) -> Any:

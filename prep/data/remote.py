@@ -2,8 +2,8 @@
 fetched into the cache on first need (prep.data.cache), pinned only while rows are copied out of
 it, and read from the verified cache file; nothing is read from a file before it is proven.
 
-Rows are copied shard by shard in ascending shard order, the order prep.data.plan predicts, so
-one reader pins one shard at a time and a cache of one shard (the largest) is enough to progress.
+Rows are copied shard by shard in ascending shard order, the order prep.data.plan predicts; a
+batch uses one shard at a time, so a cache of one shard (the largest) is enough to progress.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ class CachedSource(SnapshotSource):
         first, last = self.shard_span(starts, np.full(len(starts), length, dtype=np.int64))
         for shard in self._touched(first, last):
             base, count = int(self.token_starts[shard]), self.shards[shard].tokens
-            with self.cache.using(self.bin_needs[shard]) as path:
-                tokens = np.memmap(path, dtype=self.dtype, mode="r").view(np.ndarray)
+            with self.cache.using(self.bin_needs[shard]) as hold:
+                tokens = np.frombuffer(hold.data, dtype=self.dtype)
                 inside = np.flatnonzero((first == shard) & (last == shard))
                 if len(inside):
                     offsets = starts[inside] - base
@@ -72,7 +72,7 @@ class CachedSource(SnapshotSource):
                 for row in np.flatnonzero((first <= shard) & (last >= shard) & (first != last)).tolist():
                     lo, hi = max(int(starts[row]), base), min(int(starts[row]) + length, base + count)
                     out[row, lo - int(starts[row]):hi - int(starts[row])] = tokens[lo - base:hi - base]
-                del tokens  # unmapped before the pin ends, so an evicted file frees its blocks
+                del tokens  # no view may outlive the pin: the map is closed when the pin is dropped
         self.bytes_read += out.size * self.dtype.itemsize
         return out
 
@@ -91,7 +91,7 @@ class CachedSource(SnapshotSource):
         for need, base in zip(self.idx_needs, self.token_starts[:-1].tolist()):
             if need is None:
                 raise UsageError(f"{self.id}: documents mode needs the .idx files")
-            with self.cache.using(need) as path:
-                lengths = read_index(path).lengths.astype(np.int64)
+            with self.cache.using(need) as hold:
+                lengths = read_index(hold.path).lengths.astype(np.int64)
             starts.append(base + np.concatenate(([0], np.cumsum(lengths)[:-1])))
         return np.concatenate([*starts, [self.total_tokens]])

@@ -89,7 +89,7 @@ def object_gets(hooks: list[RequestHook]) -> Counter[str]:
         if environ.get("REQUEST_METHOD") == "GET" and "/objects/" in path:
             counts[path.rsplit("/", 1)[-1]] += 1
 
-    hooks.append(count)  # type: ignore[arg-type]
+    hooks.append(count)
     return counts
 
 

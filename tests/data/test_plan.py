@@ -80,8 +80,8 @@ def test_belady_matches_the_optimum_and_beats_lru_on_a_rereading_plan(tmp_path: 
         plan = cache.plan = Plan(lambda step: [needs[order[step]]] if step < len(order) else None, horizon=len(order))
         for step, item in enumerate(order):
             plan.advance(step)
-            with cache.using(needs[item]) as path:
-                assert path.read_bytes() == bytes([item]) * SIZE
+            with cache.using(needs[item]) as hold:
+                assert hold.data[:] == hold.path.read_bytes() == bytes([item]) * SIZE
         fetched[policy] = cache.stats.bytes_fetched
         assert cache.stats.peak_bytes <= 3 * SIZE
         cache.close()
