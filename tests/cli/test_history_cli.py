@@ -265,10 +265,10 @@ def test_tag_reads_the_snapshot_back_first(own_store: Path) -> None:
     path.unlink()
     data[0] ^= 0xFF
     path.write_bytes(bytes(data))
-    failed = prep("tag", "tiny@v1", "golden", "--store", own_store, check=False)
+    failed = prep("tag", "tiny@v1", "audited", "--store", own_store, check=False)
     assert failed.returncode == 3
     assert failed.stderr.startswith("prep: error: ") and artifact["path"] in failed.stderr
-    assert "no ref moved" in failed.stderr and ref_line(own_store, "golden") == ""
+    assert "no ref moved" in failed.stderr and ref_line(own_store, "audited") == ""
     assert not (own_store / "readback").exists() or not any((own_store / "readback").iterdir())
-    prep("tag", "tiny@v1", "golden", "--no-readback", "--store", own_store)
-    assert ref_line(own_store, "golden") != ""
+    prep("tag", "tiny@v1", "audited", "--no-readback", "--store", own_store)
+    assert ref_line(own_store, "audited") != ""

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from prep import code
 from prep.config import load_pipeline
 from prep.formats import megatron, wds
 from prep.progress import Progress
@@ -36,6 +37,10 @@ class InProcessExecutor:
 
 
 def build_local(pipeline: Path, store_dir: Path, workers: int = 1, tags: tuple[str, ...] = ()) -> BuildResult:
+    """A build on a fresh local pool. The driver's code identity is read afresh first: this
+    long-lived test process may have hashed the tree before someone edited it, and the pool's new
+    workers hash it as it is now (they would refuse a stale driver, see runner.tasks.CodeChecked)."""
+    code.source_hash.cache_clear()
     executor = LocalExecutor(workers, prepare_worker)
     try:
         return build(load_pipeline(pipeline), LocalStore(store_dir), executor, tags, Progress(quiet=True))
