@@ -81,13 +81,6 @@ def utf8_batch(texts: Sequence[str]) -> tuple[bytes, np.ndarray[Any, Any]]:
     return b"".join(encoded), offsets
 
 
-def _counts(mask: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """How many positions of `mask` are set within each span [offsets[i], offsets[i + 1])."""
-    totals = np.zeros(len(mask) + 1, dtype=np.int64)
-    np.cumsum(mask, out=totals[1:])
-    return np.asarray(totals[offsets[1:]] - totals[offsets[:-1]])
-
-
 def documents_containing(blob: bytes, offsets: np.ndarray[Any, Any], needles: Sequence[bytes]) -> np.ndarray[Any, Any]:
     """Whether each span [offsets[i], offsets[i + 1]) of `blob` contains any of `needles` (a
     UTF-8 needle is in a UTF-8 text exactly when its string is in the text's string)."""
@@ -118,11 +111,13 @@ def select_sample(texts: Sequence[str], budget_bytes: int, seed: int, *,
     if budget_bytes <= 0 or not texts:
         return []
     blob, offsets = utf8 if utf8 is not None else utf8_batch(texts)
-    raw = np.frombuffer(blob, dtype=np.uint8)
-    chars = _counts((raw & 0xC0) != 0x80, offsets)  # code points: bytes that start one
+    sizes = np.diff(offsets)
+    wide = np.fromiter((not text.isascii() for text in texts), dtype=bool, count=len(texts))  # O(1) each
+    chars = sizes.copy()
+    chars[wide] = [len(texts[index]) for index in np.flatnonzero(wide).tolist()]
     # A special token that contains the generic spelling is found by looking for that alone.
     others = [token.encode("utf-8", "surrogatepass") for token in special_tokens if _SPECIAL_LIKE not in token]
-    cheap = ((_counts(raw >= 0x80, offsets) > 0).astype(np.int64) + (_counts(raw == 0x0D, offsets) > 0)
+    cheap = (wide.astype(np.int64) + documents_containing(blob, offsets, [b"\r"])
              + documents_containing(blob, offsets, [_SPECIAL_LIKE.encode(), *others]))
     order = np.random.RandomState(seed % 2**32).permutation(len(texts))
     visit = order[chars[order] <= budget_bytes]  # more bytes than characters: can never fit
@@ -132,7 +127,6 @@ def select_sample(texts: Sequence[str], budget_bytes: int, seed: int, *,
         score[position] += _scanned_score(texts[int(visit[position])])
     unusual = np.flatnonzero(score)
     unusual = unusual[np.argsort(-score[unusual], kind="stable")]
-    sizes = np.diff(offsets)
     chosen: list[int] = []
     used = 0
 

@@ -22,6 +22,15 @@ def test_strings_round_trip(values: list[str | None], cut: int) -> None:
     assert columns.to_strings(pa.chunked_array([built, built], pa.string())) == values + values
 
 
+@settings(deadline=None)
+@given(values=st.lists(st.one_of(st.text(st.characters(max_codepoint=127)), _texts)))
+def test_strings_without_nulls_round_trip(values: list[str]) -> None:
+    """All-ASCII columns take one encode for all; a single non-ASCII value takes the general path."""
+    built = columns.string_column(values)
+    assert built.equals(pa.array(values, pa.string())) and built.null_count == 0
+    assert columns.to_strings(built) == values
+
+
 @given(values=st.lists(st.integers(-2**63, 2**63 - 1)), cut=st.integers(0, 5))
 def test_integers_round_trip(values: list[int], cut: int) -> None:
     built = columns.int_column(values, pa.int64())
