@@ -15,7 +15,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,9 @@ from prep.store.snapshots import Snapshot, read_manifest_content
 from prep.transfer.fetch import download_verified
 from prep.transfer.held import ShareRecord, ShareSpec, install_bytes, write_share_record
 from prep.transfer.shares import (
+    PARTIAL_TAG,
     PREP_DIR,
+    TEMP_MARKER,
     Artifact,
     DestLock,
     PullRecord,
@@ -170,6 +172,19 @@ def _discard_empty(partial: Path) -> None:
     with contextlib.suppress(OSError):
         if partial.stat().st_size == 0:
             partial.unlink()
+
+
+def resumable_partial(wanted: Mapping[str, str], dest: Path) -> Callable[[Path, str], bool]:
+    """A `keep` test for `remove_stale_temporaries`: true for the partial file of an artifact in
+    `wanted` (path -> SHA-256); costs nothing per artifact, only per temporary found."""
+    root = os.fspath(dest)
+
+    def keep(folder: Path, name: str) -> bool:
+        final, marker, digest = name.rpartition(TEMP_MARKER + PARTIAL_TAG)
+        relative = os.path.relpath(os.path.join(folder, final[1:]), root) if marker and final else ""
+        return bool(relative) and wanted.get(relative.replace(os.sep, "/"), "")[:16] == digest
+
+    return keep
 
 
 def plan(dest: Path, artifacts: Iterable[Artifact], record: PullRecord) -> tuple[list[Artifact], list[Artifact], set[str]]:
@@ -339,7 +354,7 @@ def pull(
         with DestLock(dest):
             previous, problem = previous_paths(dest, snapshot, named)  # before anything changes
             parents = {artifact.path.rpartition("/")[0] for artifact in everything}
-            resumable = frozenset(os.fspath(partial_name(dest / a.path, a.sha256)) for a in share.artifacts)
+            resumable = resumable_partial({a.path: a.sha256 for a in share.artifacts}, dest)
             removed = remove_stale_temporaries({dest / parent for parent in parents} | {dest / PREP_DIR}, resumable)
             record = PullRecord(dest)
             moved = _transfer(store, dest, share, record, jobs, on_bytes, on_file)

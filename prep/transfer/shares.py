@@ -17,7 +17,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
@@ -190,9 +190,9 @@ def _is_temp(name: str) -> bool:
     return name.startswith(".") and TEMP_MARKER in name
 
 
-def remove_stale_temporaries(folders: set[Path], keep: frozenset[str] = frozenset()) -> int:
-    """Delete temporaries a killed pull left in these folders, except the partial files at the
-    paths in `keep` (the ones this run will resume); returns how many."""
+def remove_stale_temporaries(folders: set[Path], keep: Callable[[Path, str], bool] | None = None) -> int:
+    """Delete temporaries a killed pull left in these folders, except those `keep(folder, name)`
+    accepts (the partial files this run will resume); returns how many."""
     removed = 0
     for folder in sorted(folders):
         try:
@@ -200,7 +200,7 @@ def remove_stale_temporaries(folders: set[Path], keep: frozenset[str] = frozense
         except (FileNotFoundError, NotADirectoryError):
             continue
         for name in names:
-            if _is_temp(name) and os.path.join(folder, name) not in keep:
+            if _is_temp(name) and not (keep is not None and keep(folder, name)):
                 (folder / name).unlink(missing_ok=True)
                 removed += 1
     return removed
