@@ -46,12 +46,12 @@ def write_all(out: io.FileIO, data: memoryview | bytes) -> None:
         view = view[written or 0 :]
 
 
-def _local_chunks(local: Path, start: int, stop: threading.Event) -> Iterator[memoryview]:
+def _local_chunks(local: Path, start: int, stop: threading.Event, missing: str) -> Iterator[memoryview]:
     """A local object's bytes from `start` to its end, read into one reused buffer."""
     try:
         stream = io.FileIO(local, "r")
     except FileNotFoundError:
-        raise NotFoundError(f"no such object {local}") from None
+        raise NotFoundError(missing) from None
     with stream:
         stream.seek(start)
         buffer = bytearray(COPY_SIZE)
@@ -127,7 +127,7 @@ def copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop:
     hasher = hasher if hasher is not None else hashlib.sha256()
     local = store.local_path(key)
     if local is not None:
-        chunks: Iterator[memoryview | bytes] = _local_chunks(local, start, stop)
+        chunks: Iterator[memoryview | bytes] = _local_chunks(local, start, stop, f"{store.url}: no such key {key!r}")
     else:
         declared = size if size is not None else store.require(key).size
         chunks = _ranged_chunks(store, key, start, declared, stop)

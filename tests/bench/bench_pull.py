@@ -85,6 +85,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=8, help="prep pull --jobs and xargs -P.")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=Path("/work/tmp"), help="Where the store and copies go.")
+    parser.add_argument("--compare-with", type=Path, default=None,
+                        help="Also time `prep pull` of another source tree (PYTHONPATH), e.g. an older commit.")
     parser.add_argument("--s3", action="store_true", help="Also pull once from a moto S3 server.")
     parser.add_argument("--s3-mb", type=int, default=512, help="Size of the snapshot in the moto server (memory).")
     args = parser.parse_args()
@@ -110,8 +112,13 @@ def main() -> None:
         pull_cmd = [*PREP, "pull", "demo@latest", str(pulled), "--jobs", str(args.jobs), "--json"]
         copy_cmd = xargs(args.jobs, listing, f'cp "$0" {copied}/')
         hash_cmd = ["sh", "-c", f"ls -d {copied}/* | xargs -P {args.jobs} -n 1 openssl dgst -sha256 > /dev/null"]
-        pulls, copies, hashes, syncs, inner = [], [], [], [], []
+        pulls, copies, hashes, syncs, inner, others = [], [], [], [], [], []
+        other_env = dict(env, PYTHONPATH=str(args.compare_with)) if args.compare_with else None
         for _ in range(args.repeat):  # interleaved, so every tool sees the same machine
+            if other_env is not None:
+                shutil.rmtree(pulled, ignore_errors=True)
+                run(["sync"])
+                others.append(timed(lambda: run(pull_cmd[:-1], env=other_env, stderr=subprocess.DEVNULL, cwd="/")))
             shutil.rmtree(pulled, ignore_errors=True)
             shutil.rmtree(copied, ignore_errors=True)
             run(["sync"])
@@ -133,6 +140,8 @@ def main() -> None:
             ("cp + hash", copies[best] + hashes[best]),
             ("cp + hash + sync -f", copies[best] + hashes[best] + syncs[best]),
         ]
+        if others:
+            rows.insert(0, (f"prep pull of {args.compare_with} (CLI)", min(others)))
         for name, seconds in rows:
             print(f"{name:<52} {seconds:7.3f} s  {total / 1e9 / seconds:6.2f} GB/s")
         print(f"speed ratio prep pull / (cp + hash):        {(copies[best] + hashes[best]) / min(pulls):.2f}")
