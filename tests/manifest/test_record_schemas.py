@@ -47,9 +47,10 @@ KEY_PATTERNS = {
     "ref": rf"refs/{NAME}/{NAME}\.json",
     "history": rf"history/{NAME}/{NAME}/[0-9]{{16}}\.json",
     "log": rf"logs/{NAME}/[0-9]{{8}}T[0-9]{{6}}Z-[0-9a-f]{{12}}\.json",
+    "readback": rf"readback/{HEX}\.json",
 }
 SCHEMA_OF = {"task": "prep.task/1", "stage": "prep.stage-record/1", "ref": "prep.ref/1",
-             "history": "prep.ref/1", "log": "prep.build-log/1"}
+             "history": "prep.ref/1", "log": "prep.build-log/2", "readback": "prep.readback/1"}
 
 
 @dataclass(frozen=True)
@@ -395,9 +396,9 @@ MUTATIONS: list[tuple[str, str, Mutation]] = [
     ("ref", "prep.ref/1", lambda d: d.update(previous=d["snapshot"], generation=1)),
     ("ref", "prep.ref/1", lambda d: d.update(previous=None, generation=2)),
     ("ref", "prep.ref/1", lambda d: d.update(time="2025-01-01 00:00:00")),
-    ("log", "prep.build-log/1", lambda d: d["stages"].update(publish={"key": "0" * 64, "ran": 0, "cached": 0})),
-    ("log", "prep.build-log/1", lambda d: d["stages"].update(dedup={"key": "0" * 64, "ran": 0, "cached": 1})),
-    ("log", "prep.build-log/1", lambda d: d["inputs"][0].pop("etag")),
+    ("log", "prep.build-log/2", lambda d: d["stages"].update(publish={"key": "0" * 64, "ran": 0, "cached": 0})),
+    ("log", "prep.build-log/2", lambda d: d["stages"].update(dedup={"key": "0" * 64, "ran": 0, "cached": 1})),
+    ("log", "prep.build-log/2", lambda d: d["inputs"][0].pop("etag")),
     ("snapshot", "prep.snapshot/1", lambda d: d["stages"][1].update(name="publish")),
 ]
 # Layout-1 records, which old stores still hold, sampled from the planted layout-1 snapshot.
@@ -500,7 +501,7 @@ def test_every_record_kind_is_closed_to_unknown_fields(built: Built, field: str)
     samples = [("task:tokenize", "prep.task/1"), ("task:route", "prep.task/1"), ("task:order", "prep.task/1"),
                ("task:shard", "prep.task/1"), ("stage:tokenize", "prep.stage/1"), ("stage:route", "prep.stage/1"),
                ("stage:order", "prep.stage/1"), ("stage:shard", "prep.stage/1"), ("record:route", "prep.stage-record/1"),
-               ("ref", "prep.ref/1"), ("log", "prep.build-log/1"), ("snapshot", "prep.snapshot/1")]
+               ("ref", "prep.ref/1"), ("log", "prep.build-log/2"), ("snapshot", "prep.snapshot/1")]
     for which, schema_id in samples:
         document = copy.deepcopy(_sample(built.store, which))
         if field in document:
