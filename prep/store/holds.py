@@ -87,7 +87,6 @@ def list_holds(store: Store) -> list[Hold]:
 def place_hold(store: Store, snapshot: Snapshot, reason: str) -> tuple[Hold, bool]:
     """Hold a stored snapshot; (the hold, True) when this call placed it, (the existing one, False)
     when it was already held. StoreError, holding nothing, while a gc runs."""
-    hashing.parse_id(snapshot.id)
     hold = Hold(snapshot.id, snapshot.dataset, reason, dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 _user())
     key = hold_key(snapshot.id)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -87,3 +88,13 @@ def test_hold_and_release(store: Path) -> None:  # noqa: F811
     assert prep("release", "tiny@v1", "--store", store).stdout.startswith(f"released {snapshot}")
     twice = prep("release", snapshot, "--store", store, check=False)
     assert twice.returncode == 2 and "is not held" in twice.stderr
+
+
+def test_every_snap_argument_takes_ancestry(store: Path) -> None:  # noqa: F811
+    """`tiny@latest~1` is v1 (the first build), through the CLI's one resolve."""
+    v1 = resolve(LocalStore(store), "tiny@v1").id
+    shown = prep("show", "tiny@latest~1", "--json", "--store", store).stdout
+    assert "sha256:" + hashlib.sha256(shown.encode()).hexdigest() == v1
+    assert prep("diff", "tiny@latest~1", "tiny@v1", "--store", store).stdout.rstrip().endswith("identical")
+    beyond = prep("show", "tiny@latest~9", "--store", store, check=False)
+    assert beyond.returncode == 2 and "has taken only 2 generations" in beyond.stderr

@@ -5,6 +5,7 @@ DATASET@REF~N names the right generation, and the pipeline's [retention] reaches
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,12 @@ def test_policies_are_recorded_once_per_change_and_an_unreadable_one_stops_gc(st
     with pytest.raises(IntegrityError, match="unreadable retention policy"):
         collect_garbage(store, 0)
     assert sorted(info.key for info in store.list("")) == before, "gc deleted nothing it could not judge"
+
+
+def test_two_holds_at_once_place_one(store: LocalStore, history: tuple[Path, Path, list[str]]) -> None:
+    snapshot = load_snapshot(store, history[2][0])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda reason: place_hold(store, snapshot, reason), ["first", "second"]))
+    assert sorted(placed for _, placed in results) == [False, True], "create-only: exactly one writer wins"
+    winner = next(hold for hold, placed in results if placed)
+    assert [hold.reason for hold, _ in results] == [winner.reason] * 2 and list_holds(store) == [winner]
