@@ -74,24 +74,26 @@ def test_keys_that_name_no_document_are_refused(case: Case) -> None:  # noqa: F8
 
 
 def test_without_dedup_each_copy_has_its_own_sample_key(tmp_path: Path, tokenizer_path: Path) -> None:
-    """Equal texts share an order key; their tar keys add the copy number, and each locates its copy."""
+    """Equal texts share an order key; their tar keys add the copy number, and each locates its copy.
+    Shards are cut between keys, so even tiny shards keep every copy of a text in one shard."""
     records = make_records(6, seed=14, prefix="c")
-    records += [{"id": f"copy-{i}", "text": records[2]["text"]} for i in range(3)]
+    records += [{"id": f"copy-{i}", "text": records[2]["text"] * 3} for i in range(12)]
     write_jsonl(tmp_path / "corpus" / "c.jsonl", records)
-    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], shard_size="300B")
     pipeline.write_text(pipeline.read_text().replace("exact = true", "exact = false"))
     snapshot = build_local(pipeline, tmp_path / "store").snapshot
     store = LocalStore(tmp_path / "store")
-    keys = {}
+    keys, shards = {}, set()
     for artifact in (a for a in snapshot.artifacts if a["format"] == "wds"):
         for key, members in wds.iter_samples(artifact_path(store.root, artifact)):
             keys[key] = json.loads(members["json"])["id"]
-    assert len(keys) == len(records)
+            shards.update([artifact["path"]] if keys[key].startswith("copy-") else [])
+    assert len(keys) == len(records) and len(shards) == 1 and len(snapshot.artifacts) > 3
     for key, doc_id in keys.items():
         found = locate_key(store, snapshot, key)
         assert found.document.id == doc_id and trace(store, snapshot, doc_id)[0].sample_key == key
-    copies = [trace(store, snapshot, doc_id)[0] for doc_id in ("c-2", "copy-0", "copy-1", "copy-2")]
-    assert len({c.order_key for c in copies}) == 1 and sorted(c.copy for c in copies) == [0, 1, 2, 3]
+    copies = [trace(store, snapshot, f"copy-{i}")[0] for i in range(12)]
+    assert len({c.order_key for c in copies}) == 1 and len({c.sample_key for c in copies}) == 12
 
 
 def test_source_line_names_a_document_even_with_an_id_field(keyed: Case) -> None:  # noqa: F811
