@@ -7,17 +7,20 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from prep.storage import open_store
 from prep.storage.local import LocalStore
+from prep.store import cas
 from prep.transfer.fetch import COPY_SIZE
 from prep.transfer.pull import PullResult, pull
 from prep.transfer.shares import TEMP_MARKER, partial_name, temp_name
 from prep.transfer.verify import verify
-from tests.s3support import new_bucket
+from tests.s3support import Fault, RequestHook, new_bucket
 from tests.snapshot_factory import Built, build_snapshot
 
 BIG = 2 * COPY_SIZE + 123_457  # three chunks
@@ -151,3 +154,48 @@ def test_an_s3_pull_resumes_with_ranged_reads(tmp_path: Path, monkeypatch: pytes
     result: PullResult = pull(remote, built.snapshot, dest, jobs=2)
     assert_pulled(built, dest)
     assert (result.files_resumed, result.bytes_resumed) == (1, 70_001)
+
+
+class RangeWatch:
+    """A moto request hook logging the Range of each GET of one key and how many overlapped;
+    optionally cutting the body of the n-th one short (a dropped connection)."""
+
+    def __init__(self, key: str, cut_nth: int | None = None) -> None:
+        self.key, self.cut_nth = key, cut_nth
+        self.ranges: list[str] = []
+        self.running = self.most_at_once = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any]) -> Fault | None:
+        if environ["REQUEST_METHOD"] != "GET" or not environ["PATH_INFO"].endswith(self.key):
+            return None
+        with self._lock:
+            self.ranges.append(environ.get("HTTP_RANGE", ""))
+            nth = len(self.ranges)
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        time.sleep(0.02)  # hooks run outside the server's lock: parallel requests overlap here
+        with self._lock:
+            self.running -= 1
+        return Fault(200, truncate=1000) if nth == self.cut_nth else None
+
+
+@pytest.mark.parametrize("cut_nth", [None, 2], ids=["clean", "a-range-cut-short"])
+def test_large_s3_objects_come_by_parallel_range_gets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_request_hooks: list[RequestHook], cut_nth: int | None
+) -> None:
+    monkeypatch.setattr("prep.transfer.fetch.DOWNLOAD_FILE_MIN", 40_000)
+    monkeypatch.setattr("prep.transfer.fetch.RANGE_SIZE", 16_384)
+    remote = open_store(f"{new_bucket()}/datasets")
+    built = build_snapshot(remote, tmp_path / "work", shard_sizes=(100_000,), formats=("bin",))
+    big = built.snapshot.artifacts[0]
+    watch = RangeWatch(cas.object_key(big["sha256"]), cut_nth)
+    s3_request_hooks.append(watch)
+    result = pull(remote, built.snapshot, tmp_path / "dest", jobs=1)
+    assert result.files_copied == 1 and verify(built.snapshot, tmp_path / "dest").ok
+    assert (tmp_path / "dest" / big["path"]).read_bytes() == built.files[big["path"]]
+    size = big["size"]
+    expected = [f"bytes={start}-{min(start + 16_384, size + 1) - 1}" for start in range(0, size, 16_384)]
+    assert sorted(set(watch.ranges)) == sorted(expected)  # each range (a cut one retried), nothing else
+    assert len(watch.ranges) == len(expected) + (cut_nth is not None)
+    assert watch.most_at_once > 1
