@@ -140,6 +140,8 @@ def _history_rules(dataset: str, entries: list[Ref], policy: Policy, now: float)
         generations.sort(key=lambda ref: ref.generation, reverse=True)
         newest = generations[0].generation
         for entry in generations:
+            if entry.deleted:  # a tombstone (prep tag -d) names what the ref no longer names
+                continue
             label = f"{dataset}@{name}~{newest - entry.generation}"
             if newest - entry.generation < policy.keep_last:
                 kept.append(Kept("keep_last", entry.snapshot, dataset, label))

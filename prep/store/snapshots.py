@@ -177,6 +177,9 @@ def _resolve_ref(store: Store, spec: str) -> Snapshot:
     if value is None:
         raise NotFoundError(f"{store.url}: {spec}: generation {ref.generation - back} of {dataset}@{name} is "
                             "not in the store's history")
+    if value.deleted:
+        raise NotFoundError(f"{store.url}: {spec}: generation {value.generation} of {dataset}@{name} is its "
+                            "deletion (prep tag -d), which names no snapshot")
     try:
         return load_snapshot(store, value.snapshot)
     except NotFoundError:

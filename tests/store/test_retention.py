@@ -154,3 +154,17 @@ def test_two_holds_at_once_place_one(store: LocalStore, history: tuple[Path, Pat
     assert sorted(placed for _, placed in results) == [False, True], "create-only: exactly one writer wins"
     winner = next(hold for hold, placed in results if placed)
     assert [hold.reason for hold, _ in results] == [winner.reason] * 2 and list_holds(store) == [winner]
+
+
+def test_a_deleted_tag_keeps_only_what_its_earlier_generations_are_kept_for(
+        store: LocalStore, history: tuple[Path, Path, list[str]]) -> None:
+    from prep.store.refs import move_ref
+    from prep.store.tags import delete_tag
+
+    oldest = history[2][0]
+    move_ref(store, "tiny", "golden", oldest)
+    delete_tag(store, "tiny", "golden")  # generation 2: a tombstone still naming `oldest`
+    report = collect_garbage(store, 0, dry_run=True, policy=Policy(2, 0, "flags"))
+    assert [kept.by for kept in report.rules if kept.snapshot == oldest] == ["tiny@golden~1"]
+    collect_garbage(store, 0, policy=Policy(1, 0, "flags"))
+    assert not snapshot_exists(store, oldest), "a tombstone keeps nothing: the tag no longer names it"
