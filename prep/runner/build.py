@@ -9,7 +9,7 @@ from the generations seen when the build started; see prep/runner/publish.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -67,6 +67,20 @@ class BuildResult:
     readback: Readback = field(default_factory=lambda: Readback(False))
 
 
+class StoringGuard(ReuseGuard):
+    """The reuse guard, also keeping what this build stored: read back before a publish even
+    when a read-back record says the snapshot passed (the object may have been collected since)."""
+
+    def __init__(self, store: Store, executor: Executor, progress: Progress) -> None:
+        super().__init__(store, executor, progress)
+        self.stored: set[str] = set()
+
+    def produced(self, object_ids: Iterable[str]) -> None:
+        listed = list(object_ids)
+        self.stored.update(listed)
+        super().produced(listed)
+
+
 class Builder:
     """One build's state and the machinery every stage uses: run tasks, skip committed ones, commit."""
 
@@ -75,9 +89,8 @@ class Builder:
         self.code = code_identity()
         self.stages: dict[str, StageRun] = {}
         self.log: dict[str, Any] = {"tasks": {}}
-        self.guard = ReuseGuard(store, executor, progress)
+        self.guard = StoringGuard(store, executor, progress)
         self.tokenize_settings: TokenizeSettings | None = None
-        self.written: set[str] = set()  # objects this build's tasks stored: always read back before a publish
 
     # -- generic task running ---------------------------------------------------------------
     def run_tasks(self, stage: str, jobs: Sequence[tuple[str, Any]], fn: Callable[[Any], TaskResult],
@@ -111,7 +124,6 @@ class Builder:
                     result = publish_staged(self.store, result)
                     published.add(index)
                     self.guard.produced(result.outputs.values())
-                    self.written.update(result.outputs.values())
                     crash_point(f"{stage}.before_commit")
                     committed[key] = records.write_task_record(self.store, stage, key, result.outputs, result.summary)
                     if result.log:
@@ -288,10 +300,11 @@ def _publish(builder: Builder, snapshot: Snapshot, publishing: Publishing) -> tu
     pending = plan.pending(store, snapshot.id)
     readback = Readback(False, skipped="no ref moves" if not pending else "--no-readback")
     if pending and publishing.options.readback:
-        # What this build wrote or recomputed is read back even if an earlier snapshot's record lists it.
-        known = passed_before(store, plan.latest_snapshot) - builder.written
-        known -= {str(item["object"]) for item in builder.guard.recomputed}
-        readback = read_back(store, snapshot, executor_checker(store, builder.executor), known)
+        # What this build stored or recomputed is read back even if a record says it passed (gc
+        # may have collected the object since, and this build stored it again).
+        rewritten = builder.guard.stored | {str(item["object"]) for item in builder.guard.recomputed}
+        readback = read_back(store, snapshot, executor_checker(store, builder.executor),
+                             passed_before(store, plan.latest_snapshot), rewritten)
     if pending:
         progress.info(readback.summary())
     outcomes = publish_refs(store, plan, snapshot.id, progress.info)

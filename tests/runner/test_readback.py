@@ -197,3 +197,23 @@ def test_no_readback_opts_out_and_the_log_records_it(project: Path, tmp_path: Pa
     validate(log, "prep.build-log/2")
     assert log["readback"]["ran"] is False and log["readback"]["skipped"] == "--no-readback"
     assert records.read_readback(store, result.snapshot.id) is None
+
+
+def test_objects_stored_again_are_read_back_despite_the_record(project: Path, tmp_path: Path,
+                                                               damaging: Callable[[Damage], list[str]]) -> None:
+    """After gc-like loss (shard objects and their task and stage records gone), a rebuild stores
+    the shards again: the snapshot's old read-back record does not vouch for the new bytes."""
+    import shutil
+
+    root = tmp_path / "store"
+    store = open_store(str(root))
+    first = build_in_process(project, store)
+    for artifact in first.snapshot.artifacts:
+        store.delete(cas.object_key(artifact["sha256"]))
+    shutil.rmtree(root / "tasks" / "shard")
+    shutil.rmtree(root / "stages" / "shard")
+    named = damaging(flip_artifact)
+    with pytest.raises(IntegrityError, match="no ref moved") as caught:
+        build_in_process(project, store, PublishOptions(tags=("again",)))
+    assert named[0] in str(caught.value)
+    assert read_ref(store, "tiny", "again") is None
