@@ -24,26 +24,29 @@ from typing import Any
 from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, PrepError, StoreError
 from prep.faults import crash_point
+from prep.manifest import canonical
 from prep.progress import Progress
-from prep.storage.base import Store
+from prep.storage.base import RefValue, Store
 from prep.store import records
 from prep.store.holds import list_holds
 from prep.store.layout import (
     HISTORY_PREFIX,
     OBJECTS_PREFIX,
+    RECORD_SUFFIX,
     REFS_PREFIX,
     SNAPSHOTS_PREFIX,
     STAGES_PREFIX,
     TASKS_PREFIX,
+    history_prefix,
     marker_sha,
     object_key,
     object_sha,
+    refs_prefix,
     snapshot_marker_key,
 )
 from prep.store.leases import BUILD, GC, Lease, live_leases
 from prep.store.reach import CORRUPT, INVALID, MISSING, Problem, Reach, Via, parallel
-from prep.store.refs import list_refs, ref_history
-from prep.store.retention import datasets
+from prep.store.refs import Ref
 
 REPORT_SCHEMA = "prep.fsck-report/1"
 DEFAULT_JOBS = 8
@@ -161,23 +164,41 @@ def _walk_records(walk: _Walk, jobs: int, dataset: str | None) -> _Records:
     return found
 
 
+def _ref_values(walk: _Walk, prefix: str, mutable: bool) -> list[Ref]:
+    """Every ref value (or history record) under `prefix`; an unreadable one is an INVALID finding."""
+    store, found = walk.store, []
+    for info in store.list(prefix):
+        if not info.key.endswith(RECORD_SUFFIX):
+            continue
+        try:
+            value = store.read_ref(info.key) if mutable else RefValue(store.get_bytes(info.key), "")
+            if value is not None:
+                found.append(Ref.from_json(canonical.loads(value.body), f"{store.url}/{info.key}"))
+        except NotFoundError:
+            continue
+        except (ValueError, IntegrityError) as exc:
+            walk.add(Problem(INVALID, "ref" if mutable else "history record", info.key, info.key,
+                             f"{store.url}/{info.key}: unreadable ({exc})"))
+    return [ref for ref in found if not ref.deleted]  # a tombstone (prep tag -d) names no snapshot
+
+
 def _walk_snapshots(walk: _Walk, dataset: str | None) -> tuple[set[str], int]:
-    """Follow refs, retained history, markers and holds; (shas current refs name, generations collected)."""
+    """Follow refs, retained history, holds and markers; (shas current refs name, generations collected)."""
     store = walk.store
     current = set()
-    for ref in list_refs(store, dataset):
+    for ref in _ref_values(walk, refs_prefix(dataset), mutable=True):
         current.add(hashing.parse_id(ref.snapshot))
         walk.snapshot(hashing.parse_id(ref.snapshot), f"{ref.dataset}@{ref.name}", required=True)
     collected = 0
-    for name in [dataset] if dataset else datasets(store):
-        for entry in ref_history(store, name):
-            sha = hashing.parse_id(entry.snapshot)
-            if sha in walk.kept:
-                continue
-            if store.head(object_key(sha)) is None and store.head(snapshot_marker_key(entry.snapshot)) is None:
-                collected += 1  # gc collected it by policy: history outlives snapshots
-                continue
-            walk.snapshot(sha, f"{entry.dataset}@{entry.name} generation {entry.generation}", required=True)
+    history = _ref_values(walk, history_prefix(dataset) if dataset else HISTORY_PREFIX, mutable=False)
+    for entry in sorted(history, key=lambda ref: (ref.dataset, ref.name, -ref.generation)):
+        sha = hashing.parse_id(entry.snapshot)
+        if sha in walk.kept:
+            continue
+        if store.head(object_key(sha)) is None and store.head(snapshot_marker_key(entry.snapshot)) is None:
+            collected += 1  # gc collected it by policy: history outlives snapshots
+            continue
+        walk.snapshot(sha, f"{entry.dataset}@{entry.name} generation {entry.generation}", required=True)
     for hold in list_holds(store):
         if dataset is None or hold.dataset == dataset:
             walk.snapshot(hashing.parse_id(hold.snapshot), f"hold on {hold.snapshot}", required=True)
@@ -231,7 +252,8 @@ def _require_store(store: Store, dataset: str | None) -> None:
     prefixes = (REFS_PREFIX, HISTORY_PREFIX, SNAPSHOTS_PREFIX, OBJECTS_PREFIX)
     if not any(next(iter(store.list(prefix)), None) for prefix in prefixes):
         raise StoreError(f"{store.url}: not a prep store (no refs, history, snapshots or objects)")
-    if dataset is not None and dataset not in datasets(store):
+    if dataset is not None and not any(next(iter(store.list(prefix)), None)
+                                       for prefix in (refs_prefix(dataset), history_prefix(dataset))):
         raise NotFoundError(f"{store.url}: no dataset {dataset!r} (no refs or history)")
 
 

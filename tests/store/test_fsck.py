@@ -192,3 +192,16 @@ def test_a_repair_killed_between_records_and_objects_is_finished_by_the_next(pro
     assert again.repair is not None and again.repair.objects
     assert run_prep("build", project["v1"], "--store", project["store"], "--workers", "1").stdout.split()[-1] == clean.id
     assert fsck(store).clean
+
+
+def test_an_unreadable_ref_or_history_record_is_a_finding_not_a_crash(project: dict[str, Path]) -> None:  # noqa: F811
+    store = LocalStore(project["store"])
+    history = next(info.key for info in store.list("history/tiny/latest/"))
+    path = store.local_path(history)
+    assert path is not None
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes()[:-7])  # truncated
+    report = fsck(store)
+    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "history record", history)]
+    repaired = fsck(store, repair=True)
+    assert repaired.repair is not None and store.exists(history), "repair never touches history"
