@@ -3,9 +3,9 @@
 Both are read from the document's tokenize intermediate: the exact bytes shard assembly copied
 into every format (.txt members, .bin sequences), so this works for bin-only snapshots too and
 needs neither the tokenizer file (it may have moved or changed since) nor the input corpus (it
-may have been edited). Fail closed: the intermediate is re-hashed before use (a store file) or
-was proven when downloaded (prep.store.cache), and the text is checked against the xxh3-128
-text hash the tokenize stage recorded.
+may have been edited). Fail closed: the intermediate is proven to hash to its name
+(prep.history.documents.verified_local), and the text is checked against the xxh3-128 text hash
+the tokenize stage recorded.
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ import pyarrow.compute as pc
 import xxhash
 
 from prep.errors import IntegrityError
-from prep.history.documents import DocumentOrigin, SnapshotRecords
+from prep.history.documents import DocumentOrigin, SnapshotRecords, verified_local
 from prep.stages.intermediate import Intermediate
 from prep.storage.base import Store
-from prep.store import cas
-from prep.store.cache import local_file as fetch_local
 
 _COLUMNS = ["row", "text_bytes", "n_tokens", "text_offset", "tokens_offset"]
 
@@ -52,11 +50,7 @@ def _row_offsets(intermediate: Intermediate, row: int, source: str) -> dict[str,
 def document_content(store: Store, records: SnapshotRecords, origin: DocumentOrigin) -> Content:
     """The text and tokens of `origin`, read from its tokenize intermediate and checked."""
     task = records.tasks[origin.part]
-    path = fetch_local(store, task.output)
-    if store.local_path(cas.object_key(task.output.removeprefix("sha256:"))) is not None \
-            and not cas.check(store, task.output):
-        raise IntegrityError(f"{store.url}: object {task.output} (the intermediate of {task.source}) does not "
-                             "hash to its name")
+    path = verified_local(store, task.output)
     intermediate = Intermediate(path, _COLUMNS)
     meta = _row_offsets(intermediate, origin.row, task.source)
     dtype = intermediate.token_dtype

@@ -259,7 +259,7 @@ def test_a_trace_reads_only_the_buckets_its_shard_holds(keyed: Case, monkeypatch
         fetched.append(object_id)
         return local_file(store, object_id)
 
-    monkeypatch.setattr("prep.history.placement_v2.fetch_local", spy)
+    monkeypatch.setattr("prep.history.placement_v2.verified_local", spy)
     for spec in ("a-3", "b-copy", "b-7"):
         fetched.clear()
         [traced] = trace(keyed.store, keyed.snapshot, spec)

@@ -8,13 +8,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import megatron, wds
 from prep.history.content import document_content
 from prep.history.documents import LAYOUT_KEYED, load_records
-from prep.history.lineage import is_sample_key, locate, locate_at, locate_key, trace
+from prep.history.lineage import is_sample_key, locate, locate_at, locate_key, placer_for, trace
+from prep.history.placement_v2 import KeyedPlacer
+from prep.stages.order import bucket_of
 from prep.storage import LocalStore
 from prep.store.snapshots import Snapshot
 from tests.helpers import make_records, write_jsonl, write_pipeline
@@ -129,3 +132,24 @@ def test_text_from_a_corrupt_intermediate_is_refused(tmp_path: Path, tokenizer_p
     path.write_bytes(bytes(data))
     with pytest.raises(IntegrityError, match="does not hash to its name"):
         document_content(store, records, found.document)
+
+
+def test_a_corrupt_bucket_object_fails_closed_instead_of_misleading(tmp_path: Path, tokenizer_path: Path) -> None:
+    """A flipped byte in a bucket object could send a binary search astray (a wrong document, or
+    "no document" for a key that exists): lookups re-hash it before its first use."""
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(12, seed=4, prefix="k"))
+    store, snapshot = _build(tmp_path, tokenizer_path)
+    tar = next(a for a in snapshot.artifacts if a["format"] == "wds")
+    key, members = next(iter(wds.iter_samples(artifact_path(store.root, tar))))  # read from the shard, not by lineage
+    placer = placer_for(store, snapshot)
+    assert isinstance(placer, KeyedPlacer)
+    bucket = int(bucket_of(np.array([int(key[:16], 16)], dtype=np.uint64), placer.bits)[0])
+    path = artifact_path(store.root, {"sha256": placer.buckets[bucket]["output"].removeprefix("sha256:")})
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    doc_id = json.loads(members["json"])["id"]
+    for lookup in (lambda: locate_key(store, snapshot, key), lambda: trace(store, snapshot, doc_id)):
+        with pytest.raises(IntegrityError, match="does not hash to its name"):
+            lookup()
