@@ -53,7 +53,7 @@ class CacheOptions:
     prefetch_bytes: int | None = None
     jobs: int = min(DEFAULT_JOBS, 4)
     policy: str = "belady"
-    horizon: int = 1024
+    horizon: int = 256
 
 
 @dataclass
@@ -115,6 +115,10 @@ class NodeCache:
 
     def path_of(self, sha256: str) -> Path:
         return self.dir.objects / sha256
+
+    def has(self, sha256: str) -> bool:
+        """Whether the object is in the cache now (pinned by this user, or its file is there)."""
+        return sha256 in self._holds or self.path_of(sha256).exists()
 
     # ------------------------------------------------------------ pins
 

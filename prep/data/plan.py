@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-DEFAULT_HORIZON = 1024
+DEFAULT_HORIZON = 256
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,10 @@ class Need:
 class Plan:
     """Needs of steps [start, start + horizon), and for each object the steps that read it."""
 
-    def __init__(self, needs_at: Callable[[int], list[Need] | None], horizon: int = DEFAULT_HORIZON,
+    def __init__(self, needs_block: Callable[[int, int], list[list[Need]]], horizon: int = DEFAULT_HORIZON,
                  minimum: int = 0, grow: int | None = None) -> None:
-        self._needs_at = needs_at  # None past the last step (a source reached max_epochs)
+        # needs_block(step, count): the needs of up to `count` steps from `step`; none past the end
+        self._needs_block = needs_block
         self.horizon = max(1, horizon)
         # The window is filled to `minimum` steps at once, then by `grow` more per advance, so the
         # first batch does not wait for the whole horizon to be computed.
@@ -40,15 +41,18 @@ class Plan:
         self.start = 0
         self._steps: deque[list[Need]] = deque()
         self._uses: dict[str, deque[int]] = {}
+        self._sizes: dict[str, Need] = {}  # each object in the window, by sha256
         self._ended = False
         self._lock = threading.Lock()
 
-    def advance(self, step: int) -> None:
-        """Make `step` the current step; the window keeps `horizon` steps from it."""
+    def advance(self, step: int, grow: bool = True) -> None:
+        """Make `step` the current step. The window always holds `minimum` steps from it; with
+        `grow`, once it is `grow` steps short of the horizon it is extended by `grow` steps."""
         with self._lock:
             if step < self.start or step > self.start + len(self._steps):
                 self._steps.clear()
                 self._uses.clear()
+                self._sizes.clear()
                 self.start, self._ended = step, False
             while self.start < step:
                 for need in self._steps.popleft():
@@ -56,19 +60,23 @@ class Plan:
                     uses.popleft()
                     if not uses:
                         del self._uses[need.sha256]
+                        del self._sizes[need.sha256]
                 self.start += 1
-            target = min(self.horizon, max(self.minimum, len(self._steps) + self.grow))
+            target = self.minimum
+            if grow and len(self._steps) + self.grow <= self.horizon:
+                target = max(target, len(self._steps) + self.grow)
             while not self._ended and len(self._steps) < target:
                 at = self.start + len(self._steps)
-                needs = self._needs_at(at)
-                if needs is None:
-                    self._ended = True
-                    break
-                self._steps.append(needs)
-                for need in needs:
-                    uses = self._uses.setdefault(need.sha256, deque())
-                    if not uses or uses[-1] != at:
-                        uses.append(at)
+                block = self._needs_block(at, target - len(self._steps))
+                self._ended = not block
+                for needs in block:
+                    self._steps.append(needs)
+                    for need in needs:
+                        self._sizes[need.sha256] = need
+                        uses = self._uses.setdefault(need.sha256, deque())
+                        if not uses or uses[-1] != at:
+                            uses.append(at)
+                    at += 1
 
     def needs(self, step: int) -> list[Need]:
         """What step `step` reads, if it is inside the window (else nothing is known: [])."""
@@ -86,17 +94,15 @@ class Plan:
         """Distinct objects in the order the next `steps` steps read them (from the current one),
         stopping once their sizes add up to `max_bytes`."""
         with self._lock:
-            window: Iterable[list[Need]] = list(self._steps)[: steps if steps is not None else len(self._steps)]
-        seen: set[str] = set()
+            end = self.start + (steps if steps is not None else len(self._steps))
+            order = sorted((uses[0], index, sha) for index, (sha, uses) in enumerate(self._uses.items())
+                           if uses[0] < end)
+            candidates = [self._sizes[sha] for _, _, sha in order]
         found: list[Need] = []
         total = 0
-        for needs in window:
-            for need in needs:
-                if need.sha256 in seen:
-                    continue
-                if max_bytes is not None and total + need.size > max_bytes and found:
-                    return found
-                seen.add(need.sha256)
-                found.append(need)
-                total += need.size
+        for need in candidates:
+            if max_bytes is not None and total + need.size > max_bytes and found:
+                break
+            found.append(need)
+            total += need.size
         return found

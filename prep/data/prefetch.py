@@ -36,7 +36,7 @@ class Prefetcher:
             return
         for need in self.plan.upcoming(self.steps, self.max_bytes):
             with self._mutex:
-                if need.sha256 in self._queued or self.cache.path_of(need.sha256).exists():
+                if need.sha256 in self._queued or self.cache.has(need.sha256):
                     continue
                 self._queued.add(need.sha256)
             self._queue.put(need)

@@ -35,7 +35,7 @@ from prep.storage.base import Store
 
 STATE_SCHEMA = "prep.reader-state/1"
 MODES = ("tokens", "documents")
-PLAN_GROWTH = 16  # plan steps computed per advance beyond the prefetch window, until the horizon
+PLAN_GROWTH = 8  # plan steps computed per advance beyond the prefetch window, until the horizon
 
 
 class Exhausted(Exception):
@@ -130,7 +130,7 @@ class Reader:
         self._prefetcher: Prefetcher | None = None
         if self.cache is not None:
             options = self.cache.options
-            self.plan = self.cache.plan = Plan(self._needs_at, max(options.horizon, options.prefetch_steps or 1),
+            self.plan = self.cache.plan = Plan(self._needs_block, max(options.horizon, options.prefetch_steps or 1),
                                                minimum=(options.prefetch_steps or 0) + 1, grow=PLAN_GROWTH)
             self._prefetcher = Prefetcher(self.cache, self.plan, options.prefetch_steps, options.prefetch_bytes,
                                           options.jobs)
@@ -156,9 +156,13 @@ class Reader:
         return list(zip(source.tolist(), epoch.tolist(), sample.tolist()))
 
     def _samples(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        source, local = self.schedule.place(np.arange(first, first + count, dtype=np.int64))
+        return self._samples_of(np.arange(first, first + count, dtype=np.int64))
+
+    def _samples_of(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(source, epoch, sample index) of the global samples `samples`."""
+        source, local = self.schedule.place(samples)
         epoch, position = np.divmod(local, self._sizes[source])
-        sample = np.empty(count, dtype=np.int64)
+        sample = np.empty(len(samples), dtype=np.int64)
         # sorted(set(...)), not np.unique: its first call imports numpy.ma, 20 ms of start-up
         pairs = sorted(set((source.astype(np.int64) * (1 << 32) + epoch).tolist()))
         for pair in pairs:
@@ -179,43 +183,67 @@ class Reader:
 
     def spans(self, step: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """(source, token starts, lengths) of this rank's rows of step `step`, source by source."""
-        source, _, sample = self._samples(step * self.global_batch_size + self.rank * self.rows, self.rows)
+        return self._spans(*self._samples(step * self.global_batch_size + self.rank * self.rows, self.rows)[::2])
+
+    def _spans(self, source: np.ndarray, sample: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
         found = []
         for index in range(len(self.sources)):
-            chosen = sample[source == index]
-            if not len(chosen):
+            picked = sample[source == index]
+            if not len(picked):
                 continue
             if self.mode == "documents":
                 bounds = self._bounds[index]
-                found.append((index, bounds[chosen], bounds[chosen + 1] - bounds[chosen]))
+                found.append((index, bounds[picked], bounds[picked + 1] - bounds[picked]))
             else:
-                found.append((index, chosen * self.seq_len, np.full(len(chosen), self.seq_len + 1, dtype=np.int64)))
+                found.append((index, picked * self.seq_len, np.full(len(picked), self.seq_len + 1, np.int64)))
         return found
 
-    def _needs_at(self, step: int) -> list[Need] | None:
-        """The stored objects step `step` reads through the cache, in reading order (plan input)."""
+    def _needs_block(self, step: int, count: int) -> list[list[Need]]:
+        """The stored objects steps [step, step + count) read through the cache, step by step in
+        reading order (the plan's input); fewer lists when the reader ends sooner."""
+        rows = ((step + np.arange(count, dtype=np.int64))[:, None] * self.global_batch_size
+                + self.rank * self.rows + np.arange(self.rows, dtype=np.int64)).ravel()
         try:
-            spans = self.spans(step)
+            source, _, sample = self._samples_of(rows)
         except Exhausted:
-            return None
-        needs: list[Need] = []
-        for index, starts, lengths in spans:
-            source = self.sources[index]
-            if isinstance(source, CachedSource):
-                needs.extend(source.needs(starts, lengths))
+            return self._needs_block(step, count // 2) if count > 1 else []
+        steps = np.repeat(np.arange(count, dtype=np.int64), self.rows)
+        needs: list[list[Need]] = [[] for _ in range(count)]
+        for index in range(len(self.sources)):
+            src = self.sources[index]
+            chosen = source == index
+            if not isinstance(src, CachedSource) or not chosen.any():
+                continue
+            ((_, starts, lengths),) = self._spans(np.full(int(chosen.sum()), index, np.int64), sample[chosen])
+            first, last = src.shard_span(starts, lengths)
+            width = len(src.shards)
+            keys = set((steps[chosen] * width + first).tolist()) | set((steps[chosen] * width + last).tolist())
+            for at, a, b in zip(steps[chosen][last - first > 1].tolist(), first[last - first > 1].tolist(),
+                                last[last - first > 1].tolist()):
+                keys.update(at * width + shard for shard in range(a + 1, b))
+            for key in sorted(keys):
+                needs[key // width].append(src.bin_needs[key % width])
         return needs
 
-    def _advance(self, step: int) -> None:
-        """Slide the plan to `step` and queue the prefetches its lookahead asks for."""
-        if self.plan is not None and self._prefetcher is not None and self.cache is not None:
+    def _advance(self, step: int, after: bool) -> None:
+        """Slide the plan to `step` and queue the prefetches its lookahead asks for: after a batch
+        (the plan grows, idle pins the step does not need are dropped), or before one that is not
+        the step the plan expects (the first, or a jump)."""
+        if self.plan is None or self._prefetcher is None or self.cache is None:
+            return
+        if after:
             self.plan.advance(step)
             self.cache.settle(need.sha256 for need in self.plan.needs(step))
-            self._prefetcher.kick()
+        elif self.plan.start != step or not self.plan.needs(step):
+            self.plan.advance(step, grow=False)
+        else:
+            return
+        self._prefetcher.kick()
 
     def batch(self, step: int) -> Any:
         """This rank's rows of global batch `step` (a pure function of the step)."""
         started = time.perf_counter()
-        self._advance(step)
+        self._advance(step, after=False)
         source, _, sample = self._samples(step * self.global_batch_size + self.rank * self.rows, self.rows)
         result: Any
         if self.mode == "documents":
@@ -234,7 +262,7 @@ class Reader:
         self._stats.fetch_seconds += spent
         self._stats.last_step_seconds = spent
         self._stats.steps += 1
-        self._advance(step + 1)  # fetch ahead while the caller computes
+        self._advance(step + 1, after=True)  # fetch ahead while the caller computes
         return result
 
     def close(self) -> None:

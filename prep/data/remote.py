@@ -61,17 +61,18 @@ class CachedSource(SnapshotSource):
         if len(starts) and (starts.min() < 0 or starts.max() + length > self.total_tokens):
             raise IndexError(f"tokens outside 0..{self.total_tokens}")
         first, last = self.shard_span(starts, np.full(len(starts), length, dtype=np.int64))
-        for shard in self._touched(first, last):
-            base, count = int(self.token_starts[shard]), self.shards[shard].tokens
+        begins = starts.tolist()
+        rows: dict[int, list[int]] = {}
+        for row, (a, b) in enumerate(zip(first.tolist(), last.tolist())):
+            for shard in range(a, b + 1):
+                rows.setdefault(shard, []).append(row)
+        for shard in sorted(rows):
+            base, end = int(self.token_starts[shard]), int(self.token_starts[shard + 1])
             with self.cache.using(self.bin_needs[shard]) as hold:
                 tokens = np.frombuffer(hold.data, dtype=self.dtype)
-                inside = np.flatnonzero((first == shard) & (last == shard))
-                if len(inside):
-                    offsets = starts[inside] - base
-                    out[inside] = tokens[offsets[:, None] + np.arange(length)]
-                for row in np.flatnonzero((first <= shard) & (last >= shard) & (first != last)).tolist():
-                    lo, hi = max(int(starts[row]), base), min(int(starts[row]) + length, base + count)
-                    out[row, lo - int(starts[row]):hi - int(starts[row])] = tokens[lo - base:hi - base]
+                for row in rows[shard]:
+                    lo, hi = max(begins[row], base), min(begins[row] + length, end)
+                    out[row, lo - begins[row]:hi - begins[row]] = tokens[lo - base:hi - base]
                 del tokens  # no view may outlive the pin: the map is closed when the pin is dropped
         self.bytes_read += out.size * self.dtype.itemsize
         return out
