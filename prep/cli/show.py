@@ -28,8 +28,8 @@ def document_counts(stats: dict[str, Any]) -> str:
     """The documents line: records read (bad ones skipped included), duplicates, written."""
     skipped = int(stats.get("bad_records_skipped", 0))
     read = int(stats["documents_read"]) + skipped
-    return (f"documents  {read} read, {skipped} bad records skipped, {stats['duplicates_dropped']} duplicates "
-            f"dropped, {stats['documents_written']} written")
+    return (f"documents  {read} read, {skipped} bad record{'' if skipped == 1 else 's'} skipped, "
+            f"{stats['duplicates_dropped']} duplicates dropped, {stats['documents_written']} written")
 
 
 def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
@@ -204,7 +204,8 @@ def build_lines(build: BuildRecord) -> list[str]:
              "  stages   " + ", ".join(f"{name} {run['ran']} ran/{run['cached']} cached"
                                       for name, run in entry["stages"].items())]
     listed = entry["skip_reasons"]
-    lines.append(f"  skipped  {entry['skipped']} bad records" + (":" if listed else ""))
+    lines.append(f"  skipped  {entry['skipped']} bad record{'' if entry['skipped'] == 1 else 's'}"
+                 + (":" if listed else ""))
     lines.extend(f"    {reason}" for reason in listed)
     if len(listed) < entry["skipped"]:
         lines.append(f"    ... {entry['skipped'] - len(listed)} more not listed in the build log")

@@ -71,9 +71,15 @@ class BuildRecord:
                 "executor": executor.get("backend"), "workers": executor.get("workers"),
                 "tokenizer_backend": self.tokenizer_backend, "collected": self.collected,
                 "stages": {name: {"ran": int(run["ran"]), "cached": int(run["cached"])}
-                           for name, run in log["stages"].items()},
+                           for name, run in sorted(log["stages"].items(), key=lambda item: _stage_rank(item[0]))},
                 "skipped": self.skipped, "skip_reasons": list(self.skip_reasons),
                 "recomputed": len(log.get("recomputed", []))}
+
+
+def _stage_rank(name: str) -> tuple[int, str]:
+    """Stages in build order (tokenize first, shard last; logs store them sorted by name)."""
+    order = ("tokenize", "dedup", "shuffle", "route", "order", "shard")
+    return (order.index(name) if name in order else len(order), name)
 
 
 def _skips(log: dict[str, Any], manifest: dict[str, Any] | None) -> tuple[int, tuple[str, ...]]:
