@@ -13,7 +13,7 @@ from prep.store.fsck import DEFAULT_JOBS, FsckReport, fsck
 from prep.store.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage
 from prep.store.holds import place_hold, release_hold
 from prep.store.reach import CORRUPT, INVALID, MISSING
-from prep.store.retention import RULES, Policy, check_policy, parse_duration
+from prep.store.retention import RULES, Override, Policy, parse_duration
 from prep.store.snapshots import load_snapshot, resolve
 
 DANGLING_SHOWN = 20
@@ -42,12 +42,13 @@ def gc_lines(report: GcReport) -> list[str]:
     return lines
 
 
-def _override(keep_last: int | None, keep_within: str | None) -> Policy | None:
-    """The policy gc flags give, or None to apply each dataset's recorded one. A flag left out
-    takes the default (keep_last 1, keep_within 0)."""
+def _override(keep_last: int | None, keep_within: str | None) -> Override | None:
+    """The policy parts gc flags give (each replaces that part of every dataset's policy), checked."""
     if keep_last is None and keep_within is None:
         return None
-    return check_policy(1 if keep_last is None else keep_last, parse_duration(keep_within) if keep_within else 0, "flags")
+    override = Override(keep_last, parse_duration(keep_within) if keep_within is not None else None)
+    override.apply(Policy())  # UsageError now for a bad value, not after reading the store
+    return override
 
 
 @click.command()

@@ -49,7 +49,7 @@ from prep.store.layout import (
 )
 from prep.store.leases import BUILD, GC, Lease, held, live_leases, parse_lease
 from prep.store.reach import Reach, parallel
-from prep.store.retention import RULES, Kept, Policy
+from prep.store.retention import RULES, Kept, Override, Policy
 from prep.store.retention import parse_duration as parse_duration  # re-exported for callers of gc
 
 REPORT_SCHEMA = "prep.gc-report/2"
@@ -131,7 +131,7 @@ class _Plan:
     rules: tuple[Kept, ...]
 
 
-def _roots(store: Store, override: Policy | None, now: float) -> tuple[dict[str, Policy], list[Kept]]:
+def _roots(store: Store, override: Override | None, now: float) -> tuple[dict[str, Policy], list[Kept]]:
     """Each dataset's policy, and every snapshot a retention rule keeps (refs first)."""
     chosen = retention.policies(store, override)
     holds = [Kept("holds", hold.snapshot, hold.dataset, f"hold: {hold.reason}" if hold.reason else "hold")
@@ -153,7 +153,7 @@ def _reach(store: Store, cutoff: float, markers: list[ObjectInfo], named: dict[s
     return reach
 
 
-def _plan(store: Store, cutoff: float, now: float, override: Policy | None) -> _Plan:
+def _plan(store: Store, cutoff: float, now: float, override: Override | None) -> _Plan:
     objects = list(store.list(OBJECTS_PREFIX))
     found = list(store.list(TASKS_PREFIX)) + list(store.list(STAGES_PREFIX))
     markers = list(store.list(SNAPSHOTS_PREFIX))
@@ -186,9 +186,9 @@ def _delete(store: Store, category: str, infos: list[ObjectInfo]) -> None:
 
 
 def collect_garbage(store: Store, grace_seconds: int, dry_run: bool = False,
-                    policy: Policy | None = None) -> GcReport:
+                    policy: Override | None = None) -> GcReport:
     """Delete (or with `dry_run` only count) what no retention rule keeps and is older than the
-    grace period; `policy` overrides every dataset's recorded one. Raises StoreError without
+    grace period; `policy` (gc's flags) overrides parts of every dataset's recorded one. Raises StoreError without
     deleting anything while a build holds a live lease."""
     if grace_seconds < 0:
         raise UsageError(f"grace period must not be negative, got {grace_seconds} s")

@@ -150,9 +150,24 @@ def _history_rules(dataset: str, entries: list[Ref], policy: Policy, now: float)
     return kept
 
 
-def policies(store: Store, override: Policy | None) -> dict[str, Policy]:
-    """Each dataset's policy: `override` (gc flags) when given, else what its build recorded, else the default."""
-    return {dataset: override or stored_policy(store, dataset) or Policy() for dataset in datasets(store)}
+@dataclass(frozen=True)
+class Override:
+    """gc flags: each given one replaces that part of every dataset's policy (None: keep it)."""
+
+    keep_last: int | None = None
+    keep_within: int | None = None
+
+    def apply(self, policy: Policy) -> Policy:
+        if self.keep_last is None and self.keep_within is None:
+            return policy
+        return check_policy(policy.keep_last if self.keep_last is None else self.keep_last,
+                            policy.keep_within if self.keep_within is None else self.keep_within, "flags")
+
+
+def policies(store: Store, override: Override | None) -> dict[str, Policy]:
+    """Each dataset's policy: what its build recorded (else the default), with gc's flags over it."""
+    return {dataset: (override or Override()).apply(stored_policy(store, dataset) or Policy())
+            for dataset in datasets(store)}
 
 
 def retained(store: Store, chosen: dict[str, Policy], now: float) -> list[Kept]:

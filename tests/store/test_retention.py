@@ -16,7 +16,7 @@ from prep.store.gc import collect_garbage
 from prep.store.holds import list_holds, place_hold, read_hold, release_hold
 from prep.store.layout import history_key, retention_key
 from prep.store.leases import GC, Lease
-from prep.store.retention import Policy, record_policy, snapshot_exists, stored_policy
+from prep.store.retention import Override, Policy, record_policy, snapshot_exists, stored_policy
 from prep.store.snapshots import load_snapshot, resolve
 from prep.transfer.pull import pull
 from prep.transfer.verify import verify
@@ -97,12 +97,14 @@ def test_keep_last_3_keeps_exactly_the_last_three_generations(store: LocalStore,
 def test_flags_override_the_recorded_policy(store: LocalStore, history: tuple[Path, Path, list[str]]) -> None:
     ids = history[2]
     age(store.root, 2 * HOUR)
-    report = collect_garbage(store, HOUR, dry_run=True, policy=Policy(1, 0, "flags"))
+    report = collect_garbage(store, HOUR, dry_run=True, policy=Override(1, 0))
     assert report.policies["tiny"].source == "flags" and report.deleted["snapshots"].count == 4
-    within = collect_garbage(store, HOUR, policy=Policy(1, HOUR, "flags"))
+    partial = collect_garbage(store, HOUR, dry_run=True, policy=Override(keep_within=HOUR))
+    assert partial.policies["tiny"] == Policy(3, HOUR, "flags"), "a flag left out keeps the recorded value"
+    within = collect_garbage(store, HOUR, policy=Override(1, HOUR))
     assert within.deleted["snapshots"].count == 0, "every generation moved within the hour"
     assert {kept.snapshot for kept in within.rules if kept.rule == "keep_within"} >= set(ids)
-    collect_garbage(store, HOUR, policy=Policy(2, 0, "flags"))
+    collect_garbage(store, HOUR, policy=Override(2, 0))
     assert [snapshot_exists(store, i) for i in ids] == [False, False, False, True, True]
 
 
@@ -112,7 +114,7 @@ def test_a_held_snapshot_survives_any_gc_until_released(store: LocalStore, tmp_p
     hold, placed = place_hold(store, load_snapshot(store, oldest), "audit")
     assert placed and place_hold(store, load_snapshot(store, oldest), "again") == (read_hold(store, oldest), False)
     for _ in range(2):
-        report = collect_garbage(store, 0, policy=Policy(1, 0, "flags"))
+        report = collect_garbage(store, 0, policy=Override(1, 0))
         assert [kept.by for kept in report.rules if kept.rule == "holds"] == ["hold: audit"]
         assert snapshot_exists(store, oldest) and not snapshot_exists(store, history[2][1])
         assert_pullable(store, oldest, tmp_path / "held")
@@ -120,7 +122,7 @@ def test_a_held_snapshot_survives_any_gc_until_released(store: LocalStore, tmp_p
     assert release_hold(store, oldest) == hold and list_holds(store) == []
     with pytest.raises(NotFoundError, match="is not held"):
         release_hold(store, oldest)
-    collect_garbage(store, 0, policy=Policy(1, 0, "flags"))
+    collect_garbage(store, 0, policy=Override(1, 0))
     assert not snapshot_exists(store, oldest), "released, it is collectable again"
 
 
@@ -164,7 +166,7 @@ def test_a_deleted_tag_keeps_only_what_its_earlier_generations_are_kept_for(
     oldest = history[2][0]
     move_ref(store, "tiny", "golden", oldest)
     delete_tag(store, "tiny", "golden")  # generation 2: a tombstone still naming `oldest`
-    report = collect_garbage(store, 0, dry_run=True, policy=Policy(2, 0, "flags"))
+    report = collect_garbage(store, 0, dry_run=True, policy=Override(2, 0))
     assert [kept.by for kept in report.rules if kept.snapshot == oldest] == ["tiny@golden~1"]
-    collect_garbage(store, 0, policy=Policy(1, 0, "flags"))
+    collect_garbage(store, 0, policy=Override(1, 0))
     assert not snapshot_exists(store, oldest), "a tombstone keeps nothing: the tag no longer names it"
