@@ -173,6 +173,9 @@ def tag(args: tuple[str, ...], delete: bool, force: bool, expect: str | None, no
     move = set_tag(store, snapshot.dataset, args[1], snapshot.id, force=force, expect=wanted,
                    prove=None if no_readback else lambda: _read_back(store, snapshot))
     ref = move.ref
+    if move.history_pending:
+        click.echo(f"prep: warning: the history record of generation {ref.generation} is not stored "
+                   f"({move.history_pending}); the tag's next move stores it", err=True)
     state = "" if move.moved else "; already there, nothing moved"
     click.echo(f"{ref.dataset}@{ref.name} -> {ref.snapshot} (generation {ref.generation}{state})")
 

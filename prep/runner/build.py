@@ -290,7 +290,11 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
     readback, outcomes = _publish(builder, snapshot, publishing)
     extra = {"tasks": builder.log["tasks"], **({"recomputed": builder.guard.recomputed} if builder.guard.recomputed else {})}
     facts = BuildFacts(started, publishing.backend, executor.workers, readback.to_json(), outcomes)
-    log_key = write_log(store, pipeline.dataset, snapshot, builder.stages, sources, entries, facts, extra)
+    try:
+        log_key = write_log(store, pipeline.dataset, snapshot, builder.stages, sources, entries, facts, extra)
+    except StoreError as exc:  # the refs moved already: the build did publish, only its log is lost
+        progress.info(f"warning: the build log could not be stored ({exc}); the snapshot is published")
+        log_key = ""
     return BuildResult(snapshot, outcomes, builder.stages, log_key, readback)
 
 

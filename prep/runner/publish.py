@@ -159,6 +159,9 @@ def publish_refs(store: Store, plan: RefPlan, snapshot_id: str, warn: Callable[[
             warn(f"warning: {exc}: another publisher moved it while this build ran (use --force to move it anyway)")
             continue
         ref = move.ref
+        if move.history_pending:
+            warn(f"warning: {plan.dataset}@{name} moved to generation {ref.generation}, but its history record "
+                 f"is not stored ({move.history_pending}); the ref's next move stores it")
         outcomes.append(RefOutcome(name, "moved" if move.moved else "unchanged", ref.generation,
                                    ref.previous if move.moved else ref.snapshot))
     return outcomes

@@ -13,7 +13,7 @@ import getpass
 import socket
 from dataclasses import dataclass
 
-from prep.errors import IntegrityError, RefConflictError, StaleRefError
+from prep.errors import IntegrityError, RefConflictError, StaleRefError, StoreError
 from prep.manifest import canonical
 from prep.storage.base import RefValue, Store
 from prep.store.layout import HISTORY_PREFIX as HISTORY_PREFIX  # re-exported for callers of refs
@@ -108,6 +108,7 @@ class RefMove:
 
     ref: Ref
     moved: bool
+    history_pending: str = ""  # why the new generation's history record is not stored yet (the next move stores it)
 
 
 def _read_value(store: Store, key: str) -> tuple[RefValue | None, Ref | None]:
@@ -163,8 +164,11 @@ def update_ref(store: Store, dataset: str, name: str, snapshot: str, *, expect: 
             # Idempotent: records the generation we replace in case its own writer died first.
             store.put_bytes(history_key(dataset, name, old.generation), current.body)
         if store.swap_ref(key, body, current.token if current else None):
-            # Create-only: a generation is won by exactly one swap, so this key is ours.
-            store.put_bytes(history_key(dataset, name, new.generation), body)
+            try:
+                # Create-only: a generation is won by exactly one swap, so this key is ours.
+                store.put_bytes(history_key(dataset, name, new.generation), body)
+            except StoreError as exc:  # the ref did move; the next move records this generation
+                return RefMove(new, True, str(exc))
             return RefMove(new, True)
     raise RefConflictError(f"{dataset}@{name}: the ref kept moving; gave up after {MAX_SWAP_ATTEMPTS} attempts")
 

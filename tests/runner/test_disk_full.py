@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -223,3 +224,40 @@ def test_an_os_error_reaching_the_cli_is_one_line(tmp_path: Path) -> None:
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert result.returncode == IO_EXIT
     assert result.stderr == "prep: error: accessing /store/tmp/x: No space left on device\n"
+
+
+def free_pages(mount: Path, filler: Path, pages: int) -> None:
+    """Leave exactly `pages` 4 KiB pages free on a full tmpfs by shortening the filler file."""
+    with open(filler, "r+b") as out:
+        out.truncate(max(0, filler.stat().st_size - pages * 4096))
+
+
+@pytest.mark.parametrize("pages", [1, 2, 3, 4, 6])
+def test_a_disk_filling_up_while_refs_move_never_half_publishes(project: tuple[Path, str], tmp_path: Path,
+                                                                pages: int) -> None:
+    """The disk fills during the publish of a cached rebuild (`--tag v1`): wherever it runs out (the
+    lease, the read-back record, the tag's history or value), either nothing moved and the error is
+    one line (exit 4), or the tag moved and the build succeeded; a rerun with space converges."""
+    pipeline, _ = project
+    with small_tmpfs(tmp_path / "mnt", "64m") as mount:
+        store = mount / "store"
+        clean = run_prep("build", pipeline, "--store", store, "--workers", "1").stdout.split()[-1]
+        shutil.rmtree(store / "readback")  # a store from before read-back: the publish writes a record too
+        latest = (store / "refs" / "tiny" / "latest.json").read_bytes()
+        filler = fill_up(mount)
+        free_pages(mount, filler, pages)
+        ran = run_prep("build", pipeline, "--store", store, "--workers", "1", "--tag", "v1", check=False)
+        assert "Traceback" not in ran.stderr, ran.stderr
+        assert (store / "refs" / "tiny" / "latest.json").read_bytes() == latest
+        tagged = (store / "refs" / "tiny" / "v1.json").exists()
+        if ran.returncode == 0:
+            assert tagged and ran.stdout.split()[-1] == clean
+        else:
+            assert ran.returncode == IO_EXIT, ran.stderr
+            errors = [line for line in ran.stderr.splitlines() if not line.startswith("[")]
+            assert len(errors) == 1 and errors[0].endswith(": No space left on device"), ran.stderr
+            assert not tagged, "a failed publish moved a ref"
+        filler.unlink()
+        rerun = run_prep("build", pipeline, "--store", store, "--workers", "1", "--tag", "v1")
+        assert rerun.stdout.split()[-1] == clean and (store / "refs" / "tiny" / "v1.json").exists()
+        assert (store / "refs" / "tiny" / "latest.json").read_bytes() == latest

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prep.errors import NotFoundError, RefConflictError, StaleRefError, UsageError
+from prep.errors import NotFoundError, RefConflictError, StaleRefError, StorageIOError, UsageError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.storage import LocalStore
@@ -152,3 +152,24 @@ def test_expect_accepts_a_generation_or_none(text: str, generation: int) -> None
 def test_expect_refuses_anything_else(text: str) -> None:
     with pytest.raises(UsageError, match="--expect"):
         parse_expect(text)
+
+
+class HistoryFails(LocalStore):
+    """A store whose history writes fail (a full disk right after the ref's swap)."""
+
+    def put_bytes(self, key: str, data: bytes) -> bool:
+        if key.startswith("history/"):
+            raise StorageIOError("writing", key, "No space left on device", 28)
+        return super().put_bytes(key, data)
+
+
+def test_a_ref_that_moved_without_its_history_record_reports_a_move(tmp_path: Path) -> None:
+    """The swap is the publish: a history record lost to a full disk after it does not turn the move
+    into a failure, and the next move stores the missing record (ref_history lists it meanwhile)."""
+    failing = HistoryFails(tmp_path / "store")
+    move = update_ref(failing, "ds", "v1", A)
+    assert move.moved and "No space left" in move.history_pending
+    store = LocalStore(tmp_path / "store")
+    assert [ref.generation for ref in ref_history(store, "ds")] == [1]
+    move_ref(store, "ds", "v1", B)
+    assert store.exists(history_key("ds", "v1", 1)) and store.exists(history_key("ds", "v1", 2))
