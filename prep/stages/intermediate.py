@@ -2,15 +2,16 @@
 then a small Arrow IPC table of per-document metadata.
 
 Layout (little-endian):
-- data: per tokenize batch, the UTF-8 texts of its documents back to back, then their token
-  ids (the snapshot's token dtype, no EOS) back to back;
+- data: per document, its token ids (the snapshot's token dtype, no EOS) then its UTF-8 text,
+  documents back to back;
 - metadata: an uncompressed Arrow IPC file, one record batch per tokenize batch, with the
   columns of METADATA_COLUMNS; `text_offset` and `tokens_offset` are absolute file offsets;
 - footer: the metadata's offset (u64), then the magic `PREPINT2`.
 
-Raw bytes let shard assembly copy any document's text and tokens with one positional read each,
-in whatever order the shuffle asks; dedup, shuffle planning and lineage read the small table
-alone. Chosen by measurement over Parquet and compressed Arrow IPC (docs/performance.md).
+Raw bytes let shard assembly copy any document's tokens and text with one positional read (into
+the tar's .npy and .txt members at once), in whatever order the shuffle asks; dedup, shuffle
+planning and lineage read the small table alone. Chosen by measurement over Parquet and
+compressed Arrow IPC (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from prep.formats import little_endian
 from prep.hashing import Digest, HashingWriter
 from prep.stages.columns import bool_column, fixed_binary_column, int_column, string_column
 
-MAGIC = b"PREPINT2"
+MAGIC = b"PREPINT2"  # the layout of the data region is the offsets' business: readers follow them
 _FOOTER = struct.Struct("<Q8s")
 METADATA_COLUMNS = ("row", "id", "text_hash", "text_bytes", "n_tokens", "special", "text_offset", "tokens_offset")
 COLUMNS = METADATA_COLUMNS  # every column a reader can ask for
@@ -79,14 +80,14 @@ class IntermediateWriter:
         """Append one batch of documents: their UTF-8 texts and token arrays, in order."""
         text_lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         token_counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
-        text_offsets = self._file.tell() + np.cumsum(text_lengths) - text_lengths
+        token_sizes = token_counts * self.dtype.itemsize
+        dtype = self.dtype
+        arrays: list[Any] = [t if t.dtype == dtype and t.flags.c_contiguous else np.ascontiguousarray(t, dtype)
+                             for t in tokens]
+        token_offsets = self._file.tell() + np.cumsum(token_sizes + text_lengths) - token_sizes - text_lengths
         with _io_errors("writing", self.path):
-            self._file.write(b"".join(texts))
-        tokens_start = self._file.tell()
-        flat = np.concatenate(tokens).astype(self.dtype, copy=False) if tokens else np.zeros(0, self.dtype)
-        with _io_errors("writing", self.path):
-            self._file.write(np.ascontiguousarray(flat).data.cast("B"))
-        token_offsets = tokens_start + (np.cumsum(token_counts) - token_counts) * self.dtype.itemsize
+            self._file.write(b"".join([piece for pair in zip(arrays, texts) for piece in pair]))
+        text_offsets = token_offsets + token_sizes
         self._metadata.append(pa.RecordBatch.from_arrays([
             int_column(rows, pa.int64()),
             string_column(ids),

@@ -8,7 +8,8 @@ import json
 import numpy as np
 
 from prep.formats import wds
-from prep.stages.order import NO_ID, join_pieces
+from prep.stages.columns import join_pieces
+from prep.stages.order import NO_ID
 from prep.stages.specs import Part
 
 

@@ -148,19 +148,6 @@ def gather_bytes(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> b
     return b"".join(pieces)
 
 
-def join_pieces(pool: np.ndarray, starts: np.ndarray,
-                lengths: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """Row i of the result is `pool[starts[i, k]:starts[i, k] + lengths[i, k]]` for k = 0, 1, ...
-    concatenated; returns all rows one after another and the n + 1 offsets of the rows."""
-    totals = lengths.sum(axis=1)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(totals, out=offsets[1:])
-    flat_lengths = lengths.reshape(-1)
-    size = int(flat_lengths.sum())
-    shift = np.repeat(starts.reshape(-1) - (np.cumsum(flat_lengths) - flat_lengths), flat_lengths)
-    return pool[shift + np.arange(size, dtype=np.int64)].tobytes(), offsets
-
-
 def _string_chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
     return list(column.chunks) if isinstance(column, pa.ChunkedArray) else [column]
 

@@ -162,6 +162,22 @@ class PartReader:
             if preadv(fd, [view], offset) < size:
                 self.read_into(part, offset, view)  # a short read: read_into retries or raises
 
+    def read_pairs(self, chunk: memoryview, parts: np.ndarray, offsets: np.ndarray, starts: np.ndarray,
+                   sizes: np.ndarray, next_starts: np.ndarray, next_sizes: np.ndarray) -> None:
+        """`read_many` of each document's span and of the span that follows it in its file (its
+        text after its tokens), into `chunk` at `starts` and `next_starts`: one read for both."""
+        opened, preadv = self._open, os.preadv
+        for part, offset, start, size, second, second_size in zip(
+                parts.tolist(), offsets.tolist(), starts.tolist(), sizes.tolist(), next_starts.tolist(),
+                next_sizes.tolist()):
+            fd = opened.get(part)
+            if fd is None:
+                fd = self._reopen(part)
+            first_view, second_view = chunk[start:start + size], chunk[second:second + second_size]
+            if preadv(fd, [first_view, second_view], offset) < size + second_size:
+                self.read_into(part, offset, first_view)  # a short read: read_into retries or raises
+                self.read_into(part, offset + size, second_view)
+
     def _reopen(self, part: int) -> int:
         if len(self._open) >= MAX_OPEN_FILES:
             os.close(self._open.popitem(last=False)[1])
@@ -343,9 +359,15 @@ def _tar_window(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any],
         tokens_at = npy_start + npy_head
         eos_at = tokens_at + docs.n_tokens[start:end] * item
         np.frombuffer(chunk, dtype=little)[eos_at // item] = eos_id
-        reader.read_many(chunk, docs.part[start:end], docs.tokens_offset[start:end], tokens_at, eos_at - tokens_at)
-        reader.read_many(chunk, docs.part[start:end], docs.text_offset[start:end], at + text_at[start:end],
-                         docs.text_bytes[start:end])
+        part, tokens_offset, text_offset = docs.part[start:end], docs.tokens_offset[start:end], docs.text_offset[start:end]
+        text_dst, text_bytes = at + text_at[start:end], docs.text_bytes[start:end]
+        follows = text_offset == tokens_offset + (eos_at - tokens_at)  # the intermediate's layout: tokens, text
+        reader.read_pairs(chunk, part[follows], tokens_offset[follows], tokens_at[follows], (eos_at - tokens_at)[follows],
+                          text_dst[follows], text_bytes[follows])
+        if not follows.all():
+            apart = ~follows
+            reader.read_many(chunk, part[apart], tokens_offset[apart], tokens_at[apart], (eos_at - tokens_at)[apart])
+            reader.read_many(chunk, part[apart], text_offset[apart], text_dst[apart], text_bytes[apart])
 
     return spans, fill
 

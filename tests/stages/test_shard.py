@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prep.errors import IntegrityError
 from prep.formats import megatron, wds
 from prep.stages import order, shard
 from prep.stages.cuts import ShardPlan, plan_shards
@@ -181,3 +182,21 @@ def test_copy_numbers_continue_across_windows(keys: list[tuple[int, int]], windo
         key_lo, carry = shard._sample_key_lo(entries[low:low + window], carry)
         found.extend(key_lo.tolist())
     assert found == expected
+
+
+def test_read_pairs_reads_a_span_and_the_one_after_it(tmp_path: Path) -> None:
+    """One read fills two places of the chunk; a file cut short is refused, not zero-filled."""
+    data = bytes(range(256)) * 4
+    path = tmp_path / "part"
+    path.write_bytes(data)
+    reader = shard.PartReader([Part(path, "s", "jsonl", 0, 0)])
+    try:
+        chunk = bytearray(64)
+        arrays = [np.asarray(v, dtype=np.int64) for v in ([0, 0], [10, 1000], [0, 40], [5, 6], [20, 50], [3, 14])]
+        reader.read_pairs(memoryview(chunk), *arrays)
+        assert chunk[0:5] == data[10:15] and chunk[20:23] == data[15:18]
+        assert chunk[40:46] == data[1000:1006] and chunk[50:64] == data[1006:1020]
+        with pytest.raises(IntegrityError, match="shorter than its metadata says"):
+            reader.read_pairs(memoryview(chunk), *[np.asarray([v], dtype=np.int64) for v in (0, 1020, 0, 4, 4, 8)])
+    finally:
+        reader.close()
