@@ -95,7 +95,8 @@ class Reader:
     """Batches of token windows (numpy int64, shape (G // W, seq_len + 1)) or lists of documents."""
 
     def __init__(self, source: str | os.PathLike[str], seq_len: int, global_batch_size: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, store: Store | str | None = None, mode: str = "tokens",
+                 world_size: int = 1, seed: int = 0, store: Store | str | os.PathLike[str] | None = None,
+                 mode: str = "tokens",
                  **cache: Any) -> None:
         """`cache`: cache_dir, cache_bytes, prefetch_steps, prefetch_bytes, jobs, policy, horizon
         (prep.data.cache.CacheOptions): read snapshot specs straight from `store` through them."""
@@ -108,7 +109,7 @@ class Reader:
         unknown = sorted(set(cache) - set(CacheOptions.__dataclass_fields__))
         if unknown:
             raise UsageError(f"Reader got an unknown option {unknown[0]!r}")
-        handle = open_store(store) if isinstance(store, str) else store
+        handle = open_store(os.fspath(store)) if isinstance(store, (str, os.PathLike)) else store
         self.cache = _cache_for(handle, cache)
         self.mixture, self.sources = _open_sources(source, handle, self.cache)
         self.seq_len, self.global_batch_size, self.seed, self.mode = seq_len, global_batch_size, seed, mode

@@ -62,15 +62,20 @@ class CachedSource(SnapshotSource):
             raise IndexError(f"tokens outside 0..{self.total_tokens}")
         first, last = self.shard_span(starts, np.full(len(starts), length, dtype=np.int64))
         begins = starts.tolist()
-        rows: dict[int, list[int]] = {}
+        inside: dict[int, list[tuple[int, int]]] = {}  # shard -> (row, offset in the shard)
+        crossing: dict[int, list[int]] = {}  # shard -> rows that only partly lie in it
         for row, (a, b) in enumerate(zip(first.tolist(), last.tolist())):
-            for shard in range(a, b + 1):
-                rows.setdefault(shard, []).append(row)
-        for shard in sorted(rows):
+            if a == b:
+                inside.setdefault(a, []).append((row, begins[row] - int(self.token_starts[a])))
+            for shard in range(a, b + 1) if a != b else ():
+                crossing.setdefault(shard, []).append(row)
+        for shard in sorted(inside.keys() | crossing.keys()):
             base, end = int(self.token_starts[shard]), int(self.token_starts[shard + 1])
             with self.cache.using(self.bin_needs[shard]) as hold:
                 tokens = np.frombuffer(hold.data, dtype=self.dtype)
-                for row in rows[shard]:
+                for row, offset in inside.get(shard, ()):
+                    out[row] = tokens[offset:offset + length]
+                for row in crossing.get(shard, ()):
                     lo, hi = max(begins[row], base), min(begins[row] + length, end)
                     out[row, lo - begins[row]:hi - begins[row]] = tokens[lo - base:hi - base]
                 del tokens  # no view may outlive the pin: the map is closed when the pin is dropped

@@ -1,0 +1,79 @@
+"""The node-local cache under every reader mode, over real built snapshots in a local store (the
+cache copies from it like from S3): windows longer than a shard, documents mode (the .idx files
+come through the cache too), a mixture of two snapshots, and max_epochs ending the plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from prep.data.reader import Reader
+from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> dict[str, Path]:
+    """Two datasets built into one local store (several 2 KB shards each) and pulled."""
+    root = tmp_path_factory.mktemp("cache-modes")
+    found = {"root": root, "store": root / "store"}
+    for name, count, seed in (("web", 300, 1), ("code", 120, 2)):
+        write_jsonl(root / name / "corpus" / "a.jsonl", make_records(count, seed=seed, prefix=name))
+        pipeline = write_pipeline(root / name, tokenizer_path, dataset=name, shard_size="2KB")
+        run_prep("build", pipeline, "--store", found["store"], "--workers", "2")
+        run_prep("pull", f"{name}@latest", root / f"{name}-dest", "--store", found["store"])
+    return found
+
+
+def pair(built: dict[str, Path], tmp_path: Path, source: str, pulled: str | Path, cache_bytes: int,
+         **settings: Any) -> tuple[Reader, Reader]:
+    """A reader through a fresh cache and the same reader over the pulled folder(s)."""
+    cached = Reader(source, store=built["store"], cache_dir=tmp_path / "cache", cache_bytes=cache_bytes,
+                    prefetch_steps=2, **settings)
+    return cached, Reader(pulled, store=built["store"], **settings)
+
+
+def largest_shard(reader: Reader) -> int:
+    return max(shard.tokens for source in reader.sources for shard in source.shards) * 2
+
+
+def test_windows_longer_than_a_shard_cross_several(built: dict[str, Path], tmp_path: Path) -> None:
+    probe = Reader(built["root"] / "web-dest", seq_len=8, global_batch_size=1)
+    shard_tokens = min(s.tokens for s in probe.sources[0].shards)
+    seq = 2 * shard_tokens + 3  # every window spans at least three shards
+    cached, pulled = pair(built, tmp_path, "web@latest", built["root"] / "web-dest", 4 * largest_shard(probe),
+                          seq_len=seq, global_batch_size=2)
+    with cached:
+        for step in range(cached.sizes[0] // 2):
+            assert (cached.batch(step) == pulled.batch(step)).all()
+        assert cached.stats()["cache"]["peak_cache_bytes"] <= 4 * largest_shard(probe)
+
+
+def test_documents_mode_reads_the_idx_through_the_cache(built: dict[str, Path], tmp_path: Path) -> None:
+    cached, pulled = pair(built, tmp_path, "web@latest", built["root"] / "web-dest", 1 << 20, seq_len=1,
+                          global_batch_size=4, mode="documents")
+    with cached:
+        for step in range(20):
+            assert all(np.array_equal(a, b) for a, b in zip(cached.batch(step), pulled.batch(step), strict=True))
+        idx = {a["sha256"] for a in cached.sources[0].snapshot.manifest["artifacts"] if a["format"] == "idx"}
+        assert idx <= {p.name for p in (tmp_path / "cache" / "objects").iterdir()}
+
+
+def test_a_mixture_of_two_snapshots_through_one_cache(built: dict[str, Path], tmp_path: Path) -> None:
+    specs = tmp_path / "specs.toml"
+    specs.write_text('seed = 3\n[[source]]\nsnapshot = "web@latest"\nweight = 0.7\n'
+                     '[[source]]\nsnapshot = "code@latest"\nweight = 0.3\nmax_epochs = 2\n')
+    folders = built["root"] / "folders.toml"
+    folders.write_text('seed = 3\n[[source]]\nsnapshot = "web-dest"\nweight = 0.7\n'
+                       '[[source]]\nsnapshot = "code-dest"\nweight = 0.3\nmax_epochs = 2\n')
+    probe = Reader(folders, seq_len=16, global_batch_size=8)
+    limit = 3 * largest_shard(probe)
+    cached, pulled = pair(built, tmp_path, str(specs), folders, limit, seq_len=16, global_batch_size=8)
+    with cached:
+        assert cached.state_dict() == pulled.state_dict()
+        rows = [(a, b) for a, b in zip(cached, pulled)]  # until code's max_epochs ends both
+        assert len(rows) > 10 and all((a == b).all() for a, b in rows)
+        assert cached.plan is not None and cached.plan.upcoming(None, None) == []  # the plan ended too
+        assert cached.stats()["cache"]["peak_cache_bytes"] <= limit
