@@ -94,12 +94,14 @@ class Progress:
         self._lock = threading.Lock()
 
     def stage(self, name: str, detail: str = "") -> None:
+        """A stage starts: its line (the live one on a terminal)."""
         with self._lock:
             self._stage_started = time.perf_counter()
             self._base = None
             self._show(f"{name}: {detail}" if detail else f"{name}: started", live=True)
 
     def tick(self, name: str, done: int, total: int, cached: int, nbytes: int = 0, force: bool = False) -> None:
+        """Tasks done of `total` and bytes so far; throttled unless `force`."""
         now = time.perf_counter()
         with self._lock:
             if self._base is None:
@@ -122,6 +124,7 @@ class Progress:
         return text
 
     def done(self, name: str, detail: str) -> None:
+        """A stage ends: its final line, kept."""
         with self._lock:
             elapsed = time.perf_counter() - self._stage_started
             self._show(f"{name}: done in {elapsed:.1f}s, {detail}", live=False)
@@ -131,6 +134,7 @@ class Progress:
         return ByteMeter(self.stream, self.quiet, verb, total_files, total_bytes)
 
     def info(self, message: str) -> None:
+        """A line of its own (a warning, the published refs), kept above a live line."""
         with self._lock:
             live, self._live = self._live, ""
             if live and not self.quiet:

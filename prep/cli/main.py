@@ -97,6 +97,7 @@ class LazyGroup(click.Group):
         return command.get_short_help_str(limit=200) if command is not None else ""
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The Commands section of `prep --help`: every command with its whole summary."""
         with formatter.section("Commands"):
             formatter.write_dl([(name, self.summary(ctx, name)) for name in self.list_commands(ctx)])
 
