@@ -45,7 +45,8 @@ def test_drill_summary_names_every_rank(bucket: str) -> None:
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--world-size", "3", "--global-batch", "8", "--cache-bytes", "1MB"], "--global-batch 8 is not a multiple of --world-size 3"),
+    (["--world-size", "3", "--global-batch", "8", "--cache-bytes", "1MB"],
+     "--global-batch 8 is not a multiple of --world-size 3"),
     (["--world-size", "1", "--global-batch", "8", "--cache-bytes", "12XB"], "--cache-bytes: unknown size unit 'XB'"),
     (["--world-size", "1", "--global-batch", "8", "--cache-bytes", "100"], "is 20000 bytes, more than cache_bytes 100"),
 ])
