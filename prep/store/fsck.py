@@ -115,6 +115,7 @@ class _Walk(Reach):
         self.add(found)
 
     def add(self, found: Problem) -> None:
+        """Record a problem unless its key already has one (the walk may meet a key twice)."""
         with self._lock:
             self.problems.setdefault(found.key, found)
 
@@ -242,6 +243,7 @@ def _hash_reached(walk: _Walk, sizes: dict[str, int], jobs: int, progress: Progr
 
 
 def _object_problem(walk: _Walk, problem: str, sha: str, what: str) -> None:
+    """Record a problem with a reached object, as what it was first reached as."""
     via = walk.via.get(sha, Via("object", "(unknown)"))
     walk.add(Problem(problem, via.kind, object_key(sha), via.by,
                      f"{walk.store.url}: {via.kind} sha256:{sha}, reached from {via.by}, {what}", sha))

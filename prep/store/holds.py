@@ -43,12 +43,14 @@ class Hold:
 
     @classmethod
     def from_json(cls, data: Any, source: str) -> Hold:
+        """A validated hold; IntegrityError naming `source` when `data` breaks prep.hold/1."""
         validate(data, HOLD_SCHEMA, source)
         return cls(str(data["snapshot"]), str(data["dataset"]), str(data["reason"]), str(data["time"]),
                    data.get("user"))
 
 
 def _user() -> str | None:
+    """Who is placing the hold, when the system can tell."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):

@@ -58,6 +58,7 @@ class Problem:
 
 
 def _loads(raw: bytes, source: str) -> Any:
+    """Parse canonical JSON; IntegrityError naming `source` for bytes that are not JSON."""
     try:
         return canonical.loads(raw)
     except ValueError as exc:

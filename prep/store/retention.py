@@ -71,6 +71,7 @@ def check_policy(keep_last: int, keep_within: int, source: str) -> Policy:
 
 
 def _policy_keys(store: Store, dataset: str) -> list[str]:
+    """The dataset's policy versions, oldest first (the last is current)."""
     return [info.key for info in store.list(f"{RETENTION_PREFIX}{dataset}/") if info.key.endswith(RECORD_SUFFIX)]
 
 
@@ -158,6 +159,7 @@ class Override:
     keep_within: int | None = None
 
     def apply(self, policy: Policy) -> Policy:
+        """`policy` with the flags given replacing its parts; UsageError for a bad value."""
         if self.keep_last is None and self.keep_within is None:
             return policy
         return check_policy(policy.keep_last if self.keep_last is None else self.keep_last,
