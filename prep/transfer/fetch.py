@@ -137,11 +137,11 @@ def copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop:
         for chunk in chunks:
             hasher.update(chunk)
             write_all(out, chunk)
-            start_writeback(out.fileno(), written, len(chunk))
+            if len(chunk) == COPY_SIZE:  # a small file's fsync follows at once: no hint needed
+                start_writeback(out.fileno(), written, len(chunk))
             written += len(chunk)
             on_bytes(len(chunk))
             crash_point("pull.after_chunk")  # the chunk is written, the file not yet renamed
-        out.truncate(written)
         os.fsync(out.fileno())
     return hashing.Digest(hasher.hexdigest(), written)
 
