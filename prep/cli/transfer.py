@@ -98,8 +98,9 @@ def _pull_line(result: PullResult) -> str:
     pruned = f"{_files(result.files_pruned)} pruned ({human_bytes(result.bytes_pruned)}), " if result.files_pruned else ""
     left = (f"{_files(result.files_left)} of the previous snapshot left in place (not named by this one; "
             f"--prune removes them), " if result.files_left else "")
-    resumed = (f", {result.files_resumed} resumed from partial files ({human_bytes(result.bytes_resumed)} kept)"
-               if result.files_resumed else "")
+    count = result.files_resumed
+    resumed = (f"; {count} resumed from {'a partial file' if count == 1 else 'partial files'}, "
+               f"{human_bytes(result.bytes_resumed)} kept" if count else "")
     temps = result.temporaries_removed
     return (f"pulled {result.snapshot_id}{_share_text(result.share, result.ranked)} into {result.dest}: "
             f"{_files(result.files_copied)} copied ({human_bytes(result.bytes_copied)}{resumed}), "
