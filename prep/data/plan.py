@@ -30,14 +30,15 @@ class Plan:
     """Needs of steps [start, start + horizon), and for each object the steps that read it."""
 
     def __init__(self, needs_block: Callable[[int, int], list[list[Need]]], horizon: int = DEFAULT_HORIZON,
-                 minimum: int = 0, grow: int | None = None) -> None:
+                 minimum: int = 0, initial: int | None = None, grow: int = 1) -> None:
         # needs_block(step, count): the needs of up to `count` steps from `step`; none past the end
         self._needs_block = needs_block
         self.horizon = max(1, horizon)
-        # The window is filled to `minimum` steps at once, then by `grow` more per advance, so the
-        # first batch does not wait for the whole horizon to be computed.
+        # A new window gets `initial` steps (at least `minimum`), so the first batch does not wait
+        # for the whole horizon; then, whenever it is `grow` steps short, `grow` more in one block.
         self.minimum = min(self.horizon, max(1, minimum))
-        self.grow = self.horizon if grow is None else grow
+        self.initial = max(self.minimum, min(self.horizon, initial if initial is not None else self.horizon))
+        self.grow = max(1, grow)
         self.start = 0
         self._steps: deque[list[Need]] = deque()
         self._uses: dict[str, deque[int]] = {}
@@ -47,7 +48,7 @@ class Plan:
 
     def advance(self, step: int, grow: bool = True) -> None:
         """Make `step` the current step. The window always holds `minimum` steps from it; with
-        `grow`, once it is `grow` steps short of the horizon it is extended by `grow` steps."""
+        `grow`, an empty one gets `initial` steps and one `grow` steps short of the horizon `grow` more."""
         with self._lock:
             if step < self.start or step > self.start + len(self._steps):
                 self._steps.clear()
@@ -63,7 +64,9 @@ class Plan:
                         del self._sizes[need.sha256]
                 self.start += 1
             target = self.minimum
-            if grow and len(self._steps) + self.grow <= self.horizon:
+            if grow and not self._steps:
+                target = self.initial
+            elif grow and len(self._steps) + self.grow <= self.horizon:
                 target = max(target, len(self._steps) + self.grow)
             while not self._ended and len(self._steps) < target:
                 at = self.start + len(self._steps)

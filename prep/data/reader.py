@@ -35,7 +35,7 @@ from prep.storage.base import Store
 
 STATE_SCHEMA = "prep.reader-state/1"
 MODES = ("tokens", "documents")
-PLAN_GROWTH = 8  # plan steps computed per advance beyond the prefetch window, until the horizon
+PLAN_GROWTH = 8  # plan steps computed in one block: the first window, then each time it is this short
 
 
 class Exhausted(Exception):
@@ -128,11 +128,13 @@ class Reader:
         self._permutations: dict[tuple[int, int], IndexPermutation] = {}
         self._stats = ReaderStats(samples_per_source={s.id: 0 for s in self.sources})
         self.plan: Plan | None = None
+        self._planned: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # step -> (source, sample), from the plan
         self._prefetcher: Prefetcher | None = None
         if self.cache is not None:
             options = self.cache.options
             self.plan = self.cache.plan = Plan(self._needs_block, max(options.horizon, options.prefetch_steps or 1),
-                                               minimum=(options.prefetch_steps or 0) + 1, grow=PLAN_GROWTH)
+                                               minimum=(options.prefetch_steps or 0) + 1, initial=PLAN_GROWTH,
+                                               grow=PLAN_GROWTH)
             self._prefetcher = Prefetcher(self.cache, self.plan, options.prefetch_steps, options.prefetch_bytes,
                                           options.jobs)
 
@@ -208,6 +210,9 @@ class Reader:
             source, _, sample = self._samples_of(rows)
         except Exhausted:
             return self._needs_block(step, count // 2) if count > 1 else []
+        for at in range(count):
+            self._planned[step + at] = (source[at * self.rows:(at + 1) * self.rows],
+                                        sample[at * self.rows:(at + 1) * self.rows])
         steps = np.repeat(np.arange(count, dtype=np.int64), self.rows)
         needs: list[list[Need]] = [[] for _ in range(count)]
         for index in range(len(self.sources)):
@@ -233,9 +238,12 @@ class Reader:
         if self.plan is None or self._prefetcher is None or self.cache is None:
             return
         if after:
+            for stale in [at for at in self._planned if at < step]:  # steps skipped by this reader
+                del self._planned[stale]
             self.plan.advance(step)
             self.cache.settle(need.sha256 for need in self.plan.needs(step))
         elif self.plan.start != step or not self.plan.needs(step):
+            self._planned.clear()
             self.plan.advance(step, grow=False)
         else:
             return
@@ -245,7 +253,9 @@ class Reader:
         """This rank's rows of global batch `step` (a pure function of the step)."""
         started = time.perf_counter()
         self._advance(step, after=False)
-        source, _, sample = self._samples(step * self.global_batch_size + self.rank * self.rows, self.rows)
+        planned = self._planned.pop(step, None)  # the plan computed this step's samples already
+        source, sample = planned if planned is not None else \
+            self._samples(step * self.global_batch_size + self.rank * self.rows, self.rows)[::2]
         result: Any
         if self.mode == "documents":
             result = [self.window(s, i) for s, i in zip(source.tolist(), sample.tolist())]

@@ -248,3 +248,16 @@ def test_belady_fetches_fewer_bytes_than_lru_when_epochs_reread(remote: dict[str
     lru = bytes_fetched(remote["url"], tmp_path / "lru", "lru", steps, remote["built"])
     assert belady < lru
     assert np.isfinite(belady) and belady >= 8 * SHARD
+
+
+def test_steps_out_of_order_and_a_resumed_state_read_the_same_rows(remote: dict[str, Any], tmp_path: Path) -> None:
+    """The plan (and the samples it precomputed) follows jumps: backwards, forwards, a resume."""
+    pulled = Reader(remote["dest"], seq_len=SEQ, global_batch_size=GLOBAL)
+    with cached(remote, tmp_path / "cache", 4 * SHARD, prefetch_steps=3) as reader:
+        for step in (0, 1, 2, 7, 3, 3, 30, 1, 31, 32):
+            assert (reader.batch(step) == pulled.batch(step)).all(), f"step {step}"
+        state = {**reader.state_dict(), "samples": 12 * GLOBAL}
+    with cached(remote, tmp_path / "cache", 4 * SHARD, prefetch_steps=3) as resumed:
+        resumed.load_state_dict(state)
+        for step, batch in zip(range(12, 20), resumed):
+            assert (batch == pulled.batch(step)).all(), f"step {step}"
