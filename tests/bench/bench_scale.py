@@ -169,13 +169,15 @@ def scale(args: argparse.Namespace, tok: Path) -> None:
             for formats in args.formats:
                 store = args.workdir / "store-scale"
                 shutil.rmtree(store, ignore_errors=True)
+                load_before = os.getloadavg()[0]
                 run = build(write_pipeline(args.workdir, folder, tok, formats), store, args.workers)
                 row(label, f"prep build {'+'.join(formats)}", run.seconds, documents, nbytes, run,
                     f"{ceiling_seconds / run.seconds:.2f}")
                 stages = stage_seconds(run.stderr)
                 tasks = tokenize_task_seconds(store)
                 print(f"      stages: {json.dumps(stages)}; tokenize tasks: {len(tasks)}, "
-                      f"{sum(tasks):.1f} s in all, longest {max(tasks, default=0):.2f} s", flush=True)
+                      f"{sum(tasks):.1f} s in all, longest {max(tasks, default=0):.2f} s; "
+                      f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after", flush=True)
                 if "wds" in formats:
                     tar = artifact_bytes(store, ("wds",))
                     print(f"      dd of the tar bytes ({tar / 1e6:.0f} MB): {dd_seconds(args.workdir, tar):.2f} s; "
