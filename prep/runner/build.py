@@ -49,9 +49,9 @@ from prep.runner.tasks import (
 from prep.stages.read import ReadTask, plan_read_tasks
 from prep.stages.specs import TokenizeSettings
 from prep.storage.base import Store
-from prep.store import records
+from prep.store import records, snapshots
 from prep.store.leases import Lease, build_lease
-from prep.store.snapshots import Snapshot, publish_manifest
+from prep.store.snapshots import Snapshot
 from prep.store.tags import check_tag_name
 from prep.tokenizer import describe_tokenizer
 
@@ -285,7 +285,7 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
     if lease.lapsed:
         raise StoreError(f"{store.url}: this build's lease lapsed (the store was unreachable too long); "
                          "rerun to publish from the committed work")
-    snapshot = publish_manifest(store, manifest)
+    snapshot = snapshots.publish_manifest(store, manifest)
     crash_point("publish.before_refs")
     readback, outcomes = _publish(builder, snapshot, publishing)
     extra = {"tasks": builder.log["tasks"], **({"recomputed": builder.guard.recomputed} if builder.guard.recomputed else {})}

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import prep
-
 from prep.code import code_identity, describe_code
 from prep.errors import ForeignCodeError
 from prep.runner.executors.local import LocalExecutor

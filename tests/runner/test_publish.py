@@ -16,10 +16,10 @@ from prep.config import load_pipeline
 from prep.errors import RefConflictError, StaleRefError, UsageError
 from prep.manifest.schema import validate
 from prep.progress import Progress
-from prep.runner import build as build_module
 from prep.runner.build import BuildResult, PublishOptions, build
 from prep.storage import LocalStore
 from prep.storage.base import Store
+from prep.store import snapshots as build_module  # the build calls snapshots.publish_manifest
 from prep.store.refs import move_ref, read_ref, ref_history
 from prep.store.snapshots import Snapshot
 from tests.helpers import make_records, write_jsonl, write_pipeline

@@ -16,11 +16,11 @@ from prep.config import load_pipeline
 from prep.errors import IntegrityError
 from prep.manifest.schema import validate
 from prep.progress import Progress
-from prep.runner import build as build_module
 from prep.runner.build import BuildResult, PublishOptions, build
 from prep.storage import open_store
 from prep.storage.base import Store
 from prep.store import cas, records
+from prep.store import snapshots as build_module  # the build calls snapshots.publish_manifest
 from prep.store.layout import readback_key
 from prep.store.refs import read_ref
 from prep.store.snapshots import Snapshot
