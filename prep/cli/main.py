@@ -167,7 +167,7 @@ def main(args: Sequence[str] | None = None) -> None:
     as_json = wants_json(argv)
     progress.set_quiet(False)  # set by -q/--quiet while parsing; a second main() in one process starts afresh
     try:
-        code = cli.main(argv, prog_name="prep", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="prep", standalone_mode=False)
     except PrepError as exc:
         fail(" ".join(exc.message.splitlines()), exc.exit_code, error_kind(exc), as_json)
     except click.exceptions.Exit as exc:
