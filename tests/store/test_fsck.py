@@ -28,6 +28,7 @@ from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, resolve
 from tests.helpers import prep_env, run_prep, write_pipeline
 from tests.s3support import admin_client
+from tests.store.layout1 import plant_layout1
 from tests.store.test_gc import EMPTY_TOKENIZE, project, template  # noqa: F401  (module fixtures)
 
 
@@ -205,3 +206,18 @@ def test_an_unreadable_ref_or_history_record_is_a_finding_not_a_crash(project: d
     assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "history record", history)]
     repaired = fsck(store, repair=True)
     assert repaired.repair is not None and store.exists(history), "repair never touches history"
+
+
+@pytest.mark.parametrize(("stage", "kind"), [("dedup", "mask (dedup output)"), ("shuffle", "plan (shuffle output)")])
+def test_a_flipped_mask_or_plan_of_a_layout_1_snapshot_is_found(
+        project: dict[str, Path], stage: str, kind: str) -> None:  # noqa: F811
+    store = LocalStore(project["store"])
+    old = plant_layout1(store, resolve(store, "tiny@latest").id)
+    assert fsck(store).clean
+    manifest: dict[str, Any] = canonical.loads(cas.get_bytes(store, stage_output(store, old.snapshot, stage)))
+    target = next(iter(manifest["outputs"].values()))
+    flip(store, target, offset=0)
+    report = fsck(store)
+    assert [(f.problem, f.kind, f.key) for f in report.findings] == [
+        ("corrupt", kind, object_key(hashing.parse_id(target)))]
+    assert "tiny@old" in report.findings[0].by
