@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from prep import hashing
 from prep.data.cachedir import CacheDir
 from prep.data.plan import Need, Plan
@@ -88,6 +90,13 @@ class Hold:
     data: mmap.mmap | bytes
     path: Path
     refs: int = 0
+    _view: np.ndarray | None = None
+
+    def view(self, dtype: np.dtype[Any]) -> np.ndarray:
+        """The bytes as a read-only array of `dtype`, made once per hold (callers must not keep it)."""
+        if self._view is None or self._view.dtype != dtype:
+            self._view = np.frombuffer(self.data, dtype=dtype)
+        return self._view
 
 
 class NodeCache:
@@ -125,18 +134,23 @@ class NodeCache:
     @contextlib.contextmanager
     def using(self, need: Need) -> Iterator[Hold]:
         """The object's verified file, mapped and pinned (never evicted) at least until the block ends."""
-        if need.size > self.limit:
-            raise UsageError(f"{need.what} is {need.size} bytes, more than cache_bytes {self.limit}; "
-                             "give the reader a larger cache")
-        hold = self._acquire(need)
+        hold = self.acquire(need)
         try:
             yield hold
         finally:
-            with self._mutex:
-                hold.refs -= 1
+            self.release(hold)
 
-    def _acquire(self, need: Need) -> Hold:
-        """A hold on the object: kept from an earlier step, found in the cache, or fetched now."""
+    def release(self, hold: Hold) -> None:
+        """End one use of a hold from `acquire` (the pin may stay until a step that does not need it)."""
+        with self._mutex:
+            hold.refs -= 1
+
+    def acquire(self, need: Need) -> Hold:
+        """A hold on the object (kept from an earlier step, found in the cache, or fetched now);
+        every call must be paired with `release`."""
+        if need.size > self.limit:
+            raise UsageError(f"{need.what} is {need.size} bytes, more than cache_bytes {self.limit}; "
+                             "give the reader a larger cache")
         with self._mutex:
             hold = self._holds.get(need.sha256)
             if hold is not None:
@@ -163,6 +177,7 @@ class NodeCache:
 
     @staticmethod
     def _holds_drop(hold: Hold) -> None:
+        hold._view = None
         if isinstance(hold.data, mmap.mmap):
             hold.data.close()
         os.close(hold.fd)

@@ -71,14 +71,17 @@ class CachedSource(SnapshotSource):
                 crossing.setdefault(shard, []).append(row)
         for shard in sorted(inside.keys() | crossing.keys()):
             base, end = int(self.token_starts[shard]), int(self.token_starts[shard + 1])
-            with self.cache.using(self.bin_needs[shard]) as hold:
-                tokens = np.frombuffer(hold.data, dtype=self.dtype)
+            hold = self.cache.acquire(self.bin_needs[shard])
+            try:
+                tokens = hold.view(self.dtype)
                 for row, offset in inside.get(shard, ()):
                     out[row] = tokens[offset:offset + length]
                 for row in crossing.get(shard, ()):
                     lo, hi = max(begins[row], base), min(begins[row] + length, end)
                     out[row, lo - begins[row]:hi - begins[row]] = tokens[lo - base:hi - base]
                 del tokens  # no view may outlive the pin: the map is closed when the pin is dropped
+            finally:
+                self.cache.release(hold)
         self.bytes_read += out.size * self.dtype.itemsize
         return out
 
