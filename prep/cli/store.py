@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from prep.cli.common import open_store_option, store_option
+from prep.cli.common import json_option, open_store_option, store_option
 from prep.progress import Progress, human_bytes
 from prep.store.fsck import DEFAULT_JOBS, FsckReport, fsck
 from prep.store.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage
@@ -60,7 +60,7 @@ def _override(keep_last: int | None, keep_within: str | None) -> Override | None
               help="Keep the last N generations of every ref (overrides each dataset's [retention]).")
 @click.option("--keep-within", default=None, metavar="DURATION",
               help="Keep every snapshot a ref took, or that was published, within DURATION (overrides [retention]).")
-@click.option("--json", "as_json", is_flag=True, help="Print a prep.gc-report/2 JSON document.")
+@json_option("prep.gc-report/2")
 def gc(store_url: str | None, dry_run: bool, grace: str, keep_last: int | None, keep_within: str | None,
        as_json: bool) -> None:
     """Delete objects and records no retention rule keeps, once older than the grace period."""
@@ -104,7 +104,7 @@ def fsck_lines(report: FsckReport) -> list[str]:
               help="Objects hashed in parallel.")
 @click.option("--repair", is_flag=True,
               help="Delete the task and stage records naming damaged objects, and corrupt objects, so a rebuild recomputes them.")
-@click.option("--json", "as_json", is_flag=True, help="Print a prep.fsck-report/1 JSON document.")
+@json_option("prep.fsck-report/1")
 def fsck_command(store_url: str | None, dataset: str | None, jobs: int, repair: bool, as_json: bool) -> None:
     """Re-hash every object the store's refs, history, holds and records reach. Exit 0 when clean,
     1 with findings, 2 when it could not run."""
@@ -122,11 +122,16 @@ def fsck_command(store_url: str | None, dataset: str | None, jobs: int, repair: 
 @click.argument("snap")
 @store_option
 @click.option("--reason", default="", metavar="TEXT", help="Why it is held (recorded in the hold).")
-def hold(snap: str, store_url: str | None, reason: str) -> None:
+@json_option("prep.hold-report/1")
+def hold(snap: str, store_url: str | None, reason: str, as_json: bool) -> None:
     """Keep snapshot SNAP from garbage collection whatever the refs and retention say, until released."""
     store = open_store_option(store_url)
     snapshot = load_snapshot(store, resolve(store, snap).id)  # a manifest file must be in the store too
     placed, new = place_hold(store, snapshot, reason)
+    if as_json:
+        click.echo(json.dumps({"schema": "prep.hold-report/1", "action": "held" if new else "already-held",
+                               "hold": placed.to_json()}))
+        return
     click.echo(f"held {placed.snapshot} ({placed.dataset})" if new else
                f"{placed.snapshot} was already held since {placed.time}" + (f": {placed.reason}" if placed.reason else ""))
 
@@ -134,7 +139,8 @@ def hold(snap: str, store_url: str | None, reason: str) -> None:
 @click.command()
 @click.argument("snap")
 @store_option
-def release(snap: str, store_url: str | None) -> None:
+@json_option("prep.hold-report/1")
+def release(snap: str, store_url: str | None, as_json: bool) -> None:
     """Remove the hold on snapshot SNAP (a full id or anything `prep show` takes), so gc may collect it."""
     store = open_store_option(store_url)
     hex_part = snap.removeprefix("sha256:")
@@ -143,4 +149,7 @@ def release(snap: str, store_url: str | None) -> None:
     else:
         snapshot_id = resolve(store, snap).id
     released = release_hold(store, snapshot_id)
+    if as_json:
+        click.echo(json.dumps({"schema": "prep.hold-report/1", "action": "released", "hold": released.to_json()}))
+        return
     click.echo(f"released {released.snapshot} ({released.dataset})")
