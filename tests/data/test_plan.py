@@ -3,6 +3,7 @@ plan that rereads, Belady fetches what the optimal offline policy fetches and fe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,11 @@ def objects(store: LocalStore, tmp_path: Path, count: int) -> list[Need]:
         digest = cas.put_file(store, local)
         needs.append(Need(digest.sha256, digest.size, f"object {index}"))
     return needs
+
+
+def steps_of(order: list[list[int]], needs: list[Need]) -> Callable[[int, int], list[list[Need]]]:
+    """A plan's input for a fixed order: step s reads needs[i] for each i in order[s]."""
+    return lambda step, count: [[needs[i] for i in order[s]] for s in range(step, min(step + count, len(order)))]
 
 
 def optimal_fetches(order: list[int], capacity: int) -> int:
@@ -57,7 +63,7 @@ def lru_fetches(order: list[int], capacity: int) -> int:
 def test_plan_next_use_and_upcoming_follow_the_steps() -> None:
     needs = [Need(f"{i:064x}", 10, f"n{i}") for i in range(4)]
     order = [[0, 1], [2], [0], [3], [1]]
-    plan = Plan(lambda step: [needs[i] for i in order[step]] if step < len(order) else None, horizon=3)
+    plan = Plan(steps_of(order, needs), horizon=3)
     plan.advance(0)
     assert [plan.next_use(n.sha256) for n in needs] == [0, 0, 1, None]  # 3 is past the horizon
     assert [n.what for n in plan.upcoming(2, None)] == ["n0", "n1", "n2"]
@@ -77,7 +83,7 @@ def test_belady_matches_the_optimum_and_beats_lru_on_a_rereading_plan(tmp_path: 
     fetched = {}
     for policy in ("belady", "lru"):
         cache = NodeCache(store, CacheOptions(tmp_path / policy, 3 * SIZE, policy=policy))
-        plan = cache.plan = Plan(lambda step: [needs[order[step]]] if step < len(order) else None, horizon=len(order))
+        plan = cache.plan = Plan(steps_of([[i] for i in order], needs), horizon=len(order))
         for step, item in enumerate(order):
             plan.advance(step)
             with cache.using(needs[item]) as hold:
@@ -95,7 +101,7 @@ def test_a_prefetch_never_evicts_a_file_needed_sooner(tmp_path: Path) -> None:
     needs = objects(store, tmp_path, 3)
     order = [0, 1, 2, 0, 1]
     cache = NodeCache(store, CacheOptions(tmp_path / "cache", 2 * SIZE))
-    cache.plan = Plan(lambda step: [needs[order[step]]] if step < len(order) else None, horizon=len(order))
+    cache.plan = Plan(steps_of([[i] for i in order], needs), horizon=len(order))
     cache.plan.advance(0)
     for need in needs[:2]:
         with cache.using(need):
