@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -42,6 +43,24 @@ def json_option(schema_id: str) -> Callable[[F], F]:
     prep.error/1 object there instead (prep/cli/main.py), with the same exit code."""
     return click.option("--json", "as_json", is_flag=True,
                         help=f"Print a {schema_id} JSON document on stdout (on failure a prep.error/1 one).")
+
+
+_REPORT_PRINTED = [False]
+
+
+def echo_json(document: Any, indent: int | None = None, sort_keys: bool = False) -> None:
+    """Print a command's JSON report on stdout; a failure after it (verify finding problems) then
+    prints only its stderr line, so stdout stays one JSON document."""
+    click.echo(json.dumps(document, indent=indent, sort_keys=sort_keys, ensure_ascii=False))
+    _REPORT_PRINTED[0] = True
+
+
+def report_printed(reset: bool = False) -> bool:
+    """Whether this run already printed its JSON report (main() resets it per run)."""
+    printed = _REPORT_PRINTED[0]
+    if reset:
+        _REPORT_PRINTED[0] = False
+    return printed
 
 
 def resolve_store_url(option: str | None, pipeline_store: str | None = None) -> str:

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 import click
 
 from prep import progress
-from prep.cli.common import quiet_option
+from prep.cli.common import quiet_option, report_printed
 from prep.errors import PrepError, StorageIOError
 
 # command name -> "module:attribute"; modules are imported only when their command runs.
@@ -156,7 +156,7 @@ def fail(message: str, exit_code: int, kind: str, as_json: bool) -> NoReturn:
     """Print the one error line (and the JSON error object) and exit with `exit_code`."""
     progress.end_line()
     click.echo(f"prep: error: {message}", err=True)
-    if as_json:
+    if as_json and not report_printed():
         click.echo(json.dumps({"schema": "prep.error/1", "error": message, "exit_code": exit_code, "kind": kind}))
     sys.exit(exit_code)
 
@@ -166,6 +166,7 @@ def main(args: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
     as_json = wants_json(argv)
     progress.set_quiet(False)  # set by -q/--quiet while parsing; a second main() in one process starts afresh
+    report_printed(reset=True)
     try:
         code = cli.main(args=argv, prog_name="prep", standalone_mode=False)
     except PrepError as exc:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from prep.cli.common import open_store_option, store_option
+from prep.cli.common import echo_json, open_store_option, store_option
 from prep.errors import IntegrityError, UsageError, VerificationFailed
 from prep.progress import Progress, human_bytes, rate
 from prep.store.snapshots import ManifestFileError, Snapshot, is_manifest_path, reencoded_note, resolve
@@ -82,7 +81,7 @@ def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_s
         progress.finish()
     _warn(result.warnings)
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+        echo_json(result.to_json(), indent=2, sort_keys=True)
     click.echo(_pull_line(result), err=True)
 
 
@@ -171,7 +170,7 @@ def verify(snap: str, dest: Path, store_url: str | None, rank: int | None, world
         progress.finish()
     _warn([share.warning] if share.warning else [])
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+        echo_json(result.to_json(), indent=2, sort_keys=True)
     else:
         click.echo("\n".join(_human_report(result)))
     if not result.ok:
