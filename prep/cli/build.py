@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from prep.cli.common import resolve_store_url, store_option
+from prep.cli.common import echo_json, json_option, resolve_store_url, store_option
 from prep.config import load_pipeline
 from prep.runner.build import PublishOptions, make_executor
 from prep.storage import open_store
@@ -32,8 +32,9 @@ from prep.store.tags import check_tag_name, parse_expect
               help="Move refs another build moved while this one ran, and --tag names that point elsewhere.")
 @click.option("--no-readback", is_flag=True,
               help="Do not read the snapshot's objects back from the store before moving refs (the log says so).")
+@json_option("prep.build-report/1")
 def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tuple[str, ...], executor: str,
-          ray_address: str | None, expect: str | None, force: bool, no_readback: bool) -> None:
+          ray_address: str | None, expect: str | None, force: bool, no_readback: bool, as_json: bool) -> None:
     """Build PIPELINE into the store and publish a snapshot; prints the snapshot id.
 
     A ref another publisher moved while the build ran is left alone (a warning line, exit 0)
@@ -54,4 +55,11 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
     finally:
         pool.close()
     record_policy(store, config.dataset, config.retention)  # what prep gc keeps of this dataset
-    click.echo(result.snapshot.id)
+    if as_json:
+        echo_json({"schema": "prep.build-report/1", "snapshot": result.snapshot.id, "dataset": config.dataset,
+                   "up_to_date": all(ref.action == "unchanged" for ref in result.refs),
+                   "refs": [ref.to_json() for ref in result.refs],
+                   "stages": [{"name": run.name, "ran": run.ran, "cached": run.cached} for run in result.stages.values()],
+                   "readback": result.readback.to_json(), "log": result.log_key})
+    else:
+        click.echo(result.snapshot.id)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
-from prep.cli.common import open_store_option, store_option
+from prep.cli.common import echo_json, json_option, open_store_option, store_option
 from prep.cli.render import trace_lines
 from prep.errors import UsageError
 from prep.history.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
@@ -149,8 +149,9 @@ def diff(old_spec: str, new_spec: str, store_url: str | None, as_json: bool,
               help="Move (or delete) the tag only if it is at generation GEN (0 or 'none': it must not exist).")
 @click.option("--no-readback", is_flag=True, help="Do not read the snapshot's objects back before tagging.")
 @store_option
+@json_option("prep.tag-report/1")
 def tag(args: tuple[str, ...], delete: bool, force: bool, expect: str | None, no_readback: bool,
-        store_url: str | None) -> None:
+        store_url: str | None, as_json: bool) -> None:
     """Point tag DATASET@NAME at snapshot SNAP (its dataset is the snapshot's), or delete one with -d.
 
     An existing tag naming another snapshot is refused (exit 2) unless --force; re-tagging the
@@ -167,6 +168,9 @@ def tag(args: tuple[str, ...], delete: bool, force: bool, expect: str | None, no
         if not name:
             raise UsageError(f"{args[0]!r}: name the tag to delete as DATASET@NAME")
         gone = delete_tag(store, dataset, name, expect=wanted).ref
+        if as_json:
+            echo_json({"schema": "prep.tag-report/1", "action": "deleted", "ref": gone.to_json()})
+            return
         click.echo(f"deleted {gone.dataset}@{gone.name} (was {gone.snapshot}; generation {gone.generation})")
         return
     snapshot = load_snapshot(store, resolve(store, args[0]).id)  # a manifest file must be in the store too
@@ -176,6 +180,11 @@ def tag(args: tuple[str, ...], delete: bool, force: bool, expect: str | None, no
     if move.history_pending:
         click.echo(f"prep: warning: the history record of generation {ref.generation} is not stored "
                    f"({move.history_pending}); the tag's next move stores it", err=True)
+    if as_json:
+        pending = {"history_pending": move.history_pending} if move.history_pending else {}
+        echo_json({"schema": "prep.tag-report/1", "action": "moved" if move.moved else "unchanged",
+                   "ref": ref.to_json(), **pending})
+        return
     state = "" if move.moved else "; already there, nothing moved"
     click.echo(f"{ref.dataset}@{ref.name} -> {ref.snapshot} (generation {ref.generation}{state})")
 
@@ -193,10 +202,15 @@ def _read_back(store: Store, snapshot: Snapshot) -> None:
 @click.command(name="ls")
 @click.argument("dataset", required=False)
 @store_option
-def ls(dataset: str | None, store_url: str | None) -> None:
+@json_option("prep.ls-report/1")
+def ls(dataset: str | None, store_url: str | None, as_json: bool) -> None:
     """List datasets and their refs: generation, time moved, snapshot."""
     store = open_store_option(store_url)
     refs = list_refs(store, dataset)
+    if as_json:
+        echo_json({"schema": "prep.ls-report/1", "store": store.url, "dataset": dataset,
+                   "refs": [ref.to_json() for ref in refs]})
+        return
     if not refs:
         click.echo(f"no refs in {store.url}" + (f" for dataset {dataset!r}" if dataset else ""), err=True)
         return

@@ -61,7 +61,7 @@ def project(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> P
 
 def successes(p: Project) -> dict[str, list[tuple[list[str | Path], str]]]:
     """For each command, invocations that succeed and the schema of what they print."""
-    s = ["--store", p.store]
+    s: list[str | Path] = ["--store", p.store]
     return {
         "build": [(["build", p.pipeline, *s, "--workers", "1"], "prep.build-report/1")],
         "show": [(["show", "tiny@latest", *s], "prep.snapshot/1"), (["show", p.dest], "prep.snapshot/1")],
@@ -90,7 +90,7 @@ def successes(p: Project) -> dict[str, list[tuple[list[str | Path], str]]]:
 
 def failures(p: Project) -> dict[str, list[str | Path]]:
     """For each command, an invocation that fails for a reason the command itself names (not a usage error)."""
-    absent = ["--store", p.root / "absent"]
+    absent: list[str | Path] = ["--store", p.root / "absent"]
     return {
         "build": ["build", p.root / "no-such-pipeline.toml"],
         "show": ["show", "tiny@latest", *absent],
