@@ -40,12 +40,14 @@ from prep.store import records, retention
 from prep.store.holds import list_holds
 from prep.store.layout import (
     OBJECTS_PREFIX,
+    READBACK_PREFIX,
     SNAPSHOTS_PREFIX,
     STAGES_PREFIX,
     TASKS_PREFIX,
     leases_prefix,
     marker_sha,
     object_sha,
+    readback_sha,
 )
 from prep.store.leases import BUILD, GC, Lease, held, live_leases, parse_lease
 from prep.store.reach import Reach, parallel
@@ -161,6 +163,10 @@ def _plan(store: Store, cutoff: float, now: float, override: Override | None) ->
     chosen, rules = _roots(store, override, now)
     reach = _reach(store, cutoff, markers, named, [info for info in found if info.mtime > cutoff], rules)
     dead_records = [info for info in found if info.mtime <= cutoff and not _shas(named[info.key]) <= reach.kept]
+    # A read-back record vouches for a snapshot's objects: it goes with the snapshot, or a
+    # re-stored manifest object would be trusted on a proof of bytes gc deleted.
+    dead_records += [info for info in store.list(READBACK_PREFIX)
+                     if info.mtime <= cutoff and readback_sha(info.key) not in reach.kept]
     expired = [info for info in store.list(leases_prefix())
                if info.mtime <= cutoff and ((lease := parse_lease(info)) is None or not held(store, lease, now))]
     deletions = {

@@ -93,6 +93,11 @@ def log_key(dataset: str, stamp: str, suffix: str) -> str:
     return f"{LOGS_PREFIX}{dataset}/{stamp}-{suffix}{RECORD_SUFFIX}"
 
 
+def readback_sha(key: str) -> str:
+    """The snapshot's SHA-256 hex a read-back record key names (the inverse of `readback_key`)."""
+    return key[len(READBACK_PREFIX):].removesuffix(RECORD_SUFFIX)
+
+
 def readback_key(snapshot_id: str) -> str:
     """`readback/<hex>.json`: the create-only record that every object of a snapshot read back intact."""
     return f"{READBACK_PREFIX}{hashing.parse_id(snapshot_id)}{RECORD_SUFFIX}"

@@ -154,6 +154,19 @@ def test_gc_keeps_every_current_ref_and_drops_what_none_reaches(project: dict[st
     assert first.id in log, "history still records the collected snapshot"
 
 
+def test_a_collected_snapshot_takes_its_read_back_record_with_it(project: dict[str, Path]) -> None:
+    """Else a rebuild storing the manifest object again would be trusted on a proof of deleted bytes."""
+    store = LocalStore(project["store"])
+    first = resolve(store, "tiny@latest")
+    assert records.read_readback(store, first.id) is not None, "the build read its snapshot back"
+    run_prep("build", project["v2"], "--store", project["store"], "--workers", "1")
+    second = resolve(store, "tiny@latest")
+    age(project["store"], 2 * HOUR)
+    collect_garbage(store, grace_seconds=HOUR)
+    assert records.read_readback(store, first.id) is None
+    assert records.read_readback(store, second.id) is not None, "a kept snapshot keeps its record"
+
+
 def test_young_records_are_roots(project: dict[str, Path]) -> None:
     """An old unreachable object that a running build just re-committed must survive."""
     store = LocalStore(project["store"])
