@@ -104,6 +104,8 @@ def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str
                         tuple(sorted({(b, bucket_ids[b]) for plan, _ in group for b, _, _ in plan.slices})),
                         group, dtype, eos_id) for group in groups]
     run = builder.stages["shard"]
+    cached, written = len(all_units) - len(missing), 0
+    builder.progress.tick("shard", cached, len(all_units), cached, force=True)
     for index, result in builder.executor.run(run_assemble_job, jobs):
         builder.guard.produced(result.outputs.values())
         for plan, unit in groups[index]:
@@ -113,7 +115,9 @@ def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str
                 {fmt: result.outputs[f"{plan.name}/{fmt}"] for fmt in unit_formats(unit)},
                 {"sizes": {fmt: result.summary["sizes"][f"{plan.name}/{fmt}"] for fmt in unit_formats(unit)}})
             run.ran += 1
-    run.cached = len(all_units) - len(missing)
+        written += sum(int(size) for size in result.summary["sizes"].values())
+        builder.progress.tick("shard", cached + run.ran, len(all_units), cached, written, force=True)
+    run.cached = cached
     shards = [_shard_entry(plan, [found[plan.name, unit] for unit in units_for(formats)]) for plan in plans]
     builder.commit_stage("shard", stage_key, {"shards": shards})
     builder.progress.done("shard", f"{run.ran} files written, {run.cached} cached")
