@@ -19,7 +19,7 @@ from prep.config import Pipeline
 from prep.errors import InputError, IntegrityError, NotFoundError, StoreError, UsageError
 from prep.faults import crash_point
 from prep.inputs.sources import SourceFile, discover, input_version, release_spool
-from prep.progress import Progress
+from prep.progress import Progress, human_bytes, plural
 from prep.runner import ordering
 from prep.runner.executors.base import Executor, WarmUp, WrappedExecutor
 from prep.runner.executors.local import LocalExecutor
@@ -32,6 +32,7 @@ from prep.runner.publish import (
     build_stats,
     publish_refs,
     snapshot_manifest,
+    stage_counts,
     write_log,
 )
 from prep.runner.readback import Readback, executor_checker, passed_before, read_back
@@ -178,7 +179,8 @@ class Builder:
                                       task.text_field, task.id_field)
             jobs.append((key, TokenizeJob(self.store.url, task, settings, driver_stores)))
         total_bytes = sum(source.size for source in sources)
-        self.progress.stage("tokenize", f"{len(jobs)} tasks over {len(sources)} files, {total_bytes / 1e6:.1f} MB")
+        self.progress.stage("tokenize", f"{plural(len(jobs), 'task')} over {plural(len(sources), 'file')}, "
+                                        f"{human_bytes(total_bytes)}")
         done = self.run_tasks("tokenize", jobs, run_tokenize_job, task_bytes,
                               lambda job: f"tokenize intermediate of {job.task.source.rel} part {job.task.part}")
         entries: list[dict[str, Any]] = []
@@ -192,7 +194,7 @@ class Builder:
                             "line_offset": offset, **{k: v for k, v in summary.items()}})
         stage_key = self.stage_key("tokenize", settings.key_fields(), [key for key, _ in jobs])
         manifest = self.commit_stage("tokenize", stage_key, {"tasks": entries})
-        self.progress.done("tokenize", f"{self.stages['tokenize'].ran} run, {self.stages['tokenize'].cached} cached")
+        self.progress.done("tokenize", stage_counts(self.stages['tokenize']))
         return list(manifest["tasks"])
 
     def parts(self, entries: list[dict[str, Any]]) -> tuple[PartRef, ...]:
@@ -265,7 +267,7 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
                              pipeline.tokenizer.backend))
     sources = hash_inputs(discovered, executor)
     version = input_version(sources)
-    progress.done("inputs", f"{len(sources)} files, {sum(s.size for s in sources) / 1e6:.1f} MB, {version[:19]}")
+    progress.done("inputs", f"{plural(len(sources), 'file')}, {human_bytes(sum(s.size for s in sources))}, {version[:19]}")
 
     settings = builder.tokenize_settings = TokenizeSettings(str(tokenizer_path), info.sha256, pipeline.tokenizer.eos,
                                 pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend,

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from prep.faults import crash_point
 from prep.formats.units import BIN, unit_formats, units_for
+from prep.progress import plural
 from prep.runner.planning import contiguous_ranges
+from prep.runner.publish import stage_counts
 from prep.runner.tasks import (
     AssembleJob,
     OrderJob,
@@ -51,7 +53,7 @@ def route(builder: Builder, parts: tuple[PartRef, ...]) -> dict[str, Any]:
     stage_key = builder.stage_key("route", settings, [builder.stages["tokenize"].output])
     tasks = [{"part": ordinal, "key": key, "output": done[key].outputs["route"]} for ordinal, (key, _) in enumerate(jobs)]
     manifest = builder.commit_stage("route", stage_key, {"bits": bits, "tasks": tasks})
-    builder.progress.done("route", f"{builder.stages['route'].ran} run, {builder.stages['route'].cached} cached")
+    builder.progress.done("route", stage_counts(builder.stages['route']))
     return manifest
 
 
@@ -94,7 +96,8 @@ def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str
     found = {(plan.name, unit): records.read_task_record(builder.store, "shard", keys[plan.name, unit])
              for plan, unit in all_units}
     missing = _units_to_write(builder, all_units, found)
-    builder.progress.stage("shard", f"{len(plans)} shards, {len(all_units) - len(missing)} of {len(all_units)} files committed")
+    committed = f"{len(all_units) - len(missing)} of {plural(len(all_units), 'file')} committed"
+    builder.progress.stage("shard", f"{plural(len(plans), 'shard')}, {committed}")
     if missing:
         builder.guard.ensure([part.object_id for part in parts])
         builder.guard.ensure(sorted({bucket_ids[b] for plan, _ in missing for b, _, _ in plan.slices}))
@@ -120,7 +123,7 @@ def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str
     run.cached = cached
     shards = [_shard_entry(plan, [found[plan.name, unit] for unit in units_for(formats)]) for plan in plans]
     builder.commit_stage("shard", stage_key, {"shards": shards})
-    builder.progress.done("shard", f"{run.ran} files written, {run.cached} cached")
+    builder.progress.done("shard", f"{plural(run.ran, 'file')} written, {run.cached} cached")
     return shards
 
 

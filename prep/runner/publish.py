@@ -17,6 +17,7 @@ from prep import hashing
 from prep.errors import StaleRefError
 from prep.formats.units import named_artifact_path, unit_formats, units_for
 from prep.inputs.sources import SourceFile
+from prep.progress import plural
 from prep.storage.base import Store
 from prep.store.layout import log_key
 from prep.store.refs import Mover, read_ref, read_ref_value, stale_ref, update_ref
@@ -35,6 +36,11 @@ class StageRun:
     ran: int = 0
     cached: int = 0
     output: str = ""
+
+
+def stage_counts(run: StageRun) -> str:
+    """`3 tasks run, 1 cached`: what a stage did, for its progress line."""
+    return f"{plural(run.ran, 'task')} run, {run.cached} cached"
 
 
 def artifacts(shards: list[dict[str, Any]], formats: tuple[str, ...]) -> list[dict[str, Any]]:
