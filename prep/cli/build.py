@@ -11,7 +11,6 @@ from prep.cli.common import echo_json, json_option, resolve_store_url, store_opt
 from prep.config import load_pipeline
 from prep.runner.build import PublishOptions, make_executor
 from prep.storage import open_store
-from prep.store.retention import record_policy
 from prep.store.tags import check_tag_name, parse_expect
 
 
@@ -54,7 +53,6 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
         result = run_build(config, store, pool, progress=None, options=options)
     finally:
         pool.close()
-    record_policy(store, config.dataset, config.retention)  # what prep gc keeps of this dataset
     if as_json:
         echo_json({"schema": "prep.build-report/1", "snapshot": result.snapshot.id, "dataset": config.dataset,
                    "up_to_date": all(ref.action == "unchanged" for ref in result.refs),

@@ -52,6 +52,7 @@ from prep.stages.specs import TokenizeSettings
 from prep.storage.base import Store
 from prep.store import records, snapshots
 from prep.store.leases import Lease, build_lease
+from prep.store.retention import record_policy
 from prep.store.snapshots import Snapshot
 from prep.store.tags import check_tag_name
 from prep.tokenizer import describe_tokenizer
@@ -240,8 +241,10 @@ def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[s
     checked = WrappedExecutor(executor, lambda fn: CodeChecked(fn, code))
     plan = RefPlan.note(store, pipeline.dataset, options.tags, options.expect, options.force)
     with build_lease(store) as lease:
-        return _build(pipeline, store, checked, progress or Progress(), lease,
-                      Publishing(options, plan, getattr(executor, "backend", type(executor).__name__)))
+        result = _build(pipeline, store, checked, progress or Progress(), lease,
+                        Publishing(options, plan, getattr(executor, "backend", type(executor).__name__)))
+    record_policy(store, pipeline.dataset, pipeline.retention)  # what prep gc keeps of this dataset
+    return result
 
 
 @dataclass(frozen=True)

@@ -295,3 +295,14 @@ def test_without_dedup_repeated_texts_get_distinct_sample_keys(tmp_path: Path, t
     tar = next(a for a in result.snapshot.artifacts if a["format"] == "wds")
     read = list(webdataset.WebDataset(str(artifact_path(tmp_path / "store", tar)), shardshuffle=False))
     assert len(read) == 24 and sum(1 for s in read if b'"copy-' in s["json"]) == 4
+
+
+def test_a_library_build_records_the_retention_policy_for_gc(corpus: Path, tokenizer_path: Path) -> None:
+    """The runner, not the CLI, commits the policy: a build called as a library keeps rollback targets too."""
+    from prep.storage.local import LocalStore
+    from prep.store.retention import stored_policy
+
+    pipeline = write_pipeline(corpus, tokenizer_path, extra="\n[retention]\nkeep_last = 4\n", name="kept.toml")
+    build_local(pipeline, corpus / "kept-store")
+    policy = stored_policy(LocalStore(corpus / "kept-store"), "tiny")
+    assert policy is not None and policy.keep_last == 4
