@@ -48,9 +48,11 @@ KEY_PATTERNS = {
     "history": rf"history/{NAME}/{NAME}/[0-9]{{16}}\.json",
     "log": rf"logs/{NAME}/[0-9]{{8}}T[0-9]{{6}}Z-[0-9a-f]{{12}}\.json",
     "readback": rf"readback/{HEX}\.json",
+    "retention": rf"retention/{NAME}/[0-9]{{16}}\.json",
 }
 SCHEMA_OF = {"task": "prep.task/1", "stage": "prep.stage-record/1", "ref": "prep.ref/1",
-             "history": "prep.ref/1", "log": "prep.build-log/2", "readback": "prep.readback/1"}
+             "history": "prep.ref/1", "log": "prep.build-log/2", "readback": "prep.readback/1",
+             "retention": "prep.retention/1"}
 
 
 @dataclass(frozen=True)
