@@ -17,9 +17,7 @@ import hashlib
 import io
 import os
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from prep import hashing
 from prep.errors import IntegrityError, NotFoundError
 from prep.faults import crash_point
 from prep.storage.base import Store
+from prep.storage.parallel import in_order
 from prep.store import cas
 from prep.transfer.verify import READ_SIZE, ByteCounter, Cancelled
 from prep.writeback import start_writeback
@@ -62,23 +61,6 @@ def _local_chunks(local: Path, start: int, stop: threading.Event, missing: str) 
             yield view[:count]
 
 
-def _in_order(tasks: Iterator[Callable[[], bytes]], jobs: int, stop: threading.Event) -> Iterator[bytes]:
-    """Run up to `jobs` reads at once, yielding their results in order (memory: jobs reads)."""
-    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="prep-range")
-    pending: deque[Future[bytes]] = deque()
-    try:
-        for task in tasks:
-            pending.append(pool.submit(task))
-            if len(pending) >= jobs:
-                yield pending.popleft().result()
-            if stop.is_set():
-                raise Cancelled()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
 def _ranged_chunks(store: Store, key: str, start: int, size: int, stop: threading.Event) -> Iterator[bytes]:
     """Bytes `start`.. of a remote object by ranged reads, in parallel for a large object. The
     last read asks for one byte more than `size`, so an object longer than declared shows."""
@@ -89,7 +71,11 @@ def _ranged_chunks(store: Store, key: str, start: int, size: int, stop: threadin
     def read(offset: int) -> Callable[[], bytes]:
         return lambda: store.get_range(key, offset, min(RANGE_SIZE, size - offset) + (offset + RANGE_SIZE >= size))
 
-    for chunk in _in_order((read(offset) for offset in offsets), jobs, stop):
+    def check() -> None:
+        if stop.is_set():
+            raise Cancelled()
+
+    for chunk in in_order((read(offset) for offset in offsets), jobs, "prep-range", check):
         if not chunk:
             return
         yield chunk

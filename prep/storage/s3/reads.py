@@ -7,9 +7,7 @@ import hashlib
 import io
 import os
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -17,6 +15,7 @@ from typing import Any, BinaryIO, TypeVar
 from botocore.exceptions import ClientError
 
 from prep.errors import StoreError
+from prep.storage.parallel import in_order
 from prep.storage.s3.client import (
     DEFAULT_MAX_ATTEMPTS,
     MIB,
@@ -91,21 +90,6 @@ class ObjectReader(io.RawIOBase):
         super().close()
 
 
-def in_order(tasks: Iterator[Callable[[], T]], jobs: int) -> Iterator[T]:
-    """Run up to `jobs` tasks at once in threads, yielding their results in task order."""
-    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="prep-s3")
-    pending: deque[Future[T]] = deque()
-    try:
-        for task in tasks:
-            pending.append(pool.submit(task))
-            if len(pending) >= jobs:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
 def list_pages(client: Any, bucket: str, prefix: str, delimited: bool) -> Iterator[dict[str, Any]]:
     """Every listed object below `prefix` (only one level deep when `delimited`), page by page."""
     extra = {"Delimiter": "/"} if delimited else {}
@@ -161,7 +145,7 @@ def download(client: Any, bucket: str, key: str, size: int, pinned: dict[str, st
     hasher, written = hashlib.sha256(), 0
     try:
         with open(temp, "wb") as out:
-            for chunk in in_order(fetches, jobs):
+            for chunk in in_order(fetches, jobs, "prep-s3"):
                 out.write(chunk)
                 hasher.update(chunk)
                 written += len(chunk)

@@ -13,6 +13,7 @@ from typing import Any, BinaryIO
 from botocore.exceptions import BotoCoreError, ClientError
 
 from prep.faults import crash_point
+from prep.storage.parallel import in_order
 from prep.storage.s3.client import (
     LOST_RACE,
     MISSING_KEY,
@@ -23,7 +24,6 @@ from prep.storage.s3.client import (
     s3_errors,
     was_retried,
 )
-from prep.storage.s3.reads import in_order
 
 CREATE_ONLY = {"IfNoneMatch": "*"}
 
@@ -140,7 +140,7 @@ def _upload_parts(upload: Upload, upload_id: str, source: BinaryIO, part_size: i
             number += 1
             yield partial(send, number, chunk)
 
-    parts = list(in_order(tasks(), jobs))
+    parts = list(in_order(tasks(), jobs, "prep-s3"))
     return parts, hasher.hexdigest()
 
 
