@@ -18,18 +18,17 @@ from prep.errors import NotFoundError, StoreError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.progress import Progress
-from prep.storage import LocalStore, open_store
+from prep.storage import LocalStore
 from prep.storage.base import Store
 from prep.store import cas, records
 from prep.store.fsck import fsck
 from prep.store.layout import object_key, task_record_key
 from prep.store.leases import BUILD, Lease
-from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, resolve
 from tests.helpers import prep_env, run_prep, write_pipeline
 from tests.s3support import admin_client
 from tests.store.layout1 import plant_layout1
-from tests.store.test_gc import EMPTY_TOKENIZE, project, template  # noqa: F401  (module fixtures)
+from tests.store.test_gc import EMPTY_TOKENIZE, copy_to_s3, project, template  # noqa: F401  (module fixtures)
 
 
 def flip(store: LocalStore, object_id: str, offset: int | None = None) -> None:
@@ -159,16 +158,11 @@ def test_dataset_scope_and_progress(project: dict[str, Path], tokenizer_path: Pa
 
 
 def test_fsck_on_s3_finds_a_corrupted_object(template: dict[str, Path], s3_bucket: str) -> None:  # noqa: F811
-    local, store = LocalStore(template["store"]), open_store(s3_bucket)
-    for info in local.list(""):
-        if not info.key.startswith(("refs/", "history/")):
-            store.put_bytes(info.key, local.get_bytes(info.key))
-    snapshot = resolve(local, "tiny@latest")
-    move_ref(store, "tiny", "latest", snapshot.id)
+    store, snapshot = copy_to_s3(template["store"], s3_bucket)
     assert fsck(store).clean
     intermediate = first_intermediate(store, snapshot)
     key = object_key(hashing.parse_id(intermediate))
-    data = bytearray(local.get_bytes(key))
+    data = bytearray(LocalStore(template["store"]).get_bytes(key))
     data[7] ^= 0x80
     admin_client().put_object(Bucket=s3_bucket.removeprefix("s3://").split("/", 1)[0], Key=key, Body=bytes(data))
     report = fsck(store, jobs=4)

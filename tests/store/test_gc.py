@@ -26,7 +26,7 @@ from prep.store.gc import collect_garbage, parse_duration
 from prep.store.layout import lease_key, stage_record_key, task_record_key
 from prep.store.leases import BUILD, GC, Lease, build_lease, process_scope, read_leases
 from prep.store.refs import move_ref
-from prep.store.snapshots import load_snapshot, publish_manifest, resolve
+from prep.store.snapshots import Snapshot, load_snapshot, publish_manifest, resolve
 from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
 from tests.runner.test_disk_full import fill_up, small_tmpfs
 from tests.store.layout1 import plant_layout1
@@ -383,14 +383,21 @@ def test_gc_refuses_a_record_or_manifest_of_unknown_shape(project: dict[str, Pat
     assert cas.check(store, orphan.id)
 
 
-def test_gc_on_s3(template: dict[str, Path], s3_bucket: str) -> None:  # noqa: F811
-    """The same rules through the S3 backend: list mtimes, deletes, and leases as objects."""
-    local, store = LocalStore(template["store"]), open_store(s3_bucket)
+def copy_to_s3(store_dir: Path, bucket: str) -> tuple[Store, Snapshot]:
+    """The local store's objects and records in the bucket, and tiny@latest moved there (refs are
+    never copied as keys: the S3 backend keeps them its own way); (the S3 store, that snapshot)."""
+    local, store = LocalStore(store_dir), open_store(bucket)
     for info in local.list(""):
         if not info.key.startswith(("refs/", "history/")):
             store.put_bytes(info.key, local.get_bytes(info.key))
-    kept = resolve(local, "tiny@latest")
-    move_ref(store, "tiny", "latest", kept.id)
+    snapshot = resolve(local, "tiny@latest")
+    move_ref(store, "tiny", "latest", snapshot.id)
+    return store, snapshot
+
+
+def test_gc_on_s3(template: dict[str, Path], s3_bucket: str) -> None:  # noqa: F811
+    """The same rules through the S3 backend: list mtimes, deletes, and leases as objects."""
+    store, kept = copy_to_s3(template["store"], s3_bucket)
     orphan = cas.put_bytes(store, b"an intermediate of an abandoned build")
     records.write_task_record(store, "tokenize", "e" * 64, {"intermediate": orphan.id}, EMPTY_TOKENIZE)
     with Lease(store, BUILD), pytest.raises(StoreError, match="a build holds lease"):
