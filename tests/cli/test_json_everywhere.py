@@ -12,6 +12,7 @@ import pytest
 
 from prep.cli.main import COMMANDS, main
 from prep.manifest.schema import validate
+from tests.cli.test_main_cli import run_main
 from tests.helpers import make_records, write_jsonl, write_pipeline
 
 
@@ -24,15 +25,6 @@ class Project:
     store: Path
     dest: Path
     document: str
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
-    """The CLI in this process: (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as exited:
-        main([str(arg) for arg in args])
-    captured = capsys.readouterr()
-    code = exited.value.code
-    return code if isinstance(code, int) else 0, captured.out, captured.err
 
 
 def one_document(out: str, schema_id: str) -> dict[str, object]:
@@ -127,10 +119,10 @@ def test_json_output_validates_on_success_and_on_failure(project: Project, name:
     if name == "init":
         monkeypatch.chdir(project.root / "corpus")  # a fresh folder for the success; the failure reruns there
     for argv, schema_id in successes(project)[name]:
-        code, out, _err = run(capsys, *argv, "--json")
+        code, out, _err = run_main(capsys, *argv, "--json")
         assert code == 0, (argv, out)
         one_document(out, schema_id)
-    code, out, err = run(capsys, *failures(project)[name], "--json")
+    code, out, err = run_main(capsys, *failures(project)[name], "--json")
     error = one_document(out, "prep.error/1")
     assert code == error["exit_code"] != 0
     assert err.strip().splitlines()[-1] == f"prep: error: {error['error']}"
