@@ -4,7 +4,7 @@ Both are read from the document's tokenize intermediate: the exact bytes shard a
 into every format (.txt members, .bin sequences), so this works for bin-only snapshots too and
 needs neither the tokenizer file (it may have moved or changed since) nor the input corpus (it
 may have been edited). Fail closed: the intermediate is proven to hash to its name
-(prep.history.documents.verified_local), and the text is checked against the xxh3-128 text hash
+(prep.store.cache.verified_local_file), and the text is checked against the xxh3-128 text hash
 the tokenize stage recorded.
 """
 
@@ -19,9 +19,10 @@ import pyarrow.compute as pc
 import xxhash
 
 from prep.errors import IntegrityError
-from prep.history.documents import DocumentOrigin, SnapshotRecords, verified_local
+from prep.history.documents import DocumentOrigin, SnapshotRecords
 from prep.stages.intermediate import Intermediate
 from prep.storage.base import Store
+from prep.store.cache import verified_local_file as verified_local
 
 _COLUMNS = ["row", "text_bytes", "n_tokens", "text_offset", "tokens_offset"]
 

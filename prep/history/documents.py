@@ -12,14 +12,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import wds
 from prep.manifest import canonical
@@ -119,22 +117,6 @@ def load_records(store: Store, snapshot: Snapshot) -> SnapshotRecords:
                                   int(entry["documents"]), first, int(entry["line_offset"])))
         first += int(entry["documents"])
     return SnapshotRecords(snapshot, tuple(tasks), snapshot_layout(snapshot))
-
-
-_VERIFIED: set[tuple[str, str]] = set()  # (store url, object id) re-hashed by this process
-
-
-def verified_local(store: Store, object_id: str) -> Path:
-    """A local file of the object, proven to hash to its name: a download is proven as it is made
-    (prep.store.cache), a store's own file is re-hashed here once per process, so a lookup that
-    shows a user a document never trusts a flipped byte."""
-    path = fetch_local(store, object_id)
-    sha = hashing.parse_id(object_id)
-    if (store.url, object_id) not in _VERIFIED and store.local_path(cas.object_key(sha)) is not None:
-        if hashing.digest_file(path).sha256 != sha:
-            raise IntegrityError(f"{store.url}: object {object_id} does not hash to its name")
-        _VERIFIED.add((store.url, object_id))
-    return path
 
 
 def task_batches(store: Store, task: RecordedTask, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:

@@ -30,12 +30,12 @@ from prep.history.documents import (
     artifacts_of_shard,
     origin_of_row,
     stage_manifest,
-    verified_local,
 )
 from prep.stages.cuts import ShardPlan
 from prep.stages.order import ENTRY_DTYPE, NO_ID, EntryFile, bucket_of, order_keys
 from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
+from prep.store.cache import verified_local_file as verified_local
 
 CHUNK_ENTRIES = 1 << 16
 """Entries read at once when summing the sizes of a shard's documents before a position."""

@@ -19,7 +19,7 @@ from prep.store.layout import object_key
 
 DOWNLOAD_CHUNK = 8 << 20
 
-_CHECKED: set[Path] = set()  # cache files this process has re-hashed
+_CHECKED: set[Path] = set()  # cache files (and store files, by verified_local_file) this process has re-hashed
 
 
 def cache_dir() -> Path:
@@ -52,6 +52,17 @@ def local_file(store: Store, object_id: str) -> Path:
     os.replace(temp, target)
     _CHECKED.add(target)
     return target
+
+
+def verified_local_file(store: Store, object_id: str) -> Path:
+    """`local_file`, and a store's own file re-hashed too (once per process): for readers that show
+    a user what an object holds and so must never trust a flipped byte of the store itself."""
+    path = local_file(store, object_id)
+    if path not in _CHECKED:
+        if hashing.digest_file(path).sha256 != hashing.parse_id(object_id):
+            raise IntegrityError(f"{store.url}: object {object_id} does not hash to its name")
+        _CHECKED.add(path)
+    return path
 
 
 def _cached_copy_intact(path: Path, sha: str) -> bool:
