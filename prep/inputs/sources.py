@@ -284,3 +284,30 @@ def iter_lines_in_range(stream: BinaryIO, start: int, end: int) -> Iterator[byte
                 return
             position += len(line) + 1
             yield line
+
+
+def iter_line_blocks(stream: BinaryIO, start: int, end: int, block_bytes: int) -> Iterator[bytes]:
+    """The lines `iter_lines_in_range` yields, as blocks of about `block_bytes` of whole lines,
+    each line ended by its newline (but a last line without one at the end of the stream)."""
+    if start > 0:
+        stream.seek(start - 1)
+        if stream.read(1) != b"\n":
+            stream.readline()
+    position = stream.tell()  # where the pending bytes start: always a line start
+    pending = b""
+    while position < end:
+        chunk = stream.read(block_bytes)
+        if not chunk:
+            if pending:
+                yield pending
+            return
+        data = pending + chunk if pending else chunk
+        cut = data.rfind(b"\n") + 1
+        whole, pending = data[:cut], data[cut:]
+        if not whole:
+            continue
+        if position + cut > end:  # lines starting at or after `end` belong to the next range
+            yield whole[:whole.find(b"\n", end - position - 1) + 1]
+            return
+        yield whole
+        position += cut

@@ -35,10 +35,14 @@ def bool_column(values: Sequence[bool] | np.ndarray[Any, Any]) -> pa.Array:
 
 def fixed_binary_column(values: Sequence[bytes], width: int) -> pa.Array:
     """A fixed-size binary column; every value must be `width` bytes."""
-    data = b"".join(values)
-    if len(data) != width * len(values):
+    return fixed_binary_column_of(b"".join(values), width, len(values))
+
+
+def fixed_binary_column_of(data: bytes, width: int, count: int) -> pa.Array:
+    """A fixed-size binary column of `count` values of `width` bytes laid end to end in `data`."""
+    if len(data) != width * count:
         raise ValueError(f"every value must be {width} bytes")
-    return pa.Array.from_buffers(pa.binary(width), len(values), [None, pa.py_buffer(data)])
+    return pa.Array.from_buffers(pa.binary(width), count, [None, pa.py_buffer(data)])
 
 
 def string_column(values: Sequence[str | None]) -> pa.Array:
@@ -57,6 +61,20 @@ def string_column(values: Sequence[str | None]) -> pa.Array:
     validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
     return pa.Array.from_buffers(pa.string(), len(values), [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))],
                                  null_count=int(len(values) - valid.sum()))
+
+
+def zero_based_strings(column: pa.Array) -> pa.Array:
+    """A string column (no nulls, or all null) laid out as string_column lays it out: buffers
+    starting at its first value, so equal columns serialize to equal bytes however they were cut."""
+    if column.null_count == len(column):
+        return string_column([None] * len(column))
+    if column.null_count:
+        raise ValueError("column has some nulls")
+    _, offsets_buffer, data = column.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype="<i4", count=len(column) + 1, offset=column.offset * 4)
+    first = int(offsets[0])
+    values = data[first:int(offsets[-1])] if data is not None else pa.py_buffer(b"")
+    return pa.Array.from_buffers(pa.string(), len(column), [None, pa.py_buffer((offsets - first).astype("<i4")), values])
 
 
 def join_pieces(pool: np.ndarray, starts: np.ndarray,

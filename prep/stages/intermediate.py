@@ -30,7 +30,8 @@ import pyarrow.ipc as ipc
 from prep.errors import IntegrityError, StorageIOError
 from prep.formats import little_endian
 from prep.hashing import Digest, HashingWriter
-from prep.stages.columns import bool_column, fixed_binary_column, int_column, string_column
+from prep.stages.columns import bool_column, fixed_binary_column_of, int_column, string_column, zero_based_strings
+from prep.tokenizer.spans import offsets_of
 
 MAGIC = b"PREPINT2"  # the layout of the data region is the offsets' business: readers follow them
 _FOOTER = struct.Struct("<Q8s")
@@ -50,6 +51,17 @@ def schema(dtype: np.dtype[Any]) -> pa.Schema:
         ("text_offset", pa.int64()),
         ("tokens_offset", pa.int64()),
     ], metadata={"token_dtype": little_endian(dtype).str})
+
+
+def _interleaved(first: np.ndarray[Any, Any], first_sizes: np.ndarray[Any, Any], second: np.ndarray[Any, Any],
+                 second_sizes: np.ndarray[Any, Any]) -> memoryview:
+    """Spans of `first` and `second` (uint8, with these sizes) alternating: first[0], second[0], ..."""
+    out = np.empty(len(first) + len(second), dtype=np.uint8)
+    sizes = np.column_stack((first_sizes, second_sizes)).reshape(-1)
+    from_first = np.repeat(np.tile(np.array([True, False]), len(first_sizes)), sizes)
+    out[from_first] = first
+    out[~from_first] = second
+    return memoryview(out.data)
 
 
 @contextmanager
@@ -77,26 +89,33 @@ class IntermediateWriter:
     def write_batch(self, rows: Sequence[int], ids: Sequence[str | None], texts: Sequence[bytes],
                     text_hashes: Sequence[bytes], specials: Sequence[bool] | np.ndarray[Any, Any],
                     tokens: Sequence[np.ndarray[Any, Any]]) -> None:
-        """Append one batch of documents: their UTF-8 texts and token arrays, in order."""
-        text_lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        token_counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+        """Append one batch of documents given one by one: their UTF-8 texts and token arrays."""
+        flat = np.concatenate([np.asarray(t, dtype=self.dtype) for t in tokens]) if tokens else np.zeros(0, self.dtype)
+        self.write_columns(rows, string_column(ids), b"".join(texts), offsets_of([len(text) for text in texts]),
+                           b"".join(text_hashes), specials, flat, offsets_of([len(t) for t in tokens]))
+
+    def write_columns(self, rows: Sequence[int] | np.ndarray[Any, Any], ids: pa.Array, blob: bytes,
+                      text_offsets: np.ndarray[Any, Any], text_hashes: bytes,
+                      specials: Sequence[bool] | np.ndarray[Any, Any], tokens: np.ndarray[Any, Any],
+                      token_offsets: np.ndarray[Any, Any]) -> None:
+        """Append one batch of documents: texts `blob[text_offsets[i]:text_offsets[i + 1]]`, token
+        ids `tokens[token_offsets[i]:token_offsets[i + 1]]`, 16-byte text hashes end to end."""
+        text_lengths = np.diff(text_offsets).astype(np.int64)
+        token_counts = np.diff(token_offsets).astype(np.int64)
         token_sizes = token_counts * self.dtype.itemsize
-        dtype = self.dtype
-        arrays: list[Any] = [t if t.dtype == dtype and t.flags.c_contiguous else np.ascontiguousarray(t, dtype)
-                             for t in tokens]
-        token_offsets = self._file.tell() + np.cumsum(token_sizes + text_lengths) - token_sizes - text_lengths
+        token_bytes = np.ascontiguousarray(tokens[token_offsets[0]:token_offsets[-1]], dtype=self.dtype).view(np.uint8)
+        starts = self._file.tell() + np.cumsum(token_sizes + text_lengths) - token_sizes - text_lengths
         with _io_errors("writing", self.path):
-            self._file.write(b"".join([piece for pair in zip(arrays, texts) for piece in pair]))
-        text_offsets = token_offsets + token_sizes
+            self._file.write(_interleaved(token_bytes, token_sizes, np.frombuffer(blob, dtype=np.uint8), text_lengths))
         self._metadata.append(pa.RecordBatch.from_arrays([
             int_column(rows, pa.int64()),
-            string_column(ids),
-            fixed_binary_column(text_hashes, 16),
+            zero_based_strings(ids),
+            fixed_binary_column_of(text_hashes, 16, len(text_lengths)),
             int_column(text_lengths, pa.int64()),
             int_column(token_counts, pa.int32()),
             bool_column(specials),
-            int_column(text_offsets, pa.int64()),
-            int_column(token_offsets, pa.int64()),
+            int_column(starts + token_sizes, pa.int64()),
+            int_column(starts, pa.int64()),
         ], schema=self.schema))
 
     def close(self) -> Digest:

@@ -8,7 +8,7 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -57,27 +57,6 @@ def _utf8(doc_id: str | None, text: str) -> bytes:
 
 def _document(row: int, doc_id: str | None, text: str) -> Document:
     return Document(row, doc_id, text, _utf8(doc_id, text))
-
-
-@dataclass(frozen=True)
-class DocumentBatch:
-    """Consecutive documents of a task as columns (fields of Document), filled in place: no
-    object per document beyond the values themselves."""
-
-    rows: list[int]
-    ids: list[str | None]
-    texts: list[str]
-    data: list[bytes]
-
-    @classmethod
-    def empty(cls) -> DocumentBatch:
-        return cls([], [], [], [])
-
-    def add(self, row: int, doc_id: str | None, text: str, data: bytes) -> None:
-        self.rows.append(row)
-        self.ids.append(doc_id)
-        self.texts.append(text)
-        self.data.append(data)
 
 
 @dataclass(frozen=True)
@@ -179,14 +158,16 @@ _MAX_FAST_LINE_BYTES = 16 << 20
 
 
 def preload_fast_parser() -> None:
-    """Import the optional fast JSON parser now (a worker's warm-up) rather than in a first task."""
+    """Import the JSON parsers now (a worker's warm-up) rather than in a first task."""
+    import pyarrow.json  # noqa: F401 -- the block reader's (prep.stages.jsonblocks)
+
     try:
         import simdjson  # noqa: F401
     except ImportError:
         pass
 
 
-def _fast_parser() -> Callable[[bytes], object] | None:
+def fast_line_parser() -> Callable[[bytes], object] | None:
     """A JSON parser for one task from the optional pysimdjson (2-3x faster than json on long
     texts), or None when it is not installed."""
     try:
@@ -251,6 +232,8 @@ def _json_fields(raw: bytes, task: ReadTask) -> tuple[str | None, str]:
         record = json.loads(text_line)
     except json.JSONDecodeError as exc:
         raise ValueError(f"malformed JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:  # json recurses per level of nesting
+        raise ValueError("malformed JSON: nested too deeply to read") from None
     text = _field_text(record, task.text_field)
     return _field_id(record, task.id_field), text
 
@@ -269,26 +252,37 @@ def _line_document(parse: Callable[[bytes], object] | None, raw: bytes, local: i
 _Row = tuple[int, str | None, str, bytes]  # a Document's fields
 
 
+def line_rows(task: ReadTask, parse: Callable[[bytes], object] | None, lines: Iterable[bytes],
+              first_local: int = 0) -> Iterator[_Row | BadRecord]:
+    """The Document fields (or BadRecord) of each non-blank line; the first is local line `first_local`."""
+    for local, raw in enumerate(lines, first_local):
+        if not raw.strip():
+            continue
+        try:
+            fields = _fast_fields(parse, raw, task) if parse is not None else None
+            doc_id, text = fields if fields is not None else _json_fields(raw, task)
+            data = _utf8(doc_id, text)
+        except ValueError as exc:
+            yield BadRecord(local, str(exc), line=line_number(task, local))
+            continue
+        yield local, doc_id, text, data
+
+
 def _jsonl_rows(task: ReadTask, stats: dict[str, int]) -> Iterator[_Row | BadRecord]:
     """Every line's Document fields (one function call per line on the fast parser's path)."""
-    parse = _fast_parser()
-    local = -1
+    counted = [0]
+
+    def counting(lines: Iterator[bytes]) -> Iterator[bytes]:
+        for raw in lines:
+            counted[0] += 1
+            yield raw
+
     with open_decoded(task.source) as stream:
         lines = iter_lines_in_range(stream, task.start, task.end if not task.source.compressed else sys.maxsize)
         try:
-            for local, raw in enumerate(lines):
-                if not raw.strip():
-                    continue
-                try:
-                    fields = _fast_fields(parse, raw, task) if parse is not None else None
-                    doc_id, text = fields if fields is not None else _json_fields(raw, task)
-                    data = _utf8(doc_id, text)
-                except ValueError as exc:
-                    yield BadRecord(local, str(exc), line=line_number(task, local))
-                    continue
-                yield local, doc_id, text, data
+            yield from line_rows(task, fast_line_parser(), counting(lines))
         finally:
-            stats["lines"] = local + 1
+            stats["lines"] = counted[0]
 
 
 def _jsonl(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
@@ -355,24 +349,7 @@ def _arrow(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadReco
 _READERS = {"jsonl": _jsonl, "text": _text, "parquet": _parquet, "hf": _arrow}
 
 
-def _batched(items: Iterator[_Row | BadRecord], max_documents: int,
-             max_bytes: int) -> Iterator[DocumentBatch | BadRecord]:
-    """Documents gathered into batches of at most `max_documents` or about `max_bytes` of text."""
-    batch, size = DocumentBatch.empty(), 0
-    for item in items:
-        if isinstance(item, BadRecord):
-            yield item
-            continue
-        batch.add(*item)
-        size += len(item[3])
-        if size >= max_bytes or len(batch.rows) >= max_documents:
-            yield batch
-            batch, size = DocumentBatch.empty(), 0
-    if batch.rows:
-        yield batch
-
-
-def _translated(task: ReadTask, items: Iterator[Any]) -> Iterator[Any]:
+def translated(task: ReadTask, items: Iterator[Any]) -> Iterator[Any]:
     """`items`, with I/O and format errors turned into InputError naming the task's file."""
     try:
         yield from items
@@ -389,14 +366,4 @@ def _translated(task: ReadTask, items: Iterator[Any]) -> Iterator[Any]:
 def read_documents(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
     """Every record of the task in file order; I/O and format errors become InputError.
     `stats["lines"]` ends as the number of lines a JSON Lines task consumed."""
-    return _translated(task, _READERS[task.source.format](task, stats))
-
-
-def read_batches(task: ReadTask, stats: dict[str, int], max_documents: int,
-                 max_bytes: int) -> Iterator[DocumentBatch | BadRecord]:
-    """`read_documents` in batches of at most `max_documents` documents or about `max_bytes` of
-    text. A bad record comes as soon as it is read, before the batch of the documents read before it."""
-    rows = _jsonl_rows(task, stats) if task.source.format == "jsonl" else (
-        item if isinstance(item, BadRecord) else (item.row, item.id, item.text, item.data)
-        for item in _READERS[task.source.format](task, stats))
-    return _translated(task, _batched(rows, max_documents, max_bytes))
+    return translated(task, _READERS[task.source.format](task, stats))

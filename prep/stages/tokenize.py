@@ -15,20 +15,24 @@ from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
-import xxhash
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from prep.errors import InputError
 from prep.hashing import Digest
 from prep.inputs.sources import check_unchanged
+from prep.stages.batches import read_batches
+from prep.stages.columns import to_strings
 from prep.stages.intermediate import IntermediateWriter
-from prep.stages.read import BadRecord, DocumentBatch, ReadTask, read_batches
+from prep.stages.read import BadRecord, ReadTask
 from prep.stages.specs import TokenizeSettings
+from prep.stages.textcolumns import TextColumns
 from prep.tokenizer import TokenizerInfo, load_tokenizer
-from prep.tokenizer.crosscheck import documents_containing
 from prep.tokenizer.engine import TokenizerEngine
+from prep.tokenizer.spans import documents_containing
 
 BATCH_TEXT_BYTES = 8 * 2**20
-BATCH_DOCUMENTS = 8192
+BATCH_DOCUMENTS = 65536
 MAX_BAD_RECORDS_LISTED = 100
 
 
@@ -69,7 +73,7 @@ def warm_engine(tokenizer_path: str, eos: str, encode_special_tokens: bool, back
         pass
 
 
-def _batches(task: ReadTask, on_error: str, bad: list[str], counts: dict[str, int]) -> Iterator[DocumentBatch]:
+def _batches(task: ReadTask, on_error: str, bad: list[str], counts: dict[str, int]) -> Iterator[TextColumns]:
     for item in read_batches(task, counts, BATCH_DOCUMENTS, BATCH_TEXT_BYTES):
         if not isinstance(item, BadRecord):
             yield item
@@ -84,7 +88,7 @@ def _batches(task: ReadTask, on_error: str, bad: list[str], counts: dict[str, in
 class _DocumentNames(Sequence[str]):
     """`source:part:row` of each document of a batch, spelled only when asked (an error, a seed)."""
 
-    def __init__(self, task: ReadTask, rows: list[int]) -> None:
+    def __init__(self, task: ReadTask, rows: Sequence[int] | np.ndarray[Any, Any]) -> None:
         self._prefix = f"{task.source.rel}:{task.part}:"
         self._rows = rows
 
@@ -97,21 +101,35 @@ class _DocumentNames(Sequence[str]):
     def __getitem__(self, index: slice) -> list[str]: ...
     def __getitem__(self, index: int | slice) -> str | list[str]:
         if isinstance(index, slice):
-            return [self._prefix + str(row) for row in self._rows[index]]
-        return self._prefix + str(self._rows[index])
+            return [self._prefix + str(int(row)) for row in self._rows[index]]
+        return self._prefix + str(int(self._rows[index]))
 
 
-def _check_ids(task: ReadTask, batch: DocumentBatch, seen: set[str]) -> None:
-    """Fail on an id seen before in this part, naming the first repeat's row."""
-    fresh = {doc_id for doc_id in batch.ids if doc_id is not None}
-    if len(fresh) == len(batch.ids) - batch.ids.count(None) and fresh.isdisjoint(seen):
-        seen |= fresh
-        return
-    for row, doc_id in zip(batch.rows, batch.ids):
-        if doc_id is not None:
-            if doc_id in seen:
-                raise InputError(f"{task.source.location}: duplicate id {doc_id!r} (row/line {row + 1} of this part)")
-            seen.add(doc_id)
+class _UniqueIds:
+    """Fails on an id seen before in this part, naming the first repeat's row: Arrow's hash table
+    counts the part's distinct ids at its end, and only a part with a repeat is searched for it."""
+
+    def __init__(self, task: ReadTask) -> None:
+        self.task = task
+        self.batches: list[TextColumns] = []
+
+    def add(self, batch: TextColumns) -> None:
+        if batch.ids.null_count != len(batch.ids):
+            self.batches.append(batch)
+
+    def finish(self) -> None:
+        ids = pa.chunked_array([batch.ids for batch in self.batches], type=pa.string())
+        if pc.count_distinct(ids).as_py() != len(ids):
+            self._raise_first_repeat()
+
+    def _raise_first_repeat(self) -> None:
+        seen: set[str | None] = set()
+        for batch in self.batches:
+            for row, doc_id in zip(batch.rows.tolist(), to_strings(batch.ids)):
+                if doc_id in seen:
+                    raise InputError(f"{self.task.source.location}: duplicate id {doc_id!r} "
+                                     f"(row/line {row + 1} of this part)")
+                seen.add(doc_id)
 
 
 def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, durable: bool = True) -> TokenizeResult:
@@ -122,23 +140,22 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     counts = {"documents": 0, "tokens": 0, "text_bytes": 0, "bad_records": 0, "special_token_documents": 0,
               "lines": 0}
     bad: list[str] = []
-    seen_ids: set[str] = set()
+    unique_ids = _UniqueIds(task)
+    special_needles = [token.encode() for token in info.special_tokens]
     started = time.perf_counter()
     try:
         with IntermediateWriter(out_path, dtype, durable) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
-                offsets = np.zeros(len(batch.data) + 1, dtype=np.int64)
-                np.cumsum(np.fromiter(map(len, batch.data), dtype=np.int64, count=len(batch.data)), out=offsets[1:])
-                utf8 = (b"".join(batch.data), offsets)
-                tokens = engine.encode_batch(batch.texts, _DocumentNames(task, batch.rows), utf8)
-                _check_ids(task, batch, seen_ids)
-                specials = documents_containing(*utf8, [token.encode() for token in info.special_tokens])
-                writer.write_batch(batch.rows, batch.ids, batch.data, list(map(xxhash.xxh3_128_digest, batch.data)),
-                                   specials, tokens)
-                counts["documents"] += len(batch.data)
-                counts["tokens"] += int(sum(map(len, tokens)))
-                counts["text_bytes"] += int(offsets[-1])
+                tokens, token_offsets = engine.encode_columns(batch.blob, batch.offsets, _DocumentNames(task, batch.rows))
+                unique_ids.add(batch)
+                specials = documents_containing(batch.blob, batch.offsets, special_needles)
+                writer.write_columns(batch.rows, batch.ids, batch.blob, batch.offsets, batch.text_hashes(), specials,
+                                     tokens, token_offsets)
+                counts["documents"] += len(batch)
+                counts["tokens"] += int(token_offsets[-1])
+                counts["text_bytes"] += len(batch.blob)
                 counts["special_token_documents"] += int(np.count_nonzero(specials))
+            unique_ids.finish()
         check_unchanged(task.source)
     except BaseException:  # a bad record, a full disk, an interrupt: leave nothing staged
         with suppress(OSError):

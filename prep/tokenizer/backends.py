@@ -6,13 +6,10 @@ backend never adds EOS. `make_backend` picks one; docs/tokenizers.md explains th
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.metadata
 import json
 import os
-import sys
-import unicodedata
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,16 +20,27 @@ from tokenizers import Tokenizer
 from prep.cache import derived_bytes
 from prep.errors import InputError, TokenizerError
 from prep.tokenizer import TokenizerInfo, contains_special, reference_encode_batch
+from prep.tokenizer.spans import (
+    Offsets,
+    SpanTexts,
+    TokenArray,
+    documents_containing,
+    non_ascii_documents,
+    offsets_of,
+    replace_spans,
+    split_tokens,
+)
+from prep.tokenizer.unicode import has_unassigned_code_point
+
+__all__ = ["Backend", "GigatokenBackend", "ReferenceBackend", "has_unassigned_code_point", "make_backend"]
 
 BACKEND_KINDS = ("auto", "tokenizers", "gigatoken")
 INSTALL_HINT = "pip install 'prep[fast]'"
 # Bounds memory: the reference builds a full Encoding object (strings, offsets) per document.
 REFERENCE_CHUNK_CHARS = 4 << 20
-# One parallel gigatoken call per chunk: big enough to keep every thread busy.
-GIGATOKEN_CHUNK_CHARS = 32 << 20
+# One gigatoken call per chunk: big enough to keep every thread busy.
+GIGATOKEN_CHUNK_BYTES = 32 << 20
 MAX_PROBED_ADDED_TOKENS = 64
-
-TokenArray = np.ndarray[Any, np.dtype[Any]]
 
 
 class Backend(Protocol):
@@ -43,6 +51,11 @@ class Backend(Protocol):
 
     def encode_batch(self, texts: list[str]) -> list[TokenArray]:
         """Encode `texts` in order; pass a whole task's batch at once, not a few documents."""
+        ...
+
+    def encode_flat(self, blob: bytes, offsets: Offsets) -> tuple[TokenArray, Offsets]:
+        """Encode the valid UTF-8 texts `blob[offsets[i]:offsets[i + 1]]`: all their tokens in one
+        array of `dtype`, and the n + 1 offsets of each text's tokens in it."""
         ...
 
     def close(self) -> None:
@@ -111,93 +124,27 @@ class ReferenceBackend:
             raise _invalid_text_error(texts, exc) from None
         return out
 
+    def encode_flat(self, blob: bytes, offsets: Offsets) -> tuple[TokenArray, Offsets]:
+        """`encode_batch` of the decoded texts, laid end to end."""
+        return _joined(self.encode_batch(list(SpanTexts(blob, offsets))), self.dtype)
+
     def close(self) -> None:
         """Nothing to release."""
 
 
-@functools.cache
-def _unassigned_tables() -> tuple[np.ndarray[Any, np.dtype[np.bool_]], np.ndarray[Any, np.dtype[np.bool_]]]:
-    """Lookup tables of code points unassigned in Python's Unicode database (category Cn).
-
-    The second table covers UTF-16 code units and also flags surrogates (astral characters).
-    Building it takes about a second, so it is cached on disk under the Unicode database's
-    version (the only thing it depends on) and every worker process loads it in milliseconds."""
-    unassigned = _cached_unassigned_table()
-    units = unassigned[:0x10000].copy()
-    units[0xD800:0xE000] = True
-    return unassigned, units
+def _joined(tokens: list[TokenArray], dtype: np.dtype[Any]) -> tuple[TokenArray, Offsets]:
+    flat = np.concatenate(tokens).astype(dtype, copy=False) if tokens else np.zeros(0, dtype)
+    return flat, offsets_of([len(t) for t in tokens])
 
 
-def _cached_unassigned_table() -> np.ndarray[Any, np.dtype[np.bool_]]:
-    def build() -> bytes:
-        table = np.fromiter((unicodedata.category(chr(c)) == "Cn" for c in range(0x110000)),
-                            dtype=np.bool_, count=0x110000)
-        return bytes(np.packbits(table).tobytes())
-
-    packed = np.frombuffer(derived_bytes(f"unicode-unassigned-{unicodedata.unidata_version}.bits", build),
-                           dtype=np.uint8)
-    if packed.size * 8 < 0x110000:  # a damaged cache entry
-        packed = np.frombuffer(build(), dtype=np.uint8)
-    return np.unpackbits(packed, count=0x110000).astype(np.bool_)
-
-
-# Every code point below U+0378 is assigned (and stays so: Unicode never unassigns a code point).
-_FIRST_UNASSIGNED = 0x378
-
-
-def _compact_header() -> int | None:
-    """The size of a compact non-ASCII str's header, from sys.getsizeof; None where sizes do not
-    follow CPython's compact layout (header + (length + 1) * bytes per character)."""
+def _strict_utf8(texts: Sequence[str]) -> tuple[bytes, Offsets]:
+    """The texts as one UTF-8 buffer with offsets; InputError names the first one that is not
+    encodable Unicode (a lone surrogate)."""
     try:
-        header = sys.getsizeof(chr(0xE9) * 2) - 3  # built at run time: no cached UTF-8 copy
-        sizes = [sys.getsizeof(chr(c) * 5) for c in (0xE9, 0x100, 0x10000)]
-    except TypeError:  # interpreters without sys.getsizeof for str
-        return None
-    return header if sizes == [header + 6, header + 12, header + 24] else None
-
-
-_COMPACT_HEADER = _compact_header()
-
-
-def _char_width(text: str) -> int:
-    """Bytes per character of a non-ASCII str read in O(1) from its size: 1 or 4 when the size says
-    so, else 0 (two bytes, or unsure).
-
-    Hazard: sys.getsizeof also counts a cached UTF-8 (or wchar_t) copy, and non-compact strings
-    are bigger, so only 1 is a proof (all code points below U+0100): any other layout is bigger than
-    header + length + 1. 4 is a hint only: callers must stay correct whatever the width."""
-    if _COMPACT_HEADER is None or type(text) is not str:
-        return 0
-    extra = sys.getsizeof(text) - _COMPACT_HEADER
-    length = len(text) + 1
-    return 1 if extra == length else 4 if extra == 4 * length else 0
-
-
-def _any_unassigned(table: np.ndarray[Any, np.dtype[np.bool_]], codes: np.ndarray[Any, np.dtype[Any]]) -> bool:
-    """True when `table` flags any of `codes`; looks up only codes at or above U+0378 (few in most text)."""
-    return bool(table[codes[codes >= _FIRST_UNASSIGNED]].any())
-
-
-def has_unassigned_code_point(text: str) -> bool:
-    """True when `text` holds a code point unassigned in Python's Unicode database.
-
-    gigatoken's Unicode tables are newer than the reference's regex engine: it classes characters
-    added by recent Unicode versions as letters, the reference as unassigned, so they split text
-    differently. Python's database (14.0 on 3.11) predates both, so its gaps cover every such
-    character. Cheap checks first: ASCII and one-byte (Latin-1) strings never qualify (O(1)); then
-    UTF-16 code units, whose surrogates send astral text on to a check of its UTF-32 code points."""
-    if text.isascii():
-        return False
-    width = _char_width(text)
-    if width == 1:
-        return False
-    unassigned, units = _unassigned_tables()
-    if width != 4:
-        code_units = np.frombuffer(text.encode("utf-16-le", "surrogatepass"), dtype=np.uint16)
-        if not _any_unassigned(units, code_units):
-            return False
-    code_points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    return _any_unassigned(unassigned, code_points)
+        encoded = [text.encode("utf-8") for text in texts]
+    except UnicodeEncodeError as exc:
+        raise _invalid_text_error(texts, exc) from None
+    return b"".join(encoded), offsets_of([len(data) for data in encoded])
 
 
 class GigatokenUnsupported(Exception):
@@ -302,24 +249,26 @@ class GigatokenBackend:
 
     def encode_batch(self, texts: list[str]) -> list[TokenArray]:
         """Encode with gigatoken, except routed documents, which the reference encodes."""
-        try:
-            return self._encode_routed(texts)
-        except (TypeError, InputError) as exc:  # positions must name the whole batch
-            raise _invalid_text_error(texts, exc) from None
+        return split_tokens(*self.encode_flat(*_strict_utf8(texts)))
 
-    def _encode_routed(self, texts: list[str]) -> list[TokenArray]:
-        routed = [index for index, text in enumerate(texts) if self.routes_to_reference(text)]
+    def encode_flat(self, blob: bytes, offsets: Offsets) -> tuple[TokenArray, Offsets]:
+        """Encode with gigatoken, except routed documents, which the reference encodes."""
+        flat, token_offsets = self._encode_columns(blob, offsets)
+        routed = self._routed(blob, offsets)
         if not routed:
-            return self._encode_fast(texts)
+            return flat, token_offsets
         self.routed_documents += len(routed)
-        routed_set = set(routed)
-        fast_indices = [index for index in range(len(texts)) if index not in routed_set]
-        out: list[TokenArray | None] = [None] * len(texts)
-        fast = self._encode_fast([texts[index] for index in fast_indices])
+        texts = SpanTexts(blob, offsets)
         slow = self._reference.encode_batch([texts[index] for index in routed])
-        for index, tokens in zip(fast_indices + routed, fast + slow):
-            out[index] = tokens
-        return [tokens for tokens in out if tokens is not None]
+        return replace_spans(flat, token_offsets, routed, slow)
+
+    def _routed(self, blob: bytes, offsets: Offsets) -> list[int]:
+        """The documents to hand to the reference: only non-ASCII or special-spelling ones can be."""
+        candidates = non_ascii_documents(blob, offsets)
+        if self._route_specials:
+            candidates |= documents_containing(blob, offsets, [token.encode() for token in self._special_tokens])
+        texts = SpanTexts(blob, offsets)
+        return [index for index in np.flatnonzero(candidates).tolist() if self.routes_to_reference(texts[index])]
 
     def close(self) -> None:
         """Nothing to release: gigatoken's thread pool is process-wide."""
@@ -327,28 +276,39 @@ class GigatokenBackend:
     def _parallel(self) -> bool:
         return self.threads > 1 and not _pool_inherited
 
-    def _encode_fast(self, texts: list[str]) -> list[TokenArray]:
-        if not self._parallel():
-            # One call per document: no awkward-array assembly, so faster than a batch call.
-            return [self._tokenizer.encode(text).astype(self.dtype) for text in texts]
-        return [tokens for part in _char_chunks(texts, GIGATOKEN_CHUNK_CHARS)
-                for tokens in self._encode_parallel(texts[part])]
+    def _encode_columns(self, blob: bytes, offsets: Offsets) -> tuple[TokenArray, Offsets]:
+        """gigatoken's tokens of every text, a chunk of about GIGATOKEN_CHUNK_BYTES per call."""
+        ends = [0]
+        while ends[-1] < len(offsets) - 1:
+            limit = offsets[ends[-1]] + GIGATOKEN_CHUNK_BYTES
+            ends.append(max(ends[-1] + 1, int(np.searchsorted(offsets, limit, "right")) - 1))
+        parts = [self._encode_chunk(blob, offsets[start:end + 1]) for start, end in zip(ends[:-1], ends[1:])]
+        if len(parts) == 1:
+            return parts[0]
+        flats = [flat for flat, _ in parts]
+        bases = np.cumsum([0] + [len(flat) for flat in flats[:-1]])
+        merged = np.concatenate([[0]] + [chunk[1:] + base for (_, chunk), base in zip(parts, bases)])
+        return (np.concatenate(flats) if flats else np.zeros(0, self.dtype)), merged.astype(np.int64)
 
-    def _encode_parallel(self, texts: list[str]) -> list[TokenArray]:
+    def _encode_chunk(self, blob: bytes, offsets: Offsets) -> tuple[TokenArray, Offsets]:
+        """One gigatoken call over the texts of `offsets` (a window of the batch's offsets)."""
         global _pool_started
         import awkward as ak
 
-        _pool_started = True
-        encoded = self._tokenizer.encode_batch(texts, parallel=True)
-        layout = ak.to_layout(encoded)
-        if isinstance(layout, ak.contents.ListOffsetArray):
-            offsets = np.asarray(layout.offsets.data)
-            flat = np.asarray(layout.content.data)
-        else:
-            flat = ak.to_numpy(ak.flatten(encoded, axis=1))
-            offsets = np.concatenate(([0], np.cumsum(ak.to_numpy(ak.num(encoded, axis=1)))))
-        flat = flat.astype(self.dtype)
-        return [flat[offsets[i]:offsets[i + 1]] for i in range(len(texts))]
+        first, last = int(offsets[0]), int(offsets[-1])
+        content = ak.contents.NumpyArray(np.frombuffer(blob, dtype=np.uint8, count=last - first, offset=first),
+                                         parameters={"__array__": "byte"})
+        texts = ak.contents.ListOffsetArray(ak.index.Index64(offsets - first), content,
+                                            parameters={"__array__": "bytestring"})
+        parallel = self._parallel()
+        _pool_started = _pool_started or parallel
+        encoded = ak.to_layout(self._tokenizer.encode_batch(ak.Array(texts), parallel=parallel))
+        if isinstance(encoded, ak.contents.ListOffsetArray) and isinstance(encoded.content, ak.contents.NumpyArray):
+            token_offsets = np.asarray(encoded.offsets.data, dtype=np.int64)
+            flat = np.asarray(encoded.content.data)[token_offsets[0]:token_offsets[-1]]
+            return flat.astype(self.dtype), token_offsets - token_offsets[0]
+        tokens = ak.to_list(encoded)  # another layout: rare, and slow only then
+        return _joined([np.asarray(row, dtype=self.dtype) for row in tokens], self.dtype)
 
     def _self_check(self, probes: list[str]) -> None:
         """Refuse a tokenizer gigatoken loads but encodes differently (unsupported options)."""

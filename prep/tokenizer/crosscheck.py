@@ -17,6 +17,7 @@ import numpy as np
 from prep.errors import TokenizerError
 from prep.tokenizer import contains_special
 from prep.tokenizer.backends import Backend, ReferenceBackend
+from prep.tokenizer.spans import character_counts, documents_containing, non_ascii_documents
 
 DEFAULT_BUDGET_FRACTION = 0.0005
 MIN_BUDGET_BYTES = 4 << 10
@@ -81,24 +82,6 @@ def utf8_batch(texts: Sequence[str]) -> tuple[bytes, np.ndarray[Any, Any]]:
     return b"".join(encoded), offsets
 
 
-def documents_containing(blob: bytes, offsets: np.ndarray[Any, Any], needles: Sequence[bytes]) -> np.ndarray[Any, Any]:
-    """Whether each span [offsets[i], offsets[i + 1]) of `blob` contains any of `needles` (a
-    UTF-8 needle is in a UTF-8 text exactly when its string is in the text's string)."""
-    found = np.zeros(len(offsets) - 1, dtype=bool)
-    for needle in needles:
-        if not needle:
-            found[:] = True
-            continue
-        positions, at = [], blob.find(needle)
-        while at >= 0:
-            positions.append(at)
-            at = blob.find(needle, at + 1)
-        starts = np.asarray(positions, dtype=np.int64)
-        document = np.searchsorted(offsets, starts, "right") - 1
-        found[document[starts + len(needle) <= offsets[document + 1]]] = True
-    return found
-
-
 def select_sample(texts: Sequence[str], budget_bytes: int, seed: int, *,
                   special_tokens: Sequence[str] = (), utf8: tuple[bytes, np.ndarray[Any, Any]] | None = None) -> list[int]:
     """Sorted indices of a deterministic sample of `texts` of at most `budget_bytes` UTF-8 bytes.
@@ -112,9 +95,8 @@ def select_sample(texts: Sequence[str], budget_bytes: int, seed: int, *,
         return []
     blob, offsets = utf8 if utf8 is not None else utf8_batch(texts)
     sizes = np.diff(offsets)
-    wide = np.fromiter((not text.isascii() for text in texts), dtype=bool, count=len(texts))  # O(1) each
-    chars = sizes.copy()
-    chars[wide] = [len(texts[index]) for index in np.flatnonzero(wide).tolist()]
+    wide = non_ascii_documents(blob, offsets)
+    chars = character_counts(blob, offsets)
     # A special token that contains the generic spelling is found by looking for that alone.
     others = [token.encode("utf-8", "surrogatepass") for token in special_tokens if _SPECIAL_LIKE not in token]
     cheap = (wide.astype(np.int64) + documents_containing(blob, offsets, [b"\r"])

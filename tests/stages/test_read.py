@@ -49,9 +49,9 @@ def json_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     """Read JSON Lines with the optional fast parser (when installed), then with json alone."""
     if request.param == "fast":
         pytest.importorskip("simdjson")
-        assert read._fast_parser() is not None
+        assert read.fast_line_parser() is not None
     else:
-        monkeypatch.setattr(read, "_fast_parser", lambda: None)
+        monkeypatch.setattr(read, "fast_line_parser", lambda: None)
     return str(request.param)
 
 
@@ -138,49 +138,3 @@ def test_byte_ranges_split_lines_without_overlap_or_loss(lines: list[bytes], tra
     assert found == expected
 
 
-def _flatten(items: list[read.DocumentBatch | BadRecord]) -> list[Document | BadRecord]:
-    """The batches' documents and the bad records, in the order read_documents gives them."""
-    found: list[Document | BadRecord] = []
-    for item in items:
-        if isinstance(item, BadRecord):
-            found.append(item)
-        else:
-            found.extend(Document(*fields) for fields in zip(item.rows, item.ids, item.texts, item.data))
-    return found
-
-
-@pytest.mark.parametrize("limits", [(1, 1 << 20), (3, 1 << 20), (1000, 50), (1000, 1 << 20)])
-def test_batches_hold_the_same_documents_and_bad_records(tmp_path: Path, json_parser: str,
-                                                         limits: tuple[int, int]) -> None:
-    """read_batches gives read_documents' documents and bad records, each in order (a bad record as
-    soon as it is read), lines counted alike, every batch within its limits (documents, or text
-    bytes up to the document that crosses them)."""
-    lines = [json.dumps(r, ensure_ascii=False) for r in RECORDS[:12]]
-    lines[3:3] = ["", "  ", '{"text": 5}', "not json", '{"text": "\\ud800 lone", "id": "s"}', '{"id": "x"}']
-    path = tmp_path / "mixed.jsonl"
-    path.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
-    task = plan_read_tasks(hash_source(discover(("mixed.jsonl",), tmp_path, "auto")[0]), "text", "id")[0]
-    stats_one: dict[str, int] = {}
-    stats_batched: dict[str, int] = {}
-    expected = list(read_documents(task, stats_one))
-    batches = list(read.read_batches(task, stats_batched, *limits))
-    found = _flatten(batches)
-    assert [d for d in found if isinstance(d, Document)] == [d for d in expected if isinstance(d, Document)]
-    assert [b for b in found if isinstance(b, BadRecord)] == [b for b in expected if isinstance(b, BadRecord)]
-    assert sum(isinstance(item, BadRecord) for item in expected) == 4
-    assert stats_batched == stats_one == {"lines": len(lines) + 1}
-    for batch in batches:
-        if isinstance(batch, read.DocumentBatch):
-            assert 0 < len(batch.rows) <= limits[0]
-            assert sum(map(len, batch.data[:-1])) < limits[1]
-
-
-def test_parquet_batches_match_its_documents(tmp_path: Path) -> None:
-    """Formats without a batch reader of their own are batched from read_documents."""
-    table = pa.table({"text": [r["text"] for r in RECORDS] + [None], "id": [r["id"] for r in RECORDS] + ["z"]})
-    pq.write_table(table, tmp_path / "t.parquet", row_group_size=7)
-    source = hash_source(discover(("t.parquet",), tmp_path, "auto")[0])
-    for task in plan_read_tasks(source, "text", "id"):
-        found, expected = _flatten(list(read.read_batches(task, {}, 5, 1 << 20))), list(read_documents(task, {}))
-        assert sorted(found, key=repr) == sorted(expected, key=repr) and len(found) == len(expected)
-        assert [d for d in found if isinstance(d, Document)] == [d for d in expected if isinstance(d, Document)]

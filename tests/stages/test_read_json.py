@@ -31,7 +31,7 @@ def _outcome(parse: Any, raw: bytes, task: ReadTask) -> Document | tuple[str, st
 
 
 def assert_same(raw: bytes, task: ReadTask) -> Document | tuple[str, str]:
-    parse = read._fast_parser()
+    parse = read.fast_line_parser()
     assert parse is not None
     expected = _outcome(None, raw, task)
     assert _outcome(parse, raw, task) == expected
@@ -212,7 +212,7 @@ def test_deep_nesting_goes_to_json(depth: int) -> None:
     (b'{"text": "a", "id": "first", "id": "last"}', "last"),
 ])
 def test_the_fast_parser_takes_clean_lines(raw: bytes, doc_id: str) -> None:
-    parse = read._fast_parser()
+    parse = read.fast_line_parser()
     assert parse is not None
     document = read._fast_document(parse, raw, 7, _task())
     assert document is not None and document.id == doc_id
@@ -222,14 +222,14 @@ def test_the_fast_parser_takes_clean_lines(raw: bytes, doc_id: str) -> None:
 @pytest.mark.parametrize("raw", [b'{"text": "x", "id": 1.5}', b'\xef\xbb\xbf{"text": "x"}', b'{"text": "\\ud800"}',
                                  b'{"text": "x", "a": ' + b"[" * 101 + b"]" * 101 + b"}"])
 def test_the_fast_parser_leaves_doubtful_lines_to_json(raw: bytes) -> None:
-    parse = read._fast_parser()
+    parse = read.fast_line_parser()
     assert parse is not None
     assert read._fast_document(parse, raw, 7, _task()) is None
 
 
 def test_long_lines_go_to_json(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(read, "_MAX_FAST_LINE_BYTES", 64)
-    parse = read._fast_parser()
+    parse = read.fast_line_parser()
     assert parse is not None
     short, long = b'{"text": "x", "id": "a"}', b'{"text": "' + b"x" * 64 + b'", "id": "a"}'
     assert read._fast_document(parse, short, 7, _task()) is not None
@@ -239,7 +239,7 @@ def test_long_lines_go_to_json(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _read_file(path: Path, monkeypatch: pytest.MonkeyPatch, fast: bool) -> list[Document | BadRecord]:
     if not fast:
-        monkeypatch.setattr(read, "_fast_parser", lambda: None)
+        monkeypatch.setattr(read, "fast_line_parser", lambda: None)
     (source,) = [hash_source(s) for s in discover((path.name,), path.parent, "auto")]
     try:
         return [item for task in plan_read_tasks(source, "text", "id") for item in read_documents(task, {})]
@@ -273,3 +273,14 @@ def test_float_ids_read_as_json_reads_them() -> None:
     for literal in ("0.1", "1e22", "1E-7", "-0.0", "5e-324", "123456789.123456789"):
         outcome = assert_same(b'{"text": "x", "id": ' + literal.encode() + b"}", _task())
         assert isinstance(outcome, Document) and outcome.id == str(float(literal))
+
+
+def test_a_line_nested_deeper_than_json_can_recurse_is_a_bad_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: json's RecursionError escaped the reader as a traceback; now the line is named."""
+    deep = b'{"text": "x", "id": "d", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(b'{"text": "ok", "id": "a"}\n' + deep + b"\n")
+    for fast in (True, False):
+        items = _read_file(path, monkeypatch, fast)
+        assert isinstance(items[0], Document)
+        assert items[1] == BadRecord(1, "malformed JSON: nested too deeply to read", line=2)

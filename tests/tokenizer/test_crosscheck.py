@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prep.errors import TokenizerError
-from prep.tokenizer.backends import Backend, TokenArray
+from prep.tokenizer import load_tokenizer
+from prep.tokenizer.backends import Backend
 from prep.tokenizer.crosscheck import (
     DEFAULT_BUDGET_FRACTION,
     MAX_BUDGET_BYTES,
@@ -23,9 +26,12 @@ from prep.tokenizer.crosscheck import (
     sample_budget,
     select_sample,
     unusual_score,
+    utf8_batch,
     utf8_size,
 )
-from tests.tokenizer.conftest import BackendPair
+from prep.tokenizer.engine import TokenizerEngine
+from prep.tokenizer.spans import SpanTexts, TokenArray, offsets_of
+from tests.tokenizer.conftest import EOS, BackendPair
 from tests.tokenizer.strategies import documents
 
 Backends = Callable[..., BackendPair]
@@ -48,6 +54,10 @@ class PerturbingBackend:
                 tokens[index] = tokens[index].copy()
                 tokens[index][-1] += 1
         return tokens
+
+    def encode_flat(self, blob: bytes, offsets: np.ndarray[Any, Any]) -> tuple[TokenArray, np.ndarray[Any, Any]]:
+        tokens = self.encode_batch(list(SpanTexts(blob, offsets)))
+        return np.concatenate(tokens), offsets_of([len(t) for t in tokens])
 
     def close(self) -> None:
         self.inner.close()
@@ -140,6 +150,24 @@ def test_crosscheck_catches_and_names_a_disagreeing_document(backends: Backends)
         crosscheck(broken, reference, texts, tokens, sample, names)
     others = [index for index in sample if index != victim]
     assert crosscheck(broken, reference, texts, tokens, others, names).documents == len(others)
+
+
+def test_the_engine_catches_a_disagreement_in_a_flat_batch(backends: Backends, bpe_path: Path) -> None:
+    """The tokenize stage's path (whole batches as one buffer) cross-checks as the list path does."""
+    fast, reference = backends(False, True, 1)
+    texts = ordinary_corpus(300)
+    texts[41] = "an unusual one: naïve <|endoftext|> 1234567890123456789"
+    engine = TokenizerEngine(load_tokenizer(bpe_path, EOS)[1], PerturbingBackend(fast, texts[41]), reference)
+    blob, offsets = utf8_batch(texts)
+    names = [f"part.jsonl:0:{i}" for i in range(len(texts))]
+    with pytest.raises(TokenizerError, match=r"disagrees with the reference on document part.jsonl:0:41:"):
+        engine.encode_columns(blob, offsets, names)
+    texts[41] = "ordinary again"
+    blob, offsets = utf8_batch(texts)
+    tokens, token_offsets = engine.encode_columns(blob, offsets, names)
+    assert [tokens[a:b].tolist() for a, b in zip(token_offsets[:-1], token_offsets[1:])] == [
+        t.tolist() for t in reference.encode_batch(texts)]
+    assert engine.checked["documents"] > 0
 
 
 def test_crosscheck_skips_the_reference_itself(backends: Backends) -> None:

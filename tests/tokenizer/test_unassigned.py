@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from prep.tokenizer.backends import _char_width, _unassigned_tables, has_unassigned_code_point
+from prep.tokenizer.unicode import _char_width, _unassigned_tables, has_unassigned_code_point
 
 _ORACLE_BEYOND_FIRST_UNASSIGNED = re.compile(r"[^\x00-\u0377]")
 

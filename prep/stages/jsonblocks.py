@@ -1,0 +1,135 @@
+"""JSON Lines read a block at a time: Arrow's JSON parser fills the text and id columns of many
+lines in one call, with no Python object per line.
+
+Arrow's parser is not Python's `json`: it skips blank lines, reads two objects on one line, takes
+a leading BOM, nesting `json` cannot recurse into and invalid UTF-8 in fields it ignores, and
+refuses lone surrogate escapes, repeated keys and integer ids. So a block is taken from it only
+when it surely reads every line as `json.loads` does: the block is valid UTF-8 without a BOM,
+every line holds an object and at most MAX_BRACKETS_PER_LINE opening brackets, Arrow reads one
+row per line, and no text or id is missing. Any other block is read line by line
+(`read.line_rows`), so every decision and error message stays the per-line reader's.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pa_json
+
+from prep.inputs.sources import iter_line_blocks, open_decoded
+from prep.stages import read
+from prep.stages.read import BadRecord, ReadTask, line_rows
+from prep.stages.textcolumns import TextColumns, chunks_of
+
+BLOCK_BYTES = 8 << 20
+MAX_BRACKETS_PER_LINE = 100  # the per-line reader sends deeper lines to json (see read._MAX_FAST_DEPTH)
+_BOM = b"\xef\xbb\xbf"
+_ID_TYPES = (pa.string(), pa.int64())  # json's ids are strings or integers; int64 fits most integers
+
+
+def _line_bounds(data: np.ndarray[Any, np.dtype[np.uint8]]) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Offsets where each line of a block starts, then the block's end."""
+    newlines = np.flatnonzero(data == ord("\n"))
+    starts = np.concatenate(([0], newlines + 1)).astype(np.int64)
+    return starts if starts[-1] == len(data) else np.append(starts, len(data))
+
+
+def _plain_lines(block: bytes, bounds: np.ndarray[Any, np.dtype[np.int64]]) -> bool:
+    """True when every line is valid UTF-8 without a BOM, has an object's `{` and is shallow."""
+    if _BOM in block or not valid_utf8(block):
+        return False
+    data = np.frombuffer(block, dtype=np.uint8)
+    braces = np.flatnonzero(data == ord("{"))
+    per_line = np.diff(np.searchsorted(braces, bounds))
+    if not per_line.all():
+        return False
+    brackets = np.flatnonzero(data == ord("["))
+    if len(braces) + len(brackets) <= MAX_BRACKETS_PER_LINE:
+        return True
+    return bool((per_line + np.diff(np.searchsorted(brackets, bounds)) <= MAX_BRACKETS_PER_LINE).all())
+
+
+def valid_utf8(data: bytes) -> bool:
+    """True when `data` is UTF-8 as Python's strict decoder takes it (Arrow's validator, no copy)."""
+    if data.isascii():
+        return True
+    offsets = np.array([0, len(data)], dtype=np.int64)
+    value = pa.Array.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    try:
+        value.cast(pa.large_string())
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+class _ArrowLines:
+    """Arrow's reading of one task's blocks; remembers which id type the task's ids have."""
+
+    def __init__(self, task: ReadTask) -> None:
+        self.task = task
+        self.id_types = list(_ID_TYPES)
+
+    def _parse(self, block: bytes, id_type: pa.DataType | None) -> pa.Table | None:
+        fields = [(self.task.text_field, pa.string())] + ([(self.task.id_field, id_type)] if id_type else [])
+        try:
+            return pa_json.read_json(pa.BufferReader(block),
+                                     read_options=pa_json.ReadOptions(use_threads=False, block_size=len(block) + 1),
+                                     parse_options=pa_json.ParseOptions(explicit_schema=pa.schema(fields),
+                                                                        unexpected_field_behavior="ignore"))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+
+    def columns(self, block: bytes, lines: int) -> tuple[pa.Array, pa.Array] | None:
+        """The block's texts and ids when Arrow reads exactly one row per line and no value is missing."""
+        for id_type in self.id_types if self.task.id_field is not None else [None]:
+            table = self._parse(block, id_type)
+            if table is None or table.num_rows != lines:
+                continue
+            texts = table.column(0).combine_chunks()
+            ids = table.column(1).combine_chunks() if id_type is not None else None
+            if texts.null_count or (ids is not None and ids.null_count):
+                return None
+            if id_type is not None and id_type != self.id_types[0]:
+                self.id_types.sort(key=lambda kind: kind != id_type)  # try this task's id type first
+            return texts, (ids.cast(pa.string()) if ids is not None else pa.nulls(lines, pa.string()))
+        return None
+
+
+def _text_buffer(texts: pa.Array) -> tuple[bytes, np.ndarray[Any, np.dtype[np.int64]]]:
+    """A string column's UTF-8 bytes and its n + 1 offsets from 0."""
+    _, offsets_buffer, data = texts.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype="<i4", count=len(texts) + 1, offset=texts.offset * 4).astype(np.int64)
+    first, last = int(offsets[0]), int(offsets[-1])
+    blob = bytes(memoryview(data)[first:last]) if data is not None else b""
+    return blob, offsets - first
+
+
+def _block_items(task: ReadTask, arrow: _ArrowLines, block: bytes, first_local: int,
+                 parse: Any) -> tuple[list[TextColumns | BadRecord], int]:
+    """The block's documents and bad records in order, and how many lines it held."""
+    bounds = _line_bounds(np.frombuffer(block, dtype=np.uint8))
+    lines = len(bounds) - 1
+    if _plain_lines(block, bounds) and (found := arrow.columns(block, lines)) is not None:
+        blob, offsets = _text_buffer(found[0])
+        return [TextColumns(np.arange(first_local, first_local + lines, dtype=np.int64), found[1], blob, offsets)], lines
+    return list(chunks_of(line_rows(task, parse, block.split(b"\n")[:lines], first_local))), lines
+
+
+def jsonl_chunks(task: ReadTask, stats: dict[str, int]) -> Iterator[TextColumns | BadRecord]:
+    """A JSON Lines task's documents in chunks of consecutive lines, bad records in between, as the
+    per-line reader reads them; `stats["lines"]` ends as the number of lines the task consumed."""
+    arrow, parse = _ArrowLines(task), read.fast_line_parser()
+    local = 0
+    try:
+        with open_decoded(task.source) as stream:
+            end = task.end if not task.source.compressed else sys.maxsize
+            for block in iter_line_blocks(stream, task.start, end, BLOCK_BYTES):
+                items, lines = _block_items(task, arrow, block, local, parse)
+                local += lines
+                yield from items
+    finally:
+        stats["lines"] = local

@@ -1,0 +1,123 @@
+"""Consecutive documents of a read task as columns: every text's UTF-8 in one buffer with offsets.
+
+The tokenize stage works on these whole (hashing, tokenizing, writing), so a batch costs a few
+buffer operations instead of several Python objects per document; a `str` of a text is made only
+when something asks for it (an error message, the tokenizer cross-check's sample).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from prep.stages.columns import string_column
+from prep.stages.read import BadRecord
+from prep.tokenizer.spans import SpanTexts
+
+Offsets = np.ndarray[Any, np.dtype[np.int64]]
+
+
+@dataclass(frozen=True)
+class TextColumns:
+    """Documents `rows[i]` (line or row of the task), `ids[i]`, UTF-8 text `blob[offsets[i]:offsets[i + 1]]`."""
+
+    rows: np.ndarray[Any, np.dtype[np.int64]]
+    ids: pa.Array  # strings, all null when the task reads no ids
+    blob: bytes
+    offsets: Offsets
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[int], ids: list[str | None], texts: Sequence[bytes]) -> TextColumns:
+        """Columns of documents given one by one (their texts as UTF-8)."""
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=offsets[1:])
+        return cls(np.asarray(rows, dtype=np.int64), string_column(ids), b"".join(texts), offsets)
+
+    @classmethod
+    def concat(cls, parts: Sequence[TextColumns]) -> TextColumns:
+        """The documents of `parts`, one part after another."""
+        if len(parts) == 1:
+            return parts[0]
+        bases = np.cumsum([0] + [len(part.blob) for part in parts[:-1]])
+        offsets = np.concatenate([[0]] + [part.offsets[1:] + base for part, base in zip(parts, bases)])
+        return cls(np.concatenate([part.rows for part in parts]), pa.concat_arrays([part.ids for part in parts]),
+                   b"".join(part.blob for part in parts), offsets.astype(np.int64))
+
+    def slice(self, start: int, end: int) -> TextColumns:
+        """Documents [start, end) as columns of their own."""
+        if start == 0 and end == len(self):
+            return self
+        first, last = int(self.offsets[start]), int(self.offsets[end])
+        return TextColumns(self.rows[start:end], self.ids.slice(start, end - start), self.blob[first:last],
+                           self.offsets[start:end + 1] - first)
+
+    def text_sizes(self) -> Offsets:
+        return np.diff(self.offsets)
+
+    def data(self, index: int) -> bytes:
+        """Document `index`'s text as UTF-8."""
+        return self.blob[int(self.offsets[index]):int(self.offsets[index + 1])]
+
+    def texts(self) -> SpanTexts:
+        return SpanTexts(self.blob, self.offsets)
+
+    def text_hashes(self) -> bytes:
+        """Every text's 16-byte XXH3-128 digest, one after another."""
+        view = memoryview(self.blob)
+        bounds = self.offsets.tolist()
+        return b"".join([xxhash.xxh3_128_digest(view[start:end]) for start, end in zip(bounds[:-1], bounds[1:])])
+
+
+def chunks_of(items: Iterable[tuple[int, str | None, str, bytes] | BadRecord],
+              most: int = 4096) -> Iterator[TextColumns | BadRecord]:
+    """Documents given one by one (a Document's fields) as chunks of at most `most`, bad records
+    passed on in their place."""
+    rows: list[tuple[int, str | None, str, bytes]] = []
+    for item in items:
+        if isinstance(item, BadRecord) or len(rows) >= most:
+            if rows:
+                yield TextColumns.from_rows([row[0] for row in rows], [row[1] for row in rows], [row[3] for row in rows])
+                rows = []
+        if isinstance(item, BadRecord):
+            yield item
+        else:
+            rows.append(item)
+    if rows:
+        yield TextColumns.from_rows([row[0] for row in rows], [row[1] for row in rows], [row[3] for row in rows])
+
+
+def rebatch(items: Iterable[TextColumns | BadRecord], max_documents: int,
+            max_bytes: int) -> Iterator[TextColumns | BadRecord]:
+    """Documents regrouped into batches closed by the document that brings a batch to `max_bytes`
+    of text or `max_documents` documents, wherever the chunks they came in were cut; a bad record
+    is passed on as soon as it comes, before the batch of the documents that came before it."""
+    pending: list[TextColumns] = []
+    documents, size = 0, 0
+    for item in items:
+        if isinstance(item, BadRecord):
+            yield item
+            continue
+        at = 0
+        while at < len(item):
+            through = item.offsets[at + 1:] - item.offsets[at]  # text bytes from `at` through each document
+            by_bytes = int(np.searchsorted(through, max_bytes - size, side="left"))
+            last = min(by_bytes, max_documents - documents - 1)
+            if last >= len(item) - at:
+                pending.append(item.slice(at, len(item)))
+                documents += len(item) - at
+                size += int(through[-1])
+                break
+            pending.append(item.slice(at, at + last + 1))
+            yield TextColumns.concat(pending)
+            pending, documents, size = [], 0, 0
+            at += last + 1
+    if documents:
+        yield TextColumns.concat(pending)

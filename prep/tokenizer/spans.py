@@ -1,0 +1,121 @@
+"""Documents as spans of one UTF-8 buffer (`blob`, n + 1 `offsets`) and their tokens as spans of
+one token array: the questions the tokenizer asks of a whole batch, answered with numpy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, overload
+
+import numpy as np
+
+TokenArray = np.ndarray[Any, np.dtype[Any]]
+Offsets = np.ndarray[Any, np.dtype[np.int64]]
+
+
+class SpanTexts(Sequence[str]):
+    """The texts of a UTF-8 buffer with offsets, each decoded only when asked for."""
+
+    def __init__(self, blob: bytes, offsets: Offsets) -> None:
+        self._blob = blob
+        self._offsets = offsets
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        start, end = int(self._offsets[index]), int(self._offsets[index + 1])
+        return self._blob[start:end].decode("utf-8", "surrogatepass")
+
+
+
+def offsets_of(sizes: Sequence[int] | np.ndarray[Any, Any]) -> Offsets:
+    """The n + 1 offsets of spans of these sizes laid end to end."""
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(sizes, dtype=np.int64), out=offsets[1:])
+    return offsets
+
+
+def documents_containing(blob: bytes, offsets: np.ndarray[Any, Any], needles: Sequence[bytes]) -> np.ndarray[Any, Any]:
+    """Whether each span [offsets[i], offsets[i + 1]) of `blob` contains any of `needles` (a
+    UTF-8 needle is in a UTF-8 text exactly when its string is in the text's string)."""
+    found = np.zeros(len(offsets) - 1, dtype=bool)
+    for needle in needles:
+        if not needle:
+            found[:] = True
+            continue
+        positions, at = [], blob.find(needle)
+        while at >= 0:
+            positions.append(at)
+            at = blob.find(needle, at + 1)
+        starts = np.asarray(positions, dtype=np.int64)
+        document = np.searchsorted(offsets, starts, "right") - 1
+        found[document[starts + len(needle) <= offsets[document + 1]]] = True
+    return found
+
+
+def _documents_of(positions: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return np.searchsorted(offsets, positions, "right") - 1
+
+
+def non_ascii_documents(blob: bytes, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Whether each span holds a byte above 0x7F."""
+    wide = np.zeros(len(offsets) - 1, dtype=bool)
+    if not blob.isascii():
+        wide[_documents_of(np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) >= 0x80), offsets)] = True
+    return wide
+
+
+def character_counts(blob: bytes, offsets: np.ndarray[Any, Any]) -> Offsets:
+    """Code points of each span (UTF-8, lone surrogates encoded as three bytes, count one each)."""
+    sizes = np.diff(offsets).astype(np.int64)
+    if blob.isascii():
+        return sizes
+    continuation = np.flatnonzero((np.frombuffer(blob, dtype=np.uint8) & 0xC0) == 0x80)
+    return sizes - np.bincount(_documents_of(continuation, offsets), minlength=len(sizes))
+
+
+def split_tokens(flat: TokenArray, offsets: np.ndarray[Any, Any]) -> list[TokenArray]:
+    """One array (a view) per document."""
+    bounds = offsets.tolist()
+    return [flat[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
+
+
+def replace_spans(flat: TokenArray, offsets: Offsets, indices: Sequence[int],
+                  replacements: Sequence[TokenArray]) -> tuple[TokenArray, Offsets]:
+    """The token spans with span `indices[k]` (ascending) replaced by `replacements[k]`."""
+    pieces: list[TokenArray] = []
+    sizes = np.diff(offsets)
+    at = 0
+    for index, tokens in zip(indices, replacements):
+        pieces.append(flat[offsets[at]:offsets[index]])
+        pieces.append(np.asarray(tokens, dtype=flat.dtype))
+        sizes[index] = len(tokens)
+        at = index + 1
+    pieces.append(flat[offsets[at]:])
+    return np.concatenate(pieces) if pieces else flat, offsets_of(sizes)
+
+
+class TokenSpans(Sequence[TokenArray]):
+    """The token array of document i of a flat token array, made only when asked for."""
+
+    def __init__(self, flat: TokenArray, offsets: Offsets) -> None:
+        self._flat = flat
+        self._offsets = offsets
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        return self._flat[int(self._offsets[index]):int(self._offsets[index + 1])]
