@@ -299,22 +299,20 @@ def _text(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecor
         yield BadRecord(-1, f"invalid UTF-8 at byte {exc.start}")
 
 
-def _columns(task: ReadTask, batches: Iterator[Any], first_row: int) -> Iterator[Document | BadRecord]:
-    row = first_row
-    for batch in batches:
-        texts = batch.column(task.text_field).to_pylist()
-        ids = batch.column(task.id_field).to_pylist() if task.id_field else [None] * len(texts)
-        for text, doc_id in zip(texts, ids):
-            if not isinstance(text, str):
-                yield BadRecord(row, f"text field {task.text_field!r} is null or not a string")
-            elif task.id_field and doc_id is None:
-                yield BadRecord(row, f"missing id field {task.id_field!r}")
-            else:
-                try:
-                    yield _document(row, None if doc_id is None else str(doc_id), text)
-                except ValueError as exc:
-                    yield BadRecord(row, str(exc))
-            row += 1
+def batch_documents(task: ReadTask, batch: Any, first_row: int) -> Iterator[Document | BadRecord]:
+    """The Documents (or BadRecords) of one Arrow record batch whose first row is `first_row`."""
+    texts = batch.column(task.text_field).to_pylist()
+    ids = batch.column(task.id_field).to_pylist() if task.id_field else [None] * len(texts)
+    for row, (text, doc_id) in enumerate(zip(texts, ids), first_row):
+        if not isinstance(text, str):
+            yield BadRecord(row, f"text field {task.text_field!r} is null or not a string")
+        elif task.id_field and doc_id is None:
+            yield BadRecord(row, f"missing id field {task.id_field!r}")
+        else:
+            try:
+                yield _document(row, None if doc_id is None else str(doc_id), text)
+            except ValueError as exc:
+                yield BadRecord(row, str(exc))
 
 
 def _require_columns(task: ReadTask, names: list[str]) -> list[str]:
@@ -325,7 +323,13 @@ def _require_columns(task: ReadTask, names: list[str]) -> list[str]:
     return wanted
 
 
-def _parquet(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
+def _numbered(batches: Iterator[Any], first_row: int) -> Iterator[tuple[int, Any]]:
+    for batch in batches:
+        yield first_row, batch
+        first_row += batch.num_rows
+
+
+def _parquet_batches(task: ReadTask) -> Iterator[tuple[int, Any]]:
     import pyarrow.parquet as pq
 
     with _seekable(task.source) as handle:
@@ -333,20 +337,29 @@ def _parquet(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRe
         columns = _require_columns(task, parquet.schema_arrow.names)
         first_row = sum(parquet.metadata.row_group(i).num_rows for i in range(task.start))
         groups = list(range(task.start, task.end))
-        yield from _columns(task, parquet.iter_batches(batch_size=4096, row_groups=groups, columns=columns),
-                            first_row)
+        yield from _numbered(parquet.iter_batches(batch_size=4096, row_groups=groups, columns=columns), first_row)
 
 
-def _arrow(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
+def _arrow_batches(task: ReadTask) -> Iterator[tuple[int, Any]]:
     import pyarrow.ipc
 
     with _seekable(task.source) as handle:
         reader = pyarrow.ipc.open_stream(handle)
         _require_columns(task, reader.schema.names)
-        yield from _columns(task, iter(reader), 0)
+        yield from _numbered(iter(reader), 0)
 
 
-_READERS = {"jsonl": _jsonl, "text": _text, "parquet": _parquet, "hf": _arrow}
+def record_batches(task: ReadTask) -> Iterator[tuple[int, Any]]:
+    """A Parquet or Arrow ("hf") task's record batches, each with the file row of its first row."""
+    return _parquet_batches(task) if task.source.format == "parquet" else _arrow_batches(task)
+
+
+def _tables(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
+    for first_row, batch in record_batches(task):
+        yield from batch_documents(task, batch, first_row)
+
+
+_READERS = {"jsonl": _jsonl, "text": _text, "parquet": _tables, "hf": _tables}
 
 
 def translated(task: ReadTask, items: Iterator[Any]) -> Iterator[Any]:

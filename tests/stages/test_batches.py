@@ -16,8 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import prep.inputs.sources as sources
+import prep.stages.batches as batches_module
 import prep.stages.jsonblocks as jsonblocks
 import prep.stages.read as read
+from prep.errors import InputError
 from prep.inputs.sources import discover, hash_source
 from prep.stages.batches import read_batches
 from prep.stages.columns import to_strings
@@ -205,10 +207,44 @@ def test_utf8_validation_agrees_with_python(data: bytes) -> None:
     assert jsonblocks.valid_utf8(data) is valid
 
 
-def test_parquet_batches_match_its_documents(tmp_path: Path) -> None:
-    """Formats without a batch reader of their own are batched from read_documents."""
-    table = pa.table({"text": [r["text"] for r in RECORDS] + [None], "id": [r["id"] for r in RECORDS] + ["z"]})
-    pq.write_table(table, tmp_path / "t.parquet", row_group_size=7)
+def _invalid_utf8_strings(values: list[bytes]) -> pa.Array:
+    offsets = np.cumsum([0] + [len(v) for v in values]).astype("<i4")
+    return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
+
+
+@pytest.mark.parametrize("kind", ["strings", "nulls", "integer ids", "float ids", "large strings", "bad utf8"])
+def test_parquet_batches_match_its_documents(tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Record batches whose values are all usable are taken as columns, the others document by document."""
+    texts: pa.Array = pa.array([r["text"] for r in RECORDS])
+    ids: pa.Array = pa.array([r["id"] for r in RECORDS])
+    if kind == "nulls":
+        texts = pa.array([r["text"] for r in RECORDS[:-1]] + [None])
+    elif kind == "integer ids":
+        ids = pa.array(list(range(-3, len(RECORDS) - 3)), pa.int64())
+    elif kind == "float ids":
+        ids = pa.array([i + 0.5 for i in range(len(RECORDS))])
+    elif kind == "large strings":
+        texts = texts.cast(pa.large_string())
+    elif kind == "bad utf8":
+        texts = _invalid_utf8_strings([r["text"].encode() for r in RECORDS[:-1]] + [b"bad \xff here"])
+    pq.write_table(pa.table({"text": texts, "id": ids}), tmp_path / "t.parquet", row_group_size=7)
     source = hash_source(discover(("t.parquet",), tmp_path, "auto")[0])
+    taken: list[int] = []
+    original = read.batch_documents
+
+    def spy(task: ReadTask, batch: pa.RecordBatch, first_row: int) -> object:
+        taken.append(first_row)
+        return original(task, batch, first_row)
+
+    monkeypatch.setattr(batches_module, "batch_documents", spy)
     for task in plan_read_tasks(source, "text", "id"):
+        if kind == "bad utf8":
+            with pytest.raises(InputError, match="t.parquet: cannot read: 'utf-8' codec can't decode") as expected:
+                list(read_documents(task, {}))
+            with pytest.raises(InputError) as found:
+                list(read_batches(task, {}, 5, 1 << 20))
+            assert str(found.value) == str(expected.value)
+            continue
         _assert_same(task, (5, 1 << 20))
+    assert taken == {"strings": [], "integer ids": [], "large strings": [], "nulls": [0],
+                     "float ids": [0], "bad utf8": [0]}[kind]
