@@ -53,14 +53,21 @@ def schema(dtype: np.dtype[Any]) -> pa.Schema:
     ], metadata={"token_dtype": little_endian(dtype).str})
 
 
+_INTERLEAVE_DOCUMENTS = 4096  # documents interleaved at a time: their bytes stay in the CPU cache
+
+
 def _interleaved(first: np.ndarray[Any, Any], first_sizes: np.ndarray[Any, Any], second: np.ndarray[Any, Any],
                  second_sizes: np.ndarray[Any, Any]) -> memoryview:
     """Spans of `first` and `second` (uint8, with these sizes) alternating: first[0], second[0], ..."""
     out = np.empty(len(first) + len(second), dtype=np.uint8)
-    sizes = np.column_stack((first_sizes, second_sizes)).reshape(-1)
-    from_first = np.repeat(np.tile(np.array([True, False]), len(first_sizes)), sizes)
-    out[from_first] = first
-    out[~from_first] = second
+    first_at, second_at = offsets_of(first_sizes), offsets_of(second_sizes)
+    for start in range(0, len(first_sizes), _INTERLEAVE_DOCUMENTS):
+        end = min(start + _INTERLEAVE_DOCUMENTS, len(first_sizes))
+        sizes = np.column_stack((first_sizes[start:end], second_sizes[start:end])).reshape(-1)
+        from_first = np.repeat(np.tile(np.array([True, False]), end - start), sizes)
+        window = out[first_at[start] + second_at[start]:first_at[end] + second_at[end]]
+        window[from_first] = first[first_at[start]:first_at[end]]
+        window[~from_first] = second[second_at[start]:second_at[end]]
     return memoryview(out.data)
 
 

@@ -59,3 +59,29 @@ def test_counts_and_columns_do_not_depend_on_batches(tmp_path: Path, tokenizer_p
     assert result.summary["documents"] == len(texts)
     assert result.summary["text_bytes"] == sum(len(t.encode()) for t in texts)
     assert result.summary["tokens"] == int(np.sum(table.column("n_tokens").to_pylist()))
+
+
+@pytest.mark.parametrize(("batch", "window"), [(7, 3), (65536, 4096), (5, 1000)])
+def test_every_document_sits_at_its_offsets_with_the_reference_tokens(tmp_path: Path, tokenizer_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      batch: int, window: int) -> None:
+    """Tokens then text per document, wherever batches and interleaving windows are cut."""
+    import prep.stages.intermediate as intermediate
+    from prep.tokenizer import reference_encode_batch
+
+    monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", batch)
+    monkeypatch.setattr(intermediate, "_INTERLEAVE_DOCUMENTS", window)
+    texts = [f"document {i} " + "é" * (i % 5) + " words " * (i % 13) for i in range(40)] + ["", "x"]
+    result = _run(tmp_path, tokenizer_path, [{"id": i, "text": text} for i, text in enumerate(texts)])
+    table = read_columns(result.path, ["id", "text_offset", "text_bytes", "tokens_offset", "n_tokens"]).to_pylist()
+    tokenizer, info = load_tokenizer(tokenizer_path, "<|endoftext|>", True)
+    expected = reference_encode_batch(tokenizer, texts, np.dtype(info.dtype))
+    data = result.path.read_bytes()
+    width = np.dtype(info.dtype).itemsize
+    for row, text, tokens in zip(table, texts, expected):
+        assert data[row["text_offset"]:row["text_offset"] + row["text_bytes"]] == text.encode()
+        assert row["tokens_offset"] + row["n_tokens"] * width == row["text_offset"]
+        found = np.frombuffer(data, dtype=np.dtype(info.dtype).newbyteorder("<"), count=row["n_tokens"],
+                              offset=row["tokens_offset"])
+        assert found.tolist() == tokens.tolist()
+    assert [row["id"] for row in table] == [str(i) for i in range(len(texts))]
