@@ -53,7 +53,8 @@ def schema(dtype: np.dtype[Any]) -> pa.Schema:
     ], metadata={"token_dtype": little_endian(dtype).str})
 
 
-_INTERLEAVE_DOCUMENTS = 4096  # documents interleaved at a time: their bytes stay in the CPU cache
+_INTERLEAVE_BYTES = 1 << 20  # bytes interleaved at a time, so they stay in the CPU cache
+_MASKED_DOCUMENTS = 64  # fewer documents in a window are copied span by span
 
 
 def _interleaved(first: np.ndarray[Any, Any], first_sizes: np.ndarray[Any, Any], second: np.ndarray[Any, Any],
@@ -61,13 +62,22 @@ def _interleaved(first: np.ndarray[Any, Any], first_sizes: np.ndarray[Any, Any],
     """Spans of `first` and `second` (uint8, with these sizes) alternating: first[0], second[0], ..."""
     out = np.empty(len(first) + len(second), dtype=np.uint8)
     first_at, second_at = offsets_of(first_sizes), offsets_of(second_sizes)
-    for start in range(0, len(first_sizes), _INTERLEAVE_DOCUMENTS):
-        end = min(start + _INTERLEAVE_DOCUMENTS, len(first_sizes))
-        sizes = np.column_stack((first_sizes[start:end], second_sizes[start:end])).reshape(-1)
-        from_first = np.repeat(np.tile(np.array([True, False]), end - start), sizes)
-        window = out[first_at[start] + second_at[start]:first_at[end] + second_at[end]]
-        window[from_first] = first[first_at[start]:first_at[end]]
-        window[~from_first] = second[second_at[start]:second_at[end]]
+    out_at = first_at + second_at
+    start = 0
+    while start < len(first_sizes):
+        end = max(start + 1, int(np.searchsorted(out_at, out_at[start] + _INTERLEAVE_BYTES, "right")) - 1)
+        if end - start < _MASKED_DOCUMENTS:
+            for doc in range(start, end):
+                middle = out_at[doc] + first_sizes[doc]
+                out[out_at[doc]:middle] = first[first_at[doc]:first_at[doc + 1]]
+                out[middle:out_at[doc + 1]] = second[second_at[doc]:second_at[doc + 1]]
+        else:
+            sizes = np.column_stack((first_sizes[start:end], second_sizes[start:end])).reshape(-1)
+            from_first = np.repeat(np.tile(np.array([True, False]), end - start), sizes)
+            window = out[out_at[start]:out_at[end]]
+            window[from_first] = first[first_at[start]:first_at[end]]
+            window[~from_first] = second[second_at[start]:second_at[end]]
+        start = end
     return memoryview(out.data)
 
 

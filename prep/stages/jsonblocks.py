@@ -5,13 +5,15 @@ Arrow's parser is not Python's `json`: it skips blank lines, reads two objects o
 a leading BOM, nesting `json` cannot recurse into and invalid UTF-8 in fields it ignores, and
 refuses lone surrogate escapes, repeated keys and integer ids. So a block is taken from it only
 when it surely reads every line as `json.loads` does: the block is valid UTF-8 without a BOM,
-every line holds an object and at most MAX_BRACKETS_PER_LINE opening brackets, Arrow reads one
-row per line, and no text or id is missing. Any other block is read line by line
-(`read.line_rows`), so every decision and error message stays the per-line reader's.
+every line holds an object nested at most MAX_BRACKETS_PER_LINE deep, Arrow reads one row per
+line, and no text or id is missing. Any other block is read line by line (`read.line_rows`), so
+every decision and error message stays the per-line reader's; so is a block of long lines when
+pysimdjson is installed (it is faster there, and a few calls per block cost nothing).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +28,9 @@ from prep.stages.read import BadRecord, ReadTask, line_rows
 from prep.stages.textcolumns import TextColumns, chunks_of
 
 BLOCK_BYTES = 8 << 20
+# Blocks of lines this long on average go line by line when pysimdjson is installed: it parses long
+# strings several times faster than Arrow, and the cost per line no longer matters.
+LONG_LINE_BYTES = 1024
 MAX_BRACKETS_PER_LINE = 100  # the per-line reader sends deeper lines to json (see read._MAX_FAST_DEPTH)
 _BOM = b"\xef\xbb\xbf"
 _ID_TYPES = (pa.string(), pa.int64())  # json's ids are strings or integers; int64 fits most integers
@@ -38,19 +43,55 @@ def _line_bounds(data: np.ndarray[Any, np.dtype[np.uint8]]) -> np.ndarray[Any, n
     return starts if starts[-1] == len(data) else np.append(starts, len(data))
 
 
+def _opening(data: np.ndarray[Any, np.dtype[np.uint8]], bounds: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, Any]:
+    """How many `{` and `[` each span [bounds[i], bounds[i + 1]) of `data` holds."""
+    opening = np.flatnonzero((data == ord("{")) | (data == ord("[")))
+    return np.diff(np.searchsorted(opening, bounds))
+
+
 def _plain_lines(block: bytes, bounds: np.ndarray[Any, np.dtype[np.int64]]) -> bool:
-    """True when every line is valid UTF-8 without a BOM, has an object's `{` and is shallow."""
+    """True when every line is valid UTF-8 without a BOM and has an object's `{`."""
     if _BOM in block or not valid_utf8(block):
         return False
+    braces = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == ord("{"))
+    return bool(np.diff(np.searchsorted(braces, bounds)).all())
+
+
+_ESCAPED_BRACKETS = re.compile(rb"\\u00(5b|5B|7b|7B)")
+
+
+def _shallow_lines(block: bytes, bounds: np.ndarray[Any, np.dtype[np.int64]], blob: bytes,
+                   offsets: np.ndarray[Any, np.dtype[np.int64]]) -> bool:
+    """True when no line nests deeper than MAX_BRACKETS_PER_LINE. A line's brackets outside its
+    text bound its depth; they are its brackets less its text's, unless a text may spell one as an
+    escape; lines still over the bound are measured (`nesting_depth`)."""
     data = np.frombuffer(block, dtype=np.uint8)
-    braces = np.flatnonzero(data == ord("{"))
-    per_line = np.diff(np.searchsorted(braces, bounds))
-    if not per_line.all():
-        return False
-    brackets = np.flatnonzero(data == ord("["))
-    if len(braces) + len(brackets) <= MAX_BRACKETS_PER_LINE:
+    opening = _opening(data, bounds)
+    if opening.max(initial=0) <= MAX_BRACKETS_PER_LINE:
         return True
-    return bool((per_line + np.diff(np.searchsorted(brackets, bounds)) <= MAX_BRACKETS_PER_LINE).all())
+    if not _ESCAPED_BRACKETS.search(block):
+        opening -= _opening(np.frombuffer(blob, dtype=np.uint8), offsets)
+    crowded = np.flatnonzero(opening > MAX_BRACKETS_PER_LINE).tolist()
+    return all(nesting_depth(data[bounds[line]:bounds[line + 1]]) <= MAX_BRACKETS_PER_LINE for line in crowded)
+
+
+def nesting_depth(line: np.ndarray[Any, np.dtype[np.uint8]]) -> int:
+    """How deep a valid JSON line's objects and arrays nest (brackets inside strings do not count)."""
+    backslash = line == ord("\\")
+    quotes = np.flatnonzero(line == ord('"'))
+    if quotes.size:
+        positions = np.arange(len(line))
+        last_other = np.maximum.accumulate(np.where(backslash, -1, positions))  # last non-backslash at or before i
+        before = quotes - 1
+        run = np.where(before >= 0, before - last_other[np.maximum(before, 0)], 0)
+        quotes = quotes[run % 2 == 0]  # a quote after an odd run of backslashes is escaped
+    inside = np.zeros(len(line) + 1, dtype=np.int8)
+    np.add.at(inside, quotes[0::2], 1)
+    np.add.at(inside, quotes[1::2] + 1, -1)
+    outside = np.cumsum(inside[:-1]) == 0
+    step = ((line == ord("{")) | (line == ord("["))).astype(np.int64) - ((line == ord("}")) | (line == ord("]")))
+    depth = np.cumsum(np.where(outside, step, 0))
+    return int(depth.max()) if depth.size else 0
 
 
 def valid_utf8(data: bytes) -> bool:
@@ -113,9 +154,12 @@ def _block_items(task: ReadTask, arrow: _ArrowLines, block: bytes, first_local: 
     """The block's documents and bad records in order, and how many lines it held."""
     bounds = _line_bounds(np.frombuffer(block, dtype=np.uint8))
     lines = len(bounds) - 1
-    if _plain_lines(block, bounds) and (found := arrow.columns(block, lines)) is not None:
+    long_lines = parse is not None and len(block) >= LONG_LINE_BYTES * lines
+    if not long_lines and _plain_lines(block, bounds) and (found := arrow.columns(block, lines)) is not None:
         blob, offsets = _text_buffer(found[0])
-        return [TextColumns(np.arange(first_local, first_local + lines, dtype=np.int64), found[1], blob, offsets)], lines
+        if _shallow_lines(block, bounds, blob, offsets):
+            rows = np.arange(first_local, first_local + lines, dtype=np.int64)
+            return [TextColumns(rows, found[1], blob, offsets)], lines
     return list(chunks_of(line_rows(task, parse, block.split(b"\n")[:lines], first_local))), lines
 
 

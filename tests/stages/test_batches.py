@@ -248,3 +248,52 @@ def test_parquet_batches_match_its_documents(tmp_path: Path, kind: str, monkeypa
         _assert_same(task, (5, 1 << 20))
     assert taken == {"strings": [], "integer ids": [], "large strings": [], "nulls": [0],
                      "float ids": [0], "bad utf8": [0]}[kind]
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+_TRICKY = st.text(alphabet='ab{}[]"\\\\/\n', max_size=8)
+_JSON = st.recursive(st.none() | st.integers() | _TRICKY,
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TRICKY, inner, max_size=3),
+                     max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.dictionaries(_TRICKY, _JSON, max_size=4), ascii_only=st.booleans())
+def test_nesting_depth_ignores_brackets_in_strings(value: dict[str, object], ascii_only: bool) -> None:
+    line = json.dumps(value, ensure_ascii=ascii_only).encode()
+    assert jsonblocks.nesting_depth(np.frombuffer(line, dtype=np.uint8)) == _depth(value)
+
+
+def test_long_documents_full_of_brackets_stay_on_the_fast_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code-like texts hold hundreds of brackets; only real nesting sends a block line by line."""
+    code = "int main() { if (a[1]) { return b[2]; } }\n" * 200
+    lines = [json.dumps({"id": str(i), "text": code + str(i), "meta": [[1]]}).encode() for i in range(30)]
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the per-line reader was used")
+
+    monkeypatch.setattr(jsonblocks, "line_rows", refuse)
+    monkeypatch.setattr(jsonblocks, "LONG_LINE_BYTES", 1 << 20)  # Arrow even for long lines
+    _assert_same(_tasks(tmp_path, b"\n".join(lines) + b"\n")[0], (1000, 1 << 20))
+
+
+def test_blocks_of_long_lines_go_line_by_line_with_simdjson(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("simdjson")
+    used: list[int] = []
+    original = read.line_rows
+
+    def spy(task: ReadTask, parse: object, lines: list[bytes], first_local: int = 0) -> object:
+        used.append(len(lines))
+        return original(task, parse, lines, first_local)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(jsonblocks, "line_rows", spy)
+    long_lines = [json.dumps({"id": str(i), "text": "word " * 400}).encode() for i in range(20)]
+    _assert_same(_tasks(tmp_path, b"\n".join(long_lines) + b"\n")[0], (1000, 1 << 20))
+    assert used == [20]

@@ -61,7 +61,7 @@ def test_counts_and_columns_do_not_depend_on_batches(tmp_path: Path, tokenizer_p
     assert result.summary["tokens"] == int(np.sum(table.column("n_tokens").to_pylist()))
 
 
-@pytest.mark.parametrize(("batch", "window"), [(7, 3), (65536, 4096), (5, 1000)])
+@pytest.mark.parametrize(("batch", "window"), [(7, 3), (65536, 1 << 20), (5, 300), (40, 2000)])
 def test_every_document_sits_at_its_offsets_with_the_reference_tokens(tmp_path: Path, tokenizer_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch,
                                                                       batch: int, window: int) -> None:
@@ -70,7 +70,7 @@ def test_every_document_sits_at_its_offsets_with_the_reference_tokens(tmp_path: 
     from prep.tokenizer import reference_encode_batch
 
     monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", batch)
-    monkeypatch.setattr(intermediate, "_INTERLEAVE_DOCUMENTS", window)
+    monkeypatch.setattr(intermediate, "_INTERLEAVE_BYTES", window)
     texts = [f"document {i} " + "é" * (i % 5) + " words " * (i % 13) for i in range(40)] + ["", "x"]
     result = _run(tmp_path, tokenizer_path, [{"id": i, "text": text} for i, text in enumerate(texts)])
     table = read_columns(result.path, ["id", "text_offset", "text_bytes", "tokens_offset", "n_tokens"]).to_pylist()
