@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from prep.transfer.verify import DEFAULT_JOBS
 
 POLICIES = ("belady", "lru")
 ROOM_WAIT_SECONDS = 120.0  # how long a read waits for other users to release room before failing
+KEEP_STEPS = 8  # an idle pin stays while one of this many coming steps reads the file
 
 
 @dataclass(frozen=True)
@@ -140,10 +141,34 @@ class NodeCache:
         finally:
             self.release(hold)
 
-    def release(self, hold: Hold) -> None:
-        """End one use of a hold from `acquire` (the pin may stay until a step that does not need it)."""
+    def release(self, *holds: Hold) -> None:
+        """End one use of holds from `acquire` or `pin_held` (the pins may stay until no coming step needs them)."""
         with self._mutex:
-            hold.refs -= 1
+            for hold in holds:
+                hold.refs -= 1
+
+    def pin_held(self, needs: Sequence[Need]) -> list[Hold] | None:
+        """One more use of each object this user holds already, all or none (None: `acquire` them one by one);
+        the hit path of a step, one lock and no system call."""
+        with self._mutex:
+            holds = self._holds
+            try:
+                found = [holds[need.sha256] for need in needs]
+            except KeyError:
+                return None
+            for hold in found:
+                hold.refs += 1
+            self.stats.hits += len(found)
+            if self.options.policy == "lru":
+                now = time.monotonic()
+                for need in needs:
+                    self._used_at[need.sha256] = now
+            return found
+
+    def holds_all(self, objects: frozenset[str]) -> bool:
+        """Whether this user holds (so the cache has) every one of `objects`."""
+        with self._mutex:
+            return self._holds.keys() >= objects
 
     def acquire(self, need: Need) -> Hold:
         """A hold on the object (kept from an earlier step, found in the cache, or fetched now);
@@ -247,14 +272,21 @@ class NodeCache:
             for sha in [sha for sha, hold in self._holds.items() if hold.refs <= 0 and sha not in kept]:
                 self._release(sha)
 
-    def settle(self, next_needs: Iterable[str]) -> None:
-        """Between steps: keep pinned only what the next step reads, none if others wait for room."""
+    def settle(self, next_objects: frozenset[str]) -> None:
+        """Between steps: keep pinned what the next KEEP_STEPS steps read, none if others wait for room."""
         mark = self.dir.pressure_mark()
         if mark != self._pressure:
             self._pressure = mark
             self._release_idle()
-        else:
-            self._release_idle(next_needs)
+            return
+        with self._mutex:
+            others = self._holds.keys() - next_objects
+        if others:
+            self._release_idle(next_objects | {sha for sha in others if self._needed_soon(sha)})
+
+    def _needed_soon(self, sha256: str) -> bool:
+        use = self.plan.next_use(sha256) if self.plan is not None else None
+        return use is not None and self.plan is not None and use < self.plan.start + KEEP_STEPS
 
     def _count_hit(self, need: Need) -> None:
         now = time.monotonic()

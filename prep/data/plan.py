@@ -41,6 +41,7 @@ class Plan:
         self.grow = max(1, grow)
         self.start = 0
         self._steps: deque[list[Need]] = deque()
+        self._objects: deque[frozenset[str]] = deque()  # each step's objects, by sha256
         self._uses: dict[str, deque[int]] = {}
         self._sizes: dict[str, Need] = {}  # each object in the window, by sha256
         self._ended = False
@@ -52,16 +53,18 @@ class Plan:
         with self._lock:
             if step < self.start or step > self.start + len(self._steps):
                 self._steps.clear()
+                self._objects.clear()
                 self._uses.clear()
                 self._sizes.clear()
                 self.start, self._ended = step, False
             while self.start < step:
-                for need in self._steps.popleft():
-                    uses = self._uses[need.sha256]
+                self._steps.popleft()
+                for sha in self._objects.popleft():
+                    uses = self._uses[sha]
                     uses.popleft()
                     if not uses:
-                        del self._uses[need.sha256]
-                        del self._sizes[need.sha256]
+                        del self._uses[sha]
+                        del self._sizes[sha]
                 self.start += 1
             target = self.minimum
             if grow and not self._steps:
@@ -74,10 +77,11 @@ class Plan:
                 self._ended = not block
                 for needs in block:
                     self._steps.append(needs)
+                    self._objects.append(frozenset(need.sha256 for need in needs))
                     for need in needs:
                         self._sizes[need.sha256] = need
                         uses = self._uses.setdefault(need.sha256, deque())
-                        if not uses or uses[-1] != at:
+                        if not uses or uses[-1] != at:  # once per step, as _objects counts it
                             uses.append(at)
                     at += 1
 
@@ -86,6 +90,19 @@ class Plan:
         with self._lock:
             at = step - self.start
             return list(self._steps[at]) if 0 <= at < len(self._steps) else []
+
+    def covers(self, step: int) -> bool:
+        """Whether step `step` is inside the window (its needs are known)."""
+        with self._lock:
+            return 0 <= step - self.start < len(self._steps)
+
+    def objects(self, step: int | None = None) -> frozenset[str]:
+        """The objects step `step` reads (none outside the window), or with no step every object in the window."""
+        with self._lock:
+            if step is None:
+                return frozenset(self._sizes)
+            at = step - self.start
+            return self._objects[at] if 0 <= at < len(self._objects) else frozenset()
 
     def next_use(self, sha256: str) -> int | None:
         """The first step at or after the current one that reads the object, None if none in the horizon."""

@@ -32,7 +32,7 @@ class Prefetcher:
 
     def kick(self) -> None:
         """Queue the coming objects that are neither cached nor queued, in the order they are needed."""
-        if self.steps == 0 or self.max_bytes == 0:
+        if self.steps == 0 or self.max_bytes == 0 or self.cache.holds_all(self.plan.objects()):
             return
         for need in self.plan.upcoming(self.steps, self.max_bytes):
             with self._mutex:

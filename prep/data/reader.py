@@ -238,11 +238,12 @@ class Reader:
         if self.plan is None or self._prefetcher is None or self.cache is None:
             return
         if after:
-            for stale in [at for at in self._planned if at < step]:  # steps skipped by this reader
-                del self._planned[stale]
+            if self._planned and min(self._planned) < step:  # steps skipped by this reader
+                for stale in [at for at in self._planned if at < step]:
+                    del self._planned[stale]
             self.plan.advance(step)
-            self.cache.settle(need.sha256 for need in self.plan.needs(step))
-        elif self.plan.start != step or not self.plan.needs(step):
+            self.cache.settle(self.plan.objects(step))
+        elif self.plan.start != step or not self.plan.covers(step):
             self._planned.clear()
             self.plan.advance(step, grow=False)
         else:

@@ -56,11 +56,40 @@ class CachedSource(SnapshotSource):
         return sorted({s for a, b in zip(first.tolist(), last.tolist()) for s in range(a, b + 1)})
 
     def _fill(self, out: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        """Rows of out.shape[1] tokens from each of `starts`, one pinned shard at a time."""
+        """Rows of out.shape[1] tokens from each of `starts`: at once when this reader holds every shard
+        they read already, else one pinned shard at a time."""
         length = out.shape[1]
         if len(starts) and (starts.min() < 0 or starts.max() + length > self.total_tokens):
             raise IndexError(f"tokens outside 0..{self.total_tokens}")
         first, last = self.shard_span(starts, np.full(len(starts), length, dtype=np.int64))
+        if not self._fill_held(out, starts, first, last):
+            self._fill_by_shard(out, starts, first, last)
+        self.bytes_read += out.size * self.dtype.itemsize
+        return out
+
+    def _fill_held(self, out: np.ndarray, starts: np.ndarray, first: np.ndarray, last: np.ndarray) -> bool:
+        """The hit path: when no row crosses a shard and every shard is pinned already, copy the rows
+        under one pin call; False (nothing copied) otherwise."""
+        if not np.array_equal(first, last):
+            return False
+        shards = first.tolist()
+        touched = sorted(set(shards))
+        holds = self.cache.pin_held([self.bin_needs[shard] for shard in touched])
+        if holds is None:
+            return False
+        try:
+            views: dict[int, np.ndarray] = {shard: hold.view(self.dtype) for shard, hold in zip(touched, holds)}
+            length = out.shape[1]
+            for row, (shard, offset) in enumerate(zip(shards, (starts - self.token_starts[first]).tolist())):
+                out[row] = views[shard][offset:offset + length]
+            del views  # no view may outlive the pins: a map is closed when its pin is dropped
+        finally:
+            self.cache.release(*holds)
+        return True
+
+    def _fill_by_shard(self, out: np.ndarray, starts: np.ndarray, first: np.ndarray, last: np.ndarray) -> None:
+        """Rows copied shard by shard in ascending order, each shard pinned (fetched if need be) in turn."""
+        length = out.shape[1]
         begins = starts.tolist()
         inside: dict[int, list[tuple[int, int]]] = {}  # shard -> (row, offset in the shard)
         crossing: dict[int, list[int]] = {}  # shard -> rows that only partly lie in it
@@ -82,8 +111,6 @@ class CachedSource(SnapshotSource):
                 del tokens  # no view may outlive the pin: the map is closed when the pin is dropped
             finally:
                 self.cache.release(hold)
-        self.bytes_read += out.size * self.dtype.itemsize
-        return out
 
     def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
         return self._fill(np.empty((len(starts), length), dtype=np.int64), np.asarray(starts, dtype=np.int64))
