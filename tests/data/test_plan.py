@@ -113,3 +113,42 @@ def test_a_prefetch_never_evicts_a_file_needed_sooner(tmp_path: Path) -> None:
     cache.prefetch(needs[2])
     assert cache.stats.fetches == 2 and not cache.path_of(needs[2].sha256).exists()
     cache.close()
+
+
+def test_a_step_reading_one_object_twice_counts_it_once() -> None:
+    """Two sources of a mixture sharing a shard list its object twice in one step."""
+    needs = [Need(f"{i:064x}", 10, f"n{i}") for i in range(2)]
+    plan = Plan(steps_of([[0, 0], [1], [0]], needs), horizon=3)
+    plan.advance(0)
+    plan.advance(1)  # used to pop two uses of object 0, losing its use at step 2
+    assert plan.next_use(needs[0].sha256) == 2 and plan.objects(1) == {needs[1].sha256}
+
+
+def test_idle_pins_stay_while_a_coming_step_reads_the_file_and_block_another_users_eviction(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    needs = objects(store, tmp_path, 3)
+    order = [[0, 1], [2], [0]] + [[2]] * 20 + [[1]]  # 0 is read again in 2 steps, 1 only in 23
+    mine = NodeCache(store, CacheOptions(tmp_path / "cache", 3 * SIZE))
+    other = NodeCache(store, CacheOptions(tmp_path / "cache", 3 * SIZE))
+    mine.plan = plan = Plan(steps_of(order, needs), horizon=len(order))
+    plan.advance(0)
+    for need in needs[:2]:
+        mine.release(mine.acquire(need))
+    holds = mine.pin_held(needs[:2])
+    assert holds is not None and mine.pin_held(needs) is None  # all or none
+    with mine.dir.locked():
+        assert not mine._evict(needs[0].sha256)  # in use by this very step
+    mine.release(*holds)
+    plan.advance(1)
+    mine.settle(plan.objects(1))
+    assert set(mine._holds) == {needs[0].sha256}
+    with other.dir.locked():
+        assert not other.dir.try_evict(needs[0].sha256)  # pinned by `mine` for step 2
+        assert other.dir.try_evict(needs[1].sha256)  # not read within KEEP_STEPS: unpinned, evictable
+    other.dir.signal_pressure()  # another user waits for room: idle pins go at the next step
+    plan.advance(2)
+    mine.settle(plan.objects(2))
+    with other.dir.locked():
+        assert other.dir.try_evict(needs[0].sha256)
+    mine.close()
+    other.close()
