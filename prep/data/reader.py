@@ -110,6 +110,8 @@ class Reader:
         if unknown:
             raise UsageError(f"Reader got an unknown option {unknown[0]!r}")
         handle = open_store(os.fspath(store)) if isinstance(store, (str, os.PathLike)) else store
+        self._settings = (source, seq_len, global_batch_size,
+                          {"rank": rank, "world_size": world_size, "seed": seed, "store": handle, "mode": mode, **cache})
         self.cache = _cache_for(handle, cache)
         self.mixture, self.sources = _open_sources(source, handle, self.cache)
         self.seq_len, self.global_batch_size, self.seed, self.mode = seq_len, global_batch_size, seed, mode
@@ -286,6 +288,11 @@ class Reader:
             self.cache.close()
             self.cache = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its settings and state (a spawned worker opens its own cache user and prefetch
+        threads); unpickling refuses, as load_state_dict does, sources that resolve differently by then."""
+        return (_restore, (self._settings, self.state_dict()))
+
     def __enter__(self) -> Reader:
         return self
 
@@ -334,3 +341,15 @@ class Reader:
         if not isinstance(samples, int) or samples < 0 or samples % self.global_batch_size:
             raise UsageError(f"reader state has an invalid sample count {samples!r}")
         self.consumed = samples
+
+
+def _restore(settings: tuple[Any, ...], state: dict[str, Any]) -> Reader:
+    """A pickled Reader: opened again from its settings, then resumed at its state."""
+    source, seq_len, global_batch_size, options = settings
+    reader = Reader(source, seq_len, global_batch_size, **options)
+    try:
+        reader.load_state_dict(state)
+    except BaseException:
+        reader.close()
+        raise
+    return reader
