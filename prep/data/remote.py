@@ -1,9 +1,11 @@
 """A snapshot read straight from a store (S3 or local) through the node-local cache: each shard is
-fetched into the cache on first need (prep.data.cache), pinned only while rows are copied out of
-it, and read from the verified cache file; nothing is read from a file before it is proven.
+fetched into the cache on first need (prep.data.cache), pinned while rows are copied out of it,
+and read from the verified cache file; nothing is read from a file before it is proven.
 
-Rows are copied shard by shard in ascending shard order, the order prep.data.plan predicts; a
-batch uses one shard at a time, so a cache of one shard (the largest) is enough to progress.
+When the cache reader holds every shard a batch reads already (a warm cache), the rows are copied
+under one pin call. Otherwise they are copied shard by shard in ascending shard order, the order
+prep.data.plan predicts; a batch then uses one shard at a time, so a cache of one shard (the
+largest) is enough to progress.
 """
 
 from __future__ import annotations
