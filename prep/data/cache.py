@@ -166,10 +166,10 @@ class NodeCache:
                     self._used_at[need.sha256] = now
             return found
 
-    def holds_all(self, objects: frozenset[str]) -> bool:
-        """Whether this user holds (so the cache has) every one of `objects`."""
+    def held(self) -> frozenset[str]:
+        """The objects this user holds (so the cache has them) now."""
         with self._mutex:
-            return self._holds.keys() >= objects
+            return frozenset(self._holds)
 
     def acquire(self, need: Need) -> Hold:
         """A hold on the object (kept from an earlier step, found in the cache, or fetched now);

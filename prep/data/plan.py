@@ -96,13 +96,16 @@ class Plan:
         with self._lock:
             return 0 <= step - self.start < len(self._steps)
 
-    def objects(self, step: int | None = None) -> frozenset[str]:
-        """The objects step `step` reads (none outside the window), or with no step every object in the window."""
+    def objects(self, step: int) -> frozenset[str]:
+        """The objects step `step` reads (none outside the window)."""
         with self._lock:
-            if step is None:
-                return frozenset(self._sizes)
             at = step - self.start
             return self._objects[at] if 0 <= at < len(self._objects) else frozenset()
+
+    def within(self, objects: frozenset[str]) -> bool:
+        """Whether every object the window reads is one of `objects`."""
+        with self._lock:
+            return len(self._sizes) <= len(objects) and self._sizes.keys() <= objects
 
     def next_use(self, sha256: str) -> int | None:
         """The first step at or after the current one that reads the object, None if none in the horizon."""
@@ -112,17 +115,20 @@ class Plan:
 
     def upcoming(self, steps: int | None, max_bytes: int | None) -> list[Need]:
         """Distinct objects in the order the next `steps` steps read them (from the current one),
-        stopping once their sizes add up to `max_bytes`."""
-        with self._lock:
-            end = self.start + (steps if steps is not None else len(self._steps))
-            order = sorted((uses[0], index, sha) for index, (sha, uses) in enumerate(self._uses.items())
-                           if uses[0] < end)
-            candidates = [self._sizes[sha] for _, _, sha in order]
+        stopping once their sizes add up to `max_bytes`; walks the steps, so the work is what it returns."""
         found: list[Need] = []
+        seen: set[str] = set()
         total = 0
-        for need in candidates:
-            if max_bytes is not None and total + need.size > max_bytes and found:
-                break
-            found.append(need)
-            total += need.size
+        with self._lock:
+            for offset, needs in enumerate(self._steps):
+                if (steps is not None and offset >= steps) or len(seen) == len(self._sizes):
+                    break
+                for need in needs:
+                    if need.sha256 in seen:
+                        continue
+                    if max_bytes is not None and total + need.size > max_bytes and found:
+                        return found
+                    seen.add(need.sha256)
+                    found.append(need)
+                    total += need.size
         return found

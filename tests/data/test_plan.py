@@ -3,6 +3,7 @@ plan that rereads, Belady fetches what the optimal offline policy fetches and fe
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from prep.data.cache import CacheOptions, NodeCache
 from prep.data.plan import Need, Plan
+from prep.data.prefetch import Prefetcher
 from prep.storage import LocalStore
 from prep.store import cas
 
@@ -152,3 +154,22 @@ def test_idle_pins_stay_while_a_coming_step_reads_the_file_and_block_another_use
         assert other.dir.try_evict(needs[0].sha256)
     mine.close()
     other.close()
+
+
+def test_prefetch_asks_for_no_more_coming_objects_than_the_cache_holds(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalStore(tmp_path / "store")
+    needs = objects(store, tmp_path, 4)
+    cache = NodeCache(store, CacheOptions(tmp_path / "cache", 2 * SIZE + SIZE // 2))
+    cache.plan = plan = Plan(steps_of([[0], [1], [2], [3]], needs), horizon=4)
+    asked: list[Need] = []
+    monkeypatch.setattr(cache, "prefetch", asked.append)
+    prefetcher = Prefetcher(cache, plan, None, None, jobs=1)
+    plan.advance(0)
+    prefetcher.kick()
+    deadline = time.monotonic() + 10
+    while prefetcher._queued and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert asked == needs[:2]  # the third could only stay by evicting one needed sooner
+    prefetcher.close()
+    cache.close()
