@@ -28,6 +28,7 @@ class CachedSource(SnapshotSource):
         artifacts = snapshot.manifest["artifacts"]
         super().__init__(snapshot, {a["path"]: cache.path_of(a["sha256"]) for a in artifacts})
         self.cache = cache
+        self._shard_tokens = np.diff(self.token_starts)
         sizes = {a["path"]: int(a["size"]) for a in artifacts}
         label = snapshot.id[:19]
         self.bin_needs = [Need(s.bin_sha256, sizes[s.bin_name], f"{label} {s.bin_name}") for s in self.shards]
@@ -63,16 +64,19 @@ class CachedSource(SnapshotSource):
         length = out.shape[1]
         if len(starts) and (starts.min() < 0 or starts.max() + length > self.total_tokens):
             raise IndexError(f"tokens outside 0..{self.total_tokens}")
-        first, last = self.shard_span(starts, np.full(len(starts), length, dtype=np.int64))
-        if not self._fill_held(out, starts, first, last):
+        first = np.searchsorted(self.token_starts, starts, side="right") - 1
+        offsets = starts - self.token_starts[first]
+        if not self._fill_held(out, first, offsets):
+            last = np.searchsorted(self.token_starts, starts + max(length, 1) - 1, side="right") - 1
             self._fill_by_shard(out, starts, first, last)
         self.bytes_read += out.size * self.dtype.itemsize
         return out
 
-    def _fill_held(self, out: np.ndarray, starts: np.ndarray, first: np.ndarray, last: np.ndarray) -> bool:
+    def _fill_held(self, out: np.ndarray, first: np.ndarray, offsets: np.ndarray) -> bool:
         """The hit path: when no row crosses a shard and every shard is pinned already, copy the rows
         under one pin call; False (nothing copied) otherwise."""
-        if not np.array_equal(first, last):
+        length = out.shape[1]
+        if len(first) and (offsets + length > self._shard_tokens[first]).any():
             return False
         shards = first.tolist()
         touched = sorted(set(shards))
@@ -81,8 +85,7 @@ class CachedSource(SnapshotSource):
             return False
         try:
             views: dict[int, np.ndarray] = {shard: hold.view(self.dtype) for shard, hold in zip(touched, holds)}
-            length = out.shape[1]
-            for row, (shard, offset) in enumerate(zip(shards, (starts - self.token_starts[first]).tolist())):
+            for row, (shard, offset) in enumerate(zip(shards, offsets.tolist())):
                 out[row] = views[shard][offset:offset + length]
             del views  # no view may outlive the pins: a map is closed when its pin is dropped
         finally:
