@@ -24,81 +24,22 @@ import mmap
 import os
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from prep import hashing
 from prep.data.cachedir import CacheDir
+from prep.data.cachevalues import CacheOptions, CacheStats, Hold
 from prep.data.plan import Need, Plan
 from prep.data.source import check_file
 from prep.errors import IntegrityError, UsageError
 from prep.storage.base import Store
 from prep.transfer.fetch import download_verified
 from prep.transfer.shares import PullRecord, discard, temp_name
-from prep.transfer.verify import DEFAULT_JOBS
 
 POLICIES = ("belady", "lru")
 ROOM_WAIT_SECONDS = 120.0  # how long a read waits for other users to release room before failing
-KEEP_STEPS = 8  # an idle pin stays while one of this many coming steps reads the file
-
-
-@dataclass(frozen=True)
-class CacheOptions:
-    """Where the cache lives, its bound, how far ahead it prefetches and with how many fetches."""
-
-    cache_dir: Path
-    cache_bytes: int
-    prefetch_steps: int | None = None
-    prefetch_bytes: int | None = None
-    jobs: int = min(DEFAULT_JOBS, 4)
-    policy: str = "belady"
-    horizon: int = 256
-
-
-@dataclass
-class CacheStats:
-    """What the cache did for one reader: hits, misses, bytes fetched (twice), peak, prefetch lead."""
-
-    hits: int = 0
-    misses: int = 0
-    fetches: int = 0
-    bytes_fetched: int = 0
-    bytes_refetched: int = 0
-    evictions: int = 0
-    peak_bytes: int = 0
-    leads: list[float] = field(default_factory=list)
-    fetched: Counter[str] = field(default_factory=Counter)  # fetches per object sha256
-    sizes: dict[str, int] = field(default_factory=dict)  # object sizes by sha256
-
-    def to_json(self) -> dict[str, Any]:
-        leads = sorted(self.leads)
-        return {"hits": self.hits, "misses": self.misses, "fetches": self.fetches,
-                "bytes_fetched": self.bytes_fetched, "bytes_refetched": self.bytes_refetched,
-                "evictions": self.evictions, "peak_cache_bytes": self.peak_bytes,
-                "prefetch_lead_seconds_min": leads[0] if leads else None,
-                "prefetch_lead_seconds_median": leads[len(leads) // 2] if leads else None}
-
-
-@dataclass
-class Hold:
-    """A pinned, mapped cache file: its lock descriptor (flocked shared), its bytes, its path."""
-
-    fd: int
-    data: mmap.mmap | bytes
-    path: Path
-    refs: int = 0
-    _view: np.ndarray | None = None
-
-    def view(self, dtype: np.dtype[Any]) -> np.ndarray:
-        """The bytes as a read-only array of `dtype`, made once per hold (callers must not keep it)."""
-        if self._view is None or self._view.dtype != dtype:
-            self._view = np.frombuffer(self.data, dtype=dtype)
-        return self._view
+KEEP_STEPS = 8  # when the cache is calm, an idle pin stays while one of this many coming steps reads the file
 
 
 class NodeCache:
@@ -121,6 +62,7 @@ class NodeCache:
         self._used_at: dict[str, float] = {}
         self._ready_at: dict[str, float] = {}
         self._pressure = self.dir.pressure_mark()
+        self._calm = self._evictions_seen = 0  # steps since this user evicted or saw pressure; evictions then
         with self.dir.locked():
             self.dir.ledger(self._fetching)  # drop dead users and their temporaries now
 
@@ -274,16 +216,20 @@ class NodeCache:
                 self._release(sha)
 
     def settle(self, next_objects: frozenset[str]) -> None:
-        """Between steps: keep pinned what the next KEEP_STEPS steps read, none if others wait for room."""
-        mark = self.dir.pressure_mark()
+        """Between steps: keep pinned what the next step reads, or the next KEEP_STEPS steps once as many
+        steps passed with no eviction here and no pressure; none if others wait for room."""
+        mark, evictions = self.dir.pressure_mark(), self.stats.evictions
         if mark != self._pressure:
-            self._pressure = mark
+            self._pressure, self._calm = mark, 0
             self._release_idle()
             return
+        self._calm = self._calm + 1 if evictions == self._evictions_seen else 0
+        self._evictions_seen = evictions
         with self._mutex:
             others = self._holds.keys() - next_objects
         if others:
-            self._release_idle(next_objects | {sha for sha in others if self._needed_soon(sha)})
+            calm = self._calm >= KEEP_STEPS
+            self._release_idle(next_objects | {sha for sha in others if calm and self._needed_soon(sha)})
 
     def _needed_soon(self, sha256: str) -> bool:
         use = self.plan.next_use(sha256) if self.plan is not None else None

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from prep.data.cache import CacheOptions, NodeCache
+from prep.data.cache import NodeCache
+from prep.data.cachevalues import CacheOptions
 from prep.data.mixture import MixtureSpec, Schedule, SourceSpec, mixture_hash, parse_mixture
 from prep.data.permutation import IndexPermutation
 from prep.data.plan import Need, Plan
@@ -99,7 +100,7 @@ class Reader:
                  mode: str = "tokens",
                  **cache: Any) -> None:
         """`cache`: cache_dir, cache_bytes, prefetch_steps, prefetch_bytes, jobs, policy, horizon
-        (prep.data.cache.CacheOptions): read snapshot specs straight from `store` through them."""
+        (prep.data.cachevalues.CacheOptions): read snapshot specs straight from `store` through them."""
         if mode not in MODES:
             raise UsageError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if seq_len < 1 or global_batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
