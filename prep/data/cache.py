@@ -9,10 +9,10 @@ pull's record (its stat stamp unchanged) or hashed once per process, and a misma
 IntegrityError naming the file. Eviction drops the file needed furthest in the future by the
 reader's plan (Belady), or the least recently used one (LRU, for comparison).
 
-A reader keeps a file it read mapped and pinned (a shared flock) while one of the next KEEP_STEPS
-steps reads it, so a step whose shards are all pinned costs one lock and no system call
-(pin_held); pins are dropped when this user needs room, and when another user signals that it
-waits for room.
+A reader keeps a file it read mapped and pinned (a shared flock) while the next step reads it (the
+next KEEP_STEPS steps once the cache is calm), so a step whose shards are all pinned costs one
+lock and no system call (pin_held); pins are dropped when this user needs room, and when another
+user signals that it waits for room.
 """
 
 from __future__ import annotations
