@@ -9,9 +9,10 @@ pull's record (its stat stamp unchanged) or hashed once per process, and a misma
 IntegrityError naming the file. Eviction drops the file needed furthest in the future by the
 reader's plan (Belady), or the least recently used one (LRU, for comparison).
 
-A reader keeps a file it read mapped and pinned (a shared flock) until a step that does not need
-it, so a shard read by every step costs no system call per step; pins are dropped when this user
-needs room, and when another user signals that it waits for room.
+A reader keeps a file it read mapped and pinned (a shared flock) while the next step reads it (the
+next KEEP_STEPS steps once the cache is calm), so a step whose shards are all pinned costs one
+lock and no system call (pin_held); pins are dropped when this user needs room, and when another
+user signals that it waits for room.
 """
 
 from __future__ import annotations
@@ -23,80 +24,22 @@ import mmap
 import os
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from prep import hashing
 from prep.data.cachedir import CacheDir
+from prep.data.cachevalues import CacheOptions, CacheStats, Hold
 from prep.data.plan import Need, Plan
 from prep.data.source import check_file
 from prep.errors import IntegrityError, UsageError
 from prep.storage.base import Store
 from prep.transfer.fetch import download_verified
 from prep.transfer.shares import PullRecord, discard, temp_name
-from prep.transfer.verify import DEFAULT_JOBS
 
 POLICIES = ("belady", "lru")
 ROOM_WAIT_SECONDS = 120.0  # how long a read waits for other users to release room before failing
-
-
-@dataclass(frozen=True)
-class CacheOptions:
-    """Where the cache lives, its bound, how far ahead it prefetches and with how many fetches."""
-
-    cache_dir: Path
-    cache_bytes: int
-    prefetch_steps: int | None = None
-    prefetch_bytes: int | None = None
-    jobs: int = min(DEFAULT_JOBS, 4)
-    policy: str = "belady"
-    horizon: int = 256
-
-
-@dataclass
-class CacheStats:
-    """What the cache did for one reader: hits, misses, bytes fetched (twice), peak, prefetch lead."""
-
-    hits: int = 0
-    misses: int = 0
-    fetches: int = 0
-    bytes_fetched: int = 0
-    bytes_refetched: int = 0
-    evictions: int = 0
-    peak_bytes: int = 0
-    leads: list[float] = field(default_factory=list)
-    fetched: Counter[str] = field(default_factory=Counter)  # fetches per object sha256
-    sizes: dict[str, int] = field(default_factory=dict)  # object sizes by sha256
-
-    def to_json(self) -> dict[str, Any]:
-        leads = sorted(self.leads)
-        return {"hits": self.hits, "misses": self.misses, "fetches": self.fetches,
-                "bytes_fetched": self.bytes_fetched, "bytes_refetched": self.bytes_refetched,
-                "evictions": self.evictions, "peak_cache_bytes": self.peak_bytes,
-                "prefetch_lead_seconds_min": leads[0] if leads else None,
-                "prefetch_lead_seconds_median": leads[len(leads) // 2] if leads else None}
-
-
-@dataclass
-class Hold:
-    """A pinned, mapped cache file: its lock descriptor (flocked shared), its bytes, its path."""
-
-    fd: int
-    data: mmap.mmap | bytes
-    path: Path
-    refs: int = 0
-    _view: np.ndarray | None = None
-
-    def view(self, dtype: np.dtype[Any]) -> np.ndarray:
-        """The bytes as a read-only array of `dtype`, made once per hold (callers must not keep it)."""
-        if self._view is None or self._view.dtype != dtype:
-            self._view = np.frombuffer(self.data, dtype=dtype)
-        return self._view
+KEEP_STEPS = 8  # when the cache is calm, an idle pin stays while one of this many coming steps reads the file
 
 
 class NodeCache:
@@ -119,6 +62,7 @@ class NodeCache:
         self._used_at: dict[str, float] = {}
         self._ready_at: dict[str, float] = {}
         self._pressure = self.dir.pressure_mark()
+        self._calm = self._evictions_seen = 0  # steps since this user evicted or saw pressure; evictions then
         with self.dir.locked():
             self.dir.ledger(self._fetching)  # drop dead users and their temporaries now
 
@@ -140,10 +84,34 @@ class NodeCache:
         finally:
             self.release(hold)
 
-    def release(self, hold: Hold) -> None:
-        """End one use of a hold from `acquire` (the pin may stay until a step that does not need it)."""
+    def release(self, *holds: Hold) -> None:
+        """End one use of holds from `acquire` or `pin_held` (the pins may stay until no coming step needs them)."""
         with self._mutex:
-            hold.refs -= 1
+            for hold in holds:
+                hold.refs -= 1
+
+    def pin_held(self, needs: Sequence[Need]) -> list[Hold] | None:
+        """One more use of each object this user holds already, all or none (None: `acquire` them one by one);
+        the hit path of a step, one lock and no system call."""
+        with self._mutex:
+            holds = self._holds
+            try:
+                found = [holds[need.sha256] for need in needs]
+            except KeyError:
+                return None
+            for hold in found:
+                hold.refs += 1
+            self.stats.hits += len(found)
+            if self.options.policy == "lru":
+                now = time.monotonic()
+                for need in needs:
+                    self._used_at[need.sha256] = now
+            return found
+
+    def held(self) -> frozenset[str]:
+        """The objects this user holds (so the cache has them) now."""
+        with self._mutex:
+            return frozenset(self._holds)
 
     def acquire(self, need: Need) -> Hold:
         """A hold on the object (kept from an earlier step, found in the cache, or fetched now);
@@ -247,14 +215,25 @@ class NodeCache:
             for sha in [sha for sha, hold in self._holds.items() if hold.refs <= 0 and sha not in kept]:
                 self._release(sha)
 
-    def settle(self, next_needs: Iterable[str]) -> None:
-        """Between steps: keep pinned only what the next step reads, none if others wait for room."""
-        mark = self.dir.pressure_mark()
+    def settle(self, next_objects: frozenset[str]) -> None:
+        """Between steps: keep pinned what the next step reads, or the next KEEP_STEPS steps once as many
+        steps passed with no eviction here and no pressure; none if others wait for room."""
+        mark, evictions = self.dir.pressure_mark(), self.stats.evictions
         if mark != self._pressure:
-            self._pressure = mark
+            self._pressure, self._calm = mark, 0
             self._release_idle()
-        else:
-            self._release_idle(next_needs)
+            return
+        self._calm = self._calm + 1 if evictions == self._evictions_seen else 0
+        self._evictions_seen = evictions
+        with self._mutex:
+            others = self._holds.keys() - next_objects
+        if others:
+            calm = self._calm >= KEEP_STEPS
+            self._release_idle(next_objects | {sha for sha in others if calm and self._needed_soon(sha)})
+
+    def _needed_soon(self, sha256: str) -> bool:
+        use = self.plan.next_use(sha256) if self.plan is not None else None
+        return use is not None and self.plan is not None and use < self.plan.start + KEEP_STEPS
 
     def _count_hit(self, need: Need) -> None:
         now = time.monotonic()

@@ -56,6 +56,7 @@ class CacheDir:
         for folder in (self.objects, root / "locks", root / "users", root / ".prep"):
             folder.mkdir(parents=True, exist_ok=True)
         self.pressure = root / "pressure"
+        self._pressure_fd = os.open(self.pressure, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._mutex = threading.Lock()
         self._lock_fd = os.open(root / "cache.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.user_fd, self.user_path = self._register()
@@ -147,11 +148,9 @@ class CacheDir:
                 self.pressure.write_bytes(b"")
 
     def pressure_mark(self) -> tuple[int, int]:
-        """Changes whenever someone signals pressure (size and mtime: either may repeat alone)."""
-        try:
-            info = self.pressure.stat()
-        except FileNotFoundError:
-            return (0, 0)
+        """Changes whenever someone signals pressure (size and mtime: either may repeat alone); an fstat,
+        no path lookup, since every step asks (signal_pressure appends or truncates, never replaces the file)."""
+        info = os.fstat(self._pressure_fd)
         return (info.st_size, info.st_mtime_ns)
 
     def close(self) -> None:
@@ -160,3 +159,4 @@ class CacheDir:
                 os.unlink(self.user_path)
             os.close(self.user_fd)
         os.close(self._lock_fd)
+        os.close(self._pressure_fd)

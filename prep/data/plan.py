@@ -41,6 +41,7 @@ class Plan:
         self.grow = max(1, grow)
         self.start = 0
         self._steps: deque[list[Need]] = deque()
+        self._objects: deque[frozenset[str]] = deque()  # each step's objects, by sha256
         self._uses: dict[str, deque[int]] = {}
         self._sizes: dict[str, Need] = {}  # each object in the window, by sha256
         self._ended = False
@@ -52,16 +53,18 @@ class Plan:
         with self._lock:
             if step < self.start or step > self.start + len(self._steps):
                 self._steps.clear()
+                self._objects.clear()
                 self._uses.clear()
                 self._sizes.clear()
                 self.start, self._ended = step, False
             while self.start < step:
-                for need in self._steps.popleft():
-                    uses = self._uses[need.sha256]
+                self._steps.popleft()
+                for sha in self._objects.popleft():
+                    uses = self._uses[sha]
                     uses.popleft()
                     if not uses:
-                        del self._uses[need.sha256]
-                        del self._sizes[need.sha256]
+                        del self._uses[sha]
+                        del self._sizes[sha]
                 self.start += 1
             target = self.minimum
             if grow and not self._steps:
@@ -74,10 +77,11 @@ class Plan:
                 self._ended = not block
                 for needs in block:
                     self._steps.append(needs)
+                    self._objects.append(frozenset(need.sha256 for need in needs))
                     for need in needs:
                         self._sizes[need.sha256] = need
                         uses = self._uses.setdefault(need.sha256, deque())
-                        if not uses or uses[-1] != at:
+                        if not uses or uses[-1] != at:  # once per step, as _objects counts it
                             uses.append(at)
                     at += 1
 
@@ -87,6 +91,22 @@ class Plan:
             at = step - self.start
             return list(self._steps[at]) if 0 <= at < len(self._steps) else []
 
+    def covers(self, step: int) -> bool:
+        """Whether step `step` is inside the window (its needs are known)."""
+        with self._lock:
+            return 0 <= step - self.start < len(self._steps)
+
+    def objects(self, step: int) -> frozenset[str]:
+        """The objects step `step` reads (none outside the window)."""
+        with self._lock:
+            at = step - self.start
+            return self._objects[at] if 0 <= at < len(self._objects) else frozenset()
+
+    def within(self, objects: frozenset[str]) -> bool:
+        """Whether every object the window reads is one of `objects`."""
+        with self._lock:
+            return len(self._sizes) <= len(objects) and self._sizes.keys() <= objects
+
     def next_use(self, sha256: str) -> int | None:
         """The first step at or after the current one that reads the object, None if none in the horizon."""
         with self._lock:
@@ -95,17 +115,20 @@ class Plan:
 
     def upcoming(self, steps: int | None, max_bytes: int | None) -> list[Need]:
         """Distinct objects in the order the next `steps` steps read them (from the current one),
-        stopping once their sizes add up to `max_bytes`."""
-        with self._lock:
-            end = self.start + (steps if steps is not None else len(self._steps))
-            order = sorted((uses[0], index, sha) for index, (sha, uses) in enumerate(self._uses.items())
-                           if uses[0] < end)
-            candidates = [self._sizes[sha] for _, _, sha in order]
+        stopping once their sizes add up to `max_bytes`; walks the steps, so the work is what it returns."""
         found: list[Need] = []
+        seen: set[str] = set()
         total = 0
-        for need in candidates:
-            if max_bytes is not None and total + need.size > max_bytes and found:
-                break
-            found.append(need)
-            total += need.size
+        with self._lock:
+            for offset, needs in enumerate(self._steps):
+                if (steps is not None and offset >= steps) or len(seen) == len(self._sizes):
+                    break
+                for need in needs:
+                    if need.sha256 in seen:
+                        continue
+                    if max_bytes is not None and total + need.size > max_bytes and found:
+                        return found
+                    seen.add(need.sha256)
+                    found.append(need)
+                    total += need.size
         return found

@@ -32,9 +32,11 @@ class Prefetcher:
 
     def kick(self) -> None:
         """Queue the coming objects that are neither cached nor queued, in the order they are needed."""
-        if self.steps == 0 or self.max_bytes == 0:
+        if self.steps == 0 or self.max_bytes == 0 or self.plan.within(self.cache.held()):
             return
-        for need in self.plan.upcoming(self.steps, self.max_bytes):
+        # what lies past a cache's worth of coming objects cannot stay until it is read: not asked for
+        room = min(self.max_bytes, self.cache.limit) if self.max_bytes is not None else self.cache.limit
+        for need in self.plan.upcoming(self.steps, room):
             with self._mutex:
                 if need.sha256 in self._queued or self.cache.has(need.sha256):
                     continue

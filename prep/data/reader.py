@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from prep.data.cache import CacheOptions, NodeCache
+from prep.data.cache import NodeCache
+from prep.data.cachevalues import CacheOptions
 from prep.data.mixture import MixtureSpec, Schedule, SourceSpec, mixture_hash, parse_mixture
 from prep.data.permutation import IndexPermutation
 from prep.data.plan import Need, Plan
@@ -99,7 +100,7 @@ class Reader:
                  mode: str = "tokens",
                  **cache: Any) -> None:
         """`cache`: cache_dir, cache_bytes, prefetch_steps, prefetch_bytes, jobs, policy, horizon
-        (prep.data.cache.CacheOptions): read snapshot specs straight from `store` through them."""
+        (prep.data.cachevalues.CacheOptions): read snapshot specs straight from `store` through them."""
         if mode not in MODES:
             raise UsageError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if seq_len < 1 or global_batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
@@ -110,6 +111,8 @@ class Reader:
         if unknown:
             raise UsageError(f"Reader got an unknown option {unknown[0]!r}")
         handle = open_store(os.fspath(store)) if isinstance(store, (str, os.PathLike)) else store
+        self._settings = (source, seq_len, global_batch_size,
+                          {"rank": rank, "world_size": world_size, "seed": seed, "store": handle, "mode": mode, **cache})
         self.cache = _cache_for(handle, cache)
         self.mixture, self.sources = _open_sources(source, handle, self.cache)
         self.seq_len, self.global_batch_size, self.seed, self.mode = seq_len, global_batch_size, seed, mode
@@ -238,11 +241,12 @@ class Reader:
         if self.plan is None or self._prefetcher is None or self.cache is None:
             return
         if after:
-            for stale in [at for at in self._planned if at < step]:  # steps skipped by this reader
-                del self._planned[stale]
+            if self._planned and min(self._planned) < step:  # steps skipped by this reader
+                for stale in [at for at in self._planned if at < step]:
+                    del self._planned[stale]
             self.plan.advance(step)
-            self.cache.settle(need.sha256 for need in self.plan.needs(step))
-        elif self.plan.start != step or not self.plan.needs(step):
+            self.cache.settle(self.plan.objects(step))
+        elif self.plan.start != step or not self.plan.covers(step):
             self._planned.clear()
             self.plan.advance(step, grow=False)
         else:
@@ -284,6 +288,11 @@ class Reader:
         if self.cache is not None:
             self.cache.close()
             self.cache = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its settings and state (a spawned worker opens its own cache user and prefetch
+        threads); unpickling refuses, as load_state_dict does, sources that resolve differently by then."""
+        return (_restore, (self._settings, self.state_dict()))
 
     def __enter__(self) -> Reader:
         return self
@@ -333,3 +342,15 @@ class Reader:
         if not isinstance(samples, int) or samples < 0 or samples % self.global_batch_size:
             raise UsageError(f"reader state has an invalid sample count {samples!r}")
         self.consumed = samples
+
+
+def _restore(settings: tuple[Any, ...], state: dict[str, Any]) -> Reader:
+    """A pickled Reader: opened again from its settings, then resumed at its state."""
+    source, seq_len, global_batch_size, options = settings
+    reader = Reader(source, seq_len, global_batch_size, **options)
+    try:
+        reader.load_state_dict(state)
+    except BaseException:
+        reader.close()
+        raise
+    return reader

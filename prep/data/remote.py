@@ -1,9 +1,11 @@
 """A snapshot read straight from a store (S3 or local) through the node-local cache: each shard is
-fetched into the cache on first need (prep.data.cache), pinned only while rows are copied out of
-it, and read from the verified cache file; nothing is read from a file before it is proven.
+fetched into the cache on first need (prep.data.cache), pinned while rows are copied out of it,
+and read from the verified cache file; nothing is read from a file before it is proven.
 
-Rows are copied shard by shard in ascending shard order, the order prep.data.plan predicts; a
-batch uses one shard at a time, so a cache of one shard (the largest) is enough to progress.
+When the cache reader holds every shard a batch reads already (a warm cache), the rows are copied
+under one pin call. Otherwise they are copied shard by shard in ascending shard order, the order
+prep.data.plan predicts; a batch then uses one shard at a time, so a cache of one shard (the
+largest) is enough to progress.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class CachedSource(SnapshotSource):
         artifacts = snapshot.manifest["artifacts"]
         super().__init__(snapshot, {a["path"]: cache.path_of(a["sha256"]) for a in artifacts})
         self.cache = cache
+        self._shard_tokens = np.diff(self.token_starts)
         sizes = {a["path"]: int(a["size"]) for a in artifacts}
         label = snapshot.id[:19]
         self.bin_needs = [Need(s.bin_sha256, sizes[s.bin_name], f"{label} {s.bin_name}") for s in self.shards]
@@ -56,11 +59,42 @@ class CachedSource(SnapshotSource):
         return sorted({s for a, b in zip(first.tolist(), last.tolist()) for s in range(a, b + 1)})
 
     def _fill(self, out: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        """Rows of out.shape[1] tokens from each of `starts`, one pinned shard at a time."""
+        """Rows of out.shape[1] tokens from each of `starts`: at once when this reader holds every shard
+        they read already, else one pinned shard at a time."""
         length = out.shape[1]
         if len(starts) and (starts.min() < 0 or starts.max() + length > self.total_tokens):
             raise IndexError(f"tokens outside 0..{self.total_tokens}")
-        first, last = self.shard_span(starts, np.full(len(starts), length, dtype=np.int64))
+        first = np.searchsorted(self.token_starts, starts, side="right") - 1
+        offsets = starts - self.token_starts[first]
+        if not self._fill_held(out, first, offsets):
+            last = np.searchsorted(self.token_starts, starts + max(length, 1) - 1, side="right") - 1
+            self._fill_by_shard(out, starts, first, last)
+        self.bytes_read += out.size * self.dtype.itemsize
+        return out
+
+    def _fill_held(self, out: np.ndarray, first: np.ndarray, offsets: np.ndarray) -> bool:
+        """The hit path: when no row crosses a shard and every shard is pinned already, copy the rows
+        under one pin call; False (nothing copied) otherwise."""
+        length = out.shape[1]
+        if len(first) and (offsets + length > self._shard_tokens[first]).any():
+            return False
+        shards = first.tolist()
+        touched = sorted(set(shards))
+        holds = self.cache.pin_held([self.bin_needs[shard] for shard in touched])
+        if holds is None:
+            return False
+        try:
+            views: dict[int, np.ndarray] = {shard: hold.view(self.dtype) for shard, hold in zip(touched, holds)}
+            for row, (shard, offset) in enumerate(zip(shards, offsets.tolist())):
+                out[row] = views[shard][offset:offset + length]
+            del views  # no view may outlive the pins: a map is closed when its pin is dropped
+        finally:
+            self.cache.release(*holds)
+        return True
+
+    def _fill_by_shard(self, out: np.ndarray, starts: np.ndarray, first: np.ndarray, last: np.ndarray) -> None:
+        """Rows copied shard by shard in ascending order, each shard pinned (fetched if need be) in turn."""
+        length = out.shape[1]
         begins = starts.tolist()
         inside: dict[int, list[tuple[int, int]]] = {}  # shard -> (row, offset in the shard)
         crossing: dict[int, list[int]] = {}  # shard -> rows that only partly lie in it
@@ -82,8 +116,6 @@ class CachedSource(SnapshotSource):
                 del tokens  # no view may outlive the pin: the map is closed when the pin is dropped
             finally:
                 self.cache.release(hold)
-        self.bytes_read += out.size * self.dtype.itemsize
-        return out
 
     def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
         return self._fill(np.empty((len(starts), length), dtype=np.int64), np.asarray(starts, dtype=np.int64))

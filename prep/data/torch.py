@@ -21,8 +21,17 @@ class ReaderDataset(IterableDataset[Any]):
     def __init__(self, source: Any, seq_len: int, global_batch_size: int, **options: Any) -> None:
         self._args = (source, seq_len, global_batch_size)
         self._options = options
-        self._reader = Reader(source, seq_len, global_batch_size, **options)  # validates now, in the main process
+        self._reader: Reader | None = Reader(source, seq_len, global_batch_size, **options)  # validates now
         self._start_step = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A spawned worker gets the settings and start step, not this process's reader: it opens its own."""
+        return {**self.__dict__, "_reader": None}
+
+    def _main_reader(self) -> Reader:
+        if self._reader is None:
+            self._reader = Reader(*self._args, **self._options)
+        return self._reader
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -40,11 +49,13 @@ class ReaderDataset(IterableDataset[Any]):
 
     def state_dict(self, batches_consumed: int) -> dict[str, Any]:
         """The Reader state after the training loop has consumed `batches_consumed` batches from here."""
-        state = self._reader.state_dict()
-        state["samples"] = (self._start_step + batches_consumed) * self._reader.global_batch_size
+        reader = self._main_reader()
+        state = reader.state_dict()
+        state["samples"] = (self._start_step + batches_consumed) * reader.global_batch_size
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Start the next iteration where `state` says (refused when it names other data)."""
-        self._reader.load_state_dict(state)
-        self._start_step = self._reader.consumed // self._reader.global_batch_size
+        reader = self._main_reader()
+        reader.load_state_dict(state)
+        self._start_step = reader.consumed // reader.global_batch_size

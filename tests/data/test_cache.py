@@ -261,3 +261,23 @@ def test_steps_out_of_order_and_a_resumed_state_read_the_same_rows(remote: dict[
         resumed.load_state_dict(state)
         for step, batch in zip(range(12, 20), resumed):
             assert (batch == pulled.batch(step)).all(), f"step {step}"
+
+
+def test_a_pin_kept_between_steps_serves_the_proven_copy_and_a_replaced_cache_file_is_refused_after_it(
+        remote: dict[str, Any], tmp_path: Path) -> None:
+    """The check is by content: a cache file replaced behind a reader's back (same size, other bytes) is not
+    read through the map pinned before, and refused when the reader opens the object again."""
+    pulled = Reader(remote["dest"], seq_len=SEQ, global_batch_size=GLOBAL)
+    with cached(remote, tmp_path / "cache", 8 * SHARD, prefetch_steps=0) as reader:
+        assert (reader.batch(0) == pulled.batch(0)).all()
+        assert reader.plan is not None and reader.cache is not None
+        victim = tmp_path / "cache" / "objects" / sorted(reader.plan.objects(1))[0]
+        forged = bytearray(victim.read_bytes())
+        forged[10] ^= 0x01
+        (tmp_path / "forged").write_bytes(bytes(forged))
+        os.replace(tmp_path / "forged", victim)
+        reader.cache.dir.signal_pressure()  # the reader drops its idle pins after the next step
+        assert (reader.batch(1) == pulled.batch(1)).all()
+        with pytest.raises(IntegrityError, match=rf"{victim}: does not match the snapshot .*cache file for"):
+            for step in range(2, 10):
+                reader.batch(step)

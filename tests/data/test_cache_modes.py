@@ -1,9 +1,11 @@
 """The node-local cache under every reader mode, over real built snapshots in a local store (the
 cache copies from it like from S3): windows longer than a shard, documents mode (the .idx files
-come through the cache too), a mixture of two snapshots, and max_epochs ending the plan."""
+come through the cache too), a mixture of two snapshots, max_epochs ending the plan, and a cache-backed
+reader pickled (for spawned DataLoader workers)."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,10 @@ import numpy as np
 import pytest
 
 from prep.data.reader import Reader
+from prep.errors import UsageError
+from prep.storage import LocalStore
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+from tests.snapshot_factory import build_snapshot
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +82,38 @@ def test_a_mixture_of_two_snapshots_through_one_cache(built: dict[str, Path], tm
         assert len(rows) > 10 and all((a == b).all() for a, b in rows)
         assert cached.plan is not None and cached.plan.upcoming(None, None) == []  # the plan ended too
         assert cached.stats()["cache"]["peak_cache_bytes"] <= limit
+
+
+def test_a_cache_backed_reader_pickles_as_its_settings_and_state(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    build_snapshot(store, tmp_path / "first", shard_sizes=(20_000,) * 3, formats=("bin",))
+    settings: dict[str, Any] = {"seq_len": 128, "global_batch_size": 8, "store": store,
+                                "cache_dir": tmp_path / "cache", "cache_bytes": 60_000}
+    with Reader("demo@latest", **settings) as reader:
+        expected = [reader.batch(step) for step in range(6)]
+        reader.consumed = 3 * 8
+        with pickle.loads(pickle.dumps(reader)) as again:
+            assert again.cache is not None and again.cache is not reader.cache
+            assert again.state_dict() == reader.state_dict()
+            assert all((again.batch(step) == expected[step]).all() for step in range(6))
+            assert len(list((tmp_path / "cache" / "users").glob("*.json"))) == 2  # a user of its own
+        frozen = pickle.dumps(reader)
+    build_snapshot(store, tmp_path / "second", shard_sizes=(20_000,) * 3, formats=("bin",), seed=1)
+    with pytest.raises(UsageError, match="reader state is for sources"):
+        pickle.loads(frozen)  # demo@latest moved meanwhile: not the data the state names
+
+
+def test_spawned_dataloader_workers_read_through_the_cache(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from prep.data.torch import ReaderDataset
+
+    store = LocalStore(tmp_path / "store")
+    build_snapshot(store, tmp_path / "work", shard_sizes=(20_000,) * 3, formats=("bin",))
+    settings: dict[str, Any] = {"store": store, "cache_dir": tmp_path / "cache", "cache_bytes": 60_000}
+    with Reader("demo@latest", 128, 8, **settings) as reader:
+        expected = [reader.batch(step) for step in range(6)]
+    dataset = ReaderDataset("demo@latest", 128, 8, **settings)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    got = [batch.numpy() for _, batch in zip(range(6), loader)]
+    assert all((a == b).all() for a, b in zip(got, expected))

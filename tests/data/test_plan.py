@@ -3,13 +3,16 @@ plan that rereads, Belady fetches what the optimal offline policy fetches and fe
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from prep.data.cache import CacheOptions, NodeCache
+from prep.data.cache import KEEP_STEPS, NodeCache
+from prep.data.cachevalues import CacheOptions
 from prep.data.plan import Need, Plan
+from prep.data.prefetch import Prefetcher
 from prep.storage import LocalStore
 from prep.store import cas
 
@@ -112,4 +115,86 @@ def test_a_prefetch_never_evicts_a_file_needed_sooner(tmp_path: Path) -> None:
     cache.plan.advance(3)  # 0 now, 1 next, 2 never: prefetching 2 must not evict either
     cache.prefetch(needs[2])
     assert cache.stats.fetches == 2 and not cache.path_of(needs[2].sha256).exists()
+    cache.close()
+
+
+def test_a_step_reading_one_object_twice_counts_it_once() -> None:
+    """Two sources of a mixture sharing a shard list its object twice in one step."""
+    needs = [Need(f"{i:064x}", 10, f"n{i}") for i in range(2)]
+    plan = Plan(steps_of([[0, 0], [1], [0]], needs), horizon=3)
+    plan.advance(0)
+    plan.advance(1)  # used to pop two uses of object 0, losing its use at step 2
+    assert plan.next_use(needs[0].sha256) == 2 and plan.objects(1) == {needs[1].sha256}
+
+
+def read_step(cache: NodeCache, plan: Plan, step: int, needs: list[Need]) -> None:
+    """What a reader does for one step: pin and release its objects, then advance and settle."""
+    for need in needs:
+        cache.release(cache.acquire(need))
+    plan.advance(step + 1)
+    cache.settle(plan.objects(step + 1))
+
+
+def test_idle_pins_stay_while_a_coming_step_reads_the_file_and_block_another_users_eviction(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    needs = objects(store, tmp_path, 3)
+    calm = KEEP_STEPS + 1
+    order = [[0, 1]] * calm + [[2], [0]] + [[2]] * 20 + [[1]]  # then 0 is read again in 2 steps, 1 in 23
+    mine = NodeCache(store, CacheOptions(tmp_path / "cache", 3 * SIZE))
+    other = NodeCache(store, CacheOptions(tmp_path / "cache", 3 * SIZE))
+    mine.plan = plan = Plan(steps_of(order, needs), horizon=len(order))
+    plan.advance(0)
+    for step in range(calm - 1):
+        read_step(mine, plan, step, needs[:2])
+    holds = mine.pin_held(needs[:2])
+    assert holds is not None and mine.pin_held(needs) is None  # all or none
+    with mine.dir.locked():
+        assert not mine._evict(needs[0].sha256)  # in use by this very step
+    mine.release(*holds)
+    read_step(mine, plan, calm - 1, [])
+    assert set(mine._holds) == {needs[0].sha256}
+    with other.dir.locked():
+        assert not other.dir.try_evict(needs[0].sha256)  # pinned by `mine` for step calm + 1
+        assert other.dir.try_evict(needs[1].sha256)  # not read within KEEP_STEPS: unpinned, evictable
+    other.dir.signal_pressure()  # another user waits for room: idle pins go at the next step
+    read_step(mine, plan, calm, needs[2:])
+    assert set(mine._holds) == set() and mine._calm == 0
+    with other.dir.locked():
+        assert other.dir.try_evict(needs[0].sha256)
+    mine.close()
+    other.close()
+
+
+def test_until_the_cache_is_calm_idle_pins_stay_only_for_the_next_step(tmp_path: Path) -> None:
+    """A cache that evicts (or hears of pressure) keeps pinned only what the next step reads, so the other
+    users of a thrashing cache are not kept from evicting what this one reads several steps on."""
+    store = LocalStore(tmp_path / "store")
+    needs = objects(store, tmp_path, 3)
+    cache = NodeCache(store, CacheOptions(tmp_path / "cache", 2 * SIZE))
+    cache.plan = plan = Plan(steps_of([[0], [1], [0]] * 3 * KEEP_STEPS, needs), horizon=4 * KEEP_STEPS)
+    plan.advance(0)
+    read_step(cache, plan, 0, needs[:1])  # fresh: 0 is read again in 2 steps, but not in the next one
+    assert set(cache._holds) == set()
+    read_step(cache, plan, 1, needs[1:2])
+    read_step(cache, plan, 2, needs[2:3])  # 2 did not fit: an eviction, so the count starts again
+    assert cache.stats.evictions == 1 and cache._calm == 0
+    cache.close()
+
+
+def test_prefetch_asks_for_no_more_coming_objects_than_the_cache_holds(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalStore(tmp_path / "store")
+    needs = objects(store, tmp_path, 4)
+    cache = NodeCache(store, CacheOptions(tmp_path / "cache", 2 * SIZE + SIZE // 2))
+    cache.plan = plan = Plan(steps_of([[0], [1], [2], [3]], needs), horizon=4)
+    asked: list[Need] = []
+    monkeypatch.setattr(cache, "prefetch", asked.append)
+    prefetcher = Prefetcher(cache, plan, None, None, jobs=1)
+    plan.advance(0)
+    prefetcher.kick()
+    deadline = time.monotonic() + 10
+    while prefetcher._queued and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert asked == needs[:2]  # the third could only stay by evicting one needed sooner
+    prefetcher.close()
     cache.close()
