@@ -146,7 +146,7 @@ def test_the_id_column_packs_like_its_strings(ids: list[str | None], pieces: int
     cut = len(ids) // pieces
     chunked = pa.chunked_array([column.slice(0, cut), column.slice(cut)], type=pa.string())
     for packed in (column, chunked, column.slice(min(1, len(ids)))):
-        offsets, lengths, blob = order._pack_id_column(packed)
+        offsets, lengths, blob = order.pack_id_column(packed)
         want_offsets, want_lengths, want_blob = order._pack_ids(to_strings(packed))
         assert blob == want_blob
         assert np.array_equal(offsets, want_offsets) and np.array_equal(lengths, want_lengths)
