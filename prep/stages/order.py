@@ -139,6 +139,10 @@ def gather_bytes(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> b
     first = int(starts[used][0])
     if np.array_equal(starts[used] - before[used], np.full(int(used.sum()), first)):
         return blob[first:first + total].tobytes()
+    width = int(lengths[0])
+    if width and not (lengths != width).any() and not (starts % width).any() and int(starts.max()) + width <= len(blob):
+        rows: bytes = blob[:len(blob) - len(blob) % width].reshape(-1, width)[starts // width].tobytes()
+        return rows  # fixed-width pieces (ids, mostly) as rows
     pieces = []
     for low in range(0, len(starts), GATHER_BLOCK):
         block_starts, block_lengths = starts[low:low + GATHER_BLOCK], lengths[low:low + GATHER_BLOCK]
