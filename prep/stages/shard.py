@@ -3,12 +3,12 @@ intermediates in key order (the shard's slices of the bucket objects say where t
 
 A shard has two units of work, one per format: `bin` (the .bin and .idx) and `wds` (the .tar);
 prep/formats/units.py names them and their files.
-A unit writes its file sequentially, a chunk of a few MiB at a time: the chunk is laid out in
-memory (tar headers for the whole chunk at once), each document's text and token ids are copied
-into place with one positional read from its intermediate (usually still in the page cache), then writer
-threads append and hash the chunk while the next one is gathered, starting disk writeback at once.
-Output files are hashed while written, never read back; memory holds two chunks plus a few dozen
-bytes per document of the job's shards.
+A unit writes its file sequentially, a chunk of a few MiB at a time. The token ids (and text) of
+up to PAYLOAD_BYTES of a window's documents are gathered from the intermediates at once, with few
+reads (prep.stages.gather); each chunk is laid out in memory from them (tar headers for the whole
+chunk at once), then writer threads append and hash the chunk while the next one is laid out,
+starting disk writeback at once. Output files are hashed while written, never read back; memory
+holds two chunks, one gathered block and a few dozen bytes per document of a window.
 """
 
 from __future__ import annotations
