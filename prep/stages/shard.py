@@ -39,7 +39,7 @@ from prep.stages.specs import Part
 from prep.writeback import start_writeback
 
 CHUNK_BYTES = 8 << 20
-PAYLOAD_BYTES = 64 << 20
+PAYLOAD_BYTES = 32 << 20
 """Token and text bytes of a window gathered at once (prep.stages.gather), so neighbouring documents
 of an intermediate are read together; bounds a unit's memory for long documents."""
 
