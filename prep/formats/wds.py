@@ -95,25 +95,9 @@ def _octal_field(value: int, width: int) -> bytes:
 
 def _pack_fields(name: bytes, size: int) -> bytes:
     """A header block field by field, with its checksum field still eight spaces."""
-    return _USTAR.pack(
-        name,
-        _octal_field(MEMBER_MODE, 8),
-        _octal_field(0, 8),
-        _octal_field(0, 8),
-        _octal_field(size, 12),
-        _octal_field(0, 12),
-        b" " * 8,
-        tarfile.REGTYPE,
-        b"",
-        b"ustar\0",
-        b"00",
-        b"",
-        b"",
-        b"",
-        b"",
-        b"",
-        b"",
-    )
+    return _USTAR.pack(name, _octal_field(MEMBER_MODE, 8), _octal_field(0, 8), _octal_field(0, 8),
+                       _octal_field(size, 12), _octal_field(0, 12), b" " * 8, tarfile.REGTYPE, b"", b"ustar\0",
+                       b"00", b"", b"", b"", b"", b"", b"")
 
 
 def _header_template() -> tuple[bytes, int]:
@@ -123,6 +107,8 @@ def _header_template() -> tuple[bytes, int]:
 
 
 _TEMPLATE, _TEMPLATE_SUM = _header_template()
+_FIELDS_END = 265  # the template's bytes after mode .. version are all zero
+_TEMPLATE_FIELDS = np.frombuffer(_TEMPLATE[MAX_NAME_BYTES + 1:_FIELDS_END], dtype=np.uint8)
 _SIZE_OFFSET = 124
 _ZERO_SIZE_SUM = sum(_octal_field(0, 12))
 
@@ -177,23 +163,35 @@ def order_key_name(key_hi: int, key_lo: int) -> str:
 
 def headers_for_keys(key_chars: npt.NDArray[np.uint8], suffix: str, sizes: npt.ArrayLike) -> npt.NDArray[np.uint8]:
     """Member headers named `<key>.<suffix>` from an (n, width) array of each key's ASCII bytes."""
+    headers = np.zeros((len(np.asarray(sizes)), BLOCK_SIZE), dtype=np.uint8)
+    place_headers(headers, np.arange(len(headers)), key_chars, suffix, sizes)
+    return headers
+
+
+def place_headers(blocks: npt.NDArray[np.uint8], rows: npt.NDArray[np.int64], key_chars: npt.NDArray[np.uint8],
+                  suffix: str, sizes: npt.ArrayLike, key_sums: npt.NDArray[np.int64] | None = None) -> None:
+    """`headers_for_keys` written into `rows` of zero-filled (m, 512) blocks: only the bytes that
+    are not zero. `key_sums` (each key's byte sum) may be given when several suffixes share keys."""
     lengths = np.asarray(sizes, dtype=np.int64)
-    if lengths.size and (lengths.min() < 0 or lengths.max() > MAX_MEMBER_SIZE):
+    if lengths.size and not 0 <= lengths.min() <= lengths.max() <= MAX_MEMBER_SIZE:
         raise ValueError(f"member sizes must be within 0..{MAX_MEMBER_SIZE}")
-    width = key_chars.shape[1] if key_chars.ndim == 2 else 0
-    rest = ("." + suffix).encode("ascii")
+    width, rest = (key_chars.shape[1] if key_chars.ndim == 2 else 0), ("." + suffix).encode("ascii")
     if width + len(rest) > MAX_NAME_BYTES:
         raise ValueError(f"member names of {width + len(rest)} bytes are longer than {MAX_NAME_BYTES}")
-    headers = np.tile(np.frombuffer(_TEMPLATE, dtype=np.uint8), (len(lengths), 1))
-    headers[:, :width] = key_chars
-    headers[:, width:width + len(rest)] = np.frombuffer(rest, dtype=np.uint8)
+    head = np.zeros((len(lengths), _CHECKSUM_END), dtype=np.uint8)  # name .. checksum, built in place
+    head[:, :width] = key_chars
+    head[:, width:width + len(rest)] = np.frombuffer(rest, dtype=np.uint8)
+    head[:, MAX_NAME_BYTES + 1:] = _TEMPLATE_FIELDS[:_CHECKSUM_END - MAX_NAME_BYTES - 1]
     size_digits = ((lengths[:, None] >> _OCTAL_SIZE_SHIFTS) & 7) + 48
-    headers[:, _SIZE_OFFSET:_SIZE_OFFSET + 11] = size_digits
-    checksum = (_TEMPLATE_SUM - _ZERO_SIZE_SUM + sum(rest) + key_chars.reshape(len(lengths), width).sum(axis=1, dtype=np.int64)
-                + size_digits.sum(axis=1) + 0)  # the size field's NUL adds nothing
-    headers[:, _CHECKSUM_OFFSET:_CHECKSUM_OFFSET + 6] = ((checksum[:, None] >> _OCTAL_CHECKSUM_SHIFTS) & 7) + 48
-    headers[:, _CHECKSUM_OFFSET + 6] = 0
-    return headers
+    head[:, _SIZE_OFFSET:_SIZE_OFFSET + 11] = size_digits
+    checksum = _TEMPLATE_SUM - _ZERO_SIZE_SUM + sum(rest) + (
+        key_chars.reshape(len(lengths), width).sum(axis=1, dtype=np.int64) if key_sums is None else key_sums)
+    for column in range(size_digits.shape[1]):  # the size field's NUL adds nothing
+        checksum += size_digits[:, column]
+    head[:, _CHECKSUM_OFFSET:_CHECKSUM_OFFSET + 6] = ((checksum[:, None] >> _OCTAL_CHECKSUM_SHIFTS) & 7) + 48
+    head[:, _CHECKSUM_OFFSET + 6] = 0
+    blocks[rows, :_CHECKSUM_END] = head
+    blocks[rows, _CHECKSUM_END:_FIELDS_END] = _TEMPLATE_FIELDS[_CHECKSUM_END - MAX_NAME_BYTES - 1:]
 
 
 def _member_header_reference(name: str, size: int) -> bytes:
@@ -276,17 +274,23 @@ def sample_json(doc_id: str, source: str, line: int, tokens: int) -> bytes:
 _json_string = json.encoder.encode_basestring
 _POWERS = (10 ** np.arange(19, -1, -1, dtype=np.uint64)).astype(np.uint64)  # 20 digits hold any u64
 DECIMAL_WIDTH = len(_POWERS)  # columns of `decimal_digits`
+_ASCENDING = _POWERS[-2::-1].copy()  # 10, 100, ..., 10**19
 
 
 def decimal_digits(values: npt.ArrayLike) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
     """`str(v)` of many non-negative integers: an (n, 20) array of ASCII digits, right-aligned
-    (leading zeros before each number's own digits), and each number's digit count."""
+    (leading zeros before each number's own digits), and each number's digit count. One
+    division per digit of the largest number, not 20 uint64 divisions per number."""
     numbers = np.asarray(values, dtype=np.int64)
     if numbers.size and numbers.min() < 0:
         raise ValueError("decimal_digits takes non-negative integers")
-    unsigned = numbers.astype(np.uint64)
-    digits = ((unsigned[:, None] // _POWERS) % np.uint64(10) + np.uint64(48)).astype(np.uint8)
-    return digits.reshape(len(numbers), DECIMAL_WIDTH), 1 + (unsigned[:, None] >= _POWERS[:-1]).sum(axis=1)
+    digits = np.full((len(numbers), DECIMAL_WIDTH), 48, dtype=np.uint8)
+    rest, column = numbers.copy(), DECIMAL_WIDTH - 1
+    while column >= 0 and rest.any():
+        quotient = rest // 10
+        digits[:, column] += (rest - quotient * 10).astype(np.uint8)
+        rest, column = quotient, column - 1
+    return digits, 1 + np.searchsorted(_ASCENDING, numbers.astype(np.uint64), side="right")
 
 
 def npy_headers(counts: npt.ArrayLike, dtype: npt.DTypeLike) -> npt.NDArray[np.uint8]:
@@ -309,9 +313,7 @@ def sample_span(json_size: int, npy_size: int, txt_size: int) -> int:
     return member_span(json_size) + member_span(npy_size) + member_span(txt_size)
 
 
-def sample_spans(
-    json_sizes: npt.ArrayLike, npy_sizes: npt.ArrayLike, txt_sizes: npt.ArrayLike
-) -> npt.NDArray[np.int64]:
+def sample_spans(json_sizes: npt.ArrayLike, npy_sizes: npt.ArrayLike, txt_sizes: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """`sample_span` for many samples at once (element-wise), for planning whole shards."""
     columns = [np.asarray(sizes, dtype=np.int64) for sizes in (json_sizes, npy_sizes, txt_sizes)]
     spans = np.zeros(np.broadcast_shapes(*(column.shape for column in columns)), dtype=np.int64)

@@ -13,7 +13,6 @@ from typing import Literal
 import numpy as np
 
 from prep.errors import IntegrityError
-from prep.stages.columns import to_strings
 from prep.stages.intermediate import read_columns
 
 
@@ -32,17 +31,29 @@ def keep_mask(hash_arrays: Iterable[np.ndarray], exact: bool) -> np.ndarray:
 
 def check_unique_ids(source: str, paths: Iterable[Path]) -> None:
     """Ids must be unique within a file; tasks check their own part, this checks across the
-    parts of one large file. Memory: the ids of one file."""
+    parts of one large file (up to its first document without an id). Memory: the ids of one
+    file, as one sorted array of fixed-width rows (each id, zero-padded, then its length)."""
     from prep.errors import InputError
+    from prep.stages.order import NO_ID, pack_id_column
 
-    seen: set[str] = set()
-    for path in paths:
-        for doc_id in to_strings(read_columns(path, ["id"]).column("id")):
-            if doc_id is None:
-                return
-            if doc_id in seen:
-                raise InputError(f"{source}: duplicate id {doc_id!r}")
-            seen.add(doc_id)
+    packed = [pack_id_column(read_columns(path, ["id"]).column("id")) for path in paths]
+    lengths = np.concatenate([lens for _, lens, _ in packed] or [np.zeros(0, np.uint32)]).astype(np.int64)
+    missing = np.flatnonzero(lengths == NO_ID)
+    lengths = lengths[:missing[0]] if len(missing) else lengths
+    if len(lengths) < 2:
+        return
+    blob = np.frombuffer(b"".join(ids for _, _, ids in packed), dtype=np.uint8)
+    width = int(lengths.max()) + 8
+    rows = np.zeros((len(lengths), width), dtype=np.uint8)
+    rows[:, :width - 8][np.arange(width - 8) < lengths[:, None]] = blob[:int(lengths.sum())]
+    rows[:, width - 8:] = lengths.astype("<u8").view(np.uint8).reshape(-1, 8)
+    keys = rows.view(f"S{width}").reshape(-1)  # equal rows of one width are equal S values
+    order = np.argsort(keys, kind="stable")
+    repeats = order[1:][keys[order[1:]] == keys[order[:-1]]]
+    if len(repeats):
+        first = int(repeats.min())
+        doc_id = rows[first, :lengths[first]].tobytes().decode("utf-8")
+        raise InputError(f"{source}: duplicate id {doc_id!r}")
 
 
 # The keep mask (docs/manifests.md, "Binary objects"), defined here only: a u64 little-endian count

@@ -139,6 +139,10 @@ def gather_bytes(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> b
     first = int(starts[used][0])
     if np.array_equal(starts[used] - before[used], np.full(int(used.sum()), first)):
         return blob[first:first + total].tobytes()
+    width = int(lengths[0])
+    if width and not (lengths != width).any() and not (starts % width).any() and int(starts.max()) + width <= len(blob):
+        rows: bytes = blob[:len(blob) - len(blob) % width].reshape(-1, width)[starts // width].tobytes()
+        return rows  # fixed-width pieces (ids, mostly) as rows
     pieces = []
     for low in range(0, len(starts), GATHER_BLOCK):
         block_starts, block_lengths = starts[low:low + GATHER_BLOCK], lengths[low:low + GATHER_BLOCK]
@@ -152,7 +156,7 @@ def _string_chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
     return list(column.chunks) if isinstance(column, pa.ChunkedArray) else [column]
 
 
-def _pack_id_column(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, bytes]:
+def pack_id_column(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, bytes]:
     """Offsets, lengths (NO_ID for nulls) and the concatenated UTF-8 of a string column, read
     from its buffers (the bytes `_pack_ids` makes of the column's strings)."""
     blobs, all_lengths, all_valid = [], [], []
@@ -182,7 +186,7 @@ def _pack_id_column(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.
 
 def _pack_ids(ids: Sequence[str | None]) -> tuple[np.ndarray, np.ndarray, bytes]:
     """Offsets, lengths (NO_ID for none) and the concatenated UTF-8 of `ids` (the reference of
-    `_pack_id_column`)."""
+    `pack_id_column`)."""
     encoded = [b"" if doc_id is None else doc_id.encode("utf-8", "surrogatepass") for doc_id in ids]
     lengths = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))
     offsets = np.zeros(len(encoded), dtype=np.uint64)
@@ -204,11 +208,11 @@ def route_part(part: Part, ordinal: int, seed: int, bits: int, out_path: Path) -
     entries["row"] = to_numbers(table.column("row"))
     for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
         entries[name] = to_numbers(table.column(name))
-    offsets, lens, blob = _pack_id_column(table.column("id"))
+    offsets, lens, blob = pack_id_column(table.column("id"))
     entries["id_offset"], entries["id_len"] = offsets, lens
-    buckets = bucket_of(key_hi, bits)
-    order = np.lexsort((entries["row"], key_lo, key_hi, buckets))
-    entries, buckets = entries[order], buckets[order]
+    order = _key_order(entries)  # a bucket is its keys' top bits: key order groups the buckets too
+    entries = entries[order]
+    buckets = bucket_of(entries["key_hi"], bits)
     entries, blob = _regroup_ids(entries, blob)
     counts = np.bincount(buckets, minlength=1 << bits) if count else np.zeros(1 << bits, dtype=np.int64)
     digest = write_entries(out_path, {"schema": "prep.entries/1", "kind": "route", "bits": bits,
@@ -301,22 +305,36 @@ def leaf_digest(entries: np.ndarray, ids: bytes, parts: Sequence[PartIdentity], 
     per document its order key (which stands for its text: the key is a bijection of the text
     hash), token count, text size, source, line and id. With the tokenizer and settings that the
     shard task key adds, equal digests mean equal shard bytes."""
+    return leaf_digests(entries, ids, parts, part_digests, [(0, len(entries))])[0]
+
+
+def leaf_digests(entries: np.ndarray, ids: bytes, parts: Sequence[PartIdentity], part_digests: np.ndarray,
+                 bounds: Sequence[tuple[int, int]]) -> list[str]:
+    """`leaf_digest(entries[first:end], ...)` for each (first, end) of `bounds`, building each
+    document's record once however many ranges hold it."""
     offsets = np.asarray([part.line_offset for part in parts] or [0], dtype=np.int64)
-    hasher = hashlib.sha256()
+    hashers = [hashlib.sha256() for _ in bounds]
+    layout = np.dtype([("source", "V32")] + [(name, "<u8") for name in _DIGEST_FIELDS])
     for low in range(0, len(entries), GATHER_BLOCK):  # the records in blocks: one digest, bounded memory
         block = entries[low:low + GATHER_BLOCK]
-        records = np.zeros(len(block), dtype=[("source", "V32")] + [(name, "<u8") for name in _DIGEST_FIELDS])
+        records = np.zeros(len(block), dtype=layout)
         records["source"] = part_digests[block["part"]]
         for name in _DIGEST_FIELDS:
             if name != "line":
                 records[name] = block[name]
         records["line"] = offsets[block["part"]] + block["row"].astype(np.int64) + 1
-        hasher.update(records.tobytes())
-    with_id = entries["id_len"] != NO_ID
-    # One update of the ids one after another: the same digest as one update per id.
-    hasher.update(gather_bytes(np.frombuffer(ids, dtype=np.uint8), entries["id_offset"][with_id],
-                               entries["id_len"][with_id]))
-    return hasher.hexdigest()
+        raw = memoryview(records.tobytes())
+        for hasher, (first, end) in zip(hashers, bounds):
+            start, stop = max(first, low) - low, min(end, low + len(block)) - low
+            if start < stop:
+                hasher.update(raw[start * layout.itemsize:stop * layout.itemsize])
+    blob = np.frombuffer(ids, dtype=np.uint8)
+    for hasher, (first, end) in zip(hashers, bounds):
+        chunk = entries[first:end]
+        with_id = chunk["id_len"] != NO_ID
+        # One update of the ids one after another: the same digest as one update per id.
+        hasher.update(gather_bytes(blob, chunk["id_offset"][with_id], chunk["id_len"][with_id]))
+    return [hasher.hexdigest() for hasher in hashers]
 
 
 def split_leaves(key_hi: np.ndarray, weights: np.ndarray, start: int, depth: int,
@@ -353,15 +371,18 @@ def order_bucket(routes: Sequence[Path], parts: Sequence[PartIdentity], bucket: 
     part_digests = np.frombuffer(b"".join(part.digest() for part in parts) or b"\0" * 32, dtype="V32")
     weights = (entries["n_tokens"].astype(np.int64) + 1) * itemsize
     root = bucket << (64 - bits) if bits else 0
+    cuts = split_leaves(entries["key_hi"], weights, root, bits, shard_size)
+    ranges = list(dict.fromkeys([(first, end) for _, _, first, end in cuts] + [(0, len(entries))]))
+    digests = dict(zip(ranges, leaf_digests(entries, ids, parts, part_digests, ranges)))  # a lone leaf is the bucket
     leaves = []
-    for lo, level, first, end in split_leaves(entries["key_hi"], weights, root, bits, shard_size):
+    for lo, level, first, end in cuts:
         chunk = entries[first:end]
         leaves.append({"start": f"{lo:016x}", "depth": level, "first": first, "count": end - first,
                        "tokens": int(chunk["n_tokens"].sum()) + (end - first), "bin_size": int(weights[first:end].sum()),
-                       "text_bytes": int(chunk["text_bytes"].sum()), "digest": leaf_digest(chunk, ids, parts, part_digests)})
+                       "text_bytes": int(chunk["text_bytes"].sum()), "digest": digests[first, end]})
     digest = write_entries(out_path, {"schema": "prep.entries/1", "kind": "bucket", "bits": bits, "bucket": bucket},
                            entries, ids)
     summary = {"documents_read": documents_read, "duplicates_dropped": dropped, "documents": len(entries),
                "bin_size": int(weights.sum()), "text_bytes": int(entries["text_bytes"].sum()),
-               "digest": leaf_digest(entries, ids, parts, part_digests), "leaves": leaves}
+               "digest": digests[0, len(entries)], "leaves": leaves}
     return digest, summary

@@ -3,19 +3,19 @@ intermediates in key order (the shard's slices of the bucket objects say where t
 
 A shard has two units of work, one per format: `bin` (the .bin and .idx) and `wds` (the .tar);
 prep/formats/units.py names them and their files.
-A unit writes its file sequentially, a chunk of a few MiB at a time: the chunk is laid out in
-memory (tar headers for the whole chunk at once), each document's text and token ids are copied
-into place with one positional read from its intermediate (usually still in the page cache), then writer
-threads append and hash the chunk while the next one is gathered, starting disk writeback at once.
-Output files are hashed while written, never read back; memory holds two chunks plus a few dozen
-bytes per document of the job's shards.
+A unit writes its file sequentially, a chunk of a few MiB at a time. The token ids (and text) of
+up to PAYLOAD_BYTES of a window's documents are gathered from the intermediates at once, with few
+reads (prep.stages.gather); each chunk is laid out in memory from them (tar headers for the whole
+chunk at once), then writer threads append and hash the chunk while the next one is laid out,
+starting disk writeback at once. Output files are hashed while written, never read back; memory
+holds two chunks, one gathered block and a few dozen bytes per document of a window.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
@@ -31,13 +31,17 @@ from prep.formats import little_endian, megatron, wds
 from prep.formats.units import BIN, IDX, WDS, artifact_format, unit_formats
 from prep.hashing import Digest, HashingWriter
 from prep.stages.cuts import ShardPlan
+from prep.stages.gather import PartReader as PartReader  # the runner opens one per task
+from prep.stages.gather import scatter
 from prep.stages.members import sample_jsons
 from prep.stages.order import EntryFile
 from prep.stages.specs import Part
 from prep.writeback import start_writeback
 
 CHUNK_BYTES = 8 << 20
-MAX_OPEN_FILES = 256
+PAYLOAD_BYTES = 32 << 20
+"""Token and text bytes of a window gathered at once (prep.stages.gather), so neighbouring documents
+of an intermediate are read together; bounds a unit's memory for long documents."""
 
 
 @dataclass(frozen=True)
@@ -129,67 +133,6 @@ def _sample_key_lo(entries: np.ndarray, carry: _Carry | None) -> tuple[np.ndarra
     return key_lo, (int(hi[-1]), int(lo[-1]), int(copies[-1]))
 
 
-class PartReader:
-    """Positional reads from the intermediates, keeping a bounded number of files open.
-
-    Not memory maps: the kernel maps whole large page-cache folios on each fault, so mapped
-    intermediates show up as resident memory of the size of the corpus."""
-
-    def __init__(self, parts: list[Part]) -> None:
-        self._paths = [part.path for part in parts]
-        self._open: OrderedDict[int, int] = OrderedDict()
-
-    def read_into(self, part: int, offset: int, view: memoryview) -> None:
-        fd = self._open.get(part)
-        if fd is None:
-            fd = self._reopen(part)
-        count = os.preadv(fd, [view], offset)
-        while count < len(view):  # short reads happen only at end of file: a truncated intermediate
-            if count <= 0:
-                raise IntegrityError(f"{self._paths[part]}: shorter than its metadata says")
-            view, offset = view[count:], offset + count
-            count = os.preadv(fd, [view], offset)
-
-    def read_many(self, chunk: memoryview, parts: np.ndarray, offsets: np.ndarray, starts: np.ndarray,
-                  sizes: np.ndarray) -> None:
-        """`read_into(part, offset, chunk[start:start + size])` for each document, in one loop."""
-        opened, preadv = self._open, os.preadv
-        for part, offset, start, size in zip(parts.tolist(), offsets.tolist(), starts.tolist(), sizes.tolist()):
-            fd = opened.get(part)
-            if fd is None:
-                fd = self._reopen(part)
-            view = chunk[start:start + size]
-            if preadv(fd, [view], offset) < size:
-                self.read_into(part, offset, view)  # a short read: read_into retries or raises
-
-    def read_pairs(self, chunk: memoryview, parts: np.ndarray, offsets: np.ndarray, starts: np.ndarray,
-                   sizes: np.ndarray, next_starts: np.ndarray, next_sizes: np.ndarray) -> None:
-        """`read_many` of each document's span and of the span that follows it in its file (its
-        text after its tokens), into `chunk` at `starts` and `next_starts`: one read for both."""
-        opened, preadv = self._open, os.preadv
-        for part, offset, start, size, second, second_size in zip(
-                parts.tolist(), offsets.tolist(), starts.tolist(), sizes.tolist(), next_starts.tolist(),
-                next_sizes.tolist()):
-            fd = opened.get(part)
-            if fd is None:
-                fd = self._reopen(part)
-            first_view, second_view = chunk[start:start + size], chunk[second:second + second_size]
-            if preadv(fd, [first_view, second_view], offset) < size + second_size:
-                self.read_into(part, offset, first_view)  # a short read: read_into retries or raises
-                self.read_into(part, offset + size, second_view)
-
-    def _reopen(self, part: int) -> int:
-        if len(self._open) >= MAX_OPEN_FILES:
-            os.close(self._open.popitem(last=False)[1])
-        fd = self._open[part] = os.open(self._paths[part], os.O_RDONLY)
-        return fd
-
-    def close(self) -> None:
-        for fd in self._open.values():
-            os.close(fd)
-        self._open.clear()
-
-
 class _ChunkSink:
     """Appends chunks to a new file on one thread and hashes them on another while the caller
     gathers the next chunk (os.pwrite and hashlib release the GIL). Two chunk buffers take
@@ -257,13 +200,14 @@ class _ChunkSink:
             self._fd = -1
 
 
-def _chunks(spans: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) document ranges of about CHUNK_BYTES of output each (at least one document)."""
+def _chunks(spans: np.ndarray, limit: int | None = None) -> list[tuple[int, int]]:
+    """[start, end) document ranges of about `limit` (default CHUNK_BYTES) bytes each (at least one document)."""
+    limit = CHUNK_BYTES if limit is None else limit
     ends = np.cumsum(spans)
     bounds, start = [], 0
     while start < len(spans):
         base = ends[start - 1] if start else 0
-        end = max(start + 1, int(np.searchsorted(ends, base + CHUNK_BYTES, "right")))
+        end = max(start + 1, int(np.searchsorted(ends, base + limit, "right")))
         bounds.append((start, end))
         start = end
     return bounds
@@ -296,19 +240,25 @@ def _write_chunks(path: Path, pieces: _Pieces, zeroed: bool) -> Digest:
         raise
 
 
-def _bin_window(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any], eos_id: int) -> tuple[np.ndarray, _Fill]:
-    """A window's .bin spans (each document's tokens then EOS) and how to fill them."""
+def _bin_pieces(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any], eos_id: int) -> _Pieces:
+    """A window's .bin spans (each document's tokens then EOS), PAYLOAD_BYTES at a time: each
+    block's tokens are gathered into its .bin layout at once, then copied out chunk by chunk."""
     item = little.itemsize
-    ends = np.cumsum((docs.n_tokens + 1) * item)
+    spans = (docs.n_tokens + 1) * item
+    for start, end in _chunks(spans, PAYLOAD_BYTES):
+        block = spans[start:end]
+        ends = np.cumsum(block)
+        payload = np.empty(int(ends[-1]), dtype=np.uint8)
+        reader.gather(payload, docs.part[start:end], docs.tokens_offset[start:end], block - item, ends - block)
+        payload.view(little)[ends // item - 1] = eos_id
+        yield block, _copier(payload, ends)
 
+
+def _copier(payload: np.ndarray, ends: np.ndarray) -> _Fill:
     def fill(chunk: memoryview, start: int, end: int) -> None:
-        base = int(ends[start - 1]) if start else 0
-        eos_at = ends[start:end] - base - item
-        sizes = docs.n_tokens[start:end] * item
-        reader.read_many(chunk, docs.part[start:end], docs.tokens_offset[start:end], eos_at - sizes, sizes)
-        np.frombuffer(chunk, dtype=little)[eos_at // item] = eos_id
+        np.frombuffer(chunk, dtype=np.uint8)[:] = payload[int(ends[start - 1]) if start else 0:int(ends[end - 1])]
 
-    return (docs.n_tokens + 1) * item, fill
+    return fill
 
 
 def write_bin(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
@@ -320,7 +270,7 @@ def write_bin(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos
     def pieces() -> _Pieces:
         for docs in source.windows():
             lengths.append((docs.n_tokens + 1).astype("<i4"))
-            yield _bin_window(docs, reader, little, eos_id)
+            yield from _bin_pieces(docs, reader, little, eos_id)
 
     bin_digest = _write_chunks(bin_path, pieces(), zeroed=False)
     with HashingWriter(idx_path) as index:
@@ -329,8 +279,9 @@ def write_bin(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos
     return bin_digest, index.close()
 
 
-def _tar_window(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any], eos_id: int) -> tuple[np.ndarray, _Fill]:
-    """A window's tar spans (three members per document) and how to fill them."""
+def _tar_pieces(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any], eos_id: int) -> _Pieces:
+    """A window's tar spans (three members per document), PAYLOAD_BYTES of tokens and text at a
+    time: each block's are gathered at once, then placed into the members chunk by chunk."""
     item = little.itemsize
     block = wds.BLOCK_SIZE
     count = len(docs.json_offsets) - 1
@@ -344,6 +295,9 @@ def _tar_window(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any],
     spans = text_at + wds.padded_size(docs.text_bytes)
     sample_at = np.concatenate(([0], np.cumsum(spans)[:-1]))
     jsons = np.frombuffer(docs.jsons, dtype=np.uint8)
+    token_bytes = docs.n_tokens * item
+    payload_at = np.cumsum(token_bytes + docs.text_bytes) - token_bytes - docs.text_bytes  # tokens, then text
+    payload, block_start = np.zeros(0, dtype=np.uint8), 0  # the block being written (rebound below)
 
     def fill(chunk: memoryview, start: int, end: int) -> None:
         at = sample_at[start:end] - int(sample_at[start])
@@ -351,25 +305,28 @@ def _tar_window(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any],
         _place_headers(raw, docs, start, end, (at, at + npy_at[start:end] - block, at + text_at[start:end] - block),
                        (json_sizes, npy_sizes, docs.text_bytes))
         first, last = int(docs.json_offsets[start]), int(docs.json_offsets[end])
-        raw[np.repeat(at + block - (docs.json_offsets[start:end] - first), json_sizes[start:end])
-            + np.arange(last - first, dtype=np.int64)] = jsons[first:last]
+        scatter(raw, at + block, json_sizes[start:end], jsons[first:last])
         npy_start = at + npy_at[start:end]
-        raw[npy_start[:, None] + np.arange(npy_head, dtype=np.int64)] = wds.npy_headers(docs.n_tokens[start:end] + 1,
-                                                                                         little)
+        raw.reshape(-1, block)[npy_start // block, :npy_head] = wds.npy_headers(docs.n_tokens[start:end] + 1, little)
         tokens_at = npy_start + npy_head
-        eos_at = tokens_at + docs.n_tokens[start:end] * item
-        np.frombuffer(chunk, dtype=little)[eos_at // item] = eos_id
-        part, tokens_offset, text_offset = docs.part[start:end], docs.tokens_offset[start:end], docs.text_offset[start:end]
-        text_dst, text_bytes = at + text_at[start:end], docs.text_bytes[start:end]
-        follows = text_offset == tokens_offset + (eos_at - tokens_at)  # the intermediate's layout: tokens, text
-        reader.read_pairs(chunk, part[follows], tokens_offset[follows], tokens_at[follows], (eos_at - tokens_at)[follows],
-                          text_dst[follows], text_bytes[follows])
-        if not follows.all():
-            apart = ~follows
-            reader.read_many(chunk, part[apart], tokens_offset[apart], tokens_at[apart], (eos_at - tokens_at)[apart])
-            reader.read_many(chunk, part[apart], text_offset[apart], text_dst[apart], text_bytes[apart])
+        np.frombuffer(chunk, dtype=little)[(tokens_at + token_bytes[start:end]) // item] = eos_id
+        lengths = np.stack((token_bytes[start:end], docs.text_bytes[start:end]), axis=1).reshape(-1)
+        low = int(payload_at[start] - payload_at[block_start])
+        scatter(raw, np.stack((tokens_at, at + text_at[start:end]), axis=1).reshape(-1), lengths,
+                payload[low:low + int(lengths.sum())])
 
-    return spans, fill
+    for start, end in _chunks(token_bytes + docs.text_bytes, PAYLOAD_BYTES):
+        sizes = np.stack((token_bytes[start:end], docs.text_bytes[start:end]), axis=1).reshape(-1)
+        payload = np.empty(int(sizes.sum()), dtype=np.uint8)
+        reader.gather(payload, np.repeat(docs.part[start:end], 2),
+                      np.stack((docs.tokens_offset[start:end], docs.text_offset[start:end]), axis=1).reshape(-1),
+                      sizes, np.cumsum(sizes) - sizes)
+        block_start = start
+        yield spans[start:end], functools.partial(_shifted, fill, start)
+
+
+def _shifted(fill: _Fill, shift: int, chunk: memoryview, start: int, end: int) -> None:
+    fill(chunk, start + shift, end + shift)
 
 
 def write_tar(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int, tar_path: Path) -> Digest:
@@ -379,7 +336,7 @@ def write_tar(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos
 
     def pieces() -> _Pieces:
         for docs in source.windows():
-            yield _tar_window(docs, reader, little, eos_id)
+            yield from _tar_pieces(docs, reader, little, eos_id)
         yield np.asarray([len(wds.END_OF_ARCHIVE)], dtype=np.int64), lambda chunk, start, end: None
 
     return _write_chunks(tar_path, pieces(), zeroed=True)
@@ -390,8 +347,9 @@ def _place_headers(raw: np.ndarray, docs: ShardDocuments, start: int, end: int, 
     """Write the three member headers of documents [start, end) at their (block-aligned) offsets."""
     blocks = raw.reshape(-1, wds.BLOCK_SIZE)
     names = wds.hex_key_chars(docs.key_hi[start:end], docs.key_lo[start:end])
+    key_sums = names.sum(axis=1, dtype=np.int64)
     for suffix, at, member_sizes in zip(wds.MEMBER_SUFFIXES, header_at, sizes):
-        blocks[at // wds.BLOCK_SIZE] = wds.headers_for_keys(names, suffix, member_sizes[start:end])
+        wds.place_headers(blocks, at // wds.BLOCK_SIZE, names, suffix, member_sizes[start:end], key_sums)
 
 
 def write_unit(unit: str, plan: ShardPlan, docs: ShardSource, reader: PartReader, dtype: np.dtype[Any],

@@ -146,7 +146,7 @@ def test_the_id_column_packs_like_its_strings(ids: list[str | None], pieces: int
     cut = len(ids) // pieces
     chunked = pa.chunked_array([column.slice(0, cut), column.slice(cut)], type=pa.string())
     for packed in (column, chunked, column.slice(min(1, len(ids)))):
-        offsets, lengths, blob = order._pack_id_column(packed)
+        offsets, lengths, blob = order.pack_id_column(packed)
         want_offsets, want_lengths, want_blob = order._pack_ids(to_strings(packed))
         assert blob == want_blob
         assert np.array_equal(offsets, want_offsets) and np.array_equal(lengths, want_lengths)
@@ -164,6 +164,16 @@ def test_gather_bytes_equals_slicing(blob: bytes, pairs: list[tuple[int, int]]) 
     contiguous = np.cumsum(lengths) - lengths
     if int(lengths.sum()) <= len(blob):
         assert order.gather_bytes(np.frombuffer(blob, dtype=np.uint8), contiguous, lengths) == blob[:int(lengths.sum())]
+
+
+@given(blob=st.binary(min_size=1, max_size=80), width=st.integers(1, 9), rows=st.lists(st.integers(0, 20), max_size=30))
+@settings(max_examples=80, deadline=None)
+def test_gather_bytes_of_fixed_width_pieces_equals_slicing(blob: bytes, width: int, rows: list[int]) -> None:
+    """Pieces of one width at multiples of it (fixed-width ids) gather as rows, even past a ragged tail."""
+    rows = [row for row in rows if (row + 1) * width <= len(blob)]
+    starts = np.asarray(rows, dtype=np.int64) * width
+    expected = b"".join(blob[s:s + width] for s in starts.tolist())
+    assert order.gather_bytes(np.frombuffer(blob, dtype=np.uint8), starts, np.full(len(rows), width)) == expected
 
 
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 2), st.integers(0, 50)), max_size=60))

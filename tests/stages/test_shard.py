@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from prep.errors import IntegrityError
 from prep.formats import megatron, wds
-from prep.stages import order, shard
+from prep.stages import gather, order, shard
 from prep.stages.cuts import ShardPlan, plan_shards
 from prep.stages.intermediate import IntermediateWriter
 from prep.stages.members import sample_jsons
@@ -59,20 +59,25 @@ def _shards(folder: Path, parts: list[Part], shard_size: int, bits: int, exact: 
 
 @settings(max_examples=25, deadline=None)
 @given(parts=st.lists(_documents, min_size=1, max_size=3), shard_size=st.integers(2, 200),
-       chunk=st.integers(1, 3000), bits=st.integers(0, 2), with_ids=st.booleans(), window=st.integers(1, 5))
+       chunk=st.integers(1, 3000), bits=st.integers(0, 2), with_ids=st.booleans(), window=st.integers(1, 5),
+       payload=st.integers(1, 400), stage=st.integers(1, 300), gap=st.integers(0, 64))
 def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int]]]], shard_size: int, chunk: int,
-                                            bits: int, with_ids: bool, window: int) -> None:
+                                            bits: int, with_ids: bool, window: int, payload: int, stage: int,
+                                            gap: int) -> None:
     texts = [text for part in parts for text, _ in part]
     if any("\ud800" <= c <= "\udfff" for text in texts for c in text):
         return  # inputs never hold lone surrogates (the read stage refuses them)
     with tempfile.TemporaryDirectory() as name, pytest.MonkeyPatch.context() as patch:
         patch.setattr(shard, "CHUNK_BYTES", chunk)
-        patch.setattr(shard, "MAX_OPEN_FILES", 1)
+        patch.setattr(gather, "MAX_OPEN_FILES", 1)
         patch.setattr(shard, "WINDOW_DOCUMENTS", window)
+        patch.setattr(shard, "PAYLOAD_BYTES", payload)
+        patch.setattr(gather, "STAGE_BYTES", stage)
+        patch.setattr(gather, "MERGE_GAP", gap)
         folder = Path(name)
         written = [_write_part(folder, f"p{i}", docs, with_ids) for i, docs in enumerate(parts)]
         plans, buckets = _shards(folder, written, shard_size, bits)
-        reader = shard.PartReader(written)
+        reader = gather.PartReader(written)
         hashes = {(n, r): np.frombuffer(r.to_bytes(8, "little") + f"p{n}".encode().ljust(8, b"_")[:8], "<u8")
                   for n, docs in enumerate(parts) for r in range(len(docs))}
         try:
@@ -184,19 +189,26 @@ def test_copy_numbers_continue_across_windows(keys: list[tuple[int, int]], windo
     assert found == expected
 
 
-def test_read_pairs_reads_a_span_and_the_one_after_it(tmp_path: Path) -> None:
-    """One read fills two places of the chunk; a file cut short is refused, not zero-filled."""
+def test_gather_reads_neighbouring_spans_together_and_refuses_a_short_file(tmp_path: Path) -> None:
+    """Spans land at their targets in any order, across files, merged or not; a file cut short
+    is refused, not zero-filled."""
     data = bytes(range(256)) * 4
-    path = tmp_path / "part"
-    path.write_bytes(data)
-    reader = shard.PartReader([Part(path, "s", "jsonl", 0, 0)])
+    paths = [tmp_path / "a", tmp_path / "b"]
+    paths[0].write_bytes(data)
+    paths[1].write_bytes(data[::-1])
+    reader = gather.PartReader([Part(path, "s", "jsonl", 0, 0) for path in paths])
+    spans = [(0, 1000, 6), (1, 3, 5), (0, 10, 5), (0, 15, 3), (1, 0, 0), (0, 0, 2)]
     try:
-        chunk = bytearray(64)
-        arrays = [np.asarray(v, dtype=np.int64) for v in ([0, 0], [10, 1000], [0, 40], [5, 6], [20, 50], [3, 14])]
-        reader.read_pairs(memoryview(chunk), *arrays)
-        assert chunk[0:5] == data[10:15] and chunk[20:23] == data[15:18]
-        assert chunk[40:46] == data[1000:1006] and chunk[50:64] == data[1006:1020]
+        for gap, stage in ((0, 1), (8, 4), (4096, 1 << 20)):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(gather, "MERGE_GAP", gap)
+                patch.setattr(gather, "STAGE_BYTES", stage)
+                out = np.zeros(21, dtype=np.uint8)
+                part, offset, size = (np.asarray(column, dtype=np.int64) for column in zip(*spans))
+                reader.gather(out, part, offset, size, np.cumsum(size) - size)
+                sources = [data, data[::-1]]
+                assert out.tobytes() == b"".join(sources[p][o:o + n] for p, o, n in spans)
         with pytest.raises(IntegrityError, match="shorter than its metadata says"):
-            reader.read_pairs(memoryview(chunk), *[np.asarray([v], dtype=np.int64) for v in (0, 1020, 0, 4, 4, 8)])
+            reader.gather(np.zeros(8, dtype=np.uint8), *[np.asarray([v], dtype=np.int64) for v in (0, 1020, 8, 0)])
     finally:
         reader.close()

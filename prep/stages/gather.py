@@ -1,0 +1,135 @@
+"""Gathering many small spans of the intermediates into one buffer, with few system calls.
+
+A shard window's documents sit all over the intermediates in key order. Reading each one with
+its own `preadv` costs a system call and a Python iteration per document, which dominates short
+documents. Instead the spans are sorted by (part, offset), neighbours closer than MERGE_GAP bytes
+are read as one run into a staging buffer (the gap bytes are read and dropped: copying a few KiB
+from the page cache is cheaper than a system call), and numpy copies every span from the staging
+buffer to its place in the output, STAGE_BYTES of runs at a time. Memory: the staging buffer and
+its index arrays, never the intermediates.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import numpy as np
+
+from prep.errors import IntegrityError
+from prep.stages.specs import Part
+
+MAX_OPEN_FILES = 256
+MERGE_GAP = 8192
+"""Spans this close in one file are read with one system call (about a syscall's cost in copying)."""
+STAGE_BYTES = 512 << 10
+"""Bytes of runs read before numpy places their spans (bounds the staging buffer and its indexes)."""
+_PART_SHIFT = 44  # (part << 44) + offset sorts spans by file then offset; intermediates stay below 16 TiB
+
+
+class PartReader:
+    """Positional reads from the intermediates, keeping a bounded number of files open.
+
+    Not memory maps: the kernel maps whole large page-cache folios on each fault, so mapped
+    intermediates show up as resident memory of the size of the corpus."""
+
+    def __init__(self, parts: list[Part]) -> None:
+        self._paths = [part.path for part in parts]
+        self._open: OrderedDict[int, int] = OrderedDict()
+        self._stage = bytearray(0)
+
+    def read_into(self, part: int, offset: int, view: memoryview) -> None:
+        """Fill `view` from `part` at `offset`; IntegrityError when the file is shorter."""
+        fd = self._fd(part)
+        count = os.preadv(fd, [view], offset)
+        while count < len(view):  # short reads happen only at end of file: a truncated intermediate
+            if count <= 0:
+                raise IntegrityError(f"{self._paths[part]}: shorter than its metadata says")
+            view, offset = view[count:], offset + count
+            count = os.preadv(fd, [view], offset)
+
+    def gather(self, out: np.ndarray, parts: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
+               targets: np.ndarray) -> None:
+        """Copy span i (`sizes[i]` bytes of `parts[i]` at `offsets[i]`) to `out[targets[i]:]`
+        for every span, reading neighbouring spans of a file with one system call."""
+        used = np.flatnonzero(np.asarray(sizes) > 0)
+        if not len(used):
+            return
+        spans = _Spans.sorted(np.asarray(parts, dtype=np.int64)[used], np.asarray(offsets, dtype=np.int64)[used],
+                              np.asarray(sizes, dtype=np.int64)[used], np.asarray(targets, dtype=np.int64)[used])
+        run_first, run_start, run_end = spans.runs()
+        run_bytes = run_end - run_start
+        batch = (np.cumsum(run_bytes) - run_bytes) // STAGE_BYTES
+        edges = np.flatnonzero(np.diff(batch, prepend=-1, append=batch[-1] + 1))
+        for low, high in zip(edges[:-1].tolist(), edges[1:].tolist()):
+            self._gather_batch(out, spans, run_first, run_start, run_end, low, high)
+
+    def _gather_batch(self, out: np.ndarray, spans: _Spans, run_first: np.ndarray, run_start: np.ndarray,
+                      run_end: np.ndarray, low: int, high: int) -> None:
+        """Read runs [low, high) into the staging buffer, then place their spans."""
+        run_at = np.cumsum(run_end[low:high] - run_start[low:high])
+        total = int(run_at[-1])
+        run_at -= run_end[low:high] - run_start[low:high]
+        if len(self._stage) < total:
+            self._stage = bytearray(max(total, STAGE_BYTES))
+        view = memoryview(self._stage)
+        for part, start, end, at in zip(spans.part[run_first[low:high]].tolist(), run_start[low:high].tolist(),
+                                        run_end[low:high].tolist(), run_at.tolist()):
+            self.read_into(part, start, view[at:at + end - start])
+        first = int(run_first[low])
+        last = int(run_first[high]) if high < len(run_first) else len(spans.part)
+        counts = np.diff(np.append(run_first[low:high], last))
+        stage_at = np.repeat(run_at - run_start[low:high], counts) + spans.offset[first:last]
+        sizes = spans.size[first:last]
+        before = np.cumsum(sizes) - sizes
+        within = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(before, sizes)
+        staged = np.frombuffer(self._stage, dtype=np.uint8)
+        out[np.repeat(spans.target[first:last], sizes) + within] = staged[np.repeat(stage_at, sizes) + within]
+
+    def _fd(self, part: int) -> int:
+        fd = self._open.get(part)
+        if fd is None:
+            if len(self._open) >= MAX_OPEN_FILES:
+                os.close(self._open.popitem(last=False)[1])
+            fd = self._open[part] = os.open(self._paths[part], os.O_RDONLY)
+        return fd
+
+    def close(self) -> None:
+        for fd in self._open.values():
+            os.close(fd)
+        self._open.clear()
+        self._stage = bytearray(0)
+
+
+class _Spans:
+    """Spans sorted by (part, offset): where each comes from and where it goes."""
+
+    def __init__(self, part: np.ndarray, offset: np.ndarray, size: np.ndarray, target: np.ndarray) -> None:
+        self.part, self.offset, self.size, self.target = part, offset, size, target
+
+    @classmethod
+    def sorted(cls, part: np.ndarray, offset: np.ndarray, size: np.ndarray, target: np.ndarray) -> _Spans:
+        order = np.argsort((part << _PART_SHIFT) + offset, kind="stable")
+        return cls(part[order], offset[order], size[order], target[order])
+
+    def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first span, start offset, end offset) of each run: spans of one file whose gaps are
+        at most MERGE_GAP, cut where a run would pass STAGE_BYTES."""
+        ends = self.offset + self.size
+        reach = np.maximum.accumulate((self.part << _PART_SHIFT) + ends) - (self.part << _PART_SHIFT)
+        new = np.ones(len(ends), dtype=bool)
+        new[1:] = (self.part[1:] != self.part[:-1]) | (self.offset[1:] > reach[:-1] + MERGE_GAP)
+        group_start = self.offset[new][np.cumsum(new) - 1]
+        piece = (self.offset - group_start) // STAGE_BYTES
+        new[1:] |= piece[1:] != piece[:-1]
+        first = np.flatnonzero(new)
+        return first, self.offset[first], np.maximum.reduceat(reach, first)
+
+
+def scatter(out: np.ndarray, targets: np.ndarray, lengths: np.ndarray, data: np.ndarray) -> None:
+    """Copy `data`, cut into pieces of `lengths` bytes one after another, to `out[targets[i]:]`."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total:
+        out[np.repeat(np.asarray(targets, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths)
+            + np.arange(total, dtype=np.int64)] = data[:total]
