@@ -25,12 +25,11 @@ from prep.tokenizer.spans import (
     SpanTexts,
     TokenArray,
     documents_containing,
-    non_ascii_documents,
     offsets_of,
     replace_spans,
     split_tokens,
 )
-from prep.tokenizer.unicode import has_unassigned_code_point
+from prep.tokenizer.unicode import documents_with_unassigned, has_unassigned_code_point
 
 __all__ = ["Backend", "GigatokenBackend", "ReferenceBackend", "has_unassigned_code_point", "make_backend"]
 
@@ -263,12 +262,11 @@ class GigatokenBackend:
         return replace_spans(flat, token_offsets, routed, slow)
 
     def _routed(self, blob: bytes, offsets: Offsets) -> list[int]:
-        """The documents to hand to the reference: only non-ASCII or special-spelling ones can be."""
-        candidates = non_ascii_documents(blob, offsets)
+        """The documents to hand to the reference (`routes_to_reference`, for a whole batch at once)."""
+        routed = documents_with_unassigned(blob, offsets)
         if self._route_specials:
-            candidates |= documents_containing(blob, offsets, [token.encode() for token in self._special_tokens])
-        texts = SpanTexts(blob, offsets)
-        return [index for index in np.flatnonzero(candidates).tolist() if self.routes_to_reference(texts[index])]
+            routed |= documents_containing(blob, offsets, [token.encode() for token in self._special_tokens])
+        return [int(index) for index in np.flatnonzero(routed)]
 
     def close(self) -> None:
         """Nothing to release: gigatoken's thread pool is process-wide."""

@@ -99,3 +99,25 @@ def has_unassigned_code_point(text: str) -> bool:
             return False
     code_points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     return _any_unassigned(unassigned, code_points)
+
+
+def documents_with_unassigned(blob: bytes, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """For each valid UTF-8 span [offsets[i], offsets[i + 1]) of `blob`: whether it holds a code
+    point `has_unassigned_code_point` flags. Decodes only the lead bytes of multi-byte sequences
+    (all of a batch at once, with numpy), since every code point below U+0378 is assigned."""
+    found = np.zeros(len(offsets) - 1, dtype=bool)
+    if blob.isascii():
+        return found
+    data = np.frombuffer(blob, dtype=np.uint8)
+    leads = np.flatnonzero(data >= 0xCD)  # a code point from U+0340 up starts with 0xCD or more
+    if not leads.size:
+        return found
+    padded = np.concatenate((data, np.zeros(3, dtype=np.uint8))).astype(np.uint32)
+    first, second, third, fourth = (padded[leads + k] for k in range(4))
+    code = np.where(first < 0xE0, (first & 0x1F) << 6 | (second & 0x3F),
+                    np.where(first < 0xF0, (first & 0x0F) << 12 | (second & 0x3F) << 6 | (third & 0x3F),
+                             (first & 0x07) << 18 | (second & 0x3F) << 12 | (third & 0x3F) << 6 | (fourth & 0x3F)))
+    unassigned, _ = _unassigned_tables()
+    hits = leads[unassigned[np.minimum(code, 0x10FFFF)]]
+    found[np.searchsorted(offsets, hits, "right") - 1] = True
+    return found

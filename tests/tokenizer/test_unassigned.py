@@ -113,3 +113,29 @@ def test_code_points_below_the_first_checked_are_assigned() -> None:
 def test_strings_of_each_width_without_unassigned(text: str) -> None:
     assert not has_unassigned_code_point(text)
     assert has_unassigned_code_point(text + "\U00050000")
+
+
+VALID_TEXTS = TEXTS.map(lambda text: text.encode("utf-8", "replace").decode("utf-8"))  # no lone surrogates
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(VALID_TEXTS, max_size=12))
+def test_a_whole_batch_gets_the_per_text_answers(texts: list[str]) -> None:
+    """documents_with_unassigned (numpy over a batch's UTF-8) agrees with the per-text oracle."""
+    from prep.tokenizer.spans import offsets_of
+    from prep.tokenizer.unicode import documents_with_unassigned
+
+    encoded = [text.encode() for text in texts]
+    found = documents_with_unassigned(b"".join(encoded), offsets_of([len(data) for data in encoded]))
+    assert found.tolist() == [oracle(text) for text in texts]
+
+
+def test_a_whole_batch_of_every_code_point() -> None:
+    from prep.tokenizer.spans import offsets_of
+    from prep.tokenizer.unicode import documents_with_unassigned
+
+    texts = ["".join(chr(c) for c in range(start, start + 64) if not 0xD800 <= c < 0xE000) + "x"
+             for start in range(0, 0x110000, 64)]
+    encoded = [text.encode() for text in texts]
+    found = documents_with_unassigned(b"".join(encoded), offsets_of([len(data) for data in encoded]))
+    assert found.tolist() == [oracle(text) for text in texts]
