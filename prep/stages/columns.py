@@ -64,12 +64,11 @@ def string_column(values: Sequence[str | None]) -> pa.Array:
 
 
 def zero_based_strings(column: pa.Array) -> pa.Array:
-    """A string column (no nulls, or all null) laid out as string_column lays it out: buffers
-    starting at its first value, so equal columns serialize to equal bytes however they were cut."""
-    if column.null_count == len(column):
-        return string_column([None] * len(column))
+    """A string column laid out as string_column lays it out (buffers starting at its first value,
+    a validity bitmap only with nulls), so equal columns serialize to equal bytes however they
+    were cut or joined."""
     if column.null_count:
-        raise ValueError("column has some nulls")
+        return string_column([None] * len(column) if column.null_count == len(column) else to_strings(column))
     _, offsets_buffer, data = column.buffers()
     offsets = np.frombuffer(offsets_buffer, dtype="<i4", count=len(column) + 1, offset=column.offset * 4)
     first = int(offsets[0])
