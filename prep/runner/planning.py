@@ -1,13 +1,15 @@
-"""Planning helpers of the build driver: hashing inputs on the workers, splitting work into
-balanced contiguous jobs, and the no-change hint that decides whether workers warm up."""
+"""Planning helpers of the build driver: hashing inputs (in the driver's threads or on the
+workers), splitting work into balanced contiguous jobs, and the no-change hint that decides
+whether workers warm up."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prep.config import Pipeline
 from prep.errors import PrepError
-from prep.inputs.sources import SourceFile
+from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import Executor
 from prep.runner.tasks import HashJob, TokenizeJob, run_hash_job
 from prep.storage.base import Store
@@ -37,8 +39,14 @@ def looks_unchanged(store: Store, pipeline: Pipeline, sources: list[SourceFile],
 
 
 def hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFile]:
-    """Hash every input on the executor's workers, in batches of files (the driver reads no
-    input bytes itself); returns the sources in their original order."""
+    """Hash every input; returns the sources in their original order. Where the workers share
+    this machine, the driver hashes in its own threads while the workers are still starting
+    (the same cores; a hash job would wait for a worker's imports and tokenizer), and spools S3
+    inputs here, where the tasks read them. Elsewhere the workers hash, in batches of files."""
+    if executor.shares_filesystem:
+        threads = max(1, min(2 * executor.workers, len(sources)))
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            return list(pool.map(lambda source: hash_source(source, True), sources))
     batches: list[list[SourceFile]] = [[]]
     size = 0
     for source in sources:
@@ -47,7 +55,7 @@ def hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFil
             size = 0
         batches[-1].append(source)
         size += source.size
-    jobs = [HashJob(tuple(batch), spool=executor.shares_filesystem) for batch in batches]
+    jobs = [HashJob(tuple(batch), spool=False) for batch in batches]
     hashed: dict[int, list[SourceFile]] = dict(executor.run(run_hash_job, jobs))
     return [source for index in range(len(batches)) for source in hashed[index]]
 

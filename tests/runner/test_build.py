@@ -229,6 +229,32 @@ def test_contiguous_ranges_cover_every_index_once() -> None:
             assert covered == list(range(len(documents)))
 
 
+def test_inputs_are_hashed_in_the_driver_when_workers_share_its_machine(tmp_path: Path) -> None:
+    """The local pool's workers are still starting while the driver hashes; other executors hash on workers."""
+    import hashlib
+
+    from prep.inputs.sources import discover
+    from prep.runner.planning import hash_inputs
+
+    class Recording(InProcessExecutor):
+        def __init__(self, shares: bool) -> None:
+            self.shares_filesystem, self.ran = shares, 0
+
+        def run(self, fn: Any, items: Any) -> Any:
+            self.ran += len(items)
+            return super().run(fn, items)
+
+    for name in "cab":
+        write_jsonl(tmp_path / f"{name}.jsonl", make_records(5, seed=ord(name)))
+    sources = discover(("*.jsonl",), tmp_path, "auto")
+    for shares, jobs in ((True, 0), (False, 1)):
+        executor = Recording(shares)
+        hashed = hash_inputs(sources, executor)
+        assert executor.ran == jobs
+        assert [s.rel for s in hashed] == ["a.jsonl", "b.jsonl", "c.jsonl"]
+        assert [s.sha256 for s in hashed] == [hashlib.sha256((tmp_path / s.rel).read_bytes()).hexdigest() for s in hashed]
+
+
 def test_encode_special_tokens_off_lets_text_become_the_special_id(corpus: Path, tokenizer_path: Path) -> None:
     """The option is part of the resolved config (a different snapshot), and with it off a
     literal EOS string is encoded as the EOS id, exactly like the reference with that setting."""

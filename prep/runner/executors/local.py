@@ -12,10 +12,12 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from multiprocessing import get_context
 from typing import Any
 
@@ -30,6 +32,23 @@ def _init_worker(threads: int) -> None:
     # Ctrl-C reaches every worker. An idle one ignores it: dying of it would break the pool,
     # which then kills the busy workers before they remove their partial files (see _call).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _started(_: WarmUp | None) -> None:
+    """The start-up of a worker given no prepare function: nothing to do."""
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore Ctrl-C in this process meanwhile (only the main thread may change handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _exit_now() -> None:
@@ -87,14 +106,15 @@ class LocalExecutor:
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                                          initializer=_init_worker, initargs=(threads_per_worker,))
         # Each submit starts one worker, which imports the task modules while the driver gets ready.
-        self._submit_prepare(None)
+        # Workers start with Ctrl-C ignored (an ignored signal stays ignored across exec): one that
+        # started before its initializer ran would die of it, with a traceback, breaking the pool.
+        with _sigint_ignored():
+            for _ in range(workers):
+                self._pool.submit(self._prepare or _started, None)
 
     def warm(self, warm_up: WarmUp) -> None:
         """Queue a tokenizer warm-up per worker ahead of the next tasks; its errors are ignored
         (a task that needs the tokenizer reports them)."""
-        self._submit_prepare(warm_up)
-
-    def _submit_prepare(self, warm_up: WarmUp | None) -> None:
         if self._prepare is not None:
             for _ in range(self.workers):
                 self._pool.submit(self._prepare, warm_up)
