@@ -203,9 +203,10 @@ class Builder:
 
 
 def make_executor(kind: str, workers: int, ray_address: str | None = None) -> Executor:
-    """The executor named by `--executor`; local workers start (and import the task modules) at once."""
+    """The executor named by `--executor`; local workers start (and import the task modules) at
+    once, forked from this process when it runs no other thread."""
     if kind == "local":
-        return LocalExecutor(workers, prepare_worker)
+        return LocalExecutor(workers, prepare_worker, fork=True)
     if kind == "ray":
         from prep.runner.executors.ray import RayExecutor
 

@@ -48,6 +48,32 @@ def test_worker_count_does_not_change_snapshot_or_bytes(corpus: Path, tokenizer_
         assert artifact_path(corpus / "store1", artifact).read_bytes() == artifact_path(corpus / "store2", artifact).read_bytes()
 
 
+def test_forked_workers_build_the_snapshot_spawned_ones_do(corpus: Path, tokenizer_path: Path) -> None:
+    """The CLI forks its local workers (prep.runner.build.make_executor); tests mostly spawn them."""
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    spawned = build_local(pipeline, corpus / "store1", workers=2)
+    forked = build_local(pipeline, corpus / "store2", workers=2, fork=True)
+    assert forked.snapshot.id == spawned.snapshot.id
+
+
+def test_a_pool_is_spawned_while_another_thread_runs() -> None:
+    """A forked child would inherit the locks that thread holds, held forever."""
+    import threading
+
+    from prep.runner.executors.local import LocalExecutor
+
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        executor = LocalExecutor(1, fork=True)
+        assert executor.start_method == "spawn"
+        executor.close()
+    finally:
+        release.set()
+        other.join()
+
+
 def test_tokens_match_reference_and_formats_agree(corpus: Path, tokenizer_path: Path) -> None:
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus/*.jsonl", "corpus/sub/*.jsonl"])
     result = build_local(pipeline, corpus / "store", workers=2)
