@@ -27,9 +27,11 @@ from prep.store import records
 if TYPE_CHECKING:
     from prep.runner.build import Builder
 
-DOCUMENTS_PER_BUCKET = 1_000_000
+DOCUMENTS_PER_BUCKET = 250_000
 """Target documents per order task (about 170 bytes each in memory while sorting): no larger than
-a shard unit's window and the tokenize parts' share, so no task's peak follows the corpus size."""
+a shard unit's window and the tokenize parts' share, so no task's peak follows the corpus size;
+small enough that even a 1M-document corpus gives every worker of a small pool an order task
+(with 1M, one task took the whole stage while the other workers waited)."""
 
 
 def route(builder: Builder, parts: tuple[PartRef, ...]) -> dict[str, Any]:

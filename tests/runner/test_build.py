@@ -138,6 +138,14 @@ def test_bucket_count_and_task_size_do_not_change_the_shards(corpus: Path, token
     assert other.snapshot.manifest["stats"] == reference.snapshot.manifest["stats"]
 
 
+def test_a_million_documents_make_four_order_tasks() -> None:
+    """Not one task that the whole pool waits for (the bucket count never follows the workers)."""
+    from prep.runner import ordering
+    from prep.stages.cuts import bucket_bits
+
+    assert bucket_bits(1_000_000, ordering.DOCUMENTS_PER_BUCKET) == 2
+
+
 def test_rebuild_is_all_cache_hits_and_one_changed_file_retokenizes_only_it(corpus: Path, tokenizer_path: Path) -> None:
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="1KB")
     store = corpus / "store"
