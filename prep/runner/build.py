@@ -97,10 +97,12 @@ class Builder:
     # -- generic task running ---------------------------------------------------------------
     def run_tasks(self, stage: str, jobs: Sequence[tuple[str, Any]], fn: Callable[[Any], TaskResult],
                   nbytes: Callable[[Any], int] = lambda job: 0, describe: Callable[[Any], str] | None = None,
-                  reads: Sequence[Sequence[str]] = ()) -> dict[str, records.TaskRecord]:
+                  reads: Sequence[Sequence[str]] = (),
+                  weight: Callable[[Any], int] | None = None) -> dict[str, records.TaskRecord]:
         """Run every job whose task record is missing; return every task's record by key.
         Outputs of found records are registered as reused: checked before anything reads them;
-        `reads` are the objects the jobs read, checked (in groups, in order) before any job runs."""
+        `reads` are the objects the jobs read, checked (in groups, in order) before any job runs.
+        Jobs start largest first by `weight` (default: `nbytes`), so the stage ends with small ones."""
         run = self.stages.setdefault(stage, StageRun(stage))
         committed: dict[str, records.TaskRecord] = {}
         todo: list[tuple[str, Any]] = []
@@ -113,7 +115,8 @@ class Builder:
                 what = describe(job) if describe else f"{stage} output"
                 self.guard.reused(record.outputs.values(), Remake(what, fn, job))
         run.cached += len(committed)
-        todo.sort(key=lambda item: -nbytes(item[1]))  # largest first: less idle time at the end
+        size = weight or nbytes
+        todo.sort(key=lambda item: -size(item[1]))  # largest first: less idle time at the end
         for group in reads if todo else ():
             self.guard.ensure(group)
         done_bytes = 0

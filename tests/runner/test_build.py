@@ -206,6 +206,34 @@ def test_large_jsonl_is_split_into_byte_ranges_with_absolute_lines(tmp_path: Pat
     assert all(json.loads(m["json"])["id"] == f"big.jsonl:{json.loads(m['json'])['line']}" for _, m in samples)
 
 
+def test_route_tasks_that_also_check_a_files_ids_start_first(tmp_path: Path, tokenizer_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A split file's first part reads every part's ids: the longest route tasks go first."""
+    import prep.stages.read as read
+    from prep.config import load_pipeline
+    from prep.progress import Progress
+    from prep.runner.build import build
+    from prep.runner.ordering import route_weight
+    from prep.storage import LocalStore
+
+    class Recording(InProcessExecutor):
+        routes: list[Any] = []
+
+        def run(self, fn: Any, items: Any) -> Any:
+            self.routes.extend(item for item in items if type(item).__name__ == "RouteJob")
+            return super().run(fn, items)
+
+    monkeypatch.setattr(read, "RANGE_BYTES", 2000)
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(3, seed=1, prefix="a"))
+    write_jsonl(tmp_path / "corpus" / "b.jsonl", make_records(60, seed=2, prefix="b"))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], shard_size="1MB")
+    build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), Recording(), (), Progress(quiet=True))
+    first, *rest = Recording.routes
+    assert first.part.source == "b.jsonl" and len(first.same_file) == len(rest) - 1 > 1
+    weights = [route_weight(job) for job in Recording.routes]
+    assert weights == sorted(weights, reverse=True)
+
+
 def test_duplicate_ids_across_byte_ranges_of_one_file_are_bad_input(tmp_path: Path, tokenizer_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import prep.stages.read as read
