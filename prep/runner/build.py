@@ -23,7 +23,7 @@ from prep.progress import Progress, human_bytes, plural
 from prep.runner import ordering
 from prep.runner.executors.base import Executor, WarmUp, WrappedExecutor
 from prep.runner.executors.local import LocalExecutor
-from prep.runner.planning import describe_inputs, hash_inputs, looks_unchanged, task_bytes
+from prep.runner.planning import describe_inputs, hash_inputs_meanwhile, task_bytes, unchanged_latest
 from prep.runner.publish import (
     BuildFacts,
     RefOutcome,
@@ -269,10 +269,11 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
 
     progress.stage("inputs", "discovering and hashing")
     discovered = discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format)
-    if not looks_unchanged(store, pipeline, discovered, builder.code, info.sha256):
+    latest = unchanged_latest(store, pipeline, discovered, builder.code, info.sha256)
+    if latest is None:
         executor.warm(WarmUp(str(tokenizer_path), pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens,
                              pipeline.tokenizer.backend))
-    sources = hash_inputs(discovered, executor)
+    sources = hash_inputs_meanwhile(discovered, executor, _precheck(builder, latest))
     version = input_version(sources)
     progress.done("inputs", f"{plural(len(sources), 'file')}, {human_bytes(sum(s.size for s in sources))}, {version[:19]}")
 
@@ -305,6 +306,16 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
         progress.info(f"warning: the build log could not be stored ({exc}); the snapshot is published")
         log_key = ""
     return BuildResult(snapshot, outcomes, builder.stages, log_key, readback)
+
+
+def _precheck(builder: Builder, latest: Snapshot | None) -> Callable[[], object] | None:
+    """For a rebuild that looks unchanged, on a pool sharing this machine (the driver's threads
+    hash the inputs meanwhile): re-hash the latest snapshot's artifacts on the workers now, so
+    that when the shard stage reuses them they are trusted instead of checked after everything."""
+    if latest is None or not builder.executor.shares_filesystem:
+        return None
+    object_ids = sorted({f"sha256:{artifact['sha256']}" for artifact in latest.artifacts})
+    return lambda: builder.guard.find_bad(object_ids)
 
 
 def _publish(builder: Builder, snapshot: Snapshot, publishing: Publishing) -> tuple[Readback, list[RefOutcome]]:

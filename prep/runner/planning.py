@@ -4,6 +4,7 @@ whether workers warm up."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -14,28 +15,31 @@ from prep.runner.executors.base import Executor
 from prep.runner.tasks import HashJob, TokenizeJob, run_hash_job
 from prep.storage.base import Store
 from prep.store.refs import read_ref
-from prep.store.snapshots import load_snapshot
+from prep.store.snapshots import Snapshot, load_snapshot
 
 HASH_BATCH_BYTES = 256 << 20
 HASH_BATCH_FILES = 512
 
 
-def looks_unchanged(store: Store, pipeline: Pipeline, sources: list[SourceFile], code: dict[str, Any],
-                    tokenizer_sha256: str) -> bool:
-    """True when the dataset's latest snapshot has this config, code, tokenizer and the same input
-    paths and sizes: then tokenization will likely be all cache hits and workers need not load
-    the tokenizer up front. Only a scheduling hint: cache hits are decided by content keys."""
+def unchanged_latest(store: Store, pipeline: Pipeline, sources: list[SourceFile], code: dict[str, Any],
+                     tokenizer_sha256: str) -> Snapshot | None:
+    """The dataset's latest snapshot when it has this config, code, tokenizer and the same input
+    paths and sizes: then tokenization will likely be all cache hits (workers need not load the
+    tokenizer up front) and its artifacts reused. Only a scheduling hint: cache hits are decided
+    by content keys."""
     try:
         ref = read_ref(store, pipeline.dataset, "latest")
-        manifest = load_snapshot(store, ref.snapshot).manifest if ref is not None else None
+        snapshot = load_snapshot(store, ref.snapshot) if ref is not None else None
     except PrepError:
-        return False
-    if manifest is None:
-        return False
+        return None
+    if snapshot is None:
+        return None
+    manifest = snapshot.manifest
     recorded = [(entry.get("path"), entry.get("size")) for entry in manifest.get("inputs", {}).get("files", [])]
-    return (manifest.get("config") == pipeline.resolved() and manifest.get("code") == code
+    same = (manifest.get("config") == pipeline.resolved() and manifest.get("code") == code
             and manifest.get("tokenizer", {}).get("sha256") == tokenizer_sha256
             and recorded == [(source.rel, source.size) for source in sources])
+    return snapshot if same else None
 
 
 def hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFile]:
@@ -58,6 +62,18 @@ def hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFil
     jobs = [HashJob(tuple(batch), spool=False) for batch in batches]
     hashed: dict[int, list[SourceFile]] = dict(executor.run(run_hash_job, jobs))
     return [source for index in range(len(batches)) for source in hashed[index]]
+
+
+def hash_inputs_meanwhile(sources: list[SourceFile], executor: Executor,
+                          meanwhile: Callable[[], object] | None) -> list[SourceFile]:
+    """`hash_inputs`, with `meanwhile` running on a thread of its own until both are done."""
+    if meanwhile is None:
+        return hash_inputs(sources, executor)
+    with ThreadPoolExecutor(max_workers=1) as side:
+        pending = side.submit(meanwhile)
+        hashed = hash_inputs(sources, executor)
+        pending.result()
+    return hashed
 
 
 def contiguous_ranges(weights: list[int], count: int) -> list[tuple[int, int]]:

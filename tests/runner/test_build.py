@@ -367,6 +367,33 @@ def test_workers_load_the_tokenizer_up_front_unless_a_rebuild_looks_unchanged(co
     assert warmed_by_build()
 
 
+def test_a_rebuild_that_looks_unchanged_checks_the_latest_artifacts_while_hashing(corpus: Path,
+                                                                                  tokenizer_path: Path) -> None:
+    """The artifacts it will reuse are re-hashed first (meanwhile the driver hashes the inputs),
+    once: the shard stage then trusts them instead of checking them after everything else."""
+    from prep.config import load_pipeline
+    from prep.progress import Progress
+    from prep.runner.build import build
+    from prep.runner.reuse import CheckJob
+    from prep.storage import LocalStore
+
+    class Recording(InProcessExecutor):
+        checked: list[list[str]] = []
+
+        def run(self, fn: Any, items: Any) -> Any:
+            self.checked.append([oid for item in items if isinstance(item, CheckJob) for oid in item.object_ids])
+            return super().run(fn, items)
+
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    first = build(load_pipeline(pipeline), LocalStore(corpus / "store"), Recording(), (), Progress(quiet=True))
+    Recording.checked = []
+    again = build(load_pipeline(pipeline), LocalStore(corpus / "store"), Recording(), (), Progress(quiet=True))
+    assert again.snapshot.id == first.snapshot.id
+    artifacts = sorted({f"sha256:{a['sha256']}" for a in first.snapshot.artifacts})
+    assert sorted(Recording.checked[0]) == artifacts
+    assert not any(Recording.checked[1:]), "checked once"
+
+
 def test_without_dedup_repeated_texts_get_distinct_sample_keys(tmp_path: Path, tokenizer_path: Path) -> None:
     """Equal texts share an order key; with dedup off each further copy's sample key is the
     order key plus its copy number, so no WebDataset reader merges two samples."""
