@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from importlib import metadata
 from pathlib import Path
 
@@ -31,6 +32,20 @@ def source_hash() -> str:
 @functools.cache
 def dependency_versions() -> dict[str, str]:
     return {name: metadata.version(name) for name in BYTE_SHAPING_DEPENDENCIES}
+
+
+_CACHED = (source_hash, dependency_versions)
+
+
+def _forget() -> None:
+    """Drop the cached identity, so that this (forked) process computes its own."""
+    for cached in _CACHED:
+        cached.cache_clear()
+
+
+# A forked worker hashes the code on disk itself, as a spawned one does: an upgrade that landed
+# after the driver hashed must make the worker refuse the driver's tasks (runner.tasks.check_code).
+os.register_at_fork(after_in_child=_forget)
 
 
 def code_identity() -> dict[str, object]:

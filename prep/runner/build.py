@@ -23,7 +23,7 @@ from prep.progress import Progress, human_bytes, plural
 from prep.runner import ordering
 from prep.runner.executors.base import Executor, WarmUp, WrappedExecutor
 from prep.runner.executors.local import LocalExecutor
-from prep.runner.planning import describe_inputs, hash_inputs, looks_unchanged, task_bytes
+from prep.runner.planning import describe_inputs, hash_inputs_meanwhile, task_bytes, unchanged_latest
 from prep.runner.publish import (
     BuildFacts,
     RefOutcome,
@@ -97,10 +97,12 @@ class Builder:
     # -- generic task running ---------------------------------------------------------------
     def run_tasks(self, stage: str, jobs: Sequence[tuple[str, Any]], fn: Callable[[Any], TaskResult],
                   nbytes: Callable[[Any], int] = lambda job: 0, describe: Callable[[Any], str] | None = None,
-                  reads: Sequence[Sequence[str]] = ()) -> dict[str, records.TaskRecord]:
+                  reads: Sequence[Sequence[str]] = (),
+                  weight: Callable[[Any], int] | None = None) -> dict[str, records.TaskRecord]:
         """Run every job whose task record is missing; return every task's record by key.
         Outputs of found records are registered as reused: checked before anything reads them;
-        `reads` are the objects the jobs read, checked (in groups, in order) before any job runs."""
+        `reads` are the objects the jobs read, checked (in groups, in order) before any job runs.
+        Jobs start largest first by `weight` (default: `nbytes`), so the stage ends with small ones."""
         run = self.stages.setdefault(stage, StageRun(stage))
         committed: dict[str, records.TaskRecord] = {}
         todo: list[tuple[str, Any]] = []
@@ -113,7 +115,8 @@ class Builder:
                 what = describe(job) if describe else f"{stage} output"
                 self.guard.reused(record.outputs.values(), Remake(what, fn, job))
         run.cached += len(committed)
-        todo.sort(key=lambda item: -nbytes(item[1]))  # largest first: less idle time at the end
+        size = weight or nbytes
+        todo.sort(key=lambda item: -size(item[1]))  # largest first: less idle time at the end
         for group in reads if todo else ():
             self.guard.ensure(group)
         done_bytes = 0
@@ -203,9 +206,10 @@ class Builder:
 
 
 def make_executor(kind: str, workers: int, ray_address: str | None = None) -> Executor:
-    """The executor named by `--executor`; local workers start (and import the task modules) at once."""
+    """The executor named by `--executor`; local workers start (and import the task modules) at
+    once, forked from this process when it runs no other thread."""
     if kind == "local":
-        return LocalExecutor(workers, prepare_worker)
+        return LocalExecutor(workers, prepare_worker, fork=True)
     if kind == "ray":
         from prep.runner.executors.ray import RayExecutor
 
@@ -265,10 +269,11 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
 
     progress.stage("inputs", "discovering and hashing")
     discovered = discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format)
-    if not looks_unchanged(store, pipeline, discovered, builder.code, info.sha256):
+    latest = unchanged_latest(store, pipeline, discovered, builder.code, info.sha256)
+    if latest is None:
         executor.warm(WarmUp(str(tokenizer_path), pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens,
                              pipeline.tokenizer.backend))
-    sources = hash_inputs(discovered, executor)
+    sources = hash_inputs_meanwhile(discovered, executor, _precheck(builder, latest))
     version = input_version(sources)
     progress.done("inputs", f"{plural(len(sources), 'file')}, {human_bytes(sum(s.size for s in sources))}, {version[:19]}")
 
@@ -301,6 +306,16 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
         progress.info(f"warning: the build log could not be stored ({exc}); the snapshot is published")
         log_key = ""
     return BuildResult(snapshot, outcomes, builder.stages, log_key, readback)
+
+
+def _precheck(builder: Builder, latest: Snapshot | None) -> Callable[[], object] | None:
+    """For a rebuild that looks unchanged, on a pool sharing this machine (the driver's threads
+    hash the inputs meanwhile): re-hash the latest snapshot's artifacts on the workers now, so
+    that when the shard stage reuses them they are trusted instead of checked after everything."""
+    if latest is None or not builder.executor.shares_filesystem:
+        return None
+    object_ids = sorted({f"sha256:{artifact['sha256']}" for artifact in latest.artifacts})
+    return lambda: builder.guard.find_bad(object_ids)
 
 
 def _publish(builder: Builder, snapshot: Snapshot, publishing: Publishing) -> tuple[Readback, list[RefOutcome]]:

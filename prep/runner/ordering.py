@@ -27,9 +27,11 @@ from prep.store import records
 if TYPE_CHECKING:
     from prep.runner.build import Builder
 
-DOCUMENTS_PER_BUCKET = 1_000_000
+DOCUMENTS_PER_BUCKET = 250_000
 """Target documents per order task (about 170 bytes each in memory while sorting): no larger than
-a shard unit's window and the tokenize parts' share, so no task's peak follows the corpus size."""
+a shard unit's window and the tokenize parts' share, so no task's peak follows the corpus size;
+small enough that even a 1M-document corpus gives every worker of a small pool an order task
+(with 1M, one task took the whole stage while the other workers waited)."""
 
 
 def route(builder: Builder, parts: tuple[PartRef, ...]) -> dict[str, Any]:
@@ -49,12 +51,17 @@ def route(builder: Builder, parts: tuple[PartRef, ...]) -> dict[str, Any]:
         jobs.append((key, RouteJob(builder.store.url, part, ordinal, pipeline.seed, bits, same)))
     builder.progress.stage("route", f"{len(jobs)} parts into {1 << bits} buckets")
     done = builder.run_tasks("route", jobs, run_route_job, describe=lambda job: f"route of part {job.ordinal}",
-                             reads=[[part.object_id for part in parts]])
+                             reads=[[part.object_id for part in parts]], weight=route_weight)
     stage_key = builder.stage_key("route", settings, [builder.stages["tokenize"].output])
     tasks = [{"part": ordinal, "key": key, "output": done[key].outputs["route"]} for ordinal, (key, _) in enumerate(jobs)]
     manifest = builder.commit_stage("route", stage_key, {"bits": bits, "tasks": tasks})
     builder.progress.done("route", stage_counts(builder.stages['route']))
     return manifest
+
+
+def route_weight(job: RouteJob) -> int:
+    """Documents a route task reads: a file's first part also reads its other parts' ids."""
+    return job.part.documents + sum(part.documents for part in job.same_file)
 
 
 def order(builder: Builder, route_manifest: dict[str, Any], itemsize: int, dtype: str) -> dict[str, Any]:

@@ -1,44 +1,56 @@
-"""Planning helpers of the build driver: hashing inputs on the workers, splitting work into
-balanced contiguous jobs, and the no-change hint that decides whether workers warm up."""
+"""Planning helpers of the build driver: hashing inputs (in the driver's threads or on the
+workers), splitting work into balanced contiguous jobs, and the no-change hint that decides
+whether workers warm up."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prep.config import Pipeline
 from prep.errors import PrepError
-from prep.inputs.sources import SourceFile
+from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import Executor
 from prep.runner.tasks import HashJob, TokenizeJob, run_hash_job
 from prep.storage.base import Store
 from prep.store.refs import read_ref
-from prep.store.snapshots import load_snapshot
+from prep.store.snapshots import Snapshot, load_snapshot
 
 HASH_BATCH_BYTES = 256 << 20
 HASH_BATCH_FILES = 512
 
 
-def looks_unchanged(store: Store, pipeline: Pipeline, sources: list[SourceFile], code: dict[str, Any],
-                    tokenizer_sha256: str) -> bool:
-    """True when the dataset's latest snapshot has this config, code, tokenizer and the same input
-    paths and sizes: then tokenization will likely be all cache hits and workers need not load
-    the tokenizer up front. Only a scheduling hint: cache hits are decided by content keys."""
+def unchanged_latest(store: Store, pipeline: Pipeline, sources: list[SourceFile], code: dict[str, Any],
+                     tokenizer_sha256: str) -> Snapshot | None:
+    """The dataset's latest snapshot when it has this config, code, tokenizer and the same input
+    paths and sizes: then tokenization will likely be all cache hits (workers need not load the
+    tokenizer up front) and its artifacts reused. Only a scheduling hint: cache hits are decided
+    by content keys."""
     try:
         ref = read_ref(store, pipeline.dataset, "latest")
-        manifest = load_snapshot(store, ref.snapshot).manifest if ref is not None else None
+        snapshot = load_snapshot(store, ref.snapshot) if ref is not None else None
     except PrepError:
-        return False
-    if manifest is None:
-        return False
+        return None
+    if snapshot is None:
+        return None
+    manifest = snapshot.manifest
     recorded = [(entry.get("path"), entry.get("size")) for entry in manifest.get("inputs", {}).get("files", [])]
-    return (manifest.get("config") == pipeline.resolved() and manifest.get("code") == code
+    same = (manifest.get("config") == pipeline.resolved() and manifest.get("code") == code
             and manifest.get("tokenizer", {}).get("sha256") == tokenizer_sha256
             and recorded == [(source.rel, source.size) for source in sources])
+    return snapshot if same else None
 
 
 def hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFile]:
-    """Hash every input on the executor's workers, in batches of files (the driver reads no
-    input bytes itself); returns the sources in their original order."""
+    """Hash every input; returns the sources in their original order. Where the workers share
+    this machine, the driver hashes in its own threads while the workers are still starting
+    (the same cores; a hash job would wait for a worker's imports and tokenizer), and spools S3
+    inputs here, where the tasks read them. Elsewhere the workers hash, in batches of files."""
+    if executor.shares_filesystem:
+        threads = max(1, min(2 * executor.workers, len(sources)))
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            return list(pool.map(lambda source: hash_source(source, True), sources))
     batches: list[list[SourceFile]] = [[]]
     size = 0
     for source in sources:
@@ -47,9 +59,21 @@ def hash_inputs(sources: list[SourceFile], executor: Executor) -> list[SourceFil
             size = 0
         batches[-1].append(source)
         size += source.size
-    jobs = [HashJob(tuple(batch), spool=executor.shares_filesystem) for batch in batches]
+    jobs = [HashJob(tuple(batch), spool=False) for batch in batches]
     hashed: dict[int, list[SourceFile]] = dict(executor.run(run_hash_job, jobs))
     return [source for index in range(len(batches)) for source in hashed[index]]
+
+
+def hash_inputs_meanwhile(sources: list[SourceFile], executor: Executor,
+                          meanwhile: Callable[[], object] | None) -> list[SourceFile]:
+    """`hash_inputs`, with `meanwhile` running on a thread of its own until both are done."""
+    if meanwhile is None:
+        return hash_inputs(sources, executor)
+    with ThreadPoolExecutor(max_workers=1) as side:
+        pending = side.submit(meanwhile)
+        hashed = hash_inputs(sources, executor)
+        pending.result()
+    return hashed
 
 
 def contiguous_ranges(weights: list[int], count: int) -> list[tuple[int, int]]:

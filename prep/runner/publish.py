@@ -208,11 +208,19 @@ class BuildFacts:
     refs: list[RefOutcome]
 
 
+def build_log_key(dataset: str, started: float) -> tuple[str, str]:
+    """A build's start stamp (whole seconds) and fresh log key. `prep log` lists logs in key
+    order, so the key's 12 hex digits begin with the start's microseconds (5 digits): two builds
+    that start within one second list in start order (a random suffix could swap them)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+    micro = min(int(started % 1 * 1_000_000), 999_999)
+    return stamp, log_key(dataset, stamp, f"{micro:05x}{uuid.uuid4().hex[:7]}")
+
+
 def write_log(store: Store, dataset: str, snapshot: Snapshot, stages: dict[str, StageRun], sources: list[SourceFile],
               entries: list[dict[str, Any]], facts: BuildFacts, extra: dict[str, Any]) -> str:
     """Store a build's log record (`prep.build-log/2`) under a fresh name; returns its key."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(facts.started))
-    key = log_key(dataset, stamp, uuid.uuid4().hex[:12])
+    stamp, key = build_log_key(dataset, facts.started)
     record = {
         "schema": LOG_SCHEMA,
         "snapshot": snapshot.id,

@@ -48,6 +48,32 @@ def test_worker_count_does_not_change_snapshot_or_bytes(corpus: Path, tokenizer_
         assert artifact_path(corpus / "store1", artifact).read_bytes() == artifact_path(corpus / "store2", artifact).read_bytes()
 
 
+def test_forked_workers_build_the_snapshot_spawned_ones_do(corpus: Path, tokenizer_path: Path) -> None:
+    """The CLI forks its local workers (prep.runner.build.make_executor); tests mostly spawn them."""
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    spawned = build_local(pipeline, corpus / "store1", workers=2)
+    forked = build_local(pipeline, corpus / "store2", workers=2, fork=True)
+    assert forked.snapshot.id == spawned.snapshot.id
+
+
+def test_a_pool_is_spawned_while_another_thread_runs() -> None:
+    """A forked child would inherit the locks that thread holds, held forever."""
+    import threading
+
+    from prep.runner.executors.local import LocalExecutor
+
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        executor = LocalExecutor(1, fork=True)
+        assert executor.start_method == "spawn"
+        executor.close()
+    finally:
+        release.set()
+        other.join()
+
+
 def test_tokens_match_reference_and_formats_agree(corpus: Path, tokenizer_path: Path) -> None:
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus/*.jsonl", "corpus/sub/*.jsonl"])
     result = build_local(pipeline, corpus / "store", workers=2)
@@ -112,6 +138,14 @@ def test_bucket_count_and_task_size_do_not_change_the_shards(corpus: Path, token
     assert other.snapshot.manifest["stats"] == reference.snapshot.manifest["stats"]
 
 
+def test_a_million_documents_make_four_order_tasks() -> None:
+    """Not one task that the whole pool waits for (the bucket count never follows the workers)."""
+    from prep.runner import ordering
+    from prep.stages.cuts import bucket_bits
+
+    assert bucket_bits(1_000_000, ordering.DOCUMENTS_PER_BUCKET) == 2
+
+
 def test_rebuild_is_all_cache_hits_and_one_changed_file_retokenizes_only_it(corpus: Path, tokenizer_path: Path) -> None:
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="1KB")
     store = corpus / "store"
@@ -172,6 +206,34 @@ def test_large_jsonl_is_split_into_byte_ranges_with_absolute_lines(tmp_path: Pat
     assert all(json.loads(m["json"])["id"] == f"big.jsonl:{json.loads(m['json'])['line']}" for _, m in samples)
 
 
+def test_route_tasks_that_also_check_a_files_ids_start_first(tmp_path: Path, tokenizer_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A split file's first part reads every part's ids: the longest route tasks go first."""
+    import prep.stages.read as read
+    from prep.config import load_pipeline
+    from prep.progress import Progress
+    from prep.runner.build import build
+    from prep.runner.ordering import route_weight
+    from prep.storage import LocalStore
+
+    class Recording(InProcessExecutor):
+        routes: list[Any] = []
+
+        def run(self, fn: Any, items: Any) -> Any:
+            self.routes.extend(item for item in items if type(item).__name__ == "RouteJob")
+            return super().run(fn, items)
+
+    monkeypatch.setattr(read, "RANGE_BYTES", 2000)
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(3, seed=1, prefix="a"))
+    write_jsonl(tmp_path / "corpus" / "b.jsonl", make_records(60, seed=2, prefix="b"))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], shard_size="1MB")
+    build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), Recording(), (), Progress(quiet=True))
+    first, *rest = Recording.routes
+    assert first.part.source == "b.jsonl" and len(first.same_file) == len(rest) - 1 > 1
+    weights = [route_weight(job) for job in Recording.routes]
+    assert weights == sorted(weights, reverse=True)
+
+
 def test_duplicate_ids_across_byte_ranges_of_one_file_are_bad_input(tmp_path: Path, tokenizer_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import prep.stages.read as read
@@ -229,6 +291,32 @@ def test_contiguous_ranges_cover_every_index_once() -> None:
             assert covered == list(range(len(documents)))
 
 
+def test_inputs_are_hashed_in_the_driver_when_workers_share_its_machine(tmp_path: Path) -> None:
+    """The local pool's workers are still starting while the driver hashes; other executors hash on workers."""
+    import hashlib
+
+    from prep.inputs.sources import discover
+    from prep.runner.planning import hash_inputs
+
+    class Recording(InProcessExecutor):
+        def __init__(self, shares: bool) -> None:
+            self.shares_filesystem, self.ran = shares, 0
+
+        def run(self, fn: Any, items: Any) -> Any:
+            self.ran += len(items)
+            return super().run(fn, items)
+
+    for name in "cab":
+        write_jsonl(tmp_path / f"{name}.jsonl", make_records(5, seed=ord(name)))
+    sources = discover(("*.jsonl",), tmp_path, "auto")
+    for shares, jobs in ((True, 0), (False, 1)):
+        executor = Recording(shares)
+        hashed = hash_inputs(sources, executor)
+        assert executor.ran == jobs
+        assert [s.rel for s in hashed] == ["a.jsonl", "b.jsonl", "c.jsonl"]
+        assert [s.sha256 for s in hashed] == [hashlib.sha256((tmp_path / s.rel).read_bytes()).hexdigest() for s in hashed]
+
+
 def test_encode_special_tokens_off_lets_text_become_the_special_id(corpus: Path, tokenizer_path: Path) -> None:
     """The option is part of the resolved config (a different snapshot), and with it off a
     literal EOS string is encoded as the EOS id, exactly like the reference with that setting."""
@@ -277,6 +365,33 @@ def test_workers_load_the_tokenizer_up_front_unless_a_rebuild_looks_unchanged(co
     with open(sorted((corpus / "corpus").glob("*.jsonl"))[0], "a") as handle:
         handle.write(json.dumps({"id": "extra", "text": "one more document"}) + "\n")
     assert warmed_by_build()
+
+
+def test_a_rebuild_that_looks_unchanged_checks_the_latest_artifacts_while_hashing(corpus: Path,
+                                                                                  tokenizer_path: Path) -> None:
+    """The artifacts it will reuse are re-hashed first (meanwhile the driver hashes the inputs),
+    once: the shard stage then trusts them instead of checking them after everything else."""
+    from prep.config import load_pipeline
+    from prep.progress import Progress
+    from prep.runner.build import build
+    from prep.runner.reuse import CheckJob
+    from prep.storage import LocalStore
+
+    class Recording(InProcessExecutor):
+        checked: list[list[str]] = []
+
+        def run(self, fn: Any, items: Any) -> Any:
+            self.checked.append([oid for item in items if isinstance(item, CheckJob) for oid in item.object_ids])
+            return super().run(fn, items)
+
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    first = build(load_pipeline(pipeline), LocalStore(corpus / "store"), Recording(), (), Progress(quiet=True))
+    Recording.checked = []
+    again = build(load_pipeline(pipeline), LocalStore(corpus / "store"), Recording(), (), Progress(quiet=True))
+    assert again.snapshot.id == first.snapshot.id
+    artifacts = sorted({f"sha256:{a['sha256']}" for a in first.snapshot.artifacts})
+    assert sorted(Recording.checked[0]) == artifacts
+    assert not any(Recording.checked[1:]), "checked once"
 
 
 def test_without_dedup_repeated_texts_get_distinct_sample_keys(tmp_path: Path, tokenizer_path: Path) -> None:

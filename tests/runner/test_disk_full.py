@@ -156,6 +156,22 @@ def test_ctrl_c_during_tokenize_leaves_nothing_staged(tmp_path: Path, tokenizer_
     assert staged(store) == [] and published(store) == []
 
 
+def _prepare_nothing(warm: object) -> None:
+    """A worker's prepare function (given one, the pool starts its workers at once)."""
+
+
+def test_ctrl_c_while_workers_start_leaves_the_pool_working() -> None:
+    """A Ctrl-C that reaches workers before their initializer ignores it (they are still importing)
+    must not kill them: a dead worker breaks the pool, and prints a traceback."""
+    executor = LocalExecutor(2, _prepare_nothing)
+    try:
+        for pid in list(executor._pool._processes):
+            os.kill(pid, signal.SIGINT)
+        assert [result for _, result in executor.run(str, [1, 2])] == ["1", "2"]
+    finally:
+        executor.close()
+
+
 # ------------------------------------------------------------------ errors across processes
 
 

@@ -200,3 +200,15 @@ def test_skipped_records_listed_are_bounded(monkeypatch: pytest.MonkeyPatch) -> 
     skipped = publish.skipped_records(entries)
     assert skipped["total"] == 6 and len(skipped["listed"]) == 3
     assert publish.skipped_records(entries[1:])["listed"] == [{"file": "y.parquet", "row": 4, "reason": "null text"}]
+
+
+def test_build_logs_of_one_second_list_in_start_order() -> None:
+    """`prep log --builds` lists logs by key; builds of a tiny corpus start less than a second apart."""
+    import re
+
+    from prep.runner.publish import build_log_key
+
+    started = [1_700_000_000.9, 1_700_000_000.25, 1_700_000_000.000001, 1_700_000_000.5]
+    keys = [build_log_key("tiny", t)[1] for t in started]
+    assert sorted(keys) == [keys[2], keys[1], keys[3], keys[0]]
+    assert all(re.fullmatch(r"logs/tiny/20231114T221320Z-[0-9a-f]{12}\.json", key) for key in keys)

@@ -1,4 +1,6 @@
-"""The local executor: a pool of spawned worker processes on this machine.
+"""The local executor: a pool of worker processes on this machine, spawned, or forked from a
+driver with no other thread (the CLI: a forked worker skips starting an interpreter and
+importing prep again, a few tenths of a second before its first task).
 
 Each worker caps the tokenizer's
 thread pool so that total threads stay near the core count. A task's exception travels back
@@ -12,10 +14,12 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from multiprocessing import get_context
 from typing import Any
 
@@ -30,6 +34,23 @@ def _init_worker(threads: int) -> None:
     # Ctrl-C reaches every worker. An idle one ignores it: dying of it would break the pool,
     # which then kills the busy workers before they remove their partial files (see _call).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _started(_: WarmUp | None) -> None:
+    """The start-up of a worker given no prepare function: nothing to do."""
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore Ctrl-C in this process meanwhile (only the main thread may change handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _exit_now() -> None:
@@ -75,26 +96,40 @@ def _plain_constructor(cls: type[PrepError]) -> bool:
     return all("__init__" not in vars(ancestor) for ancestor in mro[:mro.index(PrepError)])
 
 
+def fork_is_safe() -> bool:
+    """Whether this process may fork workers: on Linux, with no other Python thread (a fork copies
+    only the calling thread, so a lock another thread held would stay held in the child)."""
+    return sys.platform == "linux" and threading.active_count() == 1
+
+
 class LocalExecutor:
-    """A warm pool of `workers` spawned processes, kept for the whole build."""
+    """A warm pool of `workers` processes, kept for the whole build; forked when `fork` is asked
+    for and safe (fork_is_safe), else spawned."""
 
     shares_filesystem = True
     backend = "local"
 
-    def __init__(self, workers: int, prepare: Prepare | None = None, threads_per_worker: int = 1) -> None:
+    def __init__(self, workers: int, prepare: Prepare | None = None, threads_per_worker: int = 1,
+                 fork: bool = False) -> None:
         self.workers = workers
         self._prepare = prepare
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+        self.start_method = "fork" if fork and fork_is_safe() else "spawn"
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context(self.start_method),
                                          initializer=_init_worker, initargs=(threads_per_worker,))
-        # Each submit starts one worker, which imports the task modules while the driver gets ready.
-        self._submit_prepare(None)
+        # Submits start the workers (spawned: one each; forked: all at the first), which import the
+        # task modules while the driver gets ready. Workers start with Ctrl-C ignored (an ignored
+        # signal stays ignored across fork and exec): one that started before its initializer ran
+        # would die of it, with a traceback, breaking the pool. Output still buffered here would be
+        # written again by a forked worker.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with _sigint_ignored():
+            for _ in range(workers):
+                self._pool.submit(self._prepare or _started, None)
 
     def warm(self, warm_up: WarmUp) -> None:
         """Queue a tokenizer warm-up per worker ahead of the next tasks; its errors are ignored
         (a task that needs the tokenizer reports them)."""
-        self._submit_prepare(warm_up)
-
-    def _submit_prepare(self, warm_up: WarmUp | None) -> None:
         if self._prepare is not None:
             for _ in range(self.workers):
                 self._pool.submit(self._prepare, warm_up)
