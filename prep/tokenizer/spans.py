@@ -47,18 +47,26 @@ def documents_containing(blob: bytes, offsets: np.ndarray[Any, Any], needles: Se
     """Whether each span [offsets[i], offsets[i + 1]) of `blob` contains any of `needles` (a
     UTF-8 needle is in a UTF-8 text exactly when its string is in the text's string)."""
     found = np.zeros(len(offsets) - 1, dtype=bool)
+    data = np.frombuffer(blob, dtype=np.uint8)
     for needle in needles:
         if not needle:
             found[:] = True
             continue
-        positions, at = [], blob.find(needle)
-        while at >= 0:
-            positions.append(at)
-            at = blob.find(needle, at + 1)
-        starts = np.asarray(positions, dtype=np.int64)
+        starts = occurrences(data, needle)
         document = np.searchsorted(offsets, starts, "right") - 1
         found[document[starts + len(needle) <= offsets[document + 1]]] = True
     return found
+
+
+def occurrences(data: np.ndarray[Any, np.dtype[np.uint8]], needle: bytes) -> np.ndarray[Any, Any]:
+    """Every offset where `needle` starts in `data` (overlapping ones too): candidates by its
+    first byte, kept while each next byte matches (one vectorized pass, then passes over few)."""
+    starts = np.flatnonzero(data[:max(0, len(data) - len(needle) + 1)] == needle[0])
+    for index in range(1, len(needle)):
+        if not starts.size:
+            break
+        starts = starts[data[starts + index] == needle[index]]
+    return starts
 
 
 def _documents_of(positions: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -238,3 +238,14 @@ def test_select_sample_matches_the_per_document_rule(texts: list[str], budget: i
     """The numpy form picks exactly what the per-document rule picks, lone surrogates included."""
     assert select_sample(texts, budget, seed, special_tokens=specials) == reference_select_sample(texts, budget, seed,
                                                                                                   specials)
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=st.lists(st.text(alphabet="ab<|é\r", max_size=12), max_size=12),
+       needles=st.lists(st.text(alphabet="ab<|é", min_size=1, max_size=4), max_size=3))
+def test_documents_containing_agrees_with_in(texts: list[str], needles: list[str]) -> None:
+    from prep.tokenizer.spans import documents_containing
+
+    blob, offsets = utf8_batch(texts)
+    found = documents_containing(blob, offsets, [needle.encode() for needle in needles])
+    assert found.tolist() == [any(needle in text for needle in needles) for text in texts]
