@@ -24,6 +24,9 @@ MERGE_GAP = 8192
 """Spans this close in one file are read with one system call (about a syscall's cost in copying)."""
 STAGE_BYTES = 512 << 10
 """Bytes of runs read before numpy places their spans (bounds the staging buffer and its indexes)."""
+DIRECT_BYTES = 16 << 10
+"""Spans at least this large are read (gather) or copied (scatter) straight to their place, one
+call each: per-byte index arithmetic costs far more than a call for them (long documents)."""
 _PART_SHIFT = 44  # (part << 44) + offset sorts spans by file then offset; intermediates stay below 16 TiB
 
 
@@ -52,7 +55,12 @@ class PartReader:
                targets: np.ndarray) -> None:
         """Copy span i (`sizes[i]` bytes of `parts[i]` at `offsets[i]`) to `out[targets[i]:]`
         for every span, reading neighbouring spans of a file with one system call."""
-        used = np.flatnonzero(np.asarray(sizes) > 0)
+        sizes = np.asarray(sizes, dtype=np.int64)
+        large = np.flatnonzero(sizes >= DIRECT_BYTES)
+        if len(large):
+            self._read_direct(out, np.asarray(parts, dtype=np.int64)[large], np.asarray(offsets, dtype=np.int64)[large],
+                              sizes[large], np.asarray(targets, dtype=np.int64)[large])
+        used = np.flatnonzero((sizes > 0) & (sizes < DIRECT_BYTES))
         if not len(used):
             return
         spans = _Spans.sorted(np.asarray(parts, dtype=np.int64)[used], np.asarray(offsets, dtype=np.int64)[used],
@@ -63,6 +71,15 @@ class PartReader:
         edges = np.flatnonzero(np.diff(batch, prepend=-1, append=batch[-1] + 1))
         for low, high in zip(edges[:-1].tolist(), edges[1:].tolist()):
             self._gather_batch(out, spans, run_first, run_start, run_end, low, high)
+
+    def _read_direct(self, out: np.ndarray, parts: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
+                     targets: np.ndarray) -> None:
+        """Read each span straight into its place in `out`, in file order."""
+        view = memoryview(out.data).cast("B")
+        order = np.argsort((parts << _PART_SHIFT) + offsets, kind="stable")
+        for part, offset, size, target in zip(parts[order].tolist(), offsets[order].tolist(), sizes[order].tolist(),
+                                              targets[order].tolist()):
+            self.read_into(part, offset, view[target:target + size])
 
     def _gather_batch(self, out: np.ndarray, spans: _Spans, run_first: np.ndarray, run_start: np.ndarray,
                       run_end: np.ndarray, low: int, high: int) -> None:
@@ -129,7 +146,15 @@ class _Spans:
 def scatter(out: np.ndarray, targets: np.ndarray, lengths: np.ndarray, data: np.ndarray) -> None:
     """Copy `data`, cut into pieces of `lengths` bytes one after another, to `out[targets[i]:]`."""
     lengths = np.asarray(lengths, dtype=np.int64)
+    targets = np.asarray(targets, dtype=np.int64)
+    sources = np.cumsum(lengths) - lengths
+    large = lengths >= DIRECT_BYTES
+    if large.any():
+        for target, source, length in zip(targets[large].tolist(), sources[large].tolist(), lengths[large].tolist()):
+            out[target:target + length] = data[source:source + length]
+        small = ~large
+        targets, sources, lengths = targets[small], sources[small], lengths[small]
     total = int(lengths.sum())
     if total:
-        out[np.repeat(np.asarray(targets, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths)
-            + np.arange(total, dtype=np.int64)] = data[:total]
+        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        out[np.repeat(targets, lengths) + within] = data[np.repeat(sources, lengths) + within]

@@ -60,10 +60,10 @@ def _shards(folder: Path, parts: list[Part], shard_size: int, bits: int, exact: 
 @settings(max_examples=25, deadline=None)
 @given(parts=st.lists(_documents, min_size=1, max_size=3), shard_size=st.integers(2, 200),
        chunk=st.integers(1, 3000), bits=st.integers(0, 2), with_ids=st.booleans(), window=st.integers(1, 5),
-       payload=st.integers(1, 400), stage=st.integers(1, 300), gap=st.integers(0, 64))
+       payload=st.integers(1, 400), stage=st.integers(1, 300), gap=st.integers(0, 64), direct=st.integers(1, 64))
 def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int]]]], shard_size: int, chunk: int,
                                             bits: int, with_ids: bool, window: int, payload: int, stage: int,
-                                            gap: int) -> None:
+                                            gap: int, direct: int) -> None:
     texts = [text for part in parts for text, _ in part]
     if any("\ud800" <= c <= "\udfff" for text in texts for c in text):
         return  # inputs never hold lone surrogates (the read stage refuses them)
@@ -74,6 +74,7 @@ def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int
         patch.setattr(shard, "PAYLOAD_BYTES", payload)
         patch.setattr(gather, "STAGE_BYTES", stage)
         patch.setattr(gather, "MERGE_GAP", gap)
+        patch.setattr(gather, "DIRECT_BYTES", direct)  # spans this large go straight to their place
         folder = Path(name)
         written = [_write_part(folder, f"p{i}", docs, with_ids) for i, docs in enumerate(parts)]
         plans, buckets = _shards(folder, written, shard_size, bits)
@@ -199,16 +200,40 @@ def test_gather_reads_neighbouring_spans_together_and_refuses_a_short_file(tmp_p
     reader = gather.PartReader([Part(path, "s", "jsonl", 0, 0) for path in paths])
     spans = [(0, 1000, 6), (1, 3, 5), (0, 10, 5), (0, 15, 3), (1, 0, 0), (0, 0, 2)]
     try:
-        for gap, stage in ((0, 1), (8, 4), (4096, 1 << 20)):
+        for gap, stage, direct in ((0, 1, 1 << 20), (8, 4, 1 << 20), (4096, 1 << 20, 1 << 20), (8, 4, 4), (0, 1, 1)):
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(gather, "MERGE_GAP", gap)
                 patch.setattr(gather, "STAGE_BYTES", stage)
+                patch.setattr(gather, "DIRECT_BYTES", direct)
                 out = np.zeros(21, dtype=np.uint8)
                 part, offset, size = (np.asarray(column, dtype=np.int64) for column in zip(*spans))
                 reader.gather(out, part, offset, size, np.cumsum(size) - size)
                 sources = [data, data[::-1]]
                 assert out.tobytes() == b"".join(sources[p][o:o + n] for p, o, n in spans)
-        with pytest.raises(IntegrityError, match="shorter than its metadata says"):
-            reader.gather(np.zeros(8, dtype=np.uint8), *[np.asarray([v], dtype=np.int64) for v in (0, 1020, 8, 0)])
+        for direct in (1 << 20, 1):
+            with pytest.MonkeyPatch.context() as patch, pytest.raises(IntegrityError, match="shorter than its metadata"):
+                patch.setattr(gather, "DIRECT_BYTES", direct)
+                reader.gather(np.zeros(8, dtype=np.uint8), *[np.asarray([v], dtype=np.int64) for v in (0, 1020, 8, 0)])
     finally:
         reader.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), max_size=20), direct=st.integers(1, 50), seed=st.integers(0, 1000))
+def test_scatter_places_every_piece_whatever_its_size(lengths: list[int], direct: int, seed: int) -> None:
+    """Pieces of `data` one after another land at their targets, copied directly or by index."""
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size=sum(lengths), dtype=np.uint8)
+    order = rng.permutation(len(lengths))
+    targets = np.zeros(len(lengths), dtype=np.int64)
+    at = 0
+    for index in order.tolist():  # the pieces, laid out in another order
+        targets[index] = at
+        at += lengths[index]
+    out = np.zeros(at, dtype=np.uint8)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gather, "DIRECT_BYTES", direct)
+        gather.scatter(out, targets, np.asarray(lengths, dtype=np.int64), data)
+    sources = np.cumsum(lengths) - np.asarray(lengths, dtype=np.int64) if lengths else np.zeros(0, np.int64)
+    for source, target, length in zip(sources.tolist(), targets.tolist(), lengths):
+        assert out[target:target + length].tobytes() == data[source:source + length].tobytes()
