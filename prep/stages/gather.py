@@ -24,7 +24,7 @@ MERGE_GAP = 8192
 """Spans this close in one file are read with one system call (about a syscall's cost in copying)."""
 STAGE_BYTES = 512 << 10
 """Bytes of runs read before numpy places their spans (bounds the staging buffer and its indexes)."""
-DIRECT_BYTES = 16 << 10
+DIRECT_BYTES = 1 << 10
 """Spans at least this large are read (gather) or copied (scatter) straight to their place, one
 call each: per-byte index arithmetic costs far more than a call for them (long documents)."""
 _PART_SHIFT = 44  # (part << 44) + offset sorts spans by file then offset; intermediates stay below 16 TiB

@@ -152,15 +152,21 @@ def _text_buffer(texts: pa.Array) -> tuple[bytes, np.ndarray[Any, np.dtype[np.in
 def _block_items(task: ReadTask, arrow: _ArrowLines, block: bytes, first_local: int,
                  parse: Any) -> tuple[list[TextColumns | BadRecord], int]:
     """The block's documents and bad records in order, and how many lines it held."""
+    lines = block.count(b"\n") + (not block.endswith(b"\n"))
+    if parse is not None and len(block) >= LONG_LINE_BYTES * lines:
+        return _by_lines(task, parse, block, lines, first_local), lines
     bounds = _line_bounds(np.frombuffer(block, dtype=np.uint8))
-    lines = len(bounds) - 1
-    long_lines = parse is not None and len(block) >= LONG_LINE_BYTES * lines
-    if not long_lines and _plain_lines(block, bounds) and (found := arrow.columns(block, lines)) is not None:
+    if _plain_lines(block, bounds) and (found := arrow.columns(block, lines)) is not None:
         blob, offsets = _text_buffer(found[0])
         if _shallow_lines(block, bounds, blob, offsets):
             rows = np.arange(first_local, first_local + lines, dtype=np.int64)
             return [TextColumns(rows, found[1], blob, offsets)], lines
-    return list(chunks_of(line_rows(task, parse, block.split(b"\n")[:lines], first_local))), lines
+    return _by_lines(task, parse, block, lines, first_local), lines
+
+
+def _by_lines(task: ReadTask, parse: Any, block: bytes, lines: int, first_local: int) -> list[TextColumns | BadRecord]:
+    """The block read by the per-line reader."""
+    return list(chunks_of(line_rows(task, parse, block.split(b"\n")[:lines], first_local)))
 
 
 def jsonl_chunks(task: ReadTask, stats: dict[str, int]) -> Iterator[TextColumns | BadRecord]:

@@ -17,7 +17,7 @@ import numpy as np
 from prep.errors import TokenizerError
 from prep.tokenizer import contains_special
 from prep.tokenizer.backends import Backend, ReferenceBackend
-from prep.tokenizer.spans import character_counts, documents_containing, non_ascii_documents
+from prep.tokenizer.spans import character_counts, documents_containing
 
 DEFAULT_BUDGET_FRACTION = 0.0005
 MIN_BUDGET_BYTES = 4 << 10
@@ -95,8 +95,8 @@ def select_sample(texts: Sequence[str], budget_bytes: int, seed: int, *,
         return []
     blob, offsets = utf8 if utf8 is not None else utf8_batch(texts)
     sizes = np.diff(offsets)
-    wide = non_ascii_documents(blob, offsets)
     chars = character_counts(blob, offsets)
+    wide = chars < sizes  # a multi-byte character makes a text's bytes outnumber its characters
     # A special token that contains the generic spelling is found by looking for that alone.
     others = [token.encode("utf-8", "surrogatepass") for token in special_tokens if _SPECIAL_LIKE not in token]
     cheap = (wide.astype(np.int64) + documents_containing(blob, offsets, [b"\r"])

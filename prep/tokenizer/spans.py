@@ -47,20 +47,31 @@ def documents_containing(blob: bytes, offsets: np.ndarray[Any, Any], needles: Se
     """Whether each span [offsets[i], offsets[i + 1]) of `blob` contains any of `needles` (a
     UTF-8 needle is in a UTF-8 text exactly when its string is in the text's string)."""
     found = np.zeros(len(offsets) - 1, dtype=bool)
-    data = np.frombuffer(blob, dtype=np.uint8)
     for needle in needles:
         if not needle:
             found[:] = True
             continue
-        starts = occurrences(data, needle)
+        starts = occurrences(blob, needle)
         document = np.searchsorted(offsets, starts, "right") - 1
         found[document[starts + len(needle) <= offsets[document + 1]]] = True
     return found
 
 
-def occurrences(data: np.ndarray[Any, np.dtype[np.uint8]], needle: bytes) -> np.ndarray[Any, Any]:
-    """Every offset where `needle` starts in `data` (overlapping ones too): candidates by its
-    first byte, kept while each next byte matches (one vectorized pass, then passes over few)."""
+_FEW = 256
+
+
+def occurrences(blob: bytes, needle: bytes) -> np.ndarray[Any, Any]:
+    """Every offset where `needle` starts in `blob` (overlapping ones too). `bytes.find` runs at
+    memory speed for one byte and for long needles, but slowly for two or three bytes, and costs a
+    call per occurrence: many occurrences or a short needle take numpy's way instead (candidates by
+    the first byte, kept while each next byte matches)."""
+    if len(needle) >= 4 or (len(needle) == 1 and blob.count(needle) <= _FEW):
+        positions, at = [], blob.find(needle)
+        while at >= 0:
+            positions.append(at)
+            at = blob.find(needle, at + 1)
+        return np.asarray(positions, dtype=np.int64)
+    data = np.frombuffer(blob, dtype=np.uint8)
     starts = np.flatnonzero(data[:max(0, len(data) - len(needle) + 1)] == needle[0])
     for index in range(1, len(needle)):
         if not starts.size:
