@@ -36,16 +36,14 @@ class InProcessExecutor:
         pass
 
 
-def build_local(pipeline: Path, store_dir: Path, workers: int = 1, tags: tuple[str, ...] = (),
-                fork: bool = False) -> BuildResult:
-    """A build on a fresh local pool (forked workers with `fork`, as the CLI's). The driver's code
+def build_local(pipeline: Path, store_dir: Path, workers: int = 1, tags: tuple[str, ...] = ()) -> BuildResult:
+    """A build on a fresh pool of spawned local workers (the CLI forks them: test_build runs that
+    in a process of its own, since this one may hold other tests' threads). The driver's code
     identity is read afresh first: this long-lived test process may have hashed the tree before
     someone edited it, and the pool's new workers hash it as it is now (they would refuse a stale
     driver, see runner.tasks.CodeChecked)."""
     code.source_hash.cache_clear()
-    executor = LocalExecutor(workers, prepare_worker, fork=fork)
-    if fork:
-        assert executor.start_method == "fork", "another thread runs in this process: the pool spawned"
+    executor = LocalExecutor(workers, prepare_worker)
     try:
         return build(load_pipeline(pipeline), LocalStore(store_dir), executor, tags, Progress(quiet=True))
     finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +51,31 @@ def test_worker_count_does_not_change_snapshot_or_bytes(corpus: Path, tokenizer_
 
 
 def test_forked_workers_build_the_snapshot_spawned_ones_do(corpus: Path, tokenizer_path: Path) -> None:
-    """The CLI forks its local workers (prep.runner.build.make_executor); tests mostly spawn them."""
+    """The CLI forks its local workers (prep.runner.build.make_executor); tests mostly spawn them.
+    The forked build runs in a process of its own: this one may hold other tests' threads, and a
+    pool forks only from a process without any."""
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
     spawned = build_local(pipeline, corpus / "store1", workers=2)
-    forked = build_local(pipeline, corpus / "store2", workers=2, fork=True)
-    assert forked.snapshot.id == spawned.snapshot.id
+    run = subprocess.run([sys.executable, "-c", _FORKED_BUILD, str(pipeline), str(corpus / "store2")],
+                         capture_output=True, text=True, check=True)
+    start_method, snapshot_id = run.stdout.split()
+    assert (start_method, snapshot_id) == ("fork", spawned.snapshot.id)
+
+
+_FORKED_BUILD = """
+import sys
+from pathlib import Path
+from prep.config import load_pipeline
+from prep.progress import Progress
+from prep.runner.build import build, make_executor
+from prep.storage import LocalStore
+executor = make_executor("local", 2)
+try:
+    result = build(load_pipeline(Path(sys.argv[1])), LocalStore(Path(sys.argv[2])), executor, (), Progress(quiet=True))
+finally:
+    executor.close()
+print(executor.start_method, result.snapshot.id)
+"""
 
 
 def test_a_pool_is_spawned_while_another_thread_runs() -> None:
