@@ -185,20 +185,7 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
         raise ConfigError(f"{source}: seed: must be an integer in [0, 2**64), got {seed}")
     store = root.get("store", str, None)
 
-    inp = root.table("input", required=True)
-    paths = _string_list(inp, "paths", None)
-    if not paths:
-        raise ConfigError(f"{source}: input.paths: at least one path is required")
-    id_field = inp.get("id_field", str, None)
-    input_config = InputConfig(
-        paths=paths,
-        format=inp.choice("format", FORMATS, "auto"),
-        text_field=inp.get("text_field", str, "text"),
-        id_field=id_field or None,
-        on_error=inp.choice("on_error", ON_ERROR, "fail"),
-    )
-    inp.finish()
-
+    input_config = _input(root.table("input", required=True), source)
     tok = root.table("tokenizer", required=True)
     tokenizer = TokenizerConfig(
         path=tok.get("path", str, required=True),
@@ -212,7 +199,31 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
     dedup = DedupConfig(exact=dd.get("exact", bool, True))
     dd.finish()
 
-    out = root.table("output")
+    output = _output(root.table("output"), source)
+    retention = _retention(root.table("retention"))
+    root.finish()
+    return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output, retention)
+
+
+def _input(inp: _Table, source: str) -> InputConfig:
+    """`[input]`: paths (at least one), format, text and id fields, on_error."""
+    paths = _string_list(inp, "paths", None)
+    if not paths:
+        raise ConfigError(f"{source}: input.paths: at least one path is required")
+    id_field = inp.get("id_field", str, None)
+    input_config = InputConfig(
+        paths=paths,
+        format=inp.choice("format", FORMATS, "auto"),
+        text_field=inp.get("text_field", str, "text"),
+        id_field=id_field or None,
+        on_error=inp.choice("on_error", ON_ERROR, "fail"),
+    )
+    inp.finish()
+    return input_config
+
+
+def _output(out: _Table, source: str) -> OutputConfig:
+    """`[output]`: formats (each of bin, wds at most once) and shard_size."""
     formats = _string_list(out, "formats", ("bin", "wds"))
     for fmt in formats:
         if fmt not in OUTPUT_FORMATS:
@@ -224,9 +235,7 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
         formats=tuple(sorted(formats)),
     )
     out.finish()
-    retention = _retention(root.table("retention"))
-    root.finish()
-    return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output, retention)
+    return output
 
 
 def _retention(table: _Table) -> Policy:

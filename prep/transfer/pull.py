@@ -324,6 +324,13 @@ def _transfer(
                   len(hashed), (resumed.total, kept.total))
 
 
+def _make_dest(dest: Path) -> None:
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{dest}: cannot create folder: {exc.strerror or exc}") from None
+
+
 def pull(
     store: Store,
     snapshot: Snapshot,
@@ -346,10 +353,7 @@ def pull(
     check_paths(everything, dest, snapshot.id)
     share = share_of(everything, rank, world_size, formats, snapshot.id)
     named = {artifact.path for artifact in everything}
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{dest}: cannot create folder: {exc.strerror or exc}") from None
+    _make_dest(dest)
     try:
         with DestLock(dest):
             previous, problem = previous_paths(dest, snapshot, named)  # before anything changes
