@@ -112,8 +112,8 @@ def documents_with_unassigned(blob: bytes, offsets: np.ndarray[Any, Any]) -> np.
     leads = np.flatnonzero(data >= 0xCD)  # a code point from U+0340 up starts with 0xCD or more
     if not leads.size:
         return found
-    padded = np.concatenate((data, np.zeros(3, dtype=np.uint8))).astype(np.uint32)
-    first, second, third, fourth = (padded[leads + k] for k in range(4))
+    last = len(data) - 1  # a lead byte's continuation bytes follow it (valid UTF-8); clip at the end
+    first, second, third, fourth = (data[np.minimum(leads + k, last)].astype(np.uint32) for k in range(4))
     code = np.where(first < 0xE0, (first & 0x1F) << 6 | (second & 0x3F),
                     np.where(first < 0xF0, (first & 0x0F) << 12 | (second & 0x3F) << 6 | (third & 0x3F),
                              (first & 0x07) << 18 | (second & 0x3F) << 12 | (third & 0x3F) << 6 | (fourth & 0x3F)))
