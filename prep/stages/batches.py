@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from prep.stages.columns import string_bytes
 from prep.stages.jsonblocks import jsonl_chunks, valid_utf8
 from prep.stages.read import BadRecord, ReadTask, batch_documents, read_documents, record_batches, translated
 from prep.stages.textcolumns import TextColumns, chunks_of, rebatch
@@ -26,12 +27,8 @@ def _utf8_column(column: pa.Array) -> tuple[bytes, np.ndarray[Any, np.dtype[np.i
     """A string column's UTF-8 bytes and n + 1 offsets from 0, when it has no nulls and valid UTF-8."""
     if column.null_count or not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
         return None
-    _, offsets_buffer, data = column.buffers()
-    width = "<i8" if pa.types.is_large_string(column.type) else "<i4"
-    offsets = np.frombuffer(offsets_buffer, dtype=width, count=len(column) + 1,
-                            offset=column.offset * np.dtype(width).itemsize).astype(np.int64)
-    blob = bytes(memoryview(data)[int(offsets[0]):int(offsets[-1])]) if data is not None else b""
-    return (blob, offsets - offsets[0]) if valid_utf8(blob) else None
+    blob, offsets = string_bytes(column)
+    return (blob, offsets) if valid_utf8(blob) else None
 
 
 def _id_column(task: ReadTask, batch: pa.RecordBatch) -> pa.Array | None:

@@ -33,11 +33,6 @@ def bool_column(values: Sequence[bool] | np.ndarray[Any, Any]) -> pa.Array:
     return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
 
 
-def fixed_binary_column(values: Sequence[bytes], width: int) -> pa.Array:
-    """A fixed-size binary column; every value must be `width` bytes."""
-    return fixed_binary_column_of(b"".join(values), width, len(values))
-
-
 def fixed_binary_column_of(data: bytes, width: int, count: int) -> pa.Array:
     """A fixed-size binary column of `count` values of `width` bytes laid end to end in `data`."""
     if len(data) != width * count:
@@ -63,17 +58,26 @@ def string_column(values: Sequence[str | None]) -> pa.Array:
                                  null_count=int(len(values) - valid.sum()))
 
 
+def string_bytes(column: pa.Array) -> tuple[bytes, np.ndarray[Any, np.dtype[np.int64]]]:
+    """A string or large-string column's value bytes (from its first value to its last) and its
+    n + 1 offsets into them, from 0; a null's value is empty."""
+    _, offsets_buffer, data = column.buffers()
+    width = "<i8" if pa.types.is_large_string(column.type) else "<i4"
+    offsets = np.frombuffer(offsets_buffer, dtype=width, count=len(column) + 1,
+                            offset=column.offset * np.dtype(width).itemsize).astype(np.int64)
+    first, last = int(offsets[0]), int(offsets[-1])
+    return (bytes(memoryview(data)[first:last]) if data is not None else b""), offsets - first
+
+
 def zero_based_strings(column: pa.Array) -> pa.Array:
     """A string column laid out as string_column lays it out (buffers starting at its first value,
     a validity bitmap only with nulls), so equal columns serialize to equal bytes however they
     were cut or joined."""
     if column.null_count:
         return string_column([None] * len(column) if column.null_count == len(column) else to_strings(column))
-    _, offsets_buffer, data = column.buffers()
-    offsets = np.frombuffer(offsets_buffer, dtype="<i4", count=len(column) + 1, offset=column.offset * 4)
-    first = int(offsets[0])
-    values = data[first:int(offsets[-1])] if data is not None else pa.py_buffer(b"")
-    return pa.Array.from_buffers(pa.string(), len(column), [None, pa.py_buffer((offsets - first).astype("<i4")), values])
+    values, offsets = string_bytes(column)
+    return pa.Array.from_buffers(pa.string(), len(column), [None, pa.py_buffer(offsets.astype("<i4")),
+                                                            pa.py_buffer(values)])
 
 
 def join_pieces(pool: np.ndarray, starts: np.ndarray,

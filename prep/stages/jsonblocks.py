@@ -24,6 +24,7 @@ import pyarrow.json as pa_json
 
 from prep.inputs.sources import iter_line_blocks, open_decoded
 from prep.stages import read
+from prep.stages.columns import string_bytes
 from prep.stages.read import BadRecord, ReadTask, line_rows
 from prep.stages.textcolumns import TextColumns, chunks_of
 
@@ -43,34 +44,35 @@ def _line_bounds(data: np.ndarray[Any, np.dtype[np.uint8]]) -> np.ndarray[Any, n
     return starts if starts[-1] == len(data) else np.append(starts, len(data))
 
 
-def _opening(data: np.ndarray[Any, np.dtype[np.uint8]], bounds: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, Any]:
-    """How many `{` and `[` each span [bounds[i], bounds[i + 1]) of `data` holds."""
-    opening = np.flatnonzero((data == ord("{")) | (data == ord("[")))
-    return np.diff(np.searchsorted(opening, bounds))
+def _per_span(data: np.ndarray[Any, np.dtype[np.uint8]], bounds: np.ndarray[Any, np.dtype[np.int64]],
+              byte: str) -> np.ndarray[Any, Any]:
+    """How many `byte` each span [bounds[i], bounds[i + 1]) of `data` holds."""
+    return np.diff(np.searchsorted(np.flatnonzero(data == ord(byte)), bounds))
 
 
-def _plain_lines(block: bytes, bounds: np.ndarray[Any, np.dtype[np.int64]]) -> bool:
-    """True when every line is valid UTF-8 without a BOM and has an object's `{`."""
+def _object_lines(block: bytes, bounds: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, Any] | None:
+    """Each line's count of `{` when every line is valid UTF-8 without a BOM and has one, else None."""
     if _BOM in block or not valid_utf8(block):
-        return False
-    braces = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == ord("{"))
-    return bool(np.diff(np.searchsorted(braces, bounds)).all())
+        return None
+    braces = _per_span(np.frombuffer(block, dtype=np.uint8), bounds, "{")
+    return braces if braces.all() else None
 
 
 _ESCAPED_BRACKETS = re.compile(rb"\\u00(5b|5B|7b|7B)")
 
 
-def _shallow_lines(block: bytes, bounds: np.ndarray[Any, np.dtype[np.int64]], blob: bytes,
-                   offsets: np.ndarray[Any, np.dtype[np.int64]]) -> bool:
+def _shallow_lines(block: bytes, bounds: np.ndarray[Any, np.dtype[np.int64]], braces: np.ndarray[Any, Any],
+                   blob: bytes, offsets: np.ndarray[Any, np.dtype[np.int64]]) -> bool:
     """True when no line nests deeper than MAX_BRACKETS_PER_LINE. A line's brackets outside its
-    text bound its depth; they are its brackets less its text's, unless a text may spell one as an
-    escape; lines still over the bound are measured (`nesting_depth`)."""
+    text bound its depth; they are its brackets (`braces` counts its `{`) less its text's, unless a
+    text may spell one as an escape; lines still over the bound are measured (`nesting_depth`)."""
     data = np.frombuffer(block, dtype=np.uint8)
-    opening = _opening(data, bounds)
+    opening = braces + _per_span(data, bounds, "[")
     if opening.max(initial=0) <= MAX_BRACKETS_PER_LINE:
         return True
     if not _ESCAPED_BRACKETS.search(block):
-        opening -= _opening(np.frombuffer(blob, dtype=np.uint8), offsets)
+        texts = np.frombuffer(blob, dtype=np.uint8)
+        opening = opening - _per_span(texts, offsets, "{") - _per_span(texts, offsets, "[")
     crowded = np.flatnonzero(opening > MAX_BRACKETS_PER_LINE).tolist()
     return all(nesting_depth(data[bounds[line]:bounds[line + 1]]) <= MAX_BRACKETS_PER_LINE for line in crowded)
 
@@ -140,15 +142,6 @@ class _ArrowLines:
         return None
 
 
-def _text_buffer(texts: pa.Array) -> tuple[bytes, np.ndarray[Any, np.dtype[np.int64]]]:
-    """A string column's UTF-8 bytes and its n + 1 offsets from 0."""
-    _, offsets_buffer, data = texts.buffers()
-    offsets = np.frombuffer(offsets_buffer, dtype="<i4", count=len(texts) + 1, offset=texts.offset * 4).astype(np.int64)
-    first, last = int(offsets[0]), int(offsets[-1])
-    blob = bytes(memoryview(data)[first:last]) if data is not None else b""
-    return blob, offsets - first
-
-
 def _block_items(task: ReadTask, arrow: _ArrowLines, block: bytes, first_local: int,
                  parse: Any) -> tuple[list[TextColumns | BadRecord], int]:
     """The block's documents and bad records in order, and how many lines it held."""
@@ -156,9 +149,10 @@ def _block_items(task: ReadTask, arrow: _ArrowLines, block: bytes, first_local: 
     if parse is not None and len(block) >= LONG_LINE_BYTES * lines:
         return _by_lines(task, parse, block, lines, first_local), lines
     bounds = _line_bounds(np.frombuffer(block, dtype=np.uint8))
-    if _plain_lines(block, bounds) and (found := arrow.columns(block, lines)) is not None:
-        blob, offsets = _text_buffer(found[0])
-        if _shallow_lines(block, bounds, blob, offsets):
+    braces = _object_lines(block, bounds)
+    if braces is not None and (found := arrow.columns(block, lines)) is not None:
+        blob, offsets = string_bytes(found[0])
+        if _shallow_lines(block, bounds, braces, blob, offsets):
             rows = np.arange(first_local, first_local + lines, dtype=np.int64)
             return [TextColumns(rows, found[1], blob, offsets)], lines
     return _by_lines(task, parse, block, lines, first_local), lines

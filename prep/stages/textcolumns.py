@@ -59,9 +59,6 @@ class TextColumns:
         return TextColumns(self.rows[start:end], self.ids.slice(start, end - start), self.blob[first:last],
                            self.offsets[start:end + 1] - first)
 
-    def text_sizes(self) -> Offsets:
-        return np.diff(self.offsets)
-
     def data(self, index: int) -> bytes:
         """Document `index`'s text as UTF-8."""
         return self.blob[int(self.offsets[index]):int(self.offsets[index + 1])]
@@ -80,18 +77,20 @@ def chunks_of(items: Iterable[tuple[int, str | None, str, bytes] | BadRecord],
               most: int = 4096) -> Iterator[TextColumns | BadRecord]:
     """Documents given one by one (a Document's fields) as chunks of at most `most`, bad records
     passed on in their place."""
+    def columns(rows: list[tuple[int, str | None, str, bytes]]) -> TextColumns:
+        return TextColumns.from_rows([row[0] for row in rows], [row[1] for row in rows], [row[3] for row in rows])
+
     rows: list[tuple[int, str | None, str, bytes]] = []
     for item in items:
-        if isinstance(item, BadRecord) or len(rows) >= most:
-            if rows:
-                yield TextColumns.from_rows([row[0] for row in rows], [row[1] for row in rows], [row[3] for row in rows])
-                rows = []
+        if rows and (isinstance(item, BadRecord) or len(rows) >= most):
+            yield columns(rows)
+            rows = []
         if isinstance(item, BadRecord):
             yield item
         else:
             rows.append(item)
     if rows:
-        yield TextColumns.from_rows([row[0] for row in rows], [row[1] for row in rows], [row[3] for row in rows])
+        yield columns(rows)
 
 
 def rebatch(items: Iterable[TextColumns | BadRecord], max_documents: int,

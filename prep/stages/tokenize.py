@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +29,7 @@ from prep.stages.specs import TokenizeSettings
 from prep.stages.textcolumns import TextColumns
 from prep.tokenizer import TokenizerInfo, load_tokenizer
 from prep.tokenizer.engine import TokenizerEngine
-from prep.tokenizer.spans import documents_containing
+from prep.tokenizer.spans import LazySequence, documents_containing
 
 BATCH_TEXT_BYTES = 8 * 2**20
 BATCH_DOCUMENTS = 65536
@@ -85,7 +85,7 @@ def _batches(task: ReadTask, on_error: str, bad: list[str], counts: dict[str, in
             bad.append(item.message(task.source.rel))  # relative: summaries must not name machines
 
 
-class _DocumentNames(Sequence[str]):
+class _DocumentNames(LazySequence[str]):
     """`source:part:row` of each document of a batch, spelled only when asked (an error, a seed)."""
 
     def __init__(self, task: ReadTask, rows: Sequence[int] | np.ndarray[Any, Any]) -> None:
@@ -95,13 +95,7 @@ class _DocumentNames(Sequence[str]):
     def __len__(self) -> int:
         return len(self._rows)
 
-    @overload
-    def __getitem__(self, index: int) -> str: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[str]: ...
-    def __getitem__(self, index: int | slice) -> str | list[str]:
-        if isinstance(index, slice):
-            return [self._prefix + str(int(row)) for row in self._rows[index]]
+    def _item(self, index: int) -> str:
         return self._prefix + str(int(self._rows[index]))
 
 

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from prep.tokenizer import TokenizerInfo
 from prep.tokenizer.backends import Backend, ReferenceBackend, make_backend
-from prep.tokenizer.crosscheck import crosscheck, sample_budget, select_sample, utf8_size
+from prep.tokenizer.crosscheck import crosscheck, sample_budget, select_sample
 from prep.tokenizer.spans import SpanTexts, TokenSpans
 
 
@@ -37,33 +37,20 @@ class TokenizerEngine:
         reference = backend if isinstance(backend, ReferenceBackend) else ReferenceBackend(tokenizer, np.dtype(info.dtype))
         return cls(info, backend, reference)
 
-    def encode_batch(self, texts: list[str], names: Sequence[str],
-                     utf8: tuple[bytes, np.ndarray[Any, Any]] | None = None) -> list[np.ndarray[Any, Any]]:
-        """Encode `texts` (named `names` in errors; `utf8` is `crosscheck.utf8_batch(texts)` when the
-        caller has it) and cross-check a sample of them."""
-        tokens = self.backend.encode_batch(texts)
-        if self.backend is not self.reference and texts:
-            self._crosscheck(texts, tokens, names, utf8)
-        return tokens
-
     def encode_columns(self, blob: bytes, offsets: np.ndarray[Any, Any],
                        names: Sequence[str]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Encode the valid UTF-8 texts `blob[offsets[i]:offsets[i + 1]]` (named `names` in errors)
         into one token array and its n + 1 offsets, and cross-check a sample of them."""
         tokens, token_offsets = self.backend.encode_flat(blob, offsets)
         if self.backend is not self.reference and len(offsets) > 1:
-            self._crosscheck(SpanTexts(blob, offsets), TokenSpans(tokens, token_offsets), names, (blob, offsets))
+            texts = SpanTexts(blob, offsets)
+            indices = select_sample(texts, sample_budget(int(offsets[-1])), seed=zlib.crc32(names[0].encode()),
+                                    special_tokens=self.info.special_tokens, utf8=(blob, offsets))
+            report = crosscheck(self.backend, self.reference, texts, TokenSpans(tokens, token_offsets), indices, names)
+            self.checked["documents"] += report.documents
+            self.checked["bytes"] += report.bytes
+            self.checked["batches"] += 1
         return tokens, token_offsets
-
-    def _crosscheck(self, texts: Sequence[str], tokens: Sequence[np.ndarray[Any, Any]], names: Sequence[str],
-                    utf8: tuple[bytes, np.ndarray[Any, Any]] | None) -> None:
-        budget = sample_budget(int(utf8[1][-1]) if utf8 is not None else sum(map(utf8_size, texts)))
-        indices = select_sample(texts, budget, seed=zlib.crc32(names[0].encode()),
-                                special_tokens=self.info.special_tokens, utf8=utf8)
-        report = crosscheck(self.backend, self.reference, texts, tokens, indices, names)
-        self.checked["documents"] += report.documents
-        self.checked["bytes"] += report.bytes
-        self.checked["batches"] += 1
 
     def report(self) -> dict[str, Any]:
         """Backend name and version, and how much the cross-check compared."""

@@ -4,7 +4,7 @@ one token array: the questions the tokenizer asks of a whole batch, answered wit
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
@@ -12,28 +12,66 @@ TokenArray = np.ndarray[Any, np.dtype[Any]]
 Offsets = np.ndarray[Any, np.dtype[np.int64]]
 
 
-class SpanTexts(Sequence[str]):
-    """The texts of a UTF-8 buffer with offsets, each decoded only when asked for."""
+T = TypeVar("T")
 
-    def __init__(self, blob: bytes, offsets: Offsets) -> None:
-        self._blob = blob
+
+class LazySequence(Sequence[T]):
+    """A sequence whose item i is made only when asked for (`_item`), so a batch of documents needs
+    no object per document until something reads one (an error message, a sample)."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _item(self, index: int) -> T:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[T]: ...
+    def __getitem__(self, index: int | slice) -> T | list[T]:
+        if isinstance(index, slice):
+            return [self._item(i) for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._item(index)
+
+
+class _Spans(LazySequence[T]):
+    """Items made from spans [offsets[i], offsets[i + 1]) of one buffer."""
+
+    def __init__(self, offsets: Offsets) -> None:
         self._offsets = offsets
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
-    @overload
-    def __getitem__(self, index: int) -> str: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[str]: ...
-    def __getitem__(self, index: int | slice) -> str | list[str]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        start, end = int(self._offsets[index]), int(self._offsets[index + 1])
-        return self._blob[start:end].decode("utf-8", "surrogatepass")
+    def _bounds(self, index: int) -> slice:
+        return slice(int(self._offsets[index]), int(self._offsets[index + 1]))
 
+
+class SpanTexts(_Spans[str]):
+    """The texts of a UTF-8 buffer with offsets, each decoded only when asked for."""
+
+    def __init__(self, blob: bytes, offsets: Offsets) -> None:
+        super().__init__(offsets)
+        self._blob = blob
+
+    def _item(self, index: int) -> str:
+        return self._blob[self._bounds(index)].decode("utf-8", "surrogatepass")
+
+
+class TokenSpans(_Spans[TokenArray]):
+    """The token array of document i of a flat token array (a view), made only when asked for."""
+
+    def __init__(self, flat: TokenArray, offsets: Offsets) -> None:
+        super().__init__(offsets)
+        self._flat = flat
+
+    def _item(self, index: int) -> TokenArray:
+        return self._flat[self._bounds(index)]
 
 
 def offsets_of(sizes: Sequence[int] | np.ndarray[Any, Any]) -> Offsets:
@@ -84,14 +122,6 @@ def _documents_of(positions: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]
     return np.searchsorted(offsets, positions, "right") - 1
 
 
-def non_ascii_documents(blob: bytes, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.bool_]]:
-    """Whether each span holds a byte above 0x7F."""
-    wide = np.zeros(len(offsets) - 1, dtype=bool)
-    if not blob.isascii():
-        wide[_documents_of(np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) >= 0x80), offsets)] = True
-    return wide
-
-
 def character_counts(blob: bytes, offsets: np.ndarray[Any, Any]) -> Offsets:
     """Code points of each span (UTF-8, lone surrogates encoded as three bytes, count one each)."""
     sizes = np.diff(offsets).astype(np.int64)
@@ -119,22 +149,4 @@ def replace_spans(flat: TokenArray, offsets: Offsets, indices: Sequence[int],
         sizes[index] = len(tokens)
         at = index + 1
     pieces.append(flat[offsets[at]:])
-    return np.concatenate(pieces) if pieces else flat, offsets_of(sizes)
-
-
-class TokenSpans(Sequence[TokenArray]):
-    """The token array of document i of a flat token array, made only when asked for."""
-
-    def __init__(self, flat: TokenArray, offsets: Offsets) -> None:
-        self._flat = flat
-        self._offsets = offsets
-
-    def __len__(self) -> int:
-        return len(self._offsets) - 1
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        return self._flat[int(self._offsets[index]):int(self._offsets[index + 1])]
+    return np.concatenate(pieces), offsets_of(sizes)

@@ -134,9 +134,8 @@ def test_clean_blocks_skip_the_per_line_reader(tmp_path: Path, monkeypatch: pyte
         (str(json.loads(line)["id"]), json.loads(line)["text"]) for line in expected_lines]
 
 
-def test_a_bad_line_sends_only_its_block_to_the_per_line_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    good = [json.dumps(r).encode() for r in RECORDS]
-    data = b"\n".join(good[:20] + [b"not json"] + good[20:]) + b"\n"
+def _count_per_line_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of lines of each block the block reader hands to the per-line reader, as it goes."""
     used: list[int] = []
     original = read.line_rows
 
@@ -145,6 +144,13 @@ def test_a_bad_line_sends_only_its_block_to_the_per_line_reader(tmp_path: Path, 
         return original(task, parse, lines, first_local)  # type: ignore[arg-type]
 
     monkeypatch.setattr(jsonblocks, "line_rows", spy)
+    return used
+
+
+def test_a_bad_line_sends_only_its_block_to_the_per_line_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = [json.dumps(r).encode() for r in RECORDS]
+    data = b"\n".join(good[:20] + [b"not json"] + good[20:]) + b"\n"
+    used = _count_per_line_blocks(monkeypatch)
     monkeypatch.setattr(jsonblocks, "BLOCK_BYTES", 400)
     _assert_same(_tasks(tmp_path, data)[0])
     assert len(used) == 1 and used[0] < len(good) // 2
@@ -286,14 +292,7 @@ def test_long_documents_full_of_brackets_stay_on_the_fast_path(tmp_path: Path, m
 
 def test_blocks_of_long_lines_go_line_by_line_with_simdjson(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("simdjson")
-    used: list[int] = []
-    original = read.line_rows
-
-    def spy(task: ReadTask, parse: object, lines: list[bytes], first_local: int = 0) -> object:
-        used.append(len(lines))
-        return original(task, parse, lines, first_local)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(jsonblocks, "line_rows", spy)
+    used = _count_per_line_blocks(monkeypatch)
     long_lines = [json.dumps({"id": str(i), "text": "word " * 400}).encode() for i in range(20)]
     _assert_same(_tasks(tmp_path, b"\n".join(long_lines) + b"\n")[0], (1000, 1 << 20))
     assert used == [20]

@@ -50,4 +50,4 @@ def test_booleans_round_trip(values: list[bool], cut: int) -> None:
 
 @given(values=st.lists(st.binary(min_size=16, max_size=16)))
 def test_fixed_binary_equals_pyarrow(values: list[bytes]) -> None:
-    assert columns.fixed_binary_column(values, 16).equals(pa.array(values, pa.binary(16)))
+    assert columns.fixed_binary_column_of(b"".join(values), 16, len(values)).equals(pa.array(values, pa.binary(16)))
