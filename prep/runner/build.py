@@ -50,7 +50,7 @@ from prep.runner.tasks import (
 from prep.stages.read import ReadTask, plan_read_tasks
 from prep.stages.specs import TokenizeSettings
 from prep.storage.base import Store
-from prep.store import records, snapshots
+from prep.store import cas, records, snapshots
 from prep.store.leases import Lease, build_lease
 from prep.store.retention import record_policy
 from prep.store.snapshots import Snapshot
@@ -76,11 +76,17 @@ class StoringGuard(ReuseGuard):
     def __init__(self, store: Store, executor: Executor, progress: Progress) -> None:
         super().__init__(store, executor, progress)
         self.stored: set[str] = set()
+        self.read_back: dict[str, cas.FileStamp] = {}
 
     def produced(self, object_ids: Iterable[str]) -> None:
         listed = list(object_ids)
         self.stored.update(listed)
         super().produced(listed)
+
+    def read_back_when_written(self, stamped: Iterable[tuple[str, cas.FileStamp]]) -> None:
+        """Objects whose writer read the store's own file back from the disk (prep.stages.sink),
+        with the stamp that file had once stored."""
+        self.read_back.update(stamped)
 
 
 class Builder:
@@ -328,7 +334,7 @@ def _publish(builder: Builder, snapshot: Snapshot, publishing: Publishing) -> tu
         # may have collected the object since, and this build stored it again).
         rewritten = builder.guard.stored | {str(item["object"]) for item in builder.guard.recomputed}
         readback = read_back(store, snapshot, executor_checker(store, builder.executor),
-                             passed_before(store, plan.latest_snapshot), rewritten)
+                             passed_before(store, plan.latest_snapshot), rewritten, builder.guard.read_back)
     if pending:
         progress.info(readback.summary())
     outcomes = publish_refs(store, plan, snapshot.id, progress.info)

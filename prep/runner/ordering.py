@@ -118,6 +118,7 @@ def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str
     builder.progress.tick("shard", cached, len(all_units), cached, force=True)
     for index, result in builder.executor.run(run_assemble_job, jobs):
         builder.guard.produced(result.outputs.values())
+        builder.guard.read_back_when_written(result.read_back)
         for plan, unit in groups[index]:
             crash_point("shard.before_commit")
             found[plan.name, unit] = records.write_task_record(

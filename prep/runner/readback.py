@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -48,19 +48,25 @@ class Readback:
     bytes_read: int = 0
     seconds: float = 0.0
     recorded_before: bool = False
+    when_written: int = 0  # objects their writer read back from the store's file on disk
+    bytes_when_written: int = 0
 
     def to_json(self) -> dict[str, Any]:
         skipped = {"skipped": self.skipped} if self.skipped else {}
+        written = {"when_written": self.when_written, "bytes_when_written": self.bytes_when_written} if self.ran else {}
         return {"ran": self.ran, **skipped, "objects": self.objects, "checked": self.checked,
-                "bytes_read": self.bytes_read, "seconds": round(self.seconds, 3), "recorded_before": self.recorded_before}
+                "bytes_read": self.bytes_read, "seconds": round(self.seconds, 3), "recorded_before": self.recorded_before,
+                **written}
 
     def summary(self) -> str:
         if not self.ran:
             return f"read-back skipped ({self.skipped or 'not asked for'})"
         if self.recorded_before:
             return f"read-back: all {self.objects} objects passed before"
+        written = (f", {self.when_written} more ({self.bytes_when_written / 1e6:.1f} MB) from the disk as they "
+                   "were written" if self.when_written else "")
         return (f"read back {self.checked} of {self.objects} objects ({self.bytes_read / 1e6:.1f} MB) "
-                f"in {self.seconds:.2f} s")
+                f"in {self.seconds:.2f} s{written}")
 
 
 def snapshot_objects(snapshot: Snapshot) -> dict[str, tuple[str, int]]:
@@ -102,28 +108,35 @@ def passed_before(store: Store, snapshot_id: str | None) -> set[str]:
 
 
 def read_back(store: Store, snapshot: Snapshot, check: Checker, known: Iterable[str] = (),
-              rewritten: Iterable[str] = ()) -> Readback:
+              rewritten: Iterable[str] = (), when_written: Mapping[str, cas.FileStamp] | None = None) -> Readback:
     """Prove every object of `snapshot` reads back intact, except those in `known` (passed before);
     then record it. Objects in `rewritten` (stored by this publisher, perhaps again after gc) are
-    read even when a record or `known` says they passed. IntegrityError naming the first bad
-    object and its path; no record then."""
+    read even when a record or `known` says they passed. Objects in `when_written` were read back
+    from the disk by their writer in this build: they are not read again while their file keeps
+    the stamp it had once stored (any change to the file is read back). IntegrityError naming the
+    first bad object and its path; no record then."""
     started = time.monotonic()
     named = snapshot_objects(snapshot)
     fresh = set(rewritten) & set(named)
     recorded = records.read_readback(store, snapshot.id) is not None
-    todo = sorted(fresh if recorded else set(named) - (set(known) - fresh))
+    checked_early = {object_id for object_id, stamp in (when_written or {}).items()
+                     if object_id in named and cas.file_stamp(store, object_id) == stamp}
+    todo = sorted((fresh if recorded else set(named) - (set(known) - fresh)) - checked_early)
     bad = sorted(check(todo)) if todo else []
     if bad:
         raise _failure(store, snapshot, named, bad)
+    early, early_bytes = len(checked_early), sum(named[object_id][1] for object_id in checked_early)
     if recorded and not todo:
-        return Readback(True, objects=len(named), recorded_before=True)
+        return Readback(True, objects=len(named), recorded_before=True, when_written=early,
+                        bytes_when_written=early_bytes)
     size = sum(named[object_id][1] for object_id in todo)
     if not recorded:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        records.write_readback(store, records.ReadbackRecord(snapshot.id, len(named), len(todo), size, stamp,
+        records.write_readback(store, records.ReadbackRecord(snapshot.id, len(named), len(todo) + early, size + early_bytes, stamp,
                                                              socket.gethostname()))
     return Readback(True, objects=len(named), checked=len(todo), bytes_read=size,
-                    seconds=time.monotonic() - started, recorded_before=recorded)
+                    seconds=time.monotonic() - started, recorded_before=recorded, when_written=early,
+                    bytes_when_written=early_bytes)
 
 
 def _failure(store: Store, snapshot: Snapshot, named: dict[str, tuple[str, int]], bad: list[str]) -> IntegrityError:

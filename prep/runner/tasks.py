@@ -3,6 +3,7 @@ content-addressed objects. They never write commit records; the driver does that
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import uuid
@@ -102,6 +103,9 @@ class TaskResult:
     summary: dict[str, Any]
     log: dict[str, Any]
     staged: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+    read_back: tuple[tuple[str, cas.FileStamp], ...] = ()
+    """Stored outputs the task read back from the store's own file on disk as it wrote them
+    (prep.stages.sink), with that file's stamp once stored."""
 
 
 def publish_staged(store: Store, result: TaskResult) -> TaskResult:
@@ -114,7 +118,7 @@ def publish_staged(store: Store, result: TaskResult) -> TaskResult:
     finally:
         for path, _, _ in result.staged.values():
             Path(path).unlink(missing_ok=True)
-    return TaskResult(outputs, result.summary, result.log)
+    return TaskResult(outputs, result.summary, result.log, read_back=result.read_back)
 
 
 def discard_staged(store: Store, job: object) -> None:
@@ -232,6 +236,15 @@ def run_order_job(job: OrderJob) -> TaskResult:
     return TaskResult({"bucket": stored.id}, summary, {})
 
 
+def _is_stored_file(store: Store, path: Path, digest: hashing.Digest) -> bool:
+    """True when the store holds the object as this very file (a link), not as another copy."""
+    stored = store.local_path(cas.object_key(digest.sha256))
+    try:
+        return stored is not None and os.path.samefile(stored, path)
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True)
 class AssembleJob:
     """Write some units of some shards (see prep.stages.shard) and store their files.
@@ -260,18 +273,23 @@ def run_assemble_job(job: AssembleJob) -> TaskResult:
     reader = PartReader(parts)
     outputs: dict[str, str] = {}
     sizes: dict[str, int] = {}
+    read_back: list[tuple[str, cas.FileStamp]] = []
     try:
         for plan, unit in job.units:
             documents = collect_shard(plan, buckets, parts, with_json=unit == WDS)
             written = write_unit(unit, plan, documents, reader, np.dtype(job.dtype), job.eos_id, work_dir)
             crash_point("shard.after_write")
-            for fmt, (path, digest) in sorted(written.items()):
-                cas.put_file(store, path, digest)
+            for fmt, file in sorted(written.items()):
+                cas.put_file(store, file.path, file.digest)
                 crash_point("shard.between_puts")
-                outputs[f"{plan.name}/{fmt}"] = digest.id
-                sizes[f"{plan.name}/{fmt}"] = digest.size
-                path.unlink()
-        return TaskResult(outputs, {"sizes": sizes}, {})
+                outputs[f"{plan.name}/{fmt}"] = file.digest.id
+                sizes[f"{plan.name}/{fmt}"] = file.digest.size
+                stored_as_written = file.read_back and _is_stored_file(store, file.path, file.digest)
+                file.path.unlink()
+                stamp = cas.file_stamp(store, file.digest.id) if stored_as_written else None
+                if stamp is not None:
+                    read_back.append((file.digest.id, stamp))
+        return TaskResult(outputs, {"sizes": sizes}, {}, read_back=tuple(read_back))
     finally:
         reader.close()
         shutil.rmtree(work_dir, ignore_errors=True)

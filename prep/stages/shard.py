@@ -14,10 +14,7 @@ holds two chunks, one gathered block and a few dozen bytes per document of a win
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,19 +23,17 @@ from typing import Any
 import numpy as np
 
 from prep.errors import IntegrityError, StorageIOError
-from prep.faults import crash_point
 from prep.formats import little_endian, megatron, wds
 from prep.formats.units import BIN, IDX, WDS, artifact_format, unit_formats
-from prep.hashing import Digest, HashingWriter
+from prep.hashing import HashingWriter
 from prep.stages.cuts import ShardPlan
 from prep.stages.gather import PartReader as PartReader  # the runner opens one per task
 from prep.stages.gather import scatter
 from prep.stages.members import sample_jsons
 from prep.stages.order import EntryFile
+from prep.stages.sink import CHUNK_BYTES, ChunkSink, Written
 from prep.stages.specs import Part
-from prep.writeback import start_writeback
 
-CHUNK_BYTES = 8 << 20
 PAYLOAD_BYTES = 32 << 20
 """Token and text bytes of a window gathered at once (prep.stages.gather), so neighbouring documents
 of an intermediate are read together; bounds a unit's memory for long documents."""
@@ -133,73 +128,6 @@ def _sample_key_lo(entries: np.ndarray, carry: _Carry | None) -> tuple[np.ndarra
     return key_lo, (int(hi[-1]), int(lo[-1]), int(copies[-1]))
 
 
-class _ChunkSink:
-    """Appends chunks to a new file on one thread and hashes them on another while the caller
-    gathers the next chunk (os.pwrite and hashlib release the GIL). Two chunk buffers take
-    turns, so memory is two chunks and fresh pages are not faulted in for every chunk.
-    Disk writeback of each chunk starts at once; `close` fsyncs. I/O errors name the file."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except OSError as exc:
-            raise StorageIOError.from_os_error("creating", path, exc) from exc
-        self._hasher = hashlib.sha256()
-        self._size = 0
-        self._pool = ThreadPoolExecutor(max_workers=2)
-        self._pending: list[Future[None]] = []
-        self._buffers = [bytearray(CHUNK_BYTES), bytearray(CHUNK_BYTES)]
-        self._turn = 0
-
-    def buffer(self, size: int, zeroed: bool) -> memoryview:
-        """A buffer of `size` bytes that no write in flight uses (zero-filled when asked)."""
-        self._turn ^= 1
-        if len(self._buffers[self._turn]) < size:
-            self._buffers[self._turn] = bytearray(size)
-        elif zeroed:
-            np.frombuffer(self._buffers[self._turn], dtype=np.uint8, count=size).fill(0)
-        return memoryview(self._buffers[self._turn])[:size]
-
-    def write(self, chunk: memoryview) -> None:
-        self._wait()
-        offset, self._size = self._size, self._size + len(chunk)
-        self._pending = [self._pool.submit(self._hasher.update, chunk),
-                         self._pool.submit(self._append, chunk, offset)]
-        crash_point("shard.mid_write")
-
-    def _append(self, chunk: memoryview, offset: int) -> None:
-        written = 0
-        while written < len(chunk):
-            written += os.pwrite(self._fd, chunk[written:], offset + written)
-        start_writeback(self._fd, offset, len(chunk))
-
-    def _wait(self) -> None:
-        pending, self._pending = self._pending, []
-        try:
-            for future in pending:
-                future.result()
-        except OSError as exc:
-            raise StorageIOError.from_os_error("writing", self._path, exc) from exc
-
-    def close(self) -> Digest:
-        try:
-            self._wait()
-            try:
-                os.fsync(self._fd)
-            except OSError as exc:
-                raise StorageIOError.from_os_error("writing", self._path, exc) from exc
-            return Digest(self._hasher.hexdigest(), self._size)
-        finally:
-            self.abort()
-
-    def abort(self) -> None:
-        self._pool.shutdown()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
 def _chunks(spans: np.ndarray, limit: int | None = None) -> list[tuple[int, int]]:
     """[start, end) document ranges of about `limit` (default CHUNK_BYTES) bytes each (at least one document)."""
     limit = CHUNK_BYTES if limit is None else limit
@@ -217,11 +145,11 @@ _Fill = Callable[[memoryview, int, int], None]
 _Pieces = Iterator[tuple[np.ndarray, _Fill]]
 
 
-def _write_chunks(path: Path, pieces: _Pieces, zeroed: bool) -> Digest:
+def _write_chunks(path: Path, pieces: _Pieces, zeroed: bool) -> Written:
     """Write a file of consecutive spans, piece by piece and chunk by chunk: for each piece
     (spans, fill), `fill(chunk, start, end)` lays out its spans [start, end) in a buffer that
     is zero-filled when `zeroed` (else fully overwritten)."""
-    sink = _ChunkSink(path)
+    sink = ChunkSink(path)
     try:
         for spans, fill in pieces:
             for start, end in _chunks(spans):
@@ -232,7 +160,7 @@ def _write_chunks(path: Path, pieces: _Pieces, zeroed: bool) -> Digest:
                     raise StorageIOError.from_os_error("reading", exc.filename or f"the intermediates of {path}",
                                                        exc) from exc
                 sink.write(chunk)
-        return sink.close()
+        return Written(path, sink.close(), sink.read_back)
     except BaseException:  # a full disk, an interrupt: remove the partial file
         sink.abort()
         with suppress(OSError):
@@ -262,7 +190,7 @@ def _copier(payload: np.ndarray, ends: np.ndarray) -> _Fill:
 
 
 def write_bin(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
-              bin_path: Path, idx_path: Path) -> tuple[Digest, Digest]:
+              bin_path: Path, idx_path: Path) -> tuple[Written, Written]:
     """The shard's .bin (each document's tokens then EOS) and its .idx (from 4 bytes per document)."""
     little = little_endian(dtype)
     lengths: list[np.ndarray] = []
@@ -272,11 +200,11 @@ def write_bin(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos
             lengths.append((docs.n_tokens + 1).astype("<i4"))
             yield from _bin_pieces(docs, reader, little, eos_id)
 
-    bin_digest = _write_chunks(bin_path, pieces(), zeroed=False)
+    bin_file = _write_chunks(bin_path, pieces(), zeroed=False)
     with HashingWriter(idx_path) as index:
         for piece in megatron.index_pieces(np.concatenate(lengths) if lengths else np.zeros(0, "<i4"), little):
             index.write(piece)
-    return bin_digest, index.close()
+    return bin_file, Written(idx_path, index.close(), read_back=False)
 
 
 def _tar_pieces(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any], eos_id: int) -> _Pieces:
@@ -329,7 +257,7 @@ def _shifted(fill: _Fill, shift: int, chunk: memoryview, start: int, end: int) -
     fill(chunk, start + shift, end + shift)
 
 
-def write_tar(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int, tar_path: Path) -> Digest:
+def write_tar(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int, tar_path: Path) -> Written:
     """The shard's WebDataset tar: three members per document in position order, then the
     end-of-archive blocks (a last piece left zero)."""
     little = little_endian(dtype)
@@ -353,21 +281,20 @@ def _place_headers(raw: np.ndarray, docs: ShardDocuments, start: int, end: int, 
 
 
 def write_unit(unit: str, plan: ShardPlan, docs: ShardSource, reader: PartReader, dtype: np.dtype[Any],
-               eos_id: int, work_dir: Path) -> dict[str, tuple[Path, Digest]]:
-    """Write one unit of a shard into `work_dir`; returns {format: (path, digest)}."""
+               eos_id: int, work_dir: Path) -> dict[str, Written]:
+    """Write one unit of a shard into `work_dir`; returns each file by its format."""
     stem = work_dir / f"shard-{plan.name}"
     paths = {fmt: Path(f"{stem}.{artifact_format(fmt).extension}") for fmt in unit_formats(unit)}
     if unit == BIN:
         bin_path, idx_path = paths[BIN], paths[IDX]
         try:
-            bin_digest, idx_digest = write_bin(docs, reader, dtype, eos_id, bin_path, idx_path)
+            bin_file, idx_file = write_bin(docs, reader, dtype, eos_id, bin_path, idx_path)
         except OSError as exc:  # the .bin's own errors are StorageIOErrors already: this is the .idx
             for path in (bin_path, idx_path):
                 with suppress(OSError):
                     path.unlink(missing_ok=True)
             raise StorageIOError.from_os_error("writing", idx_path, exc) from exc
-        if bin_digest.size != plan.bin_size:
-            raise IntegrityError(f"shard {plan.name}: wrote {bin_digest.size} .bin bytes, planned {plan.bin_size}")
-        return {BIN: (bin_path, bin_digest), IDX: (idx_path, idx_digest)}
-    tar_path = paths[WDS]
-    return {WDS: (tar_path, write_tar(docs, reader, dtype, eos_id, tar_path))}
+        if bin_file.digest.size != plan.bin_size:
+            raise IntegrityError(f"shard {plan.name}: wrote {bin_file.digest.size} .bin bytes, planned {plan.bin_size}")
+        return {BIN: bin_file, IDX: idx_file}
+    return {WDS: write_tar(docs, reader, dtype, eos_id, paths[WDS])}

@@ -50,6 +50,21 @@ def get_bytes(store: Store, object_id: str) -> bytes:
     return data
 
 
+FileStamp = tuple[int, int, int, int, int]
+"""(device, inode, size, mtime_ns, ctime_ns) of an object's file in a local store: replacing,
+rewriting, truncating or touching the file changes it."""
+
+
+def file_stamp(store: Store, object_id: str) -> FileStamp | None:
+    """The stamp of the file that holds `object_id` in a local store (None: not local, or missing)."""
+    path = store.local_path(object_key(parse_id(object_id)))
+    try:
+        info = path.stat() if path is not None else None
+    except OSError:
+        return None
+    return None if info is None else (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
 def check(store: Store, object_id: str) -> bool:
     """Re-hash a stored object; True when its bytes still match its name."""
     sha = parse_id(object_id)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prep import hashing
 from prep.errors import IntegrityError
 from prep.formats import megatron, wds
 from prep.stages import gather, order, shard
@@ -94,8 +95,8 @@ def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int
                                                             _rows(plan, buckets))]
                 sequences = [np.asarray([*parts[n][r][1], EOS], DTYPE) for n, r in members]
                 megatron.write_dataset(folder / f"expected-{plan.name}", sequences, DTYPE)
-                assert files["bin"][0].read_bytes() == megatron.bin_path(folder / f"expected-{plan.name}").read_bytes()
-                assert files["idx"][0].read_bytes() == megatron.idx_path(folder / f"expected-{plan.name}").read_bytes()
+                assert files["bin"].path.read_bytes() == megatron.bin_path(folder / f"expected-{plan.name}").read_bytes()
+                assert files["idx"].path.read_bytes() == megatron.idx_path(folder / f"expected-{plan.name}").read_bytes()
                 samples = []
                 for n, r in members:
                     part = written[n]
@@ -107,9 +108,9 @@ def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int
                                               wds.npy_bytes(np.asarray([*parts[n][r][1], EOS], DTYPE)),
                                               parts[n][r][0].encode("utf-8")))
                 wds.write_shard(folder / f"expected-{plan.name}.tar", samples)
-                assert files["wds"][0].read_bytes() == (folder / f"expected-{plan.name}.tar").read_bytes()
-                for path, digest in files.values():
-                    assert digest.size == path.stat().st_size
+                assert files["wds"].path.read_bytes() == (folder / f"expected-{plan.name}.tar").read_bytes()
+                for file in files.values():
+                    assert file.digest == hashing.digest_file(file.path)
         finally:
             reader.close()
 
