@@ -113,4 +113,4 @@ def test_a_full_disk_names_the_file_and_leaves_the_threads_stopped(tmp_path: Pat
     with pytest.raises(StorageIOError) as caught:
         writer.close()
     assert str(caught.value) == f"writing {tmp_path / 'out.bin'}: No space left on device"
-    assert writer._pool._shutdown  # noqa: SLF001 (the threads are gone)
+    assert writer._writers._shutdown and writer._reader._shutdown  # noqa: SLF001 (the threads are gone)
