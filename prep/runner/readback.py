@@ -132,8 +132,8 @@ def read_back(store: Store, snapshot: Snapshot, check: Checker, known: Iterable[
     size = sum(named[object_id][1] for object_id in todo)
     if not recorded:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        records.write_readback(store, records.ReadbackRecord(snapshot.id, len(named), len(todo) + early, size + early_bytes, stamp,
-                                                             socket.gethostname()))
+        records.write_readback(store, records.ReadbackRecord(snapshot.id, len(named), len(todo) + early,
+                                                             size + early_bytes, stamp, socket.gethostname()))
     return Readback(True, objects=len(named), checked=len(todo), bytes_read=size,
                     seconds=time.monotonic() - started, recorded_before=recorded, when_written=early,
                     bytes_when_written=early_bytes)

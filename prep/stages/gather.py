@@ -11,6 +11,7 @@ its index arrays, never the intermediates.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import OrderedDict
 
@@ -25,7 +26,7 @@ MERGE_GAP = 8192
 STAGE_BYTES = 512 << 10
 """Bytes of runs read before numpy places their spans (bounds the staging buffer and its indexes)."""
 DIRECT_BYTES = 1 << 10
-"""Spans at least this large are read (gather) or copied (scatter) straight to their place, one
+"""Spans at least this large are read straight to their place, one
 call each: per-byte index arithmetic costs far more than a call for them (long documents)."""
 _PART_SHIFT = 44  # (part << 44) + offset sorts spans by file then offset; intermediates stay below 16 TiB
 
@@ -143,18 +144,32 @@ class _Spans:
         return first, self.offset[first], np.maximum.reduceat(reach, first)
 
 
-def scatter(out: np.ndarray, targets: np.ndarray, lengths: np.ndarray, data: np.ndarray) -> None:
-    """Copy `data`, cut into pieces of `lengths` bytes one after another, to `out[targets[i]:]`."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    targets = np.asarray(targets, dtype=np.int64)
-    sources = np.cumsum(lengths) - lengths
-    large = lengths >= DIRECT_BYTES
-    if large.any():
-        for target, source, length in zip(targets[large].tolist(), sources[large].tolist(), lengths[large].tolist()):
-            out[target:target + length] = data[source:source + length]
-        small = ~large
-        targets, sources, lengths = targets[small], sources[small], lengths[small]
-    total = int(lengths.sum())
-    if total:
-        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        out[np.repeat(targets, lengths) + within] = data[np.repeat(sources, lengths) + within]
+def scatter_blocks(blocks: np.ndarray, rows: np.ndarray, column: int, data: np.ndarray, sources: np.ndarray,
+                   lengths: np.ndarray) -> None:
+    """Copy piece i, `data[sources[i]:][:lengths[i]]`, into `blocks` (an (n, width) uint8 array)
+    from byte `column` of row `rows[i]` on, running on into the rows after it; the rest of each
+    piece's last row becomes zero. Bytes [0, column) of a piece's first row are left garbage (the
+    caller writes them next). Whole rows are copied, one index per row instead of per byte, and
+    the tails masked after: a tar member's data and padding in a few numpy calls."""
+    width = blocks.shape[1]
+    span = column + np.asarray(lengths, dtype=np.int64)
+    counts = -(-span // width) * (span > 0)
+    total = int(counts.sum())
+    if not total:
+        return
+    first = np.cumsum(counts) - counts
+    within = np.arange(total, dtype=np.int64) - np.repeat(first, counts)
+    padded = np.zeros(len(data) + 2 * width, dtype=np.uint8)  # a row before and after: no row leaves it
+    padded[width:width + len(data)] = data
+    windows = np.lib.stride_tricks.as_strided(padded, shape=(len(padded) - width + 1, width), strides=(1, 1))
+    targets = np.repeat(np.asarray(rows, dtype=np.int64), counts) + within
+    blocks[targets] = windows[np.repeat(np.asarray(sources, dtype=np.int64) + width - column, counts) + within * width]
+    used = counts > 0
+    last = (first + counts - 1)[used]
+    blocks[targets[last]] &= _row_masks(width)[(span - (counts - 1) * width)[used]]
+
+
+@functools.cache
+def _row_masks(width: int) -> np.ndarray:
+    """Row f keeps the first f bytes of a row and zeroes the rest (f = 0..width)."""
+    return np.where(np.arange(width)[None, :] < np.arange(width + 1)[:, None], 255, 0).astype(np.uint8)

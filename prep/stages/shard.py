@@ -28,7 +28,7 @@ from prep.formats.units import BIN, IDX, WDS, artifact_format, unit_formats
 from prep.hashing import HashingWriter
 from prep.stages.cuts import ShardPlan
 from prep.stages.gather import PartReader as PartReader  # the runner opens one per task
-from prep.stages.gather import scatter
+from prep.stages.gather import scatter_blocks
 from prep.stages.members import sample_jsons
 from prep.stages.order import EntryFile
 from prep.stages.sink import CHUNK_BYTES, ChunkSink, Written
@@ -232,16 +232,20 @@ def _tar_pieces(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any],
         raw = np.frombuffer(chunk, dtype=np.uint8)
         _place_headers(raw, docs, start, end, (at, at + npy_at[start:end] - block, at + text_at[start:end] - block),
                        (json_sizes, npy_sizes, docs.text_bytes))
+        blocks = raw.reshape(-1, block)
         first, last = int(docs.json_offsets[start]), int(docs.json_offsets[end])
-        scatter(raw, at + block, json_sizes[start:end], jsons[first:last])
+        scatter_blocks(blocks, (at + block) // block, 0, jsons[first:last], docs.json_offsets[start:end] - first,
+                       json_sizes[start:end])
+        low, high = (int(payload_at[index] - payload_at[block_start]) for index in (start, end - 1))
+        data = payload[low:high + int(token_bytes[end - 1] + docs.text_bytes[end - 1])]
+        tokens_from = payload_at[start:end] - payload_at[start]
         npy_start = at + npy_at[start:end]
-        raw.reshape(-1, block)[npy_start // block, :npy_head] = wds.npy_headers(docs.n_tokens[start:end] + 1, little)
+        scatter_blocks(blocks, npy_start // block, npy_head, data, tokens_from, token_bytes[start:end])
+        scatter_blocks(blocks, (at + text_at[start:end]) // block, 0, data, tokens_from + token_bytes[start:end],
+                       docs.text_bytes[start:end])
+        blocks[npy_start // block, :npy_head] = wds.npy_headers(docs.n_tokens[start:end] + 1, little)
         tokens_at = npy_start + npy_head
         np.frombuffer(chunk, dtype=little)[(tokens_at + token_bytes[start:end]) // item] = eos_id
-        lengths = np.stack((token_bytes[start:end], docs.text_bytes[start:end]), axis=1).reshape(-1)
-        low = int(payload_at[start] - payload_at[block_start])
-        scatter(raw, np.stack((tokens_at, at + text_at[start:end]), axis=1).reshape(-1), lengths,
-                payload[low:low + int(lengths.sum())])
 
     for start, end in _chunks(token_bytes + docs.text_bytes, PAYLOAD_BYTES):
         sizes = np.stack((token_bytes[start:end], docs.text_bytes[start:end]), axis=1).reshape(-1)

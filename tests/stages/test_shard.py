@@ -220,21 +220,31 @@ def test_gather_reads_neighbouring_spans_together_and_refuses_a_short_file(tmp_p
 
 
 @settings(max_examples=200, deadline=None)
-@given(lengths=st.lists(st.integers(0, 40), max_size=20), direct=st.integers(1, 50), seed=st.integers(0, 1000))
-def test_scatter_places_every_piece_whatever_its_size(lengths: list[int], direct: int, seed: int) -> None:
-    """Pieces of `data` one after another land at their targets, copied directly or by index."""
+@given(lengths=st.lists(st.integers(0, 70), max_size=12), width=st.sampled_from([8, 16, 512]),
+       column=st.integers(0, 7), seed=st.integers(0, 1000))
+def test_scatter_blocks_places_pieces_and_zeroes_their_last_rows(lengths: list[int], width: int, column: int,
+                                                                 seed: int) -> None:
+    """Each piece lands from `column` of its first row on; the rest of its last row is zero;
+    rows no piece reaches keep their bytes, and so do bytes before `column` of rows without a piece."""
     rng = np.random.default_rng(seed)
-    data = rng.integers(0, 256, size=sum(lengths), dtype=np.uint8)
+    data = rng.integers(1, 256, size=sum(lengths), dtype=np.uint8)
+    spans = [-(-(column + length) // width) if length or column else 0 for length in lengths]
     order = rng.permutation(len(lengths))
-    targets = np.zeros(len(lengths), dtype=np.int64)
-    at = 0
-    for index in order.tolist():  # the pieces, laid out in another order
-        targets[index] = at
-        at += lengths[index]
-    out = np.zeros(at, dtype=np.uint8)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gather, "DIRECT_BYTES", direct)
-        gather.scatter(out, targets, np.asarray(lengths, dtype=np.int64), data)
+    rows = np.zeros(len(lengths), dtype=np.int64)
+    at = 1
+    for index in order.tolist():  # the pieces, in other rows than their order, a spare row between
+        rows[index] = at
+        at += spans[index] + 1
+    before = rng.integers(1, 256, size=(at, width), dtype=np.uint8)
+    blocks = before.copy()
     sources = np.cumsum(lengths) - np.asarray(lengths, dtype=np.int64) if lengths else np.zeros(0, np.int64)
-    for source, target, length in zip(sources.tolist(), targets.tolist(), lengths):
-        assert out[target:target + length].tobytes() == data[source:source + length].tobytes()
+    gather.scatter_blocks(blocks, rows, column, data, sources, np.asarray(lengths, dtype=np.int64))
+    touched = np.zeros(at, dtype=bool)
+    for row, source, length, span in zip(rows.tolist(), sources.tolist(), lengths, spans):
+        if not span:
+            continue
+        flat = blocks[row:row + span].reshape(-1)
+        assert flat[column:column + length].tobytes() == data[source:source + length].tobytes()
+        assert not flat[column + length:].any()
+        touched[row:row + span] = True
+    assert np.array_equal(blocks[~touched], before[~touched])
