@@ -65,6 +65,46 @@ def test_a_disk_that_returns_other_bytes_fails_the_write(tmp_path: Path, monkeyp
         write(tmp_path / "out.bin", [b"x" * 10000, b"y" * 9000])
 
 
+def test_a_buffer_changed_after_its_write_fails_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk's buffer reused too early (the bytes on disk are no longer the bytes laid out) is caught."""
+    real = os.pwrite
+
+    def write_then_spoil(fd: int, data: Any, offset: int) -> int:
+        done = real(fd, data, offset)
+        data[0] ^= 0x01
+        return done
+
+    monkeypatch.setattr(os, "pwrite", write_then_spoil)
+    with pytest.raises(IntegrityError, match="the disk returned other bytes"):
+        write(tmp_path / "out.bin", [b"x" * 10000, b"y" * 9000])
+
+
+def test_the_digest_is_of_the_bytes_read_back(tmp_path: Path) -> None:
+    hashed: list[bytes] = []
+
+    class Spy:
+        def __init__(self) -> None:
+            self.inner = hashlib.sha256()
+
+        def update(self, data: Any) -> None:
+            hashed.append(bytes(data))
+            self.inner.update(data)
+
+        def hexdigest(self) -> str:
+            return self.inner.hexdigest()
+
+    writer = sink.ChunkSink(tmp_path / "out.bin")
+    writer._hasher = Spy()  # type: ignore[assignment]  # noqa: SLF001
+    expected = b"a" * 9000 + b"b" * 5000 + b"c" * 3
+    for data in (expected[:9000], expected[9000:14000], expected[14000:]):
+        view = writer.buffer(len(data), zeroed=False)
+        view[:] = data
+        writer.write(view)
+    assert writer.close().sha256 == hashlib.sha256(expected).hexdigest()
+    assert writer.read_back and b"".join(hashed) == expected
+    assert all(len(piece) % sink.ALIGNMENT == 0 for piece in hashed[:-1])  # whole blocks as read, then the tail
+
+
 def test_a_short_read_back_fails_the_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: 0)
     with pytest.raises(IntegrityError, match=str(tmp_path / "out.bin")):
@@ -113,4 +153,4 @@ def test_a_full_disk_names_the_file_and_leaves_the_threads_stopped(tmp_path: Pat
     with pytest.raises(StorageIOError) as caught:
         writer.close()
     assert str(caught.value) == f"writing {tmp_path / 'out.bin'}: No space left on device"
-    assert writer._writers._shutdown and writer._reader._shutdown  # noqa: SLF001 (the threads are gone)
+    assert all(pool._shutdown for pool in writer._pools)  # noqa: SLF001 (the threads are gone)
