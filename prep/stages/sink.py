@@ -33,7 +33,7 @@ from prep.faults import crash_point
 from prep.hashing import Digest
 from prep.writeback import start_writeback
 
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 4 << 20
 ALIGNMENT = 4096
 """Offsets, lengths and buffer addresses of direct writes are multiples of this (a page, which
 covers every logical block size in use)."""

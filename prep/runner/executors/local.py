@@ -24,7 +24,7 @@ from multiprocessing import get_context
 from typing import Any
 
 from prep.errors import ExecutorError, PrepError
-from prep.runner.executors.base import Prepare, WarmUp
+from prep.runner.executors.base import Prepare, WarmUp, release_free_memory
 
 
 def _init_worker(threads: int) -> None:
@@ -72,6 +72,7 @@ def _call(fn: Callable[[Any], Any], item: Any) -> Any:
         raise _transportable(exc) from None
     finally:
         signal.signal(signal.SIGINT, idle)
+        release_free_memory()
 
 
 def _transportable(exc: Exception) -> Exception:

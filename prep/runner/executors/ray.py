@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from prep.errors import ExecutorError, InputError, PrepError, StoreError, UsageError
-from prep.runner.executors.base import WarmUp
+from prep.runner.executors.base import WarmUp, release_free_memory
 
 # Environment a task runs with: one tokenizer thread per task (each task holds one Ray CPU), plus
 # the crash-injection switches that tests set on the driver (see prep/faults.py).
@@ -60,8 +60,11 @@ def _environment(env: Mapping[str, str]) -> Iterator[None]:
 
 def _run_task(fn: Callable[[Any], Any], item: Any, env: Mapping[str, str]) -> Any:
     """What a Ray worker runs: the task function under the task environment."""
-    with _environment(env):
-        return fn(item)
+    try:
+        with _environment(env):
+            return fn(item)
+    finally:
+        release_free_memory()
 
 
 # -- local paths must be visible on every node ----------------------------------------------------
