@@ -10,7 +10,8 @@ size: gigatoken's `encode_files` over the same files (the ceiling, only that cal
 complete `prep build` with `backend = "gigatoken"`, --workers = cores, fresh store, formats
 ["bin"] and ["bin", "wds"]. Prints wall seconds, documents/s, MB/s of text, peak RSS of the
 process tree and of the largest single process, the ratio ceiling/build, each stage's seconds
-(from the build's progress lines) and, with wds, `dd` writing the same bytes to the same disk.
+(from the build's progress lines) and, with wds, `dd` writing the same bytes to the same disk (through
+the page cache; and direct, then read back direct, as the shard stage does).
 
 The append benchmark builds the 1M corpus, appends 100 new documents to one file and rebuilds
 into the same store: rebuild seconds, shards rewritten per format, bytes added to the store, and
@@ -117,15 +118,22 @@ def artifact_bytes(store: Path, formats: tuple[str, ...]) -> int:
     return sum(int(a["size"]) for a in manifest(store)["artifacts"] if a["format"] in formats)
 
 
-def dd_seconds(folder: Path, nbytes: int) -> float:
-    """Seconds `dd` takes to write and fsync `nbytes` of zeros in 8 MiB blocks under `folder`."""
+def dd_seconds(folder: Path, nbytes: int) -> tuple[float, float, float]:
+    """Seconds `dd` takes, in 8 MiB blocks under `folder`, to write and fsync `nbytes` of zeros
+    through the page cache, to write them with O_DIRECT, and to read them back with O_DIRECT
+    (what the shard stage does: a direct write, then a direct read of every byte)."""
     target = folder / "dd.tmp"
-    started = time.perf_counter()
-    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=8M", f"count={max(1, nbytes >> 23)}", "conv=fsync"],
-                   check=True, capture_output=True)
-    seconds = time.perf_counter() - started
+    count = f"count={max(1, nbytes >> 23)}"
+    commands = (["dd", "if=/dev/zero", f"of={target}", "bs=8M", count, "conv=fsync"],
+                ["dd", "if=/dev/zero", f"of={target}", "bs=8M", count, "oflag=direct", "conv=fsync"],
+                ["dd", f"if={target}", "of=/dev/null", "bs=8M", "iflag=direct"])
+    seconds = []
+    for command in commands:
+        started = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True)
+        seconds.append(time.perf_counter() - started)
     target.unlink()
-    return seconds
+    return seconds[0], seconds[1], seconds[2]
 
 
 def tokenize_task_seconds(store: Path) -> list[float]:
@@ -180,7 +188,9 @@ def scale(args: argparse.Namespace, tok: Path) -> None:
                       f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after", flush=True)
                 if "wds" in formats:
                     tar = artifact_bytes(store, ("wds",))
-                    print(f"      dd of the tar bytes ({tar / 1e6:.0f} MB): {dd_seconds(args.workdir, tar):.2f} s; "
+                    buffered, direct, read = dd_seconds(args.workdir, tar)
+                    print(f"      dd of the tar bytes ({tar / 1e6:.0f} MB): {buffered:.2f} s through the page cache; "
+                          f"{direct:.2f} s direct, then {read:.2f} s to read them back direct; "
                           f"shard stage {stages.get('shard', 0):.1f} s", flush=True)
                 shutil.rmtree(store, ignore_errors=True)
 
