@@ -236,15 +236,6 @@ def run_order_job(job: OrderJob) -> TaskResult:
     return TaskResult({"bucket": stored.id}, summary, {})
 
 
-def _is_stored_file(store: Store, path: Path, digest: hashing.Digest) -> bool:
-    """True when the store holds the object as this very file (a link), not as another copy."""
-    stored = store.local_path(cas.object_key(digest.sha256))
-    try:
-        return stored is not None and os.path.samefile(stored, path)
-    except OSError:
-        return False
-
-
 @dataclass(frozen=True)
 class AssembleJob:
     """Write some units of some shards (see prep.stages.shard) and store their files.
@@ -284,10 +275,10 @@ def run_assemble_job(job: AssembleJob) -> TaskResult:
                 crash_point("shard.between_puts")
                 outputs[f"{plan.name}/{fmt}"] = file.digest.id
                 sizes[f"{plan.name}/{fmt}"] = file.digest.size
-                stored_as_written = file.read_back and _is_stored_file(store, file.path, file.digest)
+                staged = os.stat(file.path) if file.read_back else None
                 file.path.unlink()
-                stamp = cas.file_stamp(store, file.digest.id) if stored_as_written else None
-                if stamp is not None:
+                stamp = cas.file_stamp(store, file.digest.id) if staged else None
+                if staged and stamp and stamp[:2] == (staged.st_dev, staged.st_ino):  # stored as this very file
                     read_back.append((file.digest.id, stamp))
         return TaskResult(outputs, {"sizes": sizes}, {}, read_back=tuple(read_back))
     finally:

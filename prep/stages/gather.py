@@ -77,9 +77,9 @@ class PartReader:
                      targets: np.ndarray) -> None:
         """Read each span straight into its place in `out`, in file order."""
         view = memoryview(out.data).cast("B")
-        order = np.argsort((parts << _PART_SHIFT) + offsets, kind="stable")
-        for part, offset, size, target in zip(parts[order].tolist(), offsets[order].tolist(), sizes[order].tolist(),
-                                              targets[order].tolist()):
+        spans = _Spans.sorted(parts, offsets, sizes, targets)
+        for part, offset, size, target in zip(spans.part.tolist(), spans.offset.tolist(), spans.size.tolist(),
+                                              spans.target.tolist()):
             self.read_into(part, offset, view[target:target + size])
 
     def _gather_batch(self, out: np.ndarray, spans: _Spans, run_first: np.ndarray, run_start: np.ndarray,

@@ -6,9 +6,9 @@ prep/formats/units.py names them and their files.
 A unit writes its file sequentially, a chunk of a few MiB at a time. The token ids (and text) of
 up to PAYLOAD_BYTES of a window's documents are gathered from the intermediates at once, with few
 reads (prep.stages.gather); each chunk is laid out in memory from them (tar headers for the whole
-chunk at once), then writer threads append and hash the chunk while the next one is laid out,
-starting disk writeback at once. Output files are hashed while written, never read back; memory
-holds two chunks, one gathered block and a few dozen bytes per document of a window.
+chunk at once), then prep.stages.sink writes it past the page cache, reads it back from the disk
+and hashes what it read, on threads, while the next one is laid out; memory holds the sink's
+buffers, one gathered block and a few dozen bytes per document of a window.
 """
 
 from __future__ import annotations
