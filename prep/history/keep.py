@@ -27,7 +27,7 @@ from prep.history.documents import (
 )
 from prep.stages.dedup import MASK_COUNT_DTYPE, MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, unpack_flags
 from prep.stages.intermediate import hash_pairs
-from prep.stages.order import bucket_of, order_keys
+from prep.stages.keys import bucket_of, order_keys
 from prep.storage.base import Store
 from prep.store.cache import local_file as fetch_local
 

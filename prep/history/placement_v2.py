@@ -32,7 +32,8 @@ from prep.history.documents import (
     stage_manifest,
 )
 from prep.stages.cuts import ShardPlan
-from prep.stages.order import ENTRY_DTYPE, NO_ID, EntryFile, bucket_of, order_keys
+from prep.stages.keys import bucket_of, order_keys
+from prep.stages.order import ENTRY_DTYPE, NO_ID, EntryFile
 from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
 from prep.store.cache import verified_local_file as verified_local

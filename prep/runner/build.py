@@ -23,7 +23,7 @@ from prep.progress import Progress, human_bytes, plural
 from prep.runner import ordering
 from prep.runner.executors.base import Executor, WarmUp, WrappedExecutor
 from prep.runner.executors.local import LocalExecutor
-from prep.runner.planning import describe_inputs, hash_inputs_meanwhile, task_bytes, unchanged_latest
+from prep.runner.planning import describe_inputs, hash_inputs_meanwhile, task_bytes, tokenize_settings, unchanged_latest
 from prep.runner.publish import (
     BuildFacts,
     RefOutcome,
@@ -283,9 +283,7 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
     version = input_version(sources)
     progress.done("inputs", f"{plural(len(sources), 'file')}, {human_bytes(sum(s.size for s in sources))}, {version[:19]}")
 
-    settings = builder.tokenize_settings = TokenizeSettings(str(tokenizer_path), info.sha256, pipeline.tokenizer.eos,
-                                pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend,
-                                pipeline.input.on_error)
+    settings = builder.tokenize_settings = tokenize_settings(pipeline, str(tokenizer_path), info.sha256)
     try:
         entries = builder.tokenize(sources, settings)
     finally:

@@ -13,6 +13,7 @@ from prep.errors import PrepError
 from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import Executor
 from prep.runner.tasks import HashJob, TokenizeJob, run_hash_job
+from prep.stages.specs import TokenizeSettings
 from prep.storage.base import Store
 from prep.store.refs import read_ref
 from prep.store.snapshots import Snapshot, load_snapshot
@@ -109,3 +110,11 @@ def describe_inputs(sources: list[SourceFile], most: int = 5) -> str:
     names = [source.location for source in sources[:most]]
     more = f" and {len(sources) - most} more" if len(sources) > most else ""
     return ", ".join(names) + more
+
+
+def tokenize_settings(pipeline: Pipeline, tokenizer_path: str, tokenizer_sha256: str) -> TokenizeSettings:
+    """The tokenize tasks' settings for `pipeline`: its tokenizer file, pinned by hash, and its
+    seed, whose key order the intermediates are laid out in."""
+    return TokenizeSettings(tokenizer_path, tokenizer_sha256, pipeline.tokenizer.eos,
+                            pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend,
+                            pipeline.input.on_error, order_seed=pipeline.seed)

@@ -1,17 +1,18 @@
-"""The tokenize stage's intermediate file: every document's text and token ids as raw bytes,
+"""The tokenize stage's intermediate file: every document's token ids and text as raw bytes,
 then a small Arrow IPC table of per-document metadata.
 
 Layout (little-endian):
-- data: per document, its token ids (the snapshot's token dtype, no EOS) then its UTF-8 text,
-  documents back to back;
-- metadata: an uncompressed Arrow IPC file, one record batch per tokenize batch, with the
-  columns of METADATA_COLUMNS; `text_offset` and `tokens_offset` are absolute file offsets;
+- data: every document's token ids (the snapshot's token dtype, no EOS) back to back, then every
+  document's UTF-8 text back to back, both in the same document order: order-key order for the
+  tokenize stage (any key range is one run of each), else input order;
+- metadata: an uncompressed Arrow IPC file, one record batch per tokenize batch, rows in input
+  order, with the columns of METADATA_COLUMNS; `text_offset` and `tokens_offset` are absolute
+  file offsets, so readers never depend on the data region's order;
 - footer: the metadata's offset (u64), then the magic `PREPINT2`.
 
-Raw bytes let shard assembly copy any document's tokens and text with one positional read (into
-the tar's .npy and .txt members at once), in whatever order the shuffle asks; dedup, shuffle
-planning and lineage read the small table alone. Chosen by measurement over Parquet and
-compressed Arrow IPC (docs/performance.md).
+Raw bytes let shard assembly copy a key range's tokens (and text) with a few positional reads per
+intermediate; dedup, shuffle planning and lineage read the small table alone. Chosen by
+measurement over Parquet and compressed Arrow IPC (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from prep.errors import IntegrityError, StorageIOError
 from prep.formats import little_endian
 from prep.hashing import Digest, HashingWriter
 from prep.stages.columns import bool_column, fixed_binary_column_of, int_column, string_column, zero_based_strings
+from prep.stages.keys import order_keys
 from prep.tokenizer.spans import offsets_of
 
 MAGIC = b"PREPINT2"  # the layout of the data region is the offsets' business: readers follow them
@@ -53,32 +55,22 @@ def schema(dtype: np.dtype[Any]) -> pa.Schema:
     ], metadata={"token_dtype": little_endian(dtype).str})
 
 
-_INTERLEAVE_BYTES = 1 << 20  # bytes interleaved at a time, so they stay in the CPU cache
-_MASKED_DOCUMENTS = 64  # fewer documents in a window are copied span by span
+WRITE_BYTES = 8 << 20
+"""Bytes of the data region put in layout order and written at a time (bounds that copy)."""
 
 
-def _interleaved(first: np.ndarray[Any, Any], first_sizes: np.ndarray[Any, Any], second: np.ndarray[Any, Any],
-                 second_sizes: np.ndarray[Any, Any]) -> memoryview:
-    """Spans of `first` and `second` (uint8, with these sizes) alternating: first[0], second[0], ..."""
-    out = np.empty(len(first) + len(second), dtype=np.uint8)
-    first_at, second_at = offsets_of(first_sizes), offsets_of(second_sizes)
-    out_at = first_at + second_at
-    start = 0
-    while start < len(first_sizes):
-        end = max(start + 1, int(np.searchsorted(out_at, out_at[start] + _INTERLEAVE_BYTES, "right")) - 1)
-        if end - start < _MASKED_DOCUMENTS:
-            for doc in range(start, end):
-                middle = out_at[doc] + first_sizes[doc]
-                out[out_at[doc]:middle] = first[first_at[doc]:first_at[doc + 1]]
-                out[middle:out_at[doc + 1]] = second[second_at[doc]:second_at[doc + 1]]
-        else:
-            sizes = np.column_stack((first_sizes[start:end], second_sizes[start:end])).reshape(-1)
-            from_first = np.repeat(np.tile(np.array([True, False]), end - start), sizes)
-            window = out[out_at[start]:out_at[end]]
-            window[from_first] = first[first_at[start]:first_at[end]]
-            window[~from_first] = second[second_at[start]:second_at[end]]
-        start = end
-    return memoryview(out.data)
+def _spans_column(data: np.ndarray[Any, Any], sizes: np.ndarray[Any, Any]) -> pa.Array:
+    """Consecutive spans of `data` (uint8) with these sizes, as an Arrow array over the same memory."""
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return pa.Array.from_buffers(pa.large_binary(), len(sizes), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _values(spans: pa.Array) -> memoryview:
+    """The bytes of every span of a large_binary array, end to end."""
+    offsets = np.frombuffer(spans.buffers()[1], dtype=np.int64, count=len(spans) + 1, offset=spans.offset * 8)
+    data = spans.buffers()[2]
+    return memoryview(data)[int(offsets[0]):int(offsets[-1])] if data is not None else memoryview(b"")
 
 
 @contextmanager
@@ -91,16 +83,26 @@ def _io_errors(operation: str, path: Path) -> Iterator[None]:
 
 
 class IntermediateWriter:
-    """Writes a new intermediate batch by batch, hashing while writing; `digest` is the file's
-    SHA-256 and size once closed (so storing it needs no second read). I/O errors name the file."""
+    """Writes a new intermediate, hashing while writing; `digest` is the file's SHA-256 and size
+    once closed (so storing it needs no second read). I/O errors name the file.
 
-    def __init__(self, path: Path, dtype: np.dtype[Any], durable: bool = True) -> None:
+    Batches are held (their token and text buffers, not copies) until `close` writes the data
+    region: with an `order_seed`, documents in order-key order (prep.stages.keys), so that any key
+    range of the part is one contiguous run of tokens and one of text, and a shard window reads a
+    few large runs per intermediate instead of one span per document; without one, in input order.
+    Memory: the part's tokens and text, which its read task bounds (prep.stages.read.RANGE_BYTES)."""
+
+    def __init__(self, path: Path, dtype: np.dtype[Any], durable: bool = True, order_seed: int | None = None) -> None:
         self.path = path
         self.dtype = little_endian(dtype)
         self.schema = schema(dtype)
+        self.order_seed = order_seed
         with _io_errors("writing", path):
             self._file = HashingWriter(path, durable)
-        self._metadata: list[pa.RecordBatch] = []
+        self._tokens: list[pa.Array] = []
+        self._texts: list[pa.Array] = []
+        self._hashes: list[bytes] = []
+        self._columns: list[list[pa.Array]] = []
         self.digest: Digest | None = None
 
     def write_batch(self, rows: Sequence[int], ids: Sequence[str | None], texts: Sequence[bytes],
@@ -119,34 +121,74 @@ class IntermediateWriter:
         ids `tokens[token_offsets[i]:token_offsets[i + 1]]`, 16-byte text hashes end to end."""
         text_lengths = np.diff(text_offsets).astype(np.int64)
         token_counts = np.diff(token_offsets).astype(np.int64)
-        token_sizes = token_counts * self.dtype.itemsize
         token_bytes = np.ascontiguousarray(tokens[token_offsets[0]:token_offsets[-1]], dtype=self.dtype).view(np.uint8)
-        starts = self._file.tell() + np.cumsum(token_sizes + text_lengths) - token_sizes - text_lengths
-        with _io_errors("writing", self.path):
-            self._file.write(_interleaved(token_bytes, token_sizes, np.frombuffer(blob, dtype=np.uint8), text_lengths))
-        self._metadata.append(pa.RecordBatch.from_arrays([
+        texts = np.frombuffer(blob, dtype=np.uint8)[int(text_offsets[0]):int(text_offsets[-1])]
+        self._tokens.append(_spans_column(token_bytes, token_counts * self.dtype.itemsize))
+        self._texts.append(_spans_column(texts, text_lengths))
+        self._hashes.append(text_hashes)
+        self._columns.append([
             int_column(rows, pa.int64()),
             zero_based_strings(ids),
             fixed_binary_column_of(text_hashes, 16, len(text_lengths)),
             int_column(text_lengths, pa.int64()),
             int_column(token_counts, pa.int32()),
             bool_column(specials),
-            int_column(starts + token_sizes, pa.int64()),
-            int_column(starts, pa.int64()),
-        ], schema=self.schema))
+        ])
+
+    def _layout_order(self) -> np.ndarray[Any, Any]:
+        """Documents in the order the data region holds them (ties keep input order)."""
+        count = sum(len(column) for column in self._texts)
+        if self.order_seed is None or count < 2:
+            return np.arange(count, dtype=np.int64)
+        hashes = np.frombuffer(b"".join(self._hashes), dtype="<u8").reshape(-1, 2)
+        key_hi, key_lo = order_keys(hashes, self.order_seed)
+        return np.lexsort((key_lo, key_hi))
+
+    def _write_region(self, spans: list[pa.Array], order: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Write every span of `spans` (one array per batch) in `order`; returns each one's file offset."""
+        sizes = np.concatenate([np.diff(np.frombuffer(column.buffers()[1], dtype=np.int64)) for column in spans]) \
+            if spans else np.zeros(0, dtype=np.int64)
+        laid = sizes[order]
+        ends = np.cumsum(laid)
+        starts = np.empty(len(order), dtype=np.int64)
+        starts[order] = self._file.tell() + ends - laid
+        column = pa.chunked_array(spans, type=pa.large_binary())
+        identity = self.order_seed is None
+        low = 0
+        while low < len(order):
+            base = int(ends[low - 1]) if low else 0
+            high = max(low + 1, int(np.searchsorted(ends, base + WRITE_BYTES, "right")))
+            taken = column.slice(low, high - low) if identity else column.take(pa.array(order[low:high]))
+            for chunk in taken.chunks:
+                self._file.write(_values(chunk))
+            low = high
+        return starts
 
     def close(self) -> Digest:
         if self.digest is None:
-            metadata_offset = self._file.tell()
-            sink = pa.BufferOutputStream()
-            with ipc.new_file(sink, self.schema) as writer:
-                for batch in self._metadata:
-                    writer.write_batch(batch)
             with _io_errors("writing", self.path):
-                self._file.write(memoryview(sink.getvalue()))
+                order = self._layout_order()
+                tokens_at = self._write_region(self._tokens, order)
+                text_at = self._write_region(self._texts, order)
+                self._tokens, self._texts = [], []
+                metadata_offset = self._file.tell()
+                self._file.write(memoryview(self._metadata(tokens_at, text_at)))
                 self._file.write(_FOOTER.pack(metadata_offset, MAGIC))
                 self.digest = self._file.close()
         return self.digest
+
+    def _metadata(self, tokens_at: np.ndarray[Any, Any], text_at: np.ndarray[Any, Any]) -> pa.Buffer:
+        """The metadata table: one record batch per written batch, with every document's offsets."""
+        sink = pa.BufferOutputStream()
+        first = 0
+        with ipc.new_file(sink, self.schema) as writer:
+            for columns in self._columns:
+                last = first + len(columns[0])
+                writer.write_batch(pa.RecordBatch.from_arrays(
+                    [*columns, int_column(text_at[first:last], pa.int64()), int_column(tokens_at[first:last], pa.int64())],
+                    schema=self.schema))
+                first = last
+        return sink.getvalue()
 
     def __enter__(self) -> IntermediateWriter:
         return self

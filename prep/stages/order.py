@@ -27,6 +27,7 @@ from prep.hashing import Digest, HashingWriter
 from prep.manifest import canonical
 from prep.stages.columns import to_numbers
 from prep.stages.intermediate import hash_pairs, read_columns
+from prep.stages.keys import bucket_of, order_keys
 from prep.stages.specs import Part
 
 ENTRY_DTYPE = np.dtype([
@@ -39,33 +40,6 @@ NO_ID = 0xFFFFFFFF  # id_len of a document without a recorded id
 MAGIC = b"PREPENT1"
 _HEAD = struct.Struct("<8sQ")
 _ROUTE_COLUMNS = ["row", "id", "text_hash", "text_bytes", "n_tokens", "text_offset", "tokens_offset"]
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _splitmix64(values: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        z = values + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
-def order_keys(hashes: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The (hi, lo) 128-bit order key of each (n, 2) text hash: three Feistel rounds keyed by
-    the seed, so distinct hashes get distinct keys and the order is a pure function of both."""
-    rounds = _splitmix64(np.array([seed, seed ^ 0x5851F42D4C957F2D, seed ^ 0x14057B7EF767814F], dtype=np.uint64))
-    left, right = hashes[:, 0].astype(np.uint64), hashes[:, 1].astype(np.uint64)
-    left = left ^ _splitmix64(right ^ rounds[0])
-    right = right ^ _splitmix64(left ^ rounds[1])
-    left = left ^ _splitmix64(right ^ rounds[2])
-    return left, right
-
-
-def bucket_of(key_hi: np.ndarray, bits: int) -> np.ndarray:
-    """The bucket of each key: its top `bits` bits (all keys are in bucket 0 when bits is 0)."""
-    if bits == 0:
-        return np.zeros(len(key_hi), dtype=np.int64)
-    return (key_hi >> np.uint64(64 - bits)).astype(np.int64)
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,13 @@ class TokenizeSettings:
     backend: str
     on_error: str
     threads: int = 1
+    order_seed: int | None = None  # lays documents out in this seed's key order (prep.stages.intermediate)
 
     def key_fields(self) -> dict[str, object]:
         """The settings that change a task's output (the backend never does)."""
         return {"tokenizer": self.tokenizer_sha256, "eos": self.eos,
-                "encode_special_tokens": self.encode_special_tokens, "on_error": self.on_error}
+                "encode_special_tokens": self.encode_special_tokens, "on_error": self.on_error,
+                "order_seed": self.order_seed}
 
 
 @dataclass(frozen=True)

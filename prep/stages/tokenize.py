@@ -138,7 +138,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     special_needles = [token.encode() for token in info.special_tokens]
     started = time.perf_counter()
     try:
-        with IntermediateWriter(out_path, dtype, durable) as writer:
+        with IntermediateWriter(out_path, dtype, durable, settings.order_seed) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
                 tokens, token_offsets = engine.encode_columns(batch.blob, batch.offsets, _DocumentNames(task, batch.rows))
                 unique_ids.add(batch)

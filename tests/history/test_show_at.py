@@ -17,7 +17,7 @@ from prep.history.content import document_content
 from prep.history.documents import LAYOUT_KEYED, load_records
 from prep.history.lineage import is_sample_key, locate, locate_at, locate_key, placer_for, trace
 from prep.history.placement_v2 import KeyedPlacer
-from prep.stages.order import bucket_of
+from prep.stages.keys import bucket_of
 from prep.storage import LocalStore
 from prep.store.snapshots import Snapshot
 from tests.helpers import make_records, write_jsonl, write_pipeline

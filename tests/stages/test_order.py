@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prep.stages import order
+from prep.stages import keys, order
 from prep.stages.cuts import ShardPlan, bucket_bits, plan_shards
 from prep.stages.intermediate import IntermediateWriter
 from prep.stages.specs import Part
@@ -62,9 +62,9 @@ def _placed(plans: list[ShardPlan], buckets: dict[int, Path]) -> list[tuple[int,
 @given(hashes=st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), min_size=1, max_size=200,
                        unique=True), seed=st.integers(0, 2**64 - 1))
 def test_order_keys_are_a_bijection_of_the_hash(hashes: list[tuple[int, int]], seed: int) -> None:
-    hi, lo = order.order_keys(np.asarray(hashes, dtype=np.uint64), seed)
+    hi, lo = keys.order_keys(np.asarray(hashes, dtype=np.uint64), seed)
     assert len(set(zip(hi.tolist(), lo.tolist()))) == len(hashes)
-    again = order.order_keys(np.asarray(hashes, dtype=np.uint64), seed)
+    again = keys.order_keys(np.asarray(hashes, dtype=np.uint64), seed)
     assert (again[0] == hi).all() and (again[1] == lo).all()
 
 

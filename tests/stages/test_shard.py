@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prep import hashing
 from prep.errors import IntegrityError
 from prep.formats import megatron, wds
-from prep.stages import gather, order, shard
+from prep.stages import gather, keys, order, shard
 from prep.stages.cuts import ShardPlan, plan_shards
 from prep.stages.intermediate import IntermediateWriter
 from prep.stages.members import sample_jsons
@@ -102,7 +102,7 @@ def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int
                     part = written[n]
                     line = record_line(part.format, part.line_offset, r)
                     doc_id = document_id(f"p{n}-{r}" if with_ids else None, part.source, line)
-                    hi, lo = order.order_keys(hashes[n, r].reshape(1, 2), 11)
+                    hi, lo = keys.order_keys(hashes[n, r].reshape(1, 2), 11)
                     samples.append(wds.Sample(wds.order_key_name(int(hi[0]), int(lo[0])),
                                               wds.sample_json(doc_id, part.source, line, len(parts[n][r][1]) + 1),
                                               wds.npy_bytes(np.asarray([*parts[n][r][1], EOS], DTYPE)),

@@ -17,13 +17,15 @@ from prep.stages.specs import TokenizeSettings
 from prep.tokenizer import load_tokenizer
 
 
-def _run(tmp_path: Path, tokenizer_path: Path, lines: list[dict[str, object]]) -> tokenize.TokenizeResult:
+def _run(tmp_path: Path, tokenizer_path: Path, lines: list[dict[str, object]],
+         order_seed: int | None = None) -> tokenize.TokenizeResult:
     folder = tmp_path / "in"
     folder.mkdir(exist_ok=True)
     (folder / "a.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     task = plan_read_tasks(hash_source(discover(("a.jsonl",), folder, "auto")[0]), "text", "id")[0]
     _, info = load_tokenizer(tokenizer_path, "<|endoftext|>", True)
-    settings = TokenizeSettings(str(tokenizer_path), info.sha256, "<|endoftext|>", True, "auto", "fail")
+    settings = TokenizeSettings(str(tokenizer_path), info.sha256, "<|endoftext|>", True, "auto", "fail",
+                                order_seed=order_seed)
     out = tmp_path / "part.int"
     out.unlink(missing_ok=True)
     return tokenize.run_tokenize(task, settings, out, durable=False)
@@ -61,27 +63,38 @@ def test_counts_and_columns_do_not_depend_on_batches(tmp_path: Path, tokenizer_p
     assert result.summary["tokens"] == int(np.sum(table.column("n_tokens").to_pylist()))
 
 
-@pytest.mark.parametrize(("batch", "window"), [(7, 3), (65536, 1 << 20), (5, 300), (40, 2000)])
+@pytest.mark.parametrize(("batch", "window"), [(7, 3), (65536, 8 << 20), (5, 300), (40, 2000)])
+@pytest.mark.parametrize("seed", [None, 0, 12345])
 def test_every_document_sits_at_its_offsets_with_the_reference_tokens(tmp_path: Path, tokenizer_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch,
-                                                                      batch: int, window: int) -> None:
-    """Tokens then text per document, wherever batches and interleaving windows are cut."""
+                                                                      monkeypatch: pytest.MonkeyPatch, batch: int,
+                                                                      window: int, seed: int | None) -> None:
+    """All tokens, then all texts, each in the seed's key order (input order without one, ties in
+    input order), wherever batches and write windows are cut; rows stay in input order."""
     import prep.stages.intermediate as intermediate
+    from prep.stages.keys import order_keys
     from prep.tokenizer import reference_encode_batch
 
     monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", batch)
-    monkeypatch.setattr(intermediate, "_INTERLEAVE_BYTES", window)
-    texts = [f"document {i} " + "é" * (i % 5) + " words " * (i % 13) for i in range(40)] + ["", "x"]
-    result = _run(tmp_path, tokenizer_path, [{"id": i, "text": text} for i, text in enumerate(texts)])
-    table = read_columns(result.path, ["id", "text_offset", "text_bytes", "tokens_offset", "n_tokens"]).to_pylist()
+    monkeypatch.setattr(intermediate, "WRITE_BYTES", window)
+    texts = [f"document {i} " + "é" * (i % 5) + " words " * (i % 13) for i in range(40)] + ["", "x", "document 0 "]
+    result = _run(tmp_path, tokenizer_path, [{"id": i, "text": text} for i, text in enumerate(texts)], seed)
+    columns = ["id", "text_offset", "text_bytes", "tokens_offset", "n_tokens", "text_hash"]
+    table = read_columns(result.path, columns).to_pylist()
     tokenizer, info = load_tokenizer(tokenizer_path, "<|endoftext|>", True)
     expected = reference_encode_batch(tokenizer, texts, np.dtype(info.dtype))
     data = result.path.read_bytes()
     width = np.dtype(info.dtype).itemsize
     for row, text, tokens in zip(table, texts, expected):
         assert data[row["text_offset"]:row["text_offset"] + row["text_bytes"]] == text.encode()
-        assert row["tokens_offset"] + row["n_tokens"] * width == row["text_offset"]
         found = np.frombuffer(data, dtype=np.dtype(info.dtype).newbyteorder("<"), count=row["n_tokens"],
                               offset=row["tokens_offset"])
         assert found.tolist() == tokens.tolist()
+    laid = list(range(len(texts)))
+    if seed is not None:
+        hi, lo = order_keys(np.frombuffer(b"".join(row["text_hash"] for row in table), dtype="<u8").reshape(-1, 2), seed)
+        laid = sorted(laid, key=lambda row: (int(hi[row]), int(lo[row]), row))
+    token_ends = np.cumsum([table[row]["n_tokens"] * width for row in laid])
+    assert [table[row]["tokens_offset"] for row in laid] == [0, *token_ends[:-1].tolist()]
+    text_ends = int(token_ends[-1]) + np.cumsum([table[row]["text_bytes"] for row in laid])
+    assert [table[row]["text_offset"] for row in laid] == [int(token_ends[-1]), *text_ends[:-1].tolist()]
     assert [row["id"] for row in table] == [str(i) for i in range(len(texts))]
