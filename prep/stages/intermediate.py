@@ -2,21 +2,22 @@
 then a small Arrow IPC table of per-document metadata.
 
 Layout (little-endian):
-- data: every document's token ids (the snapshot's token dtype, no EOS) back to back, then every
-  document's UTF-8 text back to back, both in the same document order: order-key order for the
-  tokenize stage (any key range is one run of each), else input order;
+- data: batch after batch, a batch's token ids (the snapshot's token dtype, no EOS) back to back,
+  then its UTF-8 texts back to back, both in the same document order: order-key order for the
+  tokenize stage (any key range is one run of each per batch), else input order;
 - metadata: an uncompressed Arrow IPC file, one record batch per tokenize batch, rows in input
   order, with the columns of METADATA_COLUMNS; `text_offset` and `tokens_offset` are absolute
   file offsets, so readers never depend on the data region's order;
 - footer: the metadata's offset (u64), then the magic `PREPINT2`.
 
 Raw bytes let shard assembly copy a key range's tokens (and text) with a few positional reads per
-intermediate; dedup, shuffle planning and lineage read the small table alone. Chosen by
-measurement over Parquet and compressed Arrow IPC (docs/performance.md).
+intermediate (a part has a few batches); dedup, shuffle planning and lineage read the small
+table alone. Chosen by measurement over Parquet and compressed Arrow IPC (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -55,8 +56,8 @@ def schema(dtype: np.dtype[Any]) -> pa.Schema:
     ], metadata={"token_dtype": little_endian(dtype).str})
 
 
-WRITE_BYTES = 8 << 20
-"""Bytes of the data region put in layout order and written at a time (bounds that copy)."""
+LAYOUT_BYTES = 1 << 20
+"""Bytes of a batch put in key order at a time (bounds that copy)."""
 
 
 def _spans_column(data: np.ndarray[Any, Any], sizes: np.ndarray[Any, Any]) -> pa.Array:
@@ -66,11 +67,23 @@ def _spans_column(data: np.ndarray[Any, Any], sizes: np.ndarray[Any, Any]) -> pa
     return pa.Array.from_buffers(pa.large_binary(), len(sizes), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-def _values(spans: pa.Array) -> memoryview:
-    """The bytes of every span of a large_binary array, end to end."""
-    offsets = np.frombuffer(spans.buffers()[1], dtype=np.int64, count=len(spans) + 1, offset=spans.offset * 8)
-    data = spans.buffers()[2]
-    return memoryview(data)[int(offsets[0]):int(offsets[-1])] if data is not None else memoryview(b"")
+def _laid_out(data: np.ndarray[Any, Any], sizes: np.ndarray[Any, Any],
+              order: np.ndarray[Any, Any] | None) -> Iterator[memoryview]:
+    """The spans of `data` (uint8, consecutive, with these sizes) in `order` (as they are for
+    None), LAYOUT_BYTES at a time: Arrow's take puts them in order without a copy of the batch."""
+    if order is None:
+        yield memoryview(data.data)
+        return
+    spans = _spans_column(data, sizes)
+    ends = np.cumsum(sizes[order])
+    low = 0
+    while low < len(order):
+        base = int(ends[low - 1]) if low else 0
+        high = max(low + 1, int(np.searchsorted(ends, base + LAYOUT_BYTES, "right")))
+        values = spans.take(pa.array(order[low:high])).buffers()[2]
+        if values is not None:
+            yield memoryview(values)[:int(ends[high - 1]) - base]
+        low = high
 
 
 @contextmanager
@@ -83,14 +96,14 @@ def _io_errors(operation: str, path: Path) -> Iterator[None]:
 
 
 class IntermediateWriter:
-    """Writes a new intermediate, hashing while writing; `digest` is the file's SHA-256 and size
-    once closed (so storing it needs no second read). I/O errors name the file.
+    """Writes a new intermediate batch by batch, hashing while writing; `digest` is the file's
+    SHA-256 and size once closed (so storing it needs no second read). I/O errors name the file.
 
-    Batches are held (their token and text buffers, not copies) until `close` writes the data
-    region: with an `order_seed`, documents in order-key order (prep.stages.keys), so that any key
-    range of the part is one contiguous run of tokens and one of text, and a shard window reads a
-    few large runs per intermediate instead of one span per document; without one, in input order.
-    Memory: the part's tokens and text, which its read task bounds (prep.stages.read.RANGE_BYTES)."""
+    With an `order_seed`, each batch is laid out in order-key order (prep.stages.keys): its
+    documents' tokens, then their texts, each sorted by key. Any key range of the part is then
+    one run of tokens and one of text per batch (a part has a few batches), so a shard window
+    reads a few large runs per intermediate instead of one span per document; and the writer
+    never holds more than one batch. Without one, batches keep their documents in input order."""
 
     def __init__(self, path: Path, dtype: np.dtype[Any], durable: bool = True, order_seed: int | None = None) -> None:
         self.path = path
@@ -99,10 +112,7 @@ class IntermediateWriter:
         self.order_seed = order_seed
         with _io_errors("writing", path):
             self._file = HashingWriter(path, durable)
-        self._tokens: list[pa.Array] = []
-        self._texts: list[pa.Array] = []
-        self._hashes: list[bytes] = []
-        self._columns: list[list[pa.Array]] = []
+        self._metadata: list[pa.RecordBatch] = []
         self.digest: Digest | None = None
 
     def write_batch(self, rows: Sequence[int], ids: Sequence[str | None], texts: Sequence[bytes],
@@ -113,6 +123,15 @@ class IntermediateWriter:
         self.write_columns(rows, string_column(ids), b"".join(texts), offsets_of([len(text) for text in texts]),
                            b"".join(text_hashes), specials, flat, offsets_of([len(t) for t in tokens]))
 
+    def _batch_order(self, text_hashes: bytes, count: int) -> np.ndarray[Any, Any] | None:
+        """The order a batch's documents are laid out in: by order key, ties in input order; None
+        for input order."""
+        if self.order_seed is None or count < 2:
+            return None
+        key_hi, key_lo = order_keys(np.frombuffer(text_hashes, dtype="<u8", count=2 * count).reshape(-1, 2),
+                                    self.order_seed)
+        return np.lexsort((key_lo, key_hi))
+
     def write_columns(self, rows: Sequence[int] | np.ndarray[Any, Any], ids: pa.Array, blob: bytes,
                       text_offsets: np.ndarray[Any, Any], text_hashes: bytes,
                       specials: Sequence[bool] | np.ndarray[Any, Any], tokens: np.ndarray[Any, Any],
@@ -121,74 +140,46 @@ class IntermediateWriter:
         ids `tokens[token_offsets[i]:token_offsets[i + 1]]`, 16-byte text hashes end to end."""
         text_lengths = np.diff(text_offsets).astype(np.int64)
         token_counts = np.diff(token_offsets).astype(np.int64)
+        token_sizes = token_counts * self.dtype.itemsize
         token_bytes = np.ascontiguousarray(tokens[token_offsets[0]:token_offsets[-1]], dtype=self.dtype).view(np.uint8)
         texts = np.frombuffer(blob, dtype=np.uint8)[int(text_offsets[0]):int(text_offsets[-1])]
-        self._tokens.append(_spans_column(token_bytes, token_counts * self.dtype.itemsize))
-        self._texts.append(_spans_column(texts, text_lengths))
-        self._hashes.append(text_hashes)
-        self._columns.append([
+        order = self._batch_order(text_hashes, len(text_lengths))
+        tokens_at, text_at = (np.empty(len(text_lengths), dtype=np.int64) for _ in range(2))
+        base = self._file.tell()
+        for sizes, at in ((token_sizes, tokens_at), (text_lengths, text_at)):
+            laid = sizes if order is None else sizes[order]
+            starts = base + np.cumsum(laid) - laid
+            if order is None:
+                at[:] = starts
+            else:
+                at[order] = starts
+            base += int(laid.sum())
+        with _io_errors("writing", self.path):
+            for piece in itertools.chain(_laid_out(token_bytes, token_sizes, order), _laid_out(texts, text_lengths, order)):
+                self._file.write(piece)
+        self._metadata.append(pa.RecordBatch.from_arrays([
             int_column(rows, pa.int64()),
             zero_based_strings(ids),
             fixed_binary_column_of(text_hashes, 16, len(text_lengths)),
             int_column(text_lengths, pa.int64()),
             int_column(token_counts, pa.int32()),
             bool_column(specials),
-        ])
-
-    def _layout_order(self) -> np.ndarray[Any, Any]:
-        """Documents in the order the data region holds them (ties keep input order)."""
-        count = sum(len(column) for column in self._texts)
-        if self.order_seed is None or count < 2:
-            return np.arange(count, dtype=np.int64)
-        hashes = np.frombuffer(b"".join(self._hashes), dtype="<u8").reshape(-1, 2)
-        key_hi, key_lo = order_keys(hashes, self.order_seed)
-        return np.lexsort((key_lo, key_hi))
-
-    def _write_region(self, spans: list[pa.Array], order: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """Write every span of `spans` (one array per batch) in `order`; returns each one's file offset."""
-        sizes = np.concatenate([np.diff(np.frombuffer(column.buffers()[1], dtype=np.int64)) for column in spans]) \
-            if spans else np.zeros(0, dtype=np.int64)
-        laid = sizes[order]
-        ends = np.cumsum(laid)
-        starts = np.empty(len(order), dtype=np.int64)
-        starts[order] = self._file.tell() + ends - laid
-        column = pa.chunked_array(spans, type=pa.large_binary())
-        identity = self.order_seed is None
-        low = 0
-        while low < len(order):
-            base = int(ends[low - 1]) if low else 0
-            high = max(low + 1, int(np.searchsorted(ends, base + WRITE_BYTES, "right")))
-            taken = column.slice(low, high - low) if identity else column.take(pa.array(order[low:high]))
-            for chunk in taken.chunks:
-                self._file.write(_values(chunk))
-            low = high
-        return starts
+            int_column(text_at, pa.int64()),
+            int_column(tokens_at, pa.int64()),
+        ], schema=self.schema))
 
     def close(self) -> Digest:
         if self.digest is None:
+            metadata_offset = self._file.tell()
+            sink = pa.BufferOutputStream()
+            with ipc.new_file(sink, self.schema) as writer:
+                for batch in self._metadata:
+                    writer.write_batch(batch)
             with _io_errors("writing", self.path):
-                order = self._layout_order()
-                tokens_at = self._write_region(self._tokens, order)
-                text_at = self._write_region(self._texts, order)
-                self._tokens, self._texts = [], []
-                metadata_offset = self._file.tell()
-                self._file.write(memoryview(self._metadata(tokens_at, text_at)))
+                self._file.write(memoryview(sink.getvalue()))
                 self._file.write(_FOOTER.pack(metadata_offset, MAGIC))
                 self.digest = self._file.close()
         return self.digest
-
-    def _metadata(self, tokens_at: np.ndarray[Any, Any], text_at: np.ndarray[Any, Any]) -> pa.Buffer:
-        """The metadata table: one record batch per written batch, with every document's offsets."""
-        sink = pa.BufferOutputStream()
-        first = 0
-        with ipc.new_file(sink, self.schema) as writer:
-            for columns in self._columns:
-                last = first + len(columns[0])
-                writer.write_batch(pa.RecordBatch.from_arrays(
-                    [*columns, int_column(text_at[first:last], pa.int64()), int_column(tokens_at[first:last], pa.int64())],
-                    schema=self.schema))
-                first = last
-        return sink.getvalue()
 
     def __enter__(self) -> IntermediateWriter:
         return self
