@@ -101,25 +101,28 @@ class _DocumentNames(LazySequence[str]):
 
 class _UniqueIds:
     """Fails on an id seen before in this part, naming the first repeat's row: Arrow's hash table
-    counts the part's distinct ids at its end, and only a part with a repeat is searched for it."""
+    counts the part's distinct ids at its end, and only a part with a repeat is searched for it.
+    Holds the ids and rows only, never a batch's text."""
 
     def __init__(self, task: ReadTask) -> None:
         self.task = task
-        self.batches: list[TextColumns] = []
+        self.ids: list[pa.Array] = []
+        self.rows: list[np.ndarray[Any, Any]] = []
 
     def add(self, batch: TextColumns) -> None:
         if batch.ids.null_count != len(batch.ids):
-            self.batches.append(batch)
+            self.ids.append(batch.ids)
+            self.rows.append(batch.rows)
 
     def finish(self) -> None:
-        ids = pa.chunked_array([batch.ids for batch in self.batches], type=pa.string())
+        ids = pa.chunked_array(self.ids, type=pa.string())
         if pc.count_distinct(ids).as_py() != len(ids):
             self._raise_first_repeat()
 
     def _raise_first_repeat(self) -> None:
         seen: set[str | None] = set()
-        for batch in self.batches:
-            for row, doc_id in zip(batch.rows.tolist(), to_strings(batch.ids)):
+        for batch_ids, batch_rows in zip(self.ids, self.rows):
+            for row, doc_id in zip(batch_rows.tolist(), to_strings(batch_ids)):
                 if doc_id in seen:
                     raise InputError(f"{self.task.source.location}: duplicate id {doc_id!r} "
                                      f"(row/line {row + 1} of this part)")
