@@ -23,16 +23,20 @@ from prep.stages.specs import Part
 
 DTYPE = np.dtype(np.uint16)
 EOS = 7
+SEED = 11
 
 _documents = st.lists(st.tuples(st.text(max_size=40), st.lists(st.integers(0, 65535), max_size=30)),
                       min_size=1, max_size=8)
 
 
-def _write_part(folder: Path, name: str, docs: list[tuple[str, list[int]]], with_ids: bool) -> Part:
+def _write_part(folder: Path, name: str, docs: list[tuple[str, list[int]]], with_ids: bool,
+                keyed: bool = False) -> Part:
+    """An intermediate of two batches, laid out in the route seed's key order when `keyed` (as
+    tokenize writes them), else in input order."""
     path = folder / f"{name}.part"
     texts = [text.encode("utf-8", "surrogatepass") for text, _ in docs]
     hashes = [index.to_bytes(8, "little") + name.encode().ljust(8, b"_")[:8] for index in range(len(docs))]
-    with IntermediateWriter(path, DTYPE) as writer:
+    with IntermediateWriter(path, DTYPE, order_seed=SEED if keyed else None) as writer:
         half = len(docs) // 2  # two batches, so offsets span batches
         for rows in (range(half), range(half, len(docs))):
             writer.write_batch(list(rows), [f"{name}-{i}" if with_ids else None for i in rows],
@@ -47,7 +51,7 @@ def _shards(folder: Path, parts: list[Part], shard_size: int, bits: int, exact: 
     routes = []
     for ordinal, part in enumerate(parts):
         path = folder / f"route-{ordinal}"
-        order.route_part(part, ordinal, 11, bits, path)
+        order.route_part(part, ordinal, SEED, bits, path)
         routes.append(path)
     identities = [order.PartIdentity(part.source, part.line_offset) for part in parts]
     summaries, buckets = [], {}
@@ -61,10 +65,11 @@ def _shards(folder: Path, parts: list[Part], shard_size: int, bits: int, exact: 
 @settings(max_examples=25, deadline=None)
 @given(parts=st.lists(_documents, min_size=1, max_size=3), shard_size=st.integers(2, 200),
        chunk=st.integers(1, 3000), bits=st.integers(0, 2), with_ids=st.booleans(), window=st.integers(1, 5),
-       payload=st.integers(1, 400), stage=st.integers(1, 300), gap=st.integers(0, 64), direct=st.integers(1, 64))
+       payload=st.integers(1, 400), stage=st.integers(1, 300), gap=st.integers(0, 64), direct=st.integers(1, 64),
+       keyed=st.booleans())
 def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int]]]], shard_size: int, chunk: int,
                                             bits: int, with_ids: bool, window: int, payload: int, stage: int,
-                                            gap: int, direct: int) -> None:
+                                            gap: int, direct: int, keyed: bool) -> None:
     texts = [text for part in parts for text, _ in part]
     if any("\ud800" <= c <= "\udfff" for text in texts for c in text):
         return  # inputs never hold lone surrogates (the read stage refuses them)
@@ -77,7 +82,7 @@ def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int
         patch.setattr(gather, "MERGE_GAP", gap)
         patch.setattr(gather, "DIRECT_BYTES", direct)  # spans this large go straight to their place
         folder = Path(name)
-        written = [_write_part(folder, f"p{i}", docs, with_ids) for i, docs in enumerate(parts)]
+        written = [_write_part(folder, f"p{i}", docs, with_ids, keyed) for i, docs in enumerate(parts)]
         plans, buckets = _shards(folder, written, shard_size, bits)
         reader = gather.PartReader(written)
         hashes = {(n, r): np.frombuffer(r.to_bytes(8, "little") + f"p{n}".encode().ljust(8, b"_")[:8], "<u8")
@@ -102,7 +107,7 @@ def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int
                     part = written[n]
                     line = record_line(part.format, part.line_offset, r)
                     doc_id = document_id(f"p{n}-{r}" if with_ids else None, part.source, line)
-                    hi, lo = keys.order_keys(hashes[n, r].reshape(1, 2), 11)
+                    hi, lo = keys.order_keys(hashes[n, r].reshape(1, 2), SEED)
                     samples.append(wds.Sample(wds.order_key_name(int(hi[0]), int(lo[0])),
                                               wds.sample_json(doc_id, part.source, line, len(parts[n][r][1]) + 1),
                                               wds.npy_bytes(np.asarray([*parts[n][r][1], EOS], DTYPE)),
@@ -113,6 +118,43 @@ def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int
                     assert file.digest == hashing.digest_file(file.path)
         finally:
             reader.close()
+
+
+class _CountingReader(gather.PartReader):
+    reads = 0
+
+    def read_into(self, part: int, offset: int, view: memoryview) -> None:
+        self.reads += 1
+        super().read_into(part, offset, view)
+
+
+@pytest.mark.parametrize("unit", ["bin", "wds"])
+def test_a_window_reads_one_run_per_intermediate_batch_when_keyed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   unit: str) -> None:
+    """With tokenize's layout (each batch in key order), a shard's documents are one run of tokens
+    (and one of text) per intermediate batch, however thinly they are spread over the parts; in
+    input order the same shards cost about a read per document (no gap is read through here)."""
+    monkeypatch.setattr(gather, "MERGE_GAP", 0)
+    rng = np.random.default_rng(5)
+    corpus = [[(f"text {p} {i} " + "x" * int(rng.integers(0, 30)), rng.integers(0, 65535, int(rng.integers(1, 12))).tolist())
+               for i in range(1500)] for p in range(6)]
+    reads: dict[bool, int] = {}
+    for keyed in (True, False):
+        folder = tmp_path / str(keyed)
+        folder.mkdir()
+        parts = [_write_part(folder, f"p{n}", docs, False, keyed) for n, docs in enumerate(corpus)]
+        plans, buckets = _shards(folder, parts, 20_000, 2)
+        reader = _CountingReader(parts)
+        for plan in plans:
+            (folder / plan.name).mkdir()
+            shard.write_unit(unit, plan, shard.collect_shard(plan, buckets, parts, unit == "wds"), reader, DTYPE, EOS,
+                             folder / plan.name)
+        reader.close()
+        reads[keyed] = reader.reads
+    assert len(plans) >= 8
+    runs_per_shard = len(corpus) * 2 * (2 if unit == "wds" else 1)  # two batches a part; tokens, and text for wds
+    assert reads[True] <= len(plans) * runs_per_shard
+    assert reads[False] > 10 * reads[True]
 
 
 def _rows(plan: ShardPlan, buckets: dict[int, Path]) -> list[int]:
