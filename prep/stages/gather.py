@@ -1,7 +1,8 @@
 """Gathering many small spans of the intermediates into one buffer, with few system calls.
 
-A shard window's documents sit all over the intermediates in key order. Reading each one with
-its own `preadv` costs a system call and a Python iteration per document, which dominates short
+A shard window is a key range: in each batch of each intermediate (laid out in key order by
+tokenize) its tokens are one run and its texts another. Reading each document with its own
+`preadv` would cost a system call and a Python iteration per document, which dominates short
 documents. Instead the spans are sorted by (part, offset), neighbours closer than MERGE_GAP bytes
 are read as one run into a staging buffer (the gap bytes are read and dropped: copying a few KiB
 from the page cache is cheaper than a system call), and numpy copies every span from the staging
