@@ -124,13 +124,13 @@ class IntermediateWriter:
                            b"".join(text_hashes), specials, flat, offsets_of([len(t) for t in tokens]))
 
     def _batch_order(self, text_hashes: bytes, count: int) -> np.ndarray[Any, Any] | None:
-        """The order a batch's documents are laid out in: by order key, ties in input order; None
-        for input order."""
+        """The order a batch's documents are laid out in: by the high half of the order key (what
+        shard ranges cut), ties in input order; None for input order."""
         if self.order_seed is None or count < 2:
             return None
-        key_hi, key_lo = order_keys(np.frombuffer(text_hashes, dtype="<u8", count=2 * count).reshape(-1, 2),
-                                    self.order_seed)
-        return np.lexsort((key_lo, key_hi))
+        key_hi, _ = order_keys(np.frombuffer(text_hashes, dtype="<u8", count=2 * count).reshape(-1, 2),
+                               self.order_seed)
+        return np.argsort(key_hi, kind="stable")
 
     def write_columns(self, rows: Sequence[int] | np.ndarray[Any, Any], ids: pa.Array, blob: bytes,
                       text_offsets: np.ndarray[Any, Any], text_hashes: bytes,
