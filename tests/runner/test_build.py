@@ -194,6 +194,18 @@ def test_rebuild_is_all_cache_hits_and_one_changed_file_retokenizes_only_it(corp
     assert len({a["shard"] for a in first.snapshot.artifacts}) > 4
 
 
+def test_a_new_seed_retokenizes_and_builds_what_a_fresh_store_builds(corpus: Path, tokenizer_path: Path) -> None:
+    """Intermediates are laid out in the seed's key order, so the seed is part of the tokenize
+    key: a second seed in the same store tokenizes again and gives the snapshot a fresh store gives."""
+    first = build_local(write_pipeline(corpus, tokenizer_path, ["corpus"], seed=1, name="one.toml"), corpus / "store")
+    other = write_pipeline(corpus, tokenizer_path, ["corpus"], seed=2, name="two.toml")
+    shared = build_local(other, corpus / "store")
+    fresh = build_local(other, corpus / "fresh")
+    assert shared.stages["tokenize"].ran == 3 and shared.stages["tokenize"].cached == 0
+    assert shared.snapshot.id == fresh.snapshot.id != first.snapshot.id
+    assert {a["sha256"] for a in shared.snapshot.artifacts} == {a["sha256"] for a in fresh.snapshot.artifacts}
+
+
 def test_moving_the_corpus_keeps_the_snapshot_id(corpus: Path, tokenizer_path: Path,
                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
