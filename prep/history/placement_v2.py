@@ -1,6 +1,6 @@
 """Placements in layout-2 snapshots (shards named by key range).
 
-A document's order key is a keyed permutation of its text hash (prep.stages.order.order_keys),
+A document's order key is a keyed permutation of its text hash (prep.stages.keys.order_keys),
 so its bucket (the key's top `bits` bits) follows from the text alone. The bucket object holds
 the bucket's kept entries sorted by (key, part, row): a binary search of it, a few positional
 reads, finds the document, or the copy with its key that the order stage kept instead. The
