@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -103,18 +103,27 @@ INDEX_PIECE = 1 << 20  # sequences per piece of index_pieces
 
 def index_pieces(lengths: npt.ArrayLike, dtype: npt.DTypeLike) -> Iterator[bytes]:
     """`index_bytes` in pieces of at most INDEX_PIECE sequences, so writing it holds no more."""
-    counts = _as_lengths(lengths)
+    return index_pieces_of_runs([lengths], dtype)
+
+
+def index_pieces_of_runs(runs: Sequence[npt.ArrayLike], dtype: npt.DTypeLike) -> Iterator[bytes]:
+    """The pieces of `index_pieces` for the lengths of `runs`, one after another (a shard's
+    windows): each run is kept as int32 and nothing is joined, so writing holds 4 bytes a sequence."""
+    counts = [_as_lengths(run).astype("<i4") for run in runs]
+    total = sum(run.size for run in counts)
     itemsize = little_endian(dtype).itemsize
-    yield _HEADER.pack(INDEX_MAGIC, INDEX_VERSION, dtype_code(dtype), counts.size, counts.size + 1)
-    for low in range(0, counts.size, INDEX_PIECE):
-        yield counts[low:low + INDEX_PIECE].astype("<i4").tobytes()
+    yield _HEADER.pack(INDEX_MAGIC, INDEX_VERSION, dtype_code(dtype), total, total + 1)
+    for run in counts:
+        for low in range(0, run.size, INDEX_PIECE):
+            yield run[low:low + INDEX_PIECE].tobytes()
     base = 0
-    for low in range(0, counts.size, INDEX_PIECE):
-        piece = counts[low:low + INDEX_PIECE].astype(np.int64) * itemsize
-        yield (base + np.cumsum(piece) - piece).astype("<i8").tobytes()
-        base += int(piece.sum())
-    for low in range(0, counts.size + 1, INDEX_PIECE):
-        yield np.arange(low, min(low + INDEX_PIECE, counts.size + 1), dtype="<i8").tobytes()
+    for run in counts:
+        for low in range(0, run.size, INDEX_PIECE):
+            piece = run[low:low + INDEX_PIECE].astype(np.int64) * itemsize
+            yield (base + np.cumsum(piece) - piece).astype("<i8").tobytes()
+            base += int(piece.sum())
+    for low in range(0, total + 1, INDEX_PIECE):
+        yield np.arange(low, min(low + INDEX_PIECE, total + 1), dtype="<i8").tobytes()
 
 
 def sequence_bytes(tokens: npt.ArrayLike, dtype: npt.DTypeLike) -> bytes:

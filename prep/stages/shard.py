@@ -202,7 +202,7 @@ def write_bin(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos
 
     bin_file = _write_chunks(bin_path, pieces(), zeroed=False)
     with HashingWriter(idx_path) as index:
-        for piece in megatron.index_pieces(np.concatenate(lengths) if lengths else np.zeros(0, "<i4"), little):
+        for piece in megatron.index_pieces_of_runs(lengths, little):
             index.write(piece)
     return bin_file, Written(idx_path, index.close(), read_back=False)
 

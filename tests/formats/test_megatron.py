@@ -242,7 +242,8 @@ def test_megatron_core_reads_every_sequence(
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(0, 2**31 - 1), max_size=40), st.integers(1, 7), st.sampled_from(["<u2", "<i4"]))
 def test_index_pieces_are_the_index_bytes(lengths: list[int], piece: int, dtype: str) -> None:
-    """Pieces of any size join to the one-piece .idx (header, sizes, pointers, document index)."""
+    """Pieces of any size join to the one-piece .idx (header, sizes, pointers, document index),
+    whether the lengths come whole or as consecutive runs."""
     module = megatron
     whole = b"".join(module.index_pieces(lengths, dtype))
     pointers = np.concatenate(([0], np.cumsum(np.asarray(lengths, dtype=np.int64) * np.dtype(dtype).itemsize)))[:-1]
@@ -251,3 +252,7 @@ def test_index_pieces_are_the_index_bytes(lengths: list[int], piece: int, dtype:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(module, "INDEX_PIECE", piece)
         assert b"".join(module.index_pieces(lengths, dtype)) == whole
+        cuts = sorted({0, len(lengths), *(i * piece % (len(lengths) + 1) for i in range(3))})
+        runs = [np.asarray(lengths[low:high], dtype=np.int64) for low, high in zip(cuts[:-1], cuts[1:])]
+        assert b"".join(module.index_pieces_of_runs(runs, dtype)) == whole
+        assert b"".join(module.index_pieces_of_runs([], dtype)) == b"".join(module.index_pieces([], dtype))
