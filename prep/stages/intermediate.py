@@ -86,6 +86,17 @@ def _laid_out(data: np.ndarray[Any, Any], sizes: np.ndarray[Any, Any],
         low = high
 
 
+def _placed(sizes: np.ndarray[Any, Any], order: np.ndarray[Any, Any] | None, base: int) -> np.ndarray[Any, Any]:
+    """Each span's file offset when spans of these sizes are written from `base` in `order`."""
+    laid = sizes if order is None else sizes[order]
+    starts: np.ndarray[Any, Any] = base + np.cumsum(laid) - laid
+    if order is None:
+        return starts
+    placed: np.ndarray[Any, Any] = np.empty_like(starts)
+    placed[order] = starts
+    return placed
+
+
 @contextmanager
 def _io_errors(operation: str, path: Path) -> Iterator[None]:
     """Turn an OSError (Arrow's I/O errors are OSErrors too) into a StorageIOError naming `path`."""
@@ -144,16 +155,8 @@ class IntermediateWriter:
         token_bytes = np.ascontiguousarray(tokens[token_offsets[0]:token_offsets[-1]], dtype=self.dtype).view(np.uint8)
         texts = np.frombuffer(blob, dtype=np.uint8)[int(text_offsets[0]):int(text_offsets[-1])]
         order = self._batch_order(text_hashes, len(text_lengths))
-        tokens_at, text_at = (np.empty(len(text_lengths), dtype=np.int64) for _ in range(2))
-        base = self._file.tell()
-        for sizes, at in ((token_sizes, tokens_at), (text_lengths, text_at)):
-            laid = sizes if order is None else sizes[order]
-            starts = base + np.cumsum(laid) - laid
-            if order is None:
-                at[:] = starts
-            else:
-                at[order] = starts
-            base += int(laid.sum())
+        tokens_at = _placed(token_sizes, order, self._file.tell())
+        text_at = _placed(text_lengths, order, self._file.tell() + int(token_sizes.sum()))
         with _io_errors("writing", self.path):
             for piece in itertools.chain(_laid_out(token_bytes, token_sizes, order), _laid_out(texts, text_lengths, order)):
                 self._file.write(piece)
