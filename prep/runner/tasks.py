@@ -278,7 +278,7 @@ def run_assemble_job(job: AssembleJob) -> TaskResult:
                 staged = os.stat(file.path) if file.read_back else None
                 file.path.unlink()
                 stamp = cas.file_stamp(store, file.digest.id) if staged else None
-                if staged and stamp and stamp[:2] == (staged.st_dev, staged.st_ino):  # stored as this very file
+                if staged is not None and stamp is not None and stamp.same_file(staged):  # stored as this very file
                     read_back.append((file.digest.id, stamp))
         return TaskResult(outputs, {"sizes": sizes}, {}, read_back=tuple(read_back))
     finally:

@@ -27,8 +27,8 @@ MERGE_GAP = 8192
 STAGE_BYTES = 512 << 10
 """Bytes of runs read before numpy places their spans (bounds the staging buffer and its indexes)."""
 DIRECT_BYTES = 1 << 10
-"""Spans at least this large are read straight to their place, one
-call each: per-byte index arithmetic costs far more than a call for them (long documents)."""
+"""Spans at least this large are read straight to their place, one call each: per-byte index
+arithmetic costs far more than a call for them (long documents)."""
 _PART_SHIFT = 44  # (part << 44) + offset sorts spans by file then offset; intermediates stay below 16 TiB
 
 

@@ -8,9 +8,9 @@ read back from the disk (a direct read: the device's bytes, not a cache) and com
 buffer it was written from: other bytes fail the write. The bytes read back are what is hashed,
 so the file's digest, its name in the store, is the hash of what the disk returned, and that
 equals what was laid out: neither a device that stored other bytes nor a buffer reused too
-early can give a file with a wrong name. A direct write must start and end on a block boundary, so each
-chunk writes its aligned prefix and carries the few bytes left to the front of the next buffer;
-the last block is written padded and the file cut back to its size. Filesystems without O_DIRECT,
+early can give a file with a wrong name. A direct write must start and end on a block boundary,
+so each chunk writes its aligned prefix and carries the few bytes left to the front of the next
+buffer; the last block is written padded and the file cut back to its size. Filesystems without O_DIRECT,
 or that refuse a direct write, get buffered writes with early writeback, hashed from the buffer.
 """
 
@@ -53,9 +53,9 @@ class Written:
 
 class ChunkSink:
     """Writes chunks to a new file on one thread, reads each back and compares it on another, and
-    hashes what was read on a third, while the caller lays out the next chunk (os.pwrite, os.preadv and hashlib
-    release the GIL). Memory: three chunk buffers and two read-back buffers. `close` fsyncs;
-    I/O errors name the file."""
+    hashes what was read on a third, while the caller lays out the next chunk (os.pwrite,
+    os.preadv and hashlib release the GIL). Memory: three chunk buffers and two read-back
+    buffers. `close` fsyncs; I/O errors name the file."""
 
     def __init__(self, path: Path) -> None:
         self._path = path

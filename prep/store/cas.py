@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from prep.errors import IntegrityError, NotFoundError
 from prep.hashing import CHUNK, Digest, digest_bytes, digest_file, parse_id
@@ -50,19 +52,32 @@ def get_bytes(store: Store, object_id: str) -> bytes:
     return data
 
 
-FileStamp = tuple[int, int, int, int, int]
-"""(device, inode, size, mtime_ns, ctime_ns) of an object's file in a local store: replacing,
-rewriting, truncating or touching the file changes it."""
+class FileStamp(NamedTuple):
+    """An object's file in a local store as `stat` sees it: replacing, rewriting, truncating or
+    touching the file changes it."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, info: os.stat_result) -> FileStamp:
+        return cls(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+    def same_file(self, info: os.stat_result) -> bool:
+        """True when `info` is of this very file (same device and inode), whatever its contents."""
+        return (self.device, self.inode) == (info.st_dev, info.st_ino)
 
 
 def file_stamp(store: Store, object_id: str) -> FileStamp | None:
     """The stamp of the file that holds `object_id` in a local store (None: not local, or missing)."""
     path = store.local_path(object_key(parse_id(object_id)))
     try:
-        info = path.stat() if path is not None else None
+        return FileStamp.of(path.stat()) if path is not None else None
     except OSError:
         return None
-    return None if info is None else (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def check(store: Store, object_id: str) -> bool:
