@@ -20,7 +20,7 @@ from prep.progress import Progress, eta, plural
 from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
 
 CLEAR = "\r\x1b[K"
-STAGES = ["inputs", "tokenize", "route", "order", "shard"]
+STAGES = ["inputs", "tokenize", "order", "shard"]
 
 
 class Terminal(io.StringIO):

@@ -19,7 +19,7 @@ WDS = "wds"
 SHARD_DIGITS = 5
 """Shard indices in artifact names are zero-padded to at least this many digits (layout 1)."""
 KEY_NAME_DIGITS = 16
-"""Shards named by their key range's start have names of this many hex digits (layout 2)."""
+"""Shards named by their key range's start have names of this many hex digits (layouts 2 and 3)."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def artifact_path(fmt: str, shard_index: int) -> str:
 
 
 def named_artifact_path(fmt: str, name: str) -> str:
-    """Where a shard's artifact sits in a snapshot named by key range (layout 2):
+    """Where a shard's artifact sits in a snapshot named by key range (layouts 2 and 3):
     ("idx", "3a00000000000000") -> "bin/3a00000000000000.idx"."""
     if len(name) != KEY_NAME_DIGITS or any(c not in "0123456789abcdef" for c in name):
         raise ValueError(f"shard name {name!r} must be {KEY_NAME_DIGITS} lowercase hex digits")

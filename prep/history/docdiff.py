@@ -3,7 +3,7 @@
 A document is named by its input file's relative path and its id when both snapshots have an
 id field, else by its file and the hash of its text (an edited text is then removed + added).
 Only documents a snapshot contains (kept by dedup) count: its keep flags come from its keep
-mask (layout 1) or are computed again from its text hashes (layout 2, prep.history.keep), so
+mask (layout 1) or are computed again from its text hashes (keyed layouts, prep.history.keep), so
 snapshots of either layout compare with each other. Files whose documents are provably the
 same are skipped without reading; the others are compared file by file from the tokenize
 intermediates, in memory when small, else hash-partitioned into spill files so that at most

@@ -1,10 +1,11 @@
 """What lineage and document diffs share: a snapshot's tokenize records, the documents they hold,
 and the traces lineage reports.
 
-A snapshot's layout says how its global stages recorded where documents went: layout 1 (stages
-tokenize, dedup, shuffle, shard: a keep mask and a shuffle plan, shards named by position) or
-layout 2 (stages tokenize, route, order, shard: bucket objects of key-ordered entries, shards
-named by key range). The tokenize records, and so every document's origin, read the same in both.
+A snapshot's layout says how its global stages recorded where documents went: positional
+(stages tokenize, dedup, shuffle, shard: a keep mask and a shuffle plan, shards named by
+position) or keyed (stages tokenize, order, shard, with a route stage between the first two in
+store layout 2: bucket objects of key-ordered entries, shards named by key range). The tokenize
+records, and so every document's origin, read the same in all of them.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from prep.store.snapshots import Snapshot
 LAYOUT_POSITIONAL = 1
 """Stages tokenize, dedup, shuffle, shard; shards named by position (bin/00003.bin)."""
 LAYOUT_KEYED = 2
-"""Stages tokenize, route, order, shard; shards named by key range (bin/3a00000000000000.bin)."""
-_LAYOUT_STAGES = {LAYOUT_POSITIONAL: ("dedup", "shuffle"), LAYOUT_KEYED: ("route", "order")}
+"""Stages tokenize, (route,) order, shard; shards named by key range (bin/3a00000000000000.bin)."""
+_LAYOUT_STAGES = {LAYOUT_POSITIONAL: ("dedup", "shuffle"), LAYOUT_KEYED: ("order",)}
 
 
 def snapshot_layout(snapshot: Snapshot) -> int:
@@ -42,7 +43,7 @@ def snapshot_layout(snapshot: Snapshot) -> int:
         if names.issuperset(stages):
             return layout
     raise IntegrityError(f"snapshot {snapshot.id[:19]} records stages {sorted(names)}: neither dedup and shuffle "
-                         "(layout 1) nor route and order (layout 2)")
+                         "(positional) nor order (keyed)")
 
 
 @dataclass(frozen=True)
@@ -167,14 +168,14 @@ class Trace:
     """A document's journey: its origin, and either its placements or the copy kept instead.
 
     `position` is the global position in the shuffled order (layout 1) or the sequence within
-    its shard (layout 2); `order_key` (layout 2 only) is its 128-bit order key in 32 hex digits."""
+    its shard (keyed layouts); `order_key` (keyed layouts only) is its 128-bit order key in 32 hex digits."""
 
     document: DocumentOrigin
     position: int | None
     placements: tuple[Placement, ...]
     duplicate_of: Trace | None = None
     order_key: str | None = None
-    copy: int = 0  # layout 2, dedup off: the document's number among equal texts in its shard
+    copy: int = 0  # keyed layouts, dedup off: the document's number among equal texts in its shard
 
     @property
     def sample_key(self) -> str | None:

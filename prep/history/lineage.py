@@ -3,7 +3,7 @@
 Everything is read from what the stages recorded, streamed, memory-mapped or read by position,
 so lookups work on corpora far larger than memory. Documents are found through the tokenize
 records (prep.history.documents); where a kept document sits depends on the snapshot's layout:
-layout 1 (keep mask and shuffle plan, prep.history.placement_v1) or layout 2 (bucket objects and
+layout 1 (keep mask and shuffle plan, prep.history.placement_v1) or keyed layouts 2 and 3 (bucket objects and
 key-range shards, prep.history.placement_v2).
 """
 
@@ -71,7 +71,7 @@ def trace(store: Store, snapshot: Snapshot, spec: str) -> list[Trace]:
 
 
 def is_sample_key(spec: str) -> bool:
-    """True for a WebDataset sample key: 32 hex digits (layout 2) or 10 decimal digits (layout 1)."""
+    """True for a WebDataset sample key: 32 hex digits (keyed layouts) or 10 decimal digits (layout 1)."""
     return len(spec) in (KEY_HEX_DIGITS, wds.KEYDECIMAL_WIDTH) and all(c in "0123456789abcdef" for c in spec) \
         and (len(spec) == KEY_HEX_DIGITS or spec.isdigit())
 
@@ -95,7 +95,7 @@ def locate(store: Store, snapshot: Snapshot, path: str, sequence: int) -> Trace:
 
 
 def locate_key(store: Store, snapshot: Snapshot, key: str) -> Trace:
-    """The document whose WebDataset sample key is `key`: its order key (layout 2; the shard is
+    """The document whose WebDataset sample key is `key`: its order key (keyed layouts; the shard is
     the one whose key range holds it) or its 10-digit global position (layout 1)."""
     placer = placer_for(store, snapshot)
     expected = wds.KEYDECIMAL_WIDTH if placer.records.layout == LAYOUT_POSITIONAL else KEY_HEX_DIGITS

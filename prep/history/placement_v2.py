@@ -32,8 +32,8 @@ from prep.history.documents import (
     stage_manifest,
 )
 from prep.stages.cuts import ShardPlan
+from prep.stages.entries import ENTRY_DTYPE, NO_ID, EntryFile
 from prep.stages.keys import bucket_of, order_keys
-from prep.stages.order import ENTRY_DTYPE, NO_ID, EntryFile
 from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
 from prep.store.cache import verified_local_file as verified_local
@@ -116,9 +116,9 @@ class KeyedPlacer:
 
     @classmethod
     def load(cls, store: Store, records: SnapshotRecords) -> KeyedPlacer:
-        """Read the route, order and shard stage manifests (no bucket object is read)."""
+        """Read the order and shard stage manifests (no bucket object is read)."""
         snapshot = records.snapshot
-        bits = int(stage_manifest(store, snapshot, "route")["bits"])
+        bits = int(stage_manifest(store, snapshot, "order")["bits"])
         buckets = tuple(stage_manifest(store, snapshot, "order")["buckets"])
         if [int(bucket["bucket"]) for bucket in buckets] != list(range(1 << bits)):
             raise IntegrityError(f"snapshot {snapshot.id[:19]}: its order stage does not list buckets 0..{(1 << bits) - 1}")

@@ -192,7 +192,7 @@ class Builder:
         self.progress.stage("tokenize", f"{plural(len(jobs), 'task')} over {plural(len(sources), 'file')}, "
                                         f"{human_bytes(total_bytes)}")
         done = self.run_tasks("tokenize", jobs, run_tokenize_job, task_bytes,
-                              lambda job: f"tokenize intermediate of {job.task.source.rel} part {job.task.part}")
+                              lambda job: f"tokenize output of {job.task.source.rel} part {job.task.part}")
         entries: list[dict[str, Any]] = []
         line_offsets: dict[str, int] = {}
         for (key, job) in jobs:
@@ -201,14 +201,16 @@ class Builder:
             offset = line_offsets.get(job.task.source.rel, 0)
             line_offsets[job.task.source.rel] = offset + int(summary.get("lines", 0))
             entries.append({**job.task.describe(), "key": key, "output": record.outputs["intermediate"],
-                            "line_offset": offset, **{k: v for k, v in summary.items()}})
+                            "entries": record.outputs["entries"], "line_offset": offset,
+                            **{k: v for k, v in summary.items()}})
         stage_key = self.stage_key("tokenize", settings.key_fields(), [key for key, _ in jobs])
         manifest = self.commit_stage("tokenize", stage_key, {"tasks": entries})
         self.progress.done("tokenize", stage_counts(self.stages['tokenize']))
         return list(manifest["tasks"])
 
     def parts(self, entries: list[dict[str, Any]]) -> tuple[PartRef, ...]:
-        return tuple(PartRef(e["output"], e["source"], e["format"], e["line_offset"], e["documents"]) for e in entries)
+        return tuple(PartRef(e["output"], e["source"], e["format"], e["line_offset"], e["documents"], e["entries"])
+                     for e in entries)
 
 
 def make_executor(kind: str, workers: int, ray_address: str | None = None) -> Executor:
@@ -348,9 +350,8 @@ def _publish(builder: Builder, snapshot: Snapshot, publishing: Publishing) -> tu
 
 def _global_stages(builder: Builder, entries: list[dict[str, Any]], dtype: str,
                    eos_id: int) -> tuple[list[dict[str, Any]], int]:
-    """Route, order and shard over the tokenize outputs; returns the shards and duplicates dropped."""
+    """Order and shard over the tokenize outputs; returns the shards and duplicates dropped."""
     parts = builder.parts(entries)
-    routed = ordering.route(builder, parts)
-    ordered = ordering.order(builder, routed, 2 if dtype == "uint16" else 4, dtype)
+    ordered = ordering.order(builder, parts, 2 if dtype == "uint16" else 4, dtype)
     shards = ordering.shard(builder, parts, ordered, dtype, eos_id)
     return shards, sum(int(bucket["duplicates_dropped"]) for bucket in ordered["buckets"])

@@ -1,6 +1,6 @@
-"""The global stages, partitioned: route (one task per tokenize part), order (one task per key
-bucket: dedup, sort, cut), then shard (one task per shard unit). Each task's memory depends on
-its own part, bucket or shard, never on the size of the corpus (docs/build.md, "Stage graph").
+"""The global stages, partitioned: order (one task per key bucket: gather it from every part's
+entries, dedup, sort, cut), then shard (one task per shard unit). Each task's memory depends on
+its own bucket or shard, never on the size of the corpus (docs/build.md, "Stage graph").
 """
 
 from __future__ import annotations
@@ -11,79 +11,73 @@ from prep.faults import crash_point
 from prep.formats.units import BIN, unit_formats, units_for
 from prep.progress import plural
 from prep.runner.planning import contiguous_ranges
-from prep.runner.publish import stage_counts
 from prep.runner.tasks import (
     AssembleJob,
     OrderJob,
     PartRef,
-    RouteJob,
     run_assemble_job,
     run_order_job,
-    run_route_job,
 )
 from prep.stages.cuts import ShardPlan, bucket_bits, plan_shards
 from prep.store import records
 
 if TYPE_CHECKING:
+    from prep.config import Pipeline
     from prep.runner.build import Builder
 
 DOCUMENTS_PER_BUCKET = 250_000
 """Target documents per order task (about 170 bytes each in memory while sorting): no larger than
-a shard unit's window and the tokenize parts' share, so no task's peak follows the corpus size;
+a shard unit's window, so no task's peak follows the corpus size;
 small enough that even a 1M-document corpus gives every worker of a small pool an order task
 (with 1M, one task took the whole stage while the other workers waited)."""
 
 
-def route(builder: Builder, parts: tuple[PartRef, ...]) -> dict[str, Any]:
-    """Route every part into key buckets; returns the route stage manifest (with `bits`)."""
+def order(builder: Builder, parts: tuple[PartRef, ...], itemsize: int, dtype: str) -> dict[str, Any]:
+    """Dedup, sort and cut every key bucket from the parts' entries; returns the order stage manifest."""
     pipeline = builder.pipeline
     bits = bucket_bits(sum(part.documents for part in parts), DOCUMENTS_PER_BUCKET)
-    settings = {"seed": pipeline.seed, "bits": bits}
-    first_of_file: dict[str, int] = {}
-    for ordinal, part in enumerate(parts):
-        first_of_file.setdefault(part.source, ordinal)
-    jobs = []
-    for ordinal, part in enumerate(parts):
-        same = tuple(p for i, p in enumerate(parts) if p.source == part.source and i != ordinal) \
-            if first_of_file[part.source] == ordinal else ()
-        key = records.content_key("route", settings, builder.code,
-                                  [part.object_id, ordinal, [p.object_id for p in same]])
-        jobs.append((key, RouteJob(builder.store.url, part, ordinal, pipeline.seed, bits, same)))
-    builder.progress.stage("route", f"{len(jobs)} parts into {1 << bits} buckets")
-    done = builder.run_tasks("route", jobs, run_route_job, describe=lambda job: f"route of part {job.ordinal}",
-                             reads=[[part.object_id for part in parts]], weight=route_weight)
-    stage_key = builder.stage_key("route", settings, [builder.stages["tokenize"].output])
-    tasks = [{"part": ordinal, "key": key, "output": done[key].outputs["route"]} for ordinal, (key, _) in enumerate(jobs)]
-    manifest = builder.commit_stage("route", stage_key, {"bits": bits, "tasks": tasks})
-    builder.progress.done("route", stage_counts(builder.stages['route']))
-    return manifest
-
-
-def route_weight(job: RouteJob) -> int:
-    """Documents a route task reads: a file's first part also reads its other parts' ids."""
-    return job.part.documents + sum(part.documents for part in job.same_file)
-
-
-def order(builder: Builder, route_manifest: dict[str, Any], itemsize: int, dtype: str) -> dict[str, Any]:
-    """Dedup, sort and cut every bucket; returns the order stage manifest."""
-    pipeline = builder.pipeline
-    bits = int(route_manifest["bits"])
-    settings = {"exact": pipeline.dedup.exact, "shard_size": pipeline.output.shard_size, "dtype": dtype}
-    route_out, tokenize_out = builder.stages["route"].output, builder.stages["tokenize"].output
-    jobs = [(records.content_key("order", settings, builder.code, [route_out, bucket]),
-             OrderJob(builder.store.url, route_out, tokenize_out, bucket, bits, pipeline.dedup.exact,
-                      pipeline.output.shard_size, itemsize))
+    settings = order_settings(pipeline, bits, dtype)
+    tokenize_out = builder.stages["tokenize"].output
+    checks = _id_checks(parts, 1 << bits)
+    jobs = [(records.content_key("order", settings, builder.code, [tokenize_out, bucket]),
+             OrderJob(builder.store.url, tokenize_out, bucket, bits, pipeline.dedup.exact,
+                      pipeline.output.shard_size, itemsize, checks.get(bucket, ())))
             for bucket in range(1 << bits)]
-    builder.progress.stage("order", f"{len(jobs)} buckets")
+    builder.progress.stage("order", f"{plural(len(jobs), 'bucket')} of {plural(len(parts), 'part')}")
     done = builder.run_tasks("order", jobs, run_order_job, describe=lambda job: f"bucket {job.bucket}",
-                             reads=[[task["output"] for task in route_manifest["tasks"]]])
-    stage_key = builder.stage_key("order", settings, [route_out])
+                             reads=[[part.entries_id for part in parts]], weight=order_weight)
+    stage_key = builder.stage_key("order", settings, [tokenize_out])
     buckets = [{"bucket": job.bucket, "key": key, "output": done[key].outputs["bucket"], **done[key].summary}
                for key, job in jobs]
     manifest = builder.commit_stage("order", stage_key, {"bits": bits, "buckets": buckets})
     dropped = sum(int(b["duplicates_dropped"]) for b in buckets)
     builder.progress.done("order", f"{sum(int(b['documents']) for b in buckets)} documents kept, {dropped} duplicates")
     return manifest
+
+
+def order_settings(pipeline: Pipeline, bits: int, dtype: str) -> dict[str, Any]:
+    """What the order stage's keys hash besides its input: dedup, shard size, token dtype, buckets."""
+    return {"exact": pipeline.dedup.exact, "shard_size": pipeline.output.shard_size, "dtype": dtype, "bits": bits}
+
+
+def _id_checks(parts: tuple[PartRef, ...], buckets: int) -> dict[int, tuple[tuple[PartRef, ...], ...]]:
+    """The files split into several parts (ids must be unique within a file, and a tokenize task
+    checks only its own part), each given to one order task: the i-th such file to bucket i mod
+    `buckets`, so which task checks a file depends on the data alone."""
+    by_file: dict[str, list[PartRef]] = {}
+    for part in parts:
+        by_file.setdefault(part.source, []).append(part)
+    split = [tuple(same) for same in by_file.values() if len(same) > 1]
+    checks: dict[int, tuple[tuple[PartRef, ...], ...]] = {}
+    for index, same in enumerate(split):
+        checks[index % buckets] = (*checks.get(index % buckets, ()), same)
+    return checks
+
+
+def order_weight(job: OrderJob) -> int:
+    """What an order task reads besides its bucket: the ids of the files it checks (its bucket's
+    size is about the same for every task)."""
+    return sum(part.documents for same in job.check_ids for part in same)
 
 
 def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str, Any], dtype: str,

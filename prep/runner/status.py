@@ -168,9 +168,8 @@ def build_status(pipeline: Pipeline, store: Store) -> BuildStatus:
 
 def _later_stages(pipeline: Pipeline, settings: TokenizeSettings, documents: int, dtype: str,
                   eos_id: int) -> list[tuple[str, dict[str, Any]]]:
-    """The settings of route, order and shard as prep.runner.ordering keys them."""
+    """The settings of order and shard as prep.runner.ordering keys them."""
     bits = bucket_bits(documents, ordering.DOCUMENTS_PER_BUCKET)
-    return [("route", {"seed": pipeline.seed, "bits": bits}),
-            ("order", {"exact": pipeline.dedup.exact, "shard_size": pipeline.output.shard_size, "dtype": dtype}),
+    return [("order", ordering.order_settings(pipeline, bits, dtype)),
             ("shard", {"dtype": dtype, "eos_id": eos_id, "tokenize": settings.key_fields(),
                        "formats": list(pipeline.output.formats)})]

@@ -22,7 +22,7 @@ from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import WarmUp
 from prep.stages.cuts import ShardPlan
 from prep.stages.read import ReadTask
-from prep.stages.specs import Part, TokenizeSettings
+from prep.stages.specs import Part, TokenizeSettings, entries_path
 from prep.storage import open_store
 from prep.storage.base import Store
 from prep.store import cas
@@ -89,6 +89,7 @@ class PartRef:
     format: str
     line_offset: int
     documents: int
+    entries_id: str = ""  # the part's entries object (prep.stages.entries)
 
     def resolve(self, store: Store) -> Part:
         return Part(fetch_local(store, self.object_id), self.source, self.format, self.line_offset, self.documents)
@@ -124,7 +125,9 @@ def publish_staged(store: Store, result: TaskResult) -> TaskResult:
 def discard_staged(store: Store, job: object) -> None:
     """Remove what a job that will never be published left in the store's staging folder."""
     if isinstance(job, TokenizeJob) and job.driver_stores:
-        (store.staging_dir() / job.staged_name).unlink(missing_ok=True)
+        staged = store.staging_dir() / job.staged_name
+        for path in (staged, entries_path(staged)):
+            path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -159,73 +162,51 @@ def run_tokenize_job(job: TokenizeJob) -> TaskResult:
 
     store = worker_store(job.store_url)
     result = run_tokenize(job.task, job.settings, store.staging_dir() / job.staged_name, durable=not job.driver_stores)
+    files = {"intermediate": (result.path, result.digest)}
+    if result.entries is not None:
+        files["entries"] = result.entries
     if job.driver_stores:
         crash_point("tokenize.after_output")
-        staged = (str(result.path), result.digest.sha256, result.digest.size)
-        return TaskResult({}, result.summary, result.log, {"intermediate": staged})
+        staged = {name: (str(path), digest.sha256, digest.size) for name, (path, digest) in files.items()}
+        return TaskResult({}, result.summary, result.log, staged)
     try:
-        digest = cas.put_file(store, result.path, result.digest)
+        outputs = {name: cas.put_file(store, path, digest).id for name, (path, digest) in files.items()}
     finally:
-        result.path.unlink(missing_ok=True)
+        for path, _ in files.values():
+            path.unlink(missing_ok=True)
     crash_point("tokenize.after_output")
-    return TaskResult({"intermediate": digest.id}, result.summary, result.log)
-
-
-@dataclass(frozen=True)
-class RouteJob:
-    """Route one tokenize part into key buckets (prep.stages.order). `same_file` lists the other
-    parts of a file split into byte ranges, given to the file's first part only: ids must be
-    unique within a file, so that task checks them across all of its parts."""
-
-    store_url: str
-    part: PartRef
-    ordinal: int
-    seed: int
-    bits: int
-    same_file: tuple[PartRef, ...] = ()
-
-
-def run_route_job(job: RouteJob) -> TaskResult:
-    from prep.stages.dedup import check_unique_ids
-    from prep.stages.order import route_part
-
-    store = worker_store(job.store_url)
-    part = job.part.resolve(store)
-    if job.same_file:
-        check_unique_ids(job.part.source, [part.path, *(ref.resolve(store).path for ref in job.same_file)])
-    staged = store.staging_dir() / f"route-{uuid.uuid4().hex}.part"
-    try:
-        digest, summary = route_part(part, job.ordinal, job.seed, job.bits, staged)
-        stored = cas.put_file(store, staged, digest)
-    finally:
-        staged.unlink(missing_ok=True)
-    return TaskResult({"route": stored.id}, summary, {})
+    return TaskResult(outputs, result.summary, result.log)
 
 
 @dataclass(frozen=True)
 class OrderJob:
-    """Dedup, sort and cut one key bucket: reads the bucket's slice of every route object (named
-    by the route stage manifest) and the parts' identities (from the tokenize stage manifest)."""
+    """Dedup, sort and cut one key bucket: reads the bucket's entries from every part (the parts'
+    entries objects and identities, from the tokenize stage manifest). `check_ids` lists files
+    split into several parts whose ids this task checks across the parts (ids must be unique
+    within a file; each tokenize task checked its own part): a file's parts are in
+    the tokenize stage manifest, so the task's key covers them."""
 
     store_url: str
-    route_stage: str
     tokenize_stage: str
     bucket: int
     bits: int
     exact: bool
     shard_size: int
     itemsize: int
+    check_ids: tuple[tuple[PartRef, ...], ...] = ()
 
 
 def run_order_job(job: OrderJob) -> TaskResult:
     from prep.manifest import canonical
+    from prep.stages.dedup import check_unique_ids
     from prep.stages.order import PartIdentity, order_bucket
 
     store = worker_store(job.store_url)
-    routes = canonical.loads(cas.get_bytes(store, job.route_stage))["tasks"]
+    for same_file in job.check_ids:
+        check_unique_ids(same_file[0].source, [ref.resolve(store).path for ref in same_file])
     tasks = canonical.loads(cas.get_bytes(store, job.tokenize_stage))["tasks"]
     parts = [PartIdentity(t["source"], int(t["line_offset"])) for t in tasks]
-    paths = [fetch_local(store, route["output"]) for route in routes]
+    paths = [fetch_local(store, task["entries"]) for task in tasks]
     staged = store.staging_dir() / f"order-{uuid.uuid4().hex}.part"
     try:
         digest, summary = order_bucket(paths, parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize,

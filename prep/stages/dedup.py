@@ -34,7 +34,7 @@ def check_unique_ids(source: str, paths: Iterable[Path]) -> None:
     parts of one large file (up to its first document without an id). Memory: the ids of one
     file, as one sorted array of fixed-width rows (each id, zero-padded, then its length)."""
     from prep.errors import InputError
-    from prep.stages.order import NO_ID, pack_id_column
+    from prep.stages.entries import NO_ID, pack_id_column
 
     packed = [pack_id_column(read_columns(path, ["id"]).column("id")) for path in paths]
     lengths = np.concatenate([lens for _, lens, _ in packed] or [np.zeros(0, np.uint32)]).astype(np.int64)

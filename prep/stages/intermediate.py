@@ -98,7 +98,7 @@ def _placed(sizes: np.ndarray[Any, Any], order: np.ndarray[Any, Any] | None, bas
 
 
 @contextmanager
-def _io_errors(operation: str, path: Path) -> Iterator[None]:
+def io_errors(operation: str, path: Path) -> Iterator[None]:
     """Turn an OSError (Arrow's I/O errors are OSErrors too) into a StorageIOError naming `path`."""
     try:
         yield
@@ -121,7 +121,7 @@ class IntermediateWriter:
         self.dtype = little_endian(dtype)
         self.schema = schema(dtype)
         self.order_seed = order_seed
-        with _io_errors("writing", path):
+        with io_errors("writing", path):
             self._file = HashingWriter(path, durable)
         self._metadata: list[pa.RecordBatch] = []
         self.digest: Digest | None = None
@@ -157,7 +157,7 @@ class IntermediateWriter:
         order = self._batch_order(text_hashes, len(text_lengths))
         tokens_at = _placed(token_sizes, order, self._file.tell())
         text_at = _placed(text_lengths, order, self._file.tell() + int(token_sizes.sum()))
-        with _io_errors("writing", self.path):
+        with io_errors("writing", self.path):
             for piece in itertools.chain(_laid_out(token_bytes, token_sizes, order), _laid_out(texts, text_lengths, order)):
                 self._file.write(piece)
         self._metadata.append(pa.RecordBatch.from_arrays([
@@ -171,6 +171,10 @@ class IntermediateWriter:
             int_column(tokens_at, pa.int64()),
         ], schema=self.schema))
 
+    def metadata(self) -> pa.Table:
+        """The metadata rows written so far, in input order (held until close in any case)."""
+        return pa.Table.from_batches(self._metadata, self.schema)
+
     def close(self) -> Digest:
         if self.digest is None:
             metadata_offset = self._file.tell()
@@ -178,7 +182,7 @@ class IntermediateWriter:
             with ipc.new_file(sink, self.schema) as writer:
                 for batch in self._metadata:
                     writer.write_batch(batch)
-            with _io_errors("writing", self.path):
+            with io_errors("writing", self.path):
                 self._file.write(memoryview(sink.getvalue()))
                 self._file.write(_FOOTER.pack(metadata_offset, MAGIC))
                 self.digest = self._file.close()
@@ -203,7 +207,7 @@ class Intermediate:
         unknown = set(columns) - set(METADATA_COLUMNS)
         if unknown:
             raise ValueError(f"unknown intermediate columns: {sorted(unknown)}")
-        with _io_errors("reading", path):
+        with io_errors("reading", path):
             mapped = pa.memory_map(str(path), "r")
             size = mapped.size()
             if size < _FOOTER.size:

@@ -9,7 +9,7 @@ import numpy as np
 
 from prep.formats import wds
 from prep.stages.columns import join_pieces
-from prep.stages.order import NO_ID
+from prep.stages.entries import NO_ID
 from prep.stages.specs import Part
 
 

@@ -1,256 +1,55 @@
-"""The global order, partitioned: every document gets a 128-bit order key (a keyed permutation of
-its text hash), documents are routed into key-range buckets, and each bucket is deduplicated and
-sorted on its own. Memory of every task depends on its own part or bucket, never on the corpus.
+"""The global order, partitioned: every document has a 128-bit order key (a keyed permutation of
+its text hash), each tokenize task wrote its part's entries sorted by key (prep.stages.entries),
+and each key bucket is deduplicated and sorted on its own. Memory of every task depends on its
+own bucket, never on the corpus.
 
-Route (one task per tokenize part): read the part's metadata, compute keys, write the part's
-entries grouped by bucket and sorted by key. Order (one task per bucket): gather the bucket's
-slice of every route output, sort by key then input order, keep the first of each run of equal
-keys (equal keys are equal text hashes: the key is a bijection of the hash), and cut the bucket
-into content-defined shard leaves (prep.stages.leaves).
+Order (one task per bucket): gather the bucket's entries from every part (one read each), sort
+by key then input order, keep the first of each run of equal keys (equal keys are equal text
+hashes: the key is a bijection of the hash), and cut the bucket into content-defined shard
+leaves.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from prep.errors import IntegrityError
-from prep.hashing import Digest, HashingWriter
-from prep.manifest import canonical
-from prep.stages.columns import to_numbers
-from prep.stages.intermediate import hash_pairs, read_columns
-from prep.stages.keys import bucket_of, order_keys
-from prep.stages.specs import Part
-
-ENTRY_DTYPE = np.dtype([
-    ("key_hi", "<u8"), ("key_lo", "<u8"), ("part", "<u4"), ("row", "<u4"), ("text_offset", "<u8"),
-    ("text_bytes", "<u8"), ("tokens_offset", "<u8"), ("n_tokens", "<u8"), ("id_offset", "<u8"),
-    ("id_len", "<u4"), ("flags", "<u4"),
-])
-"""One document of a route or bucket object: 72 bytes, little-endian (docs/manifests.md)."""
-NO_ID = 0xFFFFFFFF  # id_len of a document without a recorded id
-MAGIC = b"PREPENT1"
-_HEAD = struct.Struct("<8sQ")
-_ROUTE_COLUMNS = ["row", "id", "text_hash", "text_bytes", "n_tokens", "text_offset", "tokens_offset"]
+from prep.hashing import Digest
+from prep.stages.entries import ENTRY_DTYPE, GATHER_BLOCK, NO_ID, EntryFile, gather_bytes, key_order, regroup_ids, write_entries
+from prep.stages.keys import bucket_of
 
 
-@dataclass(frozen=True)
-class EntryFile:
-    """A route or bucket object opened for reading: its header, and where entries and ids start."""
-
-    path: Path
-    header: dict[str, Any]
-    entries_at: int
-    ids_at: int
-
-    @classmethod
-    def open(cls, path: Path) -> EntryFile:
-        """Read the header of an entries object; IntegrityError when it is not one."""
-        with open(path, "rb") as handle:
-            head = handle.read(_HEAD.size)
-            if len(head) != _HEAD.size or _HEAD.unpack(head)[0] != MAGIC:
-                raise IntegrityError(f"{path}: not a prep entries object")
-            length = _HEAD.unpack(head)[1]
-            header = canonical.loads(handle.read(length))
-        if not isinstance(header, dict) or not isinstance(header.get("count"), int):
-            raise IntegrityError(f"{path}: entries object header is malformed")
-        entries_at = _HEAD.size + length
-        return cls(path, header, entries_at, entries_at + header["count"] * ENTRY_DTYPE.itemsize)
-
-    def read(self, first: int, count: int) -> tuple[np.ndarray, bytes]:
-        """Entries [first, first + count) and the ids they point into (offsets are object-wide)."""
-        if first < 0 or count < 0 or first + count > self.header["count"]:
-            raise IntegrityError(f"{self.path}: entries {first}..{first + count} out of range")
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            raw = os.pread(fd, count * ENTRY_DTYPE.itemsize, self.entries_at + first * ENTRY_DTYPE.itemsize)
-            entries = np.frombuffer(raw, dtype=ENTRY_DTYPE).copy()
-            if len(entries) != count:
-                raise IntegrityError(f"{self.path}: shorter than its header says")
-            with_id = entries["id_len"] != NO_ID
-            if not with_id.any():
-                return entries, b""
-            start = int(entries["id_offset"][with_id].min())
-            end = int((entries["id_offset"][with_id] + entries["id_len"][with_id]).max())
-            ids = os.pread(fd, end - start, self.ids_at + start)
-        finally:
-            os.close(fd)
-        entries["id_offset"][with_id] -= start
-        return entries, ids
-
-
-def write_entries(path: Path, header: dict[str, Any], entries: np.ndarray, ids: bytes) -> Digest:
-    """Write an entries object (magic, header length, canonical JSON header, entries, ids)."""
-    body = canonical.dumps({**header, "count": len(entries)})
-    with HashingWriter(path, durable=False) as out:
-        out.write(_HEAD.pack(MAGIC, len(body)))
-        out.write(body)
-        out.write(np.ascontiguousarray(entries, dtype=ENTRY_DTYPE).view(np.uint8).data)
-        out.write(ids)
-    return out.close()
-
-
-GATHER_BLOCK = 1 << 16  # (start, length) pairs per numpy gather: bounds the index arrays
-
-
-def gather_bytes(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> bytes:
-    """`blob[start:start + length]` of each pair, concatenated: one slice when the pieces are
-    already laid out one after another, else numpy gathers of a uint8 view."""
-    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    if not total:
-        return b""
-    before = np.cumsum(lengths) - lengths
-    used = lengths > 0
-    first = int(starts[used][0])
-    if np.array_equal(starts[used] - before[used], np.full(int(used.sum()), first)):
-        return blob[first:first + total].tobytes()
-    width = int(lengths[0])
-    if width and not (lengths != width).any() and not (starts % width).any() and int(starts.max()) + width <= len(blob):
-        rows: bytes = blob[:len(blob) - len(blob) % width].reshape(-1, width)[starts // width].tobytes()
-        return rows  # fixed-width pieces (ids, mostly) as rows
-    pieces = []
-    for low in range(0, len(starts), GATHER_BLOCK):
-        block_starts, block_lengths = starts[low:low + GATHER_BLOCK], lengths[low:low + GATHER_BLOCK]
-        size = int(block_lengths.sum())
-        shift = np.repeat(block_starts - (np.cumsum(block_lengths) - block_lengths), block_lengths)
-        pieces.append(blob[shift + np.arange(size, dtype=np.int64)].tobytes())
-    return b"".join(pieces)
-
-
-def _string_chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
-    return list(column.chunks) if isinstance(column, pa.ChunkedArray) else [column]
-
-
-def pack_id_column(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, bytes]:
-    """Offsets, lengths (NO_ID for nulls) and the concatenated UTF-8 of a string column, read
-    from its buffers (the bytes `_pack_ids` makes of the column's strings)."""
-    blobs, all_lengths, all_valid = [], [], []
-    for chunk in _string_chunks(column):
-        if not len(chunk):
-            continue
-        validity, offsets_buffer, data = chunk.buffers()
-        width = np.dtype("<i8" if pa.types.is_large_string(chunk.type) else "<i4")
-        offsets = np.frombuffer(offsets_buffer, dtype=width, count=len(chunk) + 1,
-                                offset=chunk.offset * width.itemsize).astype(np.int64)
-        valid = np.ones(len(chunk), dtype=bool)
-        if validity is not None and chunk.null_count:
-            bits = pa.Array.from_buffers(pa.bool_(), chunk.offset + len(chunk), [None, validity])
-            valid = to_numbers(bits.slice(chunk.offset))
-        lengths = np.where(valid, offsets[1:] - offsets[:-1], 0)
-        raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
-        blobs.append(gather_bytes(raw, offsets[:-1], lengths))
-        all_lengths.append(lengths)
-        all_valid.append(valid)
-    blob = b"".join(blobs)
-    blob.decode("utf-8")  # what decoding each id would check (the column is prep's own, hashed)
-    lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, dtype=np.int64)
-    valid = np.concatenate(all_valid) if all_valid else np.zeros(0, dtype=bool)
-    offsets = (np.cumsum(lengths) - lengths).astype(np.uint64)
-    return offsets, np.where(valid, lengths, NO_ID).astype(np.uint32), blob
-
-
-def _pack_ids(ids: Sequence[str | None]) -> tuple[np.ndarray, np.ndarray, bytes]:
-    """Offsets, lengths (NO_ID for none) and the concatenated UTF-8 of `ids` (the reference of
-    `pack_id_column`)."""
-    encoded = [b"" if doc_id is None else doc_id.encode("utf-8", "surrogatepass") for doc_id in ids]
-    lengths = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))
-    offsets = np.zeros(len(encoded), dtype=np.uint64)
-    if len(encoded) > 1:
-        offsets[1:] = np.cumsum(lengths[:-1])
-    lens = np.where([doc_id is None for doc_id in ids], NO_ID, lengths).astype(np.uint32)
-    return offsets, lens, b"".join(encoded)
-
-
-def route_part(part: Part, ordinal: int, seed: int, bits: int, out_path: Path) -> tuple[Digest, dict[str, Any]]:
-    """Write one part's documents as entries grouped by bucket, sorted by order key within each."""
-    table = read_columns(part.path, _ROUTE_COLUMNS)
-    count = table.num_rows
-    if count != part.documents:
-        raise IntegrityError(f"{part.path}: {count} documents, the tokenize record says {part.documents}")
-    key_hi, key_lo = order_keys(hash_pairs(table.column("text_hash")), seed)
-    entries = np.zeros(count, dtype=ENTRY_DTYPE)
-    entries["key_hi"], entries["key_lo"], entries["part"] = key_hi, key_lo, ordinal
-    entries["row"] = to_numbers(table.column("row"))
-    for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
-        entries[name] = to_numbers(table.column(name))
-    offsets, lens, blob = pack_id_column(table.column("id"))
-    entries["id_offset"], entries["id_len"] = offsets, lens
-    order = _key_order(entries)  # a bucket is its keys' top bits: key order groups the buckets too
-    entries = entries[order]
-    buckets = bucket_of(entries["key_hi"], bits)
-    entries, blob = _regroup_ids(entries, blob)
-    counts = np.bincount(buckets, minlength=1 << bits) if count else np.zeros(1 << bits, dtype=np.int64)
-    digest = write_entries(out_path, {"schema": "prep.entries/1", "kind": "route", "bits": bits,
-                                      "buckets": counts.tolist()}, entries, blob)
-    return digest, {"documents": count}
-
-
-def _regroup_ids(entries: np.ndarray, blob: bytes) -> tuple[np.ndarray, bytes]:
-    """Rewrite the id blob in entry order, so a run of entries has a contiguous run of ids."""
-    with_id = entries["id_len"] != NO_ID
-    if not with_id.any():
-        return entries, b""
-    regrouped = gather_bytes(np.frombuffer(blob, dtype=np.uint8), entries["id_offset"][with_id],
-                             entries["id_len"][with_id])
-    lengths = np.where(with_id, entries["id_len"], 0).astype(np.int64)
-    entries["id_offset"] = (np.cumsum(lengths) - lengths).astype(np.uint64)
-    return entries, regrouped
-
-
-def bucket_slice(route: EntryFile, bucket: int) -> tuple[int, int]:
-    """(first entry, count) of `bucket` in a route object."""
-    counts = route.header["buckets"]
-    return int(sum(counts[:bucket])), int(counts[bucket])
-
-
-def gather_bucket(routes: Sequence[Path], bucket: int) -> tuple[np.ndarray, bytes]:
-    """Every route object's entries of `bucket`, concatenated, ids rebased onto one blob."""
-    opened = [EntryFile.open(path) for path in routes]
-    slices = [bucket_slice(route, bucket) for route in opened]
-    merged = np.zeros(sum(count for _, count in slices), dtype=ENTRY_DTYPE)
+def gather_bucket(parts: Sequence[Path], bucket: int, bits: int) -> tuple[np.ndarray, bytes]:
+    """Every part's entries of `bucket`, concatenated, each entry given its part's ordinal (its
+    place in `parts`), ids rebased onto one blob."""
+    opened = [EntryFile.open(path) for path in parts]
+    ranges = [entries.bucket_range(bucket, bits) for entries in opened]
+    merged = np.zeros(sum(count for _, count in ranges), dtype=ENTRY_DTYPE)  # at least the bucket
     blobs: list[bytes] = []
     base = at = 0
-    for route, (first, count) in zip(opened, slices):
+    for ordinal, (part, (first, count)) in enumerate(zip(opened, ranges)):
         if not count:
             continue
-        entries, ids = route.read(first, count)
+        entries, ids = part.read(first, count)
+        if bits > part.header["index_bits"]:  # the range is a coarser prefix: keep the bucket
+            entries = entries[bucket_of(entries["key_hi"], bits) == bucket]
         entries["id_offset"][entries["id_len"] != NO_ID] += np.uint64(base)
-        merged[at:at + count] = entries
-        base, at = base + len(ids), at + count
+        entries["part"] = ordinal
+        merged[at:at + len(entries)] = entries
+        base, at = base + len(ids), at + len(entries)
         blobs.append(ids)
-    return merged, b"".join(blobs)
-
-
-def _key_order(entries: np.ndarray) -> np.ndarray:
-    """The permutation sorting entries by (key_hi, key_lo, part, row): one argsort of key_hi,
-    then a lexsort of only the entries whose key_hi is shared (duplicates, mostly)."""
-    order = np.argsort(entries["key_hi"], kind="stable")
-    high = entries["key_hi"][order]
-    tied = np.zeros(len(order), dtype=bool)
-    same = high[1:] == high[:-1]
-    tied[1:] |= same
-    tied[:-1] |= same
-    if tied.any():
-        at = np.flatnonzero(tied)
-        sub = order[at]
-        chosen = entries[sub]
-        order[at] = sub[np.lexsort((chosen["row"], chosen["part"], chosen["key_lo"], chosen["key_hi"]))]
-    return order
+    return merged[:at], b"".join(blobs)
 
 
 def sort_and_dedup(entries: np.ndarray, exact: bool) -> tuple[np.ndarray, int]:
     """Entries in order-key order (ties by input order); with `exact`, the first of each run of
     equal keys only. Returns the kept entries and how many were dropped."""
-    order = _key_order(entries)
+    order = key_order(entries)
     if not exact or len(order) < 2:
         return entries[order], 0
     high, low = entries["key_hi"][order], entries["key_lo"][order]
@@ -334,14 +133,15 @@ def split_leaves(key_hi: np.ndarray, weights: np.ndarray, start: int, depth: int
     return leaves
 
 
-def order_bucket(routes: Sequence[Path], parts: Sequence[PartIdentity], bucket: int, bits: int, exact: bool,
+def order_bucket(part_entries: Sequence[Path], parts: Sequence[PartIdentity], bucket: int, bits: int, exact: bool,
                  shard_size: int, itemsize: int, out_path: Path) -> tuple[Digest, dict[str, Any]]:
-    """Dedup and sort one bucket, cut it into leaves, and write its kept entries."""
-    gathered, blob = gather_bucket(routes, bucket)
+    """Dedup and sort one bucket, cut it into leaves, and write its kept entries. `part_entries`
+    are the parts' entries objects in input order, `parts` the parts' identities."""
+    gathered, blob = gather_bucket(part_entries, bucket, bits)
     documents_read = len(gathered)
     entries, dropped = sort_and_dedup(gathered, exact)
     del gathered  # a bucket's entries are held once, plus the kept copy while sorting
-    entries, ids = _regroup_ids(entries, blob)  # entries is sort_and_dedup's own copy
+    entries, ids = regroup_ids(entries, blob)  # entries is sort_and_dedup's own copy
     part_digests = np.frombuffer(b"".join(part.digest() for part in parts) or b"\0" * 32, dtype="V32")
     weights = (entries["n_tokens"].astype(np.int64) + 1) * itemsize
     root = bucket << (64 - bits) if bits else 0

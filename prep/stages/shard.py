@@ -27,10 +27,10 @@ from prep.formats import little_endian, megatron, wds
 from prep.formats.units import BIN, IDX, WDS, artifact_format, unit_formats
 from prep.hashing import HashingWriter
 from prep.stages.cuts import ShardPlan
+from prep.stages.entries import EntryFile
 from prep.stages.gather import PartReader as PartReader  # the runner opens one per task
 from prep.stages.gather import scatter_blocks
 from prep.stages.members import sample_jsons
-from prep.stages.order import EntryFile
 from prep.stages.sink import CHUNK_BYTES, ChunkSink, Written
 from prep.stages.specs import Part
 

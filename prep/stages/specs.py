@@ -56,3 +56,8 @@ class ShardSpec:
     @classmethod
     def from_json(cls, data: dict[str, int]) -> ShardSpec:
         return cls(**data)
+
+
+def entries_path(intermediate: Path) -> Path:
+    """Where a tokenize task writes its part's entries: beside its intermediate at `intermediate`."""
+    return intermediate.with_name(intermediate.name + ".entries")

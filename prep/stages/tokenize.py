@@ -23,9 +23,10 @@ from prep.hashing import Digest
 from prep.inputs.sources import check_unchanged
 from prep.stages.batches import read_batches
 from prep.stages.columns import to_strings
-from prep.stages.intermediate import IntermediateWriter
+from prep.stages.entries import PART_COLUMNS, write_part_entries
+from prep.stages.intermediate import IntermediateWriter, io_errors
 from prep.stages.read import BadRecord, ReadTask
-from prep.stages.specs import TokenizeSettings
+from prep.stages.specs import TokenizeSettings, entries_path
 from prep.stages.textcolumns import TextColumns
 from prep.tokenizer import TokenizerInfo, load_tokenizer
 from prep.tokenizer.engine import TokenizerEngine
@@ -38,12 +39,14 @@ MAX_BAD_RECORDS_LISTED = 100
 
 @dataclass(frozen=True)
 class TokenizeResult:
-    """A task's intermediate file (local, not yet stored) and its counts."""
+    """A task's intermediate file and, with an order seed, its part's entries file (both local,
+    not yet stored), and its counts."""
 
     path: Path
     digest: Digest
     summary: dict[str, Any]
     log: dict[str, Any] = field(default_factory=dict)
+    entries: tuple[Path, Digest] | None = None
 
 
 _ENGINES: dict[tuple[object, ...], tuple[TokenizerEngine, TokenizerInfo]] = {}
@@ -131,7 +134,8 @@ class _UniqueIds:
 
 def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, durable: bool = True) -> TokenizeResult:
     """Read, hash and tokenize every document of `task` into the new local intermediate file
-    `out_path` (fsynced unless `durable` is False, for a file whose store makes it durable when put)."""
+    `out_path` (fsynced unless `durable` is False, for a file whose store makes it durable when
+    put) and, with an order seed, write the part's entries (prep.stages.entries) beside it."""
     engine, info = _engine(settings)
     dtype = np.dtype(info.dtype)
     counts = {"documents": 0, "tokens": 0, "text_bytes": 0, "bad_records": 0, "special_token_documents": 0,
@@ -154,13 +158,23 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
                 counts["special_token_documents"] += int(np.count_nonzero(specials))
             unique_ids.finish()
         check_unchanged(task.source)
+        entries = None
+        if settings.order_seed is not None:
+            entries = (entries_path(out_path), _write_entries(entries_path(out_path), writer, settings.order_seed))
     except BaseException:  # a bad record, a full disk, an interrupt: leave nothing staged
-        with suppress(OSError):
-            out_path.unlink(missing_ok=True)
+        for path in (out_path, entries_path(out_path)):
+            with suppress(OSError):
+                path.unlink(missing_ok=True)
         raise
     summary: dict[str, Any] = dict(counts)
     summary["bad_record_examples"] = bad
     log = {"seconds": round(time.perf_counter() - started, 3), **engine.report()}
     assert writer.digest is not None
-    return TokenizeResult(out_path, writer.digest, summary, log)
+    return TokenizeResult(out_path, writer.digest, summary, log, entries)
+
+
+def _write_entries(path: Path, writer: IntermediateWriter, seed: int) -> Digest:
+    """The part's entries, from the metadata the writer holds: no second read of the part."""
+    with io_errors("writing", path):
+        return write_part_entries(path, writer.metadata().select(list(PART_COLUMNS)), seed)
 

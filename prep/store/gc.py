@@ -8,8 +8,9 @@ The rules (docs/history.md has the reasoning):
    build in progress may have written or re-committed). The walk is `prep.store.reach`'s.
 2. Kept: the roots' snapshot manifests and artifacts, their stage manifests, every object a kept
    stage manifest or young record names. What a record or manifest names is what its type
-   declares (prep.store.records), for snapshots of either layout (layout 1: tokenize, dedup,
-   shuffle, shard; layout 2: tokenize, route, order, shard). One of unknown shape makes gc
+   declares (prep.store.records), for snapshots of any layout (layout 1: tokenize, dedup,
+   shuffle, shard; layout 2: tokenize, route, order, shard; layout 3: tokenize, order, shard).
+   One of unknown shape makes gc
    refuse, deleting nothing: a record or manifest its schema refuses, a snapshot whose stages are
    no layout, a stage manifest of another stage or layout than what names it.
 3. Deleted once older than the grace period: objects not kept; records naming any object not

@@ -23,7 +23,7 @@ from prep.store import cas, records
 
 IO_THREADS = 8
 MISSING, CORRUPT, INVALID = "missing", "corrupt", "invalid"
-STAGE_OUTPUT_KIND = {"tokenize": "intermediate", "dedup": "mask", "shuffle": "plan", "route": "route entries",
+STAGE_OUTPUT_KIND = {"tokenize": "intermediate or part entries", "dedup": "mask", "shuffle": "plan", "route": "route entries",
                      "order": "bucket", "shard": "shard"}
 """What the objects a stage manifest names are, by stage, for reports."""
 Item = TypeVar("Item")

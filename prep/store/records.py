@@ -7,8 +7,9 @@ determines the output (stage name, resolved settings, code identity, input ids),
 mtimes. Garbage collection follows the ids these records and manifests declare (`names`,
 `stage_manifest_names`, `snapshot_names`); any other shape is an IntegrityError.
 
-A store may hold snapshots of two layouts (`LAYOUTS`): layout 1 (tokenize, dedup, shuffle, shard),
-which builds wrote before the partitioned stages, and layout 2 (tokenize, route, order, shard). A
+A store may hold snapshots of three layouts (`LAYOUTS`): layout 1 (tokenize, dedup, shuffle,
+shard), which builds wrote before the partitioned stages, layout 2 (tokenize, route, order, shard),
+and layout 3 (tokenize, order, shard: tokenize tasks write their parts' entries themselves). A
 snapshot names each stage manifest as a stage of its layout (`ManifestRef`), a stage record as its
 own stage; a manifest of another stage or layout than it is named as is refused (`check_named`).
 """
@@ -36,7 +37,8 @@ SNAPSHOT_SCHEMA = "prep.snapshot/1"
 READBACK_SCHEMA = "prep.readback/1"
 
 LAYOUTS: dict[int, tuple[str, ...]] = {1: ("tokenize", "dedup", "shuffle", "shard"),
-                                       2: ("tokenize", "route", "order", "shard")}
+                                       2: ("tokenize", "route", "order", "shard"),
+                                       3: ("tokenize", "order", "shard")}
 """The stages of a snapshot of each layout, in the order its `stages` lists them."""
 
 
@@ -233,7 +235,8 @@ def stage_output_id(store: Store, stage: str, key: str) -> str:
 # ------------------------------------------------------------------ what a manifest names
 
 _STAGE_NAMES: dict[str, Callable[[dict[str, Any]], Iterable[str]]] = {
-    "tokenize": lambda manifest: (task["output"] for task in manifest["tasks"]),
+    "tokenize": lambda manifest: (oid for task in manifest["tasks"] for oid in (task["output"], task.get("entries"))
+                                  if oid is not None),
     "dedup": lambda manifest: manifest["outputs"].values(),
     "shuffle": lambda manifest: manifest["outputs"].values(),
     "route": lambda manifest: (task["output"] for task in manifest["tasks"]),
@@ -243,8 +246,8 @@ _STAGE_NAMES: dict[str, Callable[[dict[str, Any]], Iterable[str]]] = {
 
 
 def stage_manifest_names(manifest: Any, source: str) -> Names:
-    """What a `prep.stage/1` manifest names by stage: tokenize and route tasks[].output, dedup and
-    shuffle outputs, order buckets[].output, shard shards[].outputs."""
+    """What a `prep.stage/1` manifest names by stage: tokenize tasks[].output and .entries, route
+    tasks[].output, dedup and shuffle outputs, order buckets[].output, shard shards[].outputs."""
     validate(manifest, STAGE_SCHEMA, source)
     names = _STAGE_NAMES.get(manifest["stage"])
     if names is None:
@@ -262,12 +265,12 @@ class StageShape:
 
 def stage_shape(manifest: dict[str, Any]) -> StageShape:
     """The stage and layouts of a manifest `stage_manifest_names` accepted. A shard manifest's
-    layout is its entries' (the schema allows one layout per manifest); one without shards, like
-    a tokenize manifest, fits both."""
+    layout is its entries' (the schema allows one layout per manifest: positional, or keyed for
+    layouts 2 and 3); one without shards, like a tokenize manifest, fits every layout of its stage."""
     stage = str(manifest["stage"])
     layouts = frozenset(layout for layout, stages in LAYOUTS.items() if stage in stages)
     if stage == "shard" and manifest["shards"]:
-        layouts = frozenset({1 if "first_pos" in manifest["shards"][0] else 2})
+        layouts = frozenset({1} if "first_pos" in manifest["shards"][0] else {2, 3})
     return StageShape(stage, layouts)
 
 

@@ -18,7 +18,7 @@ def test_status_before_and_after_a_build_and_after_an_edit(tmp_path: Path, token
     pipeline = write_pipeline(tmp_path, tokenizer_path)
     store = tmp_path / "store"
     fresh = run_prep("status", pipeline, "--store", store)
-    assert "a build would run 2 of 2 tokenize tasks and 4 of 4 stages" in fresh.stdout and not store.exists()
+    assert "a build would run 2 of 2 tokenize tasks and 3 of 3 stages" in fresh.stdout and not store.exists()
     snapshot = run_prep("build", pipeline, "--store", store, "--workers", "1").stdout.split()[-1]
     before = tree(store)
     clean = run_prep("status", pipeline, "--store", store).stdout
@@ -26,7 +26,7 @@ def test_status_before_and_after_a_build_and_after_an_edit(tmp_path: Path, token
     assert "inputs     0 changed, 0 added, 0 removed, 2 unchanged" in clean and "stage      shard     reused" in clean
     write_jsonl(tmp_path / "corpus" / "b.jsonl", make_records(10, seed=2, prefix="b"))
     edited = run_prep("status", pipeline, "--store", store).stdout
-    assert "a build would run 1 of 2 tokenize tasks and 4 of 4 stages (tokenize, route, order, shard)" in edited
+    assert "a build would run 1 of 2 tokenize tasks and 3 of 3 stages (tokenize, order, shard)" in edited
     assert "  ~ b.jsonl\n" in edited and "  would run  b.jsonl part 0\n" in edited and "a.jsonl part" not in edited
     report = json.loads(run_prep("status", pipeline, "--store", store, "--json").stdout)
     validate(report, "prep.status-report/1", "status --json")

@@ -27,7 +27,7 @@ from prep.history.keep import PackedMask
 from prep.history.lineage import locate, parse_at, placer_for, trace
 from prep.history.placement_v2 import BucketReader, KeyedPlacer
 from prep.stages.dedup import pack_mask
-from prep.stages.order import ENTRY_DTYPE, EntryFile, write_entries
+from prep.stages.entries import ENTRY_DTYPE, EntryFile, write_entries
 from prep.storage import LocalStore
 from prep.store.cache import local_file
 from prep.store.snapshots import Snapshot

@@ -33,11 +33,12 @@ from prep.storage import LocalStore
 from prep.store import cas, records
 from tests.helpers import make_records, write_jsonl, write_pipeline
 from tests.store.layout1 import plant_layout1
+from tests.store.layout2 import plant_layout2
 
 HEX = "[0-9a-f]{64}"
 NAME = "[A-Za-z0-9][A-Za-z0-9._-]*"
-STAGES = records.LAYOUTS[2]  # what a build writes now: tokenize, route, order, shard
-STAGE_NAMES = ("tokenize", "dedup", "shuffle", "route", "order", "shard")  # docs/store.md: both layouts
+STAGES = records.LAYOUTS[3]  # what a build writes now: tokenize, order, shard
+STAGE_NAMES = ("tokenize", "dedup", "shuffle", "route", "order", "shard")  # docs/store.md: every layout
 # The key patterns of docs/store.md, one per kind of key a build writes.
 KEY_PATTERNS = {
     "object": r"objects/sha256/([0-9a-f]{2})/\1[0-9a-f]{62}",
@@ -112,13 +113,15 @@ def test_every_key_matches_a_documented_pattern(built: Built) -> None:
 
 
 @pytest.fixture(scope="module")
-def with_layout1(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Built:
+def with_old_layouts(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Built:
     """A copy of the built store that also holds a layout-1 snapshot (tokenize, dedup, shuffle,
-    shard) on the same tokenize stage, as a store that older builds wrote to does."""
-    root = tmp_path_factory.mktemp("layout1") / "store"
+    shard) and then a layout-2 one (tokenize, route, order, shard) over the same intermediates,
+    as a store that older builds wrote to does."""
+    root = tmp_path_factory.mktemp("layouts") / "store"
     shutil.copytree(built.store.root, root, symlinks=True)
     store = LocalStore(root)
-    return Built(store, (*built.snapshot_ids, plant_layout1(store, built.snapshot_ids[0]).snapshot.id))
+    old = plant_layout1(store, built.snapshot_ids[0]).snapshot.id
+    return Built(store, (*built.snapshot_ids, old, plant_layout2(store, built.snapshot_ids[0]).snapshot.id))
 
 
 def _validate_every_record(store: LocalStore) -> set[str]:
@@ -142,9 +145,9 @@ def test_every_record_validates_against_its_schema(built: Built) -> None:
     assert {f"sha256:{key.rsplit('/', 1)[1]}" for key in keys_of(store, "snapshot")} == set(built.snapshot_ids)
 
 
-def test_records_of_both_layouts_in_one_store_validate(with_layout1: Built) -> None:
-    """Old stores keep their layout-1 records: they validate beside the new ones."""
-    assert _validate_every_record(with_layout1.store) == set(STAGE_NAMES)
+def test_records_of_every_layout_in_one_store_validate(with_old_layouts: Built) -> None:
+    """Old stores keep their layout-1 and layout-2 records: they validate beside the new ones."""
+    assert _validate_every_record(with_old_layouts.store) == set(STAGE_NAMES)
 
 
 def test_records_are_canonical_and_filed_under_their_own_key(built: Built) -> None:
@@ -199,11 +202,11 @@ def test_typed_records_round_trip_byte_for_byte(built: Built) -> None:
 
 
 EXPECTED_NAMES: dict[str, Callable[[dict[str, Any]], set[str]]] = {
-    "tokenize": lambda b: {t["output"] for t in b["tasks"]},
+    "tokenize": lambda b: {t["output"] for t in b["tasks"]} | {t["entries"] for t in b["tasks"] if "entries" in t},
     "dedup": lambda b: {b["outputs"]["keep"]},  # layout 1
     "shuffle": lambda b: {b["outputs"]["plan"]},  # layout 1
     "route": lambda b: {t["output"] for t in b["tasks"]},  # layout 2
-    "order": lambda b: {bucket["output"] for bucket in b["buckets"]},  # layout 2
+    "order": lambda b: {bucket["output"] for bucket in b["buckets"]},  # layouts 2 and 3
     "shard": lambda b: {o for s in b["shards"] for o in s["outputs"].values()},
 }
 
@@ -235,12 +238,12 @@ def test_typed_names_are_what_the_manifests_hold(built: Built) -> None:
     """What gc follows: a snapshot names its artifacts and stage manifests (as stages of its
     layout), a stage manifest its outputs by kind, a task record its outputs, a stage record its
     manifest (as its stage)."""
-    _check_typed_names(built.store, dict.fromkeys(built.snapshot_ids, 2))
+    _check_typed_names(built.store, dict.fromkeys(built.snapshot_ids, 3))
 
 
-def test_typed_names_of_a_layout_1_snapshot_are_what_its_manifests_hold(with_layout1: Built) -> None:
-    _check_typed_names(with_layout1.store, {**dict.fromkeys(with_layout1.snapshot_ids[:-1], 2),
-                                            with_layout1.snapshot_ids[-1]: 1})
+def test_typed_names_of_old_layout_snapshots_are_what_their_manifests_hold(with_old_layouts: Built) -> None:
+    *new, layout1, layout2 = with_old_layouts.snapshot_ids
+    _check_typed_names(with_old_layouts.store, {**dict.fromkeys(new, 3), layout1: 1, layout2: 2})
 
 
 def test_tokenize_tasks_tile_each_input_file(built: Built) -> None:
@@ -273,18 +276,23 @@ ENTRY = struct.Struct("<QQIIQQQQQII")
 NO_ID = 0xFFFFFFFF
 
 
-def _parse_entries(raw: bytes) -> tuple[dict[str, Any], list[tuple[int, ...]], bytes]:
+def _parse_entries(raw: bytes) -> tuple[dict[str, Any], list[int], list[tuple[int, ...]], bytes]:
     """An entries object read as documented: magic, u64 header length, canonical JSON header,
-    72-byte little-endian entries, the ids blob to the end."""
+    for kind part an index of 2**index_bits + 1 u32 counts, 72-byte little-endian entries, the
+    ids blob to the end."""
     assert raw[:8] == b"PREPENT1"
     (length,) = struct.unpack_from("<Q", raw, 8)
     body = raw[16:16 + length]
     header: dict[str, Any] = canonical.loads(body)
     assert canonical.dumps(header) == body
     start = 16 + length
-    entries = [ENTRY.unpack_from(raw, start + index * ENTRY.size) for index in range(header["count"])]
+    index: list[int] = []
+    if header["kind"] == "part":
+        index = list(struct.unpack_from(f"<{(1 << header['index_bits']) + 1}I", raw, start))
+        start += 4 * len(index)
+    entries = [ENTRY.unpack_from(raw, start + at * ENTRY.size) for at in range(header["count"])]
     assert ENTRY.size == 72
-    return header, entries, raw[start + header["count"] * ENTRY.size:]
+    return header, index, entries, raw[start + header["count"] * ENTRY.size:]
 
 
 def _ids_in_entry_order(entries: list[tuple[int, ...]], blob: bytes) -> list[str | None]:
@@ -305,32 +313,32 @@ def _ids_in_entry_order(entries: list[tuple[int, ...]], blob: bytes) -> list[str
 
 def test_entries_objects_have_the_documented_layout(built: Built) -> None:
     store = built.store
-    route, order = (_stage_manifest(store, stage) for stage in ("route", "order"))
+    order = _stage_manifest(store, "order")
     parts = _stage_manifest(store, "tokenize")["tasks"]
-    bits = route["bits"]
-    assert order["bits"] == bits and [task["part"] for task in route["tasks"]] == list(range(len(parts)))
+    bits = order["bits"]
     documents: dict[tuple[int, int], tuple[Any, ...]] = {}  # (part, row) -> what its intermediate says
     for ordinal, part in enumerate(parts):
         path = store.root / cas.object_key(part["output"].removeprefix("sha256:"))
         table = read_columns(path, ["row", "id", "text_bytes", "n_tokens", "text_offset", "tokens_offset"]).to_pylist()
         documents |= {(ordinal, row["row"]): (row["text_offset"], row["text_bytes"], row["tokens_offset"], row["n_tokens"],
                                               row["id"]) for row in table}
-    routed: list[tuple[int, ...]] = []
-    for ordinal, task in enumerate(route["tasks"]):
-        header, entries, blob = _parse_entries(cas.get_bytes(store, task["output"]))
-        assert header == {"schema": "prep.entries/1", "kind": "route", "bits": bits, "buckets": header["buckets"],
-                          "count": parts[ordinal]["documents"]}
-        assert len(header["buckets"]) == 1 << bits and sum(header["buckets"]) == header["count"]
-        buckets = [entry[0] >> (64 - bits) if bits else 0 for entry in entries]
-        assert buckets == sorted(buckets) and [buckets.count(b) for b in range(1 << bits)] == header["buckets"]
-        order_of = [(b, e[0], e[1], e[3]) for b, e in zip(buckets, entries)]  # bucket, key, row
-        assert order_of == sorted(order_of)
+    read = 0
+    for ordinal, part in enumerate(parts):  # a part's entries: every document, in key order, indexed
+        header, index, entries, blob = _parse_entries(cas.get_bytes(store, part["entries"]))
+        count = part["documents"]
+        assert header == {"schema": "prep.entries/1", "kind": "part", "index_bits": max(0, count - 1).bit_length(),
+                          "count": count}
+        shift = 64 - header["index_bits"]
+        prefixes = [entry[0] >> shift if header["index_bits"] else 0 for entry in entries]
+        assert index == [sum(p < at for p in prefixes) for at in range(len(index))]
+        assert [(e[0], e[1], e[3]) for e in entries] == sorted((e[0], e[1], e[3]) for e in entries)
         for entry, doc_id in zip(entries, _ids_in_entry_order(entries, blob)):
-            assert entry[2] == ordinal and (*entry[4:8], doc_id) == documents[ordinal, entry[3]]
-        routed.extend(entries)
+            assert entry[2] == 0 and (*entry[4:8], doc_id) == documents[ordinal, entry[3]]
+        assert sorted(e[3] for e in entries) == sorted(row for at, row in documents if at == ordinal)
+        read += len(entries)
     kept = 0
     for bucket in order["buckets"]:
-        header, entries, blob = _parse_entries(cas.get_bytes(store, bucket["output"]))
+        header, _, entries, blob = _parse_entries(cas.get_bytes(store, bucket["output"]))
         assert header == {"schema": "prep.entries/1", "kind": "bucket", "bits": bits, "bucket": bucket["bucket"],
                           "count": bucket["documents"]}
         keys = [(e[0], e[1], e[2], e[3]) for e in entries]
@@ -346,8 +354,8 @@ def test_entries_objects_have_the_documented_layout(built: Built) -> None:
             covered += leaf["count"]
         assert covered == len(entries)
         kept += len(entries)
-    assert sum(b["documents_read"] for b in order["buckets"]) == len(routed)
-    assert kept == len(routed) - sum(b["duplicates_dropped"] for b in order["buckets"]) < len(routed)
+    assert sum(b["documents_read"] for b in order["buckets"]) == read == len(documents)
+    assert kept == read - sum(b["duplicates_dropped"] for b in order["buckets"]) < read
 
 
 # -- the schemas reject what the code never writes ---------------------------------------------
@@ -371,9 +379,7 @@ Mutation = Callable[[dict[str, Any]], object]
 MUTATIONS: list[tuple[str, str, Mutation]] = [
     ("task:tokenize", "prep.task/1", lambda d: d["summary"].pop("lines")),
     ("task:tokenize", "prep.task/1", lambda d: d["outputs"].update(plan=d["outputs"]["intermediate"])),
-    ("task:route", "prep.task/1", lambda d: d.update(stage="publish")),
-    ("task:route", "prep.task/1", lambda d: d["outputs"].update(bucket=d["outputs"]["route"])),
-    ("task:route", "prep.task/1", lambda d: d["summary"].update(buckets=[d["summary"]["documents"]])),
+    ("task:tokenize", "prep.task/1", lambda d: d["outputs"].update(entries=d["outputs"]["entries"][7:])),
     ("task:order", "prep.task/1", lambda d: d.update(stage="dedup")),
     ("task:order", "prep.task/1", lambda d: d["summary"]["leaves"][0].update(start="0")),
     ("task:order", "prep.task/1", lambda d: d["summary"]["leaves"][0].update(count=0)),
@@ -381,9 +387,8 @@ MUTATIONS: list[tuple[str, str, Mutation]] = [
     ("task:shard", "prep.task/1", lambda d: d["outputs"].pop("idx", None) or d["outputs"].pop("wds")),
     ("task:shard", "prep.task/1", lambda d: d.update(key="sha256:" + d["key"])),
     ("stage:tokenize", "prep.stage/1", lambda d: d["tasks"][0].pop("line_offset")),
-    ("stage:route", "prep.stage/1", lambda d: d.update(bits=21)),
-    ("stage:route", "prep.stage/1", lambda d: d["tasks"][0].update(documents=1)),
-    ("stage:route", "prep.stage/1", lambda d: d.update(outputs={"plan": d["tasks"][0]["output"]})),
+    ("stage:tokenize", "prep.stage/1", lambda d: d["tasks"][0].update(entries="sha256:" + "0" * 63)),
+    ("stage:order", "prep.stage/1", lambda d: d.update(bits=21)),
     ("stage:order", "prep.stage/1", lambda d: d["buckets"][0].pop("leaves")),
     ("stage:order", "prep.stage/1", lambda d: d["buckets"][0].update(outputs={"bucket": d["buckets"][0]["output"]})),
     ("stage:order", "prep.stage/1", lambda d: d.update(shards=[])),
@@ -403,8 +408,14 @@ MUTATIONS: list[tuple[str, str, Mutation]] = [
     ("log", "prep.build-log/2", lambda d: d["inputs"][0].pop("etag")),
     ("snapshot", "prep.snapshot/1", lambda d: d["stages"][1].update(name="publish")),
 ]
-# Layout-1 records, which old stores still hold, sampled from the planted layout-1 snapshot.
-LAYOUT_1_MUTATIONS: list[tuple[str, str, Mutation]] = [
+# Layout-1 and layout-2 records, which old stores still hold, sampled from the planted snapshots.
+OLD_LAYOUT_MUTATIONS: list[tuple[str, str, Mutation]] = [
+    ("task:route", "prep.task/1", lambda d: d.update(stage="publish")),
+    ("task:route", "prep.task/1", lambda d: d["outputs"].update(bucket=d["outputs"]["route"])),
+    ("task:route", "prep.task/1", lambda d: d["summary"].update(buckets=[d["summary"]["documents"]])),
+    ("stage:route", "prep.stage/1", lambda d: d.update(bits=21)),
+    ("stage:route", "prep.stage/1", lambda d: d["tasks"][0].update(documents=1)),
+    ("stage:route", "prep.stage/1", lambda d: d.update(outputs={"plan": d["tasks"][0]["output"]})),
     ("task:dedup", "prep.task/1", lambda d: d.update(stage="publish")),
     ("task:dedup", "prep.task/1", lambda d: d["outputs"].update(route=d["outputs"]["keep"])),
     ("task:shuffle", "prep.task/1", lambda d: d["summary"]["shards"][0].update(documents=0)),
@@ -418,14 +429,14 @@ LAYOUT_1_MUTATIONS: list[tuple[str, str, Mutation]] = [
 ]
 
 
-def _sample(store: LocalStore, which: str, layout: int = 2) -> dict[str, Any]:
-    """The first record of a kind; for the stage shared by both layouts, shard, the one of `layout`."""
+def _sample(store: LocalStore, which: str, layout: int = 3) -> dict[str, Any]:
+    """The first record of a kind; for the stage shared by every layout, shard, one of `layout`."""
     kind, _, stage = which.partition(":")
     if kind == "task":
         return _first(store, f"tasks/{stage}/")
     if kind == "stage" and stage == "shard":
         return next(manifest for manifest in _stage_manifests(store, stage)
-                    if records.stage_shape(manifest).layouts == {layout})
+                    if layout in records.stage_shape(manifest).layouts)
     if kind == "stage":
         return _stage_manifest(store, stage)
     if kind == "record":
@@ -446,10 +457,10 @@ def test_schemas_reject_shapes_the_code_never_writes(built: Built, which: str, s
         validate(document, schema_id)
 
 
-@pytest.mark.parametrize(("which", "schema_id", "mutate"), LAYOUT_1_MUTATIONS)
-def test_schemas_reject_layout_1_shapes_the_code_never_wrote(with_layout1: Built, which: str, schema_id: str,
-                                                             mutate: Mutation) -> None:
-    document = copy.deepcopy(_sample(with_layout1.store, which, layout=1))
+@pytest.mark.parametrize(("which", "schema_id", "mutate"), OLD_LAYOUT_MUTATIONS)
+def test_schemas_reject_old_layout_shapes_the_code_never_wrote(with_old_layouts: Built, which: str, schema_id: str,
+                                                               mutate: Mutation) -> None:
+    document = copy.deepcopy(_sample(with_old_layouts.store, which, layout=1))
     validate(document, schema_id)
     mutate(document)
     with pytest.raises(IntegrityError, match=re.escape(schema_id)):
@@ -457,9 +468,10 @@ def test_schemas_reject_layout_1_shapes_the_code_never_wrote(with_layout1: Built
 
 
 def _shard_manifests(store: LocalStore) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A real shard stage manifest of each layout (layout 1 from the planted snapshot)."""
+    """A real shard stage manifest of each shape: positional (layout 1, from the planted
+    snapshot) and keyed (layouts 2 and 3)."""
     manifests = _stage_manifests(store, "shard")
-    first, second = ([m for m in manifests if records.stage_shape(m).layouts == {layout}][0] for layout in (1, 2))
+    first, second = ([m for m in manifests if records.stage_shape(m).layouts == shape][0] for shape in ({1}, {2, 3}))
     return copy.deepcopy(first), copy.deepcopy(second)
 
 
@@ -475,10 +487,10 @@ MIXES: list[tuple[str, Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]
 
 
 @pytest.mark.parametrize(("mix", "entry"), MIXES, ids=[mix for mix, _ in MIXES])
-def test_a_shard_entry_mixing_the_layouts_is_refused(with_layout1: Built, mix: str,
+def test_a_shard_entry_mixing_the_layouts_is_refused(with_old_layouts: Built, mix: str,
                                                      entry: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]) -> None:
     """shard_spec (layout 1) and shard_plan (layout 2) are each closed: an entry is one or the other."""
-    old, new = _shard_manifests(with_layout1.store)
+    old, new = _shard_manifests(with_old_layouts.store)
     for manifest in (old, new):
         validate(manifest, "prep.stage/1")
         manifest["shards"][0] = entry(old["shards"][0], new["shards"][0])
@@ -486,8 +498,8 @@ def test_a_shard_entry_mixing_the_layouts_is_refused(with_layout1: Built, mix: s
             validate(manifest, "prep.stage/1")
 
 
-def test_a_shard_manifest_listing_entries_of_both_layouts_is_refused(with_layout1: Built) -> None:
-    old, new = _shard_manifests(with_layout1.store)
+def test_a_shard_manifest_listing_entries_of_both_layouts_is_refused(with_old_layouts: Built) -> None:
+    old, new = _shard_manifests(with_old_layouts.store)
     old_entry, new_entry = copy.deepcopy(old["shards"][0]), copy.deepcopy(new["shards"][0])
     for manifest, other in ((old, new_entry), (new, old_entry)):
         manifest["shards"].append({**other, "index": len(manifest["shards"])})
@@ -500,9 +512,9 @@ def test_a_shard_manifest_listing_entries_of_both_layouts_is_refused(with_layout
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=st.text(min_size=1, max_size=12))
 def test_every_record_kind_is_closed_to_unknown_fields(built: Built, field: str) -> None:
-    samples = [("task:tokenize", "prep.task/1"), ("task:route", "prep.task/1"), ("task:order", "prep.task/1"),
-               ("task:shard", "prep.task/1"), ("stage:tokenize", "prep.stage/1"), ("stage:route", "prep.stage/1"),
-               ("stage:order", "prep.stage/1"), ("stage:shard", "prep.stage/1"), ("record:route", "prep.stage-record/1"),
+    samples = [("task:tokenize", "prep.task/1"), ("task:order", "prep.task/1"),
+               ("task:shard", "prep.task/1"), ("stage:tokenize", "prep.stage/1"),
+               ("stage:order", "prep.stage/1"), ("stage:shard", "prep.stage/1"), ("record:order", "prep.stage-record/1"),
                ("ref", "prep.ref/1"), ("log", "prep.build-log/2"), ("snapshot", "prep.snapshot/1")]
     for which, schema_id in samples:
         document = copy.deepcopy(_sample(built.store, which))
@@ -522,7 +534,8 @@ def test_every_record_kind_is_closed_to_unknown_fields(built: Built, field: str)
 
 
 NESTED: list[tuple[str, str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
-    ("stage:route", "prep.stage/1", lambda d: d["tasks"][0]),
+    ("stage:tokenize", "prep.stage/1", lambda d: d["tasks"][0]),
+    ("task:tokenize", "prep.task/1", lambda d: d["outputs"]),
     ("stage:order", "prep.stage/1", lambda d: d["buckets"][0]),
     ("stage:order", "prep.stage/1", lambda d: d["buckets"][0]["leaves"][0]),
     ("task:order", "prep.task/1", lambda d: d["summary"]["leaves"][0]),

@@ -183,7 +183,7 @@ def test_rebuild_is_all_cache_hits_and_one_changed_file_retokenizes_only_it(corp
     changed = build_local(pipeline, store, workers=2)
     assert changed.snapshot.id != first.snapshot.id
     assert changed.stages["tokenize"].ran == 1 and changed.stages["tokenize"].cached == 2
-    assert changed.stages["route"].ran == 1 and changed.stages["route"].cached == 2
+    assert "route" not in changed.stages  # tokenize tasks write their parts' entries themselves
     assert changed.stages["order"].ran == 1
     assert all_objects_intact(store)
     # One edited document: at most k + 2 = 3 shards change per format; the rest keep path and bytes.
@@ -240,31 +240,39 @@ def test_large_jsonl_is_split_into_byte_ranges_with_absolute_lines(tmp_path: Pat
     assert all(json.loads(m["json"])["id"] == f"big.jsonl:{json.loads(m['json'])['line']}" for _, m in samples)
 
 
-def test_route_tasks_that_also_check_a_files_ids_start_first(tmp_path: Path, tokenizer_path: Path,
+def test_order_tasks_that_also_check_a_files_ids_start_first(tmp_path: Path, tokenizer_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """A split file's first part reads every part's ids: the longest route tasks go first."""
+    """Each file split into parts has its ids checked across its parts by one order task, which
+    reads every part's ids: those tasks go first."""
     import prep.stages.read as read
     from prep.config import load_pipeline
     from prep.progress import Progress
+    from prep.runner import ordering
     from prep.runner.build import build
-    from prep.runner.ordering import route_weight
+    from prep.runner.ordering import order_weight
     from prep.storage import LocalStore
 
     class Recording(InProcessExecutor):
-        routes: list[Any] = []
+        orders: list[Any] = []
 
         def run(self, fn: Any, items: Any) -> Any:
-            self.routes.extend(item for item in items if type(item).__name__ == "RouteJob")
+            self.orders.extend(item for item in items if type(item).__name__ == "OrderJob")
             return super().run(fn, items)
 
     monkeypatch.setattr(read, "RANGE_BYTES", 2000)
+    monkeypatch.setattr(ordering, "DOCUMENTS_PER_BUCKET", 20)
     write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(3, seed=1, prefix="a"))
     write_jsonl(tmp_path / "corpus" / "b.jsonl", make_records(60, seed=2, prefix="b"))
+    write_jsonl(tmp_path / "corpus" / "c.jsonl", make_records(60, seed=3, prefix="c"))
     pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], shard_size="1MB")
     build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), Recording(), (), Progress(quiet=True))
-    first, *rest = Recording.routes
-    assert first.part.source == "b.jsonl" and len(first.same_file) == len(rest) - 1 > 1
-    weights = [route_weight(job) for job in Recording.routes]
+    first, second, *rest = Recording.orders
+    assert len(rest) >= 2 and not any(job.check_ids for job in rest)
+    assert [[part.source for part in same] for same in first.check_ids + second.check_ids] == \
+        [["b.jsonl"] * len(first.check_ids[0]), ["c.jsonl"] * len(second.check_ids[0])]
+    assert len(first.check_ids[0]) > 2 and len(second.check_ids[0]) > 2
+    assert (first.bucket, second.bucket) == (0, 1)  # the i-th split file's check goes to bucket i
+    weights = [order_weight(job) for job in Recording.orders]
     assert weights == sorted(weights, reverse=True)
 
 

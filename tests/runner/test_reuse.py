@@ -105,22 +105,27 @@ def test_corrupt_bucket_objects_are_recomputed_when_shard_jobs_need_them(corpus:
     assert all_objects_intact(store_dir)
 
 
-def test_corrupt_route_object_is_recomputed_before_the_order_reads_it(corpus: Path, tokenizer_path: Path) -> None:
+def test_corrupt_part_entries_are_recomputed_before_the_order_reads_them(corpus: Path, tokenizer_path: Path) -> None:
+    """A part's entries object (a tokenize output only the order stage reads) that rotted is
+    found before any order task reads it and recomputed by its tokenize task."""
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
     store_dir = corpus / "store"
     build_local(pipeline, store_dir, workers=1)
-    flip_byte(object_path(store_dir, task_outputs(store_dir, "route")[0]), 100)
+    entries = [json.loads(path.read_text())["outputs"]["entries"]
+               for path in sorted((store_dir / "tasks" / "tokenize").glob("*.json"))]
+    flip_byte(object_path(store_dir, entries[0]), 100)
 
     nodedup = write_pipeline(corpus, tokenizer_path, ["corpus"], extra="", formats='["bin"]')
     text = nodedup.read_text().replace("exact = true", "exact = false")
     nodedup.write_text(text)
     result = build_local(nodedup, store_dir, workers=1)
-    assert result.stages["order"].ran == 1 and result.stages["route"].cached == 2
-    assert result.snapshot.id == clean_snapshot(corpus, nodedup, "route")
+    assert result.stages["order"].ran >= 1 and result.stages["tokenize"].cached == 2
+    assert [item["object"] for item in build_log(store_dir, result.log_key)["recomputed"]] == [entries[0]]
+    assert result.snapshot.id == clean_snapshot(corpus, nodedup, "entries")
     assert all_objects_intact(store_dir)
 
 
-@pytest.mark.parametrize("stage", ["tokenize", "route", "order", "shard"])
+@pytest.mark.parametrize("stage", ["tokenize", "order", "shard"])
 def test_corrupt_stage_manifest_is_rebuilt_from_task_records(corpus: Path, tokenizer_path: Path, stage: str) -> None:
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
     store_dir = corpus / "store"

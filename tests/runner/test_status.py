@@ -38,7 +38,7 @@ def test_after_a_build_everything_is_reused_with_the_recorded_keys(tmp_path: Pat
     status = build_status(load_pipeline(pipeline), store)
     assert tree(store.root) == before
     assert status.up_to_date and status.latest is not None and status.latest.id == built.id
-    assert [(s.name, s.state) for s in status.stages] == [(n, REUSED) for n in ("tokenize", "route", "order", "shard")]
+    assert [(s.name, s.state) for s in status.stages] == [(n, REUSED) for n in ("tokenize", "order", "shard")]
     assert [s.key for s in status.stages] == [s["key"] for s in built.manifest["stages"]]
     recorded = [task["key"] for task in stage_manifest(store, built, "tokenize")["tasks"]]
     assert [part.key for part in status.parts] == recorded and all(part.committed for part in status.parts)
@@ -61,7 +61,7 @@ def test_an_edited_input_names_its_tokenize_tasks_and_the_stages_that_would_run(
     assert {(p.source, p.committed) for p in status.parts} == {("a.jsonl", True), ("b.jsonl", False), ("c.jsonl", False)}
     assert not status.up_to_date
     assert [(s.name, s.state, s.key) for s in status.stages] == [(n, WOULD_RUN, None) for n in
-                                                                 ("tokenize", "route", "order", "shard")]
+                                                                 ("tokenize", "order", "shard")]
     assert status.stages[0].reason == f"2 of {len(status.parts)} tokenize tasks would run first"
     rebuilt = build_local(pipeline, tmp_path / "store").snapshot
     again = build_status(load_pipeline(pipeline), store)
@@ -76,9 +76,9 @@ def test_a_missing_stage_record_runs_that_stage_and_every_later_one(tmp_path: Pa
     order_key = next(s["key"] for s in built.manifest["stages"] if s["name"] == "order")
     (store.root / stage_record_key("order", order_key)).unlink()
     status = build_status(load_pipeline(pipeline), store)
-    assert [(s.name, s.state) for s in status.stages] == [("tokenize", REUSED), ("route", REUSED),
-                                                           ("order", WOULD_RUN), ("shard", WOULD_RUN)]
-    assert status.stages[2].key == order_key and status.stages[3].key is None and not status.up_to_date
+    assert [(s.name, s.state) for s in status.stages] == [("tokenize", REUSED), ("order", WOULD_RUN),
+                                                           ("shard", WOULD_RUN)]
+    assert status.stages[1].key == order_key and status.stages[2].key is None and not status.up_to_date
 
 
 def test_status_of_a_store_never_built_creates_nothing(tmp_path: Path, tokenizer_path: Path) -> None:

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prep.stages import entries as entry_objects
 from prep.stages import keys, order
 from prep.stages.cuts import ShardPlan, bucket_bits, plan_shards
-from prep.stages.intermediate import IntermediateWriter
+from prep.stages.intermediate import IntermediateWriter, read_columns
 from prep.stages.specs import Part
 
 DTYPE = np.dtype(np.uint16)
@@ -37,8 +38,8 @@ def _plan(folder: Path, parts: list[Part], bits: int, shard_size: int, seed: int
           exact: bool = True) -> tuple[list[ShardPlan], list[dict[str, Any]], dict[int, Path]]:
     routes = []
     for ordinal, part in enumerate(parts):
-        routes.append(folder / f"route-{bits}-{ordinal}")
-        order.route_part(part, ordinal, seed, bits, routes[-1])
+        routes.append(folder / f"entries-{bits}-{ordinal}")
+        entry_objects.write_part_entries(routes[-1], read_columns(part.path, entry_objects.PART_COLUMNS), seed)
     identities = [order.PartIdentity(p.source, p.line_offset) for p in parts]
     summaries, buckets = [], {}
     for bucket in range(1 << bits):
@@ -52,7 +53,7 @@ def _placed(plans: list[ShardPlan], buckets: dict[int, Path]) -> list[tuple[int,
     found: list[tuple[int, int, int, int]] = []
     for plan in plans:
         for bucket, first, count in plan.slices:
-            entries = order.EntryFile.open(buckets[bucket]).read(first, count)[0]
+            entries = entry_objects.EntryFile.open(buckets[bucket]).read(first, count)[0]
             found.extend(zip(entries["key_hi"].tolist(), entries["key_lo"].tolist(), entries["part"].tolist(),
                              entries["row"].tolist()))
     return found
@@ -146,8 +147,8 @@ def test_the_id_column_packs_like_its_strings(ids: list[str | None], pieces: int
     cut = len(ids) // pieces
     chunked = pa.chunked_array([column.slice(0, cut), column.slice(cut)], type=pa.string())
     for packed in (column, chunked, column.slice(min(1, len(ids)))):
-        offsets, lengths, blob = order.pack_id_column(packed)
-        want_offsets, want_lengths, want_blob = order._pack_ids(to_strings(packed))
+        offsets, lengths, blob = entry_objects.pack_id_column(packed)
+        want_offsets, want_lengths, want_blob = entry_objects._pack_ids(to_strings(packed))
         assert blob == want_blob
         assert np.array_equal(offsets, want_offsets) and np.array_equal(lengths, want_lengths)
 
@@ -160,10 +161,10 @@ def test_gather_bytes_equals_slicing(blob: bytes, pairs: list[tuple[int, int]]) 
     starts = np.asarray([s for s, _ in pairs], dtype=np.int64)
     lengths = np.asarray([n for _, n in pairs], dtype=np.int64)
     expected = b"".join(blob[s:s + n] for s, n in pairs)
-    assert order.gather_bytes(np.frombuffer(blob, dtype=np.uint8), starts, lengths) == expected
+    assert entry_objects.gather_bytes(np.frombuffer(blob, dtype=np.uint8), starts, lengths) == expected
     contiguous = np.cumsum(lengths) - lengths
     if int(lengths.sum()) <= len(blob):
-        assert order.gather_bytes(np.frombuffer(blob, dtype=np.uint8), contiguous, lengths) == blob[:int(lengths.sum())]
+        assert entry_objects.gather_bytes(np.frombuffer(blob, dtype=np.uint8), contiguous, lengths) == blob[:int(lengths.sum())]
 
 
 @given(blob=st.binary(min_size=1, max_size=80), width=st.integers(1, 9), rows=st.lists(st.integers(0, 20), max_size=30))
@@ -173,15 +174,15 @@ def test_gather_bytes_of_fixed_width_pieces_equals_slicing(blob: bytes, width: i
     rows = [row for row in rows if (row + 1) * width <= len(blob)]
     starts = np.asarray(rows, dtype=np.int64) * width
     expected = b"".join(blob[s:s + width] for s in starts.tolist())
-    assert order.gather_bytes(np.frombuffer(blob, dtype=np.uint8), starts, np.full(len(rows), width)) == expected
+    assert entry_objects.gather_bytes(np.frombuffer(blob, dtype=np.uint8), starts, np.full(len(rows), width)) == expected
 
 
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 2), st.integers(0, 50)), max_size=60))
 @settings(max_examples=80, deadline=None)
 def test_key_order_equals_the_full_lexsort(rows: list[tuple[int, int, int, int]]) -> None:
     """Sorting by key_hi and then only the tied entries gives the four-key lexsort (many ties)."""
-    entries = np.zeros(len(rows), dtype=order.ENTRY_DTYPE)
+    entries = np.zeros(len(rows), dtype=entry_objects.ENTRY_DTYPE)
     for name, column in zip(("key_hi", "key_lo", "part", "row"), zip(*rows) if rows else ((), (), (), ())):
         entries[name] = column
     expected = np.lexsort((entries["row"], entries["part"], entries["key_lo"], entries["key_hi"]))
-    assert np.array_equal(entries[order._key_order(entries)], entries[expected])
+    assert np.array_equal(entries[entry_objects.key_order(entries)], entries[expected])

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from prep import hashing
 from prep.errors import IntegrityError
 from prep.formats import megatron, wds
+from prep.stages import entries as entry_objects
 from prep.stages import gather, keys, order, shard
 from prep.stages.cuts import ShardPlan, plan_shards
-from prep.stages.intermediate import IntermediateWriter
+from prep.stages.intermediate import IntermediateWriter, read_columns
 from prep.stages.members import sample_jsons
 from prep.stages.shuffle import document_id, record_line
 from prep.stages.specs import Part
@@ -47,11 +48,11 @@ def _write_part(folder: Path, name: str, docs: list[tuple[str, list[int]]], with
 
 def _shards(folder: Path, parts: list[Part], shard_size: int, bits: int, exact: bool = True
             ) -> tuple[list[ShardPlan], dict[int, Path]]:
-    """Route, order and cut `parts` as a build does, into `2**bits` buckets."""
+    """Order and cut `parts` as a build does, into `2**bits` buckets, from their entries."""
     routes = []
     for ordinal, part in enumerate(parts):
-        path = folder / f"route-{ordinal}"
-        order.route_part(part, ordinal, SEED, bits, path)
+        path = folder / f"entries-{ordinal}"
+        entry_objects.write_part_entries(path, read_columns(part.path, entry_objects.PART_COLUMNS), SEED)
         routes.append(path)
     identities = [order.PartIdentity(part.source, part.line_offset) for part in parts]
     summaries, buckets = [], {}
@@ -160,7 +161,7 @@ def test_a_window_reads_one_run_per_intermediate_batch_when_keyed(tmp_path: Path
 def _rows(plan: ShardPlan, buckets: dict[int, Path]) -> list[int]:
     rows: list[int] = []
     for bucket, first, count in plan.slices:
-        rows.extend(order.EntryFile.open(buckets[bucket]).read(first, count)[0]["row"].tolist())
+        rows.extend(entry_objects.EntryFile.open(buckets[bucket]).read(first, count)[0]["row"].tolist())
     return rows
 
 
@@ -173,7 +174,8 @@ def _reference_jsons(entries: np.ndarray, ids: bytes, parts: list[Part]) -> list
                                                    entries["n_tokens"].tolist()):
         source = parts[part]
         line = record_line(source.format, source.line_offset, row)
-        doc_id = None if id_len == order.NO_ID else bytes(view[id_offset:id_offset + id_len]).decode("utf-8", "surrogatepass")
+        raw = bytes(view[id_offset:id_offset + id_len])
+        doc_id = None if id_len == entry_objects.NO_ID else raw.decode("utf-8", "surrogatepass")
         found.append(wds.sample_json(document_id(doc_id, source.source, line), source.source, line, tokens + 1))
     return found
 
@@ -191,12 +193,12 @@ def test_vectorized_json_members_equal_the_reference(ids: list[str | None], sour
     ids with quotes, backslashes or control characters, missing ids, any source and line."""
     parts = [Part(Path("unused"), source, "jsonl", line_offset, len(ids)) for source in sources]
     encoded = [b"" if doc_id is None else doc_id.encode() for doc_id in ids]
-    entries = np.zeros(len(ids), dtype=order.ENTRY_DTYPE)
+    entries = np.zeros(len(ids), dtype=entry_objects.ENTRY_DTYPE)
     entries["part"] = data.draw(st.lists(st.integers(0, len(sources) - 1), min_size=len(ids), max_size=len(ids)))
     entries["row"] = data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=len(ids), max_size=len(ids)))
     entries["n_tokens"] = data.draw(st.lists(st.integers(0, 10**9), min_size=len(ids), max_size=len(ids)))
     entries["id_offset"] = np.cumsum([0] + [len(e) for e in encoded])[:-1] + 3
-    entries["id_len"] = [order.NO_ID if doc_id is None else len(e) for doc_id, e in zip(ids, encoded)]
+    entries["id_len"] = [entry_objects.NO_ID if doc_id is None else len(e) for doc_id, e in zip(ids, encoded)]
     blob = b"pad" + b"".join(encoded)
     members, offsets = sample_jsons(entries, blob, parts)
     got = [members[offsets[k]:offsets[k + 1]] for k in range(len(ids))]
@@ -217,7 +219,7 @@ def test_decimal_digits_and_npy_headers(values: list[int]) -> None:
 def test_copy_numbers_continue_across_windows(keys: list[tuple[int, int]], window: int) -> None:
     """With dedup off, the k-th further copy of a key gets low half + k (wrapping), whether or not
     its run of copies crosses a window boundary: windows give the whole shard's sample keys."""
-    entries = np.zeros(len(keys), dtype=order.ENTRY_DTYPE)
+    entries = np.zeros(len(keys), dtype=entry_objects.ENTRY_DTYPE)
     entries["key_hi"] = [hi for hi, _ in keys]
     entries["key_lo"] = [lo for _, lo in keys]
     expected, previous, copy = [], None, 0

@@ -86,7 +86,7 @@ def _stage(store: Store, stage: str, key: str, manifest: dict[str, Any]) -> dict
 def _tokenize(store: Store, base: Snapshot, salt: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """A tokenize stage of its own over the intermediates of `base`: its stage entry and parts."""
     stage = next(stage for stage in base.manifest["stages"] if stage["name"] == "tokenize")
-    parts = [{**part, "key": _key("tokenize", salt, index)}
+    parts = [{**{k: v for k, v in part.items() if k != "entries"}, "key": _key("tokenize", salt, index)}
              for index, part in enumerate(canonical.loads(cas.get_bytes(store, stage["output"]))["tasks"])]
     for part in parts:
         summary = {name: part[name] for name in SUMMARY_FIELDS}

@@ -30,6 +30,7 @@ from prep.store.snapshots import Snapshot, load_snapshot, publish_manifest, reso
 from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
 from tests.runner.test_disk_full import fill_up, small_tmpfs
 from tests.store.layout1 import plant_layout1
+from tests.store.layout2 import plant_layout2
 
 HOUR = 3600
 EMPTY_TOKENIZE = {"documents": 0, "tokens": 0, "text_bytes": 0, "bad_records": 0, "special_token_documents": 0,
@@ -50,11 +51,11 @@ def reachable(store: Store, snapshot_id: str) -> set[str]:
     for stage in snapshot.manifest["stages"]:
         found.add(hashing.parse_id(stage["output"]))
         body: dict[str, Any] = canonical.loads(cas.get_bytes(store, stage["output"]))
-        named = {"tokenize": lambda b: [t["output"] for t in b["tasks"]],
+        named = {"tokenize": lambda b: [oid for t in b["tasks"] for oid in (t["output"], t.get("entries")) if oid],
                  "dedup": lambda b: [b["outputs"]["keep"]],  # layout 1
                  "shuffle": lambda b: [b["outputs"]["plan"]],  # layout 1
                  "route": lambda b: [t["output"] for t in b["tasks"]],  # layout 2
-                 "order": lambda b: [bucket["output"] for bucket in b["buckets"]],  # layout 2
+                 "order": lambda b: [bucket["output"] for bucket in b["buckets"]],  # layouts 2 and 3
                  "shard": lambda b: [o for s in b["shards"] for o in s["outputs"].values()]}[stage["name"]](body)
         found |= {hashing.parse_id(object_id) for object_id in named}
     return found
@@ -264,20 +265,24 @@ def test_gc_follows_the_ids_records_declare_not_ids_their_text_mentions(project:
     assert_records_resolve(store)
 
 
-def test_gc_keeps_what_snapshots_of_both_layouts_need(project: dict[str, Path]) -> None:
-    """A store holding a layout-1 snapshot (tokenize, dedup, shuffle, shard) beside layout-2 builds
-    (tokenize, route, order, shard): gc keeps exactly what each ref'd snapshot needs, whatever its
-    layout, and a layout's own objects and records go once no ref reaches a snapshot of it."""
+def test_gc_keeps_what_snapshots_of_every_layout_need(project: dict[str, Path]) -> None:
+    """A store holding a layout-1 snapshot (tokenize, dedup, shuffle, shard) and a layout-2 one
+    (tokenize, route, order, shard) beside layout-3 builds (tokenize, order, shard): gc keeps
+    exactly what each ref'd snapshot needs, whatever its layout, and a layout's own objects and
+    records go once no ref reaches a snapshot of it."""
     store = LocalStore(project["store"])
     new = resolve(store, "tiny@latest")
     old = plant_layout1(store, new.id)  # tiny@old: an older build of the same intermediates
+    routed = plant_layout2(store, new.id)  # tiny@layout2: a build from before tokenize wrote entries
     assert [stage["name"] for stage in old.snapshot.manifest["stages"]] == ["tokenize", "dedup", "shuffle", "shard"]
-    assert [stage["name"] for stage in new.manifest["stages"]] == ["tokenize", "route", "order", "shard"]
+    assert [stage["name"] for stage in routed.snapshot.manifest["stages"]] == ["tokenize", "route", "order", "shard"]
+    assert [stage["name"] for stage in new.manifest["stages"]] == ["tokenize", "order", "shard"]
     shared = reachable(store, old.snapshot.id) & reachable(store, new.id)
     assert _intermediate_of(store, new.id).removeprefix("sha256:") in shared
     abandoned = plant_layout1(store, new.id, ref=None, salt="abandoned")  # published, then never ref'd
-    crash(project["v2"], project["store"], "shard.before_commit")  # a layout-2 build's leftovers
-    needed = reachable(store, new.id) | reachable(store, old.snapshot.id)
+    crash(project["v2"], project["store"], "shard.before_commit")  # a layout-3 build's leftovers
+    needed = reachable(store, new.id) | reachable(store, old.snapshot.id) | reachable(store, routed.snapshot.id)
+    assert {object_id.removeprefix("sha256:") for object_id in routed.route_objects} <= needed
     assert stored_objects(store) - needed, "the abandoned snapshot and the killed build should have left objects"
 
     age(project["store"], 2 * HOUR)
@@ -296,13 +301,15 @@ def test_gc_keeps_what_snapshots_of_both_layouts_need(project: dict[str, Path]) 
     old_parts = canonical.loads(cas.get_bytes(store, old_tokenize["output"]))["tasks"]
     assert old_tokenize["output"] != new.manifest["stages"][0]["output"]
     assert {p["output"] for p in old_parts} <= {f"sha256:{sha}" for sha in shared}
-    move_ref(store, "tiny", "old", new.id)  # no ref reaches layout 1 any more
+    move_ref(store, "tiny", "old", new.id)  # no ref reaches layouts 1 and 2 any more
+    move_ref(store, "tiny", "layout2", new.id)
     age(project["store"], 2 * HOUR)
     collect_garbage(store, grace_seconds=HOUR)
     assert stored_objects(store) == reachable(store, new.id)
     assert not old.own_objects & stored_objects(store) and shared <= stored_objects(store)
+    assert not {object_id.removeprefix("sha256:") for object_id in routed.route_objects} & stored_objects(store)
     assert not [info.key for info in [*store.list(records.TASKS_PREFIX), *store.list(records.STAGES_PREFIX)]
-                if info.key.split("/")[1] in ("dedup", "shuffle")]
+                if info.key.split("/")[1] in ("dedup", "shuffle", "route")]
     assert not store.exists(stage_record_key("tokenize", old_tokenize["key"])), "its manifest is gone"
     for part in old_parts:  # the old build's tokenize task records name only kept intermediates: they stay
         assert records.read_task_record(store, "tokenize", part["key"]) is not None
@@ -321,7 +328,7 @@ def _plant_mixed_layouts(store: LocalStore, shape: str, named: str) -> None:
     key = "d" * 64
     latest = resolve(store, "tiny@latest")
     if shape == "snapshot whose stages mix the layouts":
-        stages = [{**stage, "name": "dedup", "output": named} if stage["name"] == "route" else stage
+        stages = [{**stage, "name": "dedup", "output": named} if stage["name"] == "order" else stage
                   for stage in latest.manifest["stages"]]
         move_ref(store, "tiny", "future", publish_manifest(store, {**latest.manifest, "stages": stages}).id)
     elif shape == "layout-1 snapshot naming a layout-2 shard manifest":

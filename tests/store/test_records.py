@@ -33,7 +33,7 @@ LEAF = {"start": "0" * 16, "depth": 1, "first": 0, "count": 2, "tokens": 11, "bi
         "digest": "f" * 64}
 BUCKET = {"bucket": 0, "key": KEY, "output": IDS[8], "documents_read": 3, "duplicates_dropped": 1, "documents": 2,
           "bin_size": 22, "text_bytes": 30, "digest": "f" * 64, "leaves": [LEAF]}
-# One stage output manifest of each kind (both layouts), and the ids it names.
+# One stage output manifest of each kind (every layout), and the ids it names.
 STAGE_MANIFESTS: list[tuple[dict[str, Any], set[str]]] = [
     ({"stage": "tokenize", "tasks": [tokenize_entry(IDS[0]), tokenize_entry(IDS[1])]}, {IDS[0], IDS[1]}),
     ({"stage": "dedup", "outputs": {"keep": IDS[2]}, "documents_read": 2, "duplicates_dropped": 0}, {IDS[2]}),
@@ -44,6 +44,7 @@ STAGE_MANIFESTS: list[tuple[dict[str, Any], set[str]]] = [
     ({"stage": "route", "bits": 0, "tasks": [{"part": 0, "key": KEY, "output": IDS[7]}]}, {IDS[7]}),
     ({"stage": "order", "bits": 0, "buckets": [BUCKET]}, {IDS[8]}),
     ({"stage": "shard", "shards": [{**SHARD_PLAN, "outputs": {"wds": IDS[9]}, "sizes": {"wds": 2048}}]}, {IDS[9]}),
+    ({"stage": "tokenize", "tasks": [{**tokenize_entry(IDS[0]), "entries": IDS[1]}]}, {IDS[0], IDS[1]}),  # layout 3
 ]
 LAYOUT_2_SHARD = STAGE_MANIFESTS[6][0]
 
@@ -144,16 +145,17 @@ def test_a_layout_2_shard_manifest_of_another_shape_is_refused(damage: Any) -> N
 
 
 @pytest.mark.parametrize(("manifest", "stage", "layouts"), [
-    (STAGE_MANIFESTS[0][0], "tokenize", {1, 2}), (STAGE_MANIFESTS[1][0], "dedup", {1}),
+    (STAGE_MANIFESTS[0][0], "tokenize", {1, 2, 3}), (STAGE_MANIFESTS[1][0], "dedup", {1}),
     (STAGE_MANIFESTS[2][0], "shuffle", {1}), (STAGE_MANIFESTS[3][0], "shard", {1}), (STAGE_MANIFESTS[4][0], "route", {2}),
-    (STAGE_MANIFESTS[5][0], "order", {2}), (LAYOUT_2_SHARD, "shard", {2}), ({"stage": "shard", "shards": []}, "shard", {1, 2}),
+    (STAGE_MANIFESTS[5][0], "order", {2, 3}), (LAYOUT_2_SHARD, "shard", {2, 3}),
+    ({"stage": "shard", "shards": []}, "shard", {1, 2, 3}), (STAGE_MANIFESTS[7][0], "tokenize", {1, 2, 3}),
 ])
 def test_a_stage_manifest_has_the_stage_and_layouts_it_holds(manifest: dict[str, Any], stage: str, layouts: set[int]) -> None:
     document = {"schema": "prep.stage/1", "key": KEY, **manifest}
     records.stage_manifest_names(document, "m")
     shape = records.stage_shape(document)
     assert shape == records.StageShape(stage, frozenset(layouts))
-    for layout in (1, 2, None):
+    for layout in (1, 2, 3, None):
         named_as = records.ManifestRef(IDS[0], stage, layout)
         if layout is None or layout in layouts:
             records.check_named(shape, named_as, "m")

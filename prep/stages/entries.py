@@ -1,0 +1,271 @@
+"""Entries objects: one fixed-size record per document (its order key, where its tokens, text
+and id are), sorted by key, then the documents' ids. Three kinds (docs/manifests.md, "Entries
+objects"): a tokenize task's *part* entries (every document of one part, with a prefix index so
+that any key bucket is one read), an order task's *bucket* entries (its kept documents), and the
+*route* entries that earlier builds wrote in a stage between the two (store layout 2).
+
+A part's entries are written by the tokenize task that wrote its intermediate, from the metadata
+it already holds: no stage reads the part again to route it, and nothing in them depends on the
+part's place in the corpus (an order task fills in each entry's part ordinal as it reads them).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from prep.errors import IntegrityError
+from prep.hashing import Digest, HashingWriter
+from prep.manifest import canonical
+from prep.stages.columns import to_numbers
+from prep.stages.intermediate import hash_pairs
+from prep.stages.keys import bucket_of, order_keys
+
+ENTRY_DTYPE = np.dtype([
+    ("key_hi", "<u8"), ("key_lo", "<u8"), ("part", "<u4"), ("row", "<u4"), ("text_offset", "<u8"),
+    ("text_bytes", "<u8"), ("tokens_offset", "<u8"), ("n_tokens", "<u8"), ("id_offset", "<u8"),
+    ("id_len", "<u4"), ("flags", "<u4"),
+])
+"""One document of an entries object: 72 bytes, little-endian (docs/manifests.md)."""
+NO_ID = 0xFFFFFFFF  # id_len of a document without a recorded id
+MAGIC = b"PREPENT1"
+_HEAD = struct.Struct("<8sQ")
+MAX_INDEX_BITS = 20
+"""A part's index resolves key prefixes of at most this many bits (4 MiB of index at most)."""
+PART_COLUMNS = ("row", "id", "text_hash", "text_bytes", "n_tokens", "text_offset", "tokens_offset")
+"""The intermediate metadata columns a part's entries are made of."""
+
+
+@dataclass(frozen=True)
+class EntryFile:
+    """An entries object opened for reading: its header, and where its index, entries and ids start."""
+
+    path: Path
+    header: dict[str, Any]
+    index_at: int
+    entries_at: int
+    ids_at: int
+
+    @classmethod
+    def open(cls, path: Path) -> EntryFile:
+        """Read the header of an entries object; IntegrityError when it is not one."""
+        with open(path, "rb") as handle:
+            head = handle.read(_HEAD.size)
+            if len(head) != _HEAD.size or _HEAD.unpack(head)[0] != MAGIC:
+                raise IntegrityError(f"{path}: not a prep entries object")
+            length = _HEAD.unpack(head)[1]
+            header = canonical.loads(handle.read(length))
+        if not isinstance(header, dict) or not isinstance(header.get("count"), int):
+            raise IntegrityError(f"{path}: entries object header is malformed")
+        index_at = _HEAD.size + length
+        bits = header.get("index_bits")
+        if header.get("kind") == "part" and not (isinstance(bits, int) and 0 <= bits <= MAX_INDEX_BITS):
+            raise IntegrityError(f"{path}: part entries without a valid index_bits")
+        entries_at = index_at + (_index_length(bits) if isinstance(bits, int) and header.get("kind") == "part" else 0)
+        return cls(path, header, index_at, entries_at, entries_at + header["count"] * ENTRY_DTYPE.itemsize)
+
+    def read(self, first: int, count: int) -> tuple[np.ndarray, bytes]:
+        """Entries [first, first + count) and the ids they point into (offsets are object-wide)."""
+        if first < 0 or count < 0 or first + count > self.header["count"]:
+            raise IntegrityError(f"{self.path}: entries {first}..{first + count} out of range")
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            raw = os.pread(fd, count * ENTRY_DTYPE.itemsize, self.entries_at + first * ENTRY_DTYPE.itemsize)
+            if len(raw) != count * ENTRY_DTYPE.itemsize:  # cut short, perhaps mid-entry
+                raise IntegrityError(f"{self.path}: shorter than its header says")
+            entries = np.frombuffer(raw, dtype=ENTRY_DTYPE).copy()
+            with_id = entries["id_len"] != NO_ID
+            if not with_id.any():
+                return entries, b""
+            start = int(entries["id_offset"][with_id].min())
+            end = int((entries["id_offset"][with_id] + entries["id_len"][with_id]).max())
+            ids = os.pread(fd, end - start, self.ids_at + start)
+        finally:
+            os.close(fd)
+        entries["id_offset"][with_id] -= start
+        return entries, ids
+
+    def prefix_range(self, low: int, high: int) -> tuple[int, int]:
+        """(first, end) of the entries whose key's top `index_bits` bits are in [low, high), from
+        the index of a part's entries (two positional reads)."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            first, end = (int.from_bytes(os.pread(fd, 4, self.index_at + 4 * at), "little") for at in (low, high))
+        finally:
+            os.close(fd)
+        if not 0 <= first <= end <= self.header["count"]:
+            raise IntegrityError(f"{self.path}: its index is out of order")
+        return first, end
+
+    def bucket_range(self, bucket: int, bits: int) -> tuple[int, int]:
+        """(first, count) of the entries a part's entries object holds in key bucket `bucket` of
+        `2**bits` (the keys' top `bits` bits); for `bits` finer than the index, of the coarser
+        prefix holding the bucket (a reader keeps the bucket's own entries)."""
+        if self.header.get("kind") != "part":
+            raise IntegrityError(f"{self.path}: a {self.header.get('kind')} entries object, not a part's")
+        index_bits = int(self.header["index_bits"])
+        if bits <= index_bits:
+            shift = index_bits - bits
+            first, end = self.prefix_range(bucket << shift, (bucket + 1) << shift)
+        else:
+            prefix = bucket >> (bits - index_bits)
+            first, end = self.prefix_range(prefix, prefix + 1)
+        return first, end - first
+
+
+def _index_length(bits: int) -> int:
+    """Bytes of a part's index: 2**bits + 1 cumulative counts (u32)."""
+    return ((1 << bits) + 1) * 4
+
+
+def write_entries(path: Path, header: dict[str, Any], entries: np.ndarray, ids: bytes, index: bytes = b"") -> Digest:
+    """Write an entries object (magic, header length, canonical JSON header, a part's index,
+    entries, ids)."""
+    body = canonical.dumps({**header, "count": len(entries)})
+    with HashingWriter(path, durable=False) as out:
+        out.write(_HEAD.pack(MAGIC, len(body)))
+        out.write(body)
+        out.write(index)
+        out.write(np.ascontiguousarray(entries, dtype=ENTRY_DTYPE).view(np.uint8).data)
+        out.write(ids)
+    return out.close()
+
+
+GATHER_BLOCK = 1 << 16  # (start, length) pairs per numpy gather: bounds the index arrays
+
+
+def gather_bytes(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> bytes:
+    """`blob[start:start + length]` of each pair, concatenated: one slice when the pieces are
+    already laid out one after another, else numpy gathers of a uint8 view."""
+    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if not total:
+        return b""
+    before = np.cumsum(lengths) - lengths
+    used = lengths > 0
+    first = int(starts[used][0])
+    if np.array_equal(starts[used] - before[used], np.full(int(used.sum()), first)):
+        return blob[first:first + total].tobytes()
+    width = int(lengths[0])
+    if width and not (lengths != width).any() and not (starts % width).any() and int(starts.max()) + width <= len(blob):
+        rows: bytes = blob[:len(blob) - len(blob) % width].reshape(-1, width)[starts // width].tobytes()
+        return rows  # fixed-width pieces (ids, mostly) as rows
+    pieces = []
+    for low in range(0, len(starts), GATHER_BLOCK):
+        block_starts, block_lengths = starts[low:low + GATHER_BLOCK], lengths[low:low + GATHER_BLOCK]
+        size = int(block_lengths.sum())
+        shift = np.repeat(block_starts - (np.cumsum(block_lengths) - block_lengths), block_lengths)
+        pieces.append(blob[shift + np.arange(size, dtype=np.int64)].tobytes())
+    return b"".join(pieces)
+
+
+def _string_chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
+    return list(column.chunks) if isinstance(column, pa.ChunkedArray) else [column]
+
+
+def pack_id_column(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """Offsets, lengths (NO_ID for nulls) and the concatenated UTF-8 of a string column, read
+    from its buffers (the bytes `_pack_ids` makes of the column's strings)."""
+    blobs, all_lengths, all_valid = [], [], []
+    for chunk in _string_chunks(column):
+        if not len(chunk):
+            continue
+        validity, offsets_buffer, data = chunk.buffers()
+        width = np.dtype("<i8" if pa.types.is_large_string(chunk.type) else "<i4")
+        offsets = np.frombuffer(offsets_buffer, dtype=width, count=len(chunk) + 1,
+                                offset=chunk.offset * width.itemsize).astype(np.int64)
+        valid = np.ones(len(chunk), dtype=bool)
+        if validity is not None and chunk.null_count:
+            bits = pa.Array.from_buffers(pa.bool_(), chunk.offset + len(chunk), [None, validity])
+            valid = to_numbers(bits.slice(chunk.offset))
+        lengths = np.where(valid, offsets[1:] - offsets[:-1], 0)
+        raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+        blobs.append(gather_bytes(raw, offsets[:-1], lengths))
+        all_lengths.append(lengths)
+        all_valid.append(valid)
+    blob = b"".join(blobs)
+    blob.decode("utf-8")  # what decoding each id would check (the column is prep's own, hashed)
+    lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, dtype=np.int64)
+    valid = np.concatenate(all_valid) if all_valid else np.zeros(0, dtype=bool)
+    offsets = (np.cumsum(lengths) - lengths).astype(np.uint64)
+    return offsets, np.where(valid, lengths, NO_ID).astype(np.uint32), blob
+
+
+def _pack_ids(ids: Sequence[str | None]) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """Offsets, lengths (NO_ID for none) and the concatenated UTF-8 of `ids` (the reference of
+    `pack_id_column`)."""
+    encoded = [b"" if doc_id is None else doc_id.encode("utf-8", "surrogatepass") for doc_id in ids]
+    lengths = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))
+    offsets = np.zeros(len(encoded), dtype=np.uint64)
+    if len(encoded) > 1:
+        offsets[1:] = np.cumsum(lengths[:-1])
+    lens = np.where([doc_id is None for doc_id in ids], NO_ID, lengths).astype(np.uint32)
+    return offsets, lens, b"".join(encoded)
+
+
+def regroup_ids(entries: np.ndarray, blob: bytes) -> tuple[np.ndarray, bytes]:
+    """Rewrite the id blob in entry order, so a run of entries has a contiguous run of ids."""
+    with_id = entries["id_len"] != NO_ID
+    if not with_id.any():
+        return entries, b""
+    regrouped = gather_bytes(np.frombuffer(blob, dtype=np.uint8), entries["id_offset"][with_id],
+                             entries["id_len"][with_id])
+    lengths = np.where(with_id, entries["id_len"], 0).astype(np.int64)
+    entries["id_offset"] = (np.cumsum(lengths) - lengths).astype(np.uint64)
+    return entries, regrouped
+
+
+def key_order(entries: np.ndarray) -> np.ndarray:
+    """The permutation sorting entries by (key_hi, key_lo, part, row): one argsort of key_hi,
+    then a lexsort of only the entries whose key_hi is shared (duplicates, mostly)."""
+    order = np.argsort(entries["key_hi"], kind="stable")
+    high = entries["key_hi"][order]
+    tied = np.zeros(len(order), dtype=bool)
+    same = high[1:] == high[:-1]
+    tied[1:] |= same
+    tied[:-1] |= same
+    if tied.any():
+        at = np.flatnonzero(tied)
+        sub = order[at]
+        chosen = entries[sub]
+        order[at] = sub[np.lexsort((chosen["row"], chosen["part"], chosen["key_lo"], chosen["key_hi"]))]
+    return order
+
+
+
+
+def index_bits_for(count: int) -> int:
+    """The resolution of a part's index: about one prefix per document (so a bucket finer than
+    the index costs a read of about one document's entries), at most MAX_INDEX_BITS."""
+    return min(MAX_INDEX_BITS, max(0, count - 1).bit_length())
+
+
+def part_entries(table: pa.Table, seed: int) -> tuple[np.ndarray, bytes]:
+    """A part's documents as entries (part ordinal 0) sorted by order key, then row; their ids
+    regrouped in that order. `table` has the PART_COLUMNS of the part's metadata, in row order."""
+    key_hi, key_lo = order_keys(hash_pairs(table.column("text_hash")), seed)
+    entries = np.zeros(table.num_rows, dtype=ENTRY_DTYPE)
+    entries["key_hi"], entries["key_lo"] = key_hi, key_lo
+    entries["row"] = to_numbers(table.column("row"))
+    for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
+        entries[name] = to_numbers(table.column(name))
+    entries["id_offset"], entries["id_len"], blob = pack_id_column(table.column("id"))
+    return regroup_ids(entries[key_order(entries)], blob)
+
+
+def write_part_entries(path: Path, table: pa.Table, seed: int) -> Digest:
+    """Write a part's entries object: its entries in key order and the index of their key prefixes."""
+    entries, ids = part_entries(table, seed)
+    bits = index_bits_for(len(entries))
+    prefixes = bucket_of(entries["key_hi"], bits) if len(entries) else np.zeros(0, dtype=np.int64)
+    index = np.zeros((1 << bits) + 1, dtype="<u4")
+    np.cumsum(np.bincount(prefixes, minlength=1 << bits), out=index[1:])
+    return write_entries(path, {"schema": "prep.entries/1", "kind": "part", "index_bits": bits}, entries, ids,
+                         index.tobytes())
