@@ -222,6 +222,14 @@ def regroup_ids(entries: np.ndarray, blob: bytes) -> tuple[np.ndarray, bytes]:
     return entries, regrouped
 
 
+def take_entries(entries: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """`entries[index]` for an integer index, gathered as rows of nine u64 (an entry is 72 bytes):
+    numpy copies structured records one field at a time, six times slower."""
+    rows = np.ascontiguousarray(entries).view("<u8").reshape(-1, ENTRY_DTYPE.itemsize // 8)
+    taken: np.ndarray = np.take(rows, index, axis=0).view(ENTRY_DTYPE).reshape(-1)
+    return taken
+
+
 def key_order(entries: np.ndarray) -> np.ndarray:
     """The permutation sorting entries by (key_hi, key_lo, part, row): one argsort of key_hi,
     then a lexsort of only the entries whose key_hi is shared (duplicates, mostly)."""
@@ -256,8 +264,11 @@ def part_entries(table: pa.Table, seed: int) -> tuple[np.ndarray, bytes]:
     entries["row"] = to_numbers(table.column("row"))
     for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
         entries[name] = to_numbers(table.column(name))
-    entries["id_offset"], entries["id_len"], blob = pack_id_column(table.column("id"))
-    return regroup_ids(entries[key_order(entries)], blob)
+    order = key_order(entries)
+    entries = take_entries(entries, order)
+    # Arrow's take puts the ids in entry order, string by string: no regrouping of a packed blob.
+    entries["id_offset"], entries["id_len"], blob = pack_id_column(table.column("id").take(pa.array(order)))
+    return entries, blob
 
 
 def write_part_entries(path: Path, table: pa.Table, seed: int) -> Digest:

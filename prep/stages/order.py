@@ -20,7 +20,17 @@ from typing import Any
 import numpy as np
 
 from prep.hashing import Digest
-from prep.stages.entries import ENTRY_DTYPE, GATHER_BLOCK, NO_ID, EntryFile, gather_bytes, key_order, regroup_ids, write_entries
+from prep.stages.entries import (
+    ENTRY_DTYPE,
+    GATHER_BLOCK,
+    NO_ID,
+    EntryFile,
+    gather_bytes,
+    key_order,
+    regroup_ids,
+    take_entries,
+    write_entries,
+)
 from prep.stages.keys import bucket_of
 
 
@@ -51,11 +61,11 @@ def sort_and_dedup(entries: np.ndarray, exact: bool) -> tuple[np.ndarray, int]:
     equal keys only. Returns the kept entries and how many were dropped."""
     order = key_order(entries)
     if not exact or len(order) < 2:
-        return entries[order], 0
+        return take_entries(entries, order), 0
     high, low = entries["key_hi"][order], entries["key_lo"][order]
     repeat = np.zeros(len(order), dtype=bool)
     repeat[1:] = (high[1:] == high[:-1]) & (low[1:] == low[:-1])
-    return entries[order[~repeat]], int(repeat.sum())  # one copy of the entries, the kept ones
+    return take_entries(entries, order[~repeat]), int(repeat.sum())  # one copy of the entries, the kept ones
 
 
 @dataclass(frozen=True)
