@@ -231,22 +231,23 @@ def take_entries(entries: np.ndarray, index: np.ndarray) -> np.ndarray:
 
 
 def key_order(entries: np.ndarray) -> np.ndarray:
-    """The permutation sorting entries by (key_hi, key_lo, part, row): one argsort of key_hi,
-    then a lexsort of only the entries whose key_hi is shared (duplicates, mostly)."""
-    order = np.argsort(entries["key_hi"], kind="stable")
-    high = entries["key_hi"][order]
+    """The permutation sorting entries by (key_hi, key_lo, part, row)."""
+    return key_order_of(entries["key_hi"], entries["key_lo"], entries["part"], entries["row"])
+
+
+def key_order_of(key_hi: np.ndarray, key_lo: np.ndarray, *ties: np.ndarray) -> np.ndarray:
+    """The permutation sorting by (key_hi, key_lo, *ties): one argsort of key_hi, then a lexsort
+    of only the positions whose key_hi is shared (duplicates, mostly)."""
+    order = np.argsort(key_hi, kind="stable")
+    high = key_hi[order]
     tied = np.zeros(len(order), dtype=bool)
     same = high[1:] == high[:-1]
     tied[1:] |= same
     tied[:-1] |= same
     if tied.any():
-        at = np.flatnonzero(tied)
-        sub = order[at]
-        chosen = entries[sub]
-        order[at] = sub[np.lexsort((chosen["row"], chosen["part"], chosen["key_lo"], chosen["key_hi"]))]
+        sub = order[np.flatnonzero(tied)]
+        order[np.flatnonzero(tied)] = sub[np.lexsort((*(tie[sub] for tie in reversed(ties)), key_lo[sub], key_hi[sub]))]
     return order
-
-
 
 
 def index_bits_for(count: int) -> int:
@@ -256,16 +257,16 @@ def index_bits_for(count: int) -> int:
 
 
 def part_entries(table: pa.Table, seed: int) -> tuple[np.ndarray, bytes]:
-    """A part's documents as entries (part ordinal 0) sorted by order key, then row; their ids
-    regrouped in that order. `table` has the PART_COLUMNS of the part's metadata, in row order."""
+    """A part's documents as entries (part ordinal 0) sorted by order key, then row, and their
+    ids in that order. `table` has the PART_COLUMNS of the part's metadata, in row order. Each
+    column is put in order on its own and written once into the entries (one entries array)."""
     key_hi, key_lo = order_keys(hash_pairs(table.column("text_hash")), seed)
+    rows = to_numbers(table.column("row"))
+    order = key_order_of(key_hi, key_lo, rows)
     entries = np.zeros(table.num_rows, dtype=ENTRY_DTYPE)
-    entries["key_hi"], entries["key_lo"] = key_hi, key_lo
-    entries["row"] = to_numbers(table.column("row"))
+    entries["key_hi"], entries["key_lo"], entries["row"] = key_hi[order], key_lo[order], rows[order]
     for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
-        entries[name] = to_numbers(table.column(name))
-    order = key_order(entries)
-    entries = take_entries(entries, order)
+        entries[name] = to_numbers(table.column(name))[order]
     # Arrow's take puts the ids in entry order, string by string: no regrouping of a packed blob.
     entries["id_offset"], entries["id_len"], blob = pack_id_column(table.column("id").take(pa.array(order)))
     return entries, blob
