@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pickle
 import shutil
@@ -277,3 +278,25 @@ def test_a_disk_filling_up_while_refs_move_never_half_publishes(project: tuple[P
         rerun = run_prep("build", pipeline, "--store", store, "--workers", "1", "--tag", "v1")
         assert rerun.stdout.split()[-1] == clean and (store / "refs" / "tiny" / "v1.json").exists()
         assert (store / "refs" / "tiny" / "latest.json").read_bytes() == latest
+
+
+@pytest.mark.parametrize("spare_pages", [2, 8, 24])
+def test_a_disk_filling_up_while_a_part_s_entries_are_written_is_one_line(project: tuple[Path, str],
+                                                                         tmp_path: Path, spare_pages: int) -> None:
+    """Room for the intermediate but not for the part's entries written after it: the build fails
+    with one line naming the entries file, leaves nothing staged, and a rerun converges."""
+    pipeline, clean = project
+    clean_store = Path(pipeline).parent / "clean"
+    tokenize = next(json.loads(path.read_text()) for path in (clean_store / "tasks" / "tokenize").glob("*.json"))
+    intermediate = clean_store / "objects" / "sha256" / tokenize["outputs"]["intermediate"][7:9] / \
+        tokenize["outputs"]["intermediate"][7:]
+    with small_tmpfs(tmp_path / "mnt", "64m") as mount:
+        store = mount / "store"
+        filler = fill_up(mount)
+        free_pages(mount, filler, -(-intermediate.stat().st_size // 4096) + spare_pages)
+        failed = run_prep("build", pipeline, "--store", store, "--workers", "1", check=False)
+        line = _expect_disk_full(failed, store)
+        assert ".part.entries:" in line, line
+        filler.unlink()
+        assert run_prep("build", pipeline, "--store", store, "--workers", "1").stdout.split()[-1] == clean
+        assert staged(store) == []
