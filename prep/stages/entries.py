@@ -245,8 +245,9 @@ def key_order_of(key_hi: np.ndarray, key_lo: np.ndarray, *ties: np.ndarray) -> n
     tied[1:] |= same
     tied[:-1] |= same
     if tied.any():
-        sub = order[np.flatnonzero(tied)]
-        order[np.flatnonzero(tied)] = sub[np.lexsort((*(tie[sub] for tie in reversed(ties)), key_lo[sub], key_hi[sub]))]
+        at = np.flatnonzero(tied)
+        sub = order[at]
+        order[at] = sub[np.lexsort((*(tie[sub] for tie in reversed(ties)), key_lo[sub], key_hi[sub]))]
     return order
 
 
