@@ -103,3 +103,41 @@ def test_every_document_sits_at_its_offsets_with_the_reference_tokens(tmp_path: 
         base = int(text_ends[-1])
     assert len(table) == len(texts)
     assert [row["id"] for row in table] == [str(i) for i in range(len(texts))]
+
+
+def test_a_worker_that_outgrew_its_engine_loads_it_afresh_with_the_same_tokens(
+        tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gigatoken's pre-token cache has no bound: once the worker grew ENGINE_GROWTH_BYTES past its
+    size at load, the next task drops the engine and loads it again; tokens never change."""
+    lines: list[dict[str, object]] = [{"id": f"d{i}", "text": f"word{i} and more words {i * 7}"} for i in range(40)]
+    sizes = iter(range(10**9, 2 * 10**9, 10**8))  # each reading 100 MB more than the last
+    monkeypatch.setattr(tokenize, "resident_bytes", lambda: next(sizes))
+    monkeypatch.setattr(tokenize, "_ENGINES", {})
+    monkeypatch.setattr(tokenize, "ENGINE_GROWTH_BYTES", 150 * 10**6)
+    results, engines = [], []
+    for _ in range(4):
+        results.append(read_columns(_run(tmp_path, tokenizer_path, lines).path, ["n_tokens", "tokens_offset"]))
+        engines.extend(loaded.engine for loaded in tokenize._ENGINES.values())
+    assert all(result.equals(results[0]) for result in results)
+    # loaded at 1.0 GB; the task after reads 1.1 GB (kept), the next 1.2 GB (grew 200 MB: loaded again)
+    assert [id(engine) for engine in engines] == [id(engines[0])] * 2 + [id(engines[2])] * 2
+    assert engines[2] is not engines[0]
+
+
+def test_an_engine_is_kept_while_the_worker_does_not_grow(tmp_path: Path, tokenizer_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tokenize, "resident_bytes", lambda: 10**9)
+    monkeypatch.setattr(tokenize, "_ENGINES", {})
+    lines: list[dict[str, object]] = [{"id": "a", "text": "some text"}]
+    first = _run(tmp_path, tokenizer_path, lines)
+    engine = next(iter(tokenize._ENGINES.values())).engine
+    _run(tmp_path, tokenizer_path, lines)
+    assert next(iter(tokenize._ENGINES.values())).engine is engine and first.summary["documents"] == 1
+
+
+def test_resident_bytes_reads_this_process() -> None:
+    import resource
+
+    resident = tokenize.resident_bytes()
+    assert resident is not None
+    assert 10 << 20 < resident <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
