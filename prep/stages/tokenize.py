@@ -8,7 +8,6 @@ applied later, when shards are assembled.
 from __future__ import annotations
 
 import gc
-import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import suppress
@@ -23,6 +22,7 @@ import pyarrow.compute as pc
 from prep.errors import InputError
 from prep.hashing import Digest
 from prep.inputs.sources import check_unchanged
+from prep.memory import release_free_memory, resident_bytes
 from prep.stages.batches import read_batches
 from prep.stages.columns import to_strings
 from prep.stages.entries import PART_COLUMNS, write_part_entries
@@ -51,12 +51,14 @@ class TokenizeResult:
     entries: tuple[Path, Digest] | None = None
 
 
-ENGINE_GROWTH_BYTES = 512 << 20
+ENGINE_GROWTH_BYTES = 256 << 20
 """How much a worker's resident memory may grow past what it held once its tokenizer engine was
 loaded before the next task loads the engine afresh. gigatoken keeps a cache of every distinct
 pre-token it has encoded, with no bound (40M distinct words: 2.7 GB), so on a corpus whose
 vocabulary never stops growing (numbers, URLs, names, typos) every worker would grow without
-limit. Dropping the engine frees its cache; loading it again costs about 0.15 s."""
+limit. Checked before every batch; dropping the engine frees its cache (and the heap is trimmed,
+so the next check measures what is really held); loading it again costs about 0.15 s. A corpus
+of real text grows a worker by a few dozen MB in all, so it never reloads."""
 
 
 @dataclass(frozen=True)
@@ -71,15 +73,6 @@ class _Loaded:
 _ENGINES: dict[tuple[object, ...], _Loaded] = {}
 
 
-def resident_bytes() -> int | None:
-    """This process's resident memory (Linux), None where it cannot be read."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _outgrown(loaded: _Loaded) -> bool:
     """True once this worker grew ENGINE_GROWTH_BYTES past its size when `loaded` was loaded."""
     now = resident_bytes()
@@ -92,17 +85,22 @@ def _engine(settings: TokenizeSettings) -> tuple[TokenizerEngine, TokenizerInfo]
     cache_key = (settings.tokenizer_sha256, settings.eos, settings.encode_special_tokens,
                  settings.backend, settings.threads)
     loaded = _ENGINES.get(cache_key)
+    checked = None
     if loaded is not None and _outgrown(loaded):
         del _ENGINES[cache_key]
         loaded.engine.backend.close()
+        checked = loaded.engine.checked  # the build log's cross-check counts go on
         loaded = None
-        gc.collect()  # the engine and its cache are freed here, before the new one is loaded
+        gc.collect()  # the engine and its cache are freed here (no caller holds it), then the heap trimmed
+        release_free_memory()
     if loaded is None:
         path = Path(settings.tokenizer_path)
         tokenizer, info = load_tokenizer(path, settings.eos, settings.encode_special_tokens)
         if info.sha256 != settings.tokenizer_sha256:
             raise InputError(f"{path}: tokenizer file changed during the build")
         engine = TokenizerEngine.create(settings.backend, path, tokenizer, info, settings.threads)
+        if checked is not None:
+            engine.checked = checked
         loaded = _ENGINES[cache_key] = _Loaded(engine, info, resident_bytes())
     return loaded.engine, loaded.info
 
@@ -177,7 +175,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     """Read, hash and tokenize every document of `task` into the new local intermediate file
     `out_path` (fsynced unless `durable` is False, for a file whose store makes it durable when
     put) and, with an order seed, write the part's entries (prep.stages.entries) beside it."""
-    engine, info = _engine(settings)
+    info = _engine(settings)[1]  # holding no reference to the engine: a reload must free the old one
     dtype = np.dtype(info.dtype)
     counts = {"documents": 0, "tokens": 0, "text_bytes": 0, "bad_records": 0, "special_token_documents": 0,
               "lines": 0}
@@ -188,7 +186,9 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     try:
         with IntermediateWriter(out_path, dtype, durable, settings.order_seed) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
-                tokens, token_offsets = engine.encode_columns(batch.blob, batch.offsets, _DocumentNames(task, batch.rows))
+                # Loaded afresh when the worker outgrew ENGINE_GROWTH_BYTES; never held across batches.
+                tokens, token_offsets = _engine(settings)[0].encode_columns(batch.blob, batch.offsets,
+                                                                            _DocumentNames(task, batch.rows))
                 unique_ids.add(batch)
                 specials = documents_containing(batch.blob, batch.offsets, special_needles)
                 writer.write_columns(batch.rows, batch.ids, batch.blob, batch.offsets, batch.text_hashes(), specials,
@@ -209,7 +209,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
         raise
     summary: dict[str, Any] = dict(counts)
     summary["bad_record_examples"] = bad
-    log = {"seconds": round(time.perf_counter() - started, 3), **engine.report()}
+    log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings)[0].report()}
     assert writer.digest is not None
     return TokenizeResult(out_path, writer.digest, summary, log, entries)
 

@@ -1,14 +1,17 @@
 """Benchmark (not a test): a worker's memory on a corpus whose vocabulary never stops growing.
 
-    python -m tests.bench.bench_vocab [--documents 1.5] [--workdir /tmp/prep-bench] [--workers 2]
+    python -m tests.bench.bench_vocab [--documents 2] [--rounds 20] [--workdir /tmp/prep-bench] [--workers 2]
 
-gigatoken caches every distinct pre-token it has encoded, without a bound. The corpus here is
-DOCUMENTS million documents of ten random eight-letter words each (deterministic, so about ten
-distinct words per document), in JSON Lines files of 250k documents. The same build runs twice
-side by side, fresh stores, `backend = "gigatoken"`, formats ["bin"]: as prep runs it (the
-engine is loaded afresh once a worker outgrew `prep.stages.tokenize.ENGINE_GROWTH_BYTES`), and
-with that bound lifted. Prints wall seconds and the largest process's peak RSS of each, and
-whether the two snapshots are the same (they must be: the cache never changes a token).
+gigatoken caches every distinct pre-token it has encoded, without a bound; a tokenize worker
+loads its engine afresh once it grew `prep.stages.tokenize.ENGINE_GROWTH_BYTES` past its size at
+load. Side by side in one run:
+- gigatoken alone, in this process: resident MB after each round of 100k documents of ten random
+  eight-letter words (a million new words a round);
+- `prep build` (fresh store, `backend = "gigatoken"`, formats ["bin"]) of DOCUMENTS million such
+  documents as prep runs it, the same with the bound lifted (workers are forked from a driver
+  that set it, so they inherit it), and the same number of short real-text documents
+  (`bench_scale`'s corpus): wall seconds, the largest process's peak RSS, and whether the
+  bounded and unbounded builds give the same snapshot (they must: a cache never changes a token).
 """
 
 from __future__ import annotations
@@ -16,20 +19,26 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import string
 import sys
 from pathlib import Path
 
+from tests.bench.bench_scale import short_corpus
 from tests.bench.benchsupport import REPO, measure_tree, tokenizer
 
 DOCUMENTS_PER_FILE = 250_000
 UNBOUNDED = ("import sys; import prep.stages.tokenize as t; t.ENGINE_GROWTH_BYTES = 1 << 62; "
              "from prep.cli.main import main; sys.argv = ['prep', *sys.argv[1:]]; main()")
-"""`prep` with the engine never reloaded: workers are forked from this driver, so they inherit it."""
+
+
+def _words(rng: random.Random, count: int) -> list[str]:
+    """`count` documents of ten random eight-letter words each."""
+    return [" ".join("".join(rng.choices(string.ascii_lowercase, k=8)) for _ in range(10)) for _ in range(count)]
 
 
 def open_vocabulary_corpus(workdir: Path, documents: int) -> Path:
-    """The corpus (made once): files of documents of ten random eight-letter words."""
+    """The corpus (made once): JSON Lines files of 250k documents of random words."""
     folder = workdir / f"vocab-{documents}"
     if folder.is_dir():
         return folder
@@ -37,39 +46,69 @@ def open_vocabulary_corpus(workdir: Path, documents: int) -> Path:
     staging.mkdir(parents=True, exist_ok=True)
     rng = random.Random(13)
     for index, start in enumerate(range(0, documents, DOCUMENTS_PER_FILE)):
+        count = min(documents, start + DOCUMENTS_PER_FILE) - start
         with open(staging / f"part-{index:03d}.jsonl", "w", encoding="utf-8") as out:
-            for number in range(start, min(documents, start + DOCUMENTS_PER_FILE)):
-                words = " ".join("".join(rng.choices(string.ascii_lowercase, k=8)) for _ in range(10))
-                out.write(json.dumps({"id": f"v{number}", "text": words}) + "\n")
+            out.writelines(json.dumps({"id": f"v{start + i}", "text": text}) + "\n"
+                           for i, text in enumerate(_words(rng, count)))
     staging.rename(folder)
     return folder
 
 
+def gigatoken_alone(tokenizer_path: Path, rounds: int) -> list[int]:
+    """Resident MB after each round of 100k new-word documents encoded by one gigatoken Tokenizer."""
+    import gigatoken
+
+    from prep.memory import resident_bytes
+
+    tok = gigatoken.Tokenizer(str(tokenizer_path))
+    rng = random.Random(2)
+    sizes = []
+    for _ in range(rounds):
+        tok.encode_batch(_words(rng, 100_000))
+        sizes.append((resident_bytes() or 0) >> 20)
+    return sizes
+
+
+def build(entry: list[str], spec: Path, store: Path, workers: int) -> tuple[float, int, str]:
+    """Seconds, the largest process's peak RSS in MB, and the snapshot id of a fresh build."""
+    if store.exists():
+        shutil.rmtree(store)
+    run = measure_tree([sys.executable, *entry, "build", str(spec), "--store", str(store), "--workers", str(workers)],
+                       cwd=REPO)
+    return run.seconds, run.max_process_rss >> 20, run.stdout.split()[-1]
+
+
+def _spec(path: Path, folder: Path, tok: Path) -> Path:
+    path.write_text(f'dataset = "vocab"\nseed = 1\n[input]\npaths = ["{folder}"]\nid_field = "id"\n'
+                    f'[tokenizer]\npath = "{tok}"\nbackend = "gigatoken"\n[output]\nshard_size = "256MB"\nformats = ["bin"]\n')
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--documents", type=float, default=1.5, help="millions of documents")
+    parser.add_argument("--documents", type=float, default=2, help="millions of documents")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds of gigatoken alone")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench"))
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    folder = open_vocabulary_corpus(args.workdir, int(args.documents * 1e6))
-    tok = tokenizer(folder, args.workdir / "tokenizer-50257.json")
-    spec = args.workdir / "bench-vocab.toml"
-    spec.write_text(f'dataset = "vocab"\nseed = 1\n[input]\npaths = ["{folder}"]\nid_field = "id"\n'
-                    f'[tokenizer]\npath = "{tok}"\nbackend = "gigatoken"\n'
-                    f'[output]\nshard_size = "256MB"\nformats = ["bin"]\n')
+    documents = int(args.documents * 1e6)
+    open_vocab, real = open_vocabulary_corpus(args.workdir, documents), short_corpus(args.workdir, documents)
+    tok = tokenizer(real, args.workdir / "tokenizer-50257.json")
+    print(f"gigatoken alone, resident MB after each million new words: {gigatoken_alone(tok, args.rounds)}", flush=True)
+    store = args.workdir / "store-vocab"
+    runs = [("open vocabulary, as prep runs", ["-m", "prep.cli.main"], open_vocab),
+            ("open vocabulary, unbounded", ["-c", UNBOUNDED], open_vocab),
+            ("real text, as prep runs", ["-m", "prep.cli.main"], real)]
     snapshots = []
-    for label, entry in (("bounded (as prep runs)", ["-m", "prep.cli.main"]), ("unbounded cache", ["-c", UNBOUNDED])):
-        store = args.workdir / "store-vocab"
-        if store.exists():
-            import shutil
-
-            shutil.rmtree(store)
-        run = measure_tree([sys.executable, *entry, "build", str(spec), "--store", str(store),
-                            "--workers", str(args.workers)], cwd=REPO)
-        snapshots.append(run.stdout.split()[-1])
-        print(f"{label:24s} {run.seconds:7.2f} s   largest process {run.max_process_rss / 2**20:7.0f} MB", flush=True)
-    print("same snapshot" if snapshots[0] == snapshots[1] else f"DIFFERENT snapshots: {snapshots}")
+    for label, entry, folder in runs:
+        seconds, largest, snapshot = build(entry, _spec(args.workdir / "bench-vocab.toml", folder, tok), store,
+                                           args.workers)
+        snapshots.append(snapshot)
+        print(f"prep build, {args.documents:g}M documents, {label:30s} {seconds:7.2f} s   largest process {largest:6d} MB",
+              flush=True)
+    print("bounded and unbounded: same snapshot" if snapshots[0] == snapshots[1]
+          else f"bounded and unbounded: DIFFERENT snapshots {snapshots[:2]}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from prep.runner.executors import base, local
+from prep import memory
+from prep.runner.executors import local
 
 
 def test_every_task_ends_by_releasing_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -20,15 +21,15 @@ def test_every_task_ends_by_releasing_free_memory(monkeypatch: pytest.MonkeyPatc
 
 def test_releasing_needs_neither_arrow_nor_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "pyarrow", raising=False)
-    monkeypatch.setattr(base, "_malloc_trim", lambda: None)
-    base.release_free_memory()  # nothing to call: no error
+    monkeypatch.setattr(memory, "_malloc_trim", lambda: None)
+    memory.release_free_memory()  # nothing to call: no error
 
 
 def test_releasing_trims_the_c_heap_and_arrow_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     import pyarrow as pa
 
     trimmed: list[int] = []
-    monkeypatch.setattr(base, "_malloc_trim", lambda: trimmed.append)
+    monkeypatch.setattr(memory, "_malloc_trim", lambda: trimmed.append)
     released: list[bool] = []
 
     class Pool:
@@ -36,5 +37,5 @@ def test_releasing_trims_the_c_heap_and_arrow_pool(monkeypatch: pytest.MonkeyPat
             released.append(True)
 
     monkeypatch.setattr(pa, "default_memory_pool", lambda: Pool())
-    base.release_free_memory()
+    memory.release_free_memory()
     assert trimmed == [0] and released == [True]

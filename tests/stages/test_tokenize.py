@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from prep.stages.intermediate import read_columns
 from prep.stages.read import plan_read_tasks
 from prep.stages.specs import TokenizeSettings
 from prep.tokenizer import load_tokenizer
+from prep.tokenizer.engine import TokenizerEngine
 
 
 def _run(tmp_path: Path, tokenizer_path: Path, lines: list[dict[str, object]],
@@ -108,20 +110,44 @@ def test_every_document_sits_at_its_offsets_with_the_reference_tokens(tmp_path: 
 def test_a_worker_that_outgrew_its_engine_loads_it_afresh_with_the_same_tokens(
         tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """gigatoken's pre-token cache has no bound: once the worker grew ENGINE_GROWTH_BYTES past its
-    size at load, the next task drops the engine and loads it again; tokens never change."""
+    size at load, the engine is dropped and loaded again; tokens never change."""
     lines: list[dict[str, object]] = [{"id": f"d{i}", "text": f"word{i} and more words {i * 7}"} for i in range(40)]
-    sizes = iter(range(10**9, 2 * 10**9, 10**8))  # each reading 100 MB more than the last
-    monkeypatch.setattr(tokenize, "resident_bytes", lambda: next(sizes))
+    resident = [10**9]
+    monkeypatch.setattr(tokenize, "resident_bytes", lambda: resident[0])
     monkeypatch.setattr(tokenize, "_ENGINES", {})
     monkeypatch.setattr(tokenize, "ENGINE_GROWTH_BYTES", 150 * 10**6)
-    results, engines = [], []
-    for _ in range(4):
+    results: list[Any] = []
+    engines: list[TokenizerEngine] = []
+    for _ in range(4):  # loaded at 1.0 GB; 1.1 GB: kept; 1.2 GB: grew 200 MB, loaded again; 1.3 GB: kept
         results.append(read_columns(_run(tmp_path, tokenizer_path, lines).path, ["n_tokens", "tokens_offset"]))
         engines.extend(loaded.engine for loaded in tokenize._ENGINES.values())
+        resident[0] += 10**8
     assert all(result.equals(results[0]) for result in results)
-    # loaded at 1.0 GB; the task after reads 1.1 GB (kept), the next 1.2 GB (grew 200 MB: loaded again)
     assert [id(engine) for engine in engines] == [id(engines[0])] * 2 + [id(engines[2])] * 2
-    assert engines[2] is not engines[0]
+    assert engines[2] is not engines[0] and engines[2].checked["batches"] >= engines[0].checked["batches"] > 0
+
+
+def test_an_engine_outgrown_within_a_task_is_loaded_again_between_its_batches(
+        tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task whose batches keep growing the worker reloads the engine between them and writes
+    the same bytes as a task that never did."""
+    lines: list[dict[str, object]] = [{"id": f"d{i}", "text": f"text {i} of {i * 13}"} for i in range(40)]
+    monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", 5)
+    expected = _run(tmp_path, tokenizer_path, lines).digest
+    growing = iter(range(10**9, 10**11, 10**8))  # 100 MB more at every look
+    monkeypatch.setattr(tokenize, "resident_bytes", lambda: next(growing))
+    monkeypatch.setattr(tokenize, "ENGINE_GROWTH_BYTES", 150 * 10**6)
+    monkeypatch.setattr(tokenize, "_ENGINES", {})
+    loads: list[object] = []
+    create = TokenizerEngine.create
+
+    def counted(*args: Any) -> Any:
+        loads.append(args)
+        return create(*args)
+
+    monkeypatch.setattr(TokenizerEngine, "create", counted)
+    assert _run(tmp_path, tokenizer_path, lines).digest == expected
+    assert len(loads) >= 4  # 8 batches, a load at every second look
 
 
 def test_an_engine_is_kept_while_the_worker_does_not_grow(tmp_path: Path, tokenizer_path: Path,
@@ -133,11 +159,3 @@ def test_an_engine_is_kept_while_the_worker_does_not_grow(tmp_path: Path, tokeni
     engine = next(iter(tokenize._ENGINES.values())).engine
     _run(tmp_path, tokenizer_path, lines)
     assert next(iter(tokenize._ENGINES.values())).engine is engine and first.summary["documents"] == 1
-
-
-def test_resident_bytes_reads_this_process() -> None:
-    import resource
-
-    resident = tokenize.resident_bytes()
-    assert resident is not None
-    assert 10 << 20 < resident <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -3,13 +3,11 @@ back as they complete, and optionally warm workers up. Implementations import on
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
-import sys
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from prep.memory import release_free_memory as release_free_memory  # what workers call after a task
 
 
 @dataclass(frozen=True)
@@ -60,27 +58,3 @@ class WrappedExecutor:
 
     def close(self) -> None:
         self.inner.close()
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None where the C library has none."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim: Callable[[int], int] = libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-    return trim
-
-
-def release_free_memory() -> None:
-    """Give free pages back to the system after a task (Arrow's memory pool, then the C heap), so a
-    worker that ran a large task holds no more than the next one needs: without it, pages freed
-    by one kind of task stayed resident beside the next kind's, and a worker's peak grew with the
-    number of tasks it ran."""
-    arrow = sys.modules.get("pyarrow")
-    if arrow is not None:
-        arrow.default_memory_pool().release_unused()
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)

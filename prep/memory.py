@@ -1,0 +1,43 @@
+"""This process's memory: how much is resident, and giving free pages back to the system."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import sys
+from collections.abc import Callable
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux), None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None where the C library has none."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+def release_free_memory() -> None:
+    """Give free pages back to the system after a task (Arrow's memory pool, then the C heap), so a
+    worker that ran a large task holds no more than the next one needs: without it, pages freed
+    by one kind of task stayed resident beside the next kind's, and a worker's peak grew with the
+    number of tasks it ran."""
+    arrow = sys.modules.get("pyarrow")
+    if arrow is not None:
+        arrow.default_memory_pool().release_unused()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
