@@ -53,7 +53,7 @@ class TokenizeResult:
 
 ENGINE_GROWTH_BYTES = 256 << 20
 """How much a worker's resident memory may grow past what it held once its tokenizer engine was
-loaded before the next task loads the engine afresh. gigatoken keeps a cache of every distinct
+loaded before the engine is loaded afresh. gigatoken keeps a cache of every distinct
 pre-token it has encoded, with no bound (40M distinct words: 2.7 GB), so on a corpus whose
 vocabulary never stops growing (numbers, URLs, names, typos) every worker would grow without
 limit. Checked before every batch; dropping the engine frees its cache (and the heap is trimmed,
