@@ -44,8 +44,9 @@ def order(builder: Builder, parts: tuple[PartRef, ...], itemsize: int, dtype: st
                       pipeline.output.shard_size, itemsize, checks.get(bucket, ())))
             for bucket in range(1 << bits)]
     builder.progress.stage("order", f"{plural(len(jobs), 'bucket')} of {plural(len(parts), 'part')}")
+    checked = [part.object_id for _, job in jobs for same in job.check_ids for part in same]
     done = builder.run_tasks("order", jobs, run_order_job, describe=lambda job: f"bucket {job.bucket}",
-                             reads=[[part.entries_id for part in parts]], weight=order_weight)
+                             reads=[[part.entries_id for part in parts] + checked], weight=order_weight)
     stage_key = builder.stage_key("order", settings, [tokenize_out])
     buckets = [{"bucket": job.bucket, "key": key, "output": done[key].outputs["bucket"], **done[key].summary}
                for key, job in jobs]

@@ -125,6 +125,43 @@ def test_corrupt_part_entries_are_recomputed_before_the_order_reads_them(corpus:
     assert all_objects_intact(store_dir)
 
 
+def test_intermediates_an_id_check_reads_are_checked_before_it_reads_them(tmp_path: Path, tokenizer_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """An order task that checks a split file's ids reads that file's intermediates: a rotted one
+    is found and recomputed before the check reads it, not afterwards by the shard stage."""
+    import prep.stages.dedup as dedup
+    import prep.stages.read as read
+    from prep.config import load_pipeline
+    from prep.progress import Progress
+    from prep.runner.build import build
+    from tests.runner.buildsupport import InProcessExecutor
+
+    monkeypatch.setattr(read, "RANGE_BYTES", 2000)
+    write_jsonl(tmp_path / "corpus" / "big.jsonl", make_records(60, seed=4))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], formats='["bin"]')
+    store_dir = tmp_path / "store"
+    build(load_pipeline(pipeline), LocalStore(store_dir), InProcessExecutor(), (), Progress(quiet=True))
+    intermediates = [json.loads(path.read_text())["outputs"]["intermediate"]
+                     for path in sorted((store_dir / "tasks" / "tokenize").glob("*.json"))]
+    assert len(intermediates) > 2
+    flip_byte(object_path(store_dir, intermediates[1]), 40)
+
+    read_intact: list[bool] = []
+    real = dedup.check_unique_ids
+
+    def checking(source: str, paths: Any) -> None:
+        paths = list(paths)
+        read_intact.extend(hashing.digest_file(path).sha256 == path.name for path in paths)
+        real(source, paths)
+
+    monkeypatch.setattr(dedup, "check_unique_ids", checking)
+    nodedup = pipeline.with_name("nodedup.toml")
+    nodedup.write_text(pipeline.read_text().replace("exact = true", "exact = false"))
+    result = build(load_pipeline(nodedup), LocalStore(store_dir), InProcessExecutor(), (), Progress(quiet=True))
+    assert read_intact and all(read_intact), read_intact
+    assert result.stages["order"].ran >= 1 and all_objects_intact(store_dir)
+
+
 @pytest.mark.parametrize("stage", ["tokenize", "order", "shard"])
 def test_corrupt_stage_manifest_is_rebuilt_from_task_records(corpus: Path, tokenizer_path: Path, stage: str) -> None:
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
