@@ -65,10 +65,13 @@ class EntryFile:
         if not isinstance(header, dict) or not isinstance(header.get("count"), int):
             raise IntegrityError(f"{path}: entries object header is malformed")
         index_at = _HEAD.size + length
-        bits = header.get("index_bits")
-        if header.get("kind") == "part" and not (isinstance(bits, int) and 0 <= bits <= MAX_INDEX_BITS):
-            raise IntegrityError(f"{path}: part entries without a valid index_bits")
-        entries_at = index_at + (_index_length(bits) if isinstance(bits, int) and header.get("kind") == "part" else 0)
+        index_length = 0
+        if header.get("kind") == "part":
+            bits = header.get("index_bits")
+            if not (isinstance(bits, int) and 0 <= bits <= MAX_INDEX_BITS):
+                raise IntegrityError(f"{path}: part entries without a valid index_bits")
+            index_length = _index_length(bits)
+        entries_at = index_at + index_length
         return cls(path, header, index_at, entries_at, entries_at + header["count"] * ENTRY_DTYPE.itemsize)
 
     def read(self, first: int, count: int) -> tuple[np.ndarray, bytes]:

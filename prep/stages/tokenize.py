@@ -201,7 +201,8 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
         check_unchanged(task.source)
         entries = None
         if settings.order_seed is not None:
-            entries = (entries_path(out_path), _write_entries(entries_path(out_path), writer, settings.order_seed))
+            staged = entries_path(out_path)
+            entries = (staged, _write_entries(staged, writer, settings.order_seed))
     except BaseException:  # a bad record, a full disk, an interrupt: leave nothing staged
         for path in (out_path, entries_path(out_path)):
             with suppress(OSError):

@@ -79,7 +79,8 @@ def _shards(store: Store, specs: list[dict[str, Any]], salt: str) -> tuple[list[
     return entries, sorted(artifacts, key=lambda artifact: artifact["path"])
 
 
-def _stage(store: Store, stage: str, key: str, manifest: dict[str, Any]) -> dict[str, str]:
+def commit_stage_entry(store: Store, stage: str, key: str, manifest: dict[str, Any]) -> dict[str, str]:
+    """Commit a stage manifest; its entry in a snapshot's `stages` (shared with tests.store.layout2)."""
     return {"name": stage, "key": key, "output": records.commit_stage(store, stage, key, manifest)}
 
 
@@ -91,7 +92,7 @@ def _tokenize(store: Store, base: Snapshot, salt: str) -> tuple[dict[str, str], 
     for part in parts:
         summary = {name: part[name] for name in SUMMARY_FIELDS}
         records.write_task_record(store, "tokenize", part["key"], {"intermediate": part["output"]}, summary)
-    return _stage(store, "tokenize", _key("tokenize stage", salt), {"tasks": parts}), parts
+    return commit_stage_entry(store, "tokenize", _key("tokenize stage", salt), {"tasks": parts}), parts
 
 
 def plant_layout1(store: Store, base_id: str, ref: str | None = "old", salt: str = "") -> Layout1:
@@ -112,9 +113,9 @@ def plant_layout1(store: Store, base_id: str, ref: str | None = "old", salt: str
     shuffle_key = _key("shuffle", salt)
     records.write_task_record(store, "shuffle", shuffle_key, {"plan": plan.id}, {"shards": specs})
     entries, artifacts = _shards(store, specs, salt)
-    stages = [tokenize, _stage(store, "dedup", dedup_key, {"outputs": {"keep": mask.id}, **dedup}),
-              _stage(store, "shuffle", shuffle_key, {"outputs": {"plan": plan.id}, "shards": specs}),
-              _stage(store, "shard", _key("shard stage", salt), {"shards": entries})]
+    stages = [tokenize, commit_stage_entry(store, "dedup", dedup_key, {"outputs": {"keep": mask.id}, **dedup}),
+              commit_stage_entry(store, "shuffle", shuffle_key, {"outputs": {"plan": plan.id}, "shards": specs}),
+              commit_stage_entry(store, "shard", _key("shard stage", salt), {"shards": entries})]
     stats = {**base.manifest["stats"], "duplicates_dropped": dedup["duplicates_dropped"],
              "documents_written": int(keep.sum()), "tokens_written": sum(spec["tokens"] for spec in specs)}
     snapshot = publish_manifest(store, {**base.manifest, "stages": stages, "artifacts": artifacts, "stats": stats})

@@ -25,6 +25,7 @@ from prep.store import cas, records
 from prep.store.cache import local_file
 from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, load_snapshot, publish_manifest
+from tests.store.layout1 import commit_stage_entry
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,6 @@ class Layout2:
 
 def _key(*parts: object) -> str:
     return records.content_key("layout-2 test store", *parts)
-
-
-def _stage(store: Store, stage: str, key: str, manifest: dict[str, object]) -> dict[str, str]:
-    return {"name": stage, "key": key, "output": records.commit_stage(store, stage, key, manifest)}
 
 
 def _route_object(store: Store, intermediate: str, ordinal: int, seed: int, bits: int, folder_key: str) -> str:
@@ -81,8 +78,8 @@ def plant_layout2(store: Store, base_id: str, ref: str | None = "layout2", salt:
         records.write_task_record(store, "route", key, {"route": output}, {"documents": int(part["documents"])})
         route_tasks.append({"part": ordinal, "key": key, "output": output})
         outputs.add(output)
-    stages = [_stage(store, "tokenize", _key("tokenize stage", salt), {"tasks": parts}),
-              _stage(store, "route", _key("route stage", salt), {"bits": bits, "tasks": route_tasks}),
+    stages = [commit_stage_entry(store, "tokenize", _key("tokenize stage", salt), {"tasks": parts}),
+              commit_stage_entry(store, "route", _key("route stage", salt), {"bits": bits, "tasks": route_tasks}),
               by_name["order"], by_name["shard"]]
     snapshot = publish_manifest(store, {**base.manifest, "stages": stages})
     if ref is not None:
