@@ -200,7 +200,9 @@ def run_order_job(job: OrderJob) -> TaskResult:
     from prep.manifest import canonical
     from prep.stages.dedup import check_unique_ids
     from prep.stages.order import PartIdentity, order_bucket
+    from prep.stages.tokenize import drop_engines
 
+    drop_engines()
     store = worker_store(job.store_url)
     for same_file in job.check_ids:
         check_unique_ids(same_file[0].source, [ref.resolve(store).path for ref in same_file])
@@ -236,7 +238,9 @@ def run_assemble_job(job: AssembleJob) -> TaskResult:
     import numpy as np
 
     from prep.stages.shard import PartReader, collect_shard, write_unit
+    from prep.stages.tokenize import drop_engines
 
+    drop_engines()
     store = worker_store(job.store_url)
     parts = [ref.resolve(store) for ref in job.parts]
     buckets = {bucket: fetch_local(store, object_id) for bucket, object_id in job.buckets}

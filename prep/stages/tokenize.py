@@ -87,12 +87,9 @@ def _engine(settings: TokenizeSettings) -> tuple[TokenizerEngine, TokenizerInfo]
     loaded = _ENGINES.get(cache_key)
     checked = None
     if loaded is not None and _outgrown(loaded):
-        del _ENGINES[cache_key]
-        loaded.engine.backend.close()
         checked = loaded.engine.checked  # the build log's cross-check counts go on
         loaded = None
-        gc.collect()  # the engine and its cache are freed here (no caller holds it), then the heap trimmed
-        release_free_memory()
+        _drop([cache_key])
     if loaded is None:
         path = Path(settings.tokenizer_path)
         tokenizer, info = load_tokenizer(path, settings.eos, settings.encode_special_tokens)
@@ -103,6 +100,22 @@ def _engine(settings: TokenizeSettings) -> tuple[TokenizerEngine, TokenizerInfo]
             engine.checked = checked
         loaded = _ENGINES[cache_key] = _Loaded(engine, info, resident_bytes())
     return loaded.engine, loaded.info
+
+
+def _drop(cache_keys: list[tuple[object, ...]]) -> None:
+    """Close and forget these engines, then free their caches and trim the heap."""
+    for cache_key in cache_keys:
+        _ENGINES.pop(cache_key).engine.backend.close()
+    gc.collect()  # the engines and their caches are freed here (no caller holds one), then the heap trimmed
+    release_free_memory()
+
+
+def drop_engines() -> None:
+    """Free this worker's tokenizer engines, for a task of a later stage: their caches of
+    pre-tokens (tens of MB on real text, up to ENGINE_GROWTH_BYTES) would otherwise stay resident
+    under every order and shard task the worker runs. A later tokenize task loads its engine again."""
+    if _ENGINES:
+        _drop(list(_ENGINES))
 
 
 def warm_engine(tokenizer_path: str, eos: str, encode_special_tokens: bool, backend: str) -> None:

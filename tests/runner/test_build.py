@@ -276,6 +276,32 @@ def test_order_tasks_that_also_check_a_files_ids_start_first(tmp_path: Path, tok
     assert weights == sorted(weights, reverse=True)
 
 
+def test_order_and_shard_tasks_free_the_workers_tokenizer_engines(tmp_path: Path, tokenizer_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's engine cache (up to ENGINE_GROWTH_BYTES) is dropped once it runs a later stage's task."""
+    from prep.config import load_pipeline
+    from prep.progress import Progress
+    from prep.runner.build import build
+    from prep.stages import tokenize
+    from prep.storage import LocalStore
+
+    class Recording(InProcessExecutor):
+        engines_after: list[tuple[str, int]] = []
+
+        def run(self, fn: Any, items: Any) -> Any:
+            for index, item in enumerate(items):
+                result = fn(item)
+                self.engines_after.append((type(item).__name__, len(tokenize._ENGINES)))
+                yield index, result
+
+    monkeypatch.setattr(tokenize, "_ENGINES", {})
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(30, seed=5))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
+    build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), Recording(), (), Progress(quiet=True))
+    after = dict(Recording.engines_after)
+    assert after["TokenizeJob"] == 1 and after["OrderJob"] == 0 and after["AssembleJob"] == 0
+
+
 def test_duplicate_ids_across_byte_ranges_of_one_file_are_bad_input(tmp_path: Path, tokenizer_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import prep.stages.read as read

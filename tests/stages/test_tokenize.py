@@ -159,3 +159,19 @@ def test_an_engine_is_kept_while_the_worker_does_not_grow(tmp_path: Path, tokeni
     engine = next(iter(tokenize._ENGINES.values())).engine
     _run(tmp_path, tokenizer_path, lines)
     assert next(iter(tokenize._ENGINES.values())).engine is engine and first.summary["documents"] == 1
+
+
+def test_dropped_engines_are_closed_and_a_later_task_loads_one_again(
+        tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What an order or shard task does first: free the worker's engines (and their caches)."""
+    monkeypatch.setattr(tokenize, "_ENGINES", {})
+    lines: list[dict[str, object]] = [{"id": "a", "text": "some text"}, {"id": "b", "text": "more text"}]
+    first = _run(tmp_path, tokenizer_path, lines).digest
+    engine = next(iter(tokenize._ENGINES.values())).engine
+    closed: list[object] = []
+    monkeypatch.setattr(type(engine.backend), "close", lambda self: closed.append(self))
+    tokenize.drop_engines()
+    assert tokenize._ENGINES == {} and closed == [engine.backend]
+    tokenize.drop_engines()  # nothing loaded: nothing to do
+    assert _run(tmp_path, tokenizer_path, lines).digest == first
+    assert next(iter(tokenize._ENGINES.values())).engine is not engine
