@@ -24,6 +24,9 @@ ON_ERROR = ("fail", "skip")
 SEED_LIMIT = 2**64  # the shuffle mixes the seed as an unsigned 64-bit integer
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+DEFAULT_TOKENIZER_CACHE = 256 * 2**20
+"""How far a tokenize worker may grow past its size when it loaded its tokenizer before the
+tokenizer is loaded afresh (prep.stages.tokenize): a bound on the tokenizer's pre-token cache."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -56,6 +59,13 @@ class OutputConfig:
 
 
 @dataclass(frozen=True)
+class BuildConfig:
+    """How a build runs, never what it makes: kept out of `resolved()`, free to change between builds."""
+
+    tokenizer_cache: int = DEFAULT_TOKENIZER_CACHE
+
+
+@dataclass(frozen=True)
 class Pipeline:
     """A parsed pipeline file; relative paths resolve against `base_dir` (the file's folder)."""
 
@@ -69,6 +79,7 @@ class Pipeline:
     dedup: DedupConfig
     output: OutputConfig
     retention: Policy = Policy()  # not output-affecting: kept out of `resolved()`
+    build: BuildConfig = BuildConfig()  # nor is this
 
     def tokenizer_path(self) -> Path:
         path = Path(self.tokenizer.path).expanduser()
@@ -136,6 +147,14 @@ class _Table:
             raise self._fail(key, f"expected {names}, got {type(value).__name__} {value!r}")
         return value
 
+    def size(self, key: str, default: str) -> int:
+        """A size like "256MB" or a number of bytes; errors name the file and the key."""
+        value = self.get(key, (str, int), default)
+        try:
+            return parse_size(value, self._name(key))
+        except ConfigError as exc:
+            raise ConfigError(f"{self.source}: {exc.message}") from None
+
     def choice(self, key: str, options: tuple[str, ...], default: str) -> str:
         value: str = self.get(key, str, default)
         if value not in options:
@@ -201,8 +220,9 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
 
     output = _output(root.table("output"), source)
     retention = _retention(root.table("retention"))
+    build = _build(root.table("build"))
     root.finish()
-    return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output, retention)
+    return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output, retention, build)
 
 
 def _input(inp: _Table, source: str) -> InputConfig:
@@ -231,11 +251,18 @@ def _output(out: _Table, source: str) -> OutputConfig:
     if not formats or len(set(formats)) != len(formats):
         raise ConfigError(f"{source}: output.formats: list each of bin, wds at most once, at least one")
     output = OutputConfig(
-        shard_size=parse_size(out.get("shard_size", (str, int), "256MB"), "output.shard_size"),
+        shard_size=out.size("shard_size", "256MB"),
         formats=tuple(sorted(formats)),
     )
     out.finish()
     return output
+
+
+def _build(table: _Table) -> BuildConfig:
+    """`[build]`: tokenizer_cache (a size: how far a worker may grow from its tokenizer's cache)."""
+    config = BuildConfig(tokenizer_cache=table.size("tokenizer_cache", f"{DEFAULT_TOKENIZER_CACHE}"))
+    table.finish()
+    return config
 
 
 def _retention(table: _Table) -> Policy:

@@ -49,6 +49,10 @@ def test_defaults_and_resolved_config_hold_no_machine_paths() -> None:
     ({"seed": 2**70}, r"seed: must be an integer in [0, 2**64)"),
     ({"seed": 2**64}, r"seed: must be an integer in [0, 2**64)"),
     ({"seed": -1}, r"seed: must be an integer in [0, 2**64)"),
+    ({"output": {"shard_size": "12XB"}}, "p.toml: output.shard_size: unknown size unit 'XB'"),
+    ({"build": {"tokenizer_cache": "0"}}, "p.toml: build.tokenizer_cache: size must be positive"),
+    ({"build": {"tokenizer_cache": [1]}}, "p.toml: build.tokenizer_cache: expected str or int"),
+    ({"build": {"tokenizer_cahce": "1MB"}}, "p.toml: build.tokenizer_cahce: unknown key"),
 ])
 def test_mistakes_name_the_key(change: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(needle)):
@@ -78,3 +82,11 @@ def test_retention_table_is_parsed_and_stays_out_of_the_resolved_config() -> Non
 def test_retention_mistakes_name_the_key(table: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(needle)):
         parse_pipeline({**MINIMAL, "retention": table}, Path("."), "p.toml")
+
+
+def test_the_tokenizer_cache_bound_changes_no_output_setting() -> None:
+    """[build] is how a build runs: two pipelines that differ only there resolve alike."""
+    default = parse_pipeline(dict(MINIMAL), Path("."), "p.toml")
+    tight = parse_pipeline({**MINIMAL, "build": {"tokenizer_cache": "32MiB"}}, Path("."), "p.toml")
+    assert default.build.tokenizer_cache == 256 * 2**20 and tight.build.tokenizer_cache == 32 * 2**20
+    assert tight.resolved() == default.resolved()

@@ -117,4 +117,5 @@ def tokenize_settings(pipeline: Pipeline, tokenizer_path: str, tokenizer_sha256:
     seed, whose key order the intermediates are laid out in."""
     return TokenizeSettings(tokenizer_path, tokenizer_sha256, pipeline.tokenizer.eos,
                             pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend,
-                            pipeline.input.on_error, order_seed=pipeline.seed)
+                            pipeline.input.on_error, order_seed=pipeline.seed,
+                            tokenizer_cache=pipeline.build.tokenizer_cache)

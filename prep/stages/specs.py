@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from prep.config import DEFAULT_TOKENIZER_CACHE
+
 
 @dataclass(frozen=True)
 class TokenizeSettings:
@@ -19,9 +21,10 @@ class TokenizeSettings:
     on_error: str
     threads: int = 1
     order_seed: int | None = None  # lays documents out in this seed's key order (prep.stages.intermediate)
+    tokenizer_cache: int = DEFAULT_TOKENIZER_CACHE  # [build] tokenizer_cache: when a worker reloads its engine
 
     def key_fields(self) -> dict[str, object]:
-        """The settings that change a task's output (the backend never does)."""
+        """The settings that change a task's output (the backend and the cache bound never do)."""
         return {"tokenizer": self.tokenizer_sha256, "eos": self.eos,
                 "encode_special_tokens": self.encode_special_tokens, "on_error": self.on_error,
                 "order_seed": self.order_seed}

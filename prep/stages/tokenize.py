@@ -51,14 +51,13 @@ class TokenizeResult:
     entries: tuple[Path, Digest] | None = None
 
 
-ENGINE_GROWTH_BYTES = 256 << 20
-"""How much a worker's resident memory may grow past what it held once its tokenizer engine was
-loaded before the engine is loaded afresh. gigatoken keeps a cache of every distinct
-pre-token it has encoded, with no bound (40M distinct words: 2.7 GB), so on a corpus whose
-vocabulary never stops growing (numbers, URLs, names, typos) every worker would grow without
-limit. Checked before every batch; dropping the engine frees its cache (and the heap is trimmed,
-so the next check measures what is really held); loading it again costs about 0.15 s. A corpus
-of real text grows a worker by a few dozen MB in all, so it never reloads."""
+# gigatoken keeps a cache of every distinct pre-token it has encoded, with no bound (40M distinct
+# words: 2.7 GB), so on a corpus whose vocabulary never stops growing (numbers, URLs, names,
+# typos) every worker would grow without limit. So a worker that grew `settings.tokenizer_cache`
+# ([build] tokenizer_cache) past its size when it loaded its engine loads the engine afresh,
+# checked before every batch: dropping the engine frees its cache (and the heap is trimmed, so
+# the next check measures what is really held); loading costs about 0.15 s, and the next batch
+# encodes with a cold cache. Real text grows a worker by tens of MB (16M short documents: about 70 MB).
 
 
 @dataclass(frozen=True)
@@ -73,20 +72,20 @@ class _Loaded:
 _ENGINES: dict[tuple[object, ...], _Loaded] = {}
 
 
-def _outgrown(loaded: _Loaded) -> bool:
-    """True once this worker grew ENGINE_GROWTH_BYTES past its size when `loaded` was loaded."""
+def _outgrown(loaded: _Loaded, limit: int) -> bool:
+    """True once this worker grew `limit` bytes past its size when `loaded` was loaded."""
     now = resident_bytes()
-    return loaded.resident is not None and now is not None and now - loaded.resident > ENGINE_GROWTH_BYTES
+    return loaded.resident is not None and now is not None and now - loaded.resident > limit
 
 
 def _engine(settings: TokenizeSettings) -> tuple[TokenizerEngine, TokenizerInfo]:
     """One engine per worker process, keyed on the tokenizer's content hash, never its path;
-    loaded again once its caches made the worker outgrow ENGINE_GROWTH_BYTES."""
+    loaded again once its cache made the worker outgrow `settings.tokenizer_cache`."""
     cache_key = (settings.tokenizer_sha256, settings.eos, settings.encode_special_tokens,
                  settings.backend, settings.threads)
     loaded = _ENGINES.get(cache_key)
     checked = None
-    if loaded is not None and _outgrown(loaded):
+    if loaded is not None and _outgrown(loaded, settings.tokenizer_cache):
         checked = loaded.engine.checked  # the build log's cross-check counts go on
         loaded = None
         _drop([cache_key])
@@ -112,7 +111,7 @@ def _drop(cache_keys: list[tuple[object, ...]]) -> None:
 
 def drop_engines() -> None:
     """Free this worker's tokenizer engines, for a task of a later stage: their caches of
-    pre-tokens (tens of MB on real text, up to ENGINE_GROWTH_BYTES) would otherwise stay resident
+    pre-tokens (tens of MB on real text, up to [build] tokenizer_cache) would otherwise stay resident
     under every order and shard task the worker runs. A later tokenize task loads its engine again."""
     if _ENGINES:
         _drop(list(_ENGINES))
@@ -199,7 +198,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     try:
         with IntermediateWriter(out_path, dtype, durable, settings.order_seed) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
-                # Loaded afresh when the worker outgrew ENGINE_GROWTH_BYTES; never held across batches.
+                # Loaded afresh when the worker outgrew settings.tokenizer_cache; never held across batches.
                 tokens, token_offsets = _engine(settings)[0].encode_columns(batch.blob, batch.offsets,
                                                                             _DocumentNames(task, batch.rows))
                 unique_ids.add(batch)

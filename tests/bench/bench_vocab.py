@@ -3,15 +3,15 @@
     python -m tests.bench.bench_vocab [--documents 2] [--rounds 20] [--workdir /tmp/prep-bench] [--workers 2]
 
 gigatoken caches every distinct pre-token it has encoded, without a bound; a tokenize worker
-loads its engine afresh once it grew `prep.stages.tokenize.ENGINE_GROWTH_BYTES` past its size at
-load. Side by side in one run:
+loads its engine afresh once it grew `[build] tokenizer_cache` past its size at load. Side by
+side in one run:
 - gigatoken alone, in this process: resident MB after each round of 100k documents of ten random
   eight-letter words (a million new words a round);
 - `prep build` (fresh store, `backend = "gigatoken"`, formats ["bin"]) of DOCUMENTS million such
-  documents as prep runs it, the same with the bound lifted (workers are forked from a driver
-  that set it, so they inherit it), and the same number of short real-text documents
-  (`bench_scale`'s corpus): wall seconds, the largest process's peak RSS, and whether the
-  bounded and unbounded builds give the same snapshot (they must: a cache never changes a token).
+  documents with the default bound, with a tight one (TIGHT), with the bound lifted (1 TiB), and
+  the same number of short real-text documents (`bench_scale`'s corpus) with the default and
+  the tight bound: wall seconds, the largest process's peak RSS, and whether all builds of a
+  corpus give the same snapshot (they must: a cache never changes a token).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from tests.bench.bench_scale import short_corpus
 from tests.bench.benchsupport import REPO, measure_tree, tokenizer
 
 DOCUMENTS_PER_FILE = 250_000
-UNBOUNDED = ("import sys; import prep.stages.tokenize as t; t.ENGINE_GROWTH_BYTES = 1 << 62; "
-             "from prep.cli.main import main; sys.argv = ['prep', *sys.argv[1:]]; main()")
+TIGHT = "32MiB"
 
 
 def _words(rng: random.Random, count: int) -> list[str]:
@@ -69,18 +68,19 @@ def gigatoken_alone(tokenizer_path: Path, rounds: int) -> list[int]:
     return sizes
 
 
-def build(entry: list[str], spec: Path, store: Path, workers: int) -> tuple[float, int, str]:
+def build(spec: Path, store: Path, workers: int) -> tuple[float, int, str]:
     """Seconds, the largest process's peak RSS in MB, and the snapshot id of a fresh build."""
     if store.exists():
         shutil.rmtree(store)
-    run = measure_tree([sys.executable, *entry, "build", str(spec), "--store", str(store), "--workers", str(workers)],
-                       cwd=REPO)
+    run = measure_tree([sys.executable, "-m", "prep.cli.main", "build", str(spec), "--store", str(store),
+                        "--workers", str(workers)], cwd=REPO)
     return run.seconds, run.max_process_rss >> 20, run.stdout.split()[-1]
 
 
-def _spec(path: Path, folder: Path, tok: Path) -> Path:
+def _spec(path: Path, folder: Path, tok: Path, cache: str | None) -> Path:
     path.write_text(f'dataset = "vocab"\nseed = 1\n[input]\npaths = ["{folder}"]\nid_field = "id"\n'
-                    f'[tokenizer]\npath = "{tok}"\nbackend = "gigatoken"\n[output]\nshard_size = "256MB"\nformats = ["bin"]\n')
+                    f'[tokenizer]\npath = "{tok}"\nbackend = "gigatoken"\n[output]\nshard_size = "256MB"\nformats = ["bin"]\n'
+                    + (f'[build]\ntokenizer_cache = "{cache}"\n' if cache else ""))
     return path
 
 
@@ -97,18 +97,17 @@ def main() -> None:
     tok = tokenizer(real, args.workdir / "tokenizer-50257.json")
     print(f"gigatoken alone, resident MB after each million new words: {gigatoken_alone(tok, args.rounds)}", flush=True)
     store = args.workdir / "store-vocab"
-    runs = [("open vocabulary, as prep runs", ["-m", "prep.cli.main"], open_vocab),
-            ("open vocabulary, unbounded", ["-c", UNBOUNDED], open_vocab),
-            ("real text, as prep runs", ["-m", "prep.cli.main"], real)]
-    snapshots = []
-    for label, entry, folder in runs:
-        seconds, largest, snapshot = build(entry, _spec(args.workdir / "bench-vocab.toml", folder, tok), store,
-                                           args.workers)
-        snapshots.append(snapshot)
-        print(f"prep build, {args.documents:g}M documents, {label:30s} {seconds:7.2f} s   largest process {largest:6d} MB",
-              flush=True)
-    print("bounded and unbounded: same snapshot" if snapshots[0] == snapshots[1]
-          else f"bounded and unbounded: DIFFERENT snapshots {snapshots[:2]}")
+    runs = [("open vocabulary", open_vocab, None), ("open vocabulary", open_vocab, TIGHT),
+            ("open vocabulary", open_vocab, "1TiB"), ("real text", real, None), ("real text", real, TIGHT)]
+    snapshots: dict[str, set[str]] = {}
+    for label, folder, cache in runs:
+        spec = _spec(args.workdir / "bench-vocab.toml", folder, tok, cache)
+        seconds, largest, snapshot = build(spec, store, args.workers)
+        snapshots.setdefault(label, set()).add(snapshot)
+        print(f"prep build, {args.documents:g}M documents, {label}, tokenizer_cache {cache or 'default':8s} "
+              f"{seconds:7.2f} s   largest process {largest:6d} MB", flush=True)
+    for label, ids in snapshots.items():
+        print(f"{label}: {'one snapshot for every bound' if len(ids) == 1 else f'DIFFERENT snapshots {sorted(ids)}'}")
 
 
 if __name__ == "__main__":

@@ -278,7 +278,7 @@ def test_order_tasks_that_also_check_a_files_ids_start_first(tmp_path: Path, tok
 
 def test_order_and_shard_tasks_free_the_workers_tokenizer_engines(tmp_path: Path, tokenizer_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker's engine cache (up to ENGINE_GROWTH_BYTES) is dropped once it runs a later stage's task."""
+    """A worker's engine cache (up to [build] tokenizer_cache) is dropped once it runs a later stage's task."""
     from prep.config import load_pipeline
     from prep.progress import Progress
     from prep.runner.build import build
@@ -300,6 +300,36 @@ def test_order_and_shard_tasks_free_the_workers_tokenizer_engines(tmp_path: Path
     build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), Recording(), (), Progress(quiet=True))
     after = dict(Recording.engines_after)
     assert after["TokenizeJob"] == 1 and after["OrderJob"] == 0 and after["AssembleJob"] == 0
+
+
+def test_a_tight_tokenizer_cache_reloads_engines_and_builds_the_same_snapshot(
+        tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[build] tokenizer_cache reaches the workers' tasks and never changes a byte: a build
+    whose workers reload their engine before every batch publishes the default build's snapshot."""
+    from prep.config import load_pipeline
+    from prep.progress import Progress
+    from prep.runner.build import build
+    from prep.stages import tokenize
+    from prep.storage import LocalStore
+    from prep.tokenizer.engine import TokenizerEngine
+
+    monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", 7)
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(40, seed=6))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
+    default = build(load_pipeline(pipeline), LocalStore(tmp_path / "default"), InProcessExecutor(), (),
+                    Progress(quiet=True))
+    with open(pipeline, "a", encoding="utf-8") as out:
+        out.write('\n[build]\ntokenizer_cache = "1MB"\n')
+    growing = iter(range(10**9, 10**12, 2 * 10**6))  # 2 MB more at every look
+    monkeypatch.setattr(tokenize, "resident_bytes", lambda: next(growing))
+    monkeypatch.setattr(tokenize, "_ENGINES", {})
+    loads: list[object] = []
+    create = TokenizerEngine.create
+    monkeypatch.setattr(TokenizerEngine, "create", lambda *args: loads.append(args) or create(*args))
+    tight = build(load_pipeline(pipeline), LocalStore(tmp_path / "tight"), InProcessExecutor(), (),
+                  Progress(quiet=True))
+    assert len(loads) >= 6  # 6 batches, each after a reload
+    assert tight.snapshot.id == default.snapshot.id
 
 
 def test_duplicate_ids_across_byte_ranges_of_one_file_are_bad_input(tmp_path: Path, tokenizer_path: Path,

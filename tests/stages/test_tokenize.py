@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import prep.stages.tokenize as tokenize
+from prep.config import DEFAULT_TOKENIZER_CACHE
 from prep.errors import InputError
 from prep.inputs.sources import discover, hash_source
 from prep.stages.intermediate import read_columns
@@ -20,14 +21,14 @@ from prep.tokenizer.engine import TokenizerEngine
 
 
 def _run(tmp_path: Path, tokenizer_path: Path, lines: list[dict[str, object]],
-         order_seed: int | None = None) -> tokenize.TokenizeResult:
+         order_seed: int | None = None, tokenizer_cache: int = DEFAULT_TOKENIZER_CACHE) -> tokenize.TokenizeResult:
     folder = tmp_path / "in"
     folder.mkdir(exist_ok=True)
     (folder / "a.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     task = plan_read_tasks(hash_source(discover(("a.jsonl",), folder, "auto")[0]), "text", "id")[0]
     _, info = load_tokenizer(tokenizer_path, "<|endoftext|>", True)
     settings = TokenizeSettings(str(tokenizer_path), info.sha256, "<|endoftext|>", True, "auto", "fail",
-                                order_seed=order_seed)
+                                order_seed=order_seed, tokenizer_cache=tokenizer_cache)
     out = tmp_path / "part.int"
     out.unlink(missing_ok=True)
     return tokenize.run_tokenize(task, settings, out, durable=False)
@@ -109,17 +110,17 @@ def test_every_document_sits_at_its_offsets_with_the_reference_tokens(tmp_path: 
 
 def test_a_worker_that_outgrew_its_engine_loads_it_afresh_with_the_same_tokens(
         tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """gigatoken's pre-token cache has no bound: once the worker grew ENGINE_GROWTH_BYTES past its
+    """gigatoken's pre-token cache has no bound: once the worker grew [build] tokenizer_cache past its
     size at load, the engine is dropped and loaded again; tokens never change."""
     lines: list[dict[str, object]] = [{"id": f"d{i}", "text": f"word{i} and more words {i * 7}"} for i in range(40)]
     resident = [10**9]
     monkeypatch.setattr(tokenize, "resident_bytes", lambda: resident[0])
     monkeypatch.setattr(tokenize, "_ENGINES", {})
-    monkeypatch.setattr(tokenize, "ENGINE_GROWTH_BYTES", 150 * 10**6)
     results: list[Any] = []
     engines: list[TokenizerEngine] = []
     for _ in range(4):  # loaded at 1.0 GB; 1.1 GB: kept; 1.2 GB: grew 200 MB, loaded again; 1.3 GB: kept
-        results.append(read_columns(_run(tmp_path, tokenizer_path, lines).path, ["n_tokens", "tokens_offset"]))
+        result = _run(tmp_path, tokenizer_path, lines, tokenizer_cache=150 * 10**6)
+        results.append(read_columns(result.path, ["n_tokens", "tokens_offset"]))
         engines.extend(loaded.engine for loaded in tokenize._ENGINES.values())
         resident[0] += 10**8
     assert all(result.equals(results[0]) for result in results)
@@ -136,7 +137,6 @@ def test_an_engine_outgrown_within_a_task_is_loaded_again_between_its_batches(
     expected = _run(tmp_path, tokenizer_path, lines).digest
     growing = iter(range(10**9, 10**11, 10**8))  # 100 MB more at every look
     monkeypatch.setattr(tokenize, "resident_bytes", lambda: next(growing))
-    monkeypatch.setattr(tokenize, "ENGINE_GROWTH_BYTES", 150 * 10**6)
     monkeypatch.setattr(tokenize, "_ENGINES", {})
     loads: list[object] = []
     create = TokenizerEngine.create
@@ -146,7 +146,7 @@ def test_an_engine_outgrown_within_a_task_is_loaded_again_between_its_batches(
         return create(*args)
 
     monkeypatch.setattr(TokenizerEngine, "create", counted)
-    assert _run(tmp_path, tokenizer_path, lines).digest == expected
+    assert _run(tmp_path, tokenizer_path, lines, tokenizer_cache=150 * 10**6).digest == expected
     assert len(loads) >= 4  # 8 batches, a load at every second look
 
 
