@@ -11,7 +11,7 @@ import gc
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,38 +54,46 @@ class TokenizeResult:
 # gigatoken keeps a cache of every distinct pre-token it has encoded, with no bound (40M distinct
 # words: 2.7 GB), so on a corpus whose vocabulary never stops growing (numbers, URLs, names,
 # typos) every worker would grow without limit. So a worker that grew `settings.tokenizer_cache`
-# ([build] tokenizer_cache) past its size when it loaded its engine loads the engine afresh,
-# checked before every batch: dropping the engine frees its cache (and the heap is trimmed, so
-# the next check measures what is really held); loading costs about 0.15 s, and the next batch
-# encodes with a cold cache. Real text grows a worker by tens of MB (16M short documents: about 70 MB).
+# ([build] tokenizer_cache) past its size once its engine had encoded a first batch (a batch's
+# working set is resident by then) loads the engine afresh, checked before every batch: dropping
+# the engine frees its cache (and the heap is trimmed, so the next check measures what is really
+# held); loading costs about 0.15 s, and the next batch encodes with a cold cache. Real text grows
+# a worker by tens of MB (16M short documents: about 70 MB).
 
 
 @dataclass(frozen=True)
 class _Loaded:
-    """A worker's engine for one tokenizer, and the worker's resident bytes just after loading it."""
+    """A worker's engine for one tokenizer, and the worker's resident bytes once the engine had
+    encoded its first batch (None before): what the growth of its cache is measured from."""
 
     engine: TokenizerEngine
     info: TokenizerInfo
-    resident: int | None
+    resident: int | None = None
 
 
 _ENGINES: dict[tuple[object, ...], _Loaded] = {}
 
 
 def _outgrown(loaded: _Loaded, limit: int) -> bool:
-    """True once this worker grew `limit` bytes past its size when `loaded` was loaded."""
+    """True once this worker grew `limit` bytes past its size after `loaded` encoded a first batch."""
+    if loaded.resident is None:
+        return False
     now = resident_bytes()
-    return loaded.resident is not None and now is not None and now - loaded.resident > limit
+    return now is not None and now - loaded.resident > limit
 
 
-def _engine(settings: TokenizeSettings) -> tuple[TokenizerEngine, TokenizerInfo]:
+def _cache_key(settings: TokenizeSettings) -> tuple[object, ...]:
+    return (settings.tokenizer_sha256, settings.eos, settings.encode_special_tokens, settings.backend,
+            settings.threads)
+
+
+def _engine(settings: TokenizeSettings, check: bool = True) -> tuple[TokenizerEngine, TokenizerInfo]:
     """One engine per worker process, keyed on the tokenizer's content hash, never its path;
-    loaded again once its cache made the worker outgrow `settings.tokenizer_cache`."""
-    cache_key = (settings.tokenizer_sha256, settings.eos, settings.encode_special_tokens,
-                 settings.backend, settings.threads)
+    loaded again, when `check`, once its cache made the worker outgrow `settings.tokenizer_cache`."""
+    cache_key = _cache_key(settings)
     loaded = _ENGINES.get(cache_key)
     checked = None
-    if loaded is not None and _outgrown(loaded, settings.tokenizer_cache):
+    if loaded is not None and check and _outgrown(loaded, settings.tokenizer_cache):
         checked = loaded.engine.checked  # the build log's cross-check counts go on
         loaded = None
         _drop([cache_key])
@@ -97,8 +105,16 @@ def _engine(settings: TokenizeSettings) -> tuple[TokenizerEngine, TokenizerInfo]
         engine = TokenizerEngine.create(settings.backend, path, tokenizer, info, settings.threads)
         if checked is not None:
             engine.checked = checked
-        loaded = _ENGINES[cache_key] = _Loaded(engine, info, resident_bytes())
+        loaded = _ENGINES[cache_key] = _Loaded(engine, info)
     return loaded.engine, loaded.info
+
+
+def _settle(settings: TokenizeSettings) -> None:
+    """After a batch: the first one an engine encoded sets the size its cache's growth counts from."""
+    cache_key = _cache_key(settings)
+    loaded = _ENGINES.get(cache_key)
+    if loaded is not None and loaded.resident is None:
+        _ENGINES[cache_key] = replace(loaded, resident=resident_bytes())
 
 
 def _drop(cache_keys: list[tuple[object, ...]]) -> None:
@@ -205,6 +221,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
                 specials = documents_containing(batch.blob, batch.offsets, special_needles)
                 writer.write_columns(batch.rows, batch.ids, batch.blob, batch.offsets, batch.text_hashes(), specials,
                                      tokens, token_offsets)
+                _settle(settings)
                 counts["documents"] += len(batch)
                 counts["tokens"] += int(token_offsets[-1])
                 counts["text_bytes"] += len(batch.blob)
@@ -222,7 +239,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
         raise
     summary: dict[str, Any] = dict(counts)
     summary["bad_record_examples"] = bad
-    log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings)[0].report()}
+    log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings, check=False)[0].report()}
     assert writer.digest is not None
     return TokenizeResult(out_path, writer.digest, summary, log, entries)
 

@@ -305,13 +305,13 @@ def test_order_and_shard_tasks_free_the_workers_tokenizer_engines(tmp_path: Path
 def test_a_tight_tokenizer_cache_reloads_engines_and_builds_the_same_snapshot(
         tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """[build] tokenizer_cache reaches the workers' tasks and never changes a byte: a build
-    whose workers reload their engine before every batch publishes the default build's snapshot."""
+    whose workers reload their engine every other batch publishes the default build's snapshot."""
     from prep.config import load_pipeline
     from prep.progress import Progress
     from prep.runner.build import build
     from prep.stages import tokenize
     from prep.storage import LocalStore
-    from prep.tokenizer.engine import TokenizerEngine
+    from tests.stages.test_tokenize import count_engine_loads
 
     monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", 7)
     write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(40, seed=6))
@@ -323,12 +323,10 @@ def test_a_tight_tokenizer_cache_reloads_engines_and_builds_the_same_snapshot(
     growing = iter(range(10**9, 10**12, 2 * 10**6))  # 2 MB more at every look
     monkeypatch.setattr(tokenize, "resident_bytes", lambda: next(growing))
     monkeypatch.setattr(tokenize, "_ENGINES", {})
-    loads: list[object] = []
-    create = TokenizerEngine.create
-    monkeypatch.setattr(TokenizerEngine, "create", lambda *args: loads.append(args) or create(*args))
+    loads = count_engine_loads(monkeypatch)
     tight = build(load_pipeline(pipeline), LocalStore(tmp_path / "tight"), InProcessExecutor(), (),
                   Progress(quiet=True))
-    assert len(loads) >= 6  # 6 batches, each after a reload
+    assert len(loads) >= 3  # 6 batches: a reload before every second one
     assert tight.snapshot.id == default.snapshot.id
 
 

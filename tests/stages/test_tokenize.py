@@ -108,6 +108,19 @@ def test_every_document_sits_at_its_offsets_with_the_reference_tokens(tmp_path: 
     assert [row["id"] for row in table] == [str(i) for i in range(len(texts))]
 
 
+def count_engine_loads(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """A list that gets the arguments of every TokenizerEngine made from now on."""
+    loads: list[object] = []
+    create = TokenizerEngine.create
+
+    def counted(*args: Any) -> Any:
+        loads.append(args)
+        return create(*args)
+
+    monkeypatch.setattr(TokenizerEngine, "create", counted)
+    return loads
+
+
 def test_a_worker_that_outgrew_its_engine_loads_it_afresh_with_the_same_tokens(
         tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """gigatoken's pre-token cache has no bound: once the worker grew [build] tokenizer_cache past its
@@ -138,16 +151,30 @@ def test_an_engine_outgrown_within_a_task_is_loaded_again_between_its_batches(
     growing = iter(range(10**9, 10**11, 10**8))  # 100 MB more at every look
     monkeypatch.setattr(tokenize, "resident_bytes", lambda: next(growing))
     monkeypatch.setattr(tokenize, "_ENGINES", {})
-    loads: list[object] = []
-    create = TokenizerEngine.create
-
-    def counted(*args: Any) -> Any:
-        loads.append(args)
-        return create(*args)
-
-    monkeypatch.setattr(TokenizerEngine, "create", counted)
+    loads = count_engine_loads(monkeypatch)
     assert _run(tmp_path, tokenizer_path, lines, tokenizer_cache=150 * 10**6).digest == expected
     assert len(loads) >= 4  # 8 batches, a load at every second look
+
+
+def test_a_first_batchs_working_set_is_not_counted_as_cache_growth(
+        tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's size is taken once the engine encoded a batch, so the memory a batch itself
+    needs never makes the engine reload (a tight bound reloaded it before every batch)."""
+    lines: list[dict[str, object]] = [{"id": f"d{i}", "text": f"text {i}"} for i in range(30)]
+    monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", 5)
+    monkeypatch.setattr(tokenize, "_ENGINES", {})
+    resident = [10**9]
+    monkeypatch.setattr(tokenize, "resident_bytes", lambda: resident[0])
+    loads = count_engine_loads(monkeypatch)
+    encode = TokenizerEngine.encode_columns
+
+    def working(self: TokenizerEngine, *args: Any) -> Any:
+        resident[0] = 12 * 10**8  # a batch's buffers: 200 MB more, then steady
+        return encode(self, *args)
+
+    monkeypatch.setattr(TokenizerEngine, "encode_columns", working)
+    _run(tmp_path, tokenizer_path, lines, tokenizer_cache=150 * 10**6)
+    assert len(loads) == 1
 
 
 def test_an_engine_is_kept_while_the_worker_does_not_grow(tmp_path: Path, tokenizer_path: Path,
