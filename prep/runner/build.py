@@ -205,7 +205,9 @@ class Builder:
                             **{k: v for k, v in summary.items()}})
         stage_key = self.stage_key("tokenize", settings.key_fields(), [key for key, _ in jobs])
         manifest = self.commit_stage("tokenize", stage_key, {"tasks": entries})
-        self.progress.done("tokenize", stage_counts(self.stages['tokenize']))
+        reloads = sum(int(log.get("engine_reloads", 0)) for log in self.log["tasks"].get("tokenize", {}).values())
+        self.progress.done("tokenize", stage_counts(self.stages['tokenize'])
+                           + (f", tokenizer reloaded {plural(reloads, 'time')} ([build] tokenizer_cache)" if reloads else ""))
         return list(manifest["tasks"])
 
     def parts(self, entries: list[dict[str, Any]]) -> tuple[PartRef, ...]:

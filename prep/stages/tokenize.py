@@ -72,6 +72,7 @@ class _Loaded:
 
 
 _ENGINES: dict[tuple[object, ...], _Loaded] = {}
+_RELOADS = {"count": 0}  # engines this worker loaded again because it outgrew the bound
 
 
 def _outgrown(loaded: _Loaded, limit: int) -> bool:
@@ -97,6 +98,7 @@ def _engine(settings: TokenizeSettings, check: bool = True) -> tuple[TokenizerEn
         checked = loaded.engine.checked  # the build log's cross-check counts go on
         loaded = None
         _drop([cache_key])
+        _RELOADS["count"] += 1
     if loaded is None:
         path = Path(settings.tokenizer_path)
         tokenizer, info = load_tokenizer(path, settings.eos, settings.encode_special_tokens)
@@ -203,6 +205,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     """Read, hash and tokenize every document of `task` into the new local intermediate file
     `out_path` (fsynced unless `durable` is False, for a file whose store makes it durable when
     put) and, with an order seed, write the part's entries (prep.stages.entries) beside it."""
+    reloads_before = _RELOADS["count"]
     info = _engine(settings)[1]  # holding no reference to the engine: a reload must free the old one
     dtype = np.dtype(info.dtype)
     counts = {"documents": 0, "tokens": 0, "text_bytes": 0, "bad_records": 0, "special_token_documents": 0,
@@ -239,7 +242,8 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
         raise
     summary: dict[str, Any] = dict(counts)
     summary["bad_record_examples"] = bad
-    log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings, check=False)[0].report()}
+    log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings, check=False)[0].report(),
+           "engine_reloads": _RELOADS["count"] - reloads_before}
     assert writer.digest is not None
     return TokenizeResult(out_path, writer.digest, summary, log, entries)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -324,10 +325,15 @@ def test_a_tight_tokenizer_cache_reloads_engines_and_builds_the_same_snapshot(
     monkeypatch.setattr(tokenize, "resident_bytes", lambda: next(growing))
     monkeypatch.setattr(tokenize, "_ENGINES", {})
     loads = count_engine_loads(monkeypatch)
-    tight = build(load_pipeline(pipeline), LocalStore(tmp_path / "tight"), InProcessExecutor(), (),
-                  Progress(quiet=True))
+    shown = io.StringIO()
+    store = LocalStore(tmp_path / "tight")
+    tight = build(load_pipeline(pipeline), store, InProcessExecutor(), (), Progress(stream=shown, quiet=False))
     assert len(loads) >= 3  # 6 batches: a reload before every second one
     assert tight.snapshot.id == default.snapshot.id
+    logged = json.loads(store.get_bytes(tight.log_key))["tasks"]["tokenize"]
+    reloads = sum(task["engine_reloads"] for task in logged.values())
+    assert reloads == len(loads) - 1
+    assert f"tokenizer reloaded {reloads} times ([build] tokenizer_cache)" in shown.getvalue()
 
 
 def test_duplicate_ids_across_byte_ranges_of_one_file_are_bad_input(tmp_path: Path, tokenizer_path: Path,
