@@ -177,6 +177,37 @@ def test_a_first_batchs_working_set_is_not_counted_as_cache_growth(
     assert len(loads) == 1
 
 
+@pytest.mark.parametrize("change", ["edited", "removed"])
+def test_a_reload_that_finds_the_tokenizer_changed_fails_and_leaves_nothing_staged(
+        tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    """A reload reads the tokenizer file again: changed or gone since the build pinned it, the
+    task stops with one line naming the file, and its partial outputs are removed."""
+    from prep.errors import PrepError
+
+    copy = tmp_path / "tokenizer.json"
+    copy.write_bytes(tokenizer_path.read_bytes())
+    lines: list[dict[str, object]] = [{"id": f"d{i}", "text": f"text {i}"} for i in range(30)]
+    monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", 5)
+    monkeypatch.setattr(tokenize, "_ENGINES", {})
+    growing = iter(range(10**9, 10**12, 10**8))
+    monkeypatch.setattr(tokenize, "resident_bytes", lambda: next(growing))
+    encode = TokenizerEngine.encode_columns
+
+    def then_change(self: TokenizerEngine, *args: Any) -> Any:
+        if change == "edited":
+            copy.write_bytes(copy.read_bytes().replace(b'"<|endoftext|>"', b'"<|endoftext|>" ', 1))
+        else:
+            copy.unlink(missing_ok=True)
+        return encode(self, *args)
+
+    monkeypatch.setattr(TokenizerEngine, "encode_columns", then_change)
+    changed = r"tokenizer\.json: (tokenizer file changed during the build|tokenizer file not found)"
+    with pytest.raises(PrepError, match=changed) as failed:
+        _run(tmp_path, copy, lines, tokenizer_cache=150 * 10**6)
+    assert failed.value.exit_code == 2
+    assert not (tmp_path / "part.int").exists() and not (tmp_path / "part.int.entries").exists()
+
+
 def test_an_engine_is_kept_while_the_worker_does_not_grow(tmp_path: Path, tokenizer_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tokenize, "resident_bytes", lambda: 10**9)
