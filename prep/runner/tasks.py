@@ -198,14 +198,14 @@ class OrderJob:
 
 def run_order_job(job: OrderJob) -> TaskResult:
     from prep.manifest import canonical
-    from prep.stages.dedup import check_unique_ids
+    from prep.stages.idcheck import check_unique_ids
     from prep.stages.order import PartIdentity, order_bucket
     from prep.stages.tokenize import drop_engines
 
     drop_engines()
     store = worker_store(job.store_url)
     for same_file in job.check_ids:
-        check_unique_ids(same_file[0].source, [ref.resolve(store).path for ref in same_file])
+        check_unique_ids(same_file[0].source, [ref.resolve(store).path for ref in same_file], store.staging_dir())
     tasks = canonical.loads(cas.get_bytes(store, job.tokenize_stage))["tasks"]
     parts = [PartIdentity(t["source"], int(t["line_offset"])) for t in tasks]
     paths = [fetch_local(store, task["entries"]) for task in tasks]

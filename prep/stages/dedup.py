@@ -7,13 +7,11 @@ never on texts.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
 from prep.errors import IntegrityError
-from prep.stages.intermediate import read_columns
 
 
 def keep_mask(hash_arrays: Iterable[np.ndarray], exact: bool) -> np.ndarray:
@@ -27,33 +25,6 @@ def keep_mask(hash_arrays: Iterable[np.ndarray], exact: bool) -> np.ndarray:
     repeat = np.all(sorted_hashes[1:] == sorted_hashes[:-1], axis=1)
     keep[order[1:][repeat]] = False
     return keep
-
-
-def check_unique_ids(source: str, paths: Iterable[Path]) -> None:
-    """Ids must be unique within a file; tasks check their own part, this checks across the
-    parts of one large file (up to its first document without an id). Memory: the ids of one
-    file, as one sorted array of fixed-width rows (each id, zero-padded, then its length)."""
-    from prep.errors import InputError
-    from prep.stages.entries import NO_ID, pack_id_column
-
-    packed = [pack_id_column(read_columns(path, ["id"]).column("id")) for path in paths]
-    lengths = np.concatenate([lens for _, lens, _ in packed] or [np.zeros(0, np.uint32)]).astype(np.int64)
-    missing = np.flatnonzero(lengths == NO_ID)
-    lengths = lengths[:missing[0]] if len(missing) else lengths
-    if len(lengths) < 2:
-        return
-    blob = np.frombuffer(b"".join(ids for _, _, ids in packed), dtype=np.uint8)
-    width = int(lengths.max()) + 8
-    rows = np.zeros((len(lengths), width), dtype=np.uint8)
-    rows[:, :width - 8][np.arange(width - 8) < lengths[:, None]] = blob[:int(lengths.sum())]
-    rows[:, width - 8:] = lengths.astype("<u8").view(np.uint8).reshape(-1, 8)
-    keys = rows.view(f"S{width}").reshape(-1)  # equal rows of one width are equal S values
-    order = np.argsort(keys, kind="stable")
-    repeats = order[1:][keys[order[1:]] == keys[order[:-1]]]
-    if len(repeats):
-        first = int(repeats.min())
-        doc_id = rows[first, :lengths[first]].tobytes().decode("utf-8")
-        raise InputError(f"{source}: duplicate id {doc_id!r}")
 
 
 # The keep mask (docs/manifests.md, "Binary objects"), defined here only: a u64 little-endian count

@@ -9,7 +9,8 @@ import numpy as np
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _splitmix64(values: np.ndarray) -> np.ndarray:
+def splitmix64(values: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer of each uint64: a bijection that mixes every bit into every other."""
     with np.errstate(over="ignore"):
         z = values + _GOLDEN
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -20,11 +21,11 @@ def _splitmix64(values: np.ndarray) -> np.ndarray:
 def order_keys(hashes: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The (hi, lo) 128-bit order key of each (n, 2) text hash: three Feistel rounds keyed by
     the seed, so distinct hashes get distinct keys and the order is a pure function of both."""
-    rounds = _splitmix64(np.array([seed, seed ^ 0x5851F42D4C957F2D, seed ^ 0x14057B7EF767814F], dtype=np.uint64))
+    rounds = splitmix64(np.array([seed, seed ^ 0x5851F42D4C957F2D, seed ^ 0x14057B7EF767814F], dtype=np.uint64))
     left, right = hashes[:, 0].astype(np.uint64), hashes[:, 1].astype(np.uint64)
-    left = left ^ _splitmix64(right ^ rounds[0])
-    right = right ^ _splitmix64(left ^ rounds[1])
-    left = left ^ _splitmix64(right ^ rounds[2])
+    left = left ^ splitmix64(right ^ rounds[0])
+    right = right ^ splitmix64(left ^ rounds[1])
+    left = left ^ splitmix64(right ^ rounds[2])
     return left, right
 
 

@@ -271,10 +271,10 @@ def test_an_id_repeated_within_a_file_is_refused(workspace: Workspace, base: Sna
     with pytest.raises(InputError, match=r"a\.jsonl: duplicate id 'x-1'"):
         workspace.build("repeated", {**base_corpus(), "a.jsonl": records})
     # ...and diff refuses it too, for stores written without that check.
-    import prep.stages.dedup as dedup_module
+    import prep.stages.idcheck as idcheck_module
     from tests.runner.buildsupport import InProcessExecutor
 
-    monkeypatch.setattr(dedup_module, "check_unique_ids", lambda source, paths: None)
+    monkeypatch.setattr(idcheck_module, "check_unique_ids", lambda *args: None)
     legacy = dataclasses.replace(workspace, executor=InProcessExecutor())  # type: ignore[arg-type]
     repeated = legacy.build("repeated", {**base_corpus(), "a.jsonl": records})
     with pytest.raises(InputError, match=r"a\.jsonl: id 'x-1' appears 2 times \(lines 2, 5\)"):

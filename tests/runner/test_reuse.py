@@ -129,7 +129,7 @@ def test_intermediates_an_id_check_reads_are_checked_before_it_reads_them(tmp_pa
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """An order task that checks a split file's ids reads that file's intermediates: a rotted one
     is found and recomputed before the check reads it, not afterwards by the shard stage."""
-    import prep.stages.dedup as dedup
+    import prep.stages.idcheck as idcheck
     import prep.stages.read as read
     from prep.config import load_pipeline
     from prep.progress import Progress
@@ -147,14 +147,14 @@ def test_intermediates_an_id_check_reads_are_checked_before_it_reads_them(tmp_pa
     flip_byte(object_path(store_dir, intermediates[1]), 40)
 
     read_intact: list[bool] = []
-    real = dedup.check_unique_ids
+    real = idcheck.check_unique_ids
 
-    def checking(source: str, paths: Any) -> None:
+    def checking(source: str, paths: Any, spill_dir: Path | None = None) -> None:
         paths = list(paths)
         read_intact.extend(hashing.digest_file(path).sha256 == path.name for path in paths)
-        real(source, paths)
+        real(source, paths, spill_dir)
 
-    monkeypatch.setattr(dedup, "check_unique_ids", checking)
+    monkeypatch.setattr(idcheck, "check_unique_ids", checking)
     nodedup = pipeline.with_name("nodedup.toml")
     nodedup.write_text(pipeline.read_text().replace("exact = true", "exact = false"))
     result = build(load_pipeline(nodedup), LocalStore(store_dir), InProcessExecutor(), (), Progress(quiet=True))

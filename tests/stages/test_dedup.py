@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prep.errors import InputError, IntegrityError
+from prep.errors import IntegrityError
 from prep.history import lineage
 from prep.stages import dedup
 from prep.stages.dedup import MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, pack_mask, unpack_mask
-from prep.stages.intermediate import IntermediateWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 # Bit packing that is not the keep mask: Arrow validity bitmaps and the tokenizer's code point table.
@@ -86,35 +84,3 @@ def test_the_mapped_reader_uses_the_one_definition() -> None:
     assert not {"pack_mask", "unpack_mask"} & imported, "builds no longer write a mask (layout 2)"
 
 
-def _unique_ids_reference(source: str, parts: list[list[str | None]]) -> None:
-    """The check as one Python set (what check_unique_ids did before it sorted rows)."""
-    seen: set[str] = set()
-    for doc_id in (doc_id for part in parts for doc_id in part):
-        if doc_id is None:
-            return
-        if doc_id in seen:
-            raise InputError(f"{source}: duplicate id {doc_id!r}")
-        seen.add(doc_id)
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(parts=st.lists(st.lists(st.one_of(st.none(), st.sampled_from(["a", "a\0", "b", "ab", "é", "", "x" * 30]),
-                                         st.text(max_size=6).filter(lambda t: not any("\ud800" <= c <= "\udfff" for c in t))),
-                               max_size=8), min_size=1, max_size=3))
-def test_unique_ids_agree_with_a_python_set(tmp_path: Path, parts: list[list[str | None]]) -> None:
-    """Same verdict and the same first duplicate as a set, across parts, up to the first missing id."""
-    paths = []
-    for index, ids in enumerate(parts):
-        path = tmp_path / f"{uuid.uuid4().hex}-{index}.part"
-        with IntermediateWriter(path, np.dtype(np.uint16)) as writer:
-            writer.write_batch(list(range(len(ids))), ids, [b"t"] * len(ids), [bytes(16)] * len(ids),
-                               [False] * len(ids), [np.zeros(1, np.uint16)] * len(ids))
-        paths.append(path)
-    try:
-        _unique_ids_reference("f.jsonl", parts)
-    except InputError as expected:
-        with pytest.raises(InputError) as found:
-            dedup.check_unique_ids("f.jsonl", paths)
-        assert str(found.value) == str(expected)
-    else:
-        dedup.check_unique_ids("f.jsonl", paths)
