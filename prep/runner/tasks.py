@@ -89,7 +89,7 @@ class PartRef:
     format: str
     line_offset: int
     documents: int
-    entries_id: str = ""  # the part's entries object (prep.stages.entries)
+    entries_id: str  # the part's entries object (prep.stages.entries)
 
     def resolve(self, store: Store) -> Part:
         return Part(fetch_local(store, self.object_id), self.source, self.format, self.line_offset, self.documents)
