@@ -238,10 +238,13 @@ def key_order(entries: np.ndarray) -> np.ndarray:
     return key_order_of(entries["key_hi"], entries["key_lo"], entries["part"], entries["row"])
 
 
-def key_order_of(key_hi: np.ndarray, key_lo: np.ndarray, *ties: np.ndarray) -> np.ndarray:
-    """The permutation sorting by (key_hi, key_lo, *ties): one argsort of key_hi, then a lexsort
-    of only the positions whose key_hi is shared (duplicates, mostly)."""
-    order = np.argsort(key_hi, kind="stable")
+def key_order_of(key_hi: np.ndarray, key_lo: np.ndarray, *ties: np.ndarray, runs: np.ndarray | None = None) -> np.ndarray:
+    """The permutation sorting by (key_hi, key_lo, *ties), `ties` unique together: one argsort of
+    key_hi, then a lexsort of only the positions whose key_hi is shared (duplicates, mostly).
+    `runs`, a permutation putting key_hi in a few sorted runs, makes the argsort a merge of them."""
+    if runs is not None and len(runs) != len(key_hi):
+        raise ValueError(f"{len(runs)} positions in the key runs, for {len(key_hi)} keys")
+    order = np.argsort(key_hi, kind="stable") if runs is None else runs[np.argsort(key_hi[runs], kind="stable")]
     high = key_hi[order]
     tied = np.zeros(len(order), dtype=bool)
     same = high[1:] == high[:-1]
@@ -260,13 +263,14 @@ def index_bits_for(count: int) -> int:
     return min(MAX_INDEX_BITS, max(0, count - 1).bit_length())
 
 
-def part_entries(table: pa.Table, seed: int) -> tuple[np.ndarray, bytes]:
+def part_entries(table: pa.Table, seed: int, runs: np.ndarray | None = None) -> tuple[np.ndarray, bytes]:
     """A part's documents as entries (part ordinal 0) sorted by order key, then row, and their
-    ids in that order. `table` has the PART_COLUMNS of the part's metadata, in row order. Each
-    column is put in order on its own and written once into the entries (one entries array)."""
+    ids in that order. `table` has the PART_COLUMNS of the part's metadata, in row order; `runs`
+    (IntermediateWriter.key_runs) speeds up the sort. Each column is put in order on its own and
+    written once into the entries (one entries array)."""
     key_hi, key_lo = order_keys(hash_pairs(table.column("text_hash")), seed)
     rows = to_numbers(table.column("row"))
-    order = key_order_of(key_hi, key_lo, rows)
+    order = key_order_of(key_hi, key_lo, rows, runs=runs)
     entries = np.zeros(table.num_rows, dtype=ENTRY_DTYPE)
     entries["key_hi"], entries["key_lo"], entries["row"] = key_hi[order], key_lo[order], rows[order]
     for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
@@ -276,9 +280,9 @@ def part_entries(table: pa.Table, seed: int) -> tuple[np.ndarray, bytes]:
     return entries, blob
 
 
-def write_part_entries(path: Path, table: pa.Table, seed: int) -> Digest:
+def write_part_entries(path: Path, table: pa.Table, seed: int, runs: np.ndarray | None = None) -> Digest:
     """Write a part's entries object: its entries in key order and the index of their key prefixes."""
-    entries, ids = part_entries(table, seed)
+    entries, ids = part_entries(table, seed, runs)
     bits = index_bits_for(len(entries))
     prefixes = bucket_of(entries["key_hi"], bits) if len(entries) else np.zeros(0, dtype=np.int64)
     index = np.zeros((1 << bits) + 1, dtype="<u4")

@@ -124,6 +124,7 @@ class IntermediateWriter:
         with io_errors("writing", path):
             self._file = HashingWriter(path, durable)
         self._metadata: list[pa.RecordBatch] = []
+        self._key_runs: list[np.ndarray[Any, Any]] = []
         self.digest: Digest | None = None
 
     def write_batch(self, rows: Sequence[int], ids: Sequence[str | None], texts: Sequence[bytes],
@@ -155,6 +156,8 @@ class IntermediateWriter:
         token_bytes = np.ascontiguousarray(tokens[token_offsets[0]:token_offsets[-1]], dtype=self.dtype).view(np.uint8)
         texts = np.frombuffer(blob, dtype=np.uint8)[int(text_offsets[0]):int(text_offsets[-1])]
         order = self._batch_order(text_hashes, len(text_lengths))
+        written = sum(batch.num_rows for batch in self._metadata)
+        self._key_runs.append(written + (order if order is not None else np.arange(len(text_lengths))))
         tokens_at = _placed(token_sizes, order, self._file.tell())
         text_at = _placed(text_lengths, order, self._file.tell() + int(token_sizes.sum()))
         with io_errors("writing", self.path):
@@ -170,6 +173,11 @@ class IntermediateWriter:
             int_column(text_at, pa.int64()),
             int_column(tokens_at, pa.int64()),
         ], schema=self.schema))
+
+    def key_runs(self) -> np.ndarray[Any, Any]:
+        """Every row written so far, batch by batch, each batch's rows in the order it was laid out
+        in (its key order, with an order seed): sorting these by key sorts sorted runs."""
+        return np.concatenate(self._key_runs) if self._key_runs else np.zeros(0, dtype=np.int64)
 
     def metadata(self) -> pa.Table:
         """The metadata rows written so far, in input order (held until close in any case)."""

@@ -173,7 +173,7 @@ class _DocumentNames(LazySequence[str]):
 
 class _UniqueIds:
     """Fails on an id seen before in this part, naming the first repeat's row: Arrow's hash table
-    counts the part's distinct ids at its end, and only a part with a repeat is searched for it.
+    finds the part's distinct ids at its end, and only a part with a repeat is searched for it.
     Holds the ids and rows only, never a batch's text."""
 
     def __init__(self, task: ReadTask) -> None:
@@ -188,7 +188,7 @@ class _UniqueIds:
 
     def finish(self) -> None:
         ids = pa.chunked_array(self.ids, type=pa.string())
-        if pc.count_distinct(ids).as_py() != len(ids):
+        if len(pc.unique(ids)) != len(ids):  # unique: a third of count_distinct's time here
             self._raise_first_repeat()
 
     def _raise_first_repeat(self) -> None:
@@ -251,5 +251,5 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
 def _write_entries(path: Path, writer: IntermediateWriter, seed: int) -> Digest:
     """The part's entries, from the metadata the writer holds: no second read of the part."""
     with io_errors("writing", path):
-        return write_part_entries(path, writer.metadata().select(list(PART_COLUMNS)), seed)
+        return write_part_entries(path, writer.metadata().select(list(PART_COLUMNS)), seed, writer.key_runs())
 

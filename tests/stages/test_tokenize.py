@@ -233,3 +233,19 @@ def test_dropped_engines_are_closed_and_a_later_task_loads_one_again(
     tokenize.drop_engines()  # nothing loaded: nothing to do
     assert _run(tmp_path, tokenizer_path, lines).digest == first
     assert next(iter(tokenize._ENGINES.values())).engine is not engine
+
+
+def test_a_parts_entries_are_its_metadata_sorted_by_key(tmp_path: Path, tokenizer_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entries a task writes (sorted from its batches' key runs) hold exactly what sorting
+    its metadata from scratch gives, over several batches and repeated texts."""
+    from prep.stages.entries import PART_COLUMNS, EntryFile, part_entries
+
+    monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", 7)
+    lines: list[dict[str, object]] = [{"id": f"d{i}", "text": f"text {i % 23} here"} for i in range(60)]
+    result = _run(tmp_path, tokenizer_path, lines, order_seed=5)
+    assert result.entries is not None
+    entry_file = EntryFile.open(result.entries[0])
+    written, ids = entry_file.read(0, entry_file.header["count"])
+    expected, expected_ids = part_entries(read_columns(result.path, list(PART_COLUMNS)), 5)
+    assert written.tobytes() == expected.tobytes() and ids == expected_ids
