@@ -356,6 +356,36 @@ def test_duplicate_ids_across_byte_ranges_of_one_file_are_bad_input(tmp_path: Pa
     assert not (tmp_path / "store" / "refs").exists()
 
 
+@pytest.mark.parametrize("repeat", [False, True])
+def test_a_split_files_ids_checked_in_partitions_through_a_build(tmp_path: Path, tokenizer_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, repeat: bool) -> None:
+    """With the ids spilled into partitions (a tiny IDS_PER_PARTITION), a build still refuses a
+    repeat across byte ranges, passes a file without one, and leaves no spill in the store."""
+    import prep.stages.idcheck as idcheck
+    import prep.stages.read as read
+    from prep.config import load_pipeline
+    from prep.errors import InputError
+    from prep.progress import Progress
+    from prep.runner.build import build
+    from prep.storage import LocalStore
+
+    monkeypatch.setattr(read, "RANGE_BYTES", 1500)
+    monkeypatch.setattr(idcheck, "IDS_PER_PARTITION", 7)
+    records = make_records(60, seed=4)
+    if repeat:
+        records[-1]["id"] = records[0]["id"]
+    write_jsonl(tmp_path / "corpus" / "big.jsonl", records)
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
+    store = tmp_path / "store"
+    if repeat:
+        with pytest.raises(InputError, match="big.jsonl: duplicate id 'doc-0'"):
+            build(load_pipeline(pipeline), LocalStore(store), InProcessExecutor(), (), Progress(quiet=True))
+        assert not (store / "refs").exists()
+    else:
+        build(load_pipeline(pipeline), LocalStore(store), InProcessExecutor(), (), Progress(quiet=True))
+    assert not list((store / "tmp").glob("prep-idcheck-*"))
+
+
 def test_an_input_changed_after_hashing_is_refused(tmp_path: Path) -> None:
     from prep.errors import InputError
     from prep.inputs.sources import check_unchanged, discover
