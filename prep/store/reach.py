@@ -23,7 +23,7 @@ from prep.store import cas, records
 
 IO_THREADS = 8
 MISSING, CORRUPT, INVALID = "missing", "corrupt", "invalid"
-STAGE_OUTPUT_KIND = {"tokenize": "intermediate or part entries", "dedup": "mask", "shuffle": "plan", "route": "route entries",
+STAGE_OUTPUT_KIND = {"tokenize": "intermediate", "dedup": "mask", "shuffle": "plan", "route": "route entries",
                      "order": "bucket", "shard": "shard"}
 """What the objects a stage manifest names are, by stage, for reports."""
 Item = TypeVar("Item")
@@ -55,6 +55,14 @@ class Problem:
     by: str
     detail: str
     sha: str | None = None  # the object's SHA-256 hex (None for a record)
+
+
+def _part_entries(manifest: dict[str, Any]) -> dict[str, str]:
+    """The parts' entries objects a (validated) tokenize manifest names, as "part entries": its
+    other objects are intermediates, the stage's usual kind."""
+    if manifest.get("stage") != "tokenize":
+        return {}
+    return {hashing.parse_id(task["entries"]): "part entries" for task in manifest["tasks"] if task.get("entries")}
 
 
 def _loads(raw: bytes, source: str) -> Any:
@@ -145,18 +153,20 @@ class Reach:
             return None
         source = f"{self.store.url}: stage manifest sha256:{sha}"
 
-        def parse() -> tuple[records.Names, records.StageShape]:
+        def parse() -> tuple[records.Names, records.StageShape, dict[str, str]]:
             manifest = _loads(raw, source)
-            return records.stage_manifest_names(manifest, source), records.stage_shape(manifest)
+            return records.stage_manifest_names(manifest, source), records.stage_shape(manifest), _part_entries(manifest)
 
-        parsed: tuple[records.Names, records.StageShape] | None = self._checked(parse, kind, sha, by, required)
+        parsed: tuple[records.Names, records.StageShape, dict[str, str]] | None = self._checked(parse, kind, sha, by,
+                                                                                                 required)
         if parsed is None:
             return None
-        named, shape = parsed
+        named, shape, kinds = parsed
         self.children[sha] = frozenset(hashing.parse_id(object_id) for object_id in named.objects)
         output_kind = STAGE_OUTPUT_KIND.get(shape.stage, "object")
         for child in sorted(self.children[sha]):
-            self.note(child, f"{output_kind} ({shape.stage} output)", f"stage manifest sha256:{sha[:12]} of {by}")
+            self.note(child, f"{kinds.get(child, output_kind)} ({shape.stage} output)",
+                      f"stage manifest sha256:{sha[:12]} of {by}")
         return shape
 
     def snapshot(self, sha: str, by: str, required: bool) -> None:

@@ -57,13 +57,13 @@ def _shard(store: LocalStore, snapshot: Snapshot) -> str:
 
 def _intermediate(store: LocalStore, snapshot: Snapshot) -> str:
     flip(store, first_intermediate(store, snapshot))
-    return "intermediate or part entries (tokenize output)"
+    return "intermediate (tokenize output)"
 
 
 def _part_entries(store: LocalStore, snapshot: Snapshot) -> str:
     manifest: dict[str, Any] = canonical.loads(cas.get_bytes(store, stage_output(store, snapshot, "tokenize")))
     flip(store, manifest["tasks"][-1]["entries"])
-    return "intermediate or part entries (tokenize output)"
+    return "part entries (tokenize output)"
 
 
 def _stage_manifest(store: LocalStore, snapshot: Snapshot) -> str:
@@ -172,7 +172,7 @@ def test_fsck_on_s3_finds_a_corrupted_object(template: dict[str, Path], s3_bucke
     data[7] ^= 0x80
     admin_client().put_object(Bucket=s3_bucket.removeprefix("s3://").split("/", 1)[0], Key=key, Body=bytes(data))
     report = fsck(store, jobs=4)
-    kind = "intermediate or part entries (tokenize output)"
+    kind = "intermediate (tokenize output)"
     assert [(f.problem, f.kind, f.key) for f in report.findings] == [("corrupt", kind, key)]
     assert "tiny@latest" in report.findings[0].by
 
@@ -185,7 +185,7 @@ def test_a_repair_killed_between_records_and_objects_is_finished_by_the_next(pro
                       env=prep_env(PREP_CRASH_AT="fsck.after_records"))
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     left = fsck(store)
-    assert [(f.problem, f.kind) for f in left.findings] == [("corrupt", "intermediate or part entries (tokenize output)")], \
+    assert [(f.problem, f.kind) for f in left.findings] == [("corrupt", "intermediate (tokenize output)")], \
         "records went first: the corrupt object is still found, through the snapshot"
     named = [info.key for info in store.list(records.TASKS_PREFIX)
              if first_intermediate(store, clean) in store.get_bytes(info.key).decode()]
