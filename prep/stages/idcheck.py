@@ -15,6 +15,7 @@ from typing import BinaryIO
 import numpy as np
 
 from prep.errors import InputError
+from prep.faults import crash_point
 from prep.stages.entries import NO_ID, gather_bytes, pack_id_column
 from prep.stages.intermediate import Intermediate, io_errors
 from prep.stages.keys import splitmix64
@@ -108,6 +109,7 @@ def _check_spilled(batches: Iterator[tuple[np.ndarray, np.ndarray, bytes]], part
             handles = [open(path, "wb") for path in paths]  # noqa: SIM115 -- closed below, all at once
             for positions, lengths, blob in batches:
                 _spill(handles, positions, lengths, blob, _partition_of(lengths, blob, partitions))
+                crash_point("idcheck.mid_spill")
         finally:
             for handle in handles:
                 handle.close()

@@ -92,3 +92,60 @@ def test_killed_write_of_one_shard_reruns_to_the_same_snapshot(project: tuple[Pa
         assert stages["shard"]["ran"] == 1 and stages["shard"]["cached"] == 1
     else:
         assert stages["shard"]["ran"] + stages["shard"]["cached"] == 2
+
+
+_KILLED_SPILL = """
+import sys
+from pathlib import Path
+import prep.stages.idcheck as idcheck
+import prep.stages.read as read
+from prep.config import load_pipeline
+from prep.progress import Progress
+from prep.runner.build import build
+from prep.storage import LocalStore
+from tests.runner.buildsupport import InProcessExecutor
+read.RANGE_BYTES, idcheck.IDS_PER_PARTITION = 1500, 7
+build(load_pipeline(Path(sys.argv[1])), LocalStore(Path(sys.argv[2])), InProcessExecutor(), (), Progress(quiet=True))
+"""
+
+
+def test_a_build_killed_while_spilling_ids_reruns_to_the_same_snapshot_and_gc_takes_the_spill(
+        tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL in the middle of a split file's id check (its ids partly spilled to the store's
+    tmp/): nothing is published, a rerun publishes the clean build's snapshot, and gc deletes the
+    stale spill folder once it is older than the grace period."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import prep.stages.idcheck as idcheck
+    import prep.stages.read as read
+    from prep.config import load_pipeline
+    from prep.progress import Progress
+    from prep.runner.build import build
+    from prep.storage import LocalStore
+    from prep.store.gc import collect_garbage
+    from tests.runner.buildsupport import InProcessExecutor
+
+    write_jsonl(tmp_path / "corpus" / "big.jsonl", make_records(60, seed=4))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
+    store = tmp_path / "store"
+    killed = subprocess.run([sys.executable, "-c", _KILLED_SPILL, str(pipeline), str(store)], capture_output=True,
+                            text=True, cwd=Path(__file__).resolve().parents[2],
+                            env=prep_env(PREP_CRASH_AT="idcheck.mid_spill:2:self"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    spills = list((store / "tmp").glob("prep-idcheck-*"))
+    assert len(spills) == 1 and list(spills[0].iterdir()), "the killed check left its spill behind"
+    assert not (store / "refs").exists()
+
+    monkeypatch.setattr(read, "RANGE_BYTES", 1500)
+    monkeypatch.setattr(idcheck, "IDS_PER_PARTITION", 7)
+    rerun = build(load_pipeline(pipeline), LocalStore(store), InProcessExecutor(), (), Progress(quiet=True))
+    clean = build(load_pipeline(pipeline), LocalStore(tmp_path / "clean"), InProcessExecutor(), (), Progress(quiet=True))
+    assert rerun.snapshot.id == clean.snapshot.id
+    moment = time.time() - 7200
+    for path in [spills[0], *spills[0].rglob("*")]:
+        os.utime(path, (moment, moment))
+    collect_garbage(LocalStore(store), grace_seconds=3600)
+    assert not spills[0].exists()
