@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,14 +55,15 @@ class EntryFile:
     ids_at: int
 
     @classmethod
-    def open(cls, path: Path) -> EntryFile:
-        """Read the header of an entries object; IntegrityError when it is not one."""
-        with open(path, "rb") as handle:
-            head = handle.read(_HEAD.size)
+    def open(cls, path: Path, fd: int | None = None) -> EntryFile:
+        """Read the header of an entries object (through `fd`, an open descriptor of it, if
+        given); IntegrityError when it is not one."""
+        with _descriptor(path, fd) as opened:
+            head = os.pread(opened, _HEAD.size, 0)
             if len(head) != _HEAD.size or _HEAD.unpack(head)[0] != MAGIC:
                 raise IntegrityError(f"{path}: not a prep entries object")
             length = _HEAD.unpack(head)[1]
-            header = canonical.loads(handle.read(length))
+            header = canonical.loads(os.pread(opened, length, _HEAD.size))
         if not isinstance(header, dict) or not isinstance(header.get("count"), int):
             raise IntegrityError(f"{path}: entries object header is malformed")
         index_at = _HEAD.size + length
@@ -74,13 +76,12 @@ class EntryFile:
         entries_at = index_at + index_length
         return cls(path, header, index_at, entries_at, entries_at + header["count"] * ENTRY_DTYPE.itemsize)
 
-    def read(self, first: int, count: int) -> tuple[np.ndarray, bytes]:
+    def read(self, first: int, count: int, fd: int | None = None) -> tuple[np.ndarray, bytes]:
         """Entries [first, first + count) and the ids they point into (offsets are object-wide)."""
         if first < 0 or count < 0 or first + count > self.header["count"]:
             raise IntegrityError(f"{self.path}: entries {first}..{first + count} out of range")
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            raw = os.pread(fd, count * ENTRY_DTYPE.itemsize, self.entries_at + first * ENTRY_DTYPE.itemsize)
+        with _descriptor(self.path, fd) as opened:
+            raw = os.pread(opened, count * ENTRY_DTYPE.itemsize, self.entries_at + first * ENTRY_DTYPE.itemsize)
             if len(raw) != count * ENTRY_DTYPE.itemsize:  # cut short, perhaps mid-entry
                 raise IntegrityError(f"{self.path}: shorter than its header says")
             entries = np.frombuffer(raw, dtype=ENTRY_DTYPE).copy()
@@ -89,25 +90,20 @@ class EntryFile:
                 return entries, b""
             start = int(entries["id_offset"][with_id].min())
             end = int((entries["id_offset"][with_id] + entries["id_len"][with_id]).max())
-            ids = os.pread(fd, end - start, self.ids_at + start)
-        finally:
-            os.close(fd)
+            ids = os.pread(opened, end - start, self.ids_at + start)
         entries["id_offset"][with_id] -= start
         return entries, ids
 
-    def prefix_range(self, low: int, high: int) -> tuple[int, int]:
+    def prefix_range(self, low: int, high: int, fd: int | None = None) -> tuple[int, int]:
         """(first, end) of the entries whose key's top `index_bits` bits are in [low, high), from
         the index of a part's entries (two positional reads)."""
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            first, end = (int.from_bytes(os.pread(fd, 4, self.index_at + 4 * at), "little") for at in (low, high))
-        finally:
-            os.close(fd)
+        with _descriptor(self.path, fd) as opened:
+            first, end = (int.from_bytes(os.pread(opened, 4, self.index_at + 4 * at), "little") for at in (low, high))
         if not 0 <= first <= end <= self.header["count"]:
             raise IntegrityError(f"{self.path}: its index is out of order")
         return first, end
 
-    def bucket_range(self, bucket: int, bits: int) -> tuple[int, int]:
+    def bucket_range(self, bucket: int, bits: int, fd: int | None = None) -> tuple[int, int]:
         """(first, count) of the entries a part's entries object holds in key bucket `bucket` of
         `2**bits` (the keys' top `bits` bits); for `bits` finer than the index, of the coarser
         prefix holding the bucket (a reader keeps the bucket's own entries)."""
@@ -116,11 +112,24 @@ class EntryFile:
         index_bits = int(self.header["index_bits"])
         if bits <= index_bits:
             shift = index_bits - bits
-            first, end = self.prefix_range(bucket << shift, (bucket + 1) << shift)
+            first, end = self.prefix_range(bucket << shift, (bucket + 1) << shift, fd)
         else:
             prefix = bucket >> (bits - index_bits)
-            first, end = self.prefix_range(prefix, prefix + 1)
+            first, end = self.prefix_range(prefix, prefix + 1, fd)
         return first, end - first
+
+
+@contextmanager
+def _descriptor(path: Path, fd: int | None) -> Iterator[int]:
+    """`fd` when the caller holds the file open, else a descriptor opened (and closed) here."""
+    if fd is not None:
+        yield fd
+        return
+    opened = os.open(path, os.O_RDONLY)
+    try:
+        yield opened
+    finally:
+        os.close(opened)
 
 
 def _index_length(bits: int) -> int:

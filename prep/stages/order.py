@@ -12,6 +12,7 @@ leaves.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,24 +37,29 @@ from prep.stages.keys import bucket_of
 
 def gather_bucket(parts: Sequence[Path], bucket: int, bits: int) -> tuple[np.ndarray, bytes]:
     """Every part's entries of `bucket`, concatenated, each entry given its part's ordinal (its
-    place in `parts`), ids rebased onto one blob."""
-    opened = [EntryFile.open(path) for path in parts]
-    ranges = [entries.bucket_range(bucket, bits) for entries in opened]
-    merged = np.zeros(sum(count for _, count in ranges), dtype=ENTRY_DTYPE)  # at least the bucket
+    place in `parts`), ids rebased onto one blob. Each part is opened once: its header, the two
+    index reads and the run of the bucket go through one descriptor."""
+    pieces: list[np.ndarray] = []
     blobs: list[bytes] = []
-    base = at = 0
-    for ordinal, (part, (first, count)) in enumerate(zip(opened, ranges)):
-        if not count:
-            continue
-        entries, ids = part.read(first, count)
+    base = 0
+    for ordinal, path in enumerate(parts):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            part = EntryFile.open(path, fd)
+            first, count = part.bucket_range(bucket, bits, fd)
+            if not count:
+                continue
+            entries, ids = part.read(first, count, fd)
+        finally:
+            os.close(fd)
         if bits > part.header["index_bits"]:  # the range is a coarser prefix: keep the bucket
             entries = entries[bucket_of(entries["key_hi"], bits) == bucket]
         entries["id_offset"][entries["id_len"] != NO_ID] += np.uint64(base)
         entries["part"] = ordinal
-        merged[at:at + len(entries)] = entries
-        base, at = base + len(ids), at + len(entries)
+        pieces.append(entries)
         blobs.append(ids)
-    return merged[:at], b"".join(blobs)
+        base += len(ids)
+    return (np.concatenate(pieces) if pieces else np.zeros(0, dtype=ENTRY_DTYPE)), b"".join(blobs)
 
 
 def sort_and_dedup(entries: np.ndarray, exact: bool) -> tuple[np.ndarray, int]:

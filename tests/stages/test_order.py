@@ -186,3 +186,26 @@ def test_key_order_equals_the_full_lexsort(rows: list[tuple[int, int, int, int]]
         entries[name] = column
     expected = np.lexsort((entries["row"], entries["part"], entries["key_lo"], entries["key_hi"]))
     assert np.array_equal(entries[entry_objects.key_order(entries)], entries[expected])
+
+
+def test_an_order_task_opens_each_part_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header, the two index reads and the bucket's run of a part go through one descriptor:
+    an order stage makes parts x buckets reads, so each open counts at scale."""
+    import os
+
+    parts = [_part(tmp_path, f"p{index}", [(index * 100 + doc, 2) for doc in range(30)]) for index in range(5)]
+    paths = []
+    for ordinal, part in enumerate(parts):
+        paths.append(tmp_path / f"entries-{ordinal}")
+        entry_objects.write_part_entries(paths[-1], read_columns(part.path, entry_objects.PART_COLUMNS), 5)
+    opened: list[object] = []
+    real_open = os.open
+
+    def counting(path: Any, *args: Any) -> int:
+        opened.append(path)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(os, "open", counting)
+    gathered, _ = order.gather_bucket(paths, 1, 2)
+    assert sorted(map(str, opened)) == sorted(map(str, paths))
+    assert len(gathered) and set(keys.bucket_of(gathered["key_hi"], 2).tolist()) == {1}
