@@ -126,11 +126,12 @@ def keep_flags(store: Store, records: SnapshotRecords, work_dir: Path, memory_ro
     """The snapshot's keep flags: recorded (layout 1), or computed into `work_dir` (keyed layouts 2 and 3)."""
     if records.layout == LAYOUT_POSITIONAL:
         return recorded_mask(store, records)
-    buckets = stage_manifest(store, records.snapshot, "order")["buckets"]
+    ordered = stage_manifest(store, records.snapshot, "order")
+    buckets = ordered["buckets"]
     dropped = sum(int(bucket["duplicates_dropped"]) for bucket in buckets)
     if dropped == 0:
         return AllKept(records.documents)
-    bits = int(stage_manifest(store, records.snapshot, "order")["bits"])
+    bits = int(ordered["bits"])
     affected = np.array([int(bucket["duplicates_dropped"]) > 0 for bucket in buckets], dtype=bool)
     candidates = sum(int(bucket["documents_read"]) for bucket in buckets if int(bucket["duplicates_dropped"]))
     parts = min(MAX_PARTITIONS, max(1, math.ceil(candidates / max(1, memory_rows))))

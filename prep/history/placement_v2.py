@@ -118,8 +118,8 @@ class KeyedPlacer:
     def load(cls, store: Store, records: SnapshotRecords) -> KeyedPlacer:
         """Read the order and shard stage manifests (no bucket object is read)."""
         snapshot = records.snapshot
-        bits = int(stage_manifest(store, snapshot, "order")["bits"])
-        buckets = tuple(stage_manifest(store, snapshot, "order")["buckets"])
+        ordered = stage_manifest(store, snapshot, "order")
+        bits, buckets = int(ordered["bits"]), tuple(ordered["buckets"])
         if [int(bucket["bucket"]) for bucket in buckets] != list(range(1 << bits)):
             raise IntegrityError(f"snapshot {snapshot.id[:19]}: its order stage does not list buckets 0..{(1 << bits) - 1}")
         shards = {plan.index: plan for plan in map(ShardPlan.from_json, stage_manifest(store, snapshot, "shard")["shards"])}
