@@ -58,7 +58,7 @@ class EntryFile:
     def open(cls, path: Path, fd: int | None = None) -> EntryFile:
         """Read the header of an entries object (through `fd`, an open descriptor of it, if
         given); IntegrityError when it is not one."""
-        with _descriptor(path, fd) as opened:
+        with descriptor(path, fd) as opened:
             head = os.pread(opened, _HEAD.size, 0)
             if len(head) != _HEAD.size or _HEAD.unpack(head)[0] != MAGIC:
                 raise IntegrityError(f"{path}: not a prep entries object")
@@ -80,7 +80,7 @@ class EntryFile:
         """Entries [first, first + count) and the ids they point into (offsets are object-wide)."""
         if first < 0 or count < 0 or first + count > self.header["count"]:
             raise IntegrityError(f"{self.path}: entries {first}..{first + count} out of range")
-        with _descriptor(self.path, fd) as opened:
+        with descriptor(self.path, fd) as opened:
             raw = os.pread(opened, count * ENTRY_DTYPE.itemsize, self.entries_at + first * ENTRY_DTYPE.itemsize)
             if len(raw) != count * ENTRY_DTYPE.itemsize:  # cut short, perhaps mid-entry
                 raise IntegrityError(f"{self.path}: shorter than its header says")
@@ -97,7 +97,7 @@ class EntryFile:
     def prefix_range(self, low: int, high: int, fd: int | None = None) -> tuple[int, int]:
         """(first, end) of the entries whose key's top `index_bits` bits are in [low, high), from
         the index of a part's entries (two positional reads)."""
-        with _descriptor(self.path, fd) as opened:
+        with descriptor(self.path, fd) as opened:
             first, end = (int.from_bytes(os.pread(opened, 4, self.index_at + 4 * at), "little") for at in (low, high))
         if not 0 <= first <= end <= self.header["count"]:
             raise IntegrityError(f"{self.path}: its index is out of order")
@@ -120,8 +120,8 @@ class EntryFile:
 
 
 @contextmanager
-def _descriptor(path: Path, fd: int | None) -> Iterator[int]:
-    """`fd` when the caller holds the file open, else a descriptor opened (and closed) here."""
+def descriptor(path: Path, fd: int | None = None) -> Iterator[int]:
+    """`fd` when the caller holds the file open, else a descriptor of `path` opened (and closed) here."""
     if fd is not None:
         yield fd
         return

@@ -12,7 +12,6 @@ leaves.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from prep.stages.entries import (
     GATHER_BLOCK,
     NO_ID,
     EntryFile,
+    descriptor,
     gather_bytes,
     key_order,
     regroup_ids,
@@ -43,15 +43,12 @@ def gather_bucket(parts: Sequence[Path], bucket: int, bits: int) -> tuple[np.nda
     blobs: list[bytes] = []
     base = 0
     for ordinal, path in enumerate(parts):
-        fd = os.open(path, os.O_RDONLY)
-        try:
+        with descriptor(path) as fd:
             part = EntryFile.open(path, fd)
             first, count = part.bucket_range(bucket, bits, fd)
             if not count:
                 continue
             entries, ids = part.read(first, count, fd)
-        finally:
-            os.close(fd)
         if bits > part.header["index_bits"]:  # the range is a coarser prefix: keep the bucket
             entries = entries[bucket_of(entries["key_hi"], bits) == bucket]
         entries["id_offset"][entries["id_len"] != NO_ID] += np.uint64(base)
