@@ -25,8 +25,8 @@ SEED_LIMIT = 2**64  # the shuffle mixes the seed as an unsigned 64-bit integer
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 DEFAULT_TOKENIZER_CACHE = 256 * 2**20
-"""How far a tokenize worker may grow past its size when it loaded its tokenizer before the
-tokenizer is loaded afresh (prep.stages.tokenize): a bound on the tokenizer's pre-token cache."""
+"""How far a tokenize worker may grow past its size once its tokenizer encoded a first batch
+before the tokenizer is loaded afresh (prep.stages.tokenize): a bound on its pre-token cache."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -147,7 +147,7 @@ class _Table:
             raise self._fail(key, f"expected {names}, got {type(value).__name__} {value!r}")
         return value
 
-    def size(self, key: str, default: str) -> int:
+    def size(self, key: str, default: str | int) -> int:
         """A size like "256MB" or a number of bytes; errors name the file and the key."""
         value = self.get(key, (str, int), default)
         try:
@@ -260,7 +260,7 @@ def _output(out: _Table, source: str) -> OutputConfig:
 
 def _build(table: _Table) -> BuildConfig:
     """`[build]`: tokenizer_cache (a size: how far a worker may grow from its tokenizer's cache)."""
-    config = BuildConfig(tokenizer_cache=table.size("tokenizer_cache", f"{DEFAULT_TOKENIZER_CACHE}"))
+    config = BuildConfig(tokenizer_cache=table.size("tokenizer_cache", DEFAULT_TOKENIZER_CACHE))
     table.finish()
     return config
 

@@ -54,15 +54,14 @@ def _id_batches(paths: list[Path]) -> Iterator[tuple[np.ndarray, np.ndarray, byt
     position = 0
     for path in paths:
         for batch in _opened(path).batches():
-            _, lengths, blob = pack_id_column(batch.column(0))
-            missing = np.flatnonzero(lengths == NO_ID)
+            _, packed, blob = pack_id_column(batch.column(0))
+            missing = np.flatnonzero(packed == NO_ID)
+            cut = int(missing[0]) if len(missing) else len(packed)
+            lengths = packed[:cut].astype(np.int64)  # the ids before a missing one lead the blob
+            yield np.arange(position, position + cut, dtype=np.uint64), lengths, blob[:int(lengths.sum())]
             if len(missing):
-                cut = int(missing[0])
-                yield np.arange(position, position + cut, dtype=np.uint64), lengths[:cut].astype(np.int64), \
-                    blob[:int(lengths[:cut].astype(np.int64).sum())]
                 return
-            yield np.arange(position, position + len(lengths), dtype=np.uint64), lengths.astype(np.int64), blob
-            position += len(lengths)
+            position += cut
 
 
 def _rows(lengths: np.ndarray, blob: bytes, pad: int) -> np.ndarray:
