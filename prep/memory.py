@@ -30,6 +30,17 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system, between two batches of a task. glibc
+    serves blocks under its mmap threshold (which rises to 32 MiB once a large block is freed)
+    from the heap, where a batch's freed buffers leave holes the next batch's do not fit: without
+    this, a tokenize task's peak grew with the number of tasks its worker had run (16M short
+    documents: from 370 MB to 430 MB over 30 tasks, the resting size flat at 240 MB)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def release_free_memory() -> None:
     """Give free pages back to the system after a task (Arrow's memory pool, then the C heap), so a
     worker that ran a large task holds no more than the next one needs: without it, pages freed
@@ -38,6 +49,4 @@ def release_free_memory() -> None:
     arrow = sys.modules.get("pyarrow")
     if arrow is not None:
         arrow.default_memory_pool().release_unused()
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    trim_heap()

@@ -249,3 +249,15 @@ def test_a_parts_entries_are_its_metadata_sorted_by_key(tmp_path: Path, tokenize
     written, ids = entry_file.read(0, entry_file.header["count"])
     expected, expected_ids = part_entries(read_columns(result.path, list(PART_COLUMNS)), 5)
     assert written.tobytes() == expected.tobytes() and ids == expected_ids
+
+
+def test_the_heap_is_trimmed_after_every_batch(tmp_path: Path, tokenizer_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's freed buffers must not stay resident as holes under the next batch's (a task's
+    peak grew with the tasks its worker had run)."""
+    lines: list[dict[str, object]] = [{"id": f"d{i}", "text": f"text {i}"} for i in range(40)]
+    monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", 5)
+    trims: list[int] = []
+    monkeypatch.setattr(tokenize, "trim_heap", lambda: trims.append(len(trims)))
+    _run(tmp_path, tokenizer_path, lines)
+    assert len(trims) == 8
