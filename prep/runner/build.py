@@ -86,7 +86,9 @@ class StoringGuard(ReuseGuard):
     def read_back_when_written(self, stamped: Iterable[tuple[str, cas.FileStamp]]) -> None:
         """Objects whose writer read the store's own file back from the disk (prep.stages.sink),
         with the stamp that file had once stored."""
-        self.read_back.update(stamped)
+        listed = dict(stamped)
+        self.read_back.update(listed)
+        self.proved(listed)
 
 
 class Builder:

@@ -27,7 +27,7 @@ from prep.errors import IntegrityError, PrepError
 from prep.runner.executors.base import Executor
 from prep.runner.reuse import JOBS_PER_WORKER, CheckJob, run_check_job
 from prep.storage.base import Store
-from prep.store import cas, records
+from prep.store import cas, proven, records
 from prep.store.snapshots import Snapshot, load_snapshot
 
 Checker = Callable[[Sequence[str]], list[str]]
@@ -122,7 +122,7 @@ def read_back(store: Store, snapshot: Snapshot, check: Checker, known: Iterable[
     checked_early = {object_id for object_id, stamp in (when_written or {}).items()
                      if object_id in named and cas.file_stamp(store, object_id) == stamp}
     todo = sorted((fresh if recorded else set(named) - (set(known) - fresh)) - checked_early)
-    bad = sorted(check(todo)) if todo else []
+    bad = proven.checked_and_recorded(store, todo, check)[0]
     if bad:
         raise _failure(store, snapshot, named, bad)
     early, early_bytes = len(checked_early), sum(named[object_id][1] for object_id in checked_early)

@@ -1,7 +1,8 @@
 """Reused results are checked before anything uses them.
 
-A build trusts an object it wrote itself (hashed while written) or one it re-hashed in this
-build. Every other object a commit record names, and a stage is about to read or a snapshot is
+A build trusts an object it wrote itself (hashed while written), one it re-hashed in this
+build, or one whose file in a local store still has the stamp it had when a build last hashed it
+from the disk (prep.store.proven). Every other object a commit record names, and a stage is about to read or a snapshot is
 about to name, is re-hashed first, on the executor's workers. A corrupt or missing one is
 deleted and recomputed by the task that made it (tasks are deterministic, so the recomputed
 object has the recorded id; anything else is an IntegrityError, exit 3).
@@ -9,7 +10,7 @@ object has the recorded id; anything else is an IntegrityError, exit 3).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from prep.progress import Progress
 from prep.runner.executors.base import Executor
 from prep.runner.tasks import TaskResult, publish_staged, worker_store
 from prep.storage.base import Store
-from prep.store import cas
+from prep.store import cas, proven
 
 JOBS_PER_WORKER = 4  # checks are split into this many jobs per worker: parallel, without a task per object
 
@@ -55,6 +56,7 @@ class ReuseGuard:
         self.trusted: set[str] = set()
         self.remakes: dict[str, Remake] = {}
         self.recomputed: list[dict[str, str]] = []
+        self.known: dict[str, cas.FileStamp] | None = None  # stamps of proven files, loaded when first needed
 
     def produced(self, object_ids: Iterable[str]) -> None:
         """Objects this build wrote (and hashed while writing)."""
@@ -66,13 +68,30 @@ class ReuseGuard:
             self.remakes.setdefault(object_id, remake)
 
     def find_bad(self, object_ids: Iterable[str]) -> list[str]:
-        """Re-hash the untrusted ones among `object_ids`; the corrupt or missing ones, sorted."""
-        todo = sorted(set(object_ids) - self.trusted)
-        count = max(1, self.executor.workers * JOBS_PER_WORKER)
-        jobs = [CheckJob(self.store.url, tuple(todo[start::count])) for start in range(min(count, len(todo)))]
-        bad = sorted(object_id for _, found in self.executor.run(run_check_job, jobs) for object_id in found)
+        """Re-hash the untrusted ones among `object_ids` (but those proven before whose file is
+        unchanged); the corrupt or missing ones, sorted."""
+        untrusted = set(object_ids) - self.trusted
+        if untrusted and self.known is None:
+            self.known = proven.load(self.store)
+        self.trusted.update(proven.unchanged(self.store, untrusted, self.known or {}))
+        todo = sorted(untrusted - self.trusted)
+        bad, stamps = proven.checked_and_recorded(self.store, todo, self._check)
         self.trusted.update(set(todo) - set(bad))
+        if self.known is not None:
+            self.known.update(stamps)
         return bad
+
+    def _check(self, object_ids: Sequence[str]) -> list[str]:
+        count = max(1, self.executor.workers * JOBS_PER_WORKER)
+        jobs = [CheckJob(self.store.url, tuple(object_ids[start::count]))
+                for start in range(min(count, len(object_ids)))]
+        return [object_id for _, found in self.executor.run(run_check_job, jobs) for object_id in found]
+
+    def proved(self, stamps: dict[str, cas.FileStamp]) -> None:
+        """Record object files hashed from the disk in this build, with their stamps then."""
+        proven.record(self.store, stamps)
+        if self.known is not None:
+            self.known.update(stamps)
 
     def discard(self, object_id: str, what: str) -> None:
         """Delete a corrupt object so that recomputing it can store the right bytes."""

@@ -502,12 +502,14 @@ def test_workers_load_the_tokenizer_up_front_unless_a_rebuild_looks_unchanged(co
 def test_a_rebuild_that_looks_unchanged_checks_the_latest_artifacts_while_hashing(corpus: Path,
                                                                                   tokenizer_path: Path) -> None:
     """The artifacts it will reuse are re-hashed first (meanwhile the driver hashes the inputs),
-    once: the shard stage then trusts them instead of checking them after everything else."""
+    once: the shard stage then trusts them instead of checking them after everything else. Files
+    a build proved before (prep.store.proven) are not read at all while their stamps hold."""
     from prep.config import load_pipeline
     from prep.progress import Progress
     from prep.runner.build import build
     from prep.runner.reuse import CheckJob
     from prep.storage import LocalStore
+    from prep.store.layout import PROVEN_KEY
 
     class Recording(InProcessExecutor):
         checked: list[list[str]] = []
@@ -518,12 +520,15 @@ def test_a_rebuild_that_looks_unchanged_checks_the_latest_artifacts_while_hashin
 
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
     first = build(load_pipeline(pipeline), LocalStore(corpus / "store"), Recording(), (), Progress(quiet=True))
-    Recording.checked = []
-    again = build(load_pipeline(pipeline), LocalStore(corpus / "store"), Recording(), (), Progress(quiet=True))
-    assert again.snapshot.id == first.snapshot.id
     artifacts = sorted({f"sha256:{a['sha256']}" for a in first.snapshot.artifacts})
-    assert sorted(Recording.checked[0]) == artifacts
-    assert not any(Recording.checked[1:]), "checked once"
+    for proof in ("kept", "lost"):
+        Recording.checked = []
+        if proof == "lost":
+            (corpus / "store" / PROVEN_KEY).unlink()
+        again = build(load_pipeline(pipeline), LocalStore(corpus / "store"), Recording(), (), Progress(quiet=True))
+        assert again.snapshot.id == first.snapshot.id
+        assert sorted(oid for batch in Recording.checked for oid in batch) == ([] if proof == "kept" else artifacts)
+        assert not any(Recording.checked[1:]), "checked once"
 
 
 def test_without_dedup_repeated_texts_get_distinct_sample_keys(tmp_path: Path, tokenizer_path: Path) -> None:

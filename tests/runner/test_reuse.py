@@ -15,7 +15,8 @@ import pytest
 from prep import hashing
 from prep.errors import IntegrityError
 from prep.storage import LocalStore
-from prep.store import cas, records
+from prep.store import cas, proven, records
+from prep.store.layout import PROVEN_KEY
 from prep.store.snapshots import load_snapshot
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
 from tests.runner.buildsupport import all_objects_intact, build_local
@@ -278,3 +279,67 @@ def test_a_driver_failure_leaves_no_intermediate_staged_by_tasks_in_flight(tmp_p
     with pytest.raises(OSError, match="injected"):
         build_local(pipeline, tmp_path / "store", workers=2)
     assert not list((tmp_path / "store" / "tmp").glob("tokenize-*"))
+
+
+def count_trusted(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The objects the build's guard trusts by their proven stamps instead of re-hashing them."""
+    trusted: set[str] = set()
+    real = proven.unchanged
+
+    def recording(store: Any, object_ids: Any, known: Any) -> set[str]:
+        found = real(store, object_ids, known)
+        trusted.update(found)
+        return found
+
+    monkeypatch.setattr(proven, "unchanged", recording)
+    return trusted
+
+
+def test_a_rebuild_with_nothing_changed_reads_no_shard_file_again(corpus: Path, tokenizer_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shard files were read back from the disk as they were written: their stamps then prove
+    them to the next build, which reads none of them (20 TB at the target scale)."""
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="4KB")
+    store_dir = corpus / "store"
+    first = build_local(pipeline, store_dir, workers=2)
+    trusted = count_trusted(monkeypatch)
+    again = build_local(pipeline, store_dir, workers=2)
+    assert again.snapshot.id == first.snapshot.id
+    shard_files = {f"sha256:{artifact['sha256']}" for artifact in first.snapshot.artifacts}
+    assert len(shard_files) > 2 and shard_files <= trusted
+
+
+def test_a_shard_file_rewritten_under_its_old_mtime_is_hashed_and_recomputed(corpus: Path, tokenizer_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proven stamp covers the file's ctime, which no writer can set back."""
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    store_dir = corpus / "store"
+    first = build_local(pipeline, store_dir, workers=1)
+    path = store_dir / cas.object_key(first.snapshot.artifacts[1]["sha256"])
+    before = path.stat()
+    flip_byte(path, 100)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
+    again = build_local(pipeline, store_dir, workers=2)
+    assert again.snapshot.id == first.snapshot.id and again.stages["shard"].ran == 1
+    assert all_objects_intact(store_dir)
+
+
+@pytest.mark.parametrize("damage", ["removed", "torn", "garbage"])
+def test_a_lost_or_damaged_proof_record_means_hashing_again(corpus: Path, tokenizer_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="4KB")
+    store_dir = corpus / "store"
+    first = build_local(pipeline, store_dir, workers=1)
+    record = store_dir / PROVEN_KEY
+    lines = record.read_bytes().splitlines(keepends=True)
+    if damage == "removed":
+        record.unlink()
+    else:
+        record.write_bytes(b"".join(line[:len(line) // 2] if damage == "torn" else b'{"object": 1}\n'
+                                    for line in lines))
+    trusted = count_trusted(monkeypatch)
+    again = build_local(pipeline, store_dir, workers=1)
+    assert again.snapshot.id == first.snapshot.id
+    assert not trusted
+    assert len(proven.load(LocalStore(store_dir))) >= len(first.snapshot.artifacts)  # proven again

@@ -1,0 +1,102 @@
+"""Object files of a local store proven intact by hashing, with the stamp each file had then.
+
+A rebuild reuses every shard its previous build wrote; re-hashing them all made a rebuild with
+nothing to do read the whole dataset (20 TB at the target scale). So when a build hashes an
+object's file from the disk, the driver records the file's stamp (device, inode, size, mtime,
+ctime) in `proven/objects.jsonl`, and a later build trusts an object whose file still has that
+stamp without reading it, as `prep pull` trusts its own record. Any write, truncation,
+replacement or `touch` of the file changes its stamp (ctime cannot be set back), so such a file
+is hashed again; rot below the filesystem is what `prep fsck` finds.
+
+The record is advisory: lines are appended whole and never fsynced, torn or malformed lines are
+ignored, and a missing record only means hashing again. Stores without local files keep none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+from prep.storage.base import Store
+from prep.store.cas import FileStamp, file_stamp
+from prep.store.layout import PROVEN_KEY
+
+COMPACT_FACTOR = 4  # rewrite the record once it holds this many lines per object it names
+
+
+def _path(store: Store) -> Path | None:
+    return store.local_path(PROVEN_KEY)
+
+
+def _parse(line: bytes) -> tuple[str, FileStamp] | None:
+    try:
+        entry = json.loads(line)
+        return str(entry["object"]), FileStamp(*(int(value) for value in entry["stamp"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _lines(path: Path) -> list[bytes]:
+    try:
+        return path.read_bytes().splitlines()
+    except OSError:
+        return []
+
+
+def load(store: Store) -> dict[str, FileStamp]:
+    """The last stamp recorded for each object (nothing for a store without local files)."""
+    path = _path(store)
+    if path is None:
+        return {}
+    return dict(entry for line in _lines(path) if (entry := _parse(line)) is not None and len(entry[1]) == 5)
+
+
+def _line(object_id: str, stamp: FileStamp) -> bytes:
+    return json.dumps({"object": object_id, "stamp": list(stamp)}, separators=(",", ":")).encode() + b"\n"
+
+
+def record(store: Store, stamps: Mapping[str, FileStamp]) -> None:
+    """Append these proven stamps; compact the record when it grew past COMPACT_FACTOR lines per
+    object. Best effort: a record that cannot be written only means hashing again."""
+    path = _path(store)
+    if path is None or not stamps:
+        return
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+b") as out:  # O_APPEND: concurrent builds' lines do not interleave
+            out.seek(0, os.SEEK_END)
+            torn = out.tell() > 0 and out.seek(-1, os.SEEK_END) >= 0 and out.read(1) != b"\n"
+            out.write((b"\n" if torn else b"") +  # a torn last line must not swallow the first new one
+                      b"".join(_line(object_id, stamp) for object_id, stamp in sorted(stamps.items())))
+        lines = _lines(path)
+        current = load(store)
+        if len(lines) > COMPACT_FACTOR * max(1, len(current)):
+            _rewrite(path, current)
+
+
+def _rewrite(path: Path, current: Mapping[str, FileStamp]) -> None:
+    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    temp.write_bytes(b"".join(_line(object_id, stamp) for object_id, stamp in sorted(current.items())))
+    os.replace(temp, path)
+
+
+def unchanged(store: Store, object_ids: Iterable[str], known: Mapping[str, FileStamp]) -> set[str]:
+    """The objects among `object_ids` whose file still has the stamp `known` records for it."""
+    return {object_id for object_id in object_ids
+            if (stamp := known.get(object_id)) is not None and file_stamp(store, object_id) == stamp}
+
+
+def checked_and_recorded(store: Store, object_ids: Sequence[str],
+                         check: Callable[[Sequence[str]], Iterable[str]]) -> tuple[list[str], dict[str, FileStamp]]:
+    """Run `check` (re-hash, return the bad ones) over `object_ids`; record the stamps of the
+    files that passed and kept the stamp they had before the check. Returns (bad, recorded)."""
+    before = {object_id: file_stamp(store, object_id) for object_id in object_ids}
+    bad = sorted(check(object_ids)) if object_ids else []
+    failed = set(bad)
+    stamps = {object_id: stamp for object_id, stamp in before.items()
+              if stamp is not None and object_id not in failed and file_stamp(store, object_id) == stamp}
+    record(store, stamps)
+    return bad, stamps
