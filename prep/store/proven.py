@@ -47,11 +47,17 @@ def _lines(path: Path) -> list[bytes]:
 
 
 def load(store: Store) -> dict[str, FileStamp]:
-    """The last stamp recorded for each object (nothing for a store without local files)."""
+    """The last stamp recorded for each object (nothing for a store without local files); a
+    record grown past COMPACT_FACTOR lines per object is rewritten with one line each."""
     path = _path(store)
     if path is None:
         return {}
-    return dict(entry for line in _lines(path) if (entry := _parse(line)) is not None and len(entry[1]) == 5)
+    lines = _lines(path)
+    current = dict(entry for line in lines if (entry := _parse(line)) is not None and len(entry[1]) == 5)
+    if len(lines) > COMPACT_FACTOR * max(1, len(current)):
+        with contextlib.suppress(OSError):
+            _rewrite(path, current)
+    return current
 
 
 def _line(object_id: str, stamp: FileStamp) -> bytes:
@@ -59,8 +65,8 @@ def _line(object_id: str, stamp: FileStamp) -> bytes:
 
 
 def record(store: Store, stamps: Mapping[str, FileStamp]) -> None:
-    """Append these proven stamps; compact the record when it grew past COMPACT_FACTOR lines per
-    object. Best effort: a record that cannot be written only means hashing again."""
+    """Append these proven stamps (never reading the record: a build appends once per shard
+    job). Best effort: a record that cannot be written only means hashing again."""
     path = _path(store)
     if path is None or not stamps:
         return
@@ -71,10 +77,6 @@ def record(store: Store, stamps: Mapping[str, FileStamp]) -> None:
             torn = out.tell() > 0 and out.seek(-1, os.SEEK_END) >= 0 and out.read(1) != b"\n"
             out.write((b"\n" if torn else b"") +  # a torn last line must not swallow the first new one
                       b"".join(_line(object_id, stamp) for object_id, stamp in sorted(stamps.items())))
-        lines = _lines(path)
-        current = load(store)
-        if len(lines) > COMPACT_FACTOR * max(1, len(current)):
-            _rewrite(path, current)
 
 
 def _rewrite(path: Path, current: Mapping[str, FileStamp]) -> None:

@@ -50,6 +50,7 @@ KEY_PATTERNS = {
     "log": rf"logs/{NAME}/[0-9]{{8}}T[0-9]{{6}}Z-[0-9a-f]{{12}}\.json",
     "readback": rf"readback/{HEX}\.json",
     "retention": rf"retention/{NAME}/[0-9]{{16}}\.json",
+    "proven": r"proven/objects\.jsonl",  # JSON Lines, advisory: no schema (prep.store.proven)
 }
 SCHEMA_OF = {"task": "prep.task/1", "stage": "prep.stage-record/1", "ref": "prep.ref/1",
              "history": "prep.ref/1", "log": "prep.build-log/2", "readback": "prep.readback/1",
