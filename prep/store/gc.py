@@ -37,7 +37,7 @@ from typing import Any
 from prep import hashing
 from prep.errors import NotFoundError, StorageIOError, StoreError, UsageError
 from prep.storage.base import ObjectInfo, Store
-from prep.store import records, retention
+from prep.store import proven, records, retention
 from prep.store.holds import list_holds
 from prep.store.layout import (
     OBJECTS_PREFIX,
@@ -229,6 +229,7 @@ def collect_garbage(store: Store, grace_seconds: int, dry_run: bool = False,
             if lease.lapsed:
                 raise StoreError(f"{store.url}: the gc lease lapsed (renewals failed); stopped before deleting {name}")
             _delete(store, name, [info for info in plan.deletions[name] if info.key != lease.key])
+        proven.forget(store, (f"sha256:{object_sha(info.key)}" for info in plan.deletions["objects"]))
         deleted = {name: _tally(plan.deletions[name]) for name in CATEGORIES}
         deleted["temporary"] = _tally([*freed, *plan.deletions["temporary"]])
         return GcReport(store.url, False, grace_seconds, plan.refs, plan.kept, deleted, plan.policies, plan.rules)

@@ -79,6 +79,15 @@ def record(store: Store, stamps: Mapping[str, FileStamp]) -> None:
                       b"".join(_line(object_id, stamp) for object_id, stamp in sorted(stamps.items())))
 
 
+def forget(store: Store, object_ids: Iterable[str]) -> None:
+    """Drop deleted objects from the record (gc), so that it names only what the store holds."""
+    path, gone = _path(store), set(object_ids)
+    if path is None or not gone or not path.exists():
+        return
+    with contextlib.suppress(OSError):
+        _rewrite(path, {object_id: stamp for object_id, stamp in load(store).items() if object_id not in gone})
+
+
 def _rewrite(path: Path, current: Mapping[str, FileStamp]) -> None:
     temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     temp.write_bytes(b"".join(_line(object_id, stamp) for object_id, stamp in sorted(current.items())))

@@ -168,6 +168,22 @@ def test_a_collected_snapshot_takes_its_read_back_record_with_it(project: dict[s
     assert records.read_readback(store, second.id) is not None, "a kept snapshot keeps its record"
 
 
+def test_collected_objects_leave_the_proven_record(project: dict[str, Path]) -> None:
+    """The record of proven files names only objects the store still holds."""
+    from prep.store import proven
+
+    store = LocalStore(project["store"])
+    first = resolve(store, "tiny@latest")
+    run_prep("build", project["v2"], "--store", project["store"], "--workers", "1")
+    second = resolve(store, "tiny@latest")
+    gone = {f"sha256:{sha}" for sha in reachable(store, first.id) - reachable(store, second.id)}
+    assert gone & set(proven.load(store)), "the first build proved files the second does not name"
+    age(project["store"], 2 * HOUR)
+    collect_garbage(store, grace_seconds=HOUR)
+    named = set(proven.load(store))
+    assert named and named <= {f"sha256:{sha}" for sha in stored_objects(store)} and not named & gone
+
+
 def test_young_records_are_roots(project: dict[str, Path]) -> None:
     """An old unreachable object that a running build just re-committed must survive."""
     store = LocalStore(project["store"])
