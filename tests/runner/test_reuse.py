@@ -343,3 +343,18 @@ def test_a_lost_or_damaged_proof_record_means_hashing_again(corpus: Path, tokeni
     assert again.snapshot.id == first.snapshot.id
     assert not trusted
     assert len(proven.load(LocalStore(store_dir))) >= len(first.snapshot.artifacts)  # proven again
+
+
+def test_intermediates_re_hashed_by_one_rebuild_are_trusted_by_the_next(corpus: Path, tokenizer_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build hashes its intermediates as they are written, never from the disk: the first
+    rebuild whose shard jobs read them re-hashes them and records their stamps; later ones do not."""
+    store_dir = corpus / "store"
+    build_local(write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="4KB"), store_dir, workers=1)
+    intermediates = set(task_outputs(store_dir, "tokenize"))  # and the parts' entries, which order tasks read
+    trusted = count_trusted(monkeypatch)
+    build_local(write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="2KB"), store_dir, workers=1)
+    assert not intermediates & trusted
+    trusted.clear()
+    build_local(write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="1KB"), store_dir, workers=1)
+    assert intermediates <= trusted
