@@ -23,7 +23,7 @@ READBACK_PREFIX = "readback/"
 RETENTION_PREFIX = "retention/"
 HOLDS_PREFIX = "holds/"
 # A local store's advisory record of object files proven by hashing, with their stat stamps
-# (prep.store.proven); no listing, gc or scrub reads under this prefix.
+# (prep.store.proven): no record or object, so gc and scrub never walk it (gc drops what it collects).
 PROVEN_KEY = "proven/objects.jsonl"
 RECORD_SUFFIX = ".json"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # datasets and ref names
