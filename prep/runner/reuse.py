@@ -3,9 +3,10 @@
 A build trusts an object it wrote itself (hashed while written), one it re-hashed in this
 build, or one whose file in a local store still has the stamp it had when a build last hashed
 it from the disk (prep.store.proven). Every other object a commit record names, and a stage is
-about to read or a snapshot is about to name, is re-hashed first, on the executor's workers. A corrupt or missing one is
-deleted and recomputed by the task that made it (tasks are deterministic, so the recomputed
-object has the recorded id; anything else is an IntegrityError, exit 3).
+about to read or a snapshot is about to name, is re-hashed first, on the executor's workers. A
+corrupt or missing one is deleted and recomputed by the task that made it (tasks are
+deterministic, so the recomputed object has the recorded id; anything else is an
+IntegrityError, exit 3).
 """
 
 from __future__ import annotations
