@@ -35,8 +35,8 @@ from prep.runner.publish import (
     stage_counts,
     write_log,
 )
-from prep.runner.readback import Readback, executor_checker, passed_before, read_back
-from prep.runner.reuse import Remake, ReuseGuard
+from prep.runner.readback import Readback, passed_before, read_back
+from prep.runner.reuse import Remake, ReuseGuard, executor_checker
 from prep.runner.tasks import (
     CodeChecked,
     PartRef,

@@ -24,8 +24,6 @@ from typing import Any
 
 from prep import hashing
 from prep.errors import IntegrityError, PrepError
-from prep.runner.executors.base import Executor
-from prep.runner.reuse import JOBS_PER_WORKER, CheckJob, run_check_job
 from prep.storage.base import Store
 from prep.store import cas, proven, records
 from prep.store.snapshots import Snapshot, load_snapshot
@@ -77,15 +75,6 @@ def snapshot_objects(snapshot: Snapshot) -> dict[str, tuple[str, int]]:
     return named
 
 
-def executor_checker(store: Store, executor: Executor) -> Checker:
-    """Check on the build's workers, in a few jobs per worker (no task per object)."""
-    def check(object_ids: Sequence[str]) -> list[str]:
-        count = max(1, executor.workers * JOBS_PER_WORKER)
-        jobs = [CheckJob(store.url, tuple(object_ids[start::count])) for start in range(min(count, len(object_ids)))]
-        return [object_id for _, found in executor.run(run_check_job, jobs) for object_id in found]
-    return check
-
-
 def thread_checker(store: Store, threads: int = THREADS) -> Checker:
     """Check on threads of this process (prep tag has no workers)."""
     def check(object_ids: Sequence[str]) -> list[str]:
@@ -122,7 +111,8 @@ def read_back(store: Store, snapshot: Snapshot, check: Checker, known: Iterable[
     checked_early = {object_id for object_id, stamp in (when_written or {}).items()
                      if object_id in named and cas.file_stamp(store, object_id) == stamp}
     todo = sorted((fresh if recorded else set(named) - (set(known) - fresh)) - checked_early)
-    bad = proven.checked_and_recorded(store, todo, check)[0]
+    bad, stamps = proven.check_stamped(store, todo, check)
+    proven.record(store, stamps)
     if bad:
         raise _failure(store, snapshot, named, bad)
     early, early_bytes = len(checked_early), sum(named[object_id][1] for object_id in checked_early)

@@ -40,6 +40,16 @@ def run_check_job(job: CheckJob) -> list[str]:
     return [object_id for object_id in job.object_ids if not cas.check(store, object_id)]
 
 
+def executor_checker(store: Store, executor: Executor) -> Callable[[Sequence[str]], list[str]]:
+    """Re-hash objects on the executor's workers, in a few jobs per worker (no task per object);
+    returns the missing or corrupt ones."""
+    def check(object_ids: Sequence[str]) -> list[str]:
+        count = max(1, executor.workers * JOBS_PER_WORKER)
+        jobs = [CheckJob(store.url, tuple(object_ids[start::count])) for start in range(min(count, len(object_ids)))]
+        return [object_id for _, found in executor.run(run_check_job, jobs) for object_id in found]
+    return check
+
+
 @dataclass(frozen=True)
 class Remake:
     """How to recompute a reused object: the task that produced it, and what to call it."""
@@ -76,17 +86,10 @@ class ReuseGuard:
             self.known = proven.load(self.store)
         self.trusted.update(proven.unchanged(self.store, untrusted, self.known or {}))
         todo = sorted(untrusted - self.trusted)
-        bad, stamps = proven.checked_and_recorded(self.store, todo, self._check)
+        bad, stamps = proven.check_stamped(self.store, todo, executor_checker(self.store, self.executor))
         self.trusted.update(set(todo) - set(bad))
-        if self.known is not None:
-            self.known.update(stamps)
+        self.proved(stamps)
         return bad
-
-    def _check(self, object_ids: Sequence[str]) -> list[str]:
-        count = max(1, self.executor.workers * JOBS_PER_WORKER)
-        jobs = [CheckJob(self.store.url, tuple(object_ids[start::count]))
-                for start in range(min(count, len(object_ids)))]
-        return [object_id for _, found in self.executor.run(run_check_job, jobs) for object_id in found]
 
     def proved(self, stamps: dict[str, cas.FileStamp]) -> None:
         """Record object files hashed from the disk in this build, with their stamps then."""

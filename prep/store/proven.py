@@ -53,7 +53,7 @@ def load(store: Store) -> dict[str, FileStamp]:
     if path is None:
         return {}
     lines = _lines(path)
-    current = dict(entry for line in lines if (entry := _parse(line)) is not None and len(entry[1]) == 5)
+    current = dict(entry for line in lines if (entry := _parse(line)) is not None)
     if len(lines) > COMPACT_FACTOR * max(1, len(current)):
         with contextlib.suppress(OSError):
             _rewrite(path, current)
@@ -73,8 +73,8 @@ def record(store: Store, stamps: Mapping[str, FileStamp]) -> None:
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a+b") as out:  # O_APPEND: concurrent builds' lines do not interleave
-            out.seek(0, os.SEEK_END)
-            torn = out.tell() > 0 and out.seek(-1, os.SEEK_END) >= 0 and out.read(1) != b"\n"
+            end = out.seek(0, os.SEEK_END)
+            torn = end > 0 and os.pread(out.fileno(), 1, end - 1) != b"\n"
             out.write((b"\n" if torn else b"") +  # a torn last line must not swallow the first new one
                       b"".join(_line(object_id, stamp) for object_id, stamp in sorted(stamps.items())))
 
@@ -100,14 +100,12 @@ def unchanged(store: Store, object_ids: Iterable[str], known: Mapping[str, FileS
             if (stamp := known.get(object_id)) is not None and file_stamp(store, object_id) == stamp}
 
 
-def checked_and_recorded(store: Store, object_ids: Sequence[str],
-                         check: Callable[[Sequence[str]], Iterable[str]]) -> tuple[list[str], dict[str, FileStamp]]:
-    """Run `check` (re-hash, return the bad ones) over `object_ids`; record the stamps of the
-    files that passed and kept the stamp they had before the check. Returns (bad, recorded)."""
+def check_stamped(store: Store, object_ids: Sequence[str],
+                  check: Callable[[Sequence[str]], Iterable[str]]) -> tuple[list[str], dict[str, FileStamp]]:
+    """Run `check` (re-hash, return the bad ones) over `object_ids`: (the bad ones, sorted; the
+    stamps of the files that passed and kept the stamp they had before the check, to record)."""
     before = {object_id: file_stamp(store, object_id) for object_id in object_ids}
     bad = sorted(check(object_ids)) if object_ids else []
     failed = set(bad)
-    stamps = {object_id: stamp for object_id, stamp in before.items()
-              if stamp is not None and object_id not in failed and file_stamp(store, object_id) == stamp}
-    record(store, stamps)
-    return bad, stamps
+    return bad, {object_id: stamp for object_id, stamp in before.items()
+                 if stamp is not None and object_id not in failed and file_stamp(store, object_id) == stamp}
