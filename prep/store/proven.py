@@ -89,9 +89,18 @@ def forget(store: Store, object_ids: Iterable[str]) -> None:
 
 
 def _rewrite(path: Path, current: Mapping[str, FileStamp]) -> None:
+    """Replace the record with one line per object. Temporaries of earlier rewrites are removed
+    first: no listing, gc or scrub looks here, so one left by a killed rewrite would stay forever
+    (one of a rewrite still running only fails that rewrite, which is harmless)."""
+    for stale in path.parent.glob(f"{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
     temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    temp.write_bytes(b"".join(_line(object_id, stamp) for object_id, stamp in sorted(current.items())))
-    os.replace(temp, path)
+    try:
+        temp.write_bytes(b"".join(_line(object_id, stamp) for object_id, stamp in sorted(current.items())))
+        os.replace(temp, path)
+    except OSError:  # a full disk: the old record stays as it was
+        temp.unlink(missing_ok=True)
+        raise
 
 
 def unchanged(store: Store, object_ids: Iterable[str], known: Mapping[str, FileStamp]) -> set[str]:

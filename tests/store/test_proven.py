@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from pathlib import Path
 
 from prep.storage import LocalStore
 from prep.store import cas, proven
 from prep.store.layout import PROVEN_KEY
+from tests.runner.test_disk_full import fill_up, small_tmpfs
 
 
 def _stored(store: LocalStore, tmp_path: Path, data: bytes) -> str:
@@ -62,3 +64,62 @@ def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path: Path) -> No
     path.write_bytes(path.read_bytes()[:-20])  # a build killed while appending
     proven.record(store, {second: stamps[second]})  # type: ignore[dict-item]
     assert proven.load(store) == {second: stamps[second]}
+
+
+def _stamps(store: LocalStore, tmp_path: Path, count: int, start: int = 0) -> dict[str, cas.FileStamp]:
+    found = {}
+    for index in range(start, start + count):
+        object_id = _stored(store, tmp_path, str(index).encode() * 3)
+        stamp = cas.file_stamp(store, object_id)
+        assert stamp is not None
+        found[object_id] = stamp
+    return found
+
+
+def _append_many(root: str, stamps: dict[str, tuple[int, ...]], rounds: int) -> None:
+    """One of several processes appending to one record at once."""
+    store = LocalStore(Path(root))
+    for _ in range(rounds):
+        proven.record(store, {object_id: cas.FileStamp(*stamp) for object_id, stamp in stamps.items()})
+
+
+def test_builds_appending_at_once_lose_no_line(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    groups = [_stamps(store, tmp_path, 300, start=300 * group) for group in range(4)]
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_append_many, args=(str(tmp_path / "store"), group, 20)) for group in groups]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+        assert worker.exitcode == 0
+    # Whole lines, none interleaved or torn (an empty one where a writer saw another's write
+    # half done and took it for a torn line is harmless).
+    lines = [line for line in (tmp_path / "store" / PROVEN_KEY).read_bytes().splitlines() if line]
+    assert len(lines) == 4 * 20 * 300 and all(proven._parse(line) is not None for line in lines)
+    assert proven.load(store) == {object_id: stamp for group in groups for object_id, stamp in group.items()}
+
+
+def test_a_full_disk_leaves_the_record_readable_and_no_temporary(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "mnt", "1m") as mount:
+        store = LocalStore(mount / "store")
+        kept = _stamps(store, tmp_path, 20)
+        for _ in range(3 * proven.COMPACT_FACTOR):
+            proven.record(store, kept)
+        fill_up(mount)
+        extra = _stamps(LocalStore(tmp_path / "other"), tmp_path, 2000, start=20)
+        proven.record(store, extra)  # a part fits, ending in a torn line
+        loaded = proven.load(store)  # its compaction does not fit: the record stays as it was
+        assert kept.items() <= loaded.items() and loaded.items() <= (kept | extra).items()
+        assert sorted(path.name for path in (mount / "store" / "proven").iterdir()) == ["objects.jsonl"]
+
+
+def test_a_temporary_left_by_a_killed_compaction_is_removed_by_the_next(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    kept = _stamps(store, tmp_path, 3)
+    folder = tmp_path / "store" / "proven"
+    for _ in range(proven.COMPACT_FACTOR + 1):
+        proven.record(store, kept)
+    (folder / "objects.jsonl.99999.tmp").write_bytes(b"half a reco")
+    assert proven.load(store) == kept
+    assert sorted(path.name for path in folder.iterdir()) == ["objects.jsonl"]
