@@ -54,33 +54,60 @@ class TokenizeResult:
 # gigatoken keeps a cache of every distinct pre-token it has encoded, with no bound (40M distinct
 # words: 2.7 GB), so on a corpus whose vocabulary never stops growing (numbers, URLs, names,
 # typos) every worker would grow without limit. So a worker that grew `settings.tokenizer_cache`
-# ([build] tokenizer_cache) past its size once its engine had encoded a first batch (a batch's
-# working set is resident by then) loads the engine afresh, checked before every batch: dropping
-# the engine frees its cache (and the heap is trimmed, so the next check measures what is really
-# held); loading costs about 0.15 s, and the next batch encodes with a cold cache. Real text grows
-# a worker's cache by tens of MB (16M short documents: about 20 MB).
+# ([build] tokenizer_cache) loads its engine afresh, the size compared like with like:
+# - at the start of a task, with its size at the start of the engine's second task (both at rest,
+#   the previous task's memory given back; the first task's start is too early, before the
+#   worker's own one-time allocations): how real text's cache shows (16M short documents: 194 ->
+#   222 MB over a worker's 40 tasks, the engine's live C heap and its table growing by that
+#   much while Python's objects did not);
+# - between the batches of a task, with its size once the task's first batch was encoded and the
+#   heap trimmed (the batch's working set counted, its freed buffers not), so that one task of a
+#   vocabulary that keeps growing cannot outgrow the bound by more than a batch.
+# Dropping the engine frees its cache (and the heap is trimmed); loading costs about 0.15 s, and
+# the next batch encodes with a cold cache. Tokens never depend on the cache.
 
 
 @dataclass(frozen=True)
 class _Loaded:
-    """A worker's engine for one tokenizer, and the worker's resident bytes once the engine had
-    encoded its first batch (None before): what the growth of its cache is measured from."""
+    """A worker's engine for one tokenizer, the tasks it began, and the worker's resident bytes
+    when its second task began (None before): what the growth of its cache between tasks is
+    measured from."""
 
     engine: TokenizerEngine
     info: TokenizerInfo
-    resident: int | None = None
+    tasks: int = 0  # tasks it began
+    resting: int | None = None
 
 
 _ENGINES: dict[tuple[object, ...], _Loaded] = {}
 _RELOADS = {"count": 0}  # engines this worker loaded again because it outgrew the bound
 
 
-def _outgrown(loaded: _Loaded, limit: int) -> bool:
-    """True once this worker grew `limit` bytes past its size after `loaded` encoded a first batch."""
-    if loaded.resident is None:
+def _grown(since: int | None, limit: int) -> bool:
+    """True when this worker is more than `limit` bytes larger than it was at `since` (None: never)."""
+    if since is None:
         return False
     now = resident_bytes()
-    return now is not None and now - loaded.resident > limit
+    return now is not None and now - since > limit
+
+
+@dataclass
+class _BatchWatch:
+    """One task's check between its batches, made once a batch is done and the heap trimmed, when
+    the task holds least: the first batch (or the first since a reload) sets the size it is
+    compared with; a later one that outgrew it loads the engine afresh."""
+
+    settings: TokenizeSettings
+    settled: int | None = None
+
+    def after_batch(self) -> None:
+        if self.settled is None:
+            self.settled = resident_bytes()
+            return
+        reloads = _RELOADS["count"]
+        _engine(self.settings, self.settled)
+        if _RELOADS["count"] != reloads:
+            self.settled = None
 
 
 def _cache_key(settings: TokenizeSettings) -> tuple[object, ...]:
@@ -88,13 +115,13 @@ def _cache_key(settings: TokenizeSettings) -> tuple[object, ...]:
             settings.threads)
 
 
-def _engine(settings: TokenizeSettings, check: bool = True) -> tuple[TokenizerEngine, TokenizerInfo]:
+def _engine(settings: TokenizeSettings, grown_since: int | None = None) -> tuple[TokenizerEngine, TokenizerInfo]:
     """One engine per worker process, keyed on the tokenizer's content hash, never its path;
-    loaded again, when `check`, once its cache made the worker outgrow `settings.tokenizer_cache`."""
+    loaded again once the worker grew `settings.tokenizer_cache` past `grown_since`."""
     cache_key = _cache_key(settings)
     loaded = _ENGINES.get(cache_key)
     checked = None
-    if loaded is not None and check and _outgrown(loaded, settings.tokenizer_cache):
+    if loaded is not None and _grown(grown_since, settings.tokenizer_cache):
         checked = loaded.engine.checked  # the build log's cross-check counts go on
         loaded = None
         _drop([cache_key])
@@ -108,15 +135,21 @@ def _engine(settings: TokenizeSettings, check: bool = True) -> tuple[TokenizerEn
         if checked is not None:
             engine.checked = checked
         loaded = _ENGINES[cache_key] = _Loaded(engine, info)
+        trim_heap()  # what loading parsed and freed is not the cache
     return loaded.engine, loaded.info
 
 
-def _settle(settings: TokenizeSettings) -> None:
-    """After a batch: the first one an engine encoded sets the size its cache's growth counts from."""
+def _task_engine(settings: TokenizeSettings) -> TokenizerInfo:
+    """The engine at the start of a task: loaded afresh when the worker, at rest, outgrew its size
+    at the start of the engine's second task (recorded here: by then the worker's own first-task
+    allocations are made and the commonest words cached)."""
     cache_key = _cache_key(settings)
     loaded = _ENGINES.get(cache_key)
-    if loaded is not None and loaded.resident is None:
-        _ENGINES[cache_key] = replace(loaded, resident=resident_bytes())
+    info = _engine(settings, loaded.resting if loaded is not None else None)[1]
+    loaded = _ENGINES[cache_key]
+    _ENGINES[cache_key] = replace(loaded, tasks=loaded.tasks + 1,
+                                  resting=resident_bytes() if loaded.tasks == 1 else loaded.resting)
+    return info
 
 
 def _drop(cache_keys: list[tuple[object, ...]]) -> None:
@@ -206,7 +239,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     `out_path` (fsynced unless `durable` is False, for a file whose store makes it durable when
     put) and, with an order seed, write the part's entries (prep.stages.entries) beside it."""
     reloads_before = _RELOADS["count"]
-    info = _engine(settings)[1]  # holding no reference to the engine: a reload must free the old one
+    info = _task_engine(settings)  # holding no reference to the engine: a reload must free the old one
     dtype = np.dtype(info.dtype)
     counts = {"documents": 0, "tokens": 0, "text_bytes": 0, "bad_records": 0, "special_token_documents": 0,
               "lines": 0}
@@ -214,22 +247,14 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     unique_ids = _UniqueIds(task)
     special_needles = [token.encode() for token in info.special_tokens]
     started = time.perf_counter()
+    watch = _BatchWatch(settings)
     try:
         with IntermediateWriter(out_path, dtype, durable, settings.order_seed) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
-                # Loaded afresh when the worker outgrew settings.tokenizer_cache; never held across batches.
-                tokens, token_offsets = _engine(settings)[0].encode_columns(batch.blob, batch.offsets,
-                                                                            _DocumentNames(task, batch.rows))
                 unique_ids.add(batch)
-                specials = documents_containing(batch.blob, batch.offsets, special_needles)
-                writer.write_columns(batch.rows, batch.ids, batch.blob, batch.offsets, batch.text_hashes(), specials,
-                                     tokens, token_offsets)
-                _settle(settings)
-                trim_heap()  # costs about 5% of a task's time on short documents; bounds its peak
-                counts["documents"] += len(batch)
-                counts["tokens"] += int(token_offsets[-1])
-                counts["text_bytes"] += len(batch.blob)
-                counts["special_token_documents"] += int(np.count_nonzero(specials))
+                _write_batch(batch, task, settings, writer, special_needles, counts)
+                trim_heap()  # costs 5-10% of a task's time; bounds its peak (docs/build.md, Memory)
+                watch.after_batch()
             unique_ids.finish()
         check_unchanged(task.source)
         entries = None
@@ -243,10 +268,25 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
         raise
     summary: dict[str, Any] = dict(counts)
     summary["bad_record_examples"] = bad
-    log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings, check=False)[0].report(),
+    log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings)[0].report(),
            "engine_reloads": _RELOADS["count"] - reloads_before}
     assert writer.digest is not None
     return TokenizeResult(out_path, writer.digest, summary, log, entries)
+
+
+def _write_batch(batch: TextColumns, task: ReadTask, settings: TokenizeSettings, writer: IntermediateWriter,
+                 special_needles: list[bytes], counts: dict[str, int]) -> None:
+    """Encode one batch and write it to the task's intermediate; its buffers are freed on return."""
+    # The engine is looked up afresh for each batch (a reload must free the old one), never held.
+    tokens, token_offsets = _engine(settings)[0].encode_columns(batch.blob, batch.offsets,
+                                                                _DocumentNames(task, batch.rows))
+    specials = documents_containing(batch.blob, batch.offsets, special_needles)
+    writer.write_columns(batch.rows, batch.ids, batch.blob, batch.offsets, batch.text_hashes(), specials,
+                         tokens, token_offsets)
+    counts["documents"] += len(batch)
+    counts["tokens"] += int(token_offsets[-1])
+    counts["text_bytes"] += len(batch.blob)
+    counts["special_token_documents"] += int(np.count_nonzero(specials))
 
 
 def _write_entries(path: Path, writer: IntermediateWriter, seed: int) -> Digest:
