@@ -12,6 +12,7 @@ type; shard files are filler bytes, which nothing here reads.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,15 +85,17 @@ def commit_stage_entry(store: Store, stage: str, key: str, manifest: dict[str, A
     return {"name": stage, "key": key, "output": records.commit_stage(store, stage, key, manifest)}
 
 
-def _tokenize(store: Store, base: Snapshot, salt: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    """A tokenize stage of its own over the intermediates of `base`: its stage entry and parts."""
+def plant_tokenize(store: Store, base: Snapshot, key: Callable[..., str],
+                   salt: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """A tokenize stage of an older layout (no `entries`) over the intermediates of `base`, with
+    task records under keys of its own: its stage entry and parts (shared with tests.store.layout2)."""
     stage = next(stage for stage in base.manifest["stages"] if stage["name"] == "tokenize")
-    parts = [{**{k: v for k, v in part.items() if k != "entries"}, "key": _key("tokenize", salt, index)}
+    parts = [{**{k: v for k, v in part.items() if k != "entries"}, "key": key("tokenize", salt, index)}
              for index, part in enumerate(canonical.loads(cas.get_bytes(store, stage["output"]))["tasks"])]
     for part in parts:
         summary = {name: part[name] for name in SUMMARY_FIELDS}
         records.write_task_record(store, "tokenize", part["key"], {"intermediate": part["output"]}, summary)
-    return commit_stage_entry(store, "tokenize", _key("tokenize stage", salt), {"tasks": parts}), parts
+    return commit_stage_entry(store, "tokenize", key("tokenize stage", salt), {"tasks": parts}), parts
 
 
 def plant_layout1(store: Store, base_id: str, ref: str | None = "old", salt: str = "") -> Layout1:
@@ -100,7 +103,7 @@ def plant_layout1(store: Store, base_id: str, ref: str | None = "old", salt: str
     snapshot `base_id`, publish the snapshot and move `<dataset>@<ref>` to it."""
     base = load_snapshot(store, base_id)
     before = {info.key for info in store.list(cas.OBJECTS_PREFIX)}
-    tokenize, parts = _tokenize(store, base, salt)
+    tokenize, parts = plant_tokenize(store, base, _key, salt)
     read = sum(int(part["documents"]) for part in parts)
     keep = np.ones(read, dtype=bool)
     keep[-1:] = False  # the last document is a duplicate

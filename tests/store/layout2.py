@@ -25,7 +25,7 @@ from prep.store import cas, records
 from prep.store.cache import local_file
 from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, load_snapshot, publish_manifest
-from tests.store.layout1 import commit_stage_entry
+from tests.store.layout1 import commit_stage_entry, plant_tokenize
 
 
 @dataclass(frozen=True)
@@ -63,13 +63,7 @@ def plant_layout2(store: Store, base_id: str, ref: str | None = "layout2", salt:
     by_name = {stage["name"]: stage for stage in base.manifest["stages"]}
     seed = int(base.manifest["seed"])
     bits = int(canonical.loads(cas.get_bytes(store, by_name["order"]["output"]))["bits"])
-    tasks = canonical.loads(cas.get_bytes(store, by_name["tokenize"]["output"]))["tasks"]
-    parts = [{key: value for key, value in task.items() if key != "entries"} | {"key": _key("tokenize", salt, index)}
-             for index, task in enumerate(tasks)]
-    for part, task in zip(parts, tasks):
-        record = records.read_task_record(store, "tokenize", task["key"])
-        assert record is not None
-        records.write_task_record(store, "tokenize", part["key"], {"intermediate": part["output"]}, record.summary)
+    tokenize, parts = plant_tokenize(store, base, _key, salt)
     route_tasks: list[dict[str, object]] = []
     outputs: set[str] = set()
     for ordinal, part in enumerate(parts):
@@ -78,8 +72,7 @@ def plant_layout2(store: Store, base_id: str, ref: str | None = "layout2", salt:
         records.write_task_record(store, "route", key, {"route": output}, {"documents": int(part["documents"])})
         route_tasks.append({"part": ordinal, "key": key, "output": output})
         outputs.add(output)
-    stages = [commit_stage_entry(store, "tokenize", _key("tokenize stage", salt), {"tasks": parts}),
-              commit_stage_entry(store, "route", _key("route stage", salt), {"bits": bits, "tasks": route_tasks}),
+    stages = [tokenize, commit_stage_entry(store, "route", _key("route stage", salt), {"bits": bits, "tasks": route_tasks}),
               by_name["order"], by_name["shard"]]
     snapshot = publish_manifest(store, {**base.manifest, "stages": stages})
     if ref is not None:
