@@ -6,7 +6,12 @@ object's file from the disk, the driver records the file's stamp (device, inode,
 ctime) in `proven/objects.jsonl`, and a later build trusts an object whose file still has that
 stamp without reading it, as `prep pull` trusts its own record. Any write, truncation,
 replacement or `touch` of the file changes its stamp (ctime cannot be set back), so such a file
-is hashed again; rot below the filesystem is what `prep fsck` finds.
+is hashed again; rot below the filesystem is what `prep fsck` finds. So is the one change a stamp
+cannot show, as in git's "racily clean" case: a rewrite of the same size within the same tick of
+the filesystem's clock (a few ms) as the file's last change, which leaves both times as they
+were; only a writer racing prep on the store's own object files could make one. (Linux 6.13 and
+later close it on ext4, xfs, btrfs and tmpfs: once a file's times were read, its next change gets
+a fine-grained time.)
 
 The record is advisory: lines are appended whole and never fsynced, torn or malformed lines are
 ignored, and a missing record only means hashing again. Stores without local files keep none.
