@@ -225,6 +225,9 @@ def log(dataset: str, store_url: str | None, show_builds: bool, as_json: bool) -
     store = open_store_option(store_url)
     entries = generations(store, dataset)
     found = builds(store, dataset) if show_builds else None
+    if not entries and not (found if found is not None else builds(store, dataset)):  # a typo, say
+        raise NotFoundError(f"{store.url}: no dataset {dataset!r}: no ref and no build log names it "
+                            "(`prep ls` lists the datasets)")
     if as_json:
         click.echo(json.dumps({"schema": REPORT_SCHEMA, "dataset": dataset, "store": store.url,
                                "generations": [entry.to_json() for entry in entries],
@@ -237,7 +240,7 @@ def log(dataset: str, store_url: str | None, show_builds: bool, as_json: bool) -
         else:
             click.echo("\n".join(line for build in found for line in build_lines(build)))
         return
-    if not entries:
+    if not entries:  # built, but every ref it had is gone with its history
         click.echo(f"no refs for dataset {dataset!r} in {store.url}", err=True)
         return
     click.echo("\n".join(generation_line(entry) for entry in entries))

@@ -218,3 +218,12 @@ def test_megatron_paths_of_a_rank_share_list_only_the_shards_present(project: Pr
     empty.mkdir()
     refused = run_prep("show", empty, check=False)
     assert refused.returncode == 2 and "no pulled snapshot" in refused.stderr
+
+
+def test_log_of_a_dataset_the_store_does_not_know_is_an_error(project: Project) -> None:
+    """Regression: a misspelt dataset printed "no refs" and exited 0, as if it existed empty."""
+    for extra in ([], ["--builds"], ["--json"]):
+        result = run_prep("log", "tiyn", *extra, "--store", project.store, check=False)
+        assert result.returncode == 2, result.stderr
+        assert "no dataset 'tiyn': no ref and no build log names it" in result.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in result.stderr
