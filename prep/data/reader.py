@@ -92,6 +92,19 @@ def _relative(mixture: Path, spec: str) -> str:
     return str(candidate) if candidate.is_dir() else spec
 
 
+def _whole(name: str, value: object, low: int = 1, high: int | None = None) -> int:
+    """`value` as an int in [low, high) (numpy integers too), else a UsageError naming it: a seed
+    of 1.5 or "3" would fail mid-run, and one of 2**64 would read as seed 0 does (the
+    permutation keeps 64 bits), as the state file's schema and the mixture file refuse them."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise UsageError(f"{name} must be an integer, got {value!r}")
+    whole = int(value)
+    if whole < low or (high is not None and whole >= high):
+        bounds = f"in [{low}, 2**64)" if high == 2**64 else f">= {low}"
+        raise UsageError(f"{name} must be an integer {bounds}, got {whole}")
+    return whole
+
+
 class Reader:
     """Batches of token windows (numpy int64, shape (G // W, seq_len + 1)) or lists of documents."""
 
@@ -103,8 +116,11 @@ class Reader:
         (prep.data.cachevalues.CacheOptions): read snapshot specs straight from `store` through them."""
         if mode not in MODES:
             raise UsageError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if seq_len < 1 or global_batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
-            raise UsageError("seq_len, global_batch_size and world_size must be >= 1, and 0 <= rank < world_size")
+        seq_len, global_batch_size, world_size, rank, seed = (
+            _whole("seq_len", seq_len), _whole("global_batch_size", global_batch_size),
+            _whole("world_size", world_size), _whole("rank", rank, 0), _whole("seed", seed, 0, 2**64))
+        if rank >= world_size:
+            raise UsageError(f"rank {rank} is not below world_size {world_size}")
         if global_batch_size % world_size:
             raise UsageError(f"global_batch_size {global_batch_size} is not a multiple of world_size {world_size}")
         unknown = sorted(set(cache) - set(CacheOptions.__dataclass_fields__))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,27 @@ def test_a_state_over_other_data_or_settings_is_refused(pulled: dict[str, Path])
                   Reader(pulled["web"], seq_len=SEQ, global_batch_size=GLOBAL * 2, seed=1)):
         with pytest.raises(UsageError, match="reader state is for"):
             other.load_state_dict(state)
+
+
+@pytest.mark.parametrize(("settings", "needle"), [
+    ({"seed": -1}, "seed must be an integer in [0, 2**64), got -1"),
+    ({"seed": 2**64}, "seed must be an integer in [0, 2**64)"),
+    ({"seed": 1.5}, "seed must be an integer, got 1.5"),
+    ({"seed": "3"}, "seed must be an integer, got '3'"),
+    ({"seed": True}, "seed must be an integer, got True"),
+    ({"seq_len": 0}, "seq_len must be an integer >= 1, got 0"),
+    ({"seq_len": 2.0}, "seq_len must be an integer, got 2.0"),
+    ({"rank": -1}, "rank must be an integer >= 0, got -1"),
+    ({"rank": 2, "world_size": 2}, "rank 2 is not below world_size 2"),
+])
+def test_reader_settings_out_of_range_are_refused_when_built(pulled: dict[str, Path], settings: dict[str, Any],
+                                                             needle: str) -> None:
+    """Regression: a seed of -1 built a reader whose own state its load_state_dict refused (the
+    state's schema wants seed >= 0), and 1.5 or "3" were taken until the first batch."""
+    options: dict[str, Any] = {"seq_len": SEQ, "global_batch_size": GLOBAL, **settings}
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        Reader(pulled["web"], **options)
+    assert Reader(pulled["web"], seq_len=SEQ, global_batch_size=GLOBAL, seed=2**64 - 1).seed == 2**64 - 1
 
 
 def test_a_tampered_shard_is_refused_and_nothing_from_it_is_served(pulled: dict[str, Path], tmp_path: Path) -> None:
