@@ -23,10 +23,12 @@ from prep.hashing import digest_file
 from prep.storage.base import Store
 from prep.store import cas
 from prep.store.snapshots import Snapshot, read_manifest_file, resolve
-from prep.transfer.shares import PullRecord
+from prep.transfer.shares import PullRecord, Stamp, stamp
 
 PULLED_MANIFEST = Path(".prep") / "manifest.json"
-_CHECKED: dict[Path, tuple[int, int, int]] = {}  # file -> (size, mtime_ns, inode) when it hashed right
+# (file, the SHA-256 it hashed to) -> its stamp then. The ctime is in it: a rewrite that sets the
+# mtime back still moves the ctime.
+_CHECKED: dict[tuple[Path, str], Stamp] = {}
 
 
 @dataclass(frozen=True)
@@ -45,21 +47,21 @@ class Shard:
 
 
 def check_file(path: Path, sha256: str, record: PullRecord | None = None, name: str = "") -> None:
-    """Hash `path` against the manifest once per process (again if the file changed), unless
+    """Hash `path` against `sha256` once per process (again if the file's stamp changed), unless
     `prep pull` recorded proving exactly these bytes and the file's stat stamp is unchanged."""
     try:
         stat = path.stat()
     except FileNotFoundError:
         raise NotFoundError(f"{path}: a shard file the snapshot names is missing") from None
-    identity = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    if _CHECKED.get(path) == identity:
+    identity = stamp(stat)
+    if _CHECKED.get((path, sha256)) == identity:
         return
     if record is not None and record.proven(name, stat) == sha256:
-        _CHECKED[path] = identity
+        _CHECKED[(path, sha256)] = identity
         return
     if digest_file(path).sha256 != sha256:
         raise IntegrityError(f"{path}: does not match the snapshot (sha256 differs); refusing to read it")
-    _CHECKED[path] = identity
+    _CHECKED[(path, sha256)] = identity
 
 
 class SnapshotSource:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +268,28 @@ def test_files_pull_proved_are_not_hashed_again_until_they_change(pulled: dict[s
     for step in range(again.sizes[0] // GLOBAL):
         again.batch(step)
     assert hashed == [victim]
+
+
+def test_a_file_rewritten_with_its_mtime_set_back_is_hashed_again_in_the_same_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a process remembered a checked file by size, mtime and inode, so a rewrite
+    of the same size with the mtime set back (a new ctime) was served unchecked; and a file
+    checked against one SHA-256 passed a check against another."""
+    from prep.data import source
+    from prep.hashing import digest_file
+
+    monkeypatch.setattr(source, "_CHECKED", {})
+    path = tmp_path / "shard.bin"
+    path.write_bytes(b"\x01" * 4096)
+    right = digest_file(path).sha256
+    source.check_file(path, right)
+    with pytest.raises(IntegrityError, match="sha256 differs"):
+        source.check_file(path, "0" * 64)  # another snapshot's bytes for this path
+    before = path.stat()
+    time.sleep(0.05)  # past the filesystem clock's tick: the rewrite's ctime must differ
+    with open(path, "r+b") as out:
+        out.seek(100)
+        out.write(b"\x02")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(IntegrityError, match="sha256 differs"):
+        source.check_file(path, right)
