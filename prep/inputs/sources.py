@@ -39,7 +39,9 @@ class SourceFile:
     sha256: str = ""
     etag: str | None = None
     version_id: str | None = None
-    mtime_ns: int = 0  # local files: checked again after reading, never recorded in manifests
+    # Local files: (size, mtime, ctime, inode, device) when listed, checked again after reading
+    # (a rewrite that sets the mtime back still moves the ctime); never recorded in manifests.
+    stamp: tuple[int, ...] = ()
 
     @property
     def compressed(self) -> bool:
@@ -108,8 +110,8 @@ def _expand_local(pattern: str, base_dir: Path, declared: str) -> list[Path]:
 
 def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[SourceFile]:
     """Every input file named by `paths`, sorted by relative path; hashes are filled later."""
-    # location, namespace path, size, etag, version, mtime_ns
-    located: list[tuple[str, str, int, str | None, str | None, int]] = []
+    # location, namespace path, size, etag, version, stamp
+    located: list[tuple[str, str, int, str | None, str | None, tuple[int, ...]]] = []
     for pattern in paths:
         if pattern.startswith("s3://"):
             from prep.storage.s3 import list_objects
@@ -119,7 +121,7 @@ def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[Sour
                 objects = [o for o in objects if _listed_as_data(posixpath.basename(o.key))]
             if not objects:
                 raise ConfigError(f"input.paths: no objects match {pattern!r}")
-            located.extend((o.url, f"/{o.bucket}/{o.key}", o.size, o.etag, o.version_id, 0) for o in objects)
+            located.extend((o.url, f"/{o.bucket}/{o.key}", o.size, o.etag, o.version_id, ()) for o in objects)
             continue
         files = _expand_local(pattern, base_dir, declared)
         if not files:
@@ -129,18 +131,19 @@ def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[Sour
                 stat = file.stat()
             except OSError as exc:
                 raise InputError(f"{file}: cannot read input file: {exc.strerror}") from None
-            located.append((str(file.absolute()), file.absolute().as_posix(), stat.st_size, None, None, stat.st_mtime_ns))
+            located.append((str(file.absolute()), file.absolute().as_posix(), stat.st_size, None, None,
+                            local_stamp(stat)))
     if not located:
         raise ConfigError("input.paths: no input files")
     parents = [posixpath.dirname(ns) for _, ns, *_ in located]
     common = posixpath.commonpath(parents)
     sources: dict[str, SourceFile] = {}
-    for location, ns, size, etag, version, mtime_ns in located:
+    for location, ns, size, etag, version, stamp in located:
         rel = posixpath.relpath(ns, common)
         fmt = detect_format(rel, declared)
         if fmt is None:
             raise ConfigError(f"{location}: cannot tell the input format from the name; set input.format")
-        sources[rel] = SourceFile(location, rel, size, fmt, etag=etag, version_id=version, mtime_ns=mtime_ns)
+        sources[rel] = SourceFile(location, rel, size, fmt, etag=etag, version_id=version, stamp=stamp)
     return [sources[rel] for rel in sorted(sources)]
 
 
@@ -238,7 +241,12 @@ def hash_source(source: SourceFile, spool: bool = False) -> SourceFile:
     if size != source.size:
         raise InputError(f"{source.location}: changed while being hashed ({source.size} -> {size} bytes)")
     return SourceFile(source.location, source.rel, size, source.format, hasher.hexdigest(),
-                      source.etag, source.version_id, source.mtime_ns)
+                      source.etag, source.version_id, source.stamp)
+
+
+def local_stamp(stat: os.stat_result) -> tuple[int, ...]:
+    """What a local input is checked against after reading: size, mtime, ctime, inode, device."""
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev)
 
 
 def check_unchanged(source: SourceFile) -> None:
@@ -250,7 +258,7 @@ def check_unchanged(source: SourceFile) -> None:
         stat = os.stat(source.location)
     except OSError as exc:
         raise InputError(f"{source.location}: cannot read input file: {exc.strerror}") from None
-    if stat.st_size != source.size or stat.st_mtime_ns != source.mtime_ns:
+    if stat.st_size != source.size or local_stamp(stat) != source.stamp:
         raise InputError(f"{source.location}: changed during the build; rerun to pick up the new content")
 
 

@@ -398,6 +398,29 @@ def test_an_input_changed_after_hashing_is_refused(tmp_path: Path) -> None:
         check_unchanged(source)
 
 
+def test_an_input_rewritten_in_place_with_its_mtime_set_back_is_refused(tmp_path: Path) -> None:
+    """Regression: only size and mtime were checked after reading, so an input rewritten with
+    the same size and its mtime set back was tokenized under the hash of its old bytes."""
+    import os
+    import time
+
+    from prep.errors import InputError
+    from prep.inputs.sources import check_unchanged, discover
+
+    path = tmp_path / "a.jsonl"
+    write_jsonl(path, make_records(3))
+    (source,) = discover(("a.jsonl",), tmp_path, "auto")
+    before = path.stat()
+    time.sleep(0.05)  # past the filesystem clock's tick: the rewrite's ctime must differ
+    data = bytearray(path.read_bytes())
+    data[data.index(b"doc")] = ord("D")
+    with open(path, "r+b") as out:
+        out.write(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(InputError, match="changed during the build"):
+        check_unchanged(source)
+
+
 def test_one_shard_written_by_several_workers_is_byte_identical(corpus: Path, tokenizer_path: Path) -> None:
     """Fewer shards than workers: one worker writes the shard's .bin and .idx while another
     writes its .tar. The bytes must not notice."""
