@@ -39,7 +39,7 @@ class SourceFile:
     sha256: str = ""
     etag: str | None = None
     version_id: str | None = None
-    # Local files: (size, mtime, ctime, inode, device) when listed, checked again after reading
+    # Local files: (size, mtime, ctime) when listed, checked again after reading
     # (a rewrite that sets the mtime back still moves the ctime); never recorded in manifests.
     stamp: tuple[int, ...] = ()
 
@@ -245,8 +245,10 @@ def hash_source(source: SourceFile, spool: bool = False) -> SourceFile:
 
 
 def local_stamp(stat: os.stat_result) -> tuple[int, ...]:
-    """What a local input is checked against after reading: size, mtime, ctime, inode, device."""
-    return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev)
+    """What a local input is checked against after reading: size, mtime and ctime. Not the inode
+    or device: a Ray worker on another machine sees a shared mount under a device number (and on
+    some filesystems inode numbers) of its own; replacing the file moves the ctime anyway."""
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def check_unchanged(source: SourceFile) -> None:
