@@ -2,8 +2,8 @@
 
 A source is a pulled folder (`DEST` of `prep pull`, with `DEST/.prep/manifest.json`) or a snapshot
 spec resolved in a local store. Every shard file is hashed against the manifest the first time a
-process opens it (keyed by path, size, mtime and inode, so a file changed afterwards is hashed
-again), unless pull's record (`DEST/.prep/verified.jsonl`) says it proved exactly those bytes and
+process opens it (remembered by its path, its stat stamp and the SHA-256 it matched, so a file
+changed afterwards is hashed again), unless pull's record (`DEST/.prep/verified.jsonl`) says it proved exactly those bytes and
 the file's stat stamp has not changed since; a mismatch is an IntegrityError naming the file, and
 nothing from it is served.
 """

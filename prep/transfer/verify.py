@@ -45,14 +45,16 @@ class Cancelled(Exception):
 
 @dataclass(frozen=True)
 class FileHash:
-    """A file's digest and whether its size, mtime or inode moved while it was read."""
+    """A file's digest and whether its stamp (size, mtime, ctime, inode, device) moved while it was read."""
 
     digest: Digest
     changed: bool
 
 
-def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
-    return (info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev)
+def _identity(info: os.stat_result) -> tuple[int, int, int, int, int]:
+    # The ctime too: a write into bytes already hashed, the mtime set back, would otherwise leave
+    # a digest of the old bytes recorded against the new file's stamp.
+    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
 
 
 def hash_file(path: str | Path, on_bytes: ByteCounter | None = None, stop: threading.Event | None = None) -> FileHash:
@@ -268,7 +270,7 @@ def _check_artifact(
     except OSError as exc:
         return problem("unreadable", exc.strerror or str(exc))
     if result.changed:
-        return problem("changed-during-read", "size, mtime or inode moved while hashing", result.digest.size)
+        return problem("changed-during-read", "size, mtime, ctime or inode moved while hashing", result.digest.size)
     if result.digest.sha256 != artifact.sha256:
         return problem("wrong-hash", "content differs", result.digest.size, result.digest.sha256)
     return None

@@ -201,6 +201,32 @@ def test_a_file_changing_while_hashed_is_reported(pulled: Pulled) -> None:
     check_report(result)
 
 
+def test_a_write_into_bytes_already_hashed_with_the_mtime_set_back_is_a_change(tmp_path: Path) -> None:
+    """Regression: the stamp compared around the read lacked the ctime, so a write behind the
+    read position with the mtime set back gave the old bytes' digest, unchanged, and pull
+    recorded it against the new file's stamp."""
+    import time
+
+    from prep.transfer.verify import READ_SIZE, hash_file
+
+    target = tmp_path / "shard.bin"
+    target.write_bytes(bytes(3 * READ_SIZE))
+    before = target.stat()
+    time.sleep(0.05)  # past the filesystem clock's tick: the write's ctime must differ
+    written: list[int] = []
+
+    def write_behind(_count: int) -> None:
+        if not written:
+            with open(target, "r+b") as handle:
+                handle.write(b"\x01")
+            os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+            written.append(1)
+
+    found = hash_file(target, on_bytes=write_behind)
+    assert written and found.digest.sha256 == hashlib.sha256(bytes(3 * READ_SIZE)).hexdigest()
+    assert found.changed
+
+
 def test_rank_shares_verify_separately_and_other_ranks_files_are_not_extra(pulled: Pulled) -> None:
     everything = {a.path for a in artifacts_of(pulled.snapshot.manifest)}
     seen: set[str] = set()
