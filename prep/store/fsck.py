@@ -24,7 +24,6 @@ from typing import Any
 from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, PrepError, StoreError
 from prep.faults import crash_point
-from prep.manifest import canonical
 from prep.progress import Progress
 from prep.storage.base import RefValue, Store
 from prep.store import records
@@ -174,7 +173,7 @@ def _ref_values(walk: _Walk, prefix: str, mutable: bool) -> list[Ref]:
         try:
             value = store.read_ref(info.key) if mutable else RefValue(store.get_bytes(info.key), "")
             if value is not None:
-                found.append(Ref.from_json(canonical.loads(value.body), f"{store.url}/{info.key}"))
+                found.append(Ref.parse(value.body, f"{store.url}/{info.key}"))
         except NotFoundError:
             continue
         except (ValueError, IntegrityError) as exc:

@@ -75,6 +75,18 @@ class Ref:
         return body
 
     @classmethod
+    def parse(cls, raw: bytes, source: str) -> Ref:
+        """A ref value or history record from its stored bytes; anything else (garbage, an empty
+        file, a record missing a field) is an IntegrityError naming `source`."""
+        try:
+            data = canonical.loads(raw)
+        except ValueError as exc:  # not JSON, or not UTF-8
+            raise IntegrityError(f"{source}: malformed ref record (not JSON: {exc})") from None
+        if not isinstance(data, dict):
+            raise IntegrityError(f"{source}: malformed ref record (a {type(data).__name__}, not an object)")
+        return cls.from_json(data, source)
+
+    @classmethod
     def from_json(cls, data: dict[str, object], source: str) -> Ref:
         try:
             return cls(
@@ -113,7 +125,7 @@ class RefMove:
 
 def _read_value(store: Store, key: str) -> tuple[RefValue | None, Ref | None]:
     current = store.read_ref(key)
-    return current, Ref.from_json(canonical.loads(current.body), f"{store.url}/{key}") if current else None
+    return current, Ref.parse(current.body, f"{store.url}/{key}") if current else None
 
 
 def read_ref(store: Store, dataset: str, name: str) -> Ref | None:
@@ -187,7 +199,7 @@ def list_refs(store: Store, dataset: str | None = None) -> list[Ref]:
             continue
         value = store.read_ref(info.key)
         if value is not None:
-            ref = Ref.from_json(canonical.loads(value.body), info.key)
+            ref = Ref.parse(value.body, f"{store.url}/{info.key}")
             if not ref.deleted:  # a tag deleted with `prep tag -d`: only its history remains
                 refs.append(ref)
     return sorted(refs, key=lambda ref: (ref.dataset, ref.name))
@@ -197,7 +209,7 @@ def ref_history(store: Store, dataset: str) -> list[Ref]:
     """Every generation any ref of `dataset` has taken, newest first."""
     entries = []
     for info in store.list(history_prefix(dataset)):
-        entries.append(Ref.from_json(canonical.loads(store.get_bytes(info.key)), info.key))
+        entries.append(Ref.parse(store.get_bytes(info.key), f"{store.url}/{info.key}"))
     # Refs that moved but crashed before their history record still count (tombstones too).
     seen = {(ref.name, ref.generation) for ref in entries}
     current = [_read_value(store, info.key)[1] for info in store.list(refs_prefix(dataset))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
 import pytest
 
-from prep.errors import NotFoundError, RefConflictError, StaleRefError, StorageIOError, UsageError
+from prep.errors import IntegrityError, NotFoundError, RefConflictError, StaleRefError, StorageIOError, UsageError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.storage import LocalStore
@@ -173,3 +174,21 @@ def test_a_ref_that_moved_without_its_history_record_reports_a_move(tmp_path: Pa
     assert [ref.generation for ref in ref_history(store, "ds")] == [1]
     move_ref(store, "ds", "v1", B)
     assert store.exists(history_key("ds", "v1", 1)) and store.exists(history_key("ds", "v1", 2))
+
+
+@pytest.mark.parametrize(("body", "why"), [(b"garbage", "not JSON"), (b"", "not JSON"), (b"\xff\xfe", "not JSON"),
+                                           (b"[1]", "a list, not an object"), (b'{"name": "x"}', "'dataset'")])
+def test_a_damaged_ref_or_history_record_is_an_integrity_error_naming_it(store: LocalStore, body: bytes,
+                                                                         why: str) -> None:
+    """Regression: a ref file holding garbage or nothing (a foreign tool, a disk that lost it)
+    escaped every command as a JSONDecodeError traceback."""
+    snapshot = "sha256:" + "a" * 64
+    move_ref(store, "web", "latest", snapshot)
+    (store.root / ref_key("web", "latest")).write_bytes(body)
+    for read in (lambda: read_ref(store, "web", "latest"), lambda: list_refs(store)):
+        with pytest.raises(IntegrityError, match=f"refs/web/latest.json: malformed ref record .*{re.escape(why)}"):
+            read()
+    move_ref(store, "code", "latest", snapshot)
+    (store.root / history_key("code", "latest", 1)).write_bytes(body)
+    with pytest.raises(IntegrityError, match=f"history/code/latest/.*: malformed ref record .*{re.escape(why)}"):
+        ref_history(store, "code")
