@@ -33,6 +33,7 @@ from prep.store.layout import (
     OBJECTS_PREFIX,
     RECORD_SUFFIX,
     REFS_PREFIX,
+    RETENTION_PREFIX,
     SNAPSHOTS_PREFIX,
     STAGES_PREFIX,
     TASKS_PREFIX,
@@ -46,6 +47,7 @@ from prep.store.layout import (
 from prep.store.leases import BUILD, GC, Lease, live_leases
 from prep.store.reach import CORRUPT, INVALID, MISSING, Problem, Reach, Via, parallel
 from prep.store.refs import Ref
+from prep.store.retention import stored_policy
 
 REPORT_SCHEMA = "prep.fsck-report/1"
 DEFAULT_JOBS = 8
@@ -208,6 +210,18 @@ def _walk_snapshots(walk: _Walk, dataset: str | None) -> tuple[set[str], int]:
     return current, collected
 
 
+def _check_policies(walk: _Walk, dataset: str | None) -> None:
+    """Each dataset's current retention policy must read: gc refuses to run without it."""
+    keys = [info.key for info in walk.store.list(f"{RETENTION_PREFIX}{dataset}/" if dataset else RETENTION_PREFIX)
+            if info.key.endswith(RECORD_SUFFIX)]
+    for name in sorted({key.split("/")[1] for key in keys}):
+        try:
+            stored_policy(walk.store, name)
+        except IntegrityError as exc:
+            key = max(key for key in keys if key.split("/")[1] == name)
+            walk.add(Problem(INVALID, "retention policy", key, key, exc.message))
+
+
 def _hash(store: Store, sha: str, on_bytes: Callable[[int], None]) -> str | None:
     """Stream an object through SHA-256: None when it matches its name, else MISSING or CORRUPT."""
     hasher = hashlib.sha256()
@@ -283,6 +297,7 @@ def _check(store: Store, dataset: str | None, jobs: int, progress: Progress) -> 
     walk = _Walk(store)
     progress.stage("fsck", "following refs, history, holds and records")
     current, collected = _walk_snapshots(walk, dataset)
+    _check_policies(walk, dataset)
     found = _walk_records(walk, jobs, dataset)
     sizes = {object_sha(info.key): info.size for info in store.list(OBJECTS_PREFIX)}  # after the records
     hashed = _hash_reached(walk, sizes, jobs, progress)

@@ -209,6 +209,21 @@ def test_an_unreadable_ref_or_history_record_is_a_finding_not_a_crash(project: d
     assert repaired.repair is not None and store.exists(history), "repair never touches history"
 
 
+def test_an_unreadable_retention_policy_is_a_finding_repair_leaves(project: dict[str, Path]) -> None:  # noqa: F811
+    """Regression: gc refuses to run on a damaged retention policy, yet fsck called such a store clean."""
+    store = LocalStore(project["store"])
+    policy = max(info.key for info in store.list("retention/tiny/"))
+    path = store.local_path(policy)
+    assert path is not None
+    path.chmod(0o644)
+    path.write_bytes(b"junk")
+    report = fsck(store)
+    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "retention policy", policy)]
+    assert "unreadable retention policy" in report.findings[0].detail
+    repaired = fsck(store, repair=True)
+    assert repaired.repair is not None and path.read_bytes() == b"junk", "a rebuild records the policy again"
+
+
 @pytest.mark.parametrize(("stage", "kind"), [("dedup", "mask (dedup output)"), ("shuffle", "plan (shuffle output)")])
 def test_a_flipped_mask_or_plan_of_a_layout_1_snapshot_is_found(
         project: dict[str, Path], stage: str, kind: str) -> None:  # noqa: F811
