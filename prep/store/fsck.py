@@ -27,7 +27,7 @@ from prep.faults import crash_point
 from prep.progress import Progress
 from prep.storage.base import RefValue, Store
 from prep.store import records
-from prep.store.holds import list_holds
+from prep.store.holds import scan_holds
 from prep.store.layout import (
     HISTORY_PREFIX,
     OBJECTS_PREFIX,
@@ -201,8 +201,10 @@ def _walk_snapshots(walk: _Walk, dataset: str | None) -> tuple[set[str], int]:
             collected += 1  # gc collected it by policy: history outlives snapshots
             continue
         walk.snapshot(sha, f"{entry.dataset}@{entry.name} generation {entry.generation}", required=True)
-    for hold in list_holds(store):
-        if dataset is None or hold.dataset == dataset:
+    for key, hold in scan_holds(store):
+        if isinstance(hold, IntegrityError):  # one bad record is a finding, not an aborted scrub
+            walk.add(Problem(INVALID, "hold", key, key, hold.message))
+        elif dataset is None or hold.dataset == dataset:
             walk.snapshot(hashing.parse_id(hold.snapshot), f"hold on {hold.snapshot}", required=True)
     if dataset is None:
         for info in store.list(SNAPSHOTS_PREFIX):

@@ -75,15 +75,29 @@ def read_hold(store: Store, snapshot_id: str) -> Hold | None:
     return hold
 
 
-def list_holds(store: Store) -> list[Hold]:
-    """Every hold in the store, by snapshot id; an unreadable one is an IntegrityError (gc must not guess)."""
-    found = []
+def scan_holds(store: Store) -> list[tuple[str, Hold | IntegrityError]]:
+    """Every hold record by key, with its hold or why it does not read (fsck reports those)."""
+    found: list[tuple[str, Hold | IntegrityError]] = []
     for info in store.list(HOLDS_PREFIX):
         if info.key.endswith(RECORD_SUFFIX):
-            hold = read_hold(store, "sha256:" + info.key[len(HOLDS_PREFIX):-len(RECORD_SUFFIX)])
+            try:
+                hold = read_hold(store, "sha256:" + info.key[len(HOLDS_PREFIX):-len(RECORD_SUFFIX)])
+            except IntegrityError as exc:
+                found.append((info.key, exc))
+                continue
             if hold is not None:
-                found.append(hold)
+                found.append((info.key, hold))
     return found
+
+
+def list_holds(store: Store) -> list[Hold]:
+    """Every hold in the store, by snapshot id; an unreadable one is an IntegrityError (gc must not guess)."""
+    holds = []
+    for _, found in scan_holds(store):
+        if isinstance(found, IntegrityError):
+            raise found
+        holds.append(found)
+    return holds
 
 
 def place_hold(store: Store, snapshot: Snapshot, reason: str) -> tuple[Hold, bool]:

@@ -22,7 +22,8 @@ from prep.storage import LocalStore
 from prep.storage.base import Store
 from prep.store import cas, records
 from prep.store.fsck import fsck
-from prep.store.layout import object_key, task_record_key
+from prep.store.holds import place_hold
+from prep.store.layout import hold_key, object_key, task_record_key
 from prep.store.leases import BUILD, Lease
 from prep.store.snapshots import Snapshot, resolve
 from tests.helpers import prep_env, run_prep, write_pipeline
@@ -222,6 +223,23 @@ def test_an_unreadable_retention_policy_is_a_finding_repair_leaves(project: dict
     assert "unreadable retention policy" in report.findings[0].detail
     repaired = fsck(store, repair=True)
     assert repaired.repair is not None and path.read_bytes() == b"junk", "a rebuild records the policy again"
+
+
+def test_an_unreadable_hold_is_a_finding_not_an_aborted_scrub(project: dict[str, Path]) -> None:  # noqa: F811
+    """Regression: one damaged hold record stopped fsck with an error, where a bad ref is a finding."""
+    store = LocalStore(project["store"])
+    snapshot = resolve(store, "tiny@latest")
+    place_hold(store, snapshot, "audit")
+    key = hold_key(snapshot.id)
+    path = store.local_path(key)
+    assert path is not None
+    path.chmod(0o644)
+    path.write_bytes(b"junk")
+    report = fsck(store)
+    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "hold", key)]
+    assert "unreadable hold record" in report.findings[0].detail
+    fsck(store, repair=True)
+    assert path.read_bytes() == b"junk", "repair never deletes a hold"
 
 
 @pytest.mark.parametrize(("stage", "kind"), [("dedup", "mask (dedup output)"), ("shuffle", "plan (shuffle output)")])
