@@ -23,8 +23,10 @@ from typing import Any
 from prep import hashing
 from prep.errors import NotFoundError, PrepError, UsageError
 from prep.faults import crash_point
+from prep.storage import LocalStore
 from prep.storage.base import Store
 from prep.store import cas
+from prep.store.marker import MARKER_KEY, is_store
 from prep.store.snapshots import Snapshot, read_manifest_content
 from prep.transfer.fetch import download_verified
 from prep.transfer.held import ShareRecord, ShareSpec, install_bytes, write_share_record
@@ -324,6 +326,17 @@ def _transfer(
                   len(hashed), (resumed.total, kept.total))
 
 
+def _check_dest(store: Store, dest: Path) -> None:
+    """Refuse a DEST inside the store pulled from, or one that is a prep store: the pulled
+    files and DEST/.prep would land among a store's own keys."""
+    marker = store.local_path(MARKER_KEY)
+    resolved = dest.resolve()
+    if marker is not None and resolved.is_relative_to(marker.parent.resolve()):
+        raise UsageError(f"{dest}: inside the store {store.url} pulled from; pull into a folder of its own")
+    if resolved.is_dir() and is_store(LocalStore(resolved)):
+        raise UsageError(f"{dest}: a prep store; pull into a folder of its own")
+
+
 def _make_dest(dest: Path) -> None:
     try:
         dest.mkdir(parents=True, exist_ok=True)
@@ -353,6 +366,7 @@ def pull(
     check_paths(everything, dest, snapshot.id)
     share = share_of(everything, rank, world_size, formats, snapshot.id)
     named = {artifact.path for artifact in everything}
+    _check_dest(store, dest)
     _make_dest(dest)
     try:
         with DestLock(dest):

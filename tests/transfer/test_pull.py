@@ -59,6 +59,19 @@ def test_pull_copies_everything_and_a_rerun_skips_it(store: LocalStore, built: B
     assert (again.files_copied, again.files_reused, again.bytes_copied) == (0, len(built.files), 0)
 
 
+def test_a_dest_inside_the_store_or_that_is_a_store_is_refused(store: LocalStore, built: Built, tmp_path: Path) -> None:
+    """Regression: `prep pull SNAP $STORE` wrote bin/, wds/ and .prep/ among the store's own keys."""
+    other = LocalStore(tmp_path / "other")
+    build_snapshot(other, tmp_path / "other-work")
+    for dest, why in ((tmp_path / "store", "inside the store"), (tmp_path / "store" / "objects", "inside the store"),
+                      (tmp_path / "store" / "new" / "folder", "inside the store"), (tmp_path / "other", "a prep store")):
+        before = sorted(path.name for path in (tmp_path / "store").iterdir())
+        with pytest.raises(UsageError, match=why):
+            pull(store, built.snapshot, dest)
+        assert sorted(path.name for path in (tmp_path / "store").iterdir()) == before
+    assert not (tmp_path / "store" / "new").exists() and not (tmp_path / "other" / "bin").exists()
+
+
 def test_damaged_files_are_replaced_and_stale_temporaries_removed(
     store: LocalStore, built: Built, tmp_path: Path
 ) -> None:
