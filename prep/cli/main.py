@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -161,12 +163,23 @@ def fail(message: str, exit_code: int, kind: str, as_json: bool) -> NoReturn:
     sys.exit(exit_code)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, `kill`): unwound like Ctrl-C, so running tasks remove their
+    partial files and the workers are shut down rather than orphaned."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(args: Sequence[str] | None = None) -> None:
     """Entry point: run the CLI and turn every error into one line and its exit code."""
     argv = list(sys.argv[1:] if args is None else args)
     as_json = wants_json(argv)
     progress.set_quiet(False)  # set by -q/--quiet while parsing; a second main() in one process starts afresh
     report_printed(reset=True)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         code = cli.main(args=argv, prog_name="prep", standalone_mode=False)
     except PrepError as exc:
@@ -180,7 +193,9 @@ def main(args: Sequence[str] | None = None) -> None:
         fail(usage_message(exc), exc.exit_code, "usage", as_json)
     except click.ClickException as exc:
         fail(" ".join(exc.format_message().split()), exc.exit_code, "error", as_json)
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:  # click turns an interrupt into Abort
+        if isinstance(exc, Terminated) or isinstance(exc.__cause__, Terminated):
+            fail("terminated (SIGTERM)", 128 + signal.SIGTERM, "interrupted", as_json)
         fail("interrupted", 130, "interrupted", as_json)
     except OSError as exc:  # last resort: an I/O error no layer below named is still one line
         fail(os_error_message(exc), StorageIOError.exit_code, "storage_io", as_json)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -155,6 +156,67 @@ def test_ctrl_c_during_tokenize_leaves_nothing_staged(tmp_path: Path, tokenizer_
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     assert staged(store) == [] and published(store) == []
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            if int(fields.get("PPid", "0")) == pid:
+                found.append(int(status.parent.name))
+    return found
+
+
+def _gone(pids: list[int], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+                   for pid in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _build_until_tokenizing(tmp_path: Path, tokenizer_path: Path) -> tuple[subprocess.Popen[str], list[str], list[int]]:
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(20000, seed=2))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, shard_size="1MB")
+    process = subprocess.Popen([sys.executable, "-m", "prep.cli.main", "build", str(pipeline), "--store",
+                                str(tmp_path / "store"), "--workers", "2"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=prep_env(), start_new_session=True)
+    assert process.stderr is not None
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if "tokenize: 0/1 tasks" in line:
+            break
+    time.sleep(0.3)  # the task is writing its intermediate (it takes about a second)
+    return process, seen, _children(process.pid)
+
+
+def test_sigterm_to_the_driver_is_one_line_and_leaves_no_worker_or_partial_file(tmp_path: Path,
+                                                                                 tokenizer_path: Path) -> None:
+    """Regression: SIGTERM (a scheduler's stop) killed the driver at once, and its workers waited
+    forever on their task queue."""
+    process, seen, workers = _build_until_tokenizing(tmp_path, tokenizer_path)
+    assert len(workers) == 2
+    process.send_signal(signal.SIGTERM)  # the driver alone, as a scheduler or `kill` sends it
+    _, rest = process.communicate(timeout=120)
+    stderr = "".join(seen) + rest
+    assert process.returncode == 143 and stderr.strip().splitlines()[-1] == "prep: error: terminated (SIGTERM)", stderr
+    assert "Traceback" not in stderr, stderr
+    assert _gone(workers), "the workers outlived the driver"
+    assert staged(tmp_path / "store") == [] and published(tmp_path / "store") == []
+
+
+def test_workers_die_with_a_driver_killed_by_sigkill(tmp_path: Path, tokenizer_path: Path) -> None:
+    """Regression: a driver killed with SIGKILL left its workers alive forever."""
+    process, _, workers = _build_until_tokenizing(tmp_path, tokenizer_path)
+    assert len(workers) == 2
+    process.kill()
+    process.communicate(timeout=60)
+    assert _gone(workers), "the workers outlived the driver"
 
 
 def _prepare_nothing(warm: object) -> None:

@@ -10,6 +10,7 @@ pickled; `_call` makes sure it can (a prep error arrives as the same one-line er
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import pickle
 import signal
@@ -27,13 +28,32 @@ from prep.errors import ExecutorError, PrepError
 from prep.runner.executors.base import Prepare, WarmUp, release_free_memory
 
 
-def _init_worker(threads: int) -> None:
+def _die_with(driver: int) -> None:
+    """Have the kernel kill this worker when its driver dies (Linux). Otherwise a driver killed
+    by SIGKILL (or any signal it does not handle) leaves its workers waiting forever on a task
+    queue their forked siblings keep open, each holding its tokenizer and memory."""
+    if sys.platform != "linux":
+        return
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != driver:  # it died before the call: no signal will come
+        os._exit(1)
+
+
+def _init_worker(threads: int, driver: int) -> None:
+    _die_with(driver)
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
     atexit.register(_exit_now)
     # Ctrl-C reaches every worker. An idle one ignores it: dying of it would break the pool,
     # which then kills the busy workers before they remove their partial files (see _call).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _started(_: WarmUp | None) -> None:
@@ -116,7 +136,7 @@ class LocalExecutor:
         self._prepare = prepare
         self.start_method = "fork" if fork and fork_is_safe() else "spawn"
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context(self.start_method),
-                                         initializer=_init_worker, initargs=(threads_per_worker,))
+                                         initializer=_init_worker, initargs=(threads_per_worker, os.getpid()))
         # Submits start the workers (spawned: one each; forked: all at the first), which import the
         # task modules while the driver gets ready. Workers start with Ctrl-C ignored (an ignored
         # signal stays ignored across fork and exec): one that started before its initializer ran
