@@ -38,6 +38,8 @@ def _die_with(driver: int) -> None:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return
+    # Hazard: the kernel ties this to the thread that started the worker, so the pool must be
+    # made (its workers all start in __init__) by a thread that outlives it: the driver's main one.
     prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != driver:  # it died before the call: no signal will come
         os._exit(1)
