@@ -135,29 +135,6 @@ def test_a_build_that_cannot_write_its_lease_says_so(project: tuple[Path, str], 
                           "/leases/build/")
 
 
-def test_ctrl_c_during_tokenize_leaves_nothing_staged(tmp_path: Path, tokenizer_path: Path) -> None:
-    """Ctrl-C to the process group: the busy task removes its partial file and idle workers survive."""
-    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(20000, seed=2))
-    pipeline = write_pipeline(tmp_path, tokenizer_path, shard_size="1MB")
-    store = tmp_path / "store"
-    process = subprocess.Popen([sys.executable, "-m", "prep.cli.main", "build", str(pipeline), "--store", str(store),
-                                "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=prep_env(), start_new_session=True)
-    assert process.stderr is not None
-    seen = []
-    for line in process.stderr:
-        seen.append(line)
-        if "tokenize: 0/1 tasks" in line:
-            break
-    time.sleep(0.3)  # the task is writing its intermediate (it takes about a second)
-    os.killpg(process.pid, signal.SIGINT)
-    _, rest = process.communicate(timeout=120)
-    stderr = "".join(seen) + rest
-    assert process.returncode == 130, stderr
-    assert "Traceback" not in stderr, stderr
-    assert staged(store) == [] and published(store) == []
-
-
 def _children(pid: int) -> list[int]:
     """The processes whose parent is `pid` (Linux /proc)."""
     found = []
@@ -193,6 +170,17 @@ def _build_until_tokenizing(tmp_path: Path, tokenizer_path: Path) -> tuple[subpr
             break
     time.sleep(0.3)  # the task is writing its intermediate (it takes about a second)
     return process, seen, _children(process.pid)
+
+
+def test_ctrl_c_during_tokenize_leaves_nothing_staged(tmp_path: Path, tokenizer_path: Path) -> None:
+    """Ctrl-C to the process group: the busy task removes its partial file and idle workers survive."""
+    process, seen, _ = _build_until_tokenizing(tmp_path, tokenizer_path)
+    os.killpg(process.pid, signal.SIGINT)
+    _, rest = process.communicate(timeout=120)
+    stderr = "".join(seen) + rest
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    assert staged(tmp_path / "store") == [] and published(tmp_path / "store") == []
 
 
 def test_sigterm_to_the_driver_is_one_line_and_leaves_no_worker_or_partial_file(tmp_path: Path,

@@ -197,32 +197,35 @@ def test_a_repair_killed_between_records_and_objects_is_finished_by_the_next(pro
     assert fsck(store).clean
 
 
+def _damaged(store: LocalStore, key: str, body: bytes, kind: str, detail: str) -> Path:
+    """Overwrite the record at `key` with `body`; fsck must report it, alone, as invalid `kind`,
+    and a repair must leave it where it is. Returns its path."""
+    path = store.local_path(key)
+    assert path is not None
+    path.chmod(0o644)
+    path.write_bytes(body)
+    report = fsck(store)
+    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", kind, key)]
+    assert detail in report.findings[0].detail
+    repaired = fsck(store, repair=True)
+    assert repaired.repair is not None and path.read_bytes() == body, f"repair never deletes a {kind}"
+    return path
+
+
 def test_an_unreadable_ref_or_history_record_is_a_finding_not_a_crash(project: dict[str, Path]) -> None:  # noqa: F811
     store = LocalStore(project["store"])
     history = next(info.key for info in store.list("history/tiny/latest/"))
     path = store.local_path(history)
     assert path is not None
-    path.chmod(0o644)
-    path.write_bytes(path.read_bytes()[:-7])  # truncated
-    report = fsck(store)
-    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "history record", history)]
-    repaired = fsck(store, repair=True)
-    assert repaired.repair is not None and store.exists(history), "repair never touches history"
+    _damaged(store, history, path.read_bytes()[:-7], "history record", "unreadable")  # truncated
 
 
 def test_an_unreadable_retention_policy_is_a_finding_repair_leaves(project: dict[str, Path]) -> None:  # noqa: F811
-    """Regression: gc refuses to run on a damaged retention policy, yet fsck called such a store clean."""
+    """Regression: gc refuses to run on a damaged retention policy (a rebuild records it again),
+    yet fsck called such a store clean."""
     store = LocalStore(project["store"])
     policy = max(info.key for info in store.list("retention/tiny/"))
-    path = store.local_path(policy)
-    assert path is not None
-    path.chmod(0o644)
-    path.write_bytes(b"junk")
-    report = fsck(store)
-    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "retention policy", policy)]
-    assert "unreadable retention policy" in report.findings[0].detail
-    repaired = fsck(store, repair=True)
-    assert repaired.repair is not None and path.read_bytes() == b"junk", "a rebuild records the policy again"
+    _damaged(store, policy, b"junk", "retention policy", "unreadable retention policy")
 
 
 def test_an_unreadable_hold_is_a_finding_not_an_aborted_scrub(project: dict[str, Path]) -> None:  # noqa: F811
@@ -230,16 +233,7 @@ def test_an_unreadable_hold_is_a_finding_not_an_aborted_scrub(project: dict[str,
     store = LocalStore(project["store"])
     snapshot = resolve(store, "tiny@latest")
     place_hold(store, snapshot, "audit")
-    key = hold_key(snapshot.id)
-    path = store.local_path(key)
-    assert path is not None
-    path.chmod(0o644)
-    path.write_bytes(b"junk")
-    report = fsck(store)
-    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "hold", key)]
-    assert "unreadable hold record" in report.findings[0].detail
-    fsck(store, repair=True)
-    assert path.read_bytes() == b"junk", "repair never deletes a hold"
+    _damaged(store, hold_key(snapshot.id), b"junk", "hold", "unreadable hold record")
 
 
 @pytest.mark.parametrize(("stage", "kind"), [("dedup", "mask (dedup output)"), ("shuffle", "plan (shuffle output)")])
