@@ -260,7 +260,7 @@ def check_unchanged(source: SourceFile) -> None:
         stat = os.stat(source.location)
     except OSError as exc:
         raise InputError(f"{source.location}: cannot read input file: {exc.strerror}") from None
-    if stat.st_size != source.size or local_stamp(stat) != source.stamp:
+    if local_stamp(stat) != source.stamp:  # the size is in it
         raise InputError(f"{source.location}: changed during the build; rerun to pick up the new content")
 
 

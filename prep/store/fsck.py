@@ -214,13 +214,15 @@ def _walk_snapshots(walk: _Walk, dataset: str | None) -> tuple[set[str], int]:
 
 def _check_policies(walk: _Walk, dataset: str | None) -> None:
     """Each dataset's current retention policy must read: gc refuses to run without it."""
-    keys = [info.key for info in walk.store.list(f"{RETENTION_PREFIX}{dataset}/" if dataset else RETENTION_PREFIX)
-            if info.key.endswith(RECORD_SUFFIX)]
-    for name in sorted({key.split("/")[1] for key in keys}):
+    current: dict[str, str] = {}  # dataset -> its newest policy key, the one stored_policy reads
+    for info in walk.store.list(f"{RETENTION_PREFIX}{dataset}/" if dataset else RETENTION_PREFIX):
+        if info.key.endswith(RECORD_SUFFIX):
+            name = info.key.split("/")[1]
+            current[name] = max(current.get(name, info.key), info.key)
+    for name, key in sorted(current.items()):
         try:
             stored_policy(walk.store, name)
         except IntegrityError as exc:
-            key = max(key for key in keys if key.split("/")[1] == name)
             walk.add(Problem(INVALID, "retention policy", key, key, exc.message))
 
 

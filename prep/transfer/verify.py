@@ -23,7 +23,7 @@ from prep.store.snapshots import Snapshot
 from prep.transfer.held import ShareSpec, choose_share, read_share_record
 from prep.transfer.shares import PREP_DIR as PREP_DIR
 from prep.transfer.shares import TEMP_MARKER as TEMP_MARKER
-from prep.transfer.shares import Artifact, Share, artifact_folders, artifacts_of, check_paths, share_of
+from prep.transfer.shares import Artifact, Share, artifact_folders, artifacts_of, check_paths, share_of, stamp
 
 REPORT_SCHEMA = "prep.verify-report/2"
 DIGEST_TAG = b"prep.verify-digest/1\n"
@@ -49,12 +49,6 @@ class FileHash:
 
     digest: Digest
     changed: bool
-
-
-def _identity(info: os.stat_result) -> tuple[int, int, int, int, int]:
-    # The ctime too: a write into bytes already hashed, the mtime set back, would otherwise leave
-    # a digest of the old bytes recorded against the new file's stamp.
-    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
 
 
 def hash_file(path: str | Path, on_bytes: ByteCounter | None = None, stop: threading.Event | None = None) -> FileHash:
@@ -85,7 +79,9 @@ def hash_file(path: str | Path, on_bytes: ByteCounter | None = None, stop: threa
             if stop is not None and stop.is_set():
                 raise Cancelled()
         after = os.stat(path)
-    changed = _identity(before) != _identity(after) or size != after.st_size
+    # The whole stamp, ctime included: a write into bytes already hashed, the mtime set back,
+    # would otherwise leave a digest of the old bytes recorded against the new file's stamp.
+    changed = stamp(before) != stamp(after) or size != after.st_size
     return FileHash(Digest(hasher.hexdigest(), size), changed)
 
 
