@@ -283,8 +283,8 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
     discovered = discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format)
     latest = unchanged_latest(store, pipeline, discovered, builder.code, info.sha256)
     if latest is None:
-        executor.warm(WarmUp(str(tokenizer_path), pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens,
-                             pipeline.tokenizer.backend))
+        executor.warm(WarmUp(str(tokenizer_path), info.sha256, pipeline.tokenizer.eos,
+                             pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend))
     sources = hash_inputs_meanwhile(discovered, executor, _precheck(builder, latest))
     version = input_version(sources)
     progress.done("inputs", f"{plural(len(sources), 'file')}, {human_bytes(sum(s.size for s in sources))}, {version[:19]}")

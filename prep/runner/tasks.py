@@ -77,7 +77,7 @@ def prepare_worker(warm: WarmUp | None) -> None:
     if warm is not None:
         from prep.stages.tokenize import warm_engine
 
-        warm_engine(warm.tokenizer_path, warm.eos, warm.encode_special_tokens, warm.backend)
+        warm_engine(warm.tokenizer_path, warm.tokenizer_sha256, warm.eos, warm.encode_special_tokens, warm.backend)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import pyarrow as pa
 from prep.errors import IntegrityError
 from prep.hashing import Digest, HashingWriter
 from prep.manifest import canonical
-from prep.stages.columns import to_numbers
+from prep.stages.columns import int_column, to_numbers
 from prep.stages.intermediate import hash_pairs
 from prep.stages.keys import bucket_of, order_keys
 
@@ -285,7 +285,7 @@ def part_entries(table: pa.Table, seed: int, runs: np.ndarray | None = None) -> 
     for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
         entries[name] = to_numbers(table.column(name))[order]
     # Arrow's take puts the ids in entry order, string by string: no regrouping of a packed blob.
-    entries["id_offset"], entries["id_len"], blob = pack_id_column(table.column("id").take(pa.array(order)))
+    entries["id_offset"], entries["id_len"], blob = pack_id_column(table.column("id").take(int_column(order, pa.int64())))
     return entries, blob
 
 

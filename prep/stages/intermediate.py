@@ -80,7 +80,7 @@ def _laid_out(data: np.ndarray[Any, Any], sizes: np.ndarray[Any, Any],
     while low < len(order):
         base = int(ends[low - 1]) if low else 0
         high = max(low + 1, int(np.searchsorted(ends, base + LAYOUT_BYTES, "right")))
-        values = spans.take(pa.array(order[low:high])).buffers()[2]
+        values = spans.take(int_column(order[low:high], pa.int64())).buffers()[2]
         if values is not None:
             yield memoryview(values)[:int(ends[high - 1]) - base]
         low = high

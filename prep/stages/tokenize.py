@@ -168,12 +168,11 @@ def drop_engines() -> None:
         _drop(list(_ENGINES))
 
 
-def warm_engine(tokenizer_path: str, eos: str, encode_special_tokens: bool, backend: str) -> None:
-    """Load this process's engine for a tokenizer file before its first task needs it. Errors
-    are ignored: the task that needs the tokenizer reports them properly."""
+def warm_engine(tokenizer_path: str, sha256: str, eos: str, encode_special_tokens: bool, backend: str) -> None:
+    """Load this process's engine for a tokenizer file (whose SHA-256 the driver read) before its
+    first task needs it. Errors are ignored: the task that needs the tokenizer reports them properly."""
     try:
-        _, info = load_tokenizer(Path(tokenizer_path), eos, encode_special_tokens)
-        _engine(TokenizeSettings(tokenizer_path, info.sha256, eos, encode_special_tokens, backend, "fail"))
+        _engine(TokenizeSettings(tokenizer_path, sha256, eos, encode_special_tokens, backend, "fail"))
     except Exception:  # noqa: BLE001, S110 -- a warm-up must never fail the build
         pass
 

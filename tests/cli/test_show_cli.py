@@ -125,21 +125,23 @@ def _samples(project: Project) -> list[tuple[str, str, int, dict[str, bytes]]]:
 def test_show_at_a_sample_key_prints_its_text_tokens_and_json(project: Project) -> None:
     samples = _samples(project)
     assert len(samples) == 30 and len({path for _, path, _, _ in samples}) > 1
-    for key, path, sequence, members in (samples[0], samples[13], samples[-1]):
+    key, path, sequence, members = samples[0]  # every spelling once, on the first sample
+    doc_id = json.loads(members["json"])["id"]
+    base = ("show", project.snapshot, "--store", project.store, "--at", key)
+    assert run_prep(*base, "--text").stdout == project.texts[doc_id] + "\n"  # the corpus' own text
+    tokens = [int(t) for t in run_prep(*base, "--tokens").stdout.split()]
+    assert tokens == wds.load_npy(members["tokens.npy"]).tolist()
+    assert run_prep(*base).stdout == run_prep(*base[:-1], f"{path}:{sequence}").stdout
+    for key, path, sequence, members in (samples[0], samples[13], samples[-1]):  # the JSON, across shards
         doc_id = json.loads(members["json"])["id"]
         base = ("show", project.snapshot, "--store", project.store, "--at", key)
-        text = run_prep(*base, "--text").stdout
-        assert text == project.texts[doc_id] + "\n"  # the corpus' own text
-        tokens = run_prep(*base, "--tokens").stdout.split()
-        assert [int(t) for t in tokens] == wds.load_npy(members["tokens.npy"]).tolist()
         report = json.loads(run_prep(*base, "--text", "--tokens", "--json").stdout)
         validate(report, "prep.show-at/1", "show --at --json")
         assert report["trace"]["sample_key"] == key and report["trace"]["document"]["id"] == doc_id
-        assert report["text"] == project.texts[doc_id] and report["tokens"] == [int(t) for t in tokens]
-        by_path = json.loads(run_prep("show", project.snapshot, "--store", project.store, "--at",
-                                      f"{path}:{sequence}", "--json").stdout)
+        assert report["text"] == project.texts[doc_id]
+        assert report["tokens"] == wds.load_npy(members["tokens.npy"]).tolist()
+        by_path = json.loads(run_prep(*base[:-1], f"{path}:{sequence}", "--json").stdout)
         assert by_path["trace"] == report["trace"] and "text" not in by_path and "tokens" not in by_path
-        assert run_prep(*base).stdout == run_prep(*base[:-1], f"{path}:{sequence}").stdout
 
 
 def test_show_at_refuses_what_names_no_document(project: Project) -> None:

@@ -264,3 +264,24 @@ def test_the_heap_is_trimmed_after_every_batch(tmp_path: Path, tokenizer_path: P
     monkeypatch.setattr(tokenize, "trim_heap", lambda: trims.append(len(trims)))
     _run(tmp_path, tokenizer_path, lines)
     assert len(trims) == 8
+
+
+def test_a_warm_up_loads_the_tokenizer_once_and_only_the_file_the_driver_hashed(
+        tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, info = load_tokenizer(tokenizer_path, "<|endoftext|>", True)
+    loads: list[Path] = []
+
+    def counted(path: Path, eos: str, encode_special_tokens: bool) -> Any:
+        loads.append(path)
+        return load_tokenizer(path, eos, encode_special_tokens)
+
+    monkeypatch.setattr(tokenize, "load_tokenizer", counted)
+    tokenize.drop_engines()
+    try:
+        tokenize.warm_engine(str(tokenizer_path), info.sha256, "<|endoftext|>", True, "auto")
+        assert loads == [tokenizer_path] and len(tokenize._ENGINES) == 1
+        tokenize.drop_engines()
+        tokenize.warm_engine(str(tokenizer_path), "0" * 64, "<|endoftext|>", True, "auto")  # the file changed since
+        assert len(loads) == 2 and not tokenize._ENGINES  # loaded, found other bytes, kept nothing
+    finally:
+        tokenize.drop_engines()

@@ -12,9 +12,11 @@ from prep.memory import release_free_memory as release_free_memory  # what worke
 
 @dataclass(frozen=True)
 class WarmUp:
-    """The tokenizer a build's workers load before their first task, while the driver starts."""
+    """The tokenizer a build's workers load before their first task, while the driver starts
+    (its SHA-256 as the driver read it: a worker loads the file once, and checks it)."""
 
     tokenizer_path: str
+    tokenizer_sha256: str
     eos: str
     encode_special_tokens: bool
     backend: str
