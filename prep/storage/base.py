@@ -83,6 +83,12 @@ class Store(abc.ABC):
     def delete(self, key: str) -> None:
         """Remove `key` if present. Used only by garbage collection."""
 
+    def remove_empty_folder(self, prefix: str) -> None:
+        """Remove the folder that `prefix` (ending in "/") names, if it exists and holds nothing:
+        for stores with folders, after the last key below a one-off prefix is deleted. Nothing
+        to do for stores without folders."""
+        return None
+
     @abc.abstractmethod
     def read_ref(self, key: str) -> RefValue | None:
         """The current value of a mutable ref, or None when it does not exist."""

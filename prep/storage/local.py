@@ -227,6 +227,11 @@ class LocalStore(Store):
         with io_errors("deleting", path):
             path.unlink(missing_ok=True)
 
+    def remove_empty_folder(self, prefix: str) -> None:
+        path = self._path(prefix.rstrip("/"))
+        with suppress(OSError):  # not empty (a key was written meanwhile), or gone already
+            path.rmdir()
+
     def local_path(self, key: str) -> Path | None:
         return self._path(key)
 

@@ -45,6 +45,7 @@ from prep.store.layout import (
     SNAPSHOTS_PREFIX,
     STAGES_PREFIX,
     TASKS_PREFIX,
+    lease_folder,
     leases_prefix,
     marker_sha,
     object_sha,
@@ -190,6 +191,9 @@ def _delete(store: Store, category: str, infos: list[ObjectInfo]) -> None:
             store.delete_staging(info)
         return
     parallel(lambda info: store.delete(info.key), infos)
+    if category == "leases":  # an expired lease's run folder (a crashed build's) goes with it
+        for lease in filter(None, map(parse_lease, infos)):
+            store.remove_empty_folder(lease_folder(lease.kind, lease.run))
 
 
 def collect_garbage(store: Store, grace_seconds: int, dry_run: bool = False,

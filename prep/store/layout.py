@@ -111,9 +111,14 @@ def leases_prefix(kind: str | None = None) -> str:
     return LEASES_PREFIX + (f"{kind}/" if kind else "")
 
 
+def lease_folder(kind: str, run: str) -> str:
+    """`leases/<kind>/<run>/`: one run's lease keys (one at a time, renewed under new names)."""
+    return f"{leases_prefix(kind)}{run}/"
+
+
 def lease_key(kind: str, run: str, expires: int) -> str:
     """`leases/<kind>/<run>/<expires epoch, 12 digits>.json`."""
-    return f"{leases_prefix(kind)}{run}/{expires:012d}{RECORD_SUFFIX}"
+    return f"{lease_folder(kind, run)}{expires:012d}{RECORD_SUFFIX}"
 
 
 def parse_lease_key(key: str) -> tuple[str, str, int] | None:

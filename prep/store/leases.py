@@ -23,7 +23,7 @@ from typing import Self
 
 from prep.errors import NotFoundError, StoreError
 from prep.storage.base import ObjectInfo, Store
-from prep.store.layout import lease_key, leases_prefix, parse_lease_key
+from prep.store.layout import lease_folder, lease_key, leases_prefix, parse_lease_key
 
 BUILD, GC = "build", "gc"
 DEFAULT_LEASE_SECONDS = 600
@@ -145,6 +145,7 @@ class Lease:
         if self._thread is not None:
             self._thread.join()
         self.store.delete(self.key)
+        self.store.remove_empty_folder(lease_folder(self.kind, self.run))  # else one folder per run stays
 
 
 @contextmanager

@@ -157,3 +157,20 @@ def test_get_range_matches_slicing(store: Store, start: int, length: int) -> Non
     data = bytes(i * 7 % 251 for i in range(4096))
     store.put_bytes("data/h", data)  # the same bytes every example: create-only keeps the first
     assert store.get_range("data/h", start, length) == data[start : start + length]
+
+
+def test_removing_an_empty_folder_keeps_every_key(store: Store) -> None:
+    store.put_bytes("runs/a/1.json", b"1")
+    store.put_bytes("runs/b/1.json", b"2")
+    store.delete("runs/b/1.json")
+    for prefix in ("runs/a/", "runs/b/", "runs/never/"):  # holding a key, emptied, never made
+        store.remove_empty_folder(prefix)
+    assert [info.key for info in store.list("runs/")] == ["runs/a/1.json"]
+    assert store.get_bytes("runs/a/1.json") == b"1"
+    store.put_bytes("runs/b/2.json", b"3")  # a removed folder is made again by the next write
+    assert store.get_bytes("runs/b/2.json") == b"3"
+    if isinstance(store, LocalStore):
+        assert sorted(path.name for path in (store.root / "runs").iterdir()) == ["a", "b"]
+        store.delete("runs/b/2.json")
+        store.remove_empty_folder("runs/b/")
+        assert not (store.root / "runs" / "b").exists()

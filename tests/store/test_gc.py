@@ -211,6 +211,7 @@ def test_gc_waits_for_builds_and_builds_wait_for_gc(project: dict[str, Path]) ->
         lease._write()  # a renewal replaces the key with a later one
         assert [found.key for found in read_leases(store, BUILD)] == [lease.key]
     assert read_leases(store) == []
+    assert not (project["store"] / "leases" / BUILD / lease.run).exists()  # no folder left per run
     with Lease(store, GC), pytest.raises(StoreError, match="garbage collection is running"), \
             build_lease(store, timeout=0, poll=0.01):
         pass
@@ -226,6 +227,7 @@ def test_expired_leases_are_ignored_and_removed(project: dict[str, Path]) -> Non
     report = collect_garbage(store, grace_seconds=HOUR)
     assert not store.exists(stale) and not store.exists(cas.object_key(orphan.sha256))
     assert report.deleted["leases"].count == 1
+    assert not (project["store"] / "leases" / BUILD / "crashed-run").exists()
 
 
 def test_a_killed_holder_releases_its_lease_only_where_its_pid_means_something(project: dict[str, Path]) -> None:
