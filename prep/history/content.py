@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
 from prep.errors import IntegrityError
 from prep.history.documents import DocumentOrigin, SnapshotRecords
+from prep.stages.columns import FALSE, row_of, scalar_of, to_numbers
 from prep.stages.intermediate import Intermediate
 from prep.storage.base import Store
 from prep.store.cache import verified_local_file as verified_local
@@ -42,9 +44,9 @@ class Content:
 def _row_offsets(intermediate: Intermediate, row: int, source: str) -> dict[str, int]:
     """The intermediate's metadata of row `row` (read batch by batch: bounded memory)."""
     for batch in intermediate.batches():
-        hits = pc.fill_null(pc.equal(batch.column("row"), row), False).to_numpy(zero_copy_only=False)
+        hits = to_numbers(pc.fill_null(pc.equal(batch.column("row"), scalar_of(row, pa.int64())), FALSE))
         for hit in np.flatnonzero(hits):
-            return {name: int(value) for name, value in batch.slice(int(hit), 1).to_pylist()[0].items()}
+            return {name: int(value) for name, value in row_of(batch, int(hit)).items()}
     raise IntegrityError(f"the intermediate of {source} has no row {row}")
 
 

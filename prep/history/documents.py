@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import wds
 from prep.manifest import canonical
+from prep.stages.columns import FALSE, row_of, scalar_of, to_numbers
 from prep.stages.intermediate import Intermediate
 from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
@@ -212,7 +213,7 @@ def origin_at(store: Store, records: SnapshotRecords, index: int) -> DocumentOri
     seen = 0
     for batch in task_batches(store, task, _ORIGIN_COLUMNS):
         if local < seen + batch.num_rows:
-            return _origin(records, part, index, batch.slice(local - seen, 1).to_pylist()[0])
+            return _origin(records, part, index, row_of(batch, local - seen))
         seen += batch.num_rows
     raise IntegrityError(f"{task.output}: intermediate of {task.source} has {seen} rows, expected {task.documents}")
 
@@ -227,9 +228,9 @@ def scan(store: Store, records: SnapshotRecords, parts: Sequence[int], predicate
         task = records.tasks[part]
         seen = 0
         for batch in task_batches(store, task, _ORIGIN_COLUMNS):
-            matches = pc.fill_null(predicate(batch, task), False).to_numpy(zero_copy_only=False)
+            matches = to_numbers(pc.fill_null(predicate(batch, task), FALSE))
             for hit in np.flatnonzero(matches):
-                yield _origin(records, part, task.first + seen + int(hit), batch.slice(int(hit), 1).to_pylist()[0])
+                yield _origin(records, part, task.first + seen + int(hit), row_of(batch, int(hit)))
             seen += batch.num_rows
 
 
@@ -237,7 +238,7 @@ def line_is(line: int) -> Predicate:
     """Rows read from 1-based line (or record) `line` of their file."""
     def predicate(batch: pa.RecordBatch, task: RecordedTask) -> pa.Array:
         """The matching rows of `batch`."""
-        return pc.equal(batch.column("row"), line - record_line(task.format, task.line_offset, 0))
+        return pc.equal(batch.column("row"), scalar_of(line - record_line(task.format, task.line_offset, 0), pa.int64()))
     return predicate
 
 
@@ -253,7 +254,7 @@ def origin_of_row(store: Store, records: SnapshotRecords, part: int, row: int) -
     """The document of task `part` (ordinal) whose intermediate records row `row`."""
     if not 0 <= part < len(records.tasks):
         raise IntegrityError(f"snapshot {records.snapshot.id[:19]} has no tokenize part {part}")
-    for found in scan(store, records, [part], column_is("row", pa.scalar(row, pa.int64()))):
+    for found in scan(store, records, [part], column_is("row", scalar_of(row, pa.int64()))):
         return found
     raise IntegrityError(f"snapshot {records.snapshot.id[:19]}: part {part} ({records.tasks[part].source}) "
                          f"has no row {row}")
@@ -278,10 +279,10 @@ def find_documents(store: Store, records: SnapshotRecords, spec: str) -> list[Do
             raise UsageError(f"{spec!r}: snapshot {records.snapshot.id[:19]} has no id field, so documents "
                              "are named SOURCE:LINE")
     else:
-        found.extend(scan(store, records, _parts_of(records), column_is("id", pa.scalar(spec, pa.string()))))
+        found.extend(scan(store, records, _parts_of(records), column_is("id", scalar_of(spec, pa.string()))))
         for source, rest in prefixed:
             found.extend(scan(store, records, _parts_of(records, source),
-                              column_is("id", pa.scalar(rest, pa.string()))))
+                              column_is("id", scalar_of(rest, pa.string()))))
     unique = {origin.index: origin for origin in found}
     named = sorted({(origin.source, origin.id) for origin in unique.values()})
     if not named:

@@ -28,6 +28,7 @@ from prep.history.documents import (
     stage_manifest,
 )
 from prep.history.keep import PackedMask, recorded_mask
+from prep.stages.columns import scalar_of
 from prep.stages.specs import ShardSpec
 from prep.storage.base import Store
 from prep.store.cache import local_file as fetch_local
@@ -58,7 +59,7 @@ class PositionalPlacer:
 
     def _first_copy(self, origin: DocumentOrigin) -> DocumentOrigin:
         """The kept document with the same text as `origin` (dedup keeps the first in input order)."""
-        same_text = column_is("text_hash", pa.scalar(bytes.fromhex(origin.text_hash), pa.binary(16)))
+        same_text = column_is("text_hash", scalar_of(bytes.fromhex(origin.text_hash), pa.binary(16)))
         for candidate in scan(self.store, self.records, range(len(self.records.tasks)), same_text):
             if self.keep.slice(candidate.index, candidate.index + 1)[0]:
                 return candidate

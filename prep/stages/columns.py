@@ -1,6 +1,7 @@
 """Arrow columns made from and read into numpy and Python values through their buffers.
 
-pyarrow's own conversions (`pa.array`, `to_numpy`, `to_pylist`) import pandas on first use when
+pyarrow's own conversions (`pa.array`, `pa.scalar`, `to_numpy`, `to_pylist`, and compute functions
+given Python values) import pandas on first use when
 it is installed, which costs a worker about half a second; the stages' columns are plain
 integers, booleans, fixed-size hashes and strings, so their buffers are built and read directly.
 """
@@ -91,6 +92,27 @@ def join_pieces(pool: np.ndarray, starts: np.ndarray,
     size = int(flat_lengths.sum())
     shift = np.repeat(starts.reshape(-1) - (np.cumsum(flat_lengths) - flat_lengths), flat_lengths)
     return pool[shift + np.arange(size, dtype=np.int64)].tobytes(), offsets
+
+
+def scalar_of(value: int | str | bytes, arrow_type: pa.DataType) -> pa.Scalar:
+    """`value` as an Arrow scalar of `arrow_type` (an integer, string or fixed-size binary type),
+    for comparing a column with: `pa.scalar` converts through the same path as `pa.array`."""
+    if pa.types.is_integer(arrow_type) and isinstance(value, int):
+        return int_column([value], arrow_type)[0]
+    if pa.types.is_string(arrow_type) and isinstance(value, str):
+        return string_column([value])[0]
+    if pa.types.is_fixed_size_binary(arrow_type) and isinstance(value, bytes):
+        return fixed_binary_column_of(value, arrow_type.byte_width, 1)[0]
+    raise TypeError(f"no {arrow_type} scalar of {type(value).__name__}")
+
+
+def row_of(batch: pa.RecordBatch, index: int) -> dict[str, Any]:
+    """Row `index` of `batch` as {column: Python value} (scalar by scalar, not `to_pylist`)."""
+    return {name: batch.column(name)[index].as_py() for name in batch.schema.names}
+
+
+FALSE = bool_column([False])[0]
+"""A false Arrow scalar (for `pc.fill_null`), made without `pa.scalar`."""
 
 
 def _chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:

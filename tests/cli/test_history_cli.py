@@ -18,7 +18,7 @@ from prep.cli.main import main
 from prep.manifest.schema import validate
 from prep.storage import LocalStore
 from prep.store.snapshots import resolve
-from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
 from tests.history.layout1_factory import synthesize_layout1
 
 
@@ -202,6 +202,18 @@ def test_trace_names_documents_by_source_line_with_an_id_field_and_prints_json(s
     missing = prep("trace", "tiny@latest", "docs.jsonl:99", "--json", "--store", store, check=False)
     assert missing.returncode == 2 and "no document 'docs.jsonl:99'" in missing.stderr
     validate(json.loads(missing.stdout), "prep.error/1", "trace --json failure")
+
+
+@pytest.mark.parametrize("spec", ["docs.jsonl:5", "d-5"])  # found by line, by id
+def test_trace_and_show_at_never_import_pandas(store: Path, spec: str) -> None:
+    """pandas costs a command 0.3 s and 38 MB; pyarrow imports it for `pa.scalar` and `to_pylist`."""
+    pytest.importorskip("pandas")
+    traced = run_prep("trace", "tiny@latest", spec, "--json", "--store", store, env=prep_env(PYTHONVERBOSE="1"))
+    key = json.loads(traced.stdout)["documents"][0]["sample_key"]
+    shown = run_prep("show", "tiny@latest", "--at", key, "--text", "--store", store, env=prep_env(PYTHONVERBOSE="1"))
+    for ran in (traced, shown):
+        assert re.search(r"^import 'pyarrow'", ran.stderr, re.M)  # the verbose listing this check reads
+        assert not re.search(r"^import 'pandas'", ran.stderr, re.M)
 
 
 @pytest.fixture
