@@ -90,11 +90,15 @@ def _first_repeat(positions: np.ndarray, lengths: np.ndarray, blob: bytes) -> tu
 
 
 def _partition_of(lengths: np.ndarray, blob: bytes, partitions: int) -> np.ndarray:
-    """A hash of every byte of each id (and its length), modulo `partitions`."""
-    words = _rows(lengths, blob, 8).view("<u8")
+    """A hash of every byte of each id and its length, modulo `partitions`: the same for the same
+    id in any batch (each id's own words are mixed, never the padding up to its batch's longest)."""
+    rows = _rows(lengths, blob, 8)
+    words = rows[:, :-8].view("<u8")
+    needed = -(-lengths // 8)  # the words an id's bytes fill
     mixed = np.zeros(len(lengths), dtype=np.uint64)
     for column in range(words.shape[1]):
-        mixed = splitmix64(mixed ^ words[:, column])
+        mixed = np.where(column < needed, splitmix64(mixed ^ words[:, column]), mixed)
+    mixed = splitmix64(mixed ^ lengths.astype(np.uint64))
     return (mixed % np.uint64(partitions)).astype(np.int64)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from prep.errors import InputError, StorageIOError
@@ -49,6 +49,9 @@ _ID = st.one_of(st.none(), st.sampled_from(["a", "a\0", "b", "ab", "é", "", "x"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# A repeat in a batch whose longest id is shorter than its first occurrence's batch's (found by
+# hypothesis: the partition hash mixed each batch's padding, so the two copies were never compared).
+@example(parts=[["a", "a\x00", "x" * 30, "a", None]], per_partition=1, batch=3)
 @given(parts=st.lists(st.lists(_ID, max_size=12), min_size=1, max_size=3),
        per_partition=st.sampled_from([1, 2, 5, idcheck.IDS_PER_PARTITION]), batch=st.sampled_from([1, 3, 1 << 16]))
 def test_unique_ids_agree_with_a_python_set(tmp_path: Path, parts: list[list[str | None]], per_partition: int,
