@@ -81,7 +81,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:
-        """Remove `key` if present. Used only by garbage collection."""
+        """Remove `key` if present: garbage collection and repair, a corrupt object found on reuse, a
+        released lease or hold."""
 
     def remove_empty_folder(self, prefix: str) -> None:
         """Remove the folder that `prefix` (ending in "/") names, if it exists and holds nothing:
