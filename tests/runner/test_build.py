@@ -356,11 +356,14 @@ def test_duplicate_ids_across_byte_ranges_of_one_file_are_bad_input(tmp_path: Pa
     assert not (tmp_path / "store" / "refs").exists()
 
 
-@pytest.mark.parametrize("repeat", [False, True])
+@pytest.mark.parametrize(("repeat", "long_first"), [(False, False), (True, False), (True, True)])
 def test_a_split_files_ids_checked_in_partitions_through_a_build(tmp_path: Path, tokenizer_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch, repeat: bool) -> None:
+                                                                 monkeypatch: pytest.MonkeyPatch, repeat: bool,
+                                                                 long_first: bool) -> None:
     """With the ids spilled into partitions (a tiny IDS_PER_PARTITION), a build still refuses a
-    repeat across byte ranges, passes a file without one, and leaves no spill in the store."""
+    repeat across byte ranges, passes a file without one, and leaves no spill in the store; also
+    when the first copy sits beside a much longer id than the second (each batch pads its ids to
+    its longest: the partition hash once mixed that padding and missed the repeat)."""
     import prep.stages.idcheck as idcheck
     import prep.stages.read as read
     from prep.config import load_pipeline
@@ -372,6 +375,8 @@ def test_a_split_files_ids_checked_in_partitions_through_a_build(tmp_path: Path,
     monkeypatch.setattr(read, "RANGE_BYTES", 1500)
     monkeypatch.setattr(idcheck, "IDS_PER_PARTITION", 7)
     records = make_records(60, seed=4)
+    if long_first:
+        records[1]["id"] = "a-much-longer-id-than-any-other"
     if repeat:
         records[-1]["id"] = records[0]["id"]
     write_jsonl(tmp_path / "corpus" / "big.jsonl", records)
