@@ -264,6 +264,10 @@ def _parts_of(records: SnapshotRecords, source: str | None = None) -> list[int]:
     return [part for part, task in enumerate(records.tasks) if source is None or task.source == source]
 
 
+_NO_SUCH_LINE = 1 << 62
+"""Line numbers from here on name no document (rows are int64; comparing with a larger number fails)."""
+
+
 def find_documents(store: Store, records: SnapshotRecords, spec: str) -> list[DocumentOrigin]:
     """Every input document named by `spec`: an id (unique across files), SOURCE:ID, or SOURCE:LINE
     (with or without an id field: when SOURCE:N names both the document with id N and another
@@ -272,7 +276,7 @@ def find_documents(store: Store, records: SnapshotRecords, spec: str) -> list[Do
     prefixed = [(source, spec[len(source) + 1:]) for source in sources if spec.startswith(source + ":")]
     found: list[DocumentOrigin] = []
     for source, rest in prefixed:
-        if rest.isdigit() and int(rest) > 0:
+        if rest.isdigit() and 0 < int(rest) < _NO_SUCH_LINE:
             found.extend(scan(store, records, _parts_of(records, source), line_is(int(rest))))
     if records.id_field is None:
         if not prefixed:

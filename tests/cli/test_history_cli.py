@@ -202,6 +202,10 @@ def test_trace_names_documents_by_source_line_with_an_id_field_and_prints_json(s
     missing = prep("trace", "tiny@latest", "docs.jsonl:99", "--json", "--store", store, check=False)
     assert missing.returncode == 2 and "no document 'docs.jsonl:99'" in missing.stderr
     validate(json.loads(missing.stdout), "prep.error/1", "trace --json failure")
+    for line in ("0", str(2**63), "9" * 30):  # no line 0; beyond int64 (a traceback before)
+        beyond = prep("trace", "tiny@latest", f"docs.jsonl:{line}", "--store", store, check=False)
+        assert beyond.returncode == 2 and beyond.stderr.startswith("prep: error: snapshot ")
+        assert beyond.stderr.endswith(f" has no document 'docs.jsonl:{line}'\n") and beyond.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("spec", ["docs.jsonl:5", "d-5"])  # found by line, by id
