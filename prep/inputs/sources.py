@@ -10,6 +10,7 @@ import hashlib
 import os
 import posixpath
 import shutil
+import stat as file_mode
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -131,6 +132,8 @@ def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[Sour
                 stat = file.stat()
             except OSError as exc:
                 raise InputError(f"{file}: cannot read input file: {exc.strerror}") from None
+            if not file_mode.S_ISREG(stat.st_mode):  # a FIFO or a device would be read forever
+                raise InputError(f"{file}: not a regular file; an input must be a file (or a folder of them)")
             located.append((str(file.absolute()), file.absolute().as_posix(), stat.st_size, None, None,
                             local_stamp(stat)))
     if not located:
