@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from prep.errors import ConfigError, UsageError
-from prep.store.layout import NAME_PATTERN
+from prep.store.layout import MAX_NAME_CHARS, valid_name
 from prep.store.retention import Policy, check_policy, parse_duration
 
 FORMATS = ("auto", "jsonl", "parquet", "text", "hf")
@@ -197,8 +197,9 @@ def load_pipeline(path: Path) -> Pipeline:
 def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline") -> Pipeline:
     root = _Table(data, "", source)
     dataset = root.get("dataset", str, required=True)
-    if not NAME_PATTERN.match(dataset):
-        raise ConfigError(f"{source}: dataset: {dataset!r} is not a valid name (letters, digits, '.', '_', '-')")
+    if not valid_name(dataset):
+        raise ConfigError(f"{source}: dataset: {dataset!r} is not a valid name (letters, digits, '.', '_', '-'; "
+                          f"at most {MAX_NAME_CHARS}, starting with a letter or digit)")
     seed = root.get("seed", int, 0)
     if not 0 <= seed < SEED_LIMIT:
         raise ConfigError(f"{source}: seed: must be an integer in [0, 2**64), got {seed}")

@@ -44,6 +44,8 @@ def test_defaults_and_resolved_config_hold_no_machine_paths() -> None:
     ({"output": {"formats": ["bin", "bin"]}}, "output.formats"),
     ({"tokenizer": {"path": "t.json", "encode_special_tokens": "yes"}}, "tokenizer.encode_special_tokens: expected bool"),
     ({"dataset": "has space"}, "dataset"),
+    ({"dataset": "tiny\n"}, "p.toml: dataset: 'tiny\\n' is not a valid name"),  # `$` matched before a final newline
+    ({"dataset": "x" * 201}, "at most 200"),
     ({"input": {"paths": []}}, "input.paths"),
     ({"seed": True}, "seed: expected int"),
     ({"seed": 2**70}, r"seed: must be an integer in [0, 2**64)"),

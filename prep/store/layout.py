@@ -26,13 +26,22 @@ HOLDS_PREFIX = "holds/"
 # (prep.store.proven): no record or object, so gc and scrub never walk it (gc drops what it collects).
 PROVEN_KEY = "proven/objects.jsonl"
 RECORD_SUFFIX = ".json"
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # datasets and ref names
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # datasets and ref names, matched whole
+MAX_NAME_CHARS = 200
+"""Longer names are refused: a local store keeps a ref as `<name>.json.lock` beside `<name>.json`,
+and a file name has at most 255 bytes; one limit for every store, so any store's names copy to any other."""
+
+
+def valid_name(name: str) -> bool:
+    """Whether `name` may name a dataset or ref (whole-string match: `$` would let a final newline in)."""
+    return len(name) <= MAX_NAME_CHARS and NAME_PATTERN.fullmatch(name) is not None
 
 
 def check_name(kind: str, name: str) -> str:
     """`name` itself when it is a valid dataset or ref name; UsageError otherwise."""
-    if not NAME_PATTERN.match(name):
-        raise UsageError(f"invalid {kind} name {name!r}: use letters, digits, '.', '_' or '-'")
+    if not valid_name(name):
+        raise UsageError(f"invalid {kind} name {name!r}: use letters, digits, '.', '_' or '-' "
+                         f"(at most {MAX_NAME_CHARS}, starting with a letter or digit)")
     return name
 
 

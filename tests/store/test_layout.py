@@ -80,9 +80,17 @@ def test_keys_map_back_to_what_they_name() -> None:
         assert layout.parse_lease_key(not_a_lease) is None
 
 
-@pytest.mark.parametrize("name", ["", "-x", ".hidden", "a/b", "a b", "ü"])
+@pytest.mark.parametrize("name", ["", "-x", ".hidden", "a/b", "a b", "ü", "v1\n", "v1\n\n", "x" * 201])
 def test_names_outside_the_pattern_are_refused(name: str) -> None:
+    """A final newline too (`$` matches before one), and names too long for a local store's files."""
     with pytest.raises(UsageError, match="invalid ref name"):
         layout.ref_key("tiny", name)
     with pytest.raises(UsageError, match="invalid dataset name"):
         layout.history_prefix(name)
+
+
+def test_the_longest_name_fits_a_local_store(tmp_path: Path) -> None:
+    name = "x" * layout.MAX_NAME_CHARS
+    assert layout.valid_name(name) and layout.check_name("tag", name) == name
+    for suffix in (".json", ".json.lock"):
+        (tmp_path / f"{name}{suffix}").write_bytes(b"")  # within the 255-byte file name limit
