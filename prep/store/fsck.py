@@ -47,7 +47,7 @@ from prep.store.layout import (
 from prep.store.leases import BUILD, GC, Lease, live_leases
 from prep.store.reach import CORRUPT, INVALID, MISSING, Problem, Reach, Via, parallel
 from prep.store.refs import Ref
-from prep.store.retention import stored_policy
+from prep.store.retention import current_policy_key, stored_policy
 
 REPORT_SCHEMA = "prep.fsck-report/1"
 DEFAULT_JOBS = 8
@@ -214,15 +214,12 @@ def _walk_snapshots(walk: _Walk, dataset: str | None) -> tuple[set[str], int]:
 
 def _check_policies(walk: _Walk, dataset: str | None) -> None:
     """Each dataset's current retention policy must read: gc refuses to run without it."""
-    current: dict[str, str] = {}  # dataset -> its newest policy key, the one stored_policy reads
-    for info in walk.store.list(f"{RETENTION_PREFIX}{dataset}/" if dataset else RETENTION_PREFIX):
-        if info.key.endswith(RECORD_SUFFIX):
-            name = info.key.split("/")[1]
-            current[name] = max(current.get(name, info.key), info.key)
-    for name, key in sorted(current.items()):
+    listed = walk.store.list(f"{RETENTION_PREFIX}{dataset}/" if dataset else RETENTION_PREFIX)
+    for name in sorted({info.key.split("/")[1] for info in listed if info.key.endswith(RECORD_SUFFIX)}):
         try:
             stored_policy(walk.store, name)
         except IntegrityError as exc:
+            key = current_policy_key(walk.store, name) or f"{RETENTION_PREFIX}{name}/"
             walk.add(Problem(INVALID, "retention policy", key, key, exc.message))
 
 

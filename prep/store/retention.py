@@ -75,14 +75,20 @@ def _policy_keys(store: Store, dataset: str) -> list[str]:
     return [info.key for info in store.list(f"{RETENTION_PREFIX}{dataset}/") if info.key.endswith(RECORD_SUFFIX)]
 
 
+def current_policy_key(store: Store, dataset: str) -> str | None:
+    """The key of the dataset's current policy version (the one `stored_policy` reads), or None."""
+    keys = _policy_keys(store, dataset)
+    return keys[-1] if keys else None
+
+
 def stored_policy(store: Store, dataset: str) -> Policy | None:
     """The dataset's policy as its last build recorded it, or None when none did."""
-    keys = _policy_keys(store, dataset)
-    if not keys:
+    key = current_policy_key(store, dataset)
+    if key is None:
         return None
-    source = f"{store.url}/{keys[-1]}"
+    source = f"{store.url}/{key}"
     try:
-        data = canonical.loads(store.get_bytes(keys[-1]))
+        data = canonical.loads(store.get_bytes(key))
         validate(data, POLICY_SCHEMA, source)
     except (ValueError, IntegrityError) as exc:
         raise IntegrityError(f"{source}: unreadable retention policy ({exc}); gc refuses to guess") from None
