@@ -27,6 +27,8 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 DEFAULT_TOKENIZER_CACHE = 256 * 2**20
 """How far a tokenize worker may grow past its size once its tokenizer encoded a first batch
 before the tokenizer is loaded afresh (prep.stages.tokenize): a bound on its pre-token cache."""
+DEFAULT_MERGE_FAN_IN, MIN_MERGE_FAN_IN, MAX_MERGE_FAN_IN = 128, 2, 512
+"""[build] merge_fan_in: its default and bounds (a task holds that many entries objects open at once)."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -63,6 +65,7 @@ class BuildConfig:
     """How a build runs, never what it makes: kept out of `resolved()`, free to change between builds."""
 
     tokenizer_cache: int = DEFAULT_TOKENIZER_CACHE
+    merge_fan_in: int = DEFAULT_MERGE_FAN_IN
 
 
 @dataclass(frozen=True)
@@ -260,8 +263,13 @@ def _output(out: _Table, source: str) -> OutputConfig:
 
 
 def _build(table: _Table) -> BuildConfig:
-    """`[build]`: tokenizer_cache (a size: how far a worker may grow from its tokenizer's cache)."""
-    config = BuildConfig(tokenizer_cache=table.size("tokenizer_cache", DEFAULT_TOKENIZER_CACHE))
+    """`[build]`: tokenizer_cache (a size: how far a worker may grow from its tokenizer's cache)
+    and merge_fan_in (how many entries objects an order or merge task reads at most)."""
+    fan_in = table.get("merge_fan_in", int, DEFAULT_MERGE_FAN_IN)
+    if not MIN_MERGE_FAN_IN <= fan_in <= MAX_MERGE_FAN_IN:
+        raise ConfigError(f"{table.source}: build.merge_fan_in: must be {MIN_MERGE_FAN_IN} to {MAX_MERGE_FAN_IN}, "
+                          f"got {fan_in}")
+    config = BuildConfig(tokenizer_cache=table.size("tokenizer_cache", DEFAULT_TOKENIZER_CACHE), merge_fan_in=fan_in)
     table.finish()
     return config
 

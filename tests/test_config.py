@@ -54,6 +54,10 @@ def test_defaults_and_resolved_config_hold_no_machine_paths() -> None:
     ({"output": {"shard_size": "12XB"}}, "p.toml: output.shard_size: unknown size unit 'XB'"),
     ({"build": {"tokenizer_cache": "0"}}, "p.toml: build.tokenizer_cache: size must be positive"),
     ({"build": {"tokenizer_cache": [1]}}, "p.toml: build.tokenizer_cache: expected str or int"),
+    ({"build": {"merge_fan_in": 1}}, "p.toml: build.merge_fan_in: must be 2 to 512, got 1"),
+    ({"build": {"merge_fan_in": 513}}, "p.toml: build.merge_fan_in: must be 2 to 512, got 513"),
+    ({"build": {"merge_fan_in": "8"}}, "p.toml: build.merge_fan_in: expected int, got str"),
+    ({"build": {"merge_fan_in": True}}, "p.toml: build.merge_fan_in: expected int, got bool"),
     ({"build": {"tokenizer_cahce": "1MB"}}, "p.toml: build.tokenizer_cahce: unknown key"),
 ])
 def test_mistakes_name_the_key(change: dict[str, object], needle: str) -> None:
@@ -92,3 +96,6 @@ def test_the_tokenizer_cache_bound_changes_no_output_setting() -> None:
     tight = parse_pipeline({**MINIMAL, "build": {"tokenizer_cache": "32MiB"}}, Path("."), "p.toml")
     assert default.build.tokenizer_cache == 256 * 2**20 and tight.build.tokenizer_cache == 32 * 2**20
     assert tight.resolved() == default.resolved()
+    merged = parse_pipeline({**MINIMAL, "build": {"merge_fan_in": 2}}, Path("."), "p.toml")
+    assert (default.build.merge_fan_in, merged.build.merge_fan_in) == (128, 2)
+    assert merged.resolved() == default.resolved()

@@ -78,7 +78,7 @@ class BuildRecord:
 
 def _stage_rank(name: str) -> tuple[int, str]:
     """Stages in build order (tokenize first, shard last; logs store them sorted by name)."""
-    order = ("tokenize", "dedup", "shuffle", "route", "order", "shard")
+    order = ("tokenize", "dedup", "shuffle", "route", "merge", "order", "shard")
     return (order.index(name) if name in order else len(order), name)
 
 

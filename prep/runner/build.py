@@ -106,9 +106,11 @@ class Builder:
     def run_tasks(self, stage: str, jobs: Sequence[tuple[str, Any]], fn: Callable[[Any], TaskResult],
                   nbytes: Callable[[Any], int] = lambda job: 0, describe: Callable[[Any], str] | None = None,
                   reads: Sequence[Sequence[str]] = (),
-                  weight: Callable[[Any], int] | None = None) -> dict[str, records.TaskRecord]:
+                  weight: Callable[[Any], int] | None = None,
+                  inputs_of: Callable[[Any], Sequence[str]] = lambda job: ()) -> dict[str, records.TaskRecord]:
         """Run every job whose task record is missing; return every task's record by key.
-        Outputs of found records are registered as reused: checked before anything reads them;
+        Outputs of found records are registered as reused: checked before anything reads them,
+        and recomputed (after checking the job's `inputs_of`) when bad;
         `reads` are the objects the jobs read, checked (in groups, in order) before any job runs.
         Jobs start largest first by `weight` (default: `nbytes`), so the stage ends with small ones."""
         run = self.stages.setdefault(stage, StageRun(stage))
@@ -121,7 +123,7 @@ class Builder:
             else:
                 committed[key] = record
                 what = describe(job) if describe else f"{stage} output"
-                self.guard.reused(record.outputs.values(), Remake(what, fn, job))
+                self.guard.reused(record.outputs.values(), Remake(what, fn, job, tuple(inputs_of(job))))
         run.cached += len(committed)
         size = weight or nbytes
         todo.sort(key=lambda item: -size(item[1]))  # largest first: less idle time at the end
@@ -150,6 +152,10 @@ class Builder:
                     discard_staged(self.store, job)
             raise
         return committed
+
+    def committed_stages(self) -> list[StageRun]:
+        """The stages that committed a manifest, which the snapshot lists (merge commits none)."""
+        return [run for run in self.stages.values() if run.output]
 
     def stage_key(self, stage: str, settings: dict[str, Any], inputs: Any) -> str:
         key = records.content_key(stage, settings, self.code, inputs)
@@ -300,7 +306,7 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
     shards, duplicates = _global_stages(builder, entries, info.dtype, info.eos_id)
     manifest = snapshot_manifest(
         dataset=pipeline.dataset, seed=pipeline.seed, version=version, sources=sources, code=builder.code,
-        tokenizer=info.to_json(), config=pipeline.resolved(), stages=list(builder.stages.values()), shards=shards,
+        tokenizer=info.to_json(), config=pipeline.resolved(), stages=builder.committed_stages(), shards=shards,
         formats=pipeline.output.formats, stats=build_stats(entries, duplicates, shards))
     if lease.lapsed:
         raise StoreError(f"{store.url}: this build's lease lapsed (the store was unreachable too long); "

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from prep.faults import crash_point
 from prep.formats.units import BIN, unit_formats, units_for
 from prep.progress import plural
+from prep.runner.merging import order_sources
 from prep.runner.planning import contiguous_ranges
 from prep.runner.tasks import (
     AssembleJob,
@@ -33,20 +34,27 @@ small enough that even a 1M-document corpus gives every worker of a small pool a
 
 
 def order(builder: Builder, parts: tuple[PartRef, ...], itemsize: int, dtype: str) -> dict[str, Any]:
-    """Dedup, sort and cut every key bucket from the parts' entries; returns the order stage manifest."""
+    """Dedup, sort and cut every key bucket from the parts' entries (merged first when they are
+    many, and only when some bucket must be ordered); returns the order stage manifest."""
     pipeline = builder.pipeline
     bits = bucket_bits(sum(part.documents for part in parts), DOCUMENTS_PER_BUCKET)
     settings = order_settings(pipeline, bits, dtype)
     tokenize_out = builder.stages["tokenize"].output
+    keys = [records.content_key("order", settings, builder.code, [tokenize_out, bucket]) for bucket in range(1 << bits)]
+    must_run = any(records.read_task_record(builder.store, "order", key) is None for key in keys)
+    sources = order_sources(builder, parts) if must_run else ()
     checks = _id_checks(parts, 1 << bits)
-    jobs = [(records.content_key("order", settings, builder.code, [tokenize_out, bucket]),
-             OrderJob(builder.store.url, tokenize_out, bucket, bits, pipeline.dedup.exact,
-                      pipeline.output.shard_size, itemsize, checks.get(bucket, ())))
-            for bucket in range(1 << bits)]
-    builder.progress.stage("order", f"{plural(len(jobs), 'bucket')} of {plural(len(parts), 'part')}")
+    jobs = [(key, OrderJob(builder.store.url, tokenize_out, bucket, bits, pipeline.dedup.exact,
+                           pipeline.output.shard_size, itemsize,
+                           tuple((source.object_id, source.first_part) for source in sources),
+                           checks.get(bucket, ())))
+            for bucket, key in enumerate(keys)]
+    read_from = f"{plural(len(sources), 'run')} of " if len(sources) < len(parts) and sources else ""
+    builder.progress.stage("order", f"{plural(len(jobs), 'bucket')} from {read_from}{plural(len(parts), 'part')}")
     checked = [part.object_id for _, job in jobs for same in job.check_ids for part in same]
     done = builder.run_tasks("order", jobs, run_order_job, describe=lambda job: f"bucket {job.bucket}",
-                             reads=[[part.entries_id for part in parts] + checked], weight=order_weight)
+                             reads=[[source.object_id for source in sources] + checked], weight=order_weight,
+                             inputs_of=lambda job: [object_id for object_id, _ in job.sources])
     stage_key = builder.stage_key("order", settings, [tokenize_out])
     buckets = [{"bucket": job.bucket, "key": key, "output": done[key].outputs["bucket"], **done[key].summary}
                for key, job in jobs]

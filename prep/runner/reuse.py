@@ -57,6 +57,8 @@ class Remake:
     what: str
     fn: Callable[[Any], TaskResult]
     job: Any
+    reads: tuple[str, ...] = ()
+    """Objects the task reads that a build may have reused too: made trustworthy before it runs."""
 
 
 class ReuseGuard:
@@ -116,6 +118,7 @@ class ReuseGuard:
                                      "and no task of this build can recompute it")
             self.discard(object_id, remake.what)
             remakes.append((object_id, remake))
+        self.ensure([read for _, remake in remakes for read in remake.reads])  # inputs of an earlier round
         for fn in {id(remake.fn): remake.fn for _, remake in remakes}.values():
             group = [(object_id, remake) for object_id, remake in remakes if remake.fn is fn]
             for index, result in self.executor.run(fn, [remake.job for _, remake in group]):

@@ -179,12 +179,41 @@ def run_tokenize_job(job: TokenizeJob) -> TaskResult:
 
 
 @dataclass(frozen=True)
+class MergeJob:
+    """Merge consecutive entries objects (parts' or runs') into one run: each input is an object
+    id with its first part's ordinal counted from the first input's."""
+
+    store_url: str
+    inputs: tuple[tuple[str, int], ...]
+    documents: int
+
+
+def run_merge_job(job: MergeJob) -> TaskResult:
+    from prep.stages.merge import merge_runs
+    from prep.stages.tokenize import drop_engines
+
+    drop_engines()
+    store = worker_store(job.store_url)
+    staged = store.staging_dir() / f"merge-{uuid.uuid4().hex}.part"
+    try:
+        digest, summary = merge_runs([(fetch_local(store, object_id), first) for object_id, first in job.inputs], staged)
+        crash_point("merge.after_write")
+        stored = cas.put_file(store, staged, digest)
+    finally:
+        staged.unlink(missing_ok=True)
+    return TaskResult({"run": stored.id}, summary, {})
+
+
+@dataclass(frozen=True)
 class OrderJob:
-    """Dedup, sort and cut one key bucket: reads the bucket's entries from every part (the parts'
-    entries objects and identities, from the tokenize stage manifest). `check_ids` lists files
-    split into several parts whose ids this task checks across the parts (ids must be unique
-    within a file; each tokenize task checked its own part): a file's parts are in
-    the tokenize stage manifest, so the task's key covers them."""
+    """Dedup, sort and cut one key bucket: reads the bucket's entries from `sources`, the parts'
+    entries objects or the runs merged from them, each with its first part's ordinal (the parts'
+    identities come from the tokenize stage manifest). `check_ids` lists files split into
+    several parts whose ids this task checks across the parts (ids must be unique within a
+    file; each tokenize task checked its own part): a file's parts are in the tokenize stage
+    manifest, so the task's key covers them. The key does not cover `sources`: runs or parts,
+    the bucket's entries are the same. No sources (a job planned when every bucket was
+    committed, to remake one that turns out bad) means every part's entries."""
 
     store_url: str
     tokenize_stage: str
@@ -193,6 +222,7 @@ class OrderJob:
     exact: bool
     shard_size: int
     itemsize: int
+    sources: tuple[tuple[str, int], ...]
     check_ids: tuple[tuple[PartRef, ...], ...] = ()
 
 
@@ -208,10 +238,11 @@ def run_order_job(job: OrderJob) -> TaskResult:
         check_unique_ids(same_file[0].source, [ref.resolve(store).path for ref in same_file], store.staging_dir())
     tasks = canonical.loads(cas.get_bytes(store, job.tokenize_stage))["tasks"]
     parts = [PartIdentity(t["source"], int(t["line_offset"])) for t in tasks]
-    paths = [fetch_local(store, task["entries"]) for task in tasks]
+    listed = job.sources or tuple((task["entries"], ordinal) for ordinal, task in enumerate(tasks))
+    sources = [(fetch_local(store, object_id), first_part) for object_id, first_part in listed]
     staged = store.staging_dir() / f"order-{uuid.uuid4().hex}.part"
     try:
-        digest, summary = order_bucket(paths, parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize,
+        digest, summary = order_bucket(sources, parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize,
                                        staged)
         stored = cas.put_file(store, staged, digest)
     finally:

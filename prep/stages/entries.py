@@ -1,7 +1,8 @@
 """Entries objects: one fixed-size record per document (its order key, where its tokens, text
-and id are), sorted by key, then the documents' ids. Three kinds (docs/manifests.md, "Entries
+and id are), sorted by key, then the documents' ids. Four kinds (docs/manifests.md, "Entries
 objects"): a tokenize task's *part* entries (every document of one part, with a prefix index so
-that any key bucket is one read), an order task's *bucket* entries (its kept documents), and the
+that any key bucket is one read), a merge task's *run* entries (several parts' or runs' entries
+merged, indexed the same way), an order task's *bucket* entries (its kept documents), and the
 *route* entries that earlier builds wrote in a stage between the two (store layout 2).
 
 A part's entries are written by the tokenize task that wrote its intermediate, from the metadata
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,9 @@ MAGIC = b"PREPENT1"
 _HEAD = struct.Struct("<8sQ")
 MAX_INDEX_BITS = 20
 """A part's index resolves key prefixes of at most this many bits (4 MiB of index at most)."""
+INDEXED = {"part": 4, "run": 8}
+"""The kinds of entries object with a prefix index, and the bytes of each of its counts (a run
+may hold more than 2**32 entries)."""
 PART_COLUMNS = ("row", "id", "text_hash", "text_bytes", "n_tokens", "text_offset", "tokens_offset")
 """The intermediate metadata columns a part's entries are made of."""
 
@@ -53,6 +57,7 @@ class EntryFile:
     index_at: int
     entries_at: int
     ids_at: int
+    index_width: int = 4  # bytes per cumulative count of the index: u32 for a part, u64 for a run
 
     @classmethod
     def open(cls, path: Path, fd: int | None = None) -> EntryFile:
@@ -66,15 +71,19 @@ class EntryFile:
             header = canonical.loads(os.pread(opened, length, _HEAD.size))
         if not isinstance(header, dict) or not isinstance(header.get("count"), int):
             raise IntegrityError(f"{path}: entries object header is malformed")
-        index_at = _HEAD.size + length
-        index_length = 0
-        if header.get("kind") == "part":
-            bits = header.get("index_bits")
-            if not (isinstance(bits, int) and 0 <= bits <= MAX_INDEX_BITS):
-                raise IntegrityError(f"{path}: part entries without a valid index_bits")
-            index_length = _index_length(bits)
-        entries_at = index_at + index_length
-        return cls(path, header, index_at, entries_at, entries_at + header["count"] * ENTRY_DTYPE.itemsize)
+        kind = header.get("kind")
+        start, entries_bytes = _HEAD.size + length, header["count"] * ENTRY_DTYPE.itemsize
+        if kind not in INDEXED:
+            return cls(path, header, start, start, start + entries_bytes)
+        bits = header.get("index_bits")
+        if not (isinstance(bits, int) and 0 <= bits <= MAX_INDEX_BITS):
+            raise IntegrityError(f"{path}: {kind} entries without a valid index_bits")
+        width = INDEXED[kind]
+        if kind == "part":  # the index, then the entries
+            return cls(path, header, start, start + index_length(bits, width),
+                       start + index_length(bits, width) + entries_bytes, width)
+        # a run: the entries, then the index (a merge learns it while writing them), then the ids
+        return cls(path, header, start + entries_bytes, start, start + entries_bytes + index_length(bits, width), width)
 
     def read(self, first: int, count: int, fd: int | None = None) -> tuple[np.ndarray, bytes]:
         """Entries [first, first + count) and the ids they point into (offsets are object-wide)."""
@@ -91,24 +100,30 @@ class EntryFile:
             start = int(entries["id_offset"][with_id].min())
             end = int((entries["id_offset"][with_id] + entries["id_len"][with_id]).max())
             ids = os.pread(opened, end - start, self.ids_at + start)
+            if len(ids) != end - start:
+                raise IntegrityError(f"{self.path}: its ids are shorter than its entries say")
         entries["id_offset"][with_id] -= start
         return entries, ids
 
     def prefix_range(self, low: int, high: int, fd: int | None = None) -> tuple[int, int]:
         """(first, end) of the entries whose key's top `index_bits` bits are in [low, high), from
         the index of a part's entries (two positional reads)."""
+        width = self.index_width
         with descriptor(self.path, fd) as opened:
-            first, end = (int.from_bytes(os.pread(opened, 4, self.index_at + 4 * at), "little") for at in (low, high))
+            counts = [os.pread(opened, width, self.index_at + width * at) for at in (low, high)]
+        if any(len(count) != width for count in counts):
+            raise IntegrityError(f"{self.path}: its index is cut short")
+        first, end = (int.from_bytes(count, "little") for count in counts)
         if not 0 <= first <= end <= self.header["count"]:
             raise IntegrityError(f"{self.path}: its index is out of order")
         return first, end
 
     def bucket_range(self, bucket: int, bits: int, fd: int | None = None) -> tuple[int, int]:
-        """(first, count) of the entries a part's entries object holds in key bucket `bucket` of
-        `2**bits` (the keys' top `bits` bits); for `bits` finer than the index, of the coarser
-        prefix holding the bucket (a reader keeps the bucket's own entries)."""
-        if self.header.get("kind") != "part":
-            raise IntegrityError(f"{self.path}: a {self.header.get('kind')} entries object, not a part's")
+        """(first, count) of the entries a part's or run's entries object holds in key bucket
+        `bucket` of `2**bits` (the keys' top `bits` bits); for `bits` finer than the index, of the
+        coarser prefix holding the bucket (`read_bucket` keeps the bucket's own entries)."""
+        if self.header.get("kind") not in INDEXED:
+            raise IntegrityError(f"{self.path}: a {self.header.get('kind')} entries object, not a part's or a run's")
         index_bits = int(self.header["index_bits"])
         if bits <= index_bits:
             shift = index_bits - bits
@@ -117,6 +132,17 @@ class EntryFile:
             prefix = bucket >> (bits - index_bits)
             first, end = self.prefix_range(prefix, prefix + 1, fd)
         return first, end - first
+
+    def read_bucket(self, bucket: int, bits: int, fd: int | None = None) -> tuple[np.ndarray, bytes]:
+        """The entries of key bucket `bucket` of `2**bits` and the ids they point into (two
+        index reads and one of the run, through `fd` if given)."""
+        first, count = self.bucket_range(bucket, bits, fd)
+        if not count:
+            return np.zeros(0, dtype=ENTRY_DTYPE), b""
+        entries, ids = self.read(first, count, fd)
+        if bits > self.header["index_bits"]:  # the range is a coarser prefix: keep the bucket
+            entries = entries[bucket_of(entries["key_hi"], bits) == bucket]
+        return entries, ids
 
 
 @contextmanager
@@ -132,18 +158,44 @@ def descriptor(path: Path, fd: int | None = None) -> Iterator[int]:
         os.close(opened)
 
 
-def _index_length(bits: int) -> int:
-    """Bytes of a part's index: 2**bits + 1 cumulative counts (u32)."""
-    return ((1 << bits) + 1) * 4
+def concat_numbered(pieces: Iterable[tuple[int, EntryFile, np.ndarray, bytes]]) -> tuple[np.ndarray, bytes]:
+    """Entries read from several entries objects, as (first part's ordinal, object, entries, their
+    ids), concatenated with their ids rebased onto one blob. Each entry is given its part's
+    ordinal: a part's entries that of the part, a run's (which number parts from its own first)
+    have the run's first part's added."""
+    pieces_kept: list[np.ndarray] = []
+    blobs: list[bytes] = []
+    base = 0
+    for first_part, source, entries, ids in pieces:
+        if not len(entries):
+            continue
+        entries["id_offset"][entries["id_len"] != NO_ID] += np.uint64(base)
+        if source.header["kind"] == "run":
+            entries["part"] += np.uint32(first_part)
+        else:
+            entries["part"] = first_part
+        pieces_kept.append(entries)
+        blobs.append(ids)
+        base += len(ids)
+    return (np.concatenate(pieces_kept) if pieces_kept else np.zeros(0, dtype=ENTRY_DTYPE)), b"".join(blobs)
+
+
+def index_length(bits: int, width: int = 4) -> int:
+    """Bytes of an index: 2**bits + 1 cumulative counts of `width` bytes."""
+    return ((1 << bits) + 1) * width
+
+
+def entries_head(header: dict[str, Any]) -> bytes:
+    """The start of an entries object: magic, header length, the header as canonical JSON."""
+    body = canonical.dumps(header)
+    return _HEAD.pack(MAGIC, len(body)) + body
 
 
 def write_entries(path: Path, header: dict[str, Any], entries: np.ndarray, ids: bytes, index: bytes = b"") -> Digest:
     """Write an entries object (magic, header length, canonical JSON header, a part's index,
     entries, ids)."""
-    body = canonical.dumps({**header, "count": len(entries)})
     with HashingWriter(path, durable=False) as out:
-        out.write(_HEAD.pack(MAGIC, len(body)))
-        out.write(body)
+        out.write(entries_head({**header, "count": len(entries)}))
         out.write(index)
         out.write(np.ascontiguousarray(entries, dtype=ENTRY_DTYPE).view(np.uint8).data)
         out.write(ids)

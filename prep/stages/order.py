@@ -3,7 +3,8 @@ its text hash), each tokenize task wrote its part's entries sorted by key (prep.
 and each key bucket is deduplicated and sorted on its own. Memory of every task depends on its
 own bucket, never on the corpus.
 
-Order (one task per bucket): gather the bucket's entries from every part (one read each), sort
+Order (one task per bucket): gather the bucket's entries from every part, or from the runs that
+merge tasks made of them when the parts are many (one read each, prep.stages.merge), sort
 by key then input order, keep the first of each run of equal keys (equal keys are equal text
 hashes: the key is a bijection of the hash), and cut the bucket into content-defined shard
 leaves.
@@ -21,10 +22,10 @@ import numpy as np
 
 from prep.hashing import Digest
 from prep.stages.entries import (
-    ENTRY_DTYPE,
     GATHER_BLOCK,
     NO_ID,
     EntryFile,
+    concat_numbered,
     descriptor,
     gather_bytes,
     key_order,
@@ -32,31 +33,19 @@ from prep.stages.entries import (
     take_entries,
     write_entries,
 )
-from prep.stages.keys import bucket_of
 
 
-def gather_bucket(parts: Sequence[Path], bucket: int, bits: int) -> tuple[np.ndarray, bytes]:
-    """Every part's entries of `bucket`, concatenated, each entry given its part's ordinal (its
-    place in `parts`), ids rebased onto one blob. Each part is opened once: its header, the two
-    index reads and the run of the bucket go through one descriptor."""
-    pieces: list[np.ndarray] = []
-    blobs: list[bytes] = []
-    base = 0
-    for ordinal, path in enumerate(parts):
+def gather_bucket(sources: Sequence[tuple[Path, int]], bucket: int, bits: int) -> tuple[np.ndarray, bytes]:
+    """Every source's entries of `bucket`, concatenated, each numbered with its part's ordinal.
+    A source is a part's or a run's entries object with the ordinal of its first part. Each is
+    opened once: its header, the two index reads and the run of the bucket go through one
+    descriptor."""
+    def read(path: Path) -> tuple[EntryFile, np.ndarray, bytes]:
         with descriptor(path) as fd:
-            part = EntryFile.open(path, fd)
-            first, count = part.bucket_range(bucket, bits, fd)
-            if not count:
-                continue
-            entries, ids = part.read(first, count, fd)
-        if bits > part.header["index_bits"]:  # the range is a coarser prefix: keep the bucket
-            entries = entries[bucket_of(entries["key_hi"], bits) == bucket]
-        entries["id_offset"][entries["id_len"] != NO_ID] += np.uint64(base)
-        entries["part"] = ordinal
-        pieces.append(entries)
-        blobs.append(ids)
-        base += len(ids)
-    return (np.concatenate(pieces) if pieces else np.zeros(0, dtype=ENTRY_DTYPE)), b"".join(blobs)
+            source = EntryFile.open(path, fd)
+            return (source, *source.read_bucket(bucket, bits, fd))
+
+    return concat_numbered((first_part, *read(path)) for path, first_part in sources)
 
 
 def sort_and_dedup(entries: np.ndarray, exact: bool) -> tuple[np.ndarray, int]:
@@ -146,11 +135,12 @@ def split_leaves(key_hi: np.ndarray, weights: np.ndarray, start: int, depth: int
     return leaves
 
 
-def order_bucket(part_entries: Sequence[Path], parts: Sequence[PartIdentity], bucket: int, bits: int, exact: bool,
-                 shard_size: int, itemsize: int, out_path: Path) -> tuple[Digest, dict[str, Any]]:
-    """Dedup and sort one bucket, cut it into leaves, and write its kept entries. `part_entries`
-    are the parts' entries objects in input order, `parts` the parts' identities."""
-    gathered, blob = gather_bucket(part_entries, bucket, bits)
+def order_bucket(sources: Sequence[tuple[Path, int]], parts: Sequence[PartIdentity], bucket: int, bits: int,
+                 exact: bool, shard_size: int, itemsize: int, out_path: Path) -> tuple[Digest, dict[str, Any]]:
+    """Dedup and sort one bucket, cut it into leaves, and write its kept entries. `sources` are
+    the parts' entries objects (or the runs merged from them) with their first part's ordinal,
+    `parts` the parts' identities in input order."""
+    gathered, blob = gather_bucket(sources, bucket, bits)
     documents_read = len(gathered)
     entries, dropped = sort_and_dedup(gathered, exact)
     del gathered  # a bucket's entries are held once, plus the kept copy while sorting

@@ -68,6 +68,28 @@ def test_killed_build_reruns_to_the_same_snapshot(project: tuple[Path, str], tmp
         assert stages["shard"]["ran"] == 0
 
 
+@pytest.mark.parametrize("point", ["merge.after_write:2", "merge.before_commit:3"])
+def test_killed_merge_reruns_to_the_snapshot_of_an_unmerged_build(project: tuple[Path, str], tmp_path: Path,
+                                                                  point: str) -> None:
+    """Five parts merged in pairs (three merges in two rounds), killed in a merge task or before its
+    commit; the rerun redoes only uncommitted merges and publishes what a build without merging does."""
+    pipeline, expected = project
+    merged = pipeline.with_name("merged.toml")
+    merged.write_text(pipeline.read_text() + "\n[build]\nmerge_fan_in = 2\n")
+    store = tmp_path / "store"
+    crashed = run_prep("build", merged, "--store", store, "--workers", "1", check=False,
+                       env=prep_env(PREP_CRASH_AT=point), new_session=True)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert not (store / "refs" / "tiny" / "latest.json").exists()
+    assert all_objects_intact(store)
+    assert run_prep("build", merged, "--store", store, "--workers", "2").stdout.split()[-1] == expected
+    assert all_objects_intact(store)
+    stages = _last_log(store)
+    assert stages["tokenize"]["ran"] == 0 and stages["merge"]["ran"] + stages["merge"]["cached"] == 3
+    committed = int(point.split(":")[1]) - 1  # before the kill (in the driver: exactly; in a worker: at most)
+    assert stages["merge"]["cached"] == committed if "before_commit" in point else stages["merge"]["cached"] <= committed
+
+
 @pytest.mark.parametrize("point", ["shard.mid_write", "shard.after_write", "shard.between_puts:2",
                                    "shard.before_commit:2"])
 def test_killed_write_of_one_shard_reruns_to_the_same_snapshot(project: tuple[Path, str], tmp_path: Path,

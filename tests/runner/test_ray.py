@@ -90,6 +90,20 @@ def test_cli_ray_build_matches_local_executor(ray_address: str, corpus: Path, re
     assert object_keys(tmp_path / "store") == object_keys(local_store)
 
 
+def test_ray_runs_merge_tasks_to_the_snapshot_of_an_unmerged_local_build(ray_address: str, corpus: Path,
+                                                                          reference: tuple[str, Path],
+                                                                          tmp_path: Path) -> None:
+    """Three parts merged in pairs on Ray (two merges in two rounds): the local unmerged snapshot."""
+    snapshot_id, _ = reference
+    merged = corpus.with_name("merged.toml")
+    merged.write_text(corpus.read_text() + "\n[build]\nmerge_fan_in = 2\n")
+    result = run_prep("build", merged, "--store", tmp_path / "store", "--workers", "2",
+                      "--executor", "ray", "--ray-address", ray_address)
+    assert result.stdout.strip() == snapshot_id
+    assert "merge: done" in result.stderr
+    assert len(list((tmp_path / "store" / "tasks" / "merge").glob("*.json"))) == 1
+
+
 def test_worker_killed_mid_task_is_retried_to_the_same_snapshot(ray_address: str, corpus: Path,
                                                                 reference: tuple[str, Path], tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,8 +38,8 @@ def _plan(folder: Path, parts: list[Part], bits: int, shard_size: int, seed: int
           exact: bool = True) -> tuple[list[ShardPlan], list[dict[str, Any]], dict[int, Path]]:
     routes = []
     for ordinal, part in enumerate(parts):
-        routes.append(folder / f"entries-{bits}-{ordinal}")
-        entry_objects.write_part_entries(routes[-1], read_columns(part.path, entry_objects.PART_COLUMNS), seed)
+        routes.append((folder / f"entries-{bits}-{ordinal}", ordinal))
+        entry_objects.write_part_entries(routes[-1][0], read_columns(part.path, entry_objects.PART_COLUMNS), seed)
     identities = [order.PartIdentity(p.source, p.line_offset) for p in parts]
     summaries, buckets = [], {}
     for bucket in range(1 << bits):
@@ -206,6 +206,6 @@ def test_an_order_task_opens_each_part_once(tmp_path: Path, monkeypatch: pytest.
         return real_open(path, *args)
 
     monkeypatch.setattr(os, "open", counting)
-    gathered, _ = order.gather_bucket(paths, 1, 2)
+    gathered, _ = order.gather_bucket([(path, ordinal) for ordinal, path in enumerate(paths)], 1, 2)
     assert sorted(map(str, opened)) == sorted(map(str, paths))
     assert len(gathered) and set(keys.bucket_of(gathered["key_hi"], 2).tolist()) == {1}

@@ -53,7 +53,7 @@ def _shards(folder: Path, parts: list[Part], shard_size: int, bits: int, exact: 
     for ordinal, part in enumerate(parts):
         path = folder / f"entries-{ordinal}"
         entry_objects.write_part_entries(path, read_columns(part.path, entry_objects.PART_COLUMNS), SEED)
-        routes.append(path)
+        routes.append((path, ordinal))
     identities = [order.PartIdentity(part.source, part.line_offset) for part in parts]
     summaries, buckets = [], {}
     for bucket in range(1 << bits):

@@ -1,0 +1,137 @@
+"""The merge level: with more parts than `[build] merge_fan_in`, the parts' entries are merged
+into runs before the order stage, and nothing the build makes changes: the same snapshot id
+whatever the fan-in, dedup across files and tasks as before, no merge when no bucket must be
+ordered, and a damaged run that a later build reuses is remade before it is read."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from prep.config import load_pipeline
+from prep.progress import Progress
+from prep.runner import ordering
+from prep.runner.build import BuildResult, build
+from prep.runner.merging import merge_groups
+from prep.stages import merge, read
+from prep.storage import LocalStore
+from tests.helpers import make_records, write_jsonl, write_pipeline
+from tests.runner.buildsupport import InProcessExecutor, all_objects_intact, build_local
+from tests.runner.test_reuse import flip_byte, object_path, task_outputs
+
+FILES = 7
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """Seven files; the last repeats texts of the first and of the fourth (exact duplicates)."""
+    texts = []
+    for index in range(FILES - 1):
+        records = make_records(25 + 5 * index, seed=index + 1, prefix=f"f{index}")
+        write_jsonl(tmp_path / "corpus" / f"{index}.jsonl", records)
+        texts.append(records)
+    last = make_records(20, seed=99, prefix="last")
+    last += [{"id": "dup-a", "text": texts[0][2]["text"]}, {"id": "dup-d", "text": texts[3][7]["text"]}]
+    write_jsonl(tmp_path / "corpus" / f"{FILES - 1}.jsonl", last)
+    return tmp_path
+
+
+def _pipeline(corpus: Path, tokenizer_path: Path, fan_in: int | None, shard_size: str = "2KB") -> Path:
+    extra = f"\n[build]\nmerge_fan_in = {fan_in}\n" if fan_in else ""
+    return write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size=shard_size, extra=extra,
+                          name=f"fan-in-{fan_in}-{shard_size}.toml")
+
+
+def _in_process(pipeline: Path, store: Path) -> BuildResult:
+    return build(load_pipeline(pipeline), LocalStore(store), InProcessExecutor(), (), Progress(quiet=True))
+
+
+@pytest.mark.parametrize("fan_in", [2, 3, 5])
+def test_any_fan_in_gives_the_snapshot_of_an_unmerged_build(corpus: Path, tokenizer_path: Path, fan_in: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several buckets, files split into several parts, slices of a few entries."""
+    monkeypatch.setattr(ordering, "DOCUMENTS_PER_BUCKET", 40)
+    monkeypatch.setattr(read, "RANGE_BYTES", 2500)
+    monkeypatch.setattr(merge, "SLICE_ENTRIES", 16)
+    reference = _in_process(_pipeline(corpus, tokenizer_path, None), corpus / "reference")
+    assert "merge" not in reference.stages
+    merged = _in_process(_pipeline(corpus, tokenizer_path, fan_in), corpus / f"merged-{fan_in}")
+    assert merged.snapshot.id == reference.snapshot.id
+    assert merged.stages["merge"].ran >= 1 and merged.stages["tokenize"].ran > FILES  # split files
+    assert [stage["name"] for stage in merged.snapshot.manifest["stages"]] == ["tokenize", "order", "shard"]
+    assert merged.snapshot.manifest["stats"]["duplicates_dropped"] == 2
+    log = json.loads((corpus / f"merged-{fan_in}" / merged.log_key).read_text())
+    assert log["stages"]["merge"]["ran"] == merged.stages["merge"].ran
+    assert all_objects_intact(corpus / f"merged-{fan_in}")
+
+
+def test_a_rebuild_merges_only_what_changed_and_nothing_when_no_bucket_is_ordered(corpus: Path,
+                                                                                 tokenizer_path: Path) -> None:
+    pipeline = _pipeline(corpus, tokenizer_path, 2)
+    store = corpus / "store"
+    first = build_local(pipeline, store, workers=2)
+    merges = first.stages["merge"].ran
+    assert merges == 5  # 7 parts -> 4 (3 merges, one part passes through) -> 2 (2 merges)
+    again = build_local(pipeline, store, workers=2)
+    assert again.snapshot.id == first.snapshot.id and "merge" not in again.stages
+
+    write_jsonl(corpus / "corpus" / f"{FILES - 1}.jsonl", make_records(22, seed=7, prefix="edited"))
+    edited = build_local(pipeline, store, workers=2)
+    assert 0 < edited.stages["merge"].ran < merges and edited.stages["merge"].cached > 0
+    assert edited.snapshot.id == build_local(pipeline, corpus / "fresh", workers=2).snapshot.id
+
+
+def test_a_damaged_run_is_remade_before_an_order_task_reads_it(corpus: Path, tokenizer_path: Path) -> None:
+    """Every run and a part's entries object rot: the second round's runs are remade from the
+    first's, which are remade first, one of them from the part's entries, remade before that."""
+    store = corpus / "store"
+    build_local(_pipeline(corpus, tokenizer_path, 2), store, workers=2)
+    runs = task_outputs(store, "merge")
+    assert runs
+    part_entries = [output for output in task_outputs(store, "tokenize") if output not in _intermediates(store)]
+    for damaged in [*runs, part_entries[1]]:
+        flip_byte(object_path(store, damaged), 100)
+    # A new shard size makes every order task run again, reading the runs the merge tasks recorded.
+    changed = _pipeline(corpus, tokenizer_path, 2, shard_size="1KB")
+    result = build_local(changed, store, workers=2)
+    assert result.stages["merge"].ran == 0 and result.stages["merge"].cached == len(runs)
+    log = json.loads((store / result.log_key).read_text())
+    assert {item["object"] for item in log["recomputed"]} == {*runs, part_entries[1]}
+    assert result.snapshot.id == build_local(changed, corpus / "fresh", workers=2).snapshot.id
+    assert all_objects_intact(store)
+
+
+def _intermediates(store: Path) -> set[str]:
+    return {json.loads(path.read_text())["outputs"]["intermediate"] for path in (store / "tasks" / "tokenize").glob("*.json")}
+
+
+def test_a_damaged_bucket_of_a_merged_build_is_remade_from_the_parts(corpus: Path, tokenizer_path: Path) -> None:
+    """Every order task committed, so no merge ran: a bucket object that rotted is remade by an
+    order task reading every part's entries, and gives the same snapshot."""
+    pipeline = _pipeline(corpus, tokenizer_path, 2)
+    store = corpus / "store"
+    first = build_local(pipeline, store, workers=1)
+    shutil.rmtree(store / "tasks" / "shard")
+    shutil.rmtree(store / "stages" / "shard")
+    flip_byte(object_path(store, task_outputs(store, "order")[0]), 90)
+    again = build_local(pipeline, store, workers=2)
+    assert again.snapshot.id == first.snapshot.id
+    assert "merge" not in again.stages and again.stages["order"].cached == 1 and again.stages["shard"].ran > 0
+    log = json.loads((store / again.log_key).read_text())
+    assert [item["object"] for item in log["recomputed"]] == task_outputs(store, "order")[:1]
+    assert all_objects_intact(store)
+
+
+@given(count=st.integers(0, 5000), fan_in=st.integers(2, 300))
+def test_merge_groups_are_consecutive_even_and_at_most_the_fan_in(count: int, fan_in: int) -> None:
+    groups = merge_groups(count, fan_in)
+    assert [first for first, _ in groups] == ([0] + [end for _, end in groups[:-1]] if groups else [])
+    assert (groups[-1][1] if groups else 0) == count
+    sizes = [end - first for first, end in groups]
+    assert all(0 < size <= fan_in for size in sizes) and len(groups) == -(-count // fan_in)
+    assert not sizes or max(sizes) - min(sizes) <= 1
