@@ -30,6 +30,19 @@ def _last_log(store: Path) -> dict[str, dict[str, int]]:
     return dict(json.loads(logs[-1].read_text())["stages"])
 
 
+def _kill_and_rerun(pipeline: Path, store: Path, point: str, workers: str = "2") -> str:
+    """Build killed at `point`: nothing published, every stored object intact; then the rerun's
+    snapshot id (its objects intact too)."""
+    crashed = run_prep("build", pipeline, "--store", store, "--workers", workers, check=False,
+                       env=prep_env(PREP_CRASH_AT=point), new_session=True)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert not (store / "refs" / "tiny" / "latest.json").exists()
+    assert all_objects_intact(store)
+    snapshot_id = run_prep("build", pipeline, "--store", store, "--workers", "2").stdout.split()[-1]
+    assert all_objects_intact(store)
+    return snapshot_id
+
+
 @pytest.mark.parametrize("point", [
     "tokenize.after_output:2",
     "tokenize.before_commit:3",
@@ -45,15 +58,7 @@ def test_killed_build_reruns_to_the_same_snapshot(project: tuple[Path, str], tmp
     pipeline, expected = project
     store = tmp_path / "store"
     workers = "1" if point.startswith("tokenize.before_commit") else "2"
-    crashed = run_prep("build", pipeline, "--store", store, "--workers", workers, check=False,
-                       env=prep_env(PREP_CRASH_AT=point), new_session=True)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    assert not (store / "refs" / "tiny" / "latest.json").exists()
-    assert all_objects_intact(store)
-
-    rerun = run_prep("build", pipeline, "--store", store, "--workers", "2")
-    assert rerun.stdout.split()[-1] == expected
-    assert all_objects_intact(store)
+    assert _kill_and_rerun(pipeline, store, point, workers) == expected
     for record in [*(store / "tasks").rglob("*.json"), *(store / "stages").rglob("*.json")]:
         json.loads(record.read_text())  # never a partial record under its final name
     stages = _last_log(store)
@@ -77,13 +82,7 @@ def test_killed_merge_reruns_to_the_snapshot_of_an_unmerged_build(project: tuple
     merged = pipeline.with_name("merged.toml")
     merged.write_text(pipeline.read_text() + "\n[build]\nmerge_fan_in = 2\n")
     store = tmp_path / "store"
-    crashed = run_prep("build", merged, "--store", store, "--workers", "1", check=False,
-                       env=prep_env(PREP_CRASH_AT=point), new_session=True)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    assert not (store / "refs" / "tiny" / "latest.json").exists()
-    assert all_objects_intact(store)
-    assert run_prep("build", merged, "--store", store, "--workers", "2").stdout.split()[-1] == expected
-    assert all_objects_intact(store)
+    assert _kill_and_rerun(merged, store, point, workers="1") == expected
     stages = _last_log(store)
     assert stages["tokenize"]["ran"] == 0 and stages["merge"]["ran"] + stages["merge"]["cached"] == 3
     committed = int(point.split(":")[1]) - 1  # before the kill (in the driver: exactly; in a worker: at most)
@@ -101,13 +100,7 @@ def test_killed_write_of_one_shard_reruns_to_the_same_snapshot(project: tuple[Pa
     big.write_text(pipeline.read_text().replace('shard_size = "3KB"', 'shard_size = "1MB"'))
     expected = run_prep("build", big, "--store", tmp_path / "clean", "--workers", "1").stdout.split()[-1]
     store = tmp_path / "store"
-    crashed = run_prep("build", big, "--store", store, "--workers", "2", check=False,
-                       env=prep_env(PREP_CRASH_AT=point), new_session=True)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    assert not (store / "refs" / "tiny" / "latest.json").exists()
-    assert all_objects_intact(store)
-    assert run_prep("build", big, "--store", store, "--workers", "2").stdout.split()[-1] == expected
-    assert all_objects_intact(store)
+    assert _kill_and_rerun(big, store, point) == expected
     stages = _last_log(store)
     assert stages["tokenize"]["ran"] == 0
     if point == "shard.before_commit:2":

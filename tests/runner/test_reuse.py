@@ -90,15 +90,23 @@ def test_corrupt_shard_object_is_rewritten_by_a_rebuild(corpus: Path, tokenizer_
     assert all_objects_intact(store_dir)
 
 
+def rot_a_bucket_of_uncommitted_shards(store_dir: Path) -> str:
+    """Forget the shard stage's commits (as a build killed before them would) and flip a byte of
+    the first bucket object; returns its id."""
+    shutil.rmtree(store_dir / "tasks" / "shard")
+    shutil.rmtree(store_dir / "stages" / "shard")
+    bucket = task_outputs(store_dir, "order")[0]
+    flip_byte(object_path(store_dir, bucket), 90)
+    return bucket
+
+
 def test_corrupt_bucket_objects_are_recomputed_when_shard_jobs_need_them(corpus: Path, tokenizer_path: Path) -> None:
     """A build killed before committing its shards leaves route and order committed; if their
     objects rot meanwhile, the rerun recomputes them before any shard job reads them."""
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
     store_dir = corpus / "store"
     first = build_local(pipeline, store_dir, workers=1)
-    shutil.rmtree(store_dir / "tasks" / "shard")
-    shutil.rmtree(store_dir / "stages" / "shard")
-    flip_byte(object_path(store_dir, task_outputs(store_dir, "order")[0]), 90)
+    rot_a_bucket_of_uncommitted_shards(store_dir)
 
     again = build_local(pipeline, store_dir, workers=2)
     assert again.snapshot.id == first.snapshot.id
