@@ -170,9 +170,21 @@ def diff_settings(old: dict[str, Any], new: dict[str, Any]) -> list[SettingChang
         flat_new = flatten(new[section], section) if section in new else {}
         for key in sorted(set(flat_old) | set(flat_new)):
             before, after = flat_old.get(key, ABSENT), flat_new.get(key, ABSENT)
-            if before is ABSENT or after is ABSENT or before != after or type(before) is not type(after):
+            if before is ABSENT or after is ABSENT or not _same_json(before, after):
                 changes.append(SettingChange(key, before, after))
     return changes
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Whether two JSON values are the same value of the same types all the way down: `1` is not
+    `true` nor `1.0`, at the top or inside a list (where `==` alone calls them equal)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
+    return bool(a == b)
 
 
 def diff_files(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> tuple[list[FileChange], int]:

@@ -60,6 +60,15 @@ def test_settings_distinguish_absent_null_and_type() -> None:
     assert as_json["config.input.id_field"] == {"key": "config.input.id_field", "old": "id", "new": None}
 
 
+def test_settings_compare_list_items_by_type_too() -> None:
+    """[1, 0] and [true, false] are different JSON (and different manifests) though Python's == says equal."""
+    old, new = base_manifest(), base_manifest()
+    old["config"]["extra"] = {"flags": [1, 0], "rows": [{"x": 1}], "same": [1, True, None, "a"]}
+    new["config"]["extra"] = {"flags": [True, False], "rows": [{"x": True}], "same": [1, True, None, "a"]}
+    changes = {c.key: (c.old, c.new) for c in diff_settings(old, new)}
+    assert changes == {"config.extra.flags": ([1, 0], [True, False]), "config.extra.rows": ([{"x": 1}], [{"x": True}])}
+
+
 SETTING_PATHS = [("seed",), ("dataset",), ("code", "version"), ("code", "dependencies", "numpy"),
                  ("tokenizer", "vocab_size"), ("tokenizer", "encode_special_tokens"),
                  ("config", "output", "shard_size"), ("config", "output", "formats"), ("config", "input", "id_field")]
