@@ -42,7 +42,7 @@ def compare(args: argparse.Namespace, tok: Path) -> None:
         folder = short_corpus(args.workdir, int(millions * 1e6))
         pipeline = write_pipeline(args.workdir, folder, tok, ["bin"])
         baseline, snapshot = 0.0, ""
-        for fan_in in [None, *args.fan_ins]:
+        for fan_in in [None, *args.fan_ins, None]:  # the default first and last: drift shows
             store = args.workdir / "store-merge"
             shutil.rmtree(store, ignore_errors=True)
             run = build(_with_fan_in(pipeline, fan_in), store, args.workers)

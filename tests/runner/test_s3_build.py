@@ -414,3 +414,22 @@ def test_a_prefix_skips_hidden_and_marker_objects_like_a_local_folder(project: P
     admin_client().put_object(Bucket=bucket, Key="corpus/.part-0.jsonl.crc", Body=b"x")
     found = [source.rel for source in discover((f"{url}/corpus/",), project.root, "auto")]
     assert found == sorted(FILES)
+
+
+def test_merged_runs_on_an_s3_store_give_the_local_unmerged_snapshot(tmp_path: Path, tokenizer_path: Path) -> None:
+    """Five parts merged in pairs on an S3 store: runs stored, read back by the order tasks (and
+    the merge records collected by gc past the grace period); the snapshot of a local build
+    that merged nothing."""
+    for index in range(5):
+        write_jsonl(tmp_path / "corpus" / f"{index}.jsonl", make_records(12, seed=index, prefix=f"m{index}"))
+    local = build_in_process(write_pipeline(tmp_path, tokenizer_path, ["corpus"]), str(tmp_path / "local"))
+    merged = write_pipeline(tmp_path, tokenizer_path, ["corpus"], extra="\n[build]\nmerge_fan_in = 2\n",
+                            name="merged.toml")
+    store_url = f"{new_bucket()}/store"
+    result = build_in_process(merged, store_url)
+    assert result.snapshot.id == local.snapshot.id and result.stages["merge"].ran == 3
+    store = open_store(store_url)
+    assert len(list(store.list("tasks/merge/"))) == 3
+    run("gc", "--grace", "0s", "--store", store_url)
+    assert not list(store.list("tasks/merge/"))
+    assert build_in_process(merged, store_url).snapshot.id == local.snapshot.id
