@@ -54,7 +54,7 @@ def order(builder: Builder, parts: tuple[PartRef, ...], itemsize: int, dtype: st
     checked = [part.object_id for _, job in jobs for same in job.check_ids for part in same]
     done = builder.run_tasks("order", jobs, run_order_job, describe=lambda job: f"bucket {job.bucket}",
                              reads=[[source.object_id for source in sources] + checked], weight=order_weight,
-                             inputs_of=lambda job: [object_id for object_id, _ in job.sources])
+                             inputs_of=lambda job: _order_inputs(job, parts))
     stage_key = builder.stage_key("order", settings, [tokenize_out])
     buckets = [{"bucket": job.bucket, "key": key, "output": done[key].outputs["bucket"], **done[key].summary}
                for key, job in jobs]
@@ -62,6 +62,13 @@ def order(builder: Builder, parts: tuple[PartRef, ...], itemsize: int, dtype: st
     dropped = sum(int(b["duplicates_dropped"]) for b in buckets)
     builder.progress.done("order", f"{sum(int(b['documents']) for b in buckets)} documents kept, {dropped} duplicates")
     return manifest
+
+
+def _order_inputs(job: OrderJob, parts: tuple[PartRef, ...]) -> list[str]:
+    """What an order task reads: its sources (every part's entries when it has none) and the
+    intermediates of the files whose ids it checks."""
+    sources = [object_id for object_id, _ in job.sources] or [part.entries_id for part in parts]
+    return sources + [part.object_id for same in job.check_ids for part in same]
 
 
 def order_settings(pipeline: Pipeline, bits: int, dtype: str) -> dict[str, Any]:

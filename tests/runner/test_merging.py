@@ -111,15 +111,19 @@ def _intermediates(store: Path) -> set[str]:
 
 def test_a_damaged_bucket_of_a_merged_build_is_remade_from_the_parts(corpus: Path, tokenizer_path: Path) -> None:
     """Every order task committed, so no merge ran: a bucket object that rotted is remade by an
-    order task reading every part's entries, and gives the same snapshot."""
+    order task reading every part's entries, each checked first (one rotted too, and is remade
+    before the order task reads it); the same snapshot."""
     pipeline = _pipeline(corpus, tokenizer_path, 2)
     store = corpus / "store"
     first = build_local(pipeline, store, workers=1)
     bucket = rot_a_bucket_of_uncommitted_shards(store)
+    part_entries = sorted(set(task_outputs(store, "tokenize")) - _intermediates(store))[0]
+    flip_byte(object_path(store, part_entries), 100)
     again = build_local(pipeline, store, workers=2)
     assert again.snapshot.id == first.snapshot.id
     assert "merge" not in again.stages and again.stages["order"].cached == 1 and again.stages["shard"].ran > 0
-    assert [item["object"] for item in json.loads((store / again.log_key).read_text())["recomputed"]] == [bucket]
+    recomputed = [item["object"] for item in json.loads((store / again.log_key).read_text())["recomputed"]]
+    assert sorted(recomputed) == sorted([bucket, part_entries])
     assert all_objects_intact(store)
 
 
