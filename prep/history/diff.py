@@ -153,8 +153,9 @@ class SnapshotDiff:
 
 
 def flatten(value: Any, prefix: str) -> dict[str, Any]:
-    """Nested objects as dotted keys (`config.output.shard_size`); lists and scalars are leaves."""
-    if not isinstance(value, dict):
+    """Nested objects as dotted keys (`config.output.shard_size`); lists, scalars and empty
+    objects are leaves (an empty object is a value a manifest holds, unlike an absent key)."""
+    if not isinstance(value, dict) or not value:
         return {prefix: value}
     flat: dict[str, Any] = {}
     for key in sorted(value):
@@ -168,11 +169,20 @@ def diff_settings(old: dict[str, Any], new: dict[str, Any]) -> list[SettingChang
     for section in SETTING_SECTIONS:
         flat_old = flatten(old[section], section) if section in old else {}
         flat_new = flatten(new[section], section) if section in new else {}
-        for key in sorted(set(flat_old) | set(flat_new)):
+        keys = sorted(set(flat_old) | set(flat_new))
+        for key in keys:
             before, after = flat_old.get(key, ABSENT), flat_new.get(key, ABSENT)
+            if _empty_object(before, after) and any(other.startswith(f"{key}.") for other in keys):
+                continue  # an empty object that gained (or lost) keys: those keys are the change
             if before is ABSENT or after is ABSENT or not _same_json(before, after):
                 changes.append(SettingChange(key, before, after))
     return changes
+
+
+def _empty_object(before: Any, after: Any) -> bool:
+    """Whether one side is an empty object and the other has no value at its key."""
+    return (before is ABSENT and isinstance(after, dict) and not after) or \
+        (after is ABSENT and isinstance(before, dict) and not before)
 
 
 def _same_json(a: Any, b: Any) -> bool:

@@ -69,6 +69,19 @@ def test_settings_compare_list_items_by_type_too() -> None:
     assert changes == {"config.extra.flags": ([1, 0], [True, False]), "config.extra.rows": ([{"x": 1}], [{"x": True}])}
 
 
+def test_an_empty_object_is_a_setting_unlike_an_absent_key() -> None:
+    """`{}` against no key at all is reported; an empty object that gained keys reports the keys."""
+    old, new = base_manifest(), base_manifest()
+    new["config"]["extra"] = {}
+    new["tokenizer"]["nested"] = {"empty": {}}
+    new["code"]["dependencies"] = {"numpy": "2.0"}
+    changes = {c.key: (c.old, c.new) for c in diff_settings(old, new)}
+    assert changes == {"config.extra": (ABSENT, {}), "tokenizer.nested.empty": (ABSENT, {}),
+                       "code.dependencies.numpy": (ABSENT, "2.0")}
+    assert {c.key for c in diff_settings(new, old)} == set(changes)
+    assert flatten({"a": {}, "b": {"c": 1}}, "config") == {"config.a": {}, "config.b.c": 1}
+
+
 SETTING_PATHS = [("seed",), ("dataset",), ("code", "version"), ("code", "dependencies", "numpy"),
                  ("tokenizer", "vocab_size"), ("tokenizer", "encode_special_tokens"),
                  ("config", "output", "shard_size"), ("config", "output", "formats"), ("config", "input", "id_field")]
