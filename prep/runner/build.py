@@ -9,7 +9,7 @@ from the generations seen when the build started; see prep/runner/publish.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -107,8 +107,10 @@ class Builder:
                   nbytes: Callable[[Any], int] = lambda job: 0, describe: Callable[[Any], str] | None = None,
                   reads: Sequence[Sequence[str]] = (),
                   weight: Callable[[Any], int] | None = None,
-                  inputs_of: Callable[[Any], Sequence[str]] = lambda job: ()) -> dict[str, records.TaskRecord]:
+                  inputs_of: Callable[[Any], Sequence[str]] = lambda job: (),
+                  found: Mapping[str, records.TaskRecord | None] | None = None) -> dict[str, records.TaskRecord]:
         """Run every job whose task record is missing; return every task's record by key.
+        `found` holds records (or None: missing) the caller read already, not read again.
         Outputs of found records are registered as reused: checked before anything reads them,
         and recomputed (after checking the job's `inputs_of`) when bad;
         `reads` are the objects the jobs read, checked (in groups, in order) before any job runs.
@@ -117,7 +119,7 @@ class Builder:
         committed: dict[str, records.TaskRecord] = {}
         todo: list[tuple[str, Any]] = []
         for key, job in jobs:
-            record = records.read_task_record(self.store, stage, key)
+            record = found[key] if found is not None and key in found else records.read_task_record(self.store, stage, key)
             if record is None:
                 todo.append((key, job))
             else:

@@ -47,7 +47,7 @@ def order_sources(builder: Builder, parts: tuple[PartRef, ...]) -> tuple[Source,
                                         f"{plural(len(groups), 'run')}")
         done = builder.run_tasks("merge", list(jobs.values()), run_merge_job,
                                  describe=lambda job: f"merge of {plural(len(job.inputs), 'entries object')}",
-                                 reads=[[source.object_id for group in groups if len(group) > 1 for source in group]],
+                                 reads=[[object_id for _, job in jobs.values() for object_id, _ in job.inputs]],
                                  weight=lambda job: job.documents,
                                  inputs_of=lambda job: [object_id for object_id, _ in job.inputs])
         level = tuple(Source(done[jobs[index][0]].outputs["run"], group[0].first_part, jobs[index][1].documents)

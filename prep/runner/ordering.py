@@ -41,8 +41,8 @@ def order(builder: Builder, parts: tuple[PartRef, ...], itemsize: int, dtype: st
     settings = order_settings(pipeline, bits, dtype)
     tokenize_out = builder.stages["tokenize"].output
     keys = [records.content_key("order", settings, builder.code, [tokenize_out, bucket]) for bucket in range(1 << bits)]
-    must_run = any(records.read_task_record(builder.store, "order", key) is None for key in keys)
-    sources = order_sources(builder, parts) if must_run else ()
+    found = {key: records.read_task_record(builder.store, "order", key) for key in keys}
+    sources = order_sources(builder, parts) if None in found.values() else ()
     checks = _id_checks(parts, 1 << bits)
     jobs = [(key, OrderJob(builder.store.url, tokenize_out, bucket, bits, pipeline.dedup.exact,
                            pipeline.output.shard_size, itemsize,
@@ -54,7 +54,7 @@ def order(builder: Builder, parts: tuple[PartRef, ...], itemsize: int, dtype: st
     checked = [part.object_id for _, job in jobs for same in job.check_ids for part in same]
     done = builder.run_tasks("order", jobs, run_order_job, describe=lambda job: f"bucket {job.bucket}",
                              reads=[[source.object_id for source in sources] + checked], weight=order_weight,
-                             inputs_of=lambda job: _order_inputs(job, parts))
+                             inputs_of=lambda job: _order_inputs(job, parts), found=found)
     stage_key = builder.stage_key("order", settings, [tokenize_out])
     buckets = [{"bucket": job.bucket, "key": key, "output": done[key].outputs["bucket"], **done[key].summary}
                for key, job in jobs]

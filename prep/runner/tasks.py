@@ -194,14 +194,22 @@ def run_merge_job(job: MergeJob) -> TaskResult:
 
     drop_engines()
     store = worker_store(job.store_url)
-    staged = store.staging_dir() / f"merge-{uuid.uuid4().hex}.part"
+    inputs = [(fetch_local(store, object_id), first) for object_id, first in job.inputs]
+    stored, summary = _store_written(store, "merge", lambda staged: merge_runs(inputs, staged))
+    return TaskResult({"run": stored}, summary, {})
+
+
+def _store_written(store: Store, stage: str,
+                   write: Callable[[Path], tuple[hashing.Digest, dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
+    """Have `write` make one file in the store's staging folder, store it and return its object
+    id with `write`'s summary; the staged file never outlives the call, stored or not."""
+    staged = store.staging_dir() / f"{stage}-{uuid.uuid4().hex}.part"
     try:
-        digest, summary = merge_runs([(fetch_local(store, object_id), first) for object_id, first in job.inputs], staged)
-        crash_point("merge.after_write")
-        stored = cas.put_file(store, staged, digest)
+        digest, summary = write(staged)
+        crash_point(f"{stage}.after_write")
+        return cas.put_file(store, staged, digest).id, summary
     finally:
         staged.unlink(missing_ok=True)
-    return TaskResult({"run": stored.id}, summary, {})
 
 
 @dataclass(frozen=True)
@@ -240,14 +248,9 @@ def run_order_job(job: OrderJob) -> TaskResult:
     parts = [PartIdentity(t["source"], int(t["line_offset"])) for t in tasks]
     listed = job.sources or tuple((task["entries"], ordinal) for ordinal, task in enumerate(tasks))
     sources = [(fetch_local(store, object_id), first_part) for object_id, first_part in listed]
-    staged = store.staging_dir() / f"order-{uuid.uuid4().hex}.part"
-    try:
-        digest, summary = order_bucket(sources, parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize,
-                                       staged)
-        stored = cas.put_file(store, staged, digest)
-    finally:
-        staged.unlink(missing_ok=True)
-    return TaskResult({"bucket": stored.id}, summary, {})
+    stored, summary = _store_written(store, "order", lambda staged: order_bucket(
+        sources, parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize, staged))
+    return TaskResult({"bucket": stored}, summary, {})
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def merge_runs(inputs: Sequence[tuple[Path, int]], out_path: Path,
             if int(counts.sum()) != count:
                 raise IntegrityError(f"{out_path}: merging {len(inputs)} entries objects gave {int(counts.sum())} "
                                      f"entries, their headers say {count}")
-            index = np.zeros(len(counts) + 1, dtype="<u8")
+            index = np.zeros(len(counts) + 1, dtype=f"<u{INDEXED['run']}")
             np.cumsum(counts, out=index[1:])
             out.write(index.tobytes())
             spool.seek(0)
