@@ -27,7 +27,7 @@ from prep.errors import IntegrityError
 from prep.hashing import Digest, HashingWriter
 from prep.manifest import canonical
 from prep.stages.columns import int_column, to_numbers
-from prep.stages.intermediate import hash_pairs
+from prep.stages.intermediate import hash_pairs, io_errors
 from prep.stages.keys import bucket_of, order_keys
 
 ENTRY_DTYPE = np.dtype([
@@ -63,7 +63,7 @@ class EntryFile:
     def open(cls, path: Path, fd: int | None = None) -> EntryFile:
         """Read the header of an entries object (through `fd`, an open descriptor of it, if
         given); IntegrityError when it is not one."""
-        with descriptor(path, fd) as opened:
+        with descriptor(path, fd) as opened, io_errors("reading", path):
             head = os.pread(opened, _HEAD.size, 0)
             if len(head) != _HEAD.size or _HEAD.unpack(head)[0] != MAGIC:
                 raise IntegrityError(f"{path}: not a prep entries object")
@@ -89,7 +89,7 @@ class EntryFile:
         """Entries [first, first + count) and the ids they point into (offsets are object-wide)."""
         if first < 0 or count < 0 or first + count > self.header["count"]:
             raise IntegrityError(f"{self.path}: entries {first}..{first + count} out of range")
-        with descriptor(self.path, fd) as opened:
+        with descriptor(self.path, fd) as opened, io_errors("reading", self.path):
             raw = os.pread(opened, count * ENTRY_DTYPE.itemsize, self.entries_at + first * ENTRY_DTYPE.itemsize)
             if len(raw) != count * ENTRY_DTYPE.itemsize:  # cut short, perhaps mid-entry
                 raise IntegrityError(f"{self.path}: shorter than its header says")
@@ -109,7 +109,7 @@ class EntryFile:
         """(first, end) of the entries whose key's top `index_bits` bits are in [low, high), from
         the index of a part's entries (two positional reads)."""
         width = self.index_width
-        with descriptor(self.path, fd) as opened:
+        with descriptor(self.path, fd) as opened, io_errors("reading", self.path):
             counts = [os.pread(opened, width, self.index_at + width * at) for at in (low, high)]
         if any(len(count) != width for count in counts):
             raise IntegrityError(f"{self.path}: its index is cut short")
@@ -151,7 +151,8 @@ def descriptor(path: Path, fd: int | None = None) -> Iterator[int]:
     if fd is not None:
         yield fd
         return
-    opened = os.open(path, os.O_RDONLY)
+    with io_errors("reading", path):
+        opened = os.open(path, os.O_RDONLY)
     try:
         yield opened
     finally:
@@ -194,7 +195,7 @@ def entries_head(header: dict[str, Any]) -> bytes:
 def write_entries(path: Path, header: dict[str, Any], entries: np.ndarray, ids: bytes, index: bytes = b"") -> Digest:
     """Write an entries object (magic, header length, canonical JSON header, a part's index,
     entries, ids)."""
-    with HashingWriter(path, durable=False) as out:
+    with io_errors("writing", path), HashingWriter(path, durable=False) as out:
         out.write(entries_head({**header, "count": len(entries)}))
         out.write(index)
         out.write(np.ascontiguousarray(entries, dtype=ENTRY_DTYPE).view(np.uint8).data)

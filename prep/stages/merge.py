@@ -37,6 +37,7 @@ from prep.stages.entries import (
     regroup_ids,
     take_entries,
 )
+from prep.stages.intermediate import io_errors
 from prep.stages.keys import bucket_of
 
 SLICE_ENTRIES = 1 << 18
@@ -74,6 +75,8 @@ def merge_runs(inputs: Sequence[tuple[Path, int]], out_path: Path,
         count = sum(int(source.header["count"]) for source, _, _ in opened)
         parts = max((first + int(source.header.get("parts", 1)) for source, _, first in opened), default=0)
         bits = index_bits_for(count)
+        # Reads of the inputs raise errors naming their own files (EntryFile): OSErrors here are writes.
+        stack.enter_context(io_errors("writing", out_path))
         spool = stack.enter_context(open(out_path.with_name(out_path.name + ".ids"), "w+b"))
         stack.callback(os.unlink, spool.name)
         with HashingWriter(out_path, durable=False) as out:

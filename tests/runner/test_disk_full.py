@@ -350,3 +350,35 @@ def test_a_disk_filling_up_while_a_part_s_entries_are_written_is_one_line(projec
         filler.unlink()
         assert run_prep("build", pipeline, "--store", store, "--workers", "1").stdout.split()[-1] == clean
         assert staged(store) == []
+
+
+
+@pytest.mark.parametrize(("fan_in", "writer"), [(2, "merge"), (None, "order")])
+def test_merge_and_order_on_a_full_disk_are_one_line_and_a_rerun_with_space_converges(
+        tmp_path: Path, tokenizer_path: Path, fan_in: int | None, writer: str) -> None:
+    """Parts tokenized and committed by a first build; the disk then fills up, and a build that
+    must merge them (fan-in 2) or order them again (a new shard size) fails in one line naming
+    the file it was writing, leaving nothing staged; with space again, a rerun converges."""
+    for index in range(4):
+        write_jsonl(tmp_path / "corpus" / f"{index}.jsonl", make_records(600, seed=index, prefix=f"d{index}"))
+    first = write_pipeline(tmp_path, tokenizer_path, shard_size="1MB", formats='["bin"]')
+    second = write_pipeline(tmp_path, tokenizer_path, shard_size="500KB", formats='["bin"]', name="second.toml",
+                            extra=f"\n[build]\nmerge_fan_in = {fan_in}\n" if fan_in else "")
+    clean = run_prep("build", second, "--store", tmp_path / "clean", "--workers", "1").stdout.split()[-1]
+    with small_tmpfs(tmp_path / "mnt", "32m") as mount:
+        store = mount / "store"
+        run_prep("build", first, "--store", store, "--workers", "1")
+        before = {path: (store / path).read_bytes() for path in published(store)}
+        filler = fill_up(mount)
+        os.truncate(filler, filler.stat().st_size - (40 << 10))  # room for the lease, not for a run or bucket
+        failed = run_prep("build", second, "--store", store, "--workers", "1", check=False)
+        assert ("merge: round 1" in failed.stderr) == (writer == "merge"), failed.stderr
+        assert failed.returncode == IO_EXIT and "Traceback" not in failed.stderr and failed.stdout == ""
+        errors = [line for line in failed.stderr.splitlines() if not line.startswith("[")]
+        assert len(errors) == 1 and errors[0].startswith(f"prep: error: writing {store}/tmp/{writer}-"), errors
+        assert errors[0].endswith(".part: No space left on device"), errors
+        assert {path: (store / path).read_bytes() for path in published(store)} == before  # no ref moved
+        assert staged(store) == []
+        filler.unlink()
+        assert run_prep("build", second, "--store", store, "--workers", "1").stdout.split()[-1] == clean
+        assert staged(store) == []
