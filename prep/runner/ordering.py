@@ -20,6 +20,7 @@ from prep.runner.tasks import (
     run_order_job,
 )
 from prep.stages.cuts import ShardPlan, bucket_bits, plan_shards
+from prep.stages.specs import PartTable
 from prep.store import records
 
 if TYPE_CHECKING:
@@ -42,19 +43,21 @@ def order(builder: Builder, parts: tuple[PartRef, ...], itemsize: int, dtype: st
     tokenize_out = builder.stages["tokenize"].output
     keys = [records.content_key("order", settings, builder.code, [tokenize_out, bucket]) for bucket in range(1 << bits)]
     found = {key: records.read_task_record(builder.store, "order", key) for key in keys}
+    # Every bucket committed: nothing is merged, and a bucket found bad is remade from the parts.
     sources = order_sources(builder, parts) if None in found.values() else ()
+    listed = tuple((source.object_id, source.first_part) for source in sources) or tuple(
+        (part.entries_id, ordinal) for ordinal, part in enumerate(parts))
     checks = _id_checks(parts, 1 << bits)
-    jobs = [(key, OrderJob(builder.store.url, tokenize_out, bucket, bits, pipeline.dedup.exact,
-                           pipeline.output.shard_size, itemsize,
-                           tuple((source.object_id, source.first_part) for source in sources),
-                           checks.get(bucket, ())))
+    table = PartTable.of([(part.source, part.line_offset) for part in parts])
+    jobs = [(key, OrderJob(builder.store.url, table, bucket, bits, pipeline.dedup.exact,
+                           pipeline.output.shard_size, itemsize, listed, checks.get(bucket, ())))
             for bucket, key in enumerate(keys)]
     read_from = f"{plural(len(sources), 'run')} of " if len(sources) < len(parts) and sources else ""
     builder.progress.stage("order", f"{plural(len(jobs), 'bucket')} from {read_from}{plural(len(parts), 'part')}")
     checked = [part.object_id for _, job in jobs for same in job.check_ids for part in same]
     done = builder.run_tasks("order", jobs, run_order_job, describe=lambda job: f"bucket {job.bucket}",
                              reads=[[source.object_id for source in sources] + checked], weight=order_weight,
-                             inputs_of=lambda job: _order_inputs(job, parts), found=found)
+                             inputs_of=_order_inputs, found=found)
     stage_key = builder.stage_key("order", settings, [tokenize_out])
     buckets = [{"bucket": job.bucket, "key": key, "output": done[key].outputs["bucket"], **done[key].summary}
                for key, job in jobs]
@@ -64,11 +67,9 @@ def order(builder: Builder, parts: tuple[PartRef, ...], itemsize: int, dtype: st
     return manifest
 
 
-def _order_inputs(job: OrderJob, parts: tuple[PartRef, ...]) -> list[str]:
-    """What an order task reads: its sources (every part's entries when it has none) and the
-    intermediates of the files whose ids it checks."""
-    sources = [object_id for object_id, _ in job.sources] or [part.entries_id for part in parts]
-    return sources + [part.object_id for same in job.check_ids for part in same]
+def _order_inputs(job: OrderJob) -> list[str]:
+    """What an order task reads: its sources and the intermediates of the files whose ids it checks."""
+    return [object_id for object_id, _ in job.sources] + [part.object_id for same in job.check_ids for part in same]
 
 
 def order_settings(pipeline: Pipeline, bits: int, dtype: str) -> dict[str, Any]:

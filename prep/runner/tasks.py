@@ -22,7 +22,7 @@ from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import WarmUp
 from prep.stages.cuts import ShardPlan
 from prep.stages.read import ReadTask
-from prep.stages.specs import Part, TokenizeSettings, entries_path
+from prep.stages.specs import Part, PartTable, TokenizeSettings, entries_path
 from prep.storage import open_store
 from prep.storage.base import Store
 from prep.store import cas
@@ -215,16 +215,15 @@ def _store_written(store: Store, stage: str,
 @dataclass(frozen=True)
 class OrderJob:
     """Dedup, sort and cut one key bucket: reads the bucket's entries from `sources`, the parts'
-    entries objects or the runs merged from them, each with its first part's ordinal (the parts'
-    identities come from the tokenize stage manifest). `check_ids` lists files split into
+    entries objects or the runs merged from them, each with its first part's ordinal; `parts`
+    has every part's source and line offset, which leaf digests name. `check_ids` lists files split into
     several parts whose ids this task checks across the parts (ids must be unique within a
     file; each tokenize task checked its own part): a file's parts are in the tokenize stage
     manifest, so the task's key covers them. The key does not cover `sources`: runs or parts,
-    the bucket's entries are the same. No sources (a job planned when every bucket was
-    committed, to remake one that turns out bad) means every part's entries."""
+    the bucket's entries are the same."""
 
     store_url: str
-    tokenize_stage: str
+    parts: PartTable
     bucket: int
     bits: int
     exact: bool
@@ -235,21 +234,17 @@ class OrderJob:
 
 
 def run_order_job(job: OrderJob) -> TaskResult:
-    from prep.manifest import canonical
     from prep.stages.idcheck import check_unique_ids
-    from prep.stages.order import PartIdentity, order_bucket
+    from prep.stages.order import order_bucket
     from prep.stages.tokenize import drop_engines
 
     drop_engines()
     store = worker_store(job.store_url)
     for same_file in job.check_ids:
         check_unique_ids(same_file[0].source, [ref.resolve(store).path for ref in same_file], store.staging_dir())
-    tasks = canonical.loads(cas.get_bytes(store, job.tokenize_stage))["tasks"]
-    parts = [PartIdentity(t["source"], int(t["line_offset"])) for t in tasks]
-    listed = job.sources or tuple((task["entries"], ordinal) for ordinal, task in enumerate(tasks))
-    sources = [(fetch_local(store, object_id), first_part) for object_id, first_part in listed]
+    sources = [(fetch_local(store, object_id), first_part) for object_id, first_part in job.sources]
     stored, summary = _store_written(store, "order", lambda staged: order_bucket(
-        sources, parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize, staged))
+        sources, job.parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize, staged))
     return TaskResult({"bucket": stored}, summary, {})
 
 

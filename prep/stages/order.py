@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from prep.stages.entries import (
     take_entries,
     write_entries,
 )
+from prep.stages.specs import PartTable
 
 
 def gather_bucket(sources: Sequence[tuple[Path, int]], bucket: int, bits: int) -> tuple[np.ndarray, bytes]:
@@ -60,34 +60,17 @@ def sort_and_dedup(entries: np.ndarray, exact: bool) -> tuple[np.ndarray, int]:
     return take_entries(entries, order[~repeat]), int(repeat.sum())  # one copy of the entries, the kept ones
 
 
-@dataclass(frozen=True)
-class PartIdentity:
-    """What a document's `.json` member takes from its part: the source and the line offset."""
-
-    source: str
-    line_offset: int
-
-    def digest(self) -> bytes:
-        """32 bytes naming the source inside leaf digests."""
-        return hashlib.sha256(self.source.encode("utf-8", "surrogatepass")).digest()
-
-
 _DIGEST_FIELDS = ["key_hi", "key_lo", "n_tokens", "text_bytes", "line", "id_len"]
 
 
-def leaf_digest(entries: np.ndarray, ids: bytes, parts: Sequence[PartIdentity], part_digests: np.ndarray) -> str:
-    """SHA-256 over what a shard's bytes are made of, and nothing about where they are stored:
-    per document its order key (which stands for its text: the key is a bijection of the text
-    hash), token count, text size, source, line and id. With the tokenizer and settings that the
-    shard task key adds, equal digests mean equal shard bytes."""
-    return leaf_digests(entries, ids, parts, part_digests, [(0, len(entries))])[0]
-
-
-def leaf_digests(entries: np.ndarray, ids: bytes, parts: Sequence[PartIdentity], part_digests: np.ndarray,
-                 bounds: Sequence[tuple[int, int]]) -> list[str]:
-    """`leaf_digest(entries[first:end], ...)` for each (first, end) of `bounds`, building each
-    document's record once however many ranges hold it."""
-    offsets = np.asarray([part.line_offset for part in parts] or [0], dtype=np.int64)
+def leaf_digests(entries: np.ndarray, ids: bytes, parts: PartTable, bounds: Sequence[tuple[int, int]]) -> list[str]:
+    """For each (first, end) of `bounds`, the SHA-256 over what a shard of entries[first:end]
+    is made of, and nothing about where it is stored: per document its order key (which stands
+    for its text: the key is a bijection of the text hash), token count, text size, source,
+    line and id. With the tokenizer and settings that the shard task key adds, equal digests
+    mean equal shard bytes. Each document's record is built once however many ranges hold it."""
+    offsets = np.frombuffer(parts.line_offsets or bytes(8), dtype="<i8")
+    part_digests = np.frombuffer(parts.source_digests or bytes(32), dtype="V32")
     hashers = [hashlib.sha256() for _ in bounds]
     layout = np.dtype([("source", "V32")] + [(name, "<u8") for name in _DIGEST_FIELDS])
     for low in range(0, len(entries), GATHER_BLOCK):  # the records in blocks: one digest, bounded memory
@@ -135,22 +118,21 @@ def split_leaves(key_hi: np.ndarray, weights: np.ndarray, start: int, depth: int
     return leaves
 
 
-def order_bucket(sources: Sequence[tuple[Path, int]], parts: Sequence[PartIdentity], bucket: int, bits: int,
+def order_bucket(sources: Sequence[tuple[Path, int]], parts: PartTable, bucket: int, bits: int,
                  exact: bool, shard_size: int, itemsize: int, out_path: Path) -> tuple[Digest, dict[str, Any]]:
     """Dedup and sort one bucket, cut it into leaves, and write its kept entries. `sources` are
     the parts' entries objects (or the runs merged from them) with their first part's ordinal,
-    `parts` the parts' identities in input order."""
+    `parts` the parts' sources and line offsets in input order."""
     gathered, blob = gather_bucket(sources, bucket, bits)
     documents_read = len(gathered)
     entries, dropped = sort_and_dedup(gathered, exact)
     del gathered  # a bucket's entries are held once, plus the kept copy while sorting
     entries, ids = regroup_ids(entries, blob)  # entries is sort_and_dedup's own copy
-    part_digests = np.frombuffer(b"".join(part.digest() for part in parts) or b"\0" * 32, dtype="V32")
     weights = (entries["n_tokens"].astype(np.int64) + 1) * itemsize
     root = bucket << (64 - bits) if bits else 0
     cuts = split_leaves(entries["key_hi"], weights, root, bits, shard_size)
     ranges = list(dict.fromkeys([(first, end) for _, _, first, end in cuts] + [(0, len(entries))]))
-    digests = dict(zip(ranges, leaf_digests(entries, ids, parts, part_digests, ranges)))  # a lone leaf is the bucket
+    digests = dict(zip(ranges, leaf_digests(entries, ids, parts, ranges)))  # a lone leaf is the bucket
     leaves = []
     for lo, level, first, end in cuts:
         chunk = entries[first:end]

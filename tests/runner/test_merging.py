@@ -135,3 +135,35 @@ def test_merge_groups_are_consecutive_even_and_at_most_the_fan_in(count: int, fa
     sizes = [end - first for first, end in groups]
     assert all(0 < size <= fan_in for size in sizes) and len(groups) == -(-count // fan_in)
     assert not sizes or max(sizes) - min(sizes) <= 1
+
+
+def test_order_tasks_read_no_stage_manifest_and_carry_forty_bytes_a_part(corpus: Path, tokenizer_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the target scale the tokenize stage manifest is hundreds of MB: an order task that
+    parsed it would hold memory that follows the corpus. Order tasks get the parts' sources and
+    line offsets packed in their job instead, and read only entries objects."""
+    from prep.runner import tasks
+    from prep.store import cas
+
+    monkeypatch.setattr(ordering, "DOCUMENTS_PER_BUCKET", 40)
+    monkeypatch.setattr(read, "RANGE_BYTES", 2500)
+    reference = _in_process(_pipeline(corpus, tokenizer_path, None), corpus / "reference")
+    jobs: list[tasks.OrderJob] = []
+
+    def no_manifests(store: object, object_id: str) -> bytes:
+        raise AssertionError(f"an order task read object {object_id} whole")
+
+    def order_job(job: tasks.OrderJob) -> tasks.TaskResult:
+        jobs.append(job)
+        with monkeypatch.context() as patched:
+            patched.setattr(cas, "get_bytes", no_manifests)
+            return run_order_job(job)
+
+    run_order_job = tasks.run_order_job
+    monkeypatch.setattr(ordering, "run_order_job", order_job)
+    rebuilt = _in_process(_pipeline(corpus, tokenizer_path, 3), corpus / "store")
+    assert rebuilt.snapshot.id == reference.snapshot.id
+    parts = rebuilt.stages["tokenize"].ran
+    assert len(jobs) > 1 and parts > FILES
+    assert all(len(job.parts) == parts and len(job.parts.source_digests) + len(job.parts.line_offsets) == 40 * parts
+               for job in jobs)

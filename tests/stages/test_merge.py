@@ -17,7 +17,7 @@ from prep.runner.merging import merge_groups
 from prep.stages import entries as entry_objects
 from prep.stages import keys, merge, order
 from prep.stages.intermediate import IntermediateWriter, read_columns
-from prep.stages.specs import Part
+from prep.stages.specs import Part, PartTable
 
 SEED = 5
 DTYPE = np.dtype(np.uint16)
@@ -68,7 +68,7 @@ def _merge_rounds(folder: Path, sources: list[tuple[Path, int]], fan_in: int,
 
 def _buckets(folder: Path, name: str, sources: list[tuple[Path, int]], parts: list[Part], bits: int,
              exact: bool) -> list[tuple[bytes, dict[str, object]]]:
-    identities = [order.PartIdentity(part.source, part.line_offset) for part in parts]
+    identities = PartTable.of([(part.source, part.line_offset) for part in parts])
     made = []
     for bucket in range(1 << bits):
         path = folder / f"{name}-{bucket}"
@@ -151,7 +151,7 @@ def test_a_damaged_input_or_a_bucket_object_is_refused(tmp_path: Path) -> None:
     cut.write_bytes(sources[1][0].read_bytes()[:-200])
     with pytest.raises(IntegrityError, match="shorter than its header says"):
         merge.merge_runs([sources[0], (cut, 1), sources[2]], tmp_path / "run-1")
-    identities = [order.PartIdentity(part.source, 0) for part in parts]
+    identities = PartTable.of([(part.source, 0) for part in parts])
     order.order_bucket(sources, identities, 0, 0, True, 64, 2, tmp_path / "bucket")
     with pytest.raises(IntegrityError, match="bucket entries object cannot be merged"):
         merge.merge_runs([sources[0], (tmp_path / "bucket", 1)], tmp_path / "run-2")

@@ -18,7 +18,7 @@ from prep.stages import entries as entry_objects
 from prep.stages import keys, order
 from prep.stages.cuts import ShardPlan, bucket_bits, plan_shards
 from prep.stages.intermediate import IntermediateWriter, read_columns
-from prep.stages.specs import Part
+from prep.stages.specs import Part, PartTable
 
 DTYPE = np.dtype(np.uint16)
 
@@ -40,7 +40,7 @@ def _plan(folder: Path, parts: list[Part], bits: int, shard_size: int, seed: int
     for ordinal, part in enumerate(parts):
         routes.append((folder / f"entries-{bits}-{ordinal}", ordinal))
         entry_objects.write_part_entries(routes[-1][0], read_columns(part.path, entry_objects.PART_COLUMNS), seed)
-    identities = [order.PartIdentity(p.source, p.line_offset) for p in parts]
+    identities = PartTable.of([(p.source, p.line_offset) for p in parts])
     summaries, buckets = [], {}
     for bucket in range(1 << bits):
         buckets[bucket] = folder / f"bucket-{bits}-{bucket}"

@@ -20,7 +20,7 @@ from prep.stages.cuts import ShardPlan, plan_shards
 from prep.stages.intermediate import IntermediateWriter, read_columns
 from prep.stages.members import sample_jsons
 from prep.stages.shuffle import document_id, record_line
-from prep.stages.specs import Part
+from prep.stages.specs import Part, PartTable
 
 DTYPE = np.dtype(np.uint16)
 EOS = 7
@@ -54,7 +54,7 @@ def _shards(folder: Path, parts: list[Part], shard_size: int, bits: int, exact: 
         path = folder / f"entries-{ordinal}"
         entry_objects.write_part_entries(path, read_columns(part.path, entry_objects.PART_COLUMNS), SEED)
         routes.append((path, ordinal))
-    identities = [order.PartIdentity(part.source, part.line_offset) for part in parts]
+    identities = PartTable.of([(part.source, part.line_offset) for part in parts])
     summaries, buckets = [], {}
     for bucket in range(1 << bits):
         buckets[bucket] = folder / f"bucket-{bucket}"
