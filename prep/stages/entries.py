@@ -276,9 +276,12 @@ def _pack_ids(ids: Sequence[str | None]) -> tuple[np.ndarray, np.ndarray, bytes]
 
 
 def regroup_ids(entries: np.ndarray, blob: bytes) -> tuple[np.ndarray, bytes]:
-    """Rewrite the id blob in entry order, so a run of entries has a contiguous run of ids."""
+    """Rewrite the id blob in entry order, so a run of entries has a contiguous run of ids, and
+    every id offset as the sum of the ids before it (the same whatever blob the entries came
+    from: a part's or a run's)."""
     with_id = entries["id_len"] != NO_ID
     if not with_id.any():
+        entries["id_offset"] = 0
         return entries, b""
     regrouped = gather_bytes(np.frombuffer(blob, dtype=np.uint8), entries["id_offset"][with_id],
                              entries["id_len"][with_id])
