@@ -216,7 +216,7 @@ def test_ctrl_c_while_workers_start_leaves_the_pool_working() -> None:
     must not kill them: a dead worker breaks the pool, and prints a traceback."""
     executor = LocalExecutor(2, _prepare_nothing)
     try:
-        for pid in list(executor._pool._processes):
+        for pid in executor.pids():
             os.kill(pid, signal.SIGINT)
         assert sorted(executor.run(str, [1, 2])) == [(0, "1"), (1, "2")]  # results come as tasks finish
     finally:

@@ -1,13 +1,21 @@
-"""Workers give free memory back after every task, whether it returned or raised."""
+"""Workers give free memory back after every task, whether it returned or raised; the local
+pool replaces each worker after a fixed number of tasks, survives a worker's death and passes
+items and results larger than a pipe's buffer."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
+import time
 
 import pytest
 
 from prep import memory
+from prep.errors import ExecutorError
 from prep.runner.executors import local
+from prep.runner.executors.base import WarmUp
 
 
 def test_every_task_ends_by_releasing_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,3 +47,87 @@ def test_releasing_trims_the_c_heap_and_arrow_pool(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(pa, "default_memory_pool", lambda: Pool())
     memory.release_free_memory()
     assert trimmed == [0] and released == [True]
+
+
+def _pid_of_worker(item: int) -> tuple[int, int]:
+    return item, os.getpid()
+
+
+def _echo(item: bytes) -> bytes:
+    return item[::-1]
+
+
+def _kill_self(item: int) -> int:
+    if item == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)
+    return item
+
+
+def _unpicklable(item: int) -> object:
+    return threading.Lock()
+
+
+def _prepare_slowly(warm: WarmUp | None) -> None:
+    time.sleep(0.3 if warm is not None else 0)
+
+
+def test_each_worker_is_replaced_after_its_quota_of_tasks() -> None:
+    """No process runs more than `recycle_after` tasks; every task still runs once."""
+    executor = local.LocalExecutor(2, recycle_after=3)
+    try:
+        results = sorted(executor.run(_pid_of_worker, list(range(20))))
+        assert [index for index, _ in results] == list(range(20))
+        assert [item for _, (item, _) in results] == list(range(20))
+        per_process: dict[int, int] = {}
+        for _, (_, pid) in results:
+            per_process[pid] = per_process.get(pid, 0) + 1
+        assert max(per_process.values()) <= 3 and len(per_process) >= 7
+        assert executor.replaced >= 5 and len(executor.pids()) == 2
+        assert not set(executor.pids()) & {pid for pid, count in per_process.items() if count == 3}
+    finally:
+        executor.close()
+
+
+def test_a_killed_worker_fails_the_run_and_the_pool_goes_on() -> None:
+    executor = local.LocalExecutor(2)
+    try:
+        with pytest.raises(ExecutorError, match="a worker process died"):
+            list(executor.run(_kill_self, [0, 1, 2, 3]))
+        assert sorted(executor.run(_kill_self, [0, 2])) == [(0, 0), (1, 2)]
+    finally:
+        executor.close()
+
+
+def test_a_result_that_cannot_be_sent_back_is_an_error_not_a_dead_pool() -> None:
+    executor = local.LocalExecutor(1)
+    try:
+        with pytest.raises(RuntimeError, match="could not be sent back"):
+            list(executor.run(_unpicklable, [0]))
+        assert list(executor.run(str, [5])) == [(0, "5")]
+    finally:
+        executor.close()
+
+
+def test_items_and_results_larger_than_a_pipe_pass_while_warm_ups_are_queued() -> None:
+    """Regression guard: the driver sends a worker a task only when it owes no reply, since a
+    large task sent behind a slow warm-up would block the driver while other workers finish."""
+    executor = local.LocalExecutor(2, _prepare_slowly, recycle_after=2)
+    try:
+        executor.warm(WarmUp("tokenizer.json", "0" * 64, "<eos>", False, "fast"))
+        items = [bytes([index]) * (3 << 20) for index in range(7)]
+        results = dict(executor.run(_echo, items))
+        assert results == {index: item[::-1] for index, item in enumerate(items)}
+        assert executor.replaced >= 2
+    finally:
+        executor.close()
+
+
+def test_closing_reaps_every_worker() -> None:
+    executor = local.LocalExecutor(2, recycle_after=1)
+    list(executor.run(str, [1, 2, 3]))
+    pids = executor.pids()
+    executor.close()
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)

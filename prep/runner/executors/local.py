@@ -1,10 +1,18 @@
-"""The local executor: a pool of worker processes on this machine, spawned, or forked from a
-driver with no other thread (the CLI: a forked worker skips starting an interpreter and
-importing prep again, a few tenths of a second before its first task).
+"""The local executor: worker processes on this machine, each fed one task at a time through a
+pipe of its own; forked from a driver with no other thread (the CLI: a forked worker skips
+starting an interpreter and importing prep again, a few tenths of a second before its first
+task), else spawned. The driver waits on the pipes and runs no thread of its own, so it can
+always fork.
 
-Each worker caps the tokenizer's
-thread pool so that total threads stay near the core count. A task's exception travels back
-pickled; `_call` makes sure it can (a prep error arrives as the same one-line error).
+A worker is replaced by a fresh one after `RECYCLE_AFTER` tasks. Its native heap (the
+tokenizer's cache of pre-tokens, a C heap fragmented by batch after batch) grows with the tasks
+it has run, and only a new process gives it all back; so the largest process stays the size of
+a small build's, whatever the corpus size. (Python 3.11's `max_tasks_per_child` cannot do this:
+the pool hangs once a worker exits at its limit, CPython gh-115634.)
+
+Each worker caps the tokenizer's thread pool so that total threads stay near the core count. A
+task's exception travels back pickled; `_call` makes sure it can (a prep error arrives as the
+same one-line error).
 """
 
 from __future__ import annotations
@@ -17,11 +25,11 @@ import signal
 import sys
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing import get_context
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from prep.errors import ExecutorError, PrepError
@@ -125,64 +133,170 @@ def fork_is_safe() -> bool:
     return sys.platform == "linux" and threading.active_count() == 1
 
 
+RECYCLE_AFTER = 24
+"""Tasks a worker runs before it is replaced (docs/build.md, "Memory"): a 1M-document build's
+workers run fewer, and replacing one costs about a second of one core."""
+
+
+class _Worker:
+    """One worker process and the driver's end of its pipe, with the replies it still owes."""
+
+    def __init__(self, start_method: str, threads: int) -> None:
+        context = get_context(start_method)
+        self.connection, child = context.Pipe()
+        self.process = context.Process(  # type: ignore[attr-defined]
+            target=_serve, args=(child, threads, os.getpid()), daemon=True)
+        # Output still buffered here would be written again by a forked worker. A worker starts
+        # with Ctrl-C ignored (an ignored signal stays ignored across fork and exec): one that
+        # started before it could ignore Ctrl-C would die of it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with _sigint_ignored():
+            self.process.start()
+        child.close()
+        self.owed: deque[int | None] = deque()  # a reply per message sent: the task's index, None for a warm-up
+        self.tasks = 0
+
+    def send(self, fn: Callable[[Any], Any], item: Any, index: int | None) -> None:
+        self.connection.send((fn, item))
+        self.owed.append(index)
+
+    def receive(self) -> tuple[int | None, bool, Any]:
+        """The next reply: (the task's index or None for a warm-up, whether it succeeded, its
+        result or exception)."""
+        try:
+            succeeded, value = self.connection.recv()
+        except (EOFError, OSError):
+            raise ExecutorError("a worker process died (killed, or out of memory); "
+                                "rerun to resume from the committed tasks") from None
+        return self.owed.popleft(), succeeded, value
+
+    def stop(self) -> None:
+        """Ask the worker to exit (an explicit message: a worker forked later holds a copy of
+        this end of the pipe, so closing it would not reach the worker), and reap it."""
+        with suppress(OSError, ValueError):
+            self.connection.send(None)
+        self.connection.close()
+        self.process.join(timeout=10)
+        if self.process.is_alive():  # stuck on a message cut short by a signal
+            self.process.kill()
+            self.process.join()
+
+
+def _serve(connection: Connection, threads: int, driver: int) -> None:
+    """A worker's life: run each (function, item) the driver sends and send back (True, result)
+    or (False, exception) until it sends None or goes away."""
+    _init_worker(threads, driver)
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            break
+        if message is None:
+            break
+        fn, item = message
+        try:
+            reply: tuple[bool, Any] = (True, _call(fn, item))
+        except BaseException as exc:  # noqa: BLE001 -- every failure, Ctrl-C too, goes back to the driver
+            reply = (False, exc)
+        try:
+            connection.send(reply)
+        except Exception as exc:  # noqa: BLE001 -- a result that cannot be pickled (nothing was sent)
+            connection.send((False, RuntimeError(f"a task's result could not be sent back: {exc}")))
+    _exit_now()
+
+
 class LocalExecutor:
-    """A warm pool of `workers` processes, kept for the whole build; forked when `fork` is asked
-    for and safe (fork_is_safe), else spawned."""
+    """`workers` processes, kept warm for the whole build and each replaced after
+    `recycle_after` tasks; forked when `fork` is asked for and safe (fork_is_safe), else spawned."""
 
     shares_filesystem = True
     backend = "local"
 
     def __init__(self, workers: int, prepare: Prepare | None = None, threads_per_worker: int = 1,
-                 fork: bool = False) -> None:
+                 fork: bool = False, recycle_after: int = RECYCLE_AFTER) -> None:
         self.workers = workers
+        self.recycle_after = recycle_after
+        self.replaced = 0
         self._prepare = prepare
-        self.start_method = "fork" if fork and fork_is_safe() else "spawn"
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context(self.start_method),
-                                         initializer=_init_worker, initargs=(threads_per_worker, os.getpid()))
-        # Submits start the workers (spawned: one each; forked: all at the first), which import the
-        # task modules while the driver gets ready. Workers start with Ctrl-C ignored (an ignored
-        # signal stays ignored across fork and exec): one that started before its initializer ran
-        # would die of it, with a traceback, breaking the pool. Output still buffered here would be
-        # written again by a forked worker.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        with _sigint_ignored():
-            for _ in range(workers):
-                self._pool.submit(self._prepare or _started, None)
+        self._fork = fork
+        self._threads = threads_per_worker
+        self._warm_up: WarmUp | None = None
+        self.start_method = self._start_method()
+        # Each worker imports the task modules (with `prepare`) while the driver gets ready.
+        self._workers = [self._start() for _ in range(workers)]
+
+    def _start_method(self) -> str:
+        return "fork" if self._fork and fork_is_safe() else "spawn"
+
+    def _start(self) -> _Worker:
+        worker = _Worker(self._start_method(), self._threads)
+        worker.send(self._prepare or _started, self._warm_up if self._prepare else None, None)
+        return worker
 
     def warm(self, warm_up: WarmUp) -> None:
-        """Queue a tokenizer warm-up per worker ahead of the next tasks; its errors are ignored
-        (a task that needs the tokenizer reports them)."""
+        """Queue a tokenizer warm-up per worker ahead of the next tasks (and for every worker
+        started later); its errors are ignored (a task that needs the tokenizer reports them)."""
         if self._prepare is not None:
-            for _ in range(self.workers):
-                self._pool.submit(self._prepare, warm_up)
+            self._warm_up = warm_up
+            for worker in self._workers:
+                worker.send(self._prepare, warm_up, None)
 
     def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Generator[tuple[int, Any], None, None]:
-        pending: dict[Future[Any], int] = {}
-        queue = list(enumerate(items))
-        queue.reverse()
+        queue = deque(enumerate(items))
         try:
-            while queue or pending:
-                while queue and len(pending) < self.workers * 2:
-                    index, item = queue.pop()
-                    pending[self._pool.submit(_call, fn, item)] = index
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in sorted(done, key=lambda f: pending[f]):
-                    index = pending.pop(future)
-                    yield index, _result(future)
+            for worker in self._workers:
+                self._feed(worker, fn, queue)
+            while any(worker.owed for worker in self._workers):
+                for connection in wait([worker.connection for worker in self._workers if worker.owed]):
+                    worker = next(worker for worker in self._workers if worker.connection is connection)
+                    index, succeeded, value = worker.receive()
+                    if index is not None:
+                        worker = self._recycled(worker)
+                    self._feed(worker, fn, queue)
+                    if index is None:
+                        continue  # a warm-up's errors are for the tasks that need its tokenizer
+                    if not succeeded:
+                        raise value
+                    yield index, value
         finally:
             # Tasks already running go on in their workers: wait for them, so that nothing a
             # failed run started can still write after the caller cleans up.
-            running = [future for future in pending if not future.cancel()]
-            wait(running)
+            self._drain()
+
+    def _feed(self, worker: _Worker, fn: Callable[[Any], Any], queue: deque[tuple[int, Any]]) -> None:
+        """Send an idle worker the next task. Only an idle one: a task sent behind a warm-up of a
+        second or more would block the driver in `send` once it outgrows the pipe's buffer."""
+        if queue and not worker.owed:
+            index, item = queue.popleft()
+            worker.send(fn, item, index)
+
+    def _recycled(self, worker: _Worker) -> _Worker:
+        """`worker`, or a fresh process in its place once it has run `recycle_after` tasks."""
+        worker.tasks += 1
+        if worker.tasks < self.recycle_after or worker.owed:
+            return worker
+        worker.stop()
+        fresh = self._start()
+        self._workers[self._workers.index(worker)] = fresh
+        self.replaced += 1
+        return fresh
+
+    def _drain(self) -> None:
+        """Wait for every reply still owed; a worker that died instead is replaced."""
+        for position, worker in enumerate(self._workers):
+            try:
+                while worker.owed:
+                    worker.receive()
+            except ExecutorError:
+                worker.stop()
+                self._workers[position] = self._start()
+
+    def pids(self) -> list[int]:
+        """The worker processes' ids (tests signal them)."""
+        return [worker.process.pid for worker in self._workers if worker.process.pid is not None]
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _result(future: Future[Any]) -> Any:
-    try:
-        return future.result()
-    except BrokenProcessPool:
-        raise ExecutorError("a worker process died (killed, or out of memory); "
-                            "rerun to resume from the committed tasks") from None
+        for worker in self._workers:
+            worker.stop()
+        self._workers = []
