@@ -131,3 +131,24 @@ def test_closing_reaps_every_worker() -> None:
     for pid in pids:
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
+
+
+def _refuse_to_load() -> object:
+    raise ValueError("cannot be rebuilt here")
+
+
+class _BreaksOnLoad:
+    """An item that pickles, but raises when a worker unpickles it."""
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return _refuse_to_load, ()
+
+
+def test_a_task_the_worker_cannot_unpickle_is_that_tasks_error() -> None:
+    executor = local.LocalExecutor(1)
+    try:
+        with pytest.raises(ValueError, match="cannot be rebuilt here"):
+            list(executor.run(str, [_BreaksOnLoad()]))
+        assert list(executor.run(str, [7])) == [(0, "7")]
+    finally:
+        executor.close()

@@ -20,6 +20,7 @@ from prep.errors import InputError, StoreError, UsageError
 from prep.inputs.sources import SourceFile
 from prep.progress import Progress
 from prep.runner.build import build, make_executor
+from prep.runner.executors.base import RECYCLE_AFTER
 from prep.runner.executors.ray import (
     LocalPath,
     RayExecutor,
@@ -161,6 +162,19 @@ def test_results_arrive_once_per_item_with_their_index(ray_address: str) -> None
     import ray
 
     assert ray.is_initialized(), "an executor must not shut down a Ray it did not start"
+
+
+def worker_pid(value: int) -> int:
+    return os.getpid()
+
+
+def test_a_ray_worker_process_runs_at_most_recycle_after_tasks(ray_address: str) -> None:
+    """As in the local pool, a worker's heap must not grow with the corpus: Ray replaces a
+    process after RECYCLE_AFTER calls."""
+    executor = RayExecutor(2)
+    pids = [pid for _, pid in executor.run(worker_pid, list(range(3 * RECYCLE_AFTER)))]
+    executor.close()
+    assert max(pids.count(pid) for pid in set(pids)) <= RECYCLE_AFTER and len(set(pids)) >= 3
 
 
 def test_cli_prints_one_line_error_for_a_bad_record(ray_address: str, tmp_path: Path, tokenizer_path: Path) -> None:

@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from prep.errors import ExecutorError, PrepError
-from prep.runner.executors.base import Prepare, WarmUp, release_free_memory
+from prep.runner.executors.base import RECYCLE_AFTER, Prepare, WarmUp, release_free_memory
 
 
 def _die_with(driver: int) -> None:
@@ -133,13 +133,6 @@ def fork_is_safe() -> bool:
     return sys.platform == "linux" and threading.active_count() == 1
 
 
-RECYCLE_AFTER = 16
-"""Tasks a worker runs before it is replaced (docs/build.md, "Memory"). A 1M-document build's
-workers run fewer. A replacement costs about 0.3 s of one core for its imports, plus 0.45 s to
-load the tokenizer in its first tokenize task: at 16M documents, 24 cost 5% of the build's
-time and 8 cost 17%."""
-
-
 class _Worker:
     """One worker process and the driver's end of its pipe, with the replies it still owes."""
 
@@ -191,9 +184,14 @@ def _serve(connection: Connection, threads: int, driver: int) -> None:
     _init_worker(threads, driver)
     while True:
         try:
-            message = connection.recv()
+            raw = connection.recv_bytes()
         except (EOFError, OSError):
             break
+        try:
+            message = pickle.loads(raw)
+        except Exception as exc:  # noqa: BLE001 -- a task this worker cannot rebuild is that task's error
+            connection.send((False, _transportable(exc)))
+            continue
         if message is None:
             break
         fn, item = message

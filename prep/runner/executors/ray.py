@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from prep.errors import ExecutorError, InputError, PrepError, StoreError, UsageError
-from prep.runner.executors.base import WarmUp, release_free_memory
+from prep.runner.executors.base import RECYCLE_AFTER, WarmUp, release_free_memory
 
 # Environment a task runs with: one tokenizer thread per task (each task holds one Ray CPU), plus
 # the crash-injection switches that tests set on the driver (see prep/faults.py).
@@ -161,8 +161,10 @@ class RayExecutor:
         self._owns_ray = not self._ray.is_initialized()
         if self._owns_ray:
             self._connect()
-        self._remote = self._ray.remote(_run_task).options(num_cpus=1, max_retries=max_retries,
-                                                           retry_exceptions=False)
+        # A worker process is replaced after RECYCLE_AFTER tasks, as in the local pool (its heap
+        # grows with the tasks it ran); Ray takes max_calls only here, not in .options().
+        self._remote = self._ray.remote(max_calls=RECYCLE_AFTER)(_run_task).options(
+            num_cpus=1, max_retries=max_retries, retry_exceptions=False)
         self.verify_paths = verify_paths
         self.visible_paths: dict[str, set[str]] = {}
 
