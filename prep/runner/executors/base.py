@@ -12,7 +12,7 @@ from prep.memory import release_free_memory as release_free_memory  # what worke
 RECYCLE_AFTER = 16
 """Tasks a worker process runs before a fresh one replaces it (the local pool's own, Ray's
 `max_calls`; docs/build.md, "Memory"). A 1M-document build's workers run fewer. A replacement
-costs about 0.3 s of one core for its imports, plus 0.45 s to load the tokenizer in its first
+costs about 0.4 s of one core for its imports, plus 0.45 s to load the tokenizer in its first
 tokenize task: at 16M documents, 24 cost 5% of the build's time and 8 cost 17%."""
 
 

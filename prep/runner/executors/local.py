@@ -1,8 +1,9 @@
 """The local executor: worker processes on this machine, each fed one task at a time through a
 pipe of its own; forked from a driver with no other thread (the CLI: a forked worker skips
 starting an interpreter and importing prep again, a few tenths of a second before its first
-task), else spawned. The driver waits on the pipes and runs no thread of its own, so it can
-always fork.
+task), else spawned. The pool waits on the pipes and runs no thread of its own, so it forks
+whenever the rest of the driver runs no thread either (during a build, the lease's renewal
+thread runs: replacements are spawned).
 
 A worker is replaced by a fresh one after `RECYCLE_AFTER` tasks. Its native heap (the
 tokenizer's cache of pre-tokens, a C heap fragmented by batch after batch) grows with the tasks
