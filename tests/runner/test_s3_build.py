@@ -433,3 +433,24 @@ def test_merged_runs_on_an_s3_store_give_the_local_unmerged_snapshot(tmp_path: P
     run("gc", "--grace", "0s", "--store", store_url)
     assert not list(store.list("tasks/merge/"))
     assert build_in_process(merged, store_url).snapshot.id == local.snapshot.id
+
+
+def test_racing_merged_builders_write_each_object_once(tmp_path: Path, tokenizer_path: Path) -> None:
+    """Three builds that merge (fan-in 2 over five parts) at once on one S3 store: the snapshot
+    of an unmerged local build, one version of every object and record (merge records and runs
+    included), and a store that fsck finds clean."""
+    for index in range(5):
+        write_jsonl(tmp_path / "corpus" / f"{index}.jsonl", make_records(12, seed=index, prefix=f"r{index}"))
+    local = build_in_process(write_pipeline(tmp_path, tokenizer_path, ["corpus"]), str(tmp_path / "local"))
+    merged = write_pipeline(tmp_path, tokenizer_path, ["corpus"], extra="\n[build]\nmerge_fan_in = 2\n",
+                            name="merged.toml")
+    store = f"{new_bucket(versioned=True)}/store"
+    builders = [start("build", merged, "--store", store, "--workers", "1") for _ in range(3)]
+    assert {finish(process).stdout.split()[-1] for process in builders} == {local.snapshot.id}
+    by_key: dict[str, int] = {}
+    for version in versions(store + "/"):
+        key = version["Key"].removeprefix("store/")
+        by_key[key] = by_key.get(key, 0) + 1
+    assert sum(key.startswith("tasks/merge/") for key in by_key) == 3
+    assert {key: count for key, count in by_key.items() if count != 1 and not key.startswith(("refs/", "leases/"))} == {}
+    run("fsck", "--store", store)
