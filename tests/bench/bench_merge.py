@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from tests.bench.bench_scale import SOURCE_MB, build, short_corpus, write_pipeline
-from tests.bench.benchsupport import corpus, stage_seconds, tokenizer
+from tests.bench.benchsupport import corpus, stage_megabytes, stage_seconds, tokenizer
 
 _ORDER = re.compile(r"order: (\d+) buckets? from (?:(\d+) runs? of )?(\d+) parts?")
 _MERGE = re.compile(r"\] merge: done in ([0-9.]+)s, round (\d+): (\d+) tasks? run")
@@ -57,6 +57,7 @@ def compare(args: argparse.Namespace, tok: Path) -> None:
                   f"{sum(float(m[1]) for m in merges):8.2f} {len(merges):6d} {sum(int(m[3]) for m in merges):6d} "
                   f"{stage_seconds(run.stderr).get('order', 0):8.2f} {objects:8d} {buckets * objects:7d} "
                   f"{baseline / run.seconds:6.2f}  {'same' if ident == snapshot else 'DIFFERENT ' + ident}", flush=True)
+            print(f"      largest process by stage, sampled (MB): {stage_megabytes(run)}", flush=True)
             shutil.rmtree(store, ignore_errors=True)
 
 

@@ -33,7 +33,17 @@ from typing import Any
 import numpy as np
 
 from tests.bench.bench_fast import CEILING
-from tests.bench.benchsupport import REPO, TreeRun, corpus, du_bytes, measure, measure_tree, stage_seconds, tokenizer
+from tests.bench.benchsupport import (
+    REPO,
+    TreeRun,
+    corpus,
+    du_bytes,
+    measure,
+    measure_tree,
+    stage_megabytes,
+    stage_seconds,
+    tokenizer,
+)
 
 DOCS_PER_FILE = 1_000_000
 MIN_FILES = 4
@@ -186,6 +196,7 @@ def scale(args: argparse.Namespace, tok: Path) -> None:
                 print(f"      stages: {json.dumps(stages)}; tokenize tasks: {len(tasks)}, "
                       f"{sum(tasks):.1f} s in all, longest {max(tasks, default=0):.2f} s; "
                       f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after", flush=True)
+                print(f"      largest process by stage, sampled (MB): {stage_megabytes(run)}", flush=True)
                 if "wds" in formats:
                     tar = artifact_bytes(store, ("wds",))
                     buffered, direct, read = dd_seconds(args.workdir, tar)

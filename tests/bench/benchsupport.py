@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,21 +66,22 @@ def tokenizer(corpus_dir: Path, out: Path, vocab: int = 50257) -> Path:
     return out
 
 
-def _tree_rss(root: int) -> int:
-    total, stack = 0, [root]
+def _tree_status(root: int) -> dict[int, tuple[int, int]]:
+    """(VmRSS, VmHWM) in bytes of every live process of the tree under `root`."""
+    found: dict[int, tuple[int, int]] = {}
+    stack = [root]
     while stack:
         pid = stack.pop()
         try:
             with open(f"/proc/{pid}/status") as status:
-                for line in status:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
+                fields = dict(line.split(":", 1) for line in status if line.startswith(("VmRSS:", "VmHWM:")))
+            found[pid] = (int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024)
             for task in os.listdir(f"/proc/{pid}/task"):
                 with open(f"/proc/{pid}/task/{task}/children") as children:
                     stack.extend(int(child) for child in children.read().split())
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+        except (FileNotFoundError, ProcessLookupError, PermissionError, KeyError):
             continue
-    return total
+    return found
 
 
 def measure(command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> Run:
@@ -121,55 +123,67 @@ class TreeRun:
     max_process_rss: int  # bytes, the largest VmHWM of any one process of the tree
     stdout: str
     stderr: str
+    stage_rss: dict[str, int] = field(default_factory=dict)
+    """Per build stage (from the progress lines), the largest VmRSS any one process had in a
+    sample while the stage ran: sampled every 50 ms, so a short peak may be missed."""
 
 
-def _tree_hwm(root: int, peaks: dict[int, int]) -> None:
-    """Record each live process's VmHWM (its own peak RSS so far) in `peaks`."""
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        try:
-            with open(f"/proc/{pid}/status") as status:
-                for line in status:
-                    if line.startswith("VmHWM:"):
-                        peaks[pid] = max(peaks.get(pid, 0), int(line.split()[1]) * 1024)
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/children") as children:
-                    stack.extend(int(child) for child in children.read().split())
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
+_STAGE_LINE = re.compile(r"\] (\w+): ")
 
 
 def measure_tree(command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> TreeRun:
-    """Run `command`, sampling the RSS of its whole process tree and the peak RSS of every single
-    process every 50 ms; keeps stdout and stderr."""
+    """Run `command`, sampling the RSS of its whole process tree and of every single process
+    every 50 ms, and attributing samples to the build stage its progress lines last named;
+    keeps stdout and stderr."""
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd, text=True)
-    peak, peaks = 0, dict[int, int]()
+    peak, peaks, stage_rss = 0, dict[int, int](), dict[str, int]()
+    lines: list[str] = []
+    stage = ["start"]
     done = threading.Event()
+
+    def read_stderr() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.append(line)
+            if (match := _STAGE_LINE.search(line)) is not None:
+                stage[0] = match[1]
 
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, _tree_rss(process.pid))
-            _tree_hwm(process.pid, peaks)
+            status = _tree_status(process.pid)
+            peak = max(peak, sum(rss for rss, _ in status.values()))
+            for pid, (rss, hwm) in status.items():
+                peaks[pid] = max(peaks.get(pid, 0), hwm)
+                stage_rss[stage[0]] = max(stage_rss.get(stage[0], 0), rss)
             done.wait(0.05)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, stderr = process.communicate()
+    threads = [threading.Thread(target=read_stderr, daemon=True), threading.Thread(target=sample, daemon=True)]
+    for thread in threads:
+        thread.start()
+    assert process.stdout is not None
+    stdout = process.stdout.read()
+    process.wait()
     seconds = time.perf_counter() - started
     done.set()
-    sampler.join()
+    for thread in threads:
+        thread.join()
+    stderr = "".join(lines)
     if process.returncode != 0:
         raise SystemExit(f"{' '.join(command)} exited {process.returncode}: {stderr[-2000:]}")
-    return TreeRun(seconds, peak, max(peaks.values(), default=0), stdout, stderr)
+    return TreeRun(seconds, peak, max(peaks.values(), default=0), stdout, stderr, stage_rss)
+
+
+def stage_megabytes(run: TreeRun) -> str:
+    """`run.stage_rss` in MB, as JSON, in the order the stages ran."""
+    import json
+
+    return json.dumps({stage: round(rss / 2**20) for stage, rss in run.stage_rss.items()})
 
 
 def stage_seconds(stderr: str) -> dict[str, float]:
     """Seconds per stage from a build's progress lines (`<stage>: done in 1.2s, ...`)."""
-    import re
-
     return {match[1]: float(match[2]) for match in re.finditer(r"\] (\w+): done in ([0-9.]+)s", stderr)}
 
 
