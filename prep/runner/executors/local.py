@@ -5,10 +5,9 @@ task), else spawned. The pool waits on the pipes and runs no thread of its own, 
 whenever the rest of the driver runs no thread either (during a build, the lease's renewal
 thread runs: replacements are spawned).
 
-A worker is replaced by a fresh one after `RECYCLE_AFTER` tasks. Its native heap (the
-tokenizer's cache of pre-tokens, a C heap fragmented by batch after batch) grows with the tasks
-it has run, and only a new process gives it all back; so the largest process stays the size of
-a small build's, whatever the corpus size. (Python 3.11's `max_tasks_per_child` cannot do this:
+A worker is replaced by a fresh one after `RECYCLE_AFTER` tasks: whatever its native heap
+gains task after task (the tokenizer's cache of pre-tokens, a C heap fragmented batch by batch),
+only a new process gives all of it back. (Python 3.11's `max_tasks_per_child` cannot do this:
 the pool hangs once a worker exits at its limit, CPython gh-115634.)
 
 Each worker caps the tokenizer's thread pool so that total threads stay near the core count. A
