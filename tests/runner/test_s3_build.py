@@ -416,37 +416,40 @@ def test_a_prefix_skips_hidden_and_marker_objects_like_a_local_folder(project: P
     assert found == sorted(FILES)
 
 
-def test_merged_runs_on_an_s3_store_give_the_local_unmerged_snapshot(tmp_path: Path, tokenizer_path: Path) -> None:
-    """Five parts merged in pairs on an S3 store: runs stored, read back by the order tasks (and
-    the merge records collected by gc past the grace period); the snapshot of a local build
-    that merged nothing."""
+def _five_parts_merged_in_pairs(tmp_path: Path, tokenizer_path: Path) -> tuple[str, Path]:
+    """A five-file corpus: the snapshot id of a local build that merges nothing, and a pipeline
+    that merges its parts in pairs (`merge_fan_in = 2`: three merge tasks)."""
     for index in range(5):
         write_jsonl(tmp_path / "corpus" / f"{index}.jsonl", make_records(12, seed=index, prefix=f"m{index}"))
     local = build_in_process(write_pipeline(tmp_path, tokenizer_path, ["corpus"]), str(tmp_path / "local"))
     merged = write_pipeline(tmp_path, tokenizer_path, ["corpus"], extra="\n[build]\nmerge_fan_in = 2\n",
                             name="merged.toml")
+    return local.snapshot.id, merged
+
+
+def test_merged_runs_on_an_s3_store_give_the_local_unmerged_snapshot(tmp_path: Path, tokenizer_path: Path) -> None:
+    """Five parts merged in pairs on an S3 store: runs stored, read back by the order tasks (and
+    the merge records collected by gc past the grace period); the snapshot of a local build
+    that merged nothing."""
+    unmerged, merged = _five_parts_merged_in_pairs(tmp_path, tokenizer_path)
     store_url = f"{new_bucket()}/store"
     result = build_in_process(merged, store_url)
-    assert result.snapshot.id == local.snapshot.id and result.stages["merge"].ran == 3
+    assert result.snapshot.id == unmerged and result.stages["merge"].ran == 3
     store = open_store(store_url)
     assert len(list(store.list("tasks/merge/"))) == 3
     run("gc", "--grace", "0s", "--store", store_url)
     assert not list(store.list("tasks/merge/"))
-    assert build_in_process(merged, store_url).snapshot.id == local.snapshot.id
+    assert build_in_process(merged, store_url).snapshot.id == unmerged
 
 
 def test_racing_merged_builders_write_each_object_once(tmp_path: Path, tokenizer_path: Path) -> None:
     """Three builds that merge (fan-in 2 over five parts) at once on one S3 store: the snapshot
     of an unmerged local build, one version of every object and record (merge records and runs
     included), and a store that fsck finds clean."""
-    for index in range(5):
-        write_jsonl(tmp_path / "corpus" / f"{index}.jsonl", make_records(12, seed=index, prefix=f"r{index}"))
-    local = build_in_process(write_pipeline(tmp_path, tokenizer_path, ["corpus"]), str(tmp_path / "local"))
-    merged = write_pipeline(tmp_path, tokenizer_path, ["corpus"], extra="\n[build]\nmerge_fan_in = 2\n",
-                            name="merged.toml")
+    unmerged, merged = _five_parts_merged_in_pairs(tmp_path, tokenizer_path)
     store = f"{new_bucket(versioned=True)}/store"
     builders = [start("build", merged, "--store", store, "--workers", "1") for _ in range(3)]
-    assert {finish(process).stdout.split()[-1] for process in builders} == {local.snapshot.id}
+    assert {finish(process).stdout.split()[-1] for process in builders} == {unmerged}
     by_key: dict[str, int] = {}
     for version in versions(store + "/"):
         key = version["Key"].removeprefix("store/")
