@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from prep.errors import IntegrityError
 from prep.hashing import Digest
 from prep.stages.entries import (
     GATHER_BLOCK,
@@ -125,6 +126,9 @@ def order_bucket(sources: Sequence[tuple[Path, int]], parts: PartTable, bucket: 
     `parts` the parts' sources and line offsets in input order."""
     gathered, blob = gather_bucket(sources, bucket, bits)
     documents_read = len(gathered)
+    if documents_read and int(gathered["part"].max()) >= len(parts):  # fail closed, not an IndexError
+        raise IntegrityError(f"bucket {bucket}: an entry names part {int(gathered['part'].max())}, "
+                             f"but the corpus has {len(parts)} parts")
     entries, dropped = sort_and_dedup(gathered, exact)
     del gathered  # a bucket's entries are held once, plus the kept copy while sorting
     entries, ids = regroup_ids(entries, blob)  # entries is sort_and_dedup's own copy

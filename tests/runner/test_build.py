@@ -59,8 +59,20 @@ def test_forked_workers_build_the_snapshot_spawned_ones_do(corpus: Path, tokeniz
     spawned = build_local(pipeline, corpus / "store1", workers=2)
     run = subprocess.run([sys.executable, "-c", _FORKED_BUILD, str(pipeline), str(corpus / "store2")],
                          capture_output=True, text=True, check=True)
-    start_method, snapshot_id = run.stdout.split()
-    assert (start_method, snapshot_id) == ("fork", spawned.snapshot.id)
+    start_method, snapshot_id, replaced = run.stdout.split()
+    assert (start_method, snapshot_id, replaced) == ("fork", spawned.snapshot.id, "0")
+
+
+def test_workers_replaced_after_every_task_build_the_same_snapshot(corpus: Path, tokenizer_path: Path) -> None:
+    """Replacements start during the build, while the driver runs the lease's renewal thread
+    (so they are spawned, not forked): every task in a fresh worker gives the same bytes."""
+    pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
+    reference = build_local(pipeline, corpus / "store1", workers=2)
+    run = subprocess.run([sys.executable, "-c", _FORKED_BUILD, str(pipeline), str(corpus / "store2"), "1"],
+                         capture_output=True, text=True, check=True)
+    _, snapshot_id, replaced = run.stdout.split()
+    assert snapshot_id == reference.snapshot.id
+    assert int(replaced) >= reference.stages["tokenize"].ran + reference.stages["order"].ran - 2
 
 
 _FORKED_BUILD = """
@@ -69,13 +81,16 @@ from pathlib import Path
 from prep.config import load_pipeline
 from prep.progress import Progress
 from prep.runner.build import build, make_executor
+from prep.runner.executors import local
 from prep.storage import LocalStore
+if len(sys.argv) > 3:
+    local.RECYCLE_AFTER = int(sys.argv[3])
 executor = make_executor("local", 2)
 try:
     result = build(load_pipeline(Path(sys.argv[1])), LocalStore(Path(sys.argv[2])), executor, (), Progress(quiet=True))
 finally:
     executor.close()
-print(executor.start_method, result.snapshot.id)
+print(executor.start_method, result.snapshot.id, executor.replaced)
 """
 
 

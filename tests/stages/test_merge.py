@@ -164,3 +164,13 @@ def test_a_damaged_input_or_a_bucket_object_is_refused(tmp_path: Path) -> None:
     with pytest.raises(IntegrityError):
         order.gather_bucket([(truncated, 0)], 0, 0)
 
+
+
+def test_an_entry_naming_a_part_the_table_lacks_is_refused(tmp_path: Path) -> None:
+    """An order task given fewer parts' identities than its entries name fails closed (before: a
+    numpy IndexError, a traceback)."""
+    parts = [_part(tmp_path, f"p{index}", [(index * 100 + doc, 2) for doc in range(30)]) for index in range(3)]
+    sources = _part_entries(tmp_path, parts)
+    short = PartTable.of([(part.source, 0) for part in parts[:2]])
+    with pytest.raises(IntegrityError, match="names part 2, but the corpus has 2 parts"):
+        order.order_bucket(sources, short, 0, 0, True, 64, 2, tmp_path / "bucket")

@@ -214,9 +214,9 @@ class LocalExecutor:
     backend = "local"
 
     def __init__(self, workers: int, prepare: Prepare | None = None, threads_per_worker: int = 1,
-                 fork: bool = False, recycle_after: int = RECYCLE_AFTER) -> None:
+                 fork: bool = False, recycle_after: int | None = None) -> None:
         self.workers = workers
-        self.recycle_after = recycle_after
+        self.recycle_after = recycle_after or RECYCLE_AFTER
         self.replaced = 0
         self._prepare = prepare
         self._fork = fork
