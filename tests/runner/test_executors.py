@@ -152,3 +152,56 @@ def test_a_task_the_worker_cannot_unpickle_is_that_tasks_error() -> None:
         assert list(executor.run(str, [7])) == [(0, "7")]
     finally:
         executor.close()
+
+
+def test_workers_are_replaced_only_from_the_main_thread() -> None:
+    """A worker dies with the thread that started it: one started by a thread that then ends
+    (the build hashes inputs on a side thread while it re-checks the latest snapshot on the
+    workers) would be killed, and the next run would fail with "a worker process died"."""
+    executor = local.LocalExecutor(2, recycle_after=1)
+    try:
+        found: list[list[tuple[int, str]]] = []
+        side = threading.Thread(target=lambda: found.append(sorted(executor.run(str, list(range(6))))))
+        side.start()
+        side.join()
+        assert found == [[(index, str(index)) for index in range(6)]] and executor.replaced == 0
+        time.sleep(0.2)
+        assert sorted(executor.run(str, list(range(6)))) == [(index, str(index)) for index in range(6)]
+        assert executor.replaced >= 4
+    finally:
+        executor.close()
+
+
+def test_a_dead_worker_is_replaced_by_the_next_run_from_the_main_thread() -> None:
+    executor = local.LocalExecutor(1)
+    try:
+        errors: list[BaseException] = []
+
+        def killing() -> None:
+            try:
+                list(executor.run(_kill_self, [1]))
+            except ExecutorError as exc:
+                errors.append(exc)
+
+        side = threading.Thread(target=killing)
+        side.start()
+        side.join()
+        assert len(errors) == 1
+        assert list(executor.run(str, [3])) == [(0, "3")]
+    finally:
+        executor.close()
+
+
+def test_a_worker_killed_while_idle_fails_the_next_run_with_the_one_line_error() -> None:
+    """Before: a raw BrokenPipeError from sending it a task."""
+    executor = local.LocalExecutor(1)
+    try:
+        assert list(executor.run(str, [1])) == [(0, "1")]
+        (pid,) = executor.pids()
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.3)  # dead, its end of the pipe closed (a zombie until the pool reaps it)
+        with pytest.raises(ExecutorError, match="a worker process died"):
+            list(executor.run(str, [2]))
+        assert list(executor.run(str, [3])) == [(0, "3")]
+    finally:
+        executor.close()

@@ -133,6 +133,16 @@ def fork_is_safe() -> bool:
     return sys.platform == "linux" and threading.active_count() == 1
 
 
+def _died() -> ExecutorError:
+    return ExecutorError("a worker process died (killed, or out of memory); rerun to resume from the committed tasks")
+
+
+def _may_start_workers() -> bool:
+    """Only the main thread starts workers: a worker dies with the thread that started it
+    (`_die_with`), and another thread, such as one hashing inputs meanwhile, may end first."""
+    return threading.current_thread() is threading.main_thread()
+
+
 class _Worker:
     """One worker process and the driver's end of its pipe, with the replies it still owes."""
 
@@ -151,9 +161,14 @@ class _Worker:
         child.close()
         self.owed: deque[int | None] = deque()  # a reply per message sent: the task's index, None for a warm-up
         self.tasks = 0
+        self.dead = False
 
     def send(self, fn: Callable[[Any], Any], item: Any, index: int | None) -> None:
-        self.connection.send((fn, item))
+        try:
+            self.connection.send((fn, item))
+        except OSError:  # the worker is gone (killed while idle): its end of the pipe is closed
+            self.dead = True
+            raise _died() from None
         self.owed.append(index)
 
     def receive(self) -> tuple[int | None, bool, Any]:
@@ -162,8 +177,7 @@ class _Worker:
         try:
             succeeded, value = self.connection.recv()
         except (EOFError, OSError):
-            raise ExecutorError("a worker process died (killed, or out of memory); "
-                                "rerun to resume from the committed tasks") from None
+            raise _died() from None
         return self.owed.popleft(), succeeded, value
 
     def stop(self) -> None:
@@ -245,6 +259,7 @@ class LocalExecutor:
     def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Generator[tuple[int, Any], None, None]:
         queue = deque(enumerate(items))
         try:
+            self._replace_dead()
             for worker in self._workers:
                 self._feed(worker, fn, queue)
             while any(worker.owed for worker in self._workers):
@@ -259,6 +274,8 @@ class LocalExecutor:
                     if not succeeded:
                         raise value
                     yield index, value
+            if queue:  # every worker died in an earlier run, and this thread may not start new ones
+                raise ExecutorError("no worker process is left; rerun to resume from the committed tasks")
         finally:
             # Tasks already running go on in their workers: wait for them, so that nothing a
             # failed run started can still write after the caller cleans up.
@@ -267,14 +284,14 @@ class LocalExecutor:
     def _feed(self, worker: _Worker, fn: Callable[[Any], Any], queue: deque[tuple[int, Any]]) -> None:
         """Send an idle worker the next task. Only an idle one: a task sent behind a warm-up of a
         second or more would block the driver in `send` once it outgrows the pipe's buffer."""
-        if queue and not worker.owed:
+        if queue and not worker.owed and not worker.dead:
             index, item = queue.popleft()
             worker.send(fn, item, index)
 
     def _recycled(self, worker: _Worker) -> _Worker:
         """`worker`, or a fresh process in its place once it has run `recycle_after` tasks."""
         worker.tasks += 1
-        if worker.tasks < self.recycle_after or worker.owed:
+        if worker.tasks < self.recycle_after or worker.owed or not _may_start_workers():
             return worker
         worker.stop()
         fresh = self._start()
@@ -283,14 +300,21 @@ class LocalExecutor:
         return fresh
 
     def _drain(self) -> None:
-        """Wait for every reply still owed; a worker that died instead is replaced."""
-        for position, worker in enumerate(self._workers):
+        """Wait for every reply still owed; a worker that died instead is marked, and replaced
+        by the next `run` called from the main thread."""
+        for worker in self._workers:
             try:
                 while worker.owed:
                     worker.receive()
             except ExecutorError:
                 worker.stop()
-                self._workers[position] = self._start()
+                worker.owed.clear()
+                worker.dead = True
+        self._replace_dead()
+
+    def _replace_dead(self) -> None:
+        if _may_start_workers():
+            self._workers = [self._start() if worker.dead else worker for worker in self._workers]
 
     def pids(self) -> list[int]:
         """The worker processes' ids (tests signal them)."""
