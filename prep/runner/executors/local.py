@@ -134,6 +134,7 @@ def fork_is_safe() -> bool:
 
 
 def _died() -> ExecutorError:
+    """The error of a run whose worker died: one line, and what to do."""
     return ExecutorError("a worker process died (killed, or out of memory); rerun to resume from the committed tasks")
 
 
@@ -254,7 +255,8 @@ class LocalExecutor:
         (a task that needs the tokenizer reports them)."""
         if self._prepare is not None:
             for worker in self._workers:
-                worker.send(self._prepare, warm_up, None)
+                with suppress(ExecutorError):  # a dead worker: the next run reports it
+                    worker.send(self._prepare, warm_up, None)
 
     def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Generator[tuple[int, Any], None, None]:
         queue = deque(enumerate(items))
