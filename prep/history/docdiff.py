@@ -27,6 +27,7 @@ import xxhash
 from prep.errors import InputError
 from prep.history.documents import RecordedTask, SnapshotRecords, load_records, task_batches
 from prep.history.keep import SCAN_BYTES, KeepFlags, keep_flags
+from prep.stages.columns import bool_column, int_column, to_numbers, to_strings
 from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
 from prep.store.snapshots import Snapshot
@@ -161,11 +162,11 @@ def _kept_batches(store: Store, side: _Side, by_id: bool) -> Iterator[pa.RecordB
             offset += batch.num_rows
             if not keep.any():
                 continue
-            kept = batch.filter(pa.array(keep))
-            rows: Any = kept.column("row").to_numpy()
+            kept = batch.filter(bool_column(keep))
+            rows: Any = to_numbers(kept.column("row"))
             lines = np.asarray(record_line(task.format, task.line_offset, rows), dtype=np.int64)
             key = (kept.column("id") if by_id else kept.column("text_hash")).cast(schema.field("key").type)
-            yield pa.record_batch([key, kept.column("text_hash"), pa.array(lines)], schema=schema)
+            yield pa.record_batch([key, kept.column("text_hash"), int_column(lines, pa.int64())], schema=schema)
 
 
 def _partition_of(keys: pa.Array, parts: int) -> np.ndarray:
@@ -187,7 +188,7 @@ def _spill(store: Store, side: _Side, by_id: bool, parts: int, folder: Path) -> 
         for batch in _kept_batches(store, side, by_id):
             partition = _partition_of(batch.column("key"), parts)
             order = np.argsort(partition, kind="stable")
-            ordered = batch.take(pa.array(order))
+            ordered = batch.take(int_column(order, pa.int64()))
             bounds = np.searchsorted(partition[order], np.arange(parts + 1))
             for part in range(parts):
                 start, end = int(bounds[part]), int(bounds[part + 1])
@@ -232,51 +233,108 @@ def _file_tables(store: Store, a: _Side, b: _Side, by_id: bool, memory_rows: int
             folder.rmdir()
 
 
+def _sorted(table: pa.Table, keys: list[tuple[str, str]]) -> pa.Table:
+    """`table` sorted by `keys`, as one chunk per column."""
+    return table.take(pc.sort_indices(table, sort_keys=keys)).combine_chunks()
+
+
+def _same_as_next(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """For each key of a sorted column, whether the next one equals it (False for the last)."""
+    column = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    same = np.zeros(len(column), dtype=bool)
+    if len(column) > 1:
+        same[:-1] = to_numbers(pc.equal(column.slice(0, len(column) - 1), column.slice(1)))
+    return same
+
+
+def _hash_words(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """16-byte values as (n, 2) big-endian u64 rows: their order is the bytes' order."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    buffer = array.buffers()[1]
+    if not len(array) or buffer is None:
+        return np.zeros((0, 2), dtype=">u8")
+    return np.frombuffer(buffer, dtype=">u8", count=2 * len(array), offset=array.offset * 16).reshape(-1, 2)
+
+
 def _reject_repeated_ids(table: pa.Table, source: str, label: str) -> None:
-    counts = table.group_by("key").aggregate([("key", "count")])
-    repeated = counts.filter(pc.greater(counts.column("key_count"), 1))
-    if repeated.num_rows:
-        doc_id = repeated.column("key")[0].as_py()
-        lines = table.filter(pc.equal(table.column("key"), doc_id)).column("line").to_pylist()
-        raise InputError(f"{label}: {source}: id {doc_id!r} appears {len(lines)} times (lines "
-                         f"{', '.join(map(str, sorted(lines)[:5]))}); ids must be unique within a file")
+    """InputError naming the smallest id that repeats in this file, with its first five lines."""
+    ordered = _sorted(table, [("key", "ascending"), ("line", "ascending")])
+    same = _same_as_next(ordered.column("key"))
+    if not same.any():
+        return
+    first = end = int(np.argmax(same))
+    while same[end]:  # the last of the run is followed by another key (or is the last row)
+        end += 1
+    lines = to_numbers(ordered.column("line").slice(first, end + 1 - first)).tolist()
+    doc_id = to_strings(ordered.column("key").slice(first, 1))[0]
+    raise InputError(f"{label}: {source}: id {doc_id!r} appears {len(lines)} times (lines "
+                     f"{', '.join(map(str, lines[:5]))}); ids must be unique within a file")
 
 
-def _joined(a: pa.Table, b: pa.Table) -> pa.Table:
-    return a.join(b, keys="key", join_type="full outer", left_suffix="_a", right_suffix="_b", coalesce_keys=True)
+def _sides(a: pa.Table, b: pa.Table) -> pa.Table:
+    """Both tables in one, with a `side` column (0 for `a`, 1 for `b`), sorted by key then side."""
+    tagged = [table.append_column("side", int_column(np.full(table.num_rows, side), pa.int8()))
+              for side, table in enumerate((a, b))]
+    return _sorted(pa.concat_tables(tagged), [("key", "ascending"), ("side", "ascending")])
 
 
 def _compare_by_id(a: pa.Table, b: pa.Table, source: str, counts: _Counts) -> None:
-    joined = _joined(a, b)
-    present_a, present_b = pc.is_valid(joined.column("line_a")), pc.is_valid(joined.column("line_b"))
-    both = pc.and_(present_a, present_b)
-    edited = pc.and_(both, pc.fill_null(pc.not_equal(joined.column("text_hash_a"), joined.column("text_hash_b")), False))
-    counts.unchanged += pc.sum(both).as_py() or 0
-    counts.unchanged -= pc.sum(edited).as_py() or 0
-    differing = joined.filter(pc.or_(pc.invert(both), edited)).sort_by("key")
-    for row in differing.to_pylist():
-        old = DocumentVersion(row["key"], row["line_a"], row["text_hash_a"].hex()) if row["line_a"] is not None else None
-        new = DocumentVersion(row["key"], row["line_b"], row["text_hash_b"].hex()) if row["line_b"] is not None else None
-        kind = "changed" if old and new else "added" if new else "removed"
-        counts.emit(DocumentChange(kind, source, old, new))
+    """Pairs of equal ids (each unique within its side) sit next to each other in key order."""
+    rows = _sides(a, b)
+    paired = _same_as_next(rows.column("key"))
+    second = np.roll(paired, 1) if len(paired) else paired
+    hashes = _hash_words(rows.column("text_hash"))
+    edited = paired.copy()
+    if len(paired):
+        edited[:-1] &= (hashes[:-1] != hashes[1:]).any(axis=1)
+        edited[-1] = False
+    counts.unchanged += int(paired.sum() - edited.sum())
+    keys, lines, sides = to_strings(rows.column("key")), to_numbers(rows.column("line")), to_numbers(rows.column("side"))
+    def version(at: int) -> DocumentVersion:
+        return DocumentVersion(str(keys[at]), int(lines[at]), hashes[at].tobytes().hex())
+
+    for index in map(int, np.flatnonzero(edited | ~(paired | second))):
+        if edited[index]:
+            counts.emit(DocumentChange("changed", source, version(index), version(index + 1)))
+        elif sides[index] == 0:
+            counts.emit(DocumentChange("removed", source, version(index), None))
+        else:
+            counts.emit(DocumentChange("added", source, None, version(index)))
+
+
+def _copies(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct text hashes (16-byte values, sorted), each with its first line and its
+    number of copies."""
+    hashes = _hash_words(table.column("key")).copy().view("V16").reshape(-1)
+    lines = to_numbers(table.column("line")).astype(np.int64)
+    by_line = np.argsort(lines, kind="stable")
+    distinct, first, copies = np.unique(hashes[by_line], return_index=True, return_counts=True)
+    return distinct, lines[by_line][first], copies
+
+
+def _on_side(keys: np.ndarray, side: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """For each of `keys`, its copies on `side` (0 if none) and its first line there (-1 if none)."""
+    distinct, first_line, copies = side
+    if not len(distinct):
+        return np.zeros(len(keys), dtype=np.int64), np.full(len(keys), -1, dtype=np.int64)
+    at = np.minimum(np.searchsorted(distinct, keys), len(distinct) - 1)
+    present = distinct[at] == keys
+    return np.where(present, copies[at], 0), np.where(present, first_line[at], -1)
 
 
 def _compare_by_text(a: pa.Table, b: pa.Table, source: str, counts: _Counts) -> None:
-    def grouped(table: pa.Table) -> pa.Table:
-        return table.group_by("key").aggregate([("line", "min"), ("line", "count")])
-
-    joined = _joined(grouped(a), grouped(b))
-    copies_a = pc.fill_null(joined.column("line_count_a"), 0)
-    copies_b = pc.fill_null(joined.column("line_count_b"), 0)
-    counts.unchanged += pc.sum(pc.min_element_wise(copies_a, copies_b)).as_py() or 0
-    differing = joined.filter(pc.not_equal(copies_a, copies_b))
-    order = pc.coalesce(differing.column("line_min_b"), differing.column("line_min_a"))
-    differing = differing.append_column("order", order).sort_by([("order", "ascending"), ("key", "ascending")])
-    for row in differing.to_pylist():
-        extra = (row["line_count_b"] or 0) - (row["line_count_a"] or 0)
-        side = "b" if extra > 0 else "a"
-        line = row[f"line_min_{side}"]
-        version = DocumentVersion(document_id(None, source, line), line, row["key"].hex())
+    """Copies of each text counted on both sides: more in `b` is added, fewer is removed; the
+    changes in order of the text's first line (in `b` when it is there), then of its hash."""
+    side_a, side_b = _copies(a), _copies(b)
+    keys = np.union1d(side_a[0], side_b[0])
+    (count_a, line_a), (count_b, line_b) = _on_side(keys, side_a), _on_side(keys, side_b)
+    counts.unchanged += int(np.minimum(count_a, count_b).sum())
+    differ = np.flatnonzero(count_a != count_b)
+    ordering = np.where(line_b >= 0, line_b, line_a)[differ]
+    for index in differ[np.lexsort((differ, ordering))]:  # keys are sorted: the index is the hash's rank
+        extra = int(count_b[index] - count_a[index])
+        line = int(line_b[index] if extra > 0 else line_a[index])
+        version = DocumentVersion(document_id(None, source, line), line, keys[index].tobytes().hex())
         if extra > 0:
             counts.emit(DocumentChange("added", source, None, version, extra))
         else:
