@@ -28,6 +28,7 @@ from prep.errors import InputError
 from prep.history.documents import RecordedTask, SnapshotRecords, load_records, task_batches
 from prep.history.keep import SCAN_BYTES, KeepFlags, keep_flags
 from prep.stages.columns import bool_column, int_column, to_numbers, to_strings
+from prep.stages.intermediate import hash_pairs
 from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
 from prep.store.snapshots import Snapshot
@@ -172,9 +173,7 @@ def _kept_batches(store: Store, side: _Side, by_id: bool) -> Iterator[pa.RecordB
 def _partition_of(keys: pa.Array, parts: int) -> np.ndarray:
     """A partition number per key, the same for equal keys in both snapshots."""
     if pa.types.is_fixed_size_binary(keys.type):
-        buffer = keys.buffers()[1]
-        assert buffer is not None
-        words = np.frombuffer(buffer, dtype="<u8", count=2 * len(keys), offset=keys.offset * 16)[::2]
+        words = hash_pairs(keys)[:, 0]
     else:
         words = np.fromiter((xxhash.xxh3_64_intdigest(key.encode()) for key in keys.to_pylist()),
                             dtype=np.uint64, count=len(keys))
@@ -247,15 +246,6 @@ def _same_as_next(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return same
 
 
-def _hash_words(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """16-byte values as (n, 2) big-endian u64 rows: their order is the bytes' order."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    buffer = array.buffers()[1]
-    if not len(array) or buffer is None:
-        return np.zeros((0, 2), dtype=">u8")
-    return np.frombuffer(buffer, dtype=">u8", count=2 * len(array), offset=array.offset * 16).reshape(-1, 2)
-
-
 def _reject_repeated_ids(table: pa.Table, source: str, label: str) -> None:
     """InputError naming the smallest id that repeats in this file, with its first five lines."""
     ordered = _sorted(table, [("key", "ascending"), ("line", "ascending")])
@@ -283,7 +273,7 @@ def _compare_by_id(a: pa.Table, b: pa.Table, source: str, counts: _Counts) -> No
     rows = _sides(a, b)
     paired = _same_as_next(rows.column("key"))
     second = np.roll(paired, 1) if len(paired) else paired
-    hashes = _hash_words(rows.column("text_hash"))
+    hashes = hash_pairs(rows.column("text_hash"))
     edited = paired.copy()
     if len(paired):
         edited[:-1] &= (hashes[:-1] != hashes[1:]).any(axis=1)
@@ -305,7 +295,7 @@ def _compare_by_id(a: pa.Table, b: pa.Table, source: str, counts: _Counts) -> No
 def _copies(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The distinct text hashes (16-byte values, sorted), each with its first line and its
     number of copies."""
-    hashes = _hash_words(table.column("key")).copy().view("V16").reshape(-1)
+    hashes = hash_pairs(table.column("key")).copy().view("V16").reshape(-1)
     lines = to_numbers(table.column("line")).astype(np.int64)
     by_line = np.argsort(lines, kind="stable")
     distinct, first, copies = np.unique(hashes[by_line], return_index=True, return_counts=True)

@@ -362,17 +362,22 @@ def test_a_copy_dedup_dropped_is_no_document_of_its_file(workspace: Workspace, b
 
 _DIFF_IN_PROCESS = r"""
 import atexit, sys
+import prep.history.docdiff as docdiff
 atexit.register(lambda: print("pandas imported:", "pandas" in sys.modules, file=sys.stderr))
-sys.argv = ["prep", "diff", *sys.argv[1:], "--documents"]
+docdiff.diff_documents.__defaults__ = (int(sys.argv[1]), docdiff.SIDES)  # memory_rows: few spill to disk
+sys.argv = ["prep", "diff", *sys.argv[2:], "--documents"]
 from prep.cli.main import main
 main()
 """
 
 
+@pytest.mark.parametrize("memory_rows", [1_000_000, 10])
 @pytest.mark.parametrize("id_field", ["id", None])
-def test_a_document_diff_never_imports_pandas(tmp_path: Path, tokenizer_path: Path, id_field: str | None) -> None:
+def test_a_document_diff_never_imports_pandas(tmp_path: Path, tokenizer_path: Path, id_field: str | None,
+                                             memory_rows: int) -> None:
     """pyarrow imports pandas for `pa.array` of Python or numpy values and for its Acero engine
-    (`group_by`, `join`): 0.3 s of a diff's 0.6 s. Both keyings (ids, text hashes) avoid it."""
+    (`group_by`, `join`): 0.3 s of a diff's 0.6 s. Both keyings (ids, text hashes) avoid it, in
+    memory and partitioned through spill files."""
     import subprocess
     import sys
 
@@ -387,7 +392,7 @@ def test_a_document_diff_never_imports_pandas(tmp_path: Path, tokenizer_path: Pa
         pipeline = write_pipeline(tmp_path, tokenizer_path, [version], id_field=id_field, name=f"{version}.toml")
         ids.append(build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), InProcessExecutor(), (),
                          Progress(quiet=True)).snapshot.id)
-    ran = subprocess.run([sys.executable, "-c", _DIFF_IN_PROCESS, *ids, "--store", str(tmp_path / "store")],
+    ran = subprocess.run([sys.executable, "-c", _DIFF_IN_PROCESS, str(memory_rows), *ids, "--store", str(tmp_path / "store")],
                          capture_output=True, text=True, env=prep_env(), cwd=Path(__file__).parents[2], check=False)
     assert "pandas imported: False" in ran.stderr, ran.stderr
     assert ("changed" if id_field else "removed") in ran.stdout and "added" in ran.stdout, ran.stdout
