@@ -309,14 +309,19 @@ class LocalExecutor:
                 while worker.owed:
                     worker.receive()
             except ExecutorError:
-                worker.stop()
                 worker.owed.clear()
                 worker.dead = True
         self._replace_dead()
 
     def _replace_dead(self) -> None:
-        if _may_start_workers():
-            self._workers = [self._start() if worker.dead else worker for worker in self._workers]
+        """Reap every worker marked dead (in `_drain`, or by a send that found it gone) and start
+        one in its place, when this thread may start workers."""
+        if not _may_start_workers():
+            return
+        for position, worker in enumerate(self._workers):
+            if worker.dead:
+                worker.stop()
+                self._workers[position] = self._start()
 
     def pids(self) -> list[int]:
         """The worker processes' ids (tests signal them)."""
