@@ -267,8 +267,7 @@ def _build(table: _Table) -> BuildConfig:
     and merge_fan_in (how many entries objects an order or merge task reads at most)."""
     fan_in = table.get("merge_fan_in", int, DEFAULT_MERGE_FAN_IN)
     if not MIN_MERGE_FAN_IN <= fan_in <= MAX_MERGE_FAN_IN:
-        raise ConfigError(f"{table.source}: build.merge_fan_in: must be {MIN_MERGE_FAN_IN} to {MAX_MERGE_FAN_IN}, "
-                          f"got {fan_in}")
+        raise table._fail("merge_fan_in", f"must be {MIN_MERGE_FAN_IN} to {MAX_MERGE_FAN_IN}, got {fan_in}")
     config = BuildConfig(tokenizer_cache=table.size("tokenizer_cache", DEFAULT_TOKENIZER_CACHE), merge_fan_in=fan_in)
     table.finish()
     return config
