@@ -20,7 +20,7 @@ from prep.runner.tasks import (
     run_order_job,
 )
 from prep.stages.cuts import ShardPlan, bucket_bits, plan_shards
-from prep.stages.specs import PartTable
+from prep.stages.specs import PartTable, ShardParts
 from prep.store import records
 
 if TYPE_CHECKING:
@@ -121,7 +121,8 @@ def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str
         builder.guard.ensure(sorted({bucket_ids[b] for plan, _ in missing for b, _, _ in plan.slices}))
     weights = [plan.bin_size if unit == BIN else plan.bin_size + plan.text_bytes for plan, unit in missing]
     groups = [tuple(missing[start:end]) for start, end in contiguous_ranges(weights, builder.executor.workers)]
-    jobs = [AssembleJob(builder.store.url, parts,
+    table = ShardParts.of([(part.object_id, part.source, part.line_offset) for part in parts])
+    jobs = [AssembleJob(builder.store.url, table,
                         tuple(sorted({(b, bucket_ids[b]) for plan, _ in group for b, _, _ in plan.slices})),
                         group, dtype, eos_id) for group in groups]
     run = builder.stages["shard"]

@@ -22,7 +22,7 @@ from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import WarmUp
 from prep.stages.cuts import ShardPlan
 from prep.stages.read import ReadTask
-from prep.stages.specs import Part, PartTable, TokenizeSettings, entries_path
+from prep.stages.specs import Part, PartTable, ShardParts, TokenizeSettings, entries_path
 from prep.storage import open_store
 from prep.storage.base import Store
 from prep.store import cas
@@ -252,10 +252,11 @@ def run_order_job(job: OrderJob) -> TaskResult:
 class AssembleJob:
     """Write some units of some shards (see prep.stages.shard) and store their files.
     `units` pairs a shard with "bin" (its .bin and .idx) or "wds" (its .tar); `buckets` names
-    the bucket object of every bucket the shards' slices read."""
+    the bucket object of every bucket the shards' slices read; `parts` has every part's
+    intermediate, source and line offset, packed."""
 
     store_url: str
-    parts: tuple[PartRef, ...]
+    parts: ShardParts
     buckets: tuple[tuple[int, str], ...]
     units: tuple[tuple[ShardPlan, str], ...]
     dtype: str
@@ -266,22 +267,23 @@ def run_assemble_job(job: AssembleJob) -> TaskResult:
     """Outputs are keyed `<shard name>/<format>`."""
     import numpy as np
 
+    from prep.stages.members import PartNames
     from prep.stages.shard import PartReader, collect_shard, write_unit
     from prep.stages.tokenize import drop_engines
 
     drop_engines()
     store = worker_store(job.store_url)
-    parts = [ref.resolve(store) for ref in job.parts]
+    names = PartNames.of(job.parts)
+    reader = PartReader([fetch_local(store, object_id) for object_id in job.parts.object_ids()])
     buckets = {bucket: fetch_local(store, object_id) for bucket, object_id in job.buckets}
     work_dir = store.staging_dir() / f"assemble-{uuid.uuid4().hex}"
     work_dir.mkdir(parents=True)
-    reader = PartReader(parts)
     outputs: dict[str, str] = {}
     sizes: dict[str, int] = {}
     read_back: list[tuple[str, cas.FileStamp]] = []
     try:
         for plan, unit in job.units:
-            documents = collect_shard(plan, buckets, parts, with_json=unit == WDS)
+            documents = collect_shard(plan, buckets, names, with_json=unit == WDS)
             written = write_unit(unit, plan, documents, reader, np.dtype(job.dtype), job.eos_id, work_dir)
             crash_point("shard.after_write")
             for fmt, file in sorted(written.items()):

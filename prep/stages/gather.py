@@ -15,11 +15,12 @@ from __future__ import annotations
 import functools
 import os
 from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from prep.errors import IntegrityError
-from prep.stages.specs import Part
 
 MAX_OPEN_FILES = 256
 MERGE_GAP = 8192
@@ -38,8 +39,8 @@ class PartReader:
     Not memory maps: the kernel maps whole large page-cache folios on each fault, so mapped
     intermediates show up as resident memory of the size of the corpus."""
 
-    def __init__(self, parts: list[Part]) -> None:
-        self._paths = [part.path for part in parts]
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self._paths = list(paths)
         self._open: OrderedDict[int, int] = OrderedDict()
         self._stage = bytearray(0)
 

@@ -4,24 +4,51 @@ each, vectorized): digits with numpy, every member assembled from pieces by one 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from prep.formats import wds
 from prep.stages.columns import join_pieces
 from prep.stages.entries import NO_ID
-from prep.stages.specs import Part
+from prep.stages.specs import Part, ShardParts
 
 
-def sample_jsons(entries: np.ndarray, ids: bytes, parts: list[Part]) -> tuple[bytes, np.ndarray]:
+@dataclass(frozen=True)
+class PartNames:
+    """Every part's line offset and source (an index into `sources`): what `.json` members name."""
+
+    line_offsets: np.ndarray
+    source_of: np.ndarray
+    sources: tuple[str, ...]
+
+    @classmethod
+    def of(cls, table: ShardParts) -> PartNames:
+        """The names of a shard job's packed part table."""
+        return cls(np.frombuffer(table.line_offsets, dtype="<i8").astype(np.int64),
+                   np.frombuffer(table.source_of, dtype="<u4").astype(np.int64), table.sources)
+
+    @classmethod
+    def of_parts(cls, parts: Sequence[Part]) -> PartNames:
+        """The names of these parts, each source listed once."""
+        numbered: dict[str, int] = {}
+        source_of = [numbered.setdefault(part.source, len(numbered)) for part in parts]
+        return cls(np.asarray([part.line_offset for part in parts], dtype=np.int64),
+                   np.asarray(source_of, dtype=np.int64), tuple(numbered))
+
+
+def sample_jsons(entries: np.ndarray, ids: bytes, names: PartNames) -> tuple[bytes, np.ndarray]:
     """Each document's `.json` member (id or source:line, source, line, tokens with EOS), one
-    after another, and their offsets (one `wds.sample_json` per document, vectorized)."""
-    line_offsets = np.asarray([part.line_offset for part in parts] or [0], dtype=np.int64)
+    after another, and their offsets (one `wds.sample_json` per document, vectorized). Only the
+    sources these documents name are encoded: a corpus may have hundreds of thousands."""
     part = entries["part"].astype(np.int64)
-    lines = line_offsets[part] + entries["row"].astype(np.int64) + 1  # record_line: offset + row + 1
+    lines = names.line_offsets[part] + entries["row"].astype(np.int64) + 1  # record_line: offset + row + 1
+    used, source_of = np.unique(names.source_of[part], return_inverse=True)
     has_id = entries["id_len"] != NO_ID
     return sample_members(ids, entries["id_offset"].astype(np.int64), np.where(has_id, entries["id_len"], 0),
-                            has_id, [p.source for p in parts], part, lines, entries["n_tokens"].astype(np.int64) + 1)
+                          has_id, [names.sources[at] for at in used.tolist()], source_of.reshape(-1), lines,
+                          entries["n_tokens"].astype(np.int64) + 1)
 
 
 _QUOTE, _BACKSLASH, _SPACE = 0x22, 0x5C, 0x20

@@ -30,9 +30,8 @@ from prep.stages.cuts import ShardPlan
 from prep.stages.entries import EntryFile
 from prep.stages.gather import PartReader as PartReader  # the runner opens one per task
 from prep.stages.gather import scatter_blocks
-from prep.stages.members import sample_jsons
+from prep.stages.members import PartNames, sample_jsons
 from prep.stages.sink import CHUNK_BYTES, ChunkSink, Written
-from prep.stages.specs import Part
 
 PAYLOAD_BYTES = 32 << 20
 """Token and text bytes of a window gathered at once (prep.stages.gather), so neighbouring documents
@@ -67,7 +66,7 @@ class ShardSource:
 
     plan: ShardPlan
     buckets: dict[int, Path]
-    parts: list[Part]
+    names: PartNames
     with_json: bool
 
     def windows(self) -> Iterator[ShardDocuments]:
@@ -78,22 +77,22 @@ class ShardSource:
             for low in range(first, first + count, WINDOW_DOCUMENTS):
                 entries, ids = entry_file.read(low, min(WINDOW_DOCUMENTS, first + count - low))
                 key_lo, carry = _sample_key_lo(entries, carry)
-                yield _window(entries, ids, key_lo, self.parts, self.with_json)
+                yield _window(entries, ids, key_lo, self.names, self.with_json)
 
 
-def collect_shard(plan: ShardPlan, buckets: dict[int, Path], parts: list[Part], with_json: bool) -> ShardSource:
+def collect_shard(plan: ShardPlan, buckets: dict[int, Path], names: PartNames, with_json: bool) -> ShardSource:
     """The documents of one shard, read lazily from its slices of the bucket objects (in key order)."""
     found = sum(count for _, _, count in plan.slices)
     if found != plan.documents:
         raise IntegrityError(f"shard {plan.name}: found {found} documents, the plan has {plan.documents}")
-    return ShardSource(plan, buckets, parts, with_json)
+    return ShardSource(plan, buckets, names, with_json)
 
 
-def _window(entries: np.ndarray, ids: bytes, key_lo: np.ndarray, parts: list[Part], with_json: bool) -> ShardDocuments:
+def _window(entries: np.ndarray, ids: bytes, key_lo: np.ndarray, names: PartNames, with_json: bool) -> ShardDocuments:
     jsons: list[bytes] = []
     sizes: list[np.ndarray] = []
     for low in range(0, len(entries), JSON_BLOCK) if with_json else ():
-        blob, offsets = sample_jsons(entries[low:low + JSON_BLOCK], ids, parts)
+        blob, offsets = sample_jsons(entries[low:low + JSON_BLOCK], ids, names)
         jsons.append(blob)
         sizes.append(np.diff(offsets))
     json_offsets = np.zeros(len(entries) + 1 if with_json else 1, dtype=np.int64)

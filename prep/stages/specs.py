@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prep.config import DEFAULT_TOKENIZER_CACHE
+from prep.hashing import parse_id
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,36 @@ class PartTable:
 
     def __len__(self) -> int:
         return len(self.line_offsets) // 8
+
+
+@dataclass(frozen=True)
+class ShardParts:
+    """What a shard job needs of every part, packed (44 bytes a part, plus each source once):
+    its intermediate's SHA-256 (raw), its line offset, and its source as an index into
+    `sources`. A tuple of PartRefs took hundreds of bytes a part in every job, and a window's
+    `.json` members need only the sources its own documents name."""
+
+    intermediates: bytes  # 32 bytes a part
+    line_offsets: bytes  # little-endian int64 a part
+    source_of: bytes  # little-endian uint32 a part: its index in `sources`
+    sources: tuple[str, ...]  # each source once, in order of first use
+
+    @classmethod
+    def of(cls, parts: Sequence[tuple[str, str, int]]) -> ShardParts:
+        """The table of (intermediate object id, source, line offset) triples, in input order."""
+        numbered: dict[str, int] = {}
+        source_of = [numbered.setdefault(source, len(numbered)) for _, source, _ in parts]
+        return cls(b"".join(bytes.fromhex(parse_id(object_id)) for object_id, _, _ in parts),
+                   struct.pack(f"<{len(parts)}q", *(offset for _, _, offset in parts)),
+                   struct.pack(f"<{len(parts)}I", *source_of), tuple(numbered))
+
+    def __len__(self) -> int:
+        return len(self.line_offsets) // 8
+
+    def object_ids(self) -> list[str]:
+        """Every part's intermediate object id, in input order."""
+        raw = self.intermediates
+        return [f"sha256:{raw[at:at + 32].hex()}" for at in range(0, len(raw), 32)]
 
 
 @dataclass(frozen=True)

@@ -167,3 +167,31 @@ def test_order_tasks_read_no_stage_manifest_and_carry_forty_bytes_a_part(corpus:
     assert len(jobs) > 1 and parts > FILES
     assert all(len(job.parts) == parts and len(job.parts.source_digests) + len(job.parts.line_offsets) == 40 * parts
                for job in jobs)
+
+
+def test_shard_jobs_carry_forty_four_bytes_a_part_and_each_source_once(corpus: Path, tokenizer_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard job reads from every part, so it is told about every part: packed, 44 bytes a part
+    and each file's name once (a tuple of part references took hundreds of bytes a part, in
+    every job), with the `.json` members it writes unchanged."""
+    from prep.runner import tasks
+
+    monkeypatch.setattr(read, "RANGE_BYTES", 2500)
+    reference = _in_process(_pipeline(corpus, tokenizer_path, None), corpus / "reference")
+    jobs: list[tasks.AssembleJob] = []
+
+    def assemble_job(job: tasks.AssembleJob) -> tasks.TaskResult:
+        jobs.append(job)
+        return run_assemble_job(job)
+
+    run_assemble_job = tasks.run_assemble_job
+    monkeypatch.setattr(ordering, "run_assemble_job", assemble_job)
+    rebuilt = _in_process(_pipeline(corpus, tokenizer_path, None), corpus / "store")
+    assert rebuilt.snapshot.id == reference.snapshot.id
+    parts = rebuilt.stages["tokenize"].ran
+    assert jobs and parts > FILES
+    for job in jobs:
+        table = job.parts
+        assert len(table) == parts and len(table.intermediates) + len(table.line_offsets) + len(table.source_of) == 44 * parts
+        assert sorted(table.sources) == sorted(f"{index}.jsonl" for index in range(FILES))
+    assert any(unit == "wds" for job in jobs for _, unit in job.units)

@@ -18,7 +18,7 @@ from prep.stages import entries as entry_objects
 from prep.stages import gather, keys, order, shard
 from prep.stages.cuts import ShardPlan, plan_shards
 from prep.stages.intermediate import IntermediateWriter, read_columns
-from prep.stages.members import sample_jsons
+from prep.stages.members import PartNames, sample_jsons
 from prep.stages.shuffle import document_id, record_line
 from prep.stages.specs import Part, PartTable
 
@@ -85,12 +85,12 @@ def test_units_equal_the_sequential_writers(parts: list[list[tuple[str, list[int
         folder = Path(name)
         written = [_write_part(folder, f"p{i}", docs, with_ids, keyed) for i, docs in enumerate(parts)]
         plans, buckets = _shards(folder, written, shard_size, bits)
-        reader = gather.PartReader(written)
+        reader = gather.PartReader([part.path for part in written])
         hashes = {(n, r): np.frombuffer(r.to_bytes(8, "little") + f"p{n}".encode().ljust(8, b"_")[:8], "<u8")
                   for n, docs in enumerate(parts) for r in range(len(docs))}
         try:
             for plan in plans:
-                documents = shard.collect_shard(plan, buckets, written, with_json=True)
+                documents = shard.collect_shard(plan, buckets, PartNames.of_parts(written), with_json=True)
                 out = folder / f"out-{plan.name}"
                 out.mkdir()
                 files = {**shard.write_unit("bin", plan, documents, reader, DTYPE, EOS, out),
@@ -145,11 +145,11 @@ def test_a_window_reads_one_run_per_intermediate_batch_when_keyed(tmp_path: Path
         folder.mkdir()
         parts = [_write_part(folder, f"p{n}", docs, False, keyed) for n, docs in enumerate(corpus)]
         plans, buckets = _shards(folder, parts, 20_000, 2)
-        reader = _CountingReader(parts)
+        reader = _CountingReader([part.path for part in parts])
         for plan in plans:
             (folder / plan.name).mkdir()
-            shard.write_unit(unit, plan, shard.collect_shard(plan, buckets, parts, unit == "wds"), reader, DTYPE, EOS,
-                             folder / plan.name)
+            documents = shard.collect_shard(plan, buckets, PartNames.of_parts(parts), unit == "wds")
+            shard.write_unit(unit, plan, documents, reader, DTYPE, EOS, folder / plan.name)
         reader.close()
         reads[keyed] = reader.reads
     assert len(plans) >= 8
@@ -200,7 +200,7 @@ def test_vectorized_json_members_equal_the_reference(ids: list[str | None], sour
     entries["id_offset"] = np.cumsum([0] + [len(e) for e in encoded])[:-1] + 3
     entries["id_len"] = [entry_objects.NO_ID if doc_id is None else len(e) for doc_id, e in zip(ids, encoded)]
     blob = b"pad" + b"".join(encoded)
-    members, offsets = sample_jsons(entries, blob, parts)
+    members, offsets = sample_jsons(entries, blob, PartNames.of_parts(parts))
     got = [members[offsets[k]:offsets[k + 1]] for k in range(len(ids))]
     assert got == _reference_jsons(entries, blob, parts)
 
@@ -242,7 +242,7 @@ def test_gather_reads_neighbouring_spans_together_and_refuses_a_short_file(tmp_p
     paths = [tmp_path / "a", tmp_path / "b"]
     paths[0].write_bytes(data)
     paths[1].write_bytes(data[::-1])
-    reader = gather.PartReader([Part(path, "s", "jsonl", 0, 0) for path in paths])
+    reader = gather.PartReader(paths)
     spans = [(0, 1000, 6), (1, 3, 5), (0, 10, 5), (0, 15, 3), (1, 0, 0), (0, 0, 2)]
     try:
         for gap, stage, direct in ((0, 1, 1 << 20), (8, 4, 1 << 20), (4096, 1 << 20, 1 << 20), (8, 4, 4), (0, 1, 1)):
