@@ -23,6 +23,7 @@ from botocore.exceptions import (
     ConnectionClosedError,
     ConnectTimeoutError,
     EndpointConnectionError,
+    FlexibleChecksumError,
     IncompleteReadError,
     NoCredentialsError,
     PartialCredentialsError,
@@ -39,6 +40,8 @@ DEFAULT_PART_SIZE = 16 * MIB
 DEFAULT_JOBS = 8
 DEFAULT_MAX_ATTEMPTS = 8
 THRESHOLD_ENV = "PREP_S3_MULTIPART_THRESHOLD"
+MAX_PARTS = 10_000  # S3's limits: parts per upload, bytes per single PUT or part
+MAX_PUT_SIZE = 5 << 30
 
 LOST_RACE = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 PRECONDITION_FAILED = {"PreconditionFailed", "412"}
@@ -49,7 +52,8 @@ _BAD_CREDENTIALS = {
 }
 _DENIED = {"AccessDenied", "AllAccessDisabled"}
 _UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError)
-_STREAM_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, ConnectionClosedError)
+_STREAM_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, ConnectionClosedError,
+                  FlexibleChecksumError)  # a body that broke off, or arrived not matching S3's checksum
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": MIB, "mib": MIB, "g": 1 << 30, "gib": 1 << 30}
 
 T = TypeVar("T")
@@ -73,6 +77,13 @@ def parse_size(text: str, name: str) -> int:
     if not digits.isdigit() or unit not in _SIZE_UNITS:
         raise StoreError(f"{name}={text!r}: not a byte count (e.g. 67108864 or 64MiB)")
     return int(digits) * _SIZE_UNITS[unit]
+
+
+def part_size_for(size: int, preferred: int) -> int:
+    """The part size for a `size`-byte upload: `preferred`, raised to whole MiB when needed to
+    stay within MAX_PARTS parts."""
+    needed = -(-size // MAX_PARTS)
+    return max(preferred, -(-needed // MIB) * MIB)
 
 
 def error_code(exc: ClientError) -> str:
@@ -105,6 +116,8 @@ def translate(exc: Exception, bucket: str, key: str) -> PrepError:
         return StoreError(f"{where}: S3 {exc.operation_name} failed: {code} {one_line(message)}")
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
         return StoreError(f"{where}: no usable AWS credentials (set AWS_ACCESS_KEY_ID or AWS_PROFILE)")
+    if isinstance(exc, FlexibleChecksumError):
+        return StoreError(f"{where}: bytes arrived damaged ({one_line(str(exc))})")
     if isinstance(exc, _UNREACHABLE):
         return StoreError(f"{where}: cannot reach the S3 endpoint ({one_line(str(exc))})")
     return StoreError(f"{where}: {one_line(str(exc))}")
@@ -190,5 +203,5 @@ class ClientCache:
             core = botocore.session.get_session()
             core.register_component("data_loader", _shared_loader())  # parsed API models are reused
             return boto3.session.Session(botocore_session=core).client("s3", config=config)
-        except BotoCoreError as exc:
+        except (BotoCoreError, ValueError) as exc:  # botocore raises ValueError for a malformed endpoint URL
             raise StoreError(f"S3 configuration: {one_line(str(exc))}") from None

@@ -61,18 +61,30 @@ class ObjectReader(io.RawIOBase):
         wanted = min(len(view), self._size - self._pos)
         if wanted <= 0:
             return 0
-        chunk: bytes = retry(lambda: self._read_body(wanted), self._reopen_on_stream_error, self._attempts)
+        with s3_errors(self._bucket, self._key):  # a stream that keeps breaking, once retries run out
+            chunk: bytes = retry(lambda: self._read_body(wanted), self._reopen_on_stream_error, self._attempts)
         if not chunk:
             raise StoreError(f"s3://{self._bucket}/{self._key}: object ended early at byte {self._pos}")
         view[: len(chunk)] = chunk
         self._pos += len(chunk)
+        if self._pos == self._size:
+            self._end_body()
         return len(chunk)
+
+    def _end_body(self) -> None:
+        """Read the body's end: only then does botocore compare a whole-object GET with the
+        checksum S3 sent, so damaged bytes fail the last read instead of passing unseen."""
+        with s3_errors(self._bucket, self._key):
+            extra = self._body.read(1) if self._body is not None else b""
+        if extra:
+            raise StoreError(f"s3://{self._bucket}/{self._key}: object is longer than its {self._size} bytes")
 
     def _read_body(self, wanted: int) -> bytes:
         if self._body is None:
             with s3_errors(self._bucket, self._key):
                 ranged = {"Range": f"bytes={self._pos}-", **self._pin}
                 response = self._get(Bucket=self._bucket, Key=self._key, **ranged)
+            check_range(response, self._bucket, self._key, self._pos)
             self._body = response["Body"]
         return bytes(self._body.read(wanted))
 
@@ -88,6 +100,17 @@ class ObjectReader(io.RawIOBase):
     def close(self) -> None:
         self._drop_body()
         super().close()
+
+
+def check_range(response: dict[str, Any], bucket: str, key: str, start: int) -> None:
+    """Refuse the answer to a ranged GET that does not start at byte `start` (an endpoint or
+    proxy that ignores Range sends the whole object, which would be read as the range)."""
+    content_range = str(response.get("ContentRange") or "")
+    if not content_range.startswith(f"bytes {start}-"):
+        response["Body"].close()
+        got = content_range or "the whole object"
+        raise StoreError(f"s3://{bucket}/{key}: the S3 endpoint ignored the Range of a GET from byte {start} "
+                         f"(sent {got})")
 
 
 def list_pages(client: Any, bucket: str, prefix: str, delimited: bool) -> Iterator[dict[str, Any]]:
@@ -120,6 +143,9 @@ def reader(client: Any, bucket: str, key: str, size: int, pinned: dict[str, str]
 def read_range(client: Any, bucket: str, key: str, start: int, length: int, pinned: dict[str, str]) -> bytes:
     """`length` bytes from `start` (fewer at the end), retrying a body that breaks off."""
 
+    if start < 0:
+        raise StoreError(f"s3://{bucket}/{key}: negative read offset {start}")
+
     def fetch() -> bytes:
         with s3_errors(bucket, key):
             try:
@@ -129,21 +155,23 @@ def read_range(client: Any, bucket: str, key: str, start: int, length: int, pinn
                 if error_code(exc) == "InvalidRange":  # the object exists but ends before `start`
                     return b""
                 raise
+        check_range(response, bucket, key, start)
         return bytes(response["Body"].read())  # outside the translation: retry must see stream errors
 
-    return retry(fetch, is_stream_error, DEFAULT_MAX_ATTEMPTS)
+    with s3_errors(bucket, key):  # a body that keeps breaking off, once retries run out
+        return retry(fetch, is_stream_error, DEFAULT_MAX_ATTEMPTS)
 
 
 def download(client: Any, bucket: str, key: str, size: int, pinned: dict[str, str], dest: Path,
-             step: int, jobs: int) -> str:
+             step: int, jobs: int, check: Callable[[str], None]) -> str:
     """Fetch `size` bytes of `key` into `dest` with up to `jobs` ranged GETs of `step` bytes at
-    once; hashes in order into a temporary name beside `dest`, renamed only when complete.
-    Returns the SHA-256 hex of the bytes."""
+    once; hashes in order into a temporary name beside `dest`, renamed only when complete and
+    `check` (given the SHA-256 hex) did not raise. Returns the SHA-256 hex of the bytes."""
     fetches = (partial(read_range, client, bucket, key, start, step, pinned) for start in range(0, size, step))
-    dest.parent.mkdir(parents=True, exist_ok=True)
     temp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
     hasher, written = hashlib.sha256(), 0
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
         with open(temp, "wb") as out:
             for chunk in in_order(fetches, jobs, "prep-s3"):
                 out.write(chunk)
@@ -153,6 +181,7 @@ def download(client: Any, bucket: str, key: str, size: int, pinned: dict[str, st
             os.fsync(out.fileno())
         if written != size:
             raise StoreError(f"s3://{bucket}/{key}: got {written} of {size} bytes")
+        check(hasher.hexdigest())
         os.replace(temp, dest)
     except OSError as exc:
         raise StoreError(f"{dest}: cannot write: {exc.strerror or exc}") from None

@@ -29,12 +29,16 @@ from prep.storage.s3.client import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MULTIPART_THRESHOLD,
     DEFAULT_PART_SIZE,
+    MAX_PUT_SIZE,
     MIN_PART_SIZE,
     MISSING_KEY,
     THRESHOLD_ENV,
     ClientCache,
     error_code,
+    is_stream_error,
     parse_size,
+    part_size_for,
+    retry,
     s3_errors,
     split_url,
     translate,
@@ -50,6 +54,7 @@ from prep.storage.s3.reads import (
 from prep.storage.s3.uploads import (
     CREATE_ONLY,
     Upload,
+    is_completion_conflict,
     put_multipart,
     put_ref,
     put_single,
@@ -70,8 +75,8 @@ class S3Settings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
     def __post_init__(self) -> None:
-        if self.part_size < MIN_PART_SIZE:
-            raise StoreError(f"S3 part size {self.part_size} is below the minimum of {MIN_PART_SIZE} bytes")
+        if not MIN_PART_SIZE <= self.part_size <= MAX_PUT_SIZE:
+            raise StoreError(f"S3 part size {self.part_size} is outside {MIN_PART_SIZE}..{MAX_PUT_SIZE} bytes")
         if self.multipart_threshold < 1 or self.jobs < 1 or self.max_attempts < 1:
             raise StoreError("S3 multipart threshold, jobs and attempts must be positive")
 
@@ -115,7 +120,7 @@ class S3Store(Store):
         return s3_errors(self.bucket, self.prefix + key)
 
     def _check_content(self, key: str, actual_sha256: str) -> None:
-        """Refuse to store a content object whose bytes do not hash to the key's name."""
+        """Refuse content-object bytes, to be stored or just read, that do not hash to the key's name."""
         if key.startswith(CONTENT_PREFIX) and actual_sha256 != key.rsplit("/", 1)[-1]:
             raise IntegrityError(f"{self.url}/{key}: bytes hash to sha256:{actual_sha256}, not to the key's name")
 
@@ -125,16 +130,22 @@ class S3Store(Store):
         condition = {} if key.startswith(OVERWRITABLE_PREFIX) else CREATE_ONLY
         return Upload(self._client(), self.bucket, self._full(key), metadata, condition)
 
+    def _is_multipart(self, size: int) -> bool:
+        """Whether `size` bytes go up in parts: from the threshold on, and always above S3's
+        limit for a single PUT."""
+        return size >= min(self.settings.multipart_threshold, MAX_PUT_SIZE + 1)
+
     def put_bytes(self, key: str, data: bytes) -> bool:
-        if len(data) >= self.settings.multipart_threshold:
-            return self._put_multipart(key, io.BytesIO(data))
+        if self._is_multipart(len(data)):
+            return self._put_multipart(key, io.BytesIO(data), len(data))
         return self._put_single(key, data)
 
     def put_file(self, key: str, path: Path) -> bool:
         try:
             with open(path, "rb") as handle:
-                if os.fstat(handle.fileno()).st_size >= self.settings.multipart_threshold:
-                    return self._put_multipart(key, handle)
+                size = os.fstat(handle.fileno()).st_size
+                if self._is_multipart(size):
+                    return self._put_multipart(key, handle, size)
                 data = handle.read()
         except OSError as exc:
             raise StoreError(f"{path}: cannot read: {exc.strerror or exc}") from None
@@ -146,12 +157,20 @@ class S3Store(Store):
             self._check_content(key, hashlib.sha256(data).hexdigest())
         return put_single(upload, data, self.settings.max_attempts)
 
-    def _put_multipart(self, key: str, source: BinaryIO) -> bool:
+    def _put_multipart(self, key: str, source: BinaryIO, size: int) -> bool:
+        """A multipart upload of the `size` bytes of `source` from its start, started over when
+        its completion met a conflicting write (409) and the key is still free."""
         upload = self._upload(key)
-        if upload.condition and self.head(key) is not None:
-            return False  # spare the upload; the conditional completion stays the real guard
         check = partial(self._check_content, key)
-        return put_multipart(upload, source, self.settings.part_size, self.settings.jobs, check)
+        part_size = part_size_for(size, self.settings.part_size)
+
+        def attempt() -> bool:
+            if upload.condition and self.head(key) is not None:
+                return False  # spare the upload; the conditional completion stays the real guard
+            source.seek(0)
+            return put_multipart(upload, source, part_size, self.settings.jobs, check)
+
+        return retry(attempt, is_completion_conflict, self.settings.max_attempts)
 
     def open(self, key: str) -> BinaryIO:
         full = self._full(key)
@@ -170,10 +189,11 @@ class S3Store(Store):
     def download_file(self, key: str, dest: Path, jobs: int = DEFAULT_JOBS) -> str:
         """Fetch `key` into `dest` with parallel ranged GETs; returns the sha256 hex of the bytes.
 
-        Writes a temporary name beside `dest`, hashing in order, and renames only when complete."""
+        Writes a temporary name beside `dest`, hashing in order, and renames only when complete
+        (and, for a content object, when the bytes hash to the key's name: else IntegrityError)."""
         info = self.require(key)
         return download(self._client(), self.bucket, self._full(key), info.size, pin(None, info.etag), dest,
-                        self.settings.part_size, jobs)
+                        self.settings.part_size, jobs, partial(self._check_content, key))
 
     def _head(self, key: str) -> dict[str, Any] | None:
         with self._errors(key):
@@ -234,14 +254,20 @@ class S3Store(Store):
             self._client().delete_object(Bucket=self.bucket, Key=self._full(key))
 
     def read_ref(self, key: str) -> RefValue | None:
-        with self._errors(key):
-            try:
-                response = self._client().get_object(Bucket=self.bucket, Key=self._full(key))
-                return RefValue(body=bytes(response["Body"].read()), token=str(response["ETag"]))
-            except ClientError as exc:
-                if error_code(exc) not in MISSING_KEY:
-                    raise
-        return None
+        full = self._full(key)
+
+        def fetch() -> RefValue | None:
+            with self._errors(key):
+                try:
+                    response = self._client().get_object(Bucket=self.bucket, Key=full)
+                except ClientError as exc:
+                    if error_code(exc) not in MISSING_KEY:
+                        raise
+                    return None
+            return RefValue(bytes(response["Body"].read()), str(response["ETag"]))  # untranslated: retry sees a break
+
+        with self._errors(key):  # a body that keeps breaking off, once retries run out
+            return retry(fetch, is_stream_error, self.settings.max_attempts)
 
     def swap_ref(self, key: str, body: bytes, expected: str | None) -> bool:
         condition = CREATE_ONLY if expected is None else {"IfMatch": expected}

@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from prep.errors import StoreError
 from prep.faults import crash_point
 from prep.storage.parallel import in_order
 from prep.storage.s3.client import (
@@ -26,6 +27,16 @@ from prep.storage.s3.client import (
 )
 
 CREATE_ONLY = {"IfNoneMatch": "*"}
+
+
+class CompletionConflict(StoreError):
+    """A conditional CompleteMultipartUpload answered 409: the key may still be free, and the
+    upload (aborted) has to be started over."""
+
+
+def is_completion_conflict(exc: Exception) -> bool:
+    """Whether `exc` asks for a multipart upload to be done again."""
+    return isinstance(exc, CompletionConflict)
 
 
 @dataclass(frozen=True)
@@ -94,8 +105,9 @@ def _settle_lost(upload: Upload, exc: ClientError, data: bytes, lost_codes: set[
 def put_multipart(upload: Upload, source: BinaryIO, part_size: int, jobs: int,
                   check: Callable[[str], None]) -> bool:
     """Upload `source` in parts from threads, call `check` with the SHA-256 hex of all its bytes,
-    then complete under the upload's condition; False when the condition failed. Any failure
-    (or a failed check) aborts the upload so no parts are left behind."""
+    then complete under the upload's condition; False when the condition failed (412), and
+    CompletionConflict on a 409. Any failure (or a failed check) aborts the upload so no parts
+    are left behind."""
     client = upload.client
     with upload.errors():
         created = client.create_multipart_upload(Bucket=upload.bucket, Key=upload.key, Metadata=upload.metadata)
@@ -110,9 +122,12 @@ def put_multipart(upload: Upload, source: BinaryIO, part_size: int, jobs: int,
                     MultipartUpload={"Parts": parts}, **upload.condition,
                 )
             except ClientError as exc:
-                if error_code(exc) in LOST_RACE:
+                if error_code(exc) in PRECONDITION_FAILED:
                     _abort(upload, upload_id)
                     return False
+                if is_conflict(exc):  # nothing was written: S3 wants the whole upload done again
+                    raise CompletionConflict(f"s3://{upload.bucket}/{upload.key}: conflicting conditional "
+                                             "writes kept a multipart upload from completing") from None
                 raise
     except BaseException:
         _abort(upload, upload_id)
