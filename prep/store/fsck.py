@@ -8,8 +8,12 @@ is missing, corrupt (bytes that do not hash to the name) or invalid (a record or
 schema refuses) is a finding naming the object's kind, key and what reached it. Stored objects
 nothing reaches are dangling: garbage for gc, not damage, so they do not fail fsck.
 
+Read-back records must read too (`prep tag` refuses an unreadable one), as must keys under
+`snapshots/` and `holds/` be named by a SHA-256.
+
 `repair` (under the gc lease, so never beside a build or a gc) deletes the task and stage
-records whose outputs are missing, corrupt or invalid, and the corrupt objects themselves, so the
+records whose outputs are missing, corrupt or invalid, unreadable read-back records (the next
+publish reads the snapshot back again), and the corrupt objects themselves, so the
 next build recomputes them; never a ref, and never a snapshot manifest a current ref names
 (reported as unrepairable).
 """
@@ -31,6 +35,7 @@ from prep.store.holds import scan_holds
 from prep.store.layout import (
     HISTORY_PREFIX,
     OBJECTS_PREFIX,
+    READBACK_PREFIX,
     RECORD_SUFFIX,
     REFS_PREFIX,
     RETENTION_PREFIX,
@@ -38,9 +43,12 @@ from prep.store.layout import (
     STAGES_PREFIX,
     TASKS_PREFIX,
     history_prefix,
+    is_marker_key,
+    is_sha_hex,
     marker_sha,
     object_key,
     object_sha,
+    readback_sha,
     refs_prefix,
     snapshot_marker_key,
 )
@@ -208,6 +216,11 @@ def _walk_snapshots(walk: _Walk, dataset: str | None) -> tuple[set[str], int]:
             walk.snapshot(hashing.parse_id(hold.snapshot), f"hold on {hold.snapshot}", required=True)
     if dataset is None:
         for info in store.list(SNAPSHOTS_PREFIX):
+            if not is_marker_key(info.key):
+                walk.add(Problem(INVALID, "snapshot marker", info.key, info.key,
+                                 f"{store.url}/{info.key}: not a snapshot marker (its name is no SHA-256); "
+                                 "prep gc deletes it"))
+                continue
             walk.snapshot(marker_sha(info.key), info.key, required=True)
     return current, collected
 
@@ -221,6 +234,26 @@ def _check_policies(walk: _Walk, dataset: str | None) -> None:
         except IntegrityError as exc:
             key = current_policy_key(walk.store, name) or f"{RETENTION_PREFIX}{name}/"
             walk.add(Problem(INVALID, "retention policy", key, key, exc.message))
+
+
+def _check_readbacks(walk: _Walk, dataset: str | None, found: _Records) -> None:
+    """Every read-back record (for `dataset`, those of snapshots it reaches) must read: `prep tag`
+    and a publish refuse an unreadable one. An invalid one is a record `repair` may delete, since
+    losing it only makes the next publish read the snapshot back again."""
+    for info in walk.store.list(READBACK_PREFIX):
+        sha = readback_sha(info.key)
+        if dataset is not None and sha not in walk.kept:
+            continue
+        try:
+            if not is_sha_hex(sha) or not info.key.endswith(RECORD_SUFFIX):
+                raise IntegrityError(f"{walk.store.url}/{info.key}: not a read-back record (its name is no "
+                                     "snapshot's SHA-256)")
+            records.read_readback(walk.store, f"sha256:{sha}")
+        except NotFoundError:
+            continue
+        except IntegrityError as exc:
+            walk.add(Problem(INVALID, "read-back record", info.key, info.key, exc.message))
+            found.invalid.append(info.key)
 
 
 def _hash(store: Store, sha: str, on_bytes: Callable[[int], None]) -> str | None:
@@ -300,6 +333,7 @@ def _check(store: Store, dataset: str | None, jobs: int, progress: Progress) -> 
     current, collected = _walk_snapshots(walk, dataset)
     _check_policies(walk, dataset)
     found = _walk_records(walk, jobs, dataset)
+    _check_readbacks(walk, dataset, found)
     sizes = {object_sha(info.key): info.size for info in store.list(OBJECTS_PREFIX)}  # after the records
     hashed = _hash_reached(walk, sizes, jobs, progress)
     dangling = () if dataset else tuple(Dangling(object_key(sha), size) for sha, size in sorted(sizes.items())

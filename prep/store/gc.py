@@ -45,6 +45,7 @@ from prep.store.layout import (
     SNAPSHOTS_PREFIX,
     STAGES_PREFIX,
     TASKS_PREFIX,
+    is_marker_key,
     lease_folder,
     leases_prefix,
     marker_sha,
@@ -150,7 +151,7 @@ def _reach(store: Store, cutoff: float, markers: list[ObjectInfo], named: dict[s
     for kept in rules:  # only a current ref's snapshot must exist; history may name collected ones
         reach.snapshot(hashing.parse_id(kept.snapshot), kept.by, required=kept.rule == "refs")
     for marker in markers:
-        if marker.mtime > cutoff:
+        if marker.mtime > cutoff and is_marker_key(marker.key):  # a stray key names no snapshot: garbage
             reach.snapshot(marker_sha(marker.key), marker.key, required=False)
     for info in young:
         reach.names(named[info.key], info.key, required=False)

@@ -19,7 +19,7 @@ from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.storage.base import Store
 from prep.store import cas
-from prep.store.layout import HOLDS_PREFIX, RECORD_SUFFIX, hold_key
+from prep.store.layout import HOLDS_PREFIX, RECORD_SUFFIX, hold_key, is_sha_hex
 from prep.store.leases import GC, live_leases
 from prep.store.snapshots import Snapshot
 
@@ -80,8 +80,13 @@ def scan_holds(store: Store) -> list[tuple[str, Hold | IntegrityError]]:
     found: list[tuple[str, Hold | IntegrityError]] = []
     for info in store.list(HOLDS_PREFIX):
         if info.key.endswith(RECORD_SUFFIX):
+            name = info.key[len(HOLDS_PREFIX):-len(RECORD_SUFFIX)]
+            if not is_sha_hex(name):
+                found.append((info.key, IntegrityError(f"{store.url}/{info.key}: not a hold record (its name is "
+                                                       "no snapshot's SHA-256)")))
+                continue
             try:
-                hold = read_hold(store, "sha256:" + info.key[len(HOLDS_PREFIX):-len(RECORD_SUFFIX)])
+                hold = read_hold(store, "sha256:" + name)
             except IntegrityError as exc:
                 found.append((info.key, exc))
                 continue

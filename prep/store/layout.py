@@ -75,6 +75,17 @@ def marker_sha(key: str) -> str:
     return key[len(SNAPSHOTS_PREFIX):]
 
 
+def is_sha_hex(text: str) -> bool:
+    """Whether `text` is a SHA-256 as keys spell it (64 lowercase hex digits); a stray key under
+    `snapshots/` or `holds/` is not, and names nothing."""
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def is_marker_key(key: str) -> bool:
+    """Whether a key listed under `snapshots/` is a snapshot marker (its name a SHA-256 hex)."""
+    return key.startswith(SNAPSHOTS_PREFIX) and is_sha_hex(marker_sha(key))
+
+
 def refs_prefix(dataset: str | None = None) -> str:
     """`refs/`, or `refs/<dataset>/` for the refs of one dataset."""
     return REFS_PREFIX + (f"{check_name('dataset', dataset)}/" if dataset else "")

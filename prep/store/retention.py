@@ -27,6 +27,7 @@ from prep.store.layout import (
     RECORD_SUFFIX,
     RETENTION_PREFIX,
     SNAPSHOTS_PREFIX,
+    is_marker_key,
     marker_sha,
     retention_key,
 )
@@ -186,7 +187,7 @@ def retained(store: Store, chosen: dict[str, Policy], now: float) -> list[Kept]:
     longest = max((policy.keep_within for policy in chosen.values()), default=0)
     if longest:  # a marker's dataset is unknown until its manifest is read: the longest duration applies
         kept.extend(Kept("keep_within", f"sha256:{marker_sha(info.key)}", "", "published within keep_within")
-                    for info in store.list(SNAPSHOTS_PREFIX) if now - info.mtime < longest)
+                    for info in store.list(SNAPSHOTS_PREFIX) if now - info.mtime < longest and is_marker_key(info.key))
     return kept
 
 

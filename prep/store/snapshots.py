@@ -13,7 +13,7 @@ from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.storage.base import Store
 from prep.store import cas
-from prep.store.layout import SNAPSHOTS_PREFIX, history_key, marker_sha, snapshot_marker_key
+from prep.store.layout import SNAPSHOTS_PREFIX, history_key, is_marker_key, marker_sha, snapshot_marker_key
 from prep.store.refs import Ref, read_ref
 
 SNAPSHOT_SCHEMA = "prep.snapshot/1"
@@ -143,7 +143,9 @@ def load_snapshot(store: Store, snapshot_id: str) -> Snapshot:
 
 
 def list_snapshot_ids(store: Store, prefix: str = "") -> list[str]:
-    return [f"sha256:{marker_sha(info.key)}" for info in store.list(SNAPSHOTS_PREFIX + prefix)]
+    """The ids of the snapshots whose markers start with `prefix` (stray keys there name none)."""
+    return [f"sha256:{marker_sha(info.key)}" for info in store.list(SNAPSHOTS_PREFIX + prefix)
+            if is_marker_key(info.key)]
 
 
 def is_manifest_path(spec: str) -> bool:

@@ -13,9 +13,11 @@ object's shows up as a wrong final hash; it is then discarded and the object fet
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -82,15 +84,21 @@ def _ranged_chunks(store: Store, key: str, start: int, size: int, stop: threadin
 
 
 def _hash_prefix(partial: Path, limit: int, on_bytes: ByteCounter, stop: threading.Event) -> tuple[int, Any]:
-    """(bytes kept, sha256 state over them) of a partial file; (0, fresh) when there is none or
-    it is longer than the object (then it is removed)."""
+    """(bytes kept, sha256 state over them) of a partial file; (0, fresh) when there is none, or
+    it is longer than the object, no regular file or a hard link (then it is removed)."""
     hasher = hashlib.sha256()
-    try:
-        stream = io.FileIO(partial, "r")
+    try:  # never through a symlink planted under the partial's name, nor blocking on a FIFO
+        stream = io.FileIO(os.open(partial, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "r")
     except FileNotFoundError:
         return 0, hasher
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        partial.unlink()  # a symlink: removed, never followed
+        return 0, hasher
     with stream:
-        if os.fstat(stream.fileno()).st_size > limit:
+        info = os.fstat(stream.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size > limit:  # nlink: another file
             partial.unlink()
             return 0, hasher
         buffer = bytearray(READ_SIZE)
@@ -103,6 +111,11 @@ def _hash_prefix(partial: Path, limit: int, on_bytes: ByteCounter, stop: threadi
             kept += count
             on_bytes(count)
     return kept, hasher
+
+
+def _no_follow(path: str, flags: int) -> int:
+    """Open a temporary without following a symlink at its name (it would write outside DEST)."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
 
 
 def copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop: threading.Event, *,
@@ -118,7 +131,7 @@ def copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop:
         declared = size if size is not None else store.require(key).size
         chunks = _ranged_chunks(store, key, start, declared, stop)
     written = start
-    with io.FileIO(temp, "r+" if start else "x") as out:
+    with io.FileIO(temp, "r+" if start else "x", opener=_no_follow) as out:
         out.seek(start)
         for chunk in chunks:
             hasher.update(chunk)

@@ -11,25 +11,27 @@ does not (see docs/pull-verify.md for the order and why a killed pull converges)
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prep import hashing
-from prep.errors import NotFoundError, PrepError, UsageError
+from prep.errors import NotFoundError, PrepError, StorageIOError, UsageError
 from prep.faults import crash_point
 from prep.storage import LocalStore
 from prep.storage.base import Store
 from prep.store import cas
 from prep.store.marker import MARKER_KEY, is_store
-from prep.store.snapshots import Snapshot, read_manifest_content
+from prep.store.snapshots import Snapshot
 from prep.transfer.fetch import download_verified
 from prep.transfer.held import ShareRecord, ShareSpec, install_bytes, write_share_record
+from prep.transfer.prune import MANIFEST_NAME, ancestors, previous_paths, prune
 from prep.transfer.shares import (
     PARTIAL_TAG,
     PREP_DIR,
@@ -56,8 +58,8 @@ from prep.transfer.verify import (
 )
 from prep.writeback import fsync_path
 
-MANIFEST_NAME = "manifest.json"
 PULL_REPORT_SCHEMA = "prep.pull-report/1"
+IO_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})  # the disk failed, not the command
 
 
 @dataclass(frozen=True)
@@ -162,11 +164,19 @@ def fetch_artifact(
     except OSError as exc:
         _discard_empty(temp)
         culprit = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != os.fspath(final) else ""
-        raise UsageError(f"{final}: cannot copy into place: {exc.strerror or exc}{culprit}") from None
+        raise failure(exc, final, f"{final}: cannot copy into place: {exc.strerror or exc}{culprit}") from None
     except BaseException:  # stopped (another file failed, Ctrl-C): what was copied stays, to resume
         _discard_empty(temp)
         raise
     return True
+
+
+def failure(exc: OSError, path: str | os.PathLike[str], message: str) -> PrepError:
+    """What a failed write into DEST raises: a full disk or an I/O error is a StorageIOError (exit 4,
+    as everywhere), anything else (a folder in a file's place, no permission) a UsageError."""
+    if exc.errno in IO_ERRNOS:
+        return StorageIOError.from_os_error("writing", path, exc)
+    return UsageError(message)
 
 
 def _discard_empty(partial: Path) -> None:
@@ -212,18 +222,11 @@ def plan(dest: Path, artifacts: Iterable[Artifact], record: PullRecord) -> tuple
     return reused, fetch, stale
 
 
-def _ancestors(path: str) -> Iterator[str]:
-    """The folders above a relative path, deepest first, ending with "" (DEST itself)."""
-    while path:
-        path = path.rpartition("/")[0]
-        yield path
-
-
 def folders_to_sync(dest: Path, artifacts: Iterable[Artifact]) -> list[Path]:
     """Every folder from an artifact's parent up to `dest`, deepest first, so each new
     directory entry is durable after its contents."""
     parents = {artifact.path.rpartition("/")[0] for artifact in artifacts}
-    folders = {folder for parent in parents for folder in _ancestors(parent + "/x")} | {""}
+    folders = {folder for parent in parents for folder in ancestors(parent + "/x")} | {""}
     return [dest / folder for folder in sorted(folders, key=lambda folder: (-folder.count("/") - bool(folder), folder))]
 
 
@@ -233,57 +236,6 @@ def write_manifest(dest: Path, raw: bytes) -> Path:
     final = dest / PREP_DIR / MANIFEST_NAME
     install_bytes(final, raw)
     return final
-
-
-def previous_paths(dest: Path, snapshot: Snapshot, named: set[str]) -> tuple[set[str] | None, str | None]:
-    """The artifact paths DEST's manifest (an earlier pull's) names, read before it is
-    replaced; or None and why it cannot be trusted (missing, not a valid manifest, unsafe)."""
-    path = dest / PREP_DIR / MANIFEST_NAME
-    try:
-        if path.read_bytes() == snapshot.raw:
-            return named, None
-    except FileNotFoundError:
-        return None, f"{path} does not exist (no earlier pull completed in this folder)"
-    except OSError as exc:
-        return None, f"{path}: cannot be read ({exc.strerror or exc})"
-    try:
-        artifacts = artifacts_of(read_manifest_content(path))
-        for artifact in artifacts:
-            artifact.path.encode()  # a lone surrogate: pull never wrote that (UnicodeError)
-        check_paths(artifacts, dest, str(path))
-    except PrepError as exc:
-        return None, exc.message
-    except UnicodeError as exc:
-        return None, f"{path}: not a canonical prep manifest ({exc})"
-    return {artifact.path for artifact in artifacts}, None
-
-
-def prune(dest: Path, stale: Iterable[str], keep: set[str]) -> tuple[int, int]:
-    """Delete the files at `stale` paths (never a folder), then the folders that leaves empty
-    unless `keep` has paths below them, and fsync the folders that changed: (files, bytes)."""
-    files = size = 0
-    touched: set[str] = set()
-    for path in sorted(stale):
-        target = os.path.join(dest, path)
-        try:
-            info = os.lstat(target)
-            if stat.S_ISDIR(info.st_mode):
-                continue  # a folder where the old snapshot had a file: not pull's to remove
-            os.unlink(target)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        files, size = files + 1, size + info.st_size
-        touched.update(_ancestors(path))
-        crash_point("pull.after_prune")
-    if touched:
-        containers = {folder for path in keep for folder in _ancestors(path)}
-        for folder in sorted(touched - containers - {""}, key=lambda f: -f.count("/")):
-            with contextlib.suppress(OSError):  # not empty: someone else's files stay
-                os.rmdir(os.path.join(dest, folder))
-        for folder in touched:
-            if os.path.isdir(os.path.join(dest, folder)):
-                fsync_path(dest / folder)
-    return files, size
 
 
 @dataclass(frozen=True)
@@ -341,7 +293,7 @@ def _make_dest(dest: Path) -> None:
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"{dest}: cannot create folder: {exc.strerror or exc}") from None
+        raise failure(exc, dest, f"{dest}: cannot create folder: {exc.strerror or exc}") from None
 
 
 def pull(
@@ -386,7 +338,7 @@ def pull(
             crash_point("pull.before_manifest")
             write_manifest(dest, snapshot.raw)  # last: its presence means the pull completed
     except OSError as exc:
-        raise UsageError(f"{exc.filename or dest}: {exc.strerror or exc}") from None
+        raise failure(exc, exc.filename or dest, f"{exc.filename or dest}: {exc.strerror or exc}") from None
     return PullResult(
         snapshot_id=snapshot.id, dest=dest, share=share,
         files_copied=len(moved.copied), bytes_copied=sum(a.size for a in moved.copied),

@@ -11,6 +11,7 @@ same rank, so a rank never holds a `.tar` without the `.bin` of the same shard.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import heapq
 import json
@@ -22,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
 
-from prep.errors import InputError, UsageError
+from prep.errors import UsageError
 from prep.formats.units import UNIT_NAMES, unit_formats
+from prep.transfer.paths import PREP_DIR as PREP_DIR
+from prep.transfer.paths import TEMP_MARKER as TEMP_MARKER
+from prep.transfer.paths import check_paths as check_paths
 
-PREP_DIR = ".prep"
-TEMP_MARKER = ".prep-tmp-"
 PARTIAL_TAG = "partial-"
 LOCK_NAME = "pull.lock"
 RECORD_NAME = "verified.jsonl"
@@ -98,73 +100,6 @@ class Share:
 def artifacts_of(manifest: Mapping[str, Any]) -> list[Artifact]:
     """The artifacts a snapshot manifest lists, in manifest order."""
     return [Artifact.from_manifest(entry) for entry in manifest["artifacts"]]
-
-
-# ---------------------------------------------------------------- refusing unsafe manifests
-
-
-def _unsafe_reason(path: str) -> str | None:
-    parts = path.split("/")
-    if path.startswith("/"):
-        return "is absolute"
-    if "\0" in path:
-        return "contains a NUL byte"
-    if ".." in parts:
-        return "contains '..'"
-    if "" in parts or "." in parts:
-        return "is not a normalized relative path"
-    if parts[0] == PREP_DIR:
-        return f"is inside the reserved {PREP_DIR}/ folder"
-    if TEMP_MARKER in parts[-1]:
-        return f"uses the reserved temporary marker {TEMP_MARKER!r}"
-    return None
-
-
-def _symlinks_in(folder: str) -> frozenset[str]:
-    try:
-        with os.scandir(folder) as entries:
-            return frozenset(entry.name for entry in entries if entry.is_symlink())
-    except OSError:  # absent, not a folder, unreadable: nothing in it can redirect a path
-        return frozenset()
-
-
-class _Resolver:
-    """`realpath(root/path)` with one `realpath` and one listing per folder, not per file: a
-    file's own name needs resolving only when it is a symlink."""
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-        self.folders: dict[str, tuple[str, frozenset[str]]] = {}
-
-    def __call__(self, path: str) -> str:
-        folder, _, name = path.rpartition("/")
-        known = self.folders.get(folder)
-        if known is None:
-            real = os.path.realpath(os.path.join(self.root, folder)) if folder else self.root
-            known = self.folders[folder] = (real, _symlinks_in(real))
-        if name in known[1]:
-            return os.path.realpath(os.path.join(self.root, path))
-        return f"{known[0]}/{name}" if known[0] != "/" else f"/{name}"
-
-
-def check_paths(artifacts: Sequence[Artifact], dest: Path, source: str) -> None:
-    """Refuse (InputError, exit 2) a manifest whose paths are absolute, climb with '..',
-    repeat, or resolve outside `dest` through symlinks that exist right now."""
-    root = os.path.realpath(dest)
-    inside = root.rstrip("/") + "/"
-    resolve = _Resolver(root)
-    seen: set[str] = set()
-    for artifact in artifacts:
-        reason = _unsafe_reason(artifact.path)
-        if reason is None and artifact.path in seen:
-            reason = "is listed twice"
-        if reason is None:
-            real = resolve(artifact.path)
-            if real != root and not real.startswith(inside):
-                reason = f"resolves outside {dest} through a symlink (to {real})"
-        if reason is not None:
-            raise InputError(f"{source}: artifact path {artifact.path!r} {reason}; manifest refused")
-        seen.add(artifact.path)
 
 
 def artifact_folders(paths: Iterable[str]) -> list[str]:
@@ -250,6 +185,19 @@ def _load_record(path: Path) -> tuple[dict[str, tuple[str, Stamp]], int]:
     return entries, len(lines)
 
 
+def _open_record(path: Path) -> int:
+    """The record, opened to append, never through a symlink (pull would append wherever it
+    points): one planted there is removed first (pull holds DEST's lock)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    path.unlink()
+    return os.open(path, flags, 0o644)
+
+
 class PullRecord:
     """DEST/.prep/verified.jsonl: files pull installed or proved by hashing, with the SHA-256
     and stat stamp they had then. An entry counts only while the file's stamp is unchanged.
@@ -275,7 +223,7 @@ class PullRecord:
             self.entries[path] = (sha256, numbers)
             self.lines += 1
             if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self._fd = _open_record(self.path)
             os.write(self._fd, line)
 
     def close(self) -> None:
@@ -309,7 +257,12 @@ class DestLock:
 
     def __enter__(self) -> Self:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.handle = open(self.path, "a+b")
+        if self.path.parent.is_symlink():  # pull's own files would land wherever it points
+            raise UsageError(f"{self.path.parent}: a symlink; pull keeps its own files in a {PREP_DIR} folder of DEST")
+        try:  # not through a symlink: that would create or lock a file outside DEST
+            self.handle = open(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), "a+b")
+        except OSError as exc:
+            raise UsageError(f"{self.path}: cannot open the pull lock: {exc.strerror or exc}") from None
         try:
             fcntl.flock(self.handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

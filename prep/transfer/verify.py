@@ -306,8 +306,8 @@ def _pair_renames(dest: Path, problems: list[Problem], share: Share) -> list[Pro
     sizes = {size for size, _ in missing}
     paired: set[int] = set()
     renamed: list[Problem] = []
-    for extra in [p for p in problems if p.kind == "extra"]:
-        candidate = dest / extra.path
+    for extra in [p for p in problems if p.kind == "extra" and TEMP_MARKER not in p.path.rpartition("/")[2]]:
+        candidate = dest / extra.path  # a temporary (a killed pull's partial) is never the artifact
         try:
             if not candidate.is_file() or candidate.stat().st_size not in sizes:
                 continue

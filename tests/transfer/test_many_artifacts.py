@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from prep.errors import InputError
 from prep.manifest.schema import _validator, conforms
 from prep.storage.local import LocalStore
+from prep.transfer.paths import Resolver
 from prep.transfer.pull import pull
-from prep.transfer.shares import Artifact, _Resolver, artifacts_of, check_paths, partition
+from prep.transfer.shares import Artifact, artifacts_of, check_paths, partition
 from prep.transfer.verify import run_parallel, verify
 from tests.snapshot_factory import build_snapshot, many_artifacts
 
@@ -120,7 +121,7 @@ def test_folder_wise_resolution_equals_realpath(tmp_path: Path) -> None:
     paths = ["bin/a.bin", "bin/link.bin", "bin/out.bin", "bin/loop", "wds/inner/x", "wds/y", "away/z", "file/below",
              "top.bin", "absent/deeper/q"]
     root = os.path.realpath(dest)
-    resolve = _Resolver(root)
+    resolve = Resolver(root)
     for path in paths:
         assert resolve(path) == os.path.realpath(os.path.join(root, path)), path
     for path, allowed in [("wds/inner/x", True), ("bin/link.bin", True), ("bin/out.bin", False), ("away/z", False)]:
@@ -130,6 +131,20 @@ def test_folder_wise_resolution_equals_realpath(tmp_path: Path) -> None:
         else:
             with pytest.raises(InputError, match="resolves outside"):
                 check_paths(artifacts, dest, "m")
+
+
+def test_two_paths_landing_on_one_file_through_a_symlinked_folder_are_refused(tmp_path: Path) -> None:
+    """Regression: with DEST/wds a symlink to DEST/bin, `bin/x` and `wds/x` were one file: pull
+    wrote both there and reported success with one of them holding the other's bytes."""
+    dest = tmp_path / "dest"
+    (dest / "bin").mkdir(parents=True)
+    (dest / "wds").symlink_to("bin")
+    (dest / "bin/y").symlink_to("x")  # a file's own symlink is not followed for this: pull replaces it
+    both = [Artifact("bin/x", "bin", 0, 1, "0" * 64), Artifact("wds/x", "wds", 0, 1, "1" * 64)]
+    with pytest.raises(InputError, match="'wds/x' lands on the same file as 'bin/x'"):
+        check_paths(both, dest, "m")
+    check_paths([both[0], Artifact("bin/y", "bin", 1, 1, "2" * 64), Artifact("wds/z", "wds", 2, 1, "3" * 64)],
+                dest, "m")
 
 
 def test_the_pool_keeps_item_order_and_raises_the_first_real_error() -> None:

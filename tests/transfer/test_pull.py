@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from prep.errors import IntegrityError, NotFoundError, UsageError
+from prep.errors import IntegrityError, NotFoundError, StorageIOError, UsageError
 from prep.storage import open_store
 from prep.storage.local import LocalStore
 from prep.store import cas
 from prep.transfer.pull import pull
 from prep.transfer.shares import temp_name
 from prep.transfer.verify import TEMP_MARKER, verify
+from tests.runner.test_disk_full import remount, small_tmpfs
 from tests.s3support import new_bucket
 from tests.snapshot_factory import Built, build_snapshot
 
@@ -243,3 +244,47 @@ def test_a_file_where_a_folder_belongs_is_a_one_line_error(store: LocalStore, bu
     (dest / "wds").unlink()
     pull(store, built.snapshot, dest)
     assert_complete(built, dest)
+
+
+def test_a_full_disk_is_an_io_error_and_a_rerun_with_space_completes(store: LocalStore, built: Built, tmp_path: Path) -> None:
+    """Regression: a pull onto a full disk failed with exit 2, a usage error, where every other
+    command's full disk is a StorageIOError (exit 4, docs/cli.md)."""
+    with small_tmpfs(tmp_path / "mnt", "64k") as mount:
+        dest = mount / "dest"
+        with pytest.raises(StorageIOError, match="No space left on device") as caught:
+            pull(store, built.snapshot, dest, jobs=1)
+        assert caught.value.exit_code == 4 and caught.value.message.startswith(f"writing {dest}/")
+        assert not (dest / ".prep/manifest.json").exists()
+        for path, data in built.files.items():  # nothing wrong under a final name
+            assert not (dest / path).exists() or (dest / path).read_bytes() == data
+        remount(mount, "1m")
+        pull(store, built.snapshot, dest)
+        assert_complete(built, dest)
+
+
+def test_dest_own_files_are_never_written_through_a_symlink(store: LocalStore, built: Built, tmp_path: Path) -> None:
+    """Regression: a symlink at DEST/.prep/verified.jsonl made pull append its record lines to the
+    file it pointed to, and one at DEST/.prep/pull.lock created that file, both outside DEST."""
+    dest = tmp_path / "dest"
+    pull(store, built.snapshot, dest)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"someone else's file\n")
+    (dest / ".prep/verified.jsonl").unlink()
+    (dest / ".prep/verified.jsonl").symlink_to(victim)
+    (dest / "bin/00000.bin").unlink()  # so the pull installs a file and records it
+    pull(store, built.snapshot, dest)
+    assert victim.read_bytes() == b"someone else's file\n"
+    assert not (dest / ".prep/verified.jsonl").is_symlink() and (dest / ".prep/verified.jsonl").stat().st_size
+    assert_complete(built, dest)
+    (dest / ".prep/pull.lock").unlink()
+    (dest / ".prep/pull.lock").symlink_to(tmp_path / "elsewhere.lock")
+    with pytest.raises(UsageError, match="cannot open the pull lock"):
+        pull(store, built.snapshot, dest)
+    assert not os.path.lexists(tmp_path / "elsewhere.lock")
+    (dest / ".prep/pull.lock").unlink()
+    (dest / ".prep").rename(tmp_path / "elsewhere")
+    (dest / ".prep").symlink_to(tmp_path / "elsewhere")
+    before = sorted(path.name for path in (tmp_path / "elsewhere").iterdir())
+    with pytest.raises(UsageError, match="a symlink; pull keeps its own files"):
+        pull(store, built.snapshot, dest)
+    assert sorted(path.name for path in (tmp_path / "elsewhere").iterdir()) == before

@@ -148,6 +148,25 @@ def test_an_old_manifest_naming_paths_outside_dest_is_not_trusted(
     assert (outside / "00002.tar").read_bytes() == b"not pull's"
 
 
+def test_prune_never_deletes_a_new_file_a_symlinked_folder_makes_an_old_path_reach(
+    store: LocalStore, old: Built, new: Built, tmp_path: Path
+) -> None:
+    """Regression: with DEST/legacy a symlink to DEST/wds (inside DEST, so allowed), pruning the
+    old `legacy/00004.tar` unlinked the new `wds/00004.tar`; the pull still succeeded and left
+    DEST missing a file of the snapshot it had just declared complete."""
+    older = derive_snapshot(store, old, tmp_path / "work-older", removed=["legacy/00003.tar"],
+                            added=[("legacy/00004.tar", "wds", 4)], ref=None)
+    dest = tmp_path / "dest"
+    pull(store, older.snapshot, dest)
+    (dest / "legacy/00004.tar").unlink()
+    os.rmdir(dest / "legacy")
+    (dest / "legacy").symlink_to("wds")  # the old path legacy/00004.tar now lands on the new wds/00004.tar
+    result = pull(store, new.snapshot, dest, prune_old=True)
+    assert result.files_pruned == 1 and not (dest / "wds/00002.tar").exists()
+    assert (dest / "wds/00004.tar").read_bytes() == new.files["wds/00004.tar"]
+    assert kinds(verify(new.snapshot, dest).problems) == []
+
+
 def test_prune_in_a_folder_holding_one_rank_share(store: LocalStore, old: Built, new: Built, tmp_path: Path) -> None:
     for rank in range(2):
         dest = tmp_path / f"rank{rank}"

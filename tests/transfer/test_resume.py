@@ -199,3 +199,30 @@ def test_large_s3_objects_come_by_parallel_range_gets(
     assert sorted(set(watch.ranges)) == sorted(expected)  # each range (a cut one retried), nothing else
     assert len(watch.ranges) == len(expected) + (cut_nth is not None)
     assert watch.most_at_once > 1
+
+
+@pytest.mark.parametrize("planted", ["symlink", "hardlink", "fifo"])
+def test_a_partial_name_that_is_no_regular_file_is_removed_never_followed(tmp_path: Path, planted: str) -> None:
+    """Regression: a symlink planted under an artifact's partial name was resumed through: pull
+    appended the object's bytes to the file it pointed to, outside DEST (a hard link: into that
+    file's inode, a store object's say); a FIFO there blocked it."""
+    store = LocalStore(tmp_path / "store")
+    built = build_snapshot(store, tmp_path / "work", shard_sizes=(9_000,), formats=("bin",))
+    artifact = built.snapshot.artifacts[0]
+    dest = tmp_path / "dest"
+    partial = partial_name(dest / artifact["path"], artifact["sha256"])
+    partial.parent.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"someone else's file\n")
+    if planted == "symlink":
+        partial.symlink_to(victim)
+    elif planted == "hardlink":
+        os.link(victim, partial)
+    else:
+        os.mkfifo(partial)
+    worker = threading.Thread(target=lambda: pull(store, built.snapshot, dest), daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "pull blocked on the FIFO"
+    assert victim.read_bytes() == b"someone else's file\n"
+    assert not os.path.lexists(partial) and verify(built.snapshot, dest).ok

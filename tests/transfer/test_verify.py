@@ -20,7 +20,7 @@ from prep.manifest.schema import validate
 from prep.storage.local import LocalStore
 from prep.store.snapshots import Snapshot, publish_manifest, resolve
 from prep.transfer.pull import pull
-from prep.transfer.shares import artifacts_of
+from prep.transfer.shares import artifacts_of, partial_name
 from prep.transfer.verify import (
     PROBLEM_KINDS,
     REPORT_SCHEMA,
@@ -186,6 +186,17 @@ def test_a_renamed_file_is_named_as_such(pulled: Pulled) -> None:
     check_report(result)
     quick = verify(pulled.snapshot, pulled.dest, quick=True)  # without hashing: missing + extra
     assert kinds(quick) == [("missing", "wds/00001.tar"), ("extra", "wds/00001.tar.bak")]
+
+
+def test_a_complete_partial_file_is_extra_never_the_artifact_renamed(pulled: Pulled) -> None:
+    """Regression: a killed pull's partial holding all of the artifact's bytes was reported as the
+    artifact `renamed` to it, where a temporary must only ever be `extra`."""
+    sha = next(str(a["sha256"]) for a in pulled.snapshot.artifacts if a["path"] == "wds/00001.tar")
+    partial = partial_name(pulled.dest / "wds/00001.tar", sha)
+    os.rename(pulled.dest / "wds/00001.tar", partial)
+    result = verify(pulled.snapshot, pulled.dest)
+    assert sorted(kinds(result)) == [("extra", f"wds/{partial.name}"), ("missing", "wds/00001.tar")]
+    check_report(result)
 
 
 def test_a_file_changing_while_hashed_is_reported(pulled: Pulled) -> None:

@@ -1,0 +1,72 @@
+"""Keys under prep's prefixes that name nothing (a stray file under `snapshots/` or `holds/`)
+and damaged read-back records: each is a finding of fsck and a clear refusal or a collection
+by gc, never a traceback, and a damaged read-back record no longer blocks `prep tag` once
+repaired."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prep.errors import IntegrityError
+from prep.storage import LocalStore
+from prep.store.fsck import fsck
+from prep.store.gc import collect_garbage
+from prep.store.layout import readback_key
+from prep.store.snapshots import list_snapshot_ids, resolve
+from tests.helpers import run_prep
+from tests.store.test_gc import project, template  # noqa: F401  (module fixtures)
+
+
+def findings(store: LocalStore) -> list[tuple[str, str, str]]:
+    return [(f.problem, f.kind, f.key) for f in fsck(store).findings]
+
+
+def test_a_stray_key_under_snapshots_is_a_finding_and_gc_collects_it(project: dict[str, Path]) -> None:  # noqa: F811
+    """Regression: `snapshots/<not hex>` stopped fsck and gc with a ValueError traceback, and made
+    `prep show <prefix>` call a unique prefix ambiguous."""
+    store = LocalStore(project["store"])
+    snapshot = resolve(store, "tiny@latest")
+    hexpart = snapshot.id.removeprefix("sha256:")
+    for name in ("notes.txt", hexpart[:6]):
+        store.put_bytes(f"snapshots/{name}", b"")
+    assert findings(store) == [("invalid", "snapshot marker", f"snapshots/{name}")
+                               for name in sorted(("notes.txt", hexpart[:6]))]
+    assert list_snapshot_ids(store, hexpart[:4]) == [snapshot.id]
+    assert resolve(store, hexpart[:6]).id == snapshot.id
+    kept = collect_garbage(store, grace_seconds=0)
+    assert kept.deleted["snapshots"].count == 2 and kept.deleted["objects"].count == 0
+    assert fsck(store).clean and resolve(store, "tiny@latest").id == snapshot.id
+
+
+def test_a_stray_key_under_holds_is_a_finding_and_gc_refuses_in_one_line(project: dict[str, Path]) -> None:  # noqa: F811
+    """Regression: `holds/<not hex>.json` stopped fsck and gc with a ValueError traceback."""
+    store = LocalStore(project["store"])
+    store.put_bytes("holds/zz.json", b"junk")
+    assert findings(store) == [("invalid", "hold", "holds/zz.json")]
+    with pytest.raises(IntegrityError, match="holds/zz.json: not a hold record"):
+        collect_garbage(store, grace_seconds=0)
+    result = run_prep("gc", "--store", project["store"], "--grace", "0s", check=False)
+    assert result.returncode == 3 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("prep: error: ")
+
+
+def test_a_damaged_read_back_record_is_found_and_repaired(project: dict[str, Path]) -> None:  # noqa: F811
+    """Regression: a garbled `readback/<hex>.json` made `prep tag` fail (exit 3) while fsck called
+    the store clean, and no repair could remove it."""
+    store = LocalStore(project["store"])
+    snapshot = resolve(store, "tiny@latest")
+    key = readback_key(snapshot.id)
+    path = store.local_path(key)
+    assert path is not None and path.exists()
+    path.chmod(0o644)
+    path.write_bytes(b"junk")
+    store.put_bytes("readback/zz.json", b"junk")
+    assert run_prep("tag", "tiny@latest", "audit", "--store", project["store"], check=False).returncode == 3
+    assert findings(store) == [("invalid", "read-back record", key), ("invalid", "read-back record", "readback/zz.json")]
+    repaired = fsck(store, repair=True)
+    assert repaired.repair is not None and set(repaired.repair.records) == {key, "readback/zz.json"}
+    assert fsck(store).clean
+    run_prep("tag", "tiny@latest", "audit", "--store", project["store"])  # reads the snapshot back again
+    assert store.exists(key) and fsck(store).clean
