@@ -15,10 +15,12 @@ from prep.cli.common import echo_json, json_option, open_store_option, store_opt
 from prep.cli.render import trace_lines
 from prep.errors import UsageError
 from prep.history.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
+from prep.history.specs import resolve_spec
 from prep.progress import human_bytes
 from prep.storage.base import Store
+from prep.store.layout import check_name
 from prep.store.refs import list_refs
-from prep.store.snapshots import Snapshot, is_manifest_path, load_snapshot, resolve
+from prep.store.snapshots import Snapshot, is_manifest_path, load_snapshot
 
 if TYPE_CHECKING:  # the document-level modules load pyarrow; import them only when used
     from prep.history.docdiff import DocumentChange, DocumentDiff
@@ -99,10 +101,6 @@ def write_report(report: dict[str, Any], documents: DocumentDiff | None, out: Te
     out.write("]}}\n")
 
 
-def _resolve(store: Store | None, spec: str) -> Snapshot:
-    return resolve(None if is_manifest_path(spec) else store, spec)
-
-
 def _side(spec: str, snapshot: Snapshot) -> dict[str, str]:
     return {"spec": spec, "snapshot": snapshot.id, "dataset": snapshot.dataset}
 
@@ -118,7 +116,7 @@ def diff(old_spec: str, new_spec: str, store_url: str | None, as_json: bool,
     """Compare snapshots A and B. Exit 0 when identical, 1 when different, 2 on error."""
     needs_store = documents or not (is_manifest_path(old_spec) and is_manifest_path(new_spec))
     store = open_store_option(store_url) if needs_store else None
-    old, new = _resolve(store, old_spec), _resolve(store, new_spec)
+    old, new = resolve_spec(store, old_spec), resolve_spec(store, new_spec)
     snapshot_diff = diff_snapshots(old, new)
     with tempfile.TemporaryDirectory(prefix="prep-diff-") as work:
         document_diff = None
@@ -167,13 +165,14 @@ def tag(args: tuple[str, ...], delete: bool, force: bool, expect: str | None, no
         dataset, _, name = args[0].partition("@")
         if not name:
             raise UsageError(f"{args[0]!r}: name the tag to delete as DATASET@NAME")
+        check_name("dataset", dataset)
         gone = delete_tag(store, dataset, name, expect=wanted).ref
         if as_json:
             echo_json({"schema": "prep.tag-report/1", "action": "deleted", "ref": gone.to_json()})
             return
         click.echo(f"deleted {gone.dataset}@{gone.name} (was {gone.snapshot}; generation {gone.generation})")
         return
-    snapshot = load_snapshot(store, resolve(store, args[0]).id)  # a manifest file must be in the store too
+    snapshot = load_snapshot(store, resolve_spec(store, args[0]).id)  # a manifest file must be in the store too
     move = set_tag(store, snapshot.dataset, args[1], snapshot.id, force=force, expect=wanted,
                    prove=None if no_readback else lambda: _read_back(store, snapshot))
     ref = move.ref
@@ -205,6 +204,8 @@ def _read_back(store: Store, snapshot: Snapshot) -> None:
 @json_option("prep.ls-report/1")
 def ls(dataset: str | None, store_url: str | None, as_json: bool) -> None:
     """List datasets and their refs: generation, time moved, snapshot."""
+    if dataset is not None:
+        check_name("dataset", dataset)  # '' listed every dataset's refs
     store = open_store_option(store_url)
     refs = list_refs(store, dataset)
     if as_json:
@@ -233,7 +234,7 @@ def trace(snap: str, doc_id: str, store_url: str | None, as_json: bool) -> None:
     from prep.history.lineage import trace as trace_document
 
     store = open_store_option(store_url)
-    snapshot = _resolve(store, snap)
+    snapshot = resolve_spec(store, snap)
     found = trace_document(store, snapshot, doc_id)
     if as_json:
         click.echo(json.dumps({"schema": TRACE_SCHEMA, "snapshot": snapshot.id, "spec": doc_id,

@@ -13,9 +13,10 @@ from prep.cli.common import json_option, open_store_option, store_option
 from prep.cli.render import trace_lines
 from prep.errors import NotFoundError, UsageError
 from prep.history.naming import AT_EXAMPLES
+from prep.history.specs import resolve_spec
 from prep.progress import human_bytes
 from prep.storage.base import Store
-from prep.store.snapshots import Snapshot, is_manifest_path, read_manifest_file, reencoded_note, resolve
+from prep.store.snapshots import Snapshot, is_manifest_path, read_manifest_file, reencoded_note
 
 if TYPE_CHECKING:  # the lineage modules load pyarrow; import them only when used
     from prep.history.builds import BuildRecord, Generation
@@ -169,7 +170,7 @@ def show(snap: str, store_url: str | None, as_json: bool, at: str | None, text: 
     dest = Path(snap) if manifest_file is not None else None
     spec = str(manifest_file) if manifest_file is not None else snap
     store = None if is_manifest_path(spec) and at is None else open_store_option(store_url)
-    snapshot = read_manifest_file(manifest_file) if manifest_file else resolve(None if is_manifest_path(spec) else store, spec)
+    snapshot = read_manifest_file(manifest_file) if manifest_file else resolve_spec(store, spec)
     note = reencoded_note(spec, snapshot)
     if note is not None:
         click.echo(note, err=True)

@@ -21,6 +21,7 @@ from prep.store.snapshots import Snapshot, load_snapshot
 
 REPORT_SCHEMA = "prep.log-report/1"  # manifests/log-report-1.schema.json
 BUILD_LOG_SCHEMAS = ("prep.build-log/1", "prep.build-log/2")
+REF_SCHEMA = "prep.ref/1"  # manifests/ref-1.schema.json
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,12 @@ class Generation:
 
 
 def generations(store: Store, dataset: str) -> list[Generation]:
-    """Every generation of the dataset's refs, newest first, each checked for its snapshot once."""
+    """Every generation of the dataset's refs, newest first, each checked for its snapshot once;
+    IntegrityError for a value its schema refuses (a damaged record: say, one naming no snapshot id)."""
     present: dict[str, bool] = {}
     found = []
     for ref in ref_history(store, dataset):
+        validate(ref.to_json(), REF_SCHEMA, f"{store.url}: generation {ref.generation} of {ref.dataset}@{ref.name}")
         if ref.snapshot not in present:
             present[ref.snapshot] = snapshot_exists(store, ref.snapshot)
         found.append(Generation(ref, not present[ref.snapshot]))

@@ -4,7 +4,7 @@ Both are read from the document's tokenize intermediate: the exact bytes shard a
 into every format (.txt members, .bin sequences), so this works for bin-only snapshots too and
 needs neither the tokenizer file (it may have moved or changed since) nor the input corpus (it
 may have been edited). Fail closed: the intermediate is proven to hash to its name
-(prep.store.cache.verified_local_file), and the text is checked against the xxh3-128 text hash
+(prep.history.documents.verified_object), and the text is checked against the xxh3-128 text hash
 the tokenize stage recorded.
 """
 
@@ -20,11 +20,10 @@ import pyarrow.compute as pc
 import xxhash
 
 from prep.errors import IntegrityError
-from prep.history.documents import DocumentOrigin, SnapshotRecords
+from prep.history.documents import DocumentOrigin, SnapshotRecords, verified_object
 from prep.stages.columns import FALSE, row_of, scalar_of, to_numbers
 from prep.stages.intermediate import Intermediate
 from prep.storage.base import Store
-from prep.store.cache import verified_local_file as verified_local
 
 _COLUMNS = ["row", "text_bytes", "n_tokens", "text_offset", "tokens_offset"]
 
@@ -53,7 +52,7 @@ def _row_offsets(intermediate: Intermediate, row: int, source: str) -> dict[str,
 def document_content(store: Store, records: SnapshotRecords, origin: DocumentOrigin) -> Content:
     """The text and tokens of `origin`, read from its tokenize intermediate and checked."""
     task = records.tasks[origin.part]
-    path = verified_local(store, task.output)
+    path = verified_object(store, task.output, f"the tokenize intermediate of {task.source}")
     intermediate = Intermediate(path, _COLUMNS)
     meta = _row_offsets(intermediate, origin.row, task.source)
     dtype = intermediate.token_dtype

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from prep.errors import InputError
-from prep.history.documents import RecordedTask, SnapshotRecords, load_records, task_batches
+from prep.history.documents import RecordedTask, SnapshotRecords, load_records, prove_intermediates, task_batches
 from prep.history.keep import SCAN_BYTES, KeepFlags, keep_flags
 from prep.stages.columns import bool_column, int_column, to_numbers, to_strings
 from prep.stages.intermediate import hash_pairs
@@ -369,12 +369,16 @@ def diff_documents(store: Store, a: Snapshot, b: Snapshot, work_dir: Path,
     by_id = all(r.id_field is not None for r in records)
     compare = _compare_by_id if by_id else _compare_by_text
     counts = _Counts()
+    files = {source: tuple(_Side(r, keep, r.tasks_of(source), label) for r, keep, label in zip(records, keeps, labels))
+             for source in sorted(set(records[0].sources()) | set(records[1].sources()))}
+    skipped = {source for source, (side_a, side_b) in files.items() if _same_documents(side_a, side_b)}
+    prove_intermediates(store, [task for source, sides in files.items() if source not in skipped
+                                for side in sides for task in side.tasks])
     path = work_dir / CHANGES_FILE
     with open(path, "w", encoding="utf-8") as out:
         counts.out = out
-        for source in sorted(set(records[0].sources()) | set(records[1].sources())):
-            side_a, side_b = (_Side(r, keep, r.tasks_of(source), label) for r, keep, label in zip(records, keeps, labels))
-            if _same_documents(side_a, side_b):
+        for source, (side_a, side_b) in files.items():
+            if source in skipped:
                 counts.skipped += 1
                 counts.unchanged += side_a.keep.ones_between(*side_a.span)
                 continue

@@ -11,8 +11,11 @@ records, and so every document's origin, read the same in all of them.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,19 +24,21 @@ import pyarrow.compute as pc
 
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import wds
+from prep.history.specs import is_decimal, is_text
 from prep.manifest import canonical
 from prep.stages.columns import FALSE, row_of, scalar_of, to_numbers
 from prep.stages.intermediate import Intermediate
 from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
 from prep.store import cas
-from prep.store.cache import local_file as fetch_local
+from prep.store.cache import verified_local_file
 from prep.store.snapshots import Snapshot
 
 LAYOUT_POSITIONAL = 1
 """Stages tokenize, dedup, shuffle, shard; shards named by position (bin/00003.bin)."""
 LAYOUT_KEYED = 2
 """Stages tokenize, (route,) order, shard; shards named by key range (bin/3a00000000000000.bin)."""
+PROVE_THREADS = 8
 _LAYOUT_STAGES = {LAYOUT_POSITIONAL: ("dedup", "shuffle"), LAYOUT_KEYED: ("order",)}
 
 
@@ -121,9 +126,30 @@ def load_records(store: Store, snapshot: Snapshot) -> SnapshotRecords:
     return SnapshotRecords(snapshot, tuple(tasks), snapshot_layout(snapshot))
 
 
+def verified_object(store: Store, object_id: str, what: str) -> Path:
+    """A local file of the object a snapshot names as `what`, proven to hash to its name (once per
+    process); IntegrityError naming it when it is corrupt or missing."""
+    try:
+        return verified_local_file(store, object_id)
+    except IntegrityError:
+        raise IntegrityError(f"{store.url}: {what} (object {object_id}) does not hash to its name") from None
+    except (NotFoundError, FileNotFoundError):
+        raise IntegrityError(f"{store.url}: {what} (object {object_id}) is missing from the store") from None
+
+
+def prove_intermediates(store: Store, tasks: Iterable[RecordedTask]) -> None:
+    """Prove the tasks' intermediates (verified_object) on a few threads at once, before they are
+    read one by one: hashing them dominates a document diff, and hashlib runs without the GIL."""
+    unique = {task.output: task for task in tasks}  # two snapshots may share an intermediate
+    with ThreadPoolExecutor(max_workers=min(PROVE_THREADS, os.cpu_count() or 1)) as pool:
+        list(pool.map(lambda task: verified_object(store, task.output, f"the tokenize intermediate of {task.source}"),
+                      unique.values()))
+
+
 def task_batches(store: Store, task: RecordedTask, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
     """The task's intermediate rows (all documents, kept or not), in input order, batch by batch."""
-    yield from Intermediate(fetch_local(store, task.output), list(columns)).batches()
+    path = verified_object(store, task.output, f"the tokenize intermediate of {task.source}")
+    yield from Intermediate(path, list(columns)).batches()
 
 
 @dataclass(frozen=True)
@@ -272,11 +298,13 @@ def find_documents(store: Store, records: SnapshotRecords, spec: str) -> list[Do
     """Every input document named by `spec`: an id (unique across files), SOURCE:ID, or SOURCE:LINE
     (with or without an id field: when SOURCE:N names both the document with id N and another
     on line N, it is ambiguous). Raises NotFoundError, or UsageError when ambiguous."""
+    if not is_text(spec):  # an argument of bytes that are no UTF-8 (os.fsdecode's surrogates): Arrow cannot hold it
+        raise NotFoundError(f"snapshot {records.snapshot.id[:19]} has no document {spec!r} (it is not UTF-8 text)")
     sources = records.sources()
     prefixed = [(source, spec[len(source) + 1:]) for source in sources if spec.startswith(source + ":")]
     found: list[DocumentOrigin] = []
     for source, rest in prefixed:
-        if rest.isdigit() and 0 < int(rest) < _NO_SUCH_LINE:
+        if is_decimal(rest) and 0 < int(rest) < _NO_SUCH_LINE:
             found.extend(scan(store, records, _parts_of(records, source), line_is(int(rest))))
     if records.id_field is None:
         if not prefixed:

@@ -22,14 +22,15 @@ from prep.errors import IntegrityError
 from prep.history.documents import (
     LAYOUT_POSITIONAL,
     SnapshotRecords,
+    prove_intermediates,
     stage_manifest,
     task_batches,
+    verified_object,
 )
 from prep.stages.dedup import MASK_COUNT_DTYPE, MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, unpack_flags
 from prep.stages.intermediate import hash_pairs
 from prep.stages.keys import bucket_of, order_keys
 from prep.storage.base import Store
-from prep.store.cache import local_file as fetch_local
 
 SCAN_BYTES = 1 << 22
 MAX_PARTITIONS = 512
@@ -115,7 +116,8 @@ class PackedMask:
 
 def recorded_mask(store: Store, records: SnapshotRecords) -> PackedMask:
     """The keep mask a layout-1 snapshot's dedup stage recorded, checked against its tokenize records."""
-    keep = PackedMask(fetch_local(store, stage_manifest(store, records.snapshot, "dedup")["outputs"]["keep"]))
+    mask_id = stage_manifest(store, records.snapshot, "dedup")["outputs"]["keep"]
+    keep = PackedMask(verified_object(store, mask_id, f"the dedup keep mask of snapshot {records.snapshot.id[:19]}"))
     if keep.count != records.documents:
         raise IntegrityError(f"snapshot {records.snapshot.id}: keep mask covers {keep.count} documents, "
                              f"tokenize recorded {records.documents}")
@@ -136,6 +138,7 @@ def keep_flags(store: Store, records: SnapshotRecords, work_dir: Path, memory_ro
     candidates = sum(int(bucket["documents_read"]) for bucket in buckets if int(bucket["duplicates_dropped"]))
     parts = min(MAX_PARTITIONS, max(1, math.ceil(candidates / max(1, memory_rows))))
     folder = Path(tempfile.mkdtemp(prefix=f"keep-{records.snapshot.id.removeprefix('sha256:')[:12]}-", dir=work_dir))
+    prove_intermediates(store, records.tasks)  # all of them are read: prove them in parallel first
     chunks = _candidates(store, records, int(records.snapshot.manifest["seed"]), bits, affected)
     mask, found = first_occurrence_mask(chunks, records.documents, parts, folder)
     if found != dropped:

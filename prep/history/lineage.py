@@ -26,6 +26,7 @@ from prep.history.keep import PackedMask
 from prep.history.naming import AT_EXAMPLES, KEY_HEX_DIGITS
 from prep.history.placement_v1 import PositionalPlacer
 from prep.history.placement_v2 import KeyedPlacer
+from prep.history.specs import is_decimal
 from prep.stages.dedup import MASK_HEADER_BYTES, mask_bytes_for, mask_count, unpack_flags
 from prep.storage.base import Store
 from prep.store.snapshots import Snapshot
@@ -79,7 +80,7 @@ def is_sample_key(spec: str) -> bool:
 def parse_at(spec: str) -> tuple[str, int]:
     """`bin/3a00000000000000.bin:17` -> ("bin/3a00000000000000.bin", 17); any artifact path."""
     path, _, number = spec.rpartition(":")
-    if not path or not number.isdigit():
+    if not path or not is_decimal(number):
         raise UsageError(f"--at {spec!r}: expected a WebDataset sample key (32 hex digits; 10 decimal digits in "
                          f"older snapshots) or ARTIFACT_PATH:N, e.g. {AT_EXAMPLES}")
     return path, int(number)

@@ -26,12 +26,12 @@ from prep.history.documents import (
     origin_at,
     scan,
     stage_manifest,
+    verified_object,
 )
 from prep.history.keep import PackedMask, recorded_mask
 from prep.stages.columns import scalar_of
 from prep.stages.specs import ShardSpec
 from prep.storage.base import Store
-from prep.store.cache import local_file as fetch_local
 
 SCAN_ROWS = 1 << 20
 
@@ -55,7 +55,8 @@ class PositionalPlacer:
         return cls(store, records, keep, shuffle["outputs"]["plan"], shards)
 
     def _plan(self) -> np.ndarray:
-        return np.load(fetch_local(self.store, self.plan_id), mmap_mode="r", allow_pickle=False)  # type: ignore[no-any-return]
+        path = verified_object(self.store, self.plan_id, f"the shuffle plan of snapshot {self.records.snapshot.id[:19]}")
+        return np.load(path, mmap_mode="r", allow_pickle=False)  # type: ignore[no-any-return]
 
     def _first_copy(self, origin: DocumentOrigin) -> DocumentOrigin:
         """The kept document with the same text as `origin` (dedup keeps the first in input order)."""

@@ -30,13 +30,13 @@ from prep.history.documents import (
     artifacts_of_shard,
     origin_of_row,
     stage_manifest,
+    verified_object,
 )
 from prep.stages.cuts import ShardPlan
 from prep.stages.entries import ENTRY_DTYPE, NO_ID, EntryFile
 from prep.stages.keys import bucket_of, order_keys
 from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
-from prep.store.cache import verified_local_file as verified_local
 
 CHUNK_ENTRIES = 1 << 16
 """Entries read at once when summing the sizes of a shard's documents before a position."""
@@ -135,7 +135,7 @@ class KeyedPlacer:
 
     def _bucket(self, bucket: int) -> EntryFile:
         recorded = self.buckets[bucket]
-        entries = EntryFile.open(verified_local(self.store, recorded["output"]))
+        entries = EntryFile.open(verified_object(self.store, recorded["output"], f"the order bucket object of bucket {bucket}"))
         header = entries.header
         if header.get("kind") != "bucket" or header.get("bucket") != bucket or header["count"] != int(recorded["documents"]):
             raise IntegrityError(f"{recorded['output']}: not the bucket object of bucket {bucket} "

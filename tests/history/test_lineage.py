@@ -255,11 +255,11 @@ def test_a_trace_reads_only_the_buckets_its_shard_holds(keyed: Case, monkeypatch
     assert isinstance(placer, KeyedPlacer)
     fetched: list[str] = []
 
-    def spy(store: LocalStore, object_id: str) -> Path:
+    def spy(store: LocalStore, object_id: str, what: str) -> Path:
         fetched.append(object_id)
         return local_file(store, object_id)
 
-    monkeypatch.setattr("prep.history.placement_v2.verified_local", spy)
+    monkeypatch.setattr("prep.history.placement_v2.verified_object", spy)
     for spec in ("a-3", "b-copy", "b-7"):
         fetched.clear()
         [traced] = trace(keyed.store, keyed.snapshot, spec)

@@ -120,7 +120,8 @@ def _intermediate(store: LocalStore, snapshot: Snapshot) -> Path:
     return artifact_path(store.root, {"sha256": load_records(store, snapshot).tasks[0].output.removeprefix("sha256:")})
 
 
-def test_text_from_a_corrupt_intermediate_is_refused(tmp_path: Path, tokenizer_path: Path) -> None:
+def test_text_from_a_corrupt_intermediate_is_refused(tmp_path: Path, tokenizer_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(5, seed=3, prefix="x"))
     store, snapshot = _build(tmp_path, tokenizer_path)
     [found] = trace(store, snapshot, "x-1")
@@ -130,6 +131,7 @@ def test_text_from_a_corrupt_intermediate_is_refused(tmp_path: Path, tokenizer_p
     data[0] ^= 0xFF  # the first document's first text byte
     path.chmod(0o644)
     path.write_bytes(bytes(data))
+    monkeypatch.setattr("prep.store.cache._CHECKED", set())  # the trace proved the file: as if in a new process
     with pytest.raises(IntegrityError, match="does not hash to its name"):
         document_content(store, records, found.document)
 
