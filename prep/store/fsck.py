@@ -183,7 +183,7 @@ def _ref_values(walk: _Walk, prefix: str, mutable: bool) -> list[Ref]:
         try:
             value = store.read_ref(info.key) if mutable else RefValue(store.get_bytes(info.key), "")
             if value is not None:
-                found.append(Ref.parse(value.body, f"{store.url}/{info.key}"))
+                found.append(Ref.parse(value.body, f"{store.url}/{info.key}", info.key))
         except NotFoundError:
             continue
         except (ValueError, IntegrityError) as exc:

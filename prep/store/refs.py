@@ -13,7 +13,8 @@ import getpass
 import socket
 from dataclasses import dataclass
 
-from prep.errors import IntegrityError, RefConflictError, StaleRefError, StoreError
+from prep import hashing
+from prep.errors import IntegrityError, RefConflictError, StaleRefError, StoreError, UsageError
 from prep.manifest import canonical
 from prep.storage.base import RefValue, Store
 from prep.store.layout import HISTORY_PREFIX as HISTORY_PREFIX  # re-exported for callers of refs
@@ -75,34 +76,44 @@ class Ref:
         return body
 
     @classmethod
-    def parse(cls, raw: bytes, source: str) -> Ref:
+    def parse(cls, raw: bytes, source: str, key: str | None = None) -> Ref:
         """A ref value or history record from its stored bytes; anything else (garbage, an empty
-        file, a record missing a field) is an IntegrityError naming `source`."""
+        file, a record missing a field or of the wrong type), or a record that names another ref
+        or generation than its `key` says, is an IntegrityError naming `source`."""
         try:
             data = canonical.loads(raw)
         except ValueError as exc:  # not JSON, or not UTF-8
             raise IntegrityError(f"{source}: malformed ref record (not JSON: {exc})") from None
         if not isinstance(data, dict):
             raise IntegrityError(f"{source}: malformed ref record (a {type(data).__name__}, not an object)")
-        return cls.from_json(data, source)
+        ref = cls.from_json(data, source)
+        if key is not None and not ref.stored_at(key):
+            raise IntegrityError(f"{source}: the record is of {ref.dataset}@{ref.name} generation {ref.generation}, "
+                                 "not of the ref its key names")
+        return ref
 
     @classmethod
     def from_json(cls, data: dict[str, object], source: str) -> Ref:
+        """The value `data` spells, checked field by field as prep.ref/1 has them."""
         try:
-            return cls(
-                dataset=str(data["dataset"]),
-                name=str(data["name"]),
-                snapshot=str(data["snapshot"]),
-                generation=int(data["generation"]),  # type: ignore[call-overload]
-                time=str(data["time"]),
-                previous=_optional(data, "previous"),
-                user=_optional(data, "user"),
-                host=_optional(data, "host"),
-                command=_optional(data, "command"),
-                deleted=data.get("deleted", False) is True,
+            ref = cls(
+                dataset=_text(data, "dataset"), name=_text(data, "name"), snapshot=_text(data, "snapshot"),
+                generation=_generation_of(data), time=_text(data, "time"), previous=_optional(data, "previous"),
+                user=_optional(data, "user"), host=_optional(data, "host"), command=_optional(data, "command"),
+                deleted=_deleted(data),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+            check_name("dataset", ref.dataset)
+            check_name("ref", ref.name)
+            for object_id in (ref.snapshot, ref.previous):
+                if object_id is not None:
+                    hashing.parse_id(object_id)
+            return ref
+        except (KeyError, TypeError, ValueError, UsageError) as exc:
             raise IntegrityError(f"{source}: malformed ref record ({exc})") from None
+
+    def stored_at(self, key: str) -> bool:
+        """Whether this value belongs at `key`: its ref's current value, or its own history record."""
+        return key in (ref_key(self.dataset, self.name), history_key(self.dataset, self.name, self.generation))
 
     @property
     def live(self) -> int:
@@ -110,8 +121,29 @@ class Ref:
         return 0 if self.deleted else self.generation
 
 
+def _text(data: dict[str, object], key: str) -> str:
+    value = data[key]
+    if not isinstance(value, str):
+        raise TypeError(f"{key} is a {type(value).__name__}, not a string")
+    return value
+
+
 def _optional(data: dict[str, object], key: str) -> str | None:
-    return None if data.get(key) is None else str(data[key])
+    return None if data.get(key) is None else _text(data, key)
+
+
+def _generation_of(data: dict[str, object]) -> int:
+    value = data["generation"]
+    if type(value) is not int or value < 1:  # bool is an int: `true` is no generation
+        raise ValueError(f"generation {value!r} is not a whole number from 1")
+    return value
+
+
+def _deleted(data: dict[str, object]) -> bool:
+    value = data.get("deleted", False)
+    if value is not True and value is not False:
+        raise ValueError(f"deleted is {value!r}, not true")
+    return value
 
 
 @dataclass(frozen=True)
@@ -125,7 +157,7 @@ class RefMove:
 
 def _read_value(store: Store, key: str) -> tuple[RefValue | None, Ref | None]:
     current = store.read_ref(key)
-    return current, Ref.parse(current.body, f"{store.url}/{key}") if current else None
+    return current, Ref.parse(current.body, f"{store.url}/{key}", key) if current else None
 
 
 def read_ref(store: Store, dataset: str, name: str) -> Ref | None:
@@ -199,7 +231,7 @@ def list_refs(store: Store, dataset: str | None = None) -> list[Ref]:
             continue
         value = store.read_ref(info.key)
         if value is not None:
-            ref = Ref.parse(value.body, f"{store.url}/{info.key}")
+            ref = Ref.parse(value.body, f"{store.url}/{info.key}", info.key)
             if not ref.deleted:  # a tag deleted with `prep tag -d`: only its history remains
                 refs.append(ref)
     return sorted(refs, key=lambda ref: (ref.dataset, ref.name))
@@ -209,7 +241,7 @@ def ref_history(store: Store, dataset: str) -> list[Ref]:
     """Every generation any ref of `dataset` has taken, newest first."""
     entries = []
     for info in store.list(history_prefix(dataset)):
-        entries.append(Ref.parse(store.get_bytes(info.key), f"{store.url}/{info.key}"))
+        entries.append(Ref.parse(store.get_bytes(info.key), f"{store.url}/{info.key}", info.key))
     # Refs that moved but crashed before their history record still count (tombstones too).
     seen = {(ref.name, ref.generation) for ref in entries}
     current = [_read_value(store, info.key)[1] for info in store.list(refs_prefix(dataset))

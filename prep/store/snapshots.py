@@ -159,7 +159,7 @@ def _generation(store: Store, dataset: str, name: str, generation: int) -> Ref |
         raw = store.get_bytes(key)
     except NotFoundError:
         return None
-    return Ref.parse(raw, f"{store.url}/{key}")
+    return Ref.parse(raw, f"{store.url}/{key}", key)
 
 
 def _resolve_ref(store: Store, spec: str) -> Snapshot:

@@ -58,7 +58,7 @@ def parse_expect(text: str) -> int:
     """`--expect GEN`: a generation number, or 0 / "none" for a ref that must not exist (or was deleted)."""
     if text.lower() == "none":
         return 0
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise UsageError(f"--expect {text!r}: give a generation number, or 0 or 'none' for a ref that must not exist")
     return int(text)
 

@@ -161,14 +161,15 @@ def _damage_ref(store: LocalStore, key: str, **fields: object) -> None:
 def test_a_ref_value_naming_no_snapshot_id_is_an_integrity_error(store: LocalStore) -> None:
     _damage_ref(store, "refs/demo/layout1.json", snapshot="garbage")
     for args in (("diff", "demo@layout1", "demo@latest"), ("tag", "demo@layout1", "x")):
-        _one_error_line(_prep(*args, "--store", store.root), 3, "demo@layout1: the ref value is damaged")
+        _one_error_line(_prep(*args, "--store", store.root), 3, "refs/demo/layout1.json: malformed ref record")
 
 
 @pytest.mark.parametrize(("field", "value"), [("snapshot", "sha256:zz"), ("previous", "x"), ("generation", 0)])
 def test_a_history_record_its_schema_refuses_fails_prep_log(store: LocalStore, field: str, value: object) -> None:
     """A snapshot that is no id made `prep log` raise a traceback; the others made its --json invalid."""
     _damage_ref(store, "history/demo/v1/0000000000000001.json", **{field: value})
-    _one_error_line(_prep("log", "demo", "--store", store.root), 3, f"demo@v1: does not match prep.ref/1 at {field}")
+    _one_error_line(_prep("log", "demo", "--store", store.root), 3,
+                    "history/demo/v1/0000000000000001.json: malformed ref record")
     ran = _prep("log", "demo", "--store", store.root, "--json")
     assert json.loads(ran.stdout)["schema"] == "prep.error/1" and ran.returncode == 3
 

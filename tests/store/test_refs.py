@@ -15,6 +15,7 @@ from prep.manifest.schema import validate
 from prep.storage import LocalStore
 from prep.store.layout import history_key, ref_key
 from prep.store.refs import Mover, Ref, list_refs, move_ref, read_ref, read_ref_value, ref_history, update_ref
+from prep.store.snapshots import resolve
 from prep.store.tags import delete_tag, parse_expect, set_tag
 
 A, B, C = (f"sha256:{digit * 64}" for digit in "abc")
@@ -149,7 +150,7 @@ def test_expect_accepts_a_generation_or_none(text: str, generation: int) -> None
     assert parse_expect(text) == generation
 
 
-@pytest.mark.parametrize("text", ["-1", "two", "1.5", ""])
+@pytest.mark.parametrize("text", ["-1", "two", "1.5", "", "\u0663", "\uff13", "\u00b2"])
 def test_expect_refuses_anything_else(text: str) -> None:
     with pytest.raises(UsageError, match="--expect"):
         parse_expect(text)
@@ -192,3 +193,31 @@ def test_a_damaged_ref_or_history_record_is_an_integrity_error_naming_it(store: 
     (store.root / history_key("code", "latest", 1)).write_bytes(body)
     with pytest.raises(IntegrityError, match=f"history/code/latest/.*: malformed ref record .*{re.escape(why)}"):
         ref_history(store, "code")
+
+
+@pytest.mark.parametrize(("field", "value", "why"), [
+    ("generation", True, "generation True"), ("generation", 0, "generation 0"), ("generation", "1", "generation '1'"),
+    ("snapshot", "garbage", "not a sha256 object id"), ("previous", "x", "not a sha256 object id"),
+    ("dataset", 7, "dataset is a int"), ("name", "", "invalid ref name"), ("deleted", "yes", "deleted is 'yes'"),
+])
+def test_a_ref_value_of_the_wrong_type_is_malformed(store: LocalStore, field: str, value: object, why: str) -> None:
+    """Regression: fields were converted, not checked: `generation: true` read as 1, a snapshot
+    that is no object id reached callers (a ValueError traceback in prep diff and prep tag)."""
+    move_ref(store, "web", "latest", A)
+    body = {**stored(store, ref_key("web", "latest")), field: value}
+    (store.root / ref_key("web", "latest")).write_bytes(canonical.dumps(body))
+    with pytest.raises(IntegrityError, match=f"refs/web/latest.json: malformed ref record .*{re.escape(why)}"):
+        read_ref(store, "web", "latest")
+
+
+@pytest.mark.parametrize(("field", "value"), [("generation", 2), ("name", "other"), ("dataset", "elsewhere")])
+def test_a_history_record_of_another_ref_or_generation_is_refused(store: LocalStore, field: str, value: object) -> None:
+    """Regression: `web@latest~1` read whatever the record under that key said it was, even
+    another generation, ref or dataset; `prep log` listed it as it claimed."""
+    move_ref(store, "web", "latest", A)
+    move_ref(store, "web", "latest", B)
+    key = history_key("web", "latest", 1)
+    (store.root / key).write_bytes(canonical.dumps({**stored(store, key), field: value}))
+    for read in (lambda: resolve(store, "web@latest~1"), lambda: ref_history(store, "web")):
+        with pytest.raises(IntegrityError, match="history/web/latest/0000000000000001.json: the record is of"):
+            read()
