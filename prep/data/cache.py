@@ -46,8 +46,6 @@ class NodeCache:
     """One user's handle on a cache directory: fetch-once, verified, bounded, Belady or LRU."""
 
     def __init__(self, store: Store, options: CacheOptions) -> None:
-        if options.cache_bytes < 1:
-            raise UsageError(f"cache_bytes must be at least 1, got {options.cache_bytes}")
         if options.policy not in POLICIES:
             raise UsageError(f"cache policy must be one of {', '.join(POLICIES)}, got {options.policy!r}")
         self.store, self.options, self.limit = store, options, options.cache_bytes
@@ -64,7 +62,10 @@ class NodeCache:
         self._pressure = self.dir.pressure_mark()
         self._calm = self._evictions_seen = 0  # steps since this user evicted or saw pressure; evictions then
         with self.dir.locked():
-            self.dir.ledger(self._fetching)  # drop dead users and their temporaries now
+            ledger = self.dir.ledger(self._fetching)  # drop dead users and their temporaries now
+            # Every fetch appends a line: without this a thrashing cache's record grows without bound
+            # (and each opener reads all of it). A line another user appends meanwhile may be lost: a rehash.
+            self.record.compact(set(ledger.complete))
 
     def path_of(self, sha256: str) -> Path:
         return self.dir.objects / sha256
@@ -116,6 +117,8 @@ class NodeCache:
     def acquire(self, need: Need) -> Hold:
         """A hold on the object (kept from an earlier step, found in the cache, or fetched now);
         every call must be paired with `release`."""
+        if self.stop.is_set():  # closed: a pin taken now would never be released, blocking every eviction of it
+            raise UsageError(f"{self.dir.root}: this reader's cache is closed; open a new Reader")
         if need.size > self.limit:
             raise UsageError(f"{need.what} is {need.size} bytes, more than cache_bytes {self.limit}; "
                              "give the reader a larger cache")
@@ -215,13 +218,20 @@ class NodeCache:
             for sha in [sha for sha, hold in self._holds.items() if hold.refs <= 0 and sha not in kept]:
                 self._release(sha)
 
+    def unpin_idle(self, sha256s: Iterable[str]) -> None:
+        """Drop this user's idle pins of these objects now: files read once (the .idx) that no step
+        will read, whose pins would otherwise hold room until a batch, maybe never, settles them."""
+        with self._mutex:
+            for sha in set(sha256s):
+                hold = self._holds.get(sha)
+                if hold is not None and hold.refs <= 0:
+                    self._release(sha)
+
     def settle(self, next_objects: frozenset[str]) -> None:
         """Between steps: keep pinned what the next step reads, or the next KEEP_STEPS steps once as many
         steps passed with no eviction here and no pressure; none if others wait for room."""
-        mark, evictions = self.dir.pressure_mark(), self.stats.evictions
-        if mark != self._pressure:
-            self._pressure, self._calm = mark, 0
-            self._release_idle()
+        evictions = self.stats.evictions
+        if self.answer_pressure():
             return
         self._calm = self._calm + 1 if evictions == self._evictions_seen else 0
         self._evictions_seen = evictions
@@ -230,6 +240,17 @@ class NodeCache:
         if others:
             calm = self._calm >= KEEP_STEPS
             self._release_idle(next_objects | {sha for sha in others if calm and self._needed_soon(sha)})
+
+    def answer_pressure(self) -> bool:
+        """Drop the idle pins if another user signalled that it waits for room since this user last
+        looked (True then); between steps, and every PRESSURE_POLL_SECONDS while the reader idles."""
+        mark = self.dir.pressure_mark()
+        with self._mutex:
+            if mark == self._pressure:
+                return False
+            self._pressure, self._calm = mark, 0
+        self._release_idle()
+        return True
 
     def _needed_soon(self, sha256: str) -> bool:
         use = self.plan.next_use(sha256) if self.plan is not None else None
@@ -242,7 +263,7 @@ class NodeCache:
             self._used_at[need.sha256] = now
             ready = self._ready_at.pop(need.sha256, None)
             if ready is not None:
-                self.stats.leads.append(now - ready)
+                self.stats.add_lead(now - ready)
 
     # ------------------------------------------------------------ room
 

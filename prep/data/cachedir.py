@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from prep.errors import StorageIOError, UsageError
 from prep.transfer.shares import discard, temp_name
 
 
@@ -53,13 +54,19 @@ class CacheDir:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.objects = root / "objects"
-        for folder in (self.objects, root / "locks", root / "users", root / ".prep"):
-            folder.mkdir(parents=True, exist_ok=True)
+        if root.exists() and not root.is_dir():
+            raise UsageError(f"cache_dir {root} is not a folder")
+        try:
+            for folder in (self.objects, root / "locks", root / "users", root / ".prep"):
+                folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageIOError.from_os_error("creating the cache folder", root, exc) from None
         self.pressure = root / "pressure"
         self._pressure_fd = os.open(self.pressure, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._mutex = threading.Lock()
         self._lock_fd = os.open(root / "cache.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.user_fd, self.user_path = self._register()
+        self._closed = False
 
     def _register(self) -> tuple[int, Path]:
         """This user's file, flocked before it is renamed in, so no one ever sees it unlocked."""
@@ -72,8 +79,12 @@ class CacheDir:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """This process's mutex, then cache.lock."""
+        """This process's mutex, then cache.lock; refused once closed."""
         with self._mutex:
+            # A fetch close() stopped waiting for may end later: its descriptors' numbers may
+            # belong to other files by then, which writing through them would clobber.
+            if self._closed:
+                raise UsageError(f"{self.root}: this cache user is closed")
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
                 yield
@@ -154,9 +165,13 @@ class CacheDir:
         return (info.st_size, info.st_mtime_ns)
 
     def close(self) -> None:
-        with self.locked():
+        """Remove this user's file and close every descriptor, once; `locked` refuses afterwards."""
+        with self._mutex:
+            if self._closed:
+                return
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.user_path)
-            os.close(self.user_fd)
-        os.close(self._lock_fd)
-        os.close(self._pressure_fd)
+            self._closed = True
+            for fd in (self.user_fd, self._pressure_fd, self._lock_fd):  # the last one drops cache.lock
+                os.close(fd)

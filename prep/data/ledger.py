@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from prep.data.reader import Exhausted, Reader
+from prep.data.reader import MAX_SAMPLES, Exhausted, Reader
 from prep.data.source import SnapshotSource
 from prep.errors import IntegrityError, UsageError
 from prep.formats import wds
@@ -241,8 +241,8 @@ class _Tally:
 
 def _scan(reader: Reader, samples: int, hashing: bool) -> tuple[_Tally, list[np.ndarray]]:
     """Map the first `samples` global samples to documents and count them."""
-    if samples < 0:
-        raise UsageError(f"samples must be >= 0, got {samples}")
+    if not 0 <= samples <= MAX_SAMPLES:  # past it no reader serves a sample: the scan would never end
+        raise UsageError(f"samples must be in [0, {MAX_SAMPLES}], got {samples}")
     bounds = [source.document_bounds() for source in reader.sources]
     tally = _Tally(reader, bounds, hashing)
     for picked, pairs in _chunks(reader, bounds, samples):

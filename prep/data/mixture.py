@@ -10,6 +10,7 @@ global sample k is one multiplication and a table lookup: no O(samples) state.
 from __future__ import annotations
 
 import hashlib
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,8 +75,8 @@ def _source(path: Path, index: int, entry: Any) -> SourceSpec:
     snapshot, weight, max_epochs = entry.get("snapshot"), entry.get("weight", 1.0), entry.get("max_epochs")
     if not isinstance(snapshot, str) or not snapshot:
         raise ConfigError(f"{where}.snapshot: expected a snapshot spec such as web@latest or sha256:...")
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
-        raise ConfigError(f"{where}.weight: expected a number >= 0, got {weight!r}")
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) or weight < 0:
+        raise ConfigError(f"{where}.weight: expected a finite number >= 0, got {weight!r}")
     if max_epochs is not None and (isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1):
         raise ConfigError(f"{where}.max_epochs: expected a whole number >= 1, got {max_epochs!r}")
     return SourceSpec(snapshot, float(weight), max_epochs)
@@ -92,7 +93,11 @@ class Schedule:
     """Global sample k -> (its source, its index among that source's samples), for fixed weights."""
 
     def __init__(self, weights: list[float]) -> None:
-        shares = np.asarray(weights, dtype=np.float64) / float(sum(weights))
+        values, total = np.asarray(weights, dtype=np.float64), float(sum(weights))
+        if not math.isfinite(total):  # weights near the float maximum; finite sums keep this exact arithmetic
+            values = values / max(weights)
+            total = float(sum(values.tolist()))
+        shares = values / total
         counts = np.floor(shares * BLOCK).astype(np.int64)
         order = np.argsort(-(shares * BLOCK - counts), kind="stable")
         counts[order[:BLOCK - int(counts.sum())]] += 1

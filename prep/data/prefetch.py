@@ -15,6 +15,9 @@ import threading
 from prep.data.cache import NodeCache
 from prep.data.plan import Need, Plan
 
+JOIN_SECONDS = 30.0  # how long close() waits for a fetch under way before leaving it to finish alone
+PRESSURE_POLL_SECONDS = 0.1  # how often an idle thread checks whether another user waits for room
+
 
 class Prefetcher:
     """Daemon threads fetching the plan's next objects; `kick` after each step."""
@@ -44,8 +47,17 @@ class Prefetcher:
             self._queue.put(need)
 
     def _work(self) -> None:
+        """Fetch what is queued; between fetches, answer another user's pressure: the reader may idle
+        for long between steps (a DataLoader worker whose batches are all queued), and its idle
+        pins would hold the room that user waits for until it gives up."""
         while True:
-            need = self._queue.get()
+            try:
+                need = self._queue.get(timeout=PRESSURE_POLL_SECONDS)
+            except queue.Empty:
+                if self.cache.stop.is_set():
+                    return
+                self.cache.answer_pressure()
+                continue
             if need is None or self.cache.stop.is_set():
                 return
             try:
@@ -62,4 +74,4 @@ class Prefetcher:
         for _ in self._threads:
             self._queue.put(None)
         for thread in self._threads:
-            thread.join(timeout=30)
+            thread.join(timeout=JOIN_SECONDS)

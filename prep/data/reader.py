@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from prep.data.cache import NodeCache
-from prep.data.cachevalues import CacheOptions
+from prep.data.cachevalues import CacheOptions, whole
 from prep.data.mixture import MixtureSpec, Schedule, SourceSpec, mixture_hash, parse_mixture
 from prep.data.permutation import IndexPermutation
 from prep.data.plan import Need, Plan
@@ -36,6 +36,9 @@ from prep.storage.base import Store
 
 STATE_SCHEMA = "prep.reader-state/1"
 MODES = ("tokens", "documents")
+# Global samples a reader serves at most: every index it computes stays well inside int64 (a
+# tampered state or a stray step would otherwise overflow numpy's arithmetic, silently or not).
+MAX_SAMPLES = 1 << 62
 PLAN_GROWTH = 8  # plan steps computed in one block: the first window, then each time it is this short
 
 
@@ -83,7 +86,10 @@ def _cache_for(store: Store | None, cache: dict[str, Any]) -> NodeCache | None:
         return None
     if cache.get("cache_dir") is None or cache.get("cache_bytes") is None or store is None:
         raise UsageError("a node-local cache needs store=..., cache_dir=... and cache_bytes=... together")
-    return NodeCache(store, CacheOptions(**{**cache, "cache_dir": Path(cache["cache_dir"])}))
+    folder = cache["cache_dir"]
+    if not isinstance(folder, (str, os.PathLike)):
+        raise UsageError(f"cache_dir must be a path, got {folder!r}")
+    return NodeCache(store, CacheOptions(**{**cache, "cache_dir": Path(folder)}))
 
 
 def _relative(mixture: Path, spec: str) -> str:
@@ -92,17 +98,14 @@ def _relative(mixture: Path, spec: str) -> str:
     return str(candidate) if candidate.is_dir() else spec
 
 
-def _whole(name: str, value: object, low: int = 1, high: int | None = None) -> int:
-    """`value` as an int in [low, high) (numpy integers too), else a UsageError naming it: a seed
-    of 1.5 or "3" would fail mid-run, and one of 2**64 would read as seed 0 does (the
-    permutation keeps 64 bits), as the state file's schema and the mixture file refuse them."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise UsageError(f"{name} must be an integer, got {value!r}")
-    whole = int(value)
-    if whole < low or (high is not None and whole >= high):
-        bounds = f"in [{low}, 2**64)" if high == 2**64 else f">= {low}"
-        raise UsageError(f"{name} must be an integer {bounds}, got {whole}")
-    return whole
+def _pairs(source: np.ndarray, epoch: np.ndarray) -> list[tuple[int, int]]:
+    """The distinct (source, epoch) pairs, sorted. Not np.unique: its first call imports numpy.ma,
+    20 ms of start-up; and not one packed integer per pair, which aliases past 2**32 epochs."""
+    order = np.lexsort((epoch, source))
+    sources, epochs = source[order], epoch[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (sources[1:] != sources[:-1]) | (epochs[1:] != epochs[:-1])
+    return list(zip(sources[first].tolist(), epochs[first].tolist()))
 
 
 class Reader:
@@ -117,8 +120,8 @@ class Reader:
         if mode not in MODES:
             raise UsageError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         seq_len, global_batch_size, world_size, rank, seed = (
-            _whole("seq_len", seq_len), _whole("global_batch_size", global_batch_size),
-            _whole("world_size", world_size), _whole("rank", rank, 0), _whole("seed", seed, 0, 2**64))
+            whole("seq_len", seq_len), whole("global_batch_size", global_batch_size),
+            whole("world_size", world_size), whole("rank", rank, 0), whole("seed", seed, 0, 2**64))
         if rank >= world_size:
             raise UsageError(f"rank {rank} is not below world_size {world_size}")
         if global_batch_size % world_size:
@@ -129,26 +132,34 @@ class Reader:
         handle = open_store(os.fspath(store)) if isinstance(store, (str, os.PathLike)) else store
         self._settings = (source, seq_len, global_batch_size,
                           {"rank": rank, "world_size": world_size, "seed": seed, "store": handle, "mode": mode, **cache})
-        self.cache = _cache_for(handle, cache)
-        self.mixture, self.sources = _open_sources(source, handle, self.cache)
         self.seq_len, self.global_batch_size, self.seed, self.mode = seq_len, global_batch_size, seed, mode
         self.rank, self.world_size = rank, world_size
         self.rows = global_batch_size // world_size
-        self._bounds = [s.document_bounds() for s in self.sources] if mode == "documents" else []
+        self.plan: Plan | None = None
+        self._prefetcher: Prefetcher | None = None
+        self.cache = _cache_for(handle, cache)
+        try:
+            self._open(source, handle)
+        except BaseException:
+            self.close()  # else a failed reader keeps its cache user and the pins of what it read
+            raise
+
+    def _open(self, source: str | os.PathLike[str], store: Store | None) -> None:
+        """Resolve the sources, count their samples, and start the plan and prefetch when there is a cache."""
+        self.mixture, self.sources = _open_sources(source, store, self.cache)
+        self._bounds = [s.document_bounds() for s in self.sources] if self.mode == "documents" else []
         self.sizes = [self._samples_in(index) for index in range(len(self.sources))]
         self._sizes = np.asarray(self.sizes, dtype=np.int64)
         empty = [s.id for s, n in zip(self.sources, self.sizes) if n == 0]
         if empty:
-            raise UsageError(f"{empty[0]}: too few tokens for one sample of seq_len {seq_len}")
+            raise UsageError(f"{empty[0]}: too few tokens for one sample of seq_len {self.seq_len}")
         self.schedule = Schedule([spec.weight for spec in self.mixture.sources])
         self.mixture_id = mixture_hash(self.mixture.seed, [(s.id, spec.weight, spec.max_epochs)
                                                            for s, spec in zip(self.sources, self.mixture.sources)])
         self.consumed = 0  # global samples handed out before the next step
         self._permutations: dict[tuple[int, int], IndexPermutation] = {}
         self._stats = ReaderStats(samples_per_source={s.id: 0 for s in self.sources})
-        self.plan: Plan | None = None
         self._planned: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # step -> (source, sample), from the plan
-        self._prefetcher: Prefetcher | None = None
         if self.cache is not None:
             options = self.cache.options
             self.plan = self.cache.plan = Plan(self._needs_block, max(options.horizon, options.prefetch_steps or 1),
@@ -185,10 +196,8 @@ class Reader:
         source, local = self.schedule.place(samples)
         epoch, position = np.divmod(local, self._sizes[source])
         sample = np.empty(len(samples), dtype=np.int64)
-        # sorted(set(...)), not np.unique: its first call imports numpy.ma, 20 ms of start-up
-        pairs = sorted(set((source.astype(np.int64) * (1 << 32) + epoch).tolist()))
-        for pair in pairs:
-            s, e = divmod(pair, 1 << 32)
+        pairs = _pairs(source, epoch)
+        for s, e in pairs:
             cap = self.mixture.sources[s].max_epochs
             if cap is not None and e >= cap:
                 raise Exhausted(f"{self.sources[s].id} has served its max_epochs = {cap}")
@@ -271,6 +280,9 @@ class Reader:
 
     def batch(self, step: int) -> Any:
         """This rank's rows of global batch `step` (a pure function of the step)."""
+        step = whole("step", step, 0)
+        if (step + 1) * self.global_batch_size > MAX_SAMPLES:
+            raise UsageError(f"step {step} lies past the last step a reader serves ({MAX_SAMPLES} samples)")
         started = time.perf_counter()
         self._advance(step, after=False)
         planned = self._planned.pop(step, None)  # the plan computed this step's samples already
@@ -355,7 +367,7 @@ class Reader:
             if state.get(key) != mine[key]:
                 raise UsageError(f"reader state is for {key} {state.get(key)!r}, this reader has {mine[key]!r}")
         samples = state.get("samples")
-        if not isinstance(samples, int) or samples < 0 or samples % self.global_batch_size:
+        if not isinstance(samples, int) or not 0 <= samples <= MAX_SAMPLES or samples % self.global_batch_size:
             raise UsageError(f"reader state has an invalid sample count {samples!r}")
         self.consumed = samples
 

@@ -135,4 +135,7 @@ class CachedSource(SnapshotSource):
             with self.cache.using(need) as hold:
                 lengths = read_index(hold.path).lengths.astype(np.int64)
             starts.append(base + np.concatenate(([0], np.cumsum(lengths)[:-1])))
+        # A reader may idle long before its first batch (a DataLoader's main-process reader never reads):
+        # pins kept on the .idx files would hold the room every other user of the cache waits for.
+        self.cache.unpin_idle(need.sha256 for need in self.idx_needs if need is not None)
         return np.concatenate([*starts, [self.total_tokens]])

@@ -120,6 +120,9 @@ class SnapshotSource:
         if found is None:
             spec = self.shards[shard]
             check_file(spec.bin_path, spec.bin_sha256, self.record, spec.bin_name)
+            if spec.tokens == 0:  # mmap refuses an empty file; a window crossing this shard reads none of it
+                found = self._maps[shard] = np.zeros(0, dtype=self.dtype)
+                return found
             # A plain ndarray view: slicing it costs less than slicing a np.memmap.
             found = self._maps[shard] = np.memmap(spec.bin_path, dtype=self.dtype, mode="r").view(np.ndarray)
         return found

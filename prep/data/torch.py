@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from prep.data.cachevalues import whole
 from prep.data.reader import Exhausted, Reader
 
 
@@ -37,7 +38,14 @@ class ReaderDataset(IterableDataset[Any]):
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         reader = Reader(*self._args, **self._options)
-        step = self._start_step + worker
+        try:  # closed when the loop stops early too: a leaked reader keeps its pins, threads and cache user
+            yield from self._batches(reader, self._start_step + worker, workers)
+        finally:
+            reader.close()
+
+    @staticmethod
+    def _batches(reader: Reader, step: int, stride: int) -> Iterator[Any]:
+        """Steps step, step + stride, ... of `reader` as tensors, until the reader ends."""
         while True:
             try:
                 batch = reader.batch(step)
@@ -45,13 +53,14 @@ class ReaderDataset(IterableDataset[Any]):
                 return
             yield [torch.from_numpy(doc.astype("int64")) for doc in batch] if reader.mode == "documents" \
                 else torch.from_numpy(batch)
-            step += workers
+            step += stride
 
     def state_dict(self, batches_consumed: int) -> dict[str, Any]:
         """The Reader state after the training loop has consumed `batches_consumed` batches from here."""
+        consumed = whole("batches_consumed", batches_consumed, 0)  # else a bad state reaches the checkpoint
         reader = self._main_reader()
         state = reader.state_dict()
-        state["samples"] = (self._start_step + batches_consumed) * reader.global_batch_size
+        state["samples"] = (self._start_step + consumed) * reader.global_batch_size
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

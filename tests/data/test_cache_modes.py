@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from prep.data import cache
 from prep.data.reader import Reader
 from prep.errors import UsageError
 from prep.storage import LocalStore
@@ -64,6 +65,24 @@ def test_documents_mode_reads_the_idx_through_the_cache(built: dict[str, Path], 
             assert all(np.array_equal(a, b) for a, b in zip(cached.batch(step), pulled.batch(step), strict=True))
         idx = {a["sha256"] for a in cached.sources[0].snapshot.manifest["artifacts"] if a["format"] == "idx"}
         assert idx <= {p.name for p in (tmp_path / "cache" / "objects").iterdir()}
+
+
+def test_a_documents_reader_that_has_not_read_yet_leaves_other_users_room(built: dict[str, Path], tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening in documents mode reads every .idx through the cache; their pins stayed until a batch
+    settled them, so a reader that had not read yet (a DataLoader's main-process dataset never
+    does) held room another user of the cache waited for, then failed on."""
+    monkeypatch.setattr(cache, "ROOM_WAIT_SECONDS", 2.0)
+    probe = Reader(built["root"] / "web-dest", seq_len=1, global_batch_size=2, mode="documents")
+    artifacts = probe.sources[0].snapshot.manifest["artifacts"]
+    limit = 2 * max(a["size"] for a in artifacts if a["format"] == "bin")
+    assert sum(a["size"] for a in artifacts if a["format"] == "idx") > limit  # the .idx files do not all fit
+    settings: dict[str, Any] = {"store": built["store"], "cache_dir": tmp_path / "cache", "cache_bytes": limit,
+                                "seq_len": 1, "global_batch_size": 2, "mode": "documents"}
+    with Reader("web@latest", **settings) as idle, Reader("web@latest", **settings) as other:
+        assert idle.cache is not None and idle.cache.held() == frozenset()
+        for step in range(10):
+            assert all((a == b).all() for a, b in zip(other.batch(step), probe.batch(step)))
 
 
 def test_a_mixture_of_two_snapshots_through_one_cache(built: dict[str, Path], tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,23 @@ def test_past_the_end_of_a_capped_mixture_is_refused(built: dict[str, Path]) -> 
     assert consumed(reader, reader.sizes[0]).sources[0].epochs == 1.0
     with pytest.raises(UsageError, match="past the end of the mixture"):
         consumed(reader, reader.sizes[0] + 1)
+
+
+def test_more_samples_than_a_reader_serves_are_refused_at_once(built: dict[str, Path]) -> None:
+    """Past MAX_SAMPLES no reader serves a sample, so the scan would run (practically) forever."""
+    reader = Reader(built["a"], seq_len=SEQ, global_batch_size=GLOBAL)
+
+    def stuck(signum: int, frame: object) -> None:
+        raise TimeoutError("the ledger scan did not refuse the sample count")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(10)
+    try:
+        with pytest.raises(UsageError, match=r"samples must be in \[0, 4611686018427387904\], got 100000000000000000000"):
+            consumed(reader, 10**20)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _saved_state(built: dict[str, Path], folder: str, steps: int, path: Path) -> dict[str, Any]:
