@@ -210,6 +210,7 @@ class PullRecord:
         self.entries, self.lines = _load_record(self.path)
         self._lock = threading.Lock()
         self._fd: int | None = None
+        self._closed = False
 
     def proven(self, path: str, info: os.stat_result) -> str | None:
         """The SHA-256 recorded for `path` if its stamp still is `info`'s, else None."""
@@ -221,15 +222,21 @@ class PullRecord:
         line = _record_line(path, sha256, numbers).encode()
         with self._lock:
             self.entries[path] = (sha256, numbers)
+            if self._closed:  # a copy thread finishing after close(): the record is only advisory
+                return
             self.lines += 1
             if self._fd is None:
                 self._fd = _open_record(self.path)
             os.write(self._fd, line)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Stop appending; under the lock, so a copy thread never writes to a closed descriptor
+        (whose number the process may already have given to another file)."""
+        with self._lock:
+            self._closed = True
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
     def compact(self, keep: set[str]) -> None:
         """Rewrite the record (temporary, rename) with the entries of `keep` only, once it has

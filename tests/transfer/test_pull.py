@@ -288,3 +288,20 @@ def test_dest_own_files_are_never_written_through_a_symlink(store: LocalStore, b
     with pytest.raises(UsageError, match="a symlink; pull keeps its own files"):
         pull(store, built.snapshot, dest)
     assert sorted(path.name for path in (tmp_path / "elsewhere").iterdir()) == before
+
+
+def test_a_copy_thread_finishing_after_the_record_closed_writes_nothing(tmp_path: Path) -> None:
+    """Regression: PullRecord.add after close() reopened the record (a descriptor nothing closed),
+    and close() took no lock, so an add racing it could write to a number the process had just
+    given to another file."""
+    from prep.transfer.shares import PREP_DIR, PullRecord
+
+    (tmp_path / PREP_DIR).mkdir()
+    record = PullRecord(tmp_path)
+    info = (tmp_path / PREP_DIR).stat()
+    record.add("bin/a.bin", "a" * 64, info)
+    record.close()
+    before = len(os.listdir(f"/proc/{os.getpid()}/fd"))
+    record.add("bin/b.bin", "b" * 64, info)
+    assert len(os.listdir(f"/proc/{os.getpid()}/fd")) == before
+    assert b"b.bin" not in (tmp_path / PREP_DIR / "verified.jsonl").read_bytes()
