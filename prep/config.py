@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -111,9 +112,9 @@ def parse_size(value: object, key: str) -> int:
     if isinstance(value, bool):
         raise ConfigError(f"{key}: expected a size like \"256MB\", got {value!r}")
     if isinstance(value, int):
-        number, unit = float(value), ""
+        number, unit = Fraction(value), ""
     elif isinstance(value, str) and (match := _SIZE.match(value)):
-        number, unit = float(match.group(1)), match.group(2).upper()
+        number, unit = Fraction(match.group(1)), match.group(2).upper()  # exact: no float rounding or overflow
     else:
         raise ConfigError(f"{key}: expected a size like \"256MB\" or \"1GiB\", got {value!r}")
     if unit not in _UNITS:
@@ -150,6 +151,13 @@ class _Table:
             raise self._fail(key, f"expected {names}, got {type(value).__name__} {value!r}")
         return value
 
+    def nonempty(self, key: str, default: str | None = None, required: bool = False) -> str | None:
+        """A string that, when given, holds more than whitespace (an empty path would mean the folder)."""
+        value: str | None = self.get(key, str, default, required=required)
+        if value is not None and not value.strip():
+            raise self._fail(key, f"must not be empty, got {value!r}")
+        return value
+
     def size(self, key: str, default: str | int) -> int:
         """A size like "256MB" or a number of bytes; errors name the file and the key."""
         value = self.get(key, (str, int), default)
@@ -178,8 +186,9 @@ def _string_list(table: _Table, key: str, default: tuple[str, ...] | None) -> tu
     value = table.get(key, (list, str), default if default is not None else ...)
     items = [value] if isinstance(value, str) else list(value)
     for index, item in enumerate(items):
-        if not isinstance(item, str):
-            raise ConfigError(f"{table.source}: {table.prefix}{key}[{index}]: expected str, got {item!r}")
+        if not isinstance(item, str) or not item.strip():
+            expected = "expected str" if not isinstance(item, str) else "expected a non-empty str"
+            raise ConfigError(f"{table.source}: {table.prefix}{key}[{index}]: {expected}, got {item!r}")
     return tuple(items)
 
 
@@ -206,12 +215,12 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
     seed = root.get("seed", int, 0)
     if not 0 <= seed < SEED_LIMIT:
         raise ConfigError(f"{source}: seed: must be an integer in [0, 2**64), got {seed}")
-    store = root.get("store", str, None)
+    store = root.nonempty("store")
 
     input_config = _input(root.table("input", required=True), source)
     tok = root.table("tokenizer", required=True)
     tokenizer = TokenizerConfig(
-        path=tok.get("path", str, required=True),
+        path=str(tok.nonempty("path", required=True)),
         eos=tok.get("eos", str, "<|endoftext|>"),
         encode_special_tokens=tok.get("encode_special_tokens", bool, True),
         backend=tok.choice("backend", BACKENDS, "auto"),

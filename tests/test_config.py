@@ -99,3 +99,26 @@ def test_the_tokenizer_cache_bound_changes_no_output_setting() -> None:
     merged = parse_pipeline({**MINIMAL, "build": {"merge_fan_in": 2}}, Path("."), "p.toml")
     assert (default.build.merge_fan_in, merged.build.merge_fan_in) == (128, 2)
     assert merged.resolved() == default.resolved()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("1" + "0" * 400 + "TB", 10**412),  # float() of it overflowed: a traceback, not an error line
+    ("9007199254740993B", 9007199254740993),  # beyond a float's integers: exact, not rounded
+    ("99999999999999999999999TB", 99999999999999999999999 * 10**12),
+    ("1.0000001KB", 1000), (2**70, 2**70),
+], ids=["1e412", "2**53+1", "1e35", "fraction", "int"])
+def test_sizes_are_exact_however_large(text: object, expected: int) -> None:
+    assert parse_size(text, "output.shard_size") == expected
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"input": {"paths": [""]}}, "p.toml: input.paths[0]: expected a non-empty str, got ''"),
+    ({"input": {"paths": ["a.jsonl", "  "]}}, "p.toml: input.paths[1]: expected a non-empty str, got '  '"),
+    ({"input": {"paths": ""}}, "p.toml: input.paths[0]: expected a non-empty str, got ''"),
+    ({"store": ""}, "p.toml: store: must not be empty, got ''"),
+    ({"tokenizer": {"path": " "}}, "p.toml: tokenizer.path: must not be empty, got ' '"),
+])
+def test_an_empty_path_is_an_error_not_the_pipeline_folder(change: dict[str, object], needle: str) -> None:
+    """An empty input path walked the pipeline's folder (its store too); an empty store was ignored."""
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        parse_pipeline({**MINIMAL, **change}, Path("."), "p.toml")

@@ -20,6 +20,8 @@ from typing import BinaryIO
 from prep.cache import cache_root
 from prep.errors import ConfigError, InputError
 from prep.inputs.zstd import open_zstd
+from prep.store.layout import OBJECTS_PREFIX, leases_prefix
+from prep.store.marker import MARKER_KEY
 
 READ_CHUNK = 4 << 20
 LINE_BLOCK = 8 << 20  # lines are split out of blocks this large (readline per line is slower)
@@ -27,6 +29,11 @@ SPOOL_HEADROOM = 1 << 30  # S3 inputs are spooled only while this much disk stay
 _JSONL = (".jsonl", ".ndjson", ".json")
 _TEXT = (".txt", ".text", ".md")
 _COMPRESSED = (".gz", ".zst")
+_MAGIC = "*?["  # a pattern holding one of these is a glob
+_DATASET_DICT = "dataset_dict.json"  # what `datasets` writes beside the split folders of a DatasetDict
+# A folder holding one of these is a prep store (a build writes its lease before it lists inputs):
+# its records are never inputs, even when the store sits inside a corpus folder.
+_STORE_SIGNS = (MARKER_KEY, leases_prefix("build"), OBJECTS_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,10 @@ def _hf_files(folder: Path) -> list[Path]:
         names = [entry["filename"] for entry in json.loads(state.read_text())["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{folder}: not a dataset saved with save_to_disk ({state.name}: {exc})") from None
+    bad = [name for name in names if not isinstance(name, str) or not name]
+    if bad or not names:
+        problem = f"a filename is {bad[0]!r}, not a file name" if bad else "_data_files lists no files"
+        raise InputError(f"{folder}: not a dataset saved with save_to_disk ({state.name}: {problem})")
     return [folder / name for name in names]
 
 
@@ -88,23 +99,67 @@ def _listed_as_data(name: str) -> bool:
     return not name.startswith(".") and detect_format(name, "auto") is not None
 
 
+def _is_store(folder: str | Path) -> bool:
+    """Whether a local folder is a prep store: its marker, or what every build writes there."""
+    return any(os.path.exists(os.path.join(folder, sign)) for sign in _STORE_SIGNS)
+
+
+def _glob_matches(base_dir: Path, pattern: Path) -> list[Path]:
+    """A glob's matches (a relative one's folder taken literally, wildcards and all), less those
+    inside a prep store below the glob's folder and those reached again through a symlink loop
+    (a recursive glob follows linked folders, round a loop some 40 times)."""
+    parts = pattern.parts
+    wild = next((index for index, part in enumerate(parts) if any(ch in part for ch in _MAGIC)), len(parts))
+    root = base_dir.joinpath(*parts[:wild])
+    spelled = str(pattern) if pattern.is_absolute() else os.path.join(glob.escape(str(base_dir)), pattern)
+    stores: dict[Path, bool] = {}
+    reals: dict[Path, str] = {}
+    kept: list[Path] = []
+    for match in map(Path, glob.glob(spelled, recursive=True)):
+        chain = [match.parent, *match.parent.parents]
+        chain = chain[:chain.index(root) + 1] if root in chain else []
+        for folder in chain:
+            if folder not in stores:
+                stores[folder], reals[folder] = _is_store(folder), os.path.realpath(folder)
+        if not any(stores[folder] for folder in chain) and len({reals[f] for f in chain}) == len(chain):
+            kept.append(match)
+    return kept
+
+
+def _unreadable_folder(exc: OSError) -> None:
+    """Fail on a folder the walk cannot list (os.walk would pass over it, and its files with it)."""
+    raise InputError(f"{exc.filename}: cannot read input folder: {exc.strerror}")
+
+
+def _walk(folder: Path) -> Iterator[Path]:
+    """The data files below a folder in name order, those of a `datasets` save folder as it
+    records them, passing over hidden folders and prep stores."""
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=_unreadable_folder):
+        if _DATASET_DICT in filenames:
+            splits = sorted(d for d in dirnames if os.path.isfile(os.path.join(dirpath, d, "state.json")))
+            raise InputError(f"{dirpath}: a DatasetDict saved with save_to_disk; name the folders of the "
+                             f"splits to read ({', '.join(splits) or 'none found'})")
+        visible = sorted(d for d in dirnames if not d.startswith(".") and not _is_store(os.path.join(dirpath, d)))
+        saved = [d for d in visible if os.path.isfile(os.path.join(dirpath, d, "state.json"))]
+        for name in saved:
+            yield from _hf_files(Path(dirpath, name))
+        dirnames[:] = [d for d in visible if d not in saved]
+        yield from (Path(dirpath, name) for name in sorted(filenames) if _listed_as_data(name))
+
+
 def _expand_local(pattern: str, base_dir: Path, declared: str) -> list[Path]:
+    """The local files a pattern (a file, folder, `datasets` save folder or glob) names."""
     path = Path(pattern).expanduser()
     full = path if path.is_absolute() else base_dir / path
-    if any(ch in pattern for ch in "*?["):
-        matches = [Path(p) for p in glob.glob(str(full), recursive=True)]
-    else:
-        matches = [full]
+    wild = any(ch in pattern for ch in _MAGIC)
     files: list[Path] = []
-    for match in matches:
+    for match in _glob_matches(base_dir, path) if wild else [full]:
         if match.is_dir():
             if declared == "hf" or (match / "state.json").is_file():
                 files.extend(_hf_files(match))
-                continue
-            for dirpath, dirnames, filenames in os.walk(match):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-                files.extend(Path(dirpath, name) for name in sorted(filenames) if _listed_as_data(name))
-        elif match.exists() or not any(ch in pattern for ch in "*?["):
+            elif not _is_store(match):
+                files.extend(_walk(match))
+        elif match.exists() or not wild:
             files.append(match)
     return files
 

@@ -9,11 +9,14 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from prep.errors import InputError
+from prep.errors import InputError, PrepError
+from prep.inputs import jsonvalues
 from prep.inputs.sources import SourceFile, iter_lines_in_range, local_copy, open_decoded, open_raw
+from prep.inputs.tables import InvalidUTF8, arrow_batches, column_values
 
 RANGE_BYTES = 32 * 2**20
 
@@ -86,7 +89,7 @@ def plan_read_tasks(source: SourceFile, text_field: str, id_field: str | None) -
     if source.format == "parquet":
         import pyarrow.parquet as pq
 
-        with _seekable(source) as handle:
+        with input_errors(source.location), _seekable(source) as handle:
             meta = pq.ParquetFile(handle).metadata
             groups = [(meta.row_group(i).total_byte_size, i) for i in range(meta.num_row_groups)]
         tasks: list[ReadTask] = []
@@ -230,7 +233,7 @@ def _json_fields(raw: bytes, task: ReadTask) -> tuple[str | None, str]:
     except UnicodeDecodeError as exc:
         raise ValueError(f"invalid UTF-8 at byte {exc.start}") from None
     try:
-        record = json.loads(text_line)
+        record = jsonvalues.loads(text_line)
     except json.JSONDecodeError as exc:
         raise ValueError(f"malformed JSON: {exc.msg} at column {exc.colno}") from None
     except RecursionError:  # json recurses per level of nesting
@@ -300,20 +303,32 @@ def _text(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecor
         yield BadRecord(-1, f"invalid UTF-8 at byte {exc.start}")
 
 
+def _row_problem(task: ReadTask, text: Any, doc_id: Any) -> str | None:
+    """Why a table row cannot be a document, or None when it can."""
+    if isinstance(text, InvalidUTF8):
+        return f"text field {task.text_field!r} is not valid UTF-8 (byte {text.start})"
+    if not isinstance(text, str):
+        return f"text field {task.text_field!r} is null or not a string"
+    if isinstance(doc_id, InvalidUTF8):
+        return f"id field {task.id_field!r} is not valid UTF-8 (byte {doc_id.start})"
+    if task.id_field and (doc_id is None or isinstance(doc_id, (dict, list, bool))):
+        return f"missing or non-scalar id field {task.id_field!r}"
+    return None
+
+
 def batch_documents(task: ReadTask, batch: Any, first_row: int) -> Iterator[Document | BadRecord]:
     """The Documents (or BadRecords) of one Arrow record batch whose first row is `first_row`."""
-    texts = batch.column(task.text_field).to_pylist()
-    ids = batch.column(task.id_field).to_pylist() if task.id_field else [None] * len(texts)
+    texts = column_values(batch.column(task.text_field))
+    ids = column_values(batch.column(task.id_field)) if task.id_field else [None] * len(texts)
     for row, (text, doc_id) in enumerate(zip(texts, ids), first_row):
-        if not isinstance(text, str):
-            yield BadRecord(row, f"text field {task.text_field!r} is null or not a string")
-        elif task.id_field and doc_id is None:
-            yield BadRecord(row, f"missing id field {task.id_field!r}")
-        else:
-            try:
-                yield _document(row, None if doc_id is None else str(doc_id), text)
-            except ValueError as exc:
-                yield BadRecord(row, str(exc))
+        problem = _row_problem(task, text, doc_id)
+        if problem is not None:
+            yield BadRecord(row, problem)
+            continue
+        try:
+            yield _document(row, None if doc_id is None else str(doc_id), text)
+        except ValueError as exc:
+            yield BadRecord(row, str(exc))
 
 
 def _require_columns(task: ReadTask, names: list[str]) -> list[str]:
@@ -321,6 +336,8 @@ def _require_columns(task: ReadTask, names: list[str]) -> list[str]:
     for column in wanted:
         if column not in names:
             raise InputError(f"{task.source.location}: no column {column!r} (columns: {', '.join(names)})")
+        if names.count(column) > 1:
+            raise InputError(f"{task.source.location}: column {column!r} appears {names.count(column)} times")
     return wanted
 
 
@@ -342,12 +359,10 @@ def _parquet_batches(task: ReadTask) -> Iterator[tuple[int, Any]]:
 
 
 def _arrow_batches(task: ReadTask) -> Iterator[tuple[int, Any]]:
-    import pyarrow.ipc
-
     with _seekable(task.source) as handle:
-        reader = pyarrow.ipc.open_stream(handle)
-        _require_columns(task, reader.schema.names)
-        yield from _numbered(iter(reader), 0)
+        names, batches = arrow_batches(handle)
+        _require_columns(task, names)
+        yield from _numbered(batches, 0)
 
 
 def record_batches(task: ReadTask) -> Iterator[tuple[int, Any]]:
@@ -363,18 +378,25 @@ def _tables(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRec
 _READERS = {"jsonl": _jsonl, "text": _text, "parquet": _tables, "hf": _tables}
 
 
-def translated(task: ReadTask, items: Iterator[Any]) -> Iterator[Any]:
-    """`items`, with I/O and format errors turned into InputError naming the task's file."""
+@contextmanager
+def input_errors(location: str) -> Iterator[None]:
+    """I/O and format errors raised inside become InputError naming `location`."""
     try:
-        yield from items
-    except InputError:
+        yield
+    except PrepError:
         raise
     except (OSError, EOFError) as exc:
-        raise InputError(f"{task.source.location}: cannot read: {exc}") from None
+        raise InputError(f"{location}: cannot read: {exc}") from None
     except Exception as exc:  # pyarrow and zstandard raise their own error types
         if type(exc).__module__.startswith(("pyarrow", "zstd", "zstandard")) or isinstance(exc, ValueError):
-            raise InputError(f"{task.source.location}: cannot read: {str(exc).splitlines()[0]}") from None
+            raise InputError(f"{location}: cannot read: {str(exc).splitlines()[0]}") from None
         raise
+
+
+def translated(task: ReadTask, items: Iterator[Any]) -> Iterator[Any]:
+    """`items`, with I/O and format errors turned into InputError naming the task's file."""
+    with input_errors(task.source.location):
+        yield from items
 
 
 def read_documents(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
