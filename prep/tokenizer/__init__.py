@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,12 +56,23 @@ def token_dtype(vocab_size: int) -> np.dtype[np.generic]:
     return np.dtype(np.uint16) if vocab_size <= UINT16_MAX_VOCAB else np.dtype(np.int32)
 
 
+def read_tokenizer_file(path: Path) -> bytes:
+    """The bytes of a tokenizer file; TokenizerError for anything but a regular file (a FIFO
+    would block the build forever, a device never end)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise TokenizerError(f"{path}: not a regular file; the tokenizer must be a file")
+    with open(fd, "rb") as handle:
+        return handle.read()
+
+
 def load_tokenizer(path: Path, eos: str, encode_special_tokens: bool = True) -> tuple[Tokenizer, TokenizerInfo]:
     """Load a Hugging Face tokenizers JSON file and describe it."""
     from tokenizers import Tokenizer
 
     try:
-        data = path.read_bytes()
+        data = read_tokenizer_file(path)
     except FileNotFoundError:
         raise TokenizerError(f"{path}: tokenizer file not found") from None
     except OSError as exc:
@@ -93,7 +106,7 @@ def describe_tokenizer(path: Path, eos: str, encode_special_tokens: bool = True)
     """`load_tokenizer`'s TokenizerInfo alone, cached under the file's SHA-256 (parsing a large
     vocabulary takes tenths of a second; the build driver needs only this description)."""
     try:
-        data = path.read_bytes()
+        data = read_tokenizer_file(path)
     except OSError:
         return load_tokenizer(path, eos, encode_special_tokens)[1]  # which reports the error
     sha256 = hashlib.sha256(data).hexdigest()

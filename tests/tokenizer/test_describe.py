@@ -50,3 +50,15 @@ def test_a_damaged_cache_entry_is_not_trusted(tokenizer_path: Path) -> None:
     for entry in (cache_root() / "tokenizer-info").glob("*.json"):
         entry.write_text('{"sha256": "0"}')
     assert describe_tokenizer(tokenizer_path, EOS) == fresh
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_tokenizer_path_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """Regression: a FIFO as tokenizer.path blocked the build forever in read_bytes()."""
+    import os
+
+    path = tmp_path / "tokenizer.json"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    for load in (describe_tokenizer, load_tokenizer):
+        with pytest.raises(TokenizerError, match="not a regular file; the tokenizer must be a file"):
+            load(path, EOS)
