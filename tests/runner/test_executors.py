@@ -205,3 +205,24 @@ def test_a_worker_killed_while_idle_fails_the_next_run_with_the_one_line_error()
         assert list(executor.run(str, [3])) == [(0, "3")]
     finally:
         executor.close()
+
+
+def test_a_forked_idle_worker_ends_quietly_on_sigterm(capfd: pytest.CaptureFixture[str]) -> None:
+    """Regression: a forked worker inherits the CLI's SIGTERM handler (raise Terminated); SIGTERM
+    sent to the whole process group (a scheduler's stop) then printed a traceback from every idle
+    worker, out of its wait for the next task."""
+    from prep.cli.main import _terminate
+
+    before = signal.signal(signal.SIGTERM, _terminate)
+    executor = local.LocalExecutor(1, fork=True)
+    try:
+        assert executor.start_method == "fork"
+        assert list(executor.run(str, [1])) == [(0, "1")]
+        (pid,) = executor.pids()
+        os.kill(pid, signal.SIGTERM)
+        executor._workers[0].process.join(10)
+        assert not executor._workers[0].process.is_alive()
+    finally:
+        executor.close()
+        signal.signal(signal.SIGTERM, before)
+    assert "Traceback" not in capfd.readouterr().err

@@ -200,8 +200,8 @@ def _serve(connection: Connection, threads: int, driver: int) -> None:
     while True:
         try:
             raw = connection.recv_bytes()
-        except (EOFError, OSError):
-            break
+        except (EOFError, OSError, KeyboardInterrupt):  # the driver gone; or SIGTERM while idle (a forked
+            break  # worker inherits the CLI's handler, which raises Terminated): end quietly
         try:
             message = pickle.loads(raw)
         except Exception as exc:  # noqa: BLE001 -- a task this worker cannot rebuild is that task's error
