@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -149,7 +150,20 @@ def list_snapshot_ids(store: Store, prefix: str = "") -> list[str]:
 
 
 def is_manifest_path(spec: str) -> bool:
-    return Path(spec).is_file()
+    """Whether SPEC names a manifest file; one that also reads as a ref or an id is refused as ambiguous."""
+    if not Path(spec).is_file():
+        return False
+    if os.sep not in spec and "/" not in spec and _reads_as_snapshot_name(spec):
+        raise UsageError(f"{spec!r} is both a file here and a snapshot name: write ./{spec} for the file")
+    return True
+
+
+def _reads_as_snapshot_name(spec: str) -> bool:
+    """Whether SPEC has the shape of `dataset@ref` or of a snapshot id or hex prefix."""
+    if "@" in spec:
+        return True
+    hexpart = spec.removeprefix("sha256:").lower()
+    return len(hexpart) >= MIN_PREFIX and all(c in "0123456789abcdef" for c in hexpart)
 
 
 def _generation(store: Store, dataset: str, name: str, generation: int) -> Ref | None:
@@ -183,10 +197,15 @@ def _resolve_ref(store: Store, spec: str) -> Snapshot:
         raise NotFoundError(f"{store.url}: {spec}: generation {value.generation} of {dataset}@{name} is its "
                             "deletion (prep tag -d), which names no snapshot")
     try:
-        return load_snapshot(store, value.snapshot)
+        snapshot = load_snapshot(store, value.snapshot)
     except NotFoundError:
         raise NotFoundError(f"{store.url}: {spec} is snapshot {value.snapshot}, which is no longer stored "
                             "(collected by prep gc; keep it with [retention] or prep hold)") from None
+    if snapshot.dataset != dataset:  # builds and prep tag only ever point a ref at its own dataset's snapshot
+        raise IntegrityError(f"{store.url}: {spec} names snapshot {snapshot.id} of dataset {snapshot.dataset!r}, "
+                             f"not {dataset!r}: the ref record was written by something other than prep; "
+                             "`prep fsck` lists it")
+    return snapshot
 
 
 def resolve(store: Store | None, spec: str) -> Snapshot:

@@ -187,3 +187,28 @@ def test_a_doc_id_of_bytes_that_are_not_utf8_names_no_document(store: LocalStore
 def test_an_empty_dataset_name_is_invalid(store: LocalStore, args: tuple[str, ...]) -> None:
     """`prep ls ''` listed every dataset's refs; the others answered "no ref @latest"."""
     _one_error_line(_prep(*args, "--store", store.root), 2, "invalid dataset name ''")
+
+
+def test_a_ref_naming_another_datasets_snapshot_is_an_integrity_error(store: LocalStore) -> None:
+    """Regression: a ref record of dataset `other` (written by some other tool: builds and prep tag
+    only point a ref at its own dataset's snapshot) naming demo's snapshot was followed as if it were
+    other's, so `prep diff other@v1 ...` and `prep pull other@v1` served another dataset."""
+    body = json.loads((store.root / "refs/demo/v1.json").read_text())
+    (store.root / "refs/other").mkdir()
+    (store.root / "refs/other/v1.json").write_text(json.dumps({**body, "dataset": "other"}))
+    with pytest.raises(IntegrityError, match="of dataset 'demo', not 'other'"):
+        resolve(store, "other@v1")
+    _one_error_line(_prep("show", "other@v1", "--store", store.root), 3, "of dataset 'demo', not 'other'")
+
+
+@pytest.mark.parametrize("spec", ["demo@v1", "sha256:abcd", "abcdef12"])
+def test_a_file_named_like_a_snapshot_spec_is_ambiguous(store: LocalStore, tmp_path: Path, spec: str) -> None:
+    """Regression: a file in the working folder named like a ref or an id (a manifest saved as
+    `demo@v1`) silently took the place of the store's snapshot of that name."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / spec).write_bytes(resolve(store, "demo@latest").raw)
+    ran = run_prep("show", spec, "--store", store.root, check=False, cwd=work)
+    _one_error_line(ran, 2, f"{spec!r} is both a file here and a snapshot name: write ./{spec} for the file")
+    shown = run_prep("show", f"./{spec}", "--json", cwd=work)
+    assert json.loads(shown.stdout) == json.loads(resolve(store, "demo@latest").raw)
