@@ -46,7 +46,9 @@ class Store(abc.ABC):
         """Create `key` with the bytes of the local file `path`, atomically.
 
         Returns True if this call created the key, False if the key already existed (in which
-        case nothing was written). The caller may delete `path` afterwards.
+        case nothing was written). The caller may delete `path` afterwards. A file under
+        `staging_dir()` may become the object itself (a hard link: the caller must not change it);
+        any other file is copied, so the caller's file stays the caller's.
         """
 
     @abc.abstractmethod

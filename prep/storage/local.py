@@ -151,13 +151,19 @@ class LocalStore(Store):
             temp.unlink(missing_ok=True)
 
     def put_file(self, key: str, path: Path) -> bool:
+        # hazard: a hard link shares the inode, so the chmod below and any later write to the
+        # caller's file would reach the object: only files staged under our tmp/ are linked
+        staged = self.root / TMP_DIR in Path(os.path.abspath(path)).parents
+
         def fill(temp: Path) -> None:
-            try:
-                os.link(path, temp)  # same filesystem (staging_dir): no copy
-            except OSError as exc:
-                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
-                    raise
-                shutil.copyfile(path, temp)
+            if staged:
+                try:
+                    os.link(path, temp)  # same filesystem: no copy
+                    return
+                except OSError as exc:
+                    if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                        raise
+            shutil.copyfile(path, temp)
 
         return self._create(key, fill)
 

@@ -40,6 +40,19 @@ def test_put_file_is_create_only(store: Store, tmp_path: Path) -> None:
     assert first.read_bytes() == b"one"  # the caller's file is left alone
 
 
+def test_put_file_keeps_no_tie_to_the_callers_file(store: Store, tmp_path: Path) -> None:
+    """Regression: LocalStore hard-linked any file it was given, so the caller's file became
+    read-only and a later write to it changed the stored object in place."""
+    mine = tmp_path / "mine"
+    mine.write_bytes(b"stored bytes")
+    mine.chmod(0o644)
+    assert store.put_file("data/mine", mine) is True
+    assert mine.stat().st_mode & 0o777 == 0o644
+    with open(mine, "r+b") as handle:
+        handle.write(b"changed")
+    assert store.get_bytes("data/mine") == b"stored bytes"
+
+
 def test_empty_object(store: Store) -> None:
     assert store.put_bytes("data/empty", b"")
     assert store.get_bytes("data/empty") == b""
