@@ -178,3 +178,48 @@ def test_objects_beyond_a_single_put_go_up_in_parts(
     assert store.put_file("data/big", path) is True
     bucket, _ = split(s3_bucket)
     assert admin_client().head_object(Bucket=bucket, Key="data/big")["ETag"].endswith('-1"')
+
+
+def _completions(*faults: Fault | None, action: Callable[[], None] | None = None) -> RequestHook:
+    """A hook answering the n-th CompleteMultipartUpload of `data/big` with `faults[n]` (None: moto's own)."""
+    seen: list[int] = []
+
+    def hook(environ: dict[str, Any]) -> Fault | None:
+        if environ["REQUEST_METHOD"] != "POST" or not environ["PATH_INFO"].endswith("/data/big"):
+            return None
+        if "uploadId=" not in environ.get("QUERY_STRING", ""):
+            return None
+        seen.append(1)
+        if len(seen) == 1 and action is not None:
+            action()
+        return faults[len(seen) - 1] if len(seen) <= len(faults) else None
+
+    return hook
+
+
+@pytest.mark.parametrize("retry_answer", [Fault(412, "PreconditionFailed"), None])
+def test_a_completion_whose_answer_was_lost_counts_as_won(
+    s3_bucket: str, s3_request_hooks: list[RequestHook], retry_answer: Fault | None
+) -> None:
+    """Regression: the completion took effect, its answer was lost (a 500), and botocore's retry met
+    its effect (412, or moto's NoSuchUpload): the put reported the key as someone else's."""
+    store = S3Store(s3_bucket, MULTIPART)
+    data = random_bytes(MIN_PART_SIZE + 10)
+    s3_request_hooks.append(_completions(Fault(500, "InternalError", after_handling=True), retry_answer))
+    assert store.put_bytes("data/big", data) is True
+    assert store.get_bytes("data/big") == data
+
+
+def test_a_retried_completion_meeting_another_writers_object_is_lost(
+    s3_bucket: str, s3_request_hooks: list[RequestHook]
+) -> None:
+    bucket, prefix = split(s3_bucket)
+    store = S3Store(s3_bucket, MULTIPART)
+    rival = random_bytes(MIN_PART_SIZE + 10, seed=1)
+
+    def rival_writes() -> None:
+        admin_client().put_object(Bucket=bucket, Key=f"{prefix}/data/big".lstrip("/"), Body=rival)
+
+    s3_request_hooks.append(_completions(Fault(500, "InternalError"), action=rival_writes))
+    assert store.put_bytes("data/big", random_bytes(MIN_PART_SIZE + 10)) is False
+    assert store.get_bytes("data/big") == rival and uploads_in_progress(bucket) == []

@@ -109,7 +109,8 @@ def translate(exc: Exception, bucket: str, key: str) -> PrepError:
         if code in _BAD_CREDENTIALS:
             return StoreError(f"{where}: credentials rejected by the S3 endpoint ({code})")
         if code == "403":  # a HEAD's error has no body to tell the two apart
-            return StoreError(f"{where}: access denied or credentials rejected (HTTP 403)")
+            return StoreError(f"{where}: access denied or credentials rejected (HTTP 403; S3 also answers "
+                              "403 for a missing key when the credentials lack s3:ListBucket, which prep needs)")
         if code in _DENIED:
             return StoreError(f"{where}: access denied")
         message = exc.response.get("Error", {}).get("Message", "")

@@ -57,6 +57,10 @@ class Upload:
 def holds(client: Any, bucket: str, key: str, data: bytes) -> bool:
     """Whether `key` holds exactly `data`, judged by its ETag (the MD5 of a single-PUT object
     unless KMS encryption is on); settles a condition that failed only on a retried request."""
+    return _has_etag(client, bucket, key, f'"{hashlib.md5(data).hexdigest()}"')
+
+
+def _has_etag(client: Any, bucket: str, key: str, etag: str) -> bool:
     with s3_errors(bucket, key):
         try:
             response = client.head_object(Bucket=bucket, Key=key)
@@ -64,7 +68,24 @@ def holds(client: Any, bucket: str, key: str, data: bytes) -> bool:
             if error_code(exc) in MISSING_KEY:
                 return False
             raise
-    return bool(response.get("ETag") == f'"{hashlib.md5(data).hexdigest()}"')
+    return bool(response.get("ETag") == etag)
+
+
+def multipart_etag(parts: list[dict[str, Any]]) -> str | None:
+    """The ETag S3 gives the completed upload of `parts`: the MD5 of their MD5s, a dash and their
+    count; None when a part's ETag is no MD5 (KMS encryption), so no completion can be told ours."""
+    try:
+        digests = b"".join(bytes.fromhex(str(part["ETag"]).strip('"')) for part in parts)
+    except ValueError:
+        return None
+    return f'"{hashlib.md5(digests).hexdigest()}-{len(parts)}"' if len(digests) == 16 * len(parts) else None
+
+
+def _completed_by_retry(upload: Upload, exc: ClientError, parts: list[dict[str, Any]]) -> bool:
+    """Whether a completion that failed on a re-sent request (412: the key exists; NoSuchUpload:
+    the upload is gone) had in fact completed on an earlier attempt, leaving the key with our parts."""
+    etag = multipart_etag(parts)
+    return was_retried(exc) and etag is not None and _has_etag(upload.client, upload.bucket, upload.key, etag)
 
 
 def put_single(upload: Upload, data: bytes, attempts: int) -> bool:
@@ -122,6 +143,8 @@ def put_multipart(upload: Upload, source: BinaryIO, part_size: int, jobs: int,
                     MultipartUpload={"Parts": parts}, **upload.condition,
                 )
             except ClientError as exc:
+                if error_code(exc) in PRECONDITION_FAILED | {"NoSuchUpload"} and _completed_by_retry(upload, exc, parts):
+                    return True
                 if error_code(exc) in PRECONDITION_FAILED:
                     _abort(upload, upload_id)
                     return False
