@@ -49,6 +49,7 @@ from prep.store.layout import (
     object_key,
     object_sha,
     readback_sha,
+    ref_key,
     refs_prefix,
     snapshot_marker_key,
 )
@@ -56,6 +57,7 @@ from prep.store.leases import BUILD, GC, Lease, live_leases
 from prep.store.reach import CORRUPT, INVALID, MISSING, Problem, Reach, Via, parallel
 from prep.store.refs import Ref
 from prep.store.retention import current_policy_key, stored_policy
+from prep.store.snapshots import load_snapshot
 
 REPORT_SCHEMA = "prep.fsck-report/1"
 DEFAULT_JOBS = 8
@@ -199,6 +201,7 @@ def _walk_snapshots(walk: _Walk, dataset: str | None) -> tuple[set[str], int]:
     for ref in _ref_values(walk, refs_prefix(dataset), mutable=True):
         current.add(hashing.parse_id(ref.snapshot))
         walk.snapshot(hashing.parse_id(ref.snapshot), f"{ref.dataset}@{ref.name}", required=True)
+        _check_ref_dataset(walk, ref)
     collected = 0
     history = _ref_values(walk, history_prefix(dataset) if dataset else HISTORY_PREFIX, mutable=False)
     for entry in sorted(history, key=lambda ref: (ref.dataset, ref.name, -ref.generation)):
@@ -223,6 +226,18 @@ def _walk_snapshots(walk: _Walk, dataset: str | None) -> tuple[set[str], int]:
                 continue
             walk.snapshot(marker_sha(info.key), info.key, required=True)
     return current, collected
+
+
+def _check_ref_dataset(walk: _Walk, ref: Ref) -> None:
+    """A ref must name a snapshot of its own dataset (commands refuse to follow one that does not)."""
+    try:
+        dataset = load_snapshot(walk.store, ref.snapshot).dataset
+    except PrepError:
+        return  # the walk has recorded why the manifest does not read
+    if dataset != ref.dataset:
+        key = ref_key(ref.dataset, ref.name)
+        walk.add(Problem(INVALID, "ref", key, key, f"{walk.store.url}/{key}: names snapshot {ref.snapshot} of "
+                         f"dataset {dataset!r}, not {ref.dataset!r}"))
 
 
 def _check_policies(walk: _Walk, dataset: str | None) -> None:

@@ -220,6 +220,16 @@ def test_an_unreadable_ref_or_history_record_is_a_finding_not_a_crash(project: d
     _damaged(store, history, path.read_bytes()[:-7], "history record", "unreadable")  # truncated
 
 
+def test_a_ref_naming_another_datasets_snapshot_is_a_finding(project: dict[str, Path]) -> None:  # noqa: F811
+    """A ref record of dataset `other` naming tiny's snapshot (no prep command writes one; every
+    command refuses to follow it) was a clean store to fsck."""
+    store = LocalStore(project["store"])
+    body = canonical.loads(store.get_bytes("refs/tiny/latest.json"))
+    store.put_bytes("refs/other/latest.json", canonical.dumps({**body, "dataset": "other"}))
+    _damaged(store, "refs/other/latest.json", store.get_bytes("refs/other/latest.json"), "ref",
+             "of dataset 'tiny', not 'other'")
+
+
 def test_an_unreadable_retention_policy_is_a_finding_repair_leaves(project: dict[str, Path]) -> None:  # noqa: F811
     """Regression: gc refuses to run on a damaged retention policy (a rebuild records it again),
     yet fsck called such a store clean."""
