@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -207,22 +208,50 @@ def test_a_worker_killed_while_idle_fails_the_next_run_with_the_one_line_error()
         executor.close()
 
 
-def test_a_forked_idle_worker_ends_quietly_on_sigterm(capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_forked_idle_worker_ends_quietly_on_sigterm() -> None:
     """Regression: a forked worker inherits the CLI's SIGTERM handler (raise Terminated); SIGTERM
     sent to the whole process group (a scheduler's stop) then printed a traceback from every idle
-    worker, out of its wait for the next task."""
-    from prep.cli.main import _terminate
+    worker, out of its wait for the next task. It runs in a process of its own: this one may hold
+    other tests' threads (a moto server, a library's monitor), and a pool forks only without any."""
+    run = subprocess.run([sys.executable, "-c", _SIGTERM_IDLE_FORKED_WORKER], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["fork", "ended"]
+    assert "Traceback" not in run.stderr
 
-    before = signal.signal(signal.SIGTERM, _terminate)
-    executor = local.LocalExecutor(1, fork=True)
+
+_SIGTERM_IDLE_FORKED_WORKER = """
+import os, signal
+from prep.cli.main import _terminate
+from prep.runner.executors import local
+signal.signal(signal.SIGTERM, _terminate)
+executor = local.LocalExecutor(1, fork=True)
+try:
+    print(executor.start_method)
+    assert list(executor.run(str, [1])) == [(0, "1")]
+    (pid,) = executor.pids()
+    os.kill(pid, signal.SIGTERM)
+    executor._workers[0].process.join(10)
+    print("running" if executor._workers[0].process.is_alive() else "ended")
+finally:
+    executor.close()
+"""
+
+
+def test_a_worker_whose_driver_closes_its_pipe_mid_task_ends_quietly(capfd: pytest.CaptureFixture[str]) -> None:
+    """Regression: a worker stopped while a task ran (the pool closed after Ctrl-C, say) met the
+    closed pipe sending the result, tried again with an error and printed two BrokenPipeError
+    tracebacks to the user's terminal."""
+    worker = local._Worker("spawn", 1)  # noqa: SLF001
     try:
-        assert executor.start_method == "fork"
-        assert list(executor.run(str, [1])) == [(0, "1")]
-        (pid,) = executor.pids()
-        os.kill(pid, signal.SIGTERM)
-        executor._workers[0].process.join(10)
-        assert not executor._workers[0].process.is_alive()
+        worker.send(local._started, None, None)  # noqa: SLF001
+        assert worker.receive()[1]
+        worker.send(time.sleep, 1.5, 0)
+        time.sleep(0.5)  # the task is running
+        worker.connection.close()
+        worker.process.join(20)
+        assert worker.process.exitcode == 0
     finally:
-        executor.close()
-        signal.signal(signal.SIGTERM, before)
+        if worker.process.is_alive():
+            worker.process.kill()
     assert "Traceback" not in capfd.readouterr().err

@@ -205,7 +205,8 @@ def _serve(connection: Connection, threads: int, driver: int) -> None:
         try:
             message = pickle.loads(raw)
         except Exception as exc:  # noqa: BLE001 -- a task this worker cannot rebuild is that task's error
-            connection.send((False, _transportable(exc)))
+            if not _answer(connection, (False, _transportable(exc))):
+                break
             continue
         if message is None:
             break
@@ -214,11 +215,21 @@ def _serve(connection: Connection, threads: int, driver: int) -> None:
             reply: tuple[bool, Any] = (True, _call(fn, item))
         except BaseException as exc:  # noqa: BLE001 -- every failure, Ctrl-C too, goes back to the driver
             reply = (False, exc)
-        try:
-            connection.send(reply)
-        except Exception as exc:  # noqa: BLE001 -- a result that cannot be pickled (nothing was sent)
-            connection.send((False, RuntimeError(f"a task's result could not be sent back: {exc}")))
+        if not _answer(connection, reply):
+            break
     _exit_now()
+
+
+def _answer(connection: Connection, reply: tuple[bool, Any]) -> bool:
+    """Send a reply; False when the driver's end is closed (it stopped this worker mid-task, or is
+    gone): there is no one left to tell, so the worker ends quietly rather than with a traceback."""
+    try:
+        connection.send(reply)
+    except OSError:
+        return False
+    except Exception as exc:  # noqa: BLE001 -- a result that cannot be pickled (nothing was sent)
+        return _answer(connection, (False, RuntimeError(f"a task's result could not be sent back: {exc}")))
+    return True
 
 
 class LocalExecutor:
