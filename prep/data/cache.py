@@ -9,7 +9,7 @@ pull's record (its stat stamp unchanged) or hashed once per process, and a misma
 IntegrityError naming the file. Eviction drops the file needed furthest in the future by the
 reader's plan (Belady), or the least recently used one (LRU, for comparison).
 
-A reader keeps a file it read mapped and pinned (a shared flock) while the next step reads it (the
+A reader keeps a file it read open and pinned (a shared flock) while the next step reads it (the
 next KEEP_STEPS steps once the cache is calm), so a step whose shards are all pinned costs one
 lock and no system call (pin_held); pins are dropped when this user needs room, and when another
 user signals that it waits for room.
@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import mmap
 import os
 import threading
 import time
@@ -31,7 +30,7 @@ from prep import hashing
 from prep.data.cachedir import CacheDir
 from prep.data.cachevalues import CacheOptions, CacheStats, Hold
 from prep.data.plan import Need, Plan
-from prep.data.source import check_file
+from prep.data.source import open_checked
 from prep.errors import IntegrityError, UsageError
 from prep.storage.base import Store
 from prep.transfer.fetch import download_verified
@@ -78,7 +77,7 @@ class NodeCache:
 
     @contextlib.contextmanager
     def using(self, need: Need) -> Iterator[Hold]:
-        """The object's verified file, mapped and pinned (never evicted) at least until the block ends."""
+        """The object's verified file, open and pinned (never evicted) at least until the block ends."""
         hold = self.acquire(need)
         try:
             yield hold
@@ -90,6 +89,8 @@ class NodeCache:
         with self._mutex:
             for hold in holds:
                 hold.refs -= 1
+                if hold.closing and hold.refs <= 0:
+                    self._holds_drop(hold)
 
     def pin_held(self, needs: Sequence[Need]) -> list[Hold] | None:
         """One more use of each object this user holds already, all or none (None: `acquire` them one by one);
@@ -148,9 +149,7 @@ class NodeCache:
 
     @staticmethod
     def _holds_drop(hold: Hold) -> None:
-        hold._view = None
-        if isinstance(hold.data, mmap.mmap):
-            hold.data.close()
+        hold.file.close()
         os.close(hold.fd)
 
     def _pin_or_fetch(self, need: Need, fd: int, deadline: float) -> Hold:
@@ -187,7 +186,7 @@ class NodeCache:
             fcntl.flock(fd, fcntl.LOCK_SH)
 
     def _open(self, need: Need, fd: int) -> Hold | None:
-        """Map the cache file if it is there with the right size, after proving its bytes."""
+        """Open the cache file if it is there with the right size, after proving its bytes."""
         final = self.path_of(need.sha256)
         try:
             size = final.stat().st_size
@@ -196,21 +195,20 @@ class NodeCache:
         if size != need.size:
             return None  # truncated: the fetch (under the exclusive lock) deletes and refetches it
         try:
-            check_file(final, need.sha256, self.record, need.sha256)
+            file = open_checked(final, need.sha256, self.record, need.sha256, note=f"; cache file for {need.what}",
+                                kind="index" if need.what.endswith(".idx") else "shard")
         except IntegrityError as exc:
             raise IntegrityError(f"{exc.message} (cache file for {need.what}; delete it to fetch it again)") from None
-        if size == 0:
-            return Hold(fd, b"", final, refs=1)
-        with open(final, "rb") as handle:
-            return Hold(fd, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), final, refs=1)
+        return Hold(fd, file, final, refs=1)
 
     def _release(self, sha256: str) -> None:
-        """Unmap and unpin an idle hold (call under self._mutex)."""
+        """Close and unpin a hold (call under self._mutex); one still in use (close() during a read) is
+        closed at its last release, so no read goes to a descriptor number reused meanwhile."""
         hold = self._holds.pop(sha256)
-        try:
+        if hold.refs > 0:
+            hold.closing = True
+        else:
             self._holds_drop(hold)
-        except BufferError:  # a caller still has a view: the map closes when it is dropped
-            os.close(hold.fd)
 
     def _release_idle(self, keep: Iterable[str] = ()) -> None:
         kept = set(keep)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import mmap
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from prep.data.pread import TokenFile
 from prep.errors import UsageError
 from prep.transfer.verify import DEFAULT_JOBS
 
@@ -85,16 +85,10 @@ class CacheStats:
 
 @dataclass
 class Hold:
-    """A pinned, mapped cache file: its lock descriptor (flocked shared), its bytes, its path."""
+    """A pinned cache file: its lock descriptor (flocked shared), the file held open for reading, its path."""
 
     fd: int
-    data: mmap.mmap | bytes
+    file: TokenFile
     path: Path
     refs: int = 0
-    _view: np.ndarray | None = None
-
-    def view(self, dtype: np.dtype[Any]) -> np.ndarray:
-        """The bytes as a read-only array of `dtype`, made once per hold (callers must not keep it)."""
-        if self._view is None or self._view.dtype != dtype:
-            self._view = np.frombuffer(self.data, dtype=dtype)
-        return self._view
+    closing: bool = False  # dropped by close() while in use: closed at its last release

@@ -15,13 +15,29 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_WORD = (1 << 64) - 1
+_TAIL = 16  # a walk with this few values left ends in Python ints: a numpy call costs more than an element then
+
+
 def _mix(values: np.ndarray, key: np.uint64) -> np.ndarray:
-    """A splitmix64-style finalizer of `values` keyed by `key` (uint64, wrapping)."""
-    with np.errstate(over="ignore"):
-        z = values + key
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
+    """A splitmix64-style finalizer of `values` (a 1-D uint64 array) keyed by `key` (wrapping: numpy's
+    integer array arithmetic wraps without a warning, so no errstate, which cost more than the mix)."""
+    z = values + key
+    z ^= z >> _S30
+    z *= _M1
+    z ^= z >> _S27
+    z *= _M2
+    z ^= z >> _S31
+    return z
+
+
+def _mix_int(value: int, key: int) -> int:
+    """_mix of one value, in Python ints (the same bits)."""
+    z = (value + key) & _WORD
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _WORD
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _WORD
+    return z ^ (z >> 31)
 
 
 class IndexPermutation:
@@ -41,20 +57,38 @@ class IndexPermutation:
         half = np.uint64(self._half)
         left, right = values >> half, values & self._mask
         for key in self._keys:
-            left, right = right, left ^ (_mix(right, key) & self._mask)
+            mixed = _mix(right, key)
+            mixed &= self._mask
+            mixed ^= left
+            left, right = right, mixed
         return (left << half) | right
+
+    def _walk_one(self, value: int) -> int:
+        """The walk of one value outside [0, size), in Python ints, until it falls inside."""
+        half, mask, keys = self._half, int(self._mask), [int(key) for key in self._keys]
+        while value >= self.size:
+            left, right = value >> half, value & mask
+            for key in keys:
+                left, right = right, left ^ (_mix_int(right, key) & mask)
+            value = (left << half) | right
+        return value
 
     def __call__(self, indices: np.ndarray) -> np.ndarray:
         """The images of `indices` (an integer array of values in [0, size))."""
-        values = np.asarray(indices, dtype=np.uint64)
+        shape = np.shape(indices)
+        values = np.asarray(indices, dtype=np.uint64).reshape(-1)  # 1-D: a 0-d array's arithmetic is scalar and warns
         if values.size and (int(values.max()) >= self.size or int(np.asarray(indices).min()) < 0):
             raise IndexError(f"permutation indices must lie in [0, {self.size})")
+        size = np.uint64(self.size)
         out = self._encrypt(values)
-        outside = out >= np.uint64(self.size)
-        while outside.any():
-            out[outside] = self._encrypt(out[outside])
-            outside = out >= np.uint64(self.size)
-        return out.astype(np.int64)
+        todo = np.flatnonzero(out >= size)
+        while len(todo) > _TAIL:  # walk only the values still outside [0, size)
+            walked = self._encrypt(out[todo])
+            out[todo] = walked
+            todo = todo[walked >= size]
+        if len(todo):
+            out[todo] = [self._walk_one(value) for value in out[todo].tolist()]
+        return out.astype(np.int64).reshape(shape)
 
     def at(self, index: int) -> int:
         """The image of one index."""

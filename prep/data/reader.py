@@ -309,7 +309,9 @@ class Reader:
         return result
 
     def close(self) -> None:
-        """Stop prefetching and release the cache (its pins and reservations stop counting)."""
+        """Stop prefetching, close the shard files and release the cache (its pins and reservations stop counting)."""
+        for source in getattr(self, "sources", ()):
+            source.close()
         if self._prefetcher is not None:
             self._prefetcher.close()
             self._prefetcher = None

@@ -1,22 +1,28 @@
 """A snapshot read straight from a store (S3 or local) through the node-local cache: each shard is
-fetched into the cache on first need (prep.data.cache), pinned while rows are copied out of it,
-and read from the verified cache file; nothing is read from a file before it is proven.
+fetched into the cache on first need (prep.data.cache), pinned while rows are read out of it by
+position (prep.data.pread), and read from the verified cache file; nothing is read from a file
+before it is proven, and a pinned file cut short or unreadable meanwhile is a prep error naming it
+(the pin is dropped, so the next read opens the object again, and fetches it again if it is short).
 
-When the cache reader holds every shard a batch reads already (a warm cache), the rows are copied
-under one pin call. Otherwise they are copied shard by shard in ascending shard order, the order
+When the cache reader holds every shard a batch reads already (a warm cache), the rows are read
+under one pin call. Otherwise they are read shard by shard in ascending shard order, the order
 prep.data.plan predicts; a batch then uses one shard at a time, so a cache of one shard (the
 largest) is enough to progress.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from prep.data.cache import NodeCache
+from prep.data.cachevalues import Hold
 from prep.data.plan import Need
+from prep.data.pread import Pieces, fill, plan_rows, read_pieces
 from prep.data.source import SnapshotSource
-from prep.errors import UsageError
-from prep.formats.megatron import read_index
+from prep.errors import PrepError, UsageError
+from prep.formats.megatron import parse_index
 from prep.storage.base import Store
 from prep.store.snapshots import Snapshot, resolve
 
@@ -28,7 +34,6 @@ class CachedSource(SnapshotSource):
         artifacts = snapshot.manifest["artifacts"]
         super().__init__(snapshot, {a["path"]: cache.path_of(a["sha256"]) for a in artifacts})
         self.cache = cache
-        self._shard_tokens = np.diff(self.token_starts)
         sizes = {a["path"]: int(a["size"]) for a in artifacts}
         label = snapshot.id[:19]
         self.bin_needs = [Need(s.bin_sha256, sizes[s.bin_name], f"{label} {s.bin_name}") for s in self.shards]
@@ -47,7 +52,7 @@ class CachedSource(SnapshotSource):
         return first, last
 
     def needs(self, starts: np.ndarray, lengths: np.ndarray) -> list[Need]:
-        """The bin objects these token ranges read, in the order `_fill` reads them."""
+        """The bin objects these token ranges read, in the order `_read` reads them."""
         return [self.bin_needs[shard] for shard in self._touched(*self.shard_span(starts, lengths))]
 
     @staticmethod
@@ -58,73 +63,54 @@ class CachedSource(SnapshotSource):
             return sorted(set(first.tolist()))
         return sorted({s for a, b in zip(first.tolist(), last.tolist()) for s in range(a, b + 1)})
 
-    def _fill(self, out: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    def _read(self, out: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """Rows of out.shape[1] tokens from each of `starts`: at once when this reader holds every shard
-        they read already, else one pinned shard at a time."""
+        they read already, else one pinned shard at a time; then one conversion into `out`."""
         length = out.shape[1]
         if len(starts) and (starts.min() < 0 or starts.max() + length > self.total_tokens):
             raise IndexError(f"tokens outside 0..{self.total_tokens}")
-        first = np.searchsorted(self.token_starts, starts, side="right") - 1
-        offsets = starts - self.token_starts[first]
-        if not self._fill_held(out, first, offsets):
-            last = np.searchsorted(self.token_starts, starts + max(length, 1) - 1, side="right") - 1
-            self._fill_by_shard(out, starts, first, last)
+        pieces = plan_rows(self.token_starts, starts, length, self.dtype.itemsize)
+        parts = self._read_held_all(pieces)
+        fill(out, parts if parts is not None else self._read_by_shard(pieces), self.dtype)
         self.bytes_read += out.size * self.dtype.itemsize
         return out
 
-    def _fill_held(self, out: np.ndarray, first: np.ndarray, offsets: np.ndarray) -> bool:
-        """The hit path: when no row crosses a shard and every shard is pinned already, copy the rows
-        under one pin call; False (nothing copied) otherwise."""
-        length = out.shape[1]
-        if len(first) and (offsets + length > self._shard_tokens[first]).any():
-            return False
-        shards = first.tolist()
-        touched = sorted(set(shards))
+    def _read_held_all(self, pieces: Pieces) -> list[bytes] | None:
+        """The hit path: when every shard is pinned already, read the pieces under one pin call; None
+        (nothing read) otherwise."""
+        touched = sorted(set(pieces.shards))
         holds = self.cache.pin_held([self.bin_needs[shard] for shard in touched])
         if holds is None:
-            return False
-        try:
-            views: dict[int, np.ndarray] = {shard: hold.view(self.dtype) for shard, hold in zip(touched, holds)}
-            for row, (shard, offset) in enumerate(zip(shards, offsets.tolist())):
-                out[row] = views[shard][offset:offset + length]
-            del views  # no view may outlive the pins: a map is closed when its pin is dropped
-        finally:
-            self.cache.release(*holds)
-        return True
+            return None
+        return self._read_held(dict(zip(touched, holds)), pieces.shards, pieces.offsets, pieces.sizes)
 
-    def _fill_by_shard(self, out: np.ndarray, starts: np.ndarray, first: np.ndarray, last: np.ndarray) -> None:
-        """Rows copied shard by shard in ascending order, each shard pinned (fetched if need be) in turn."""
-        length = out.shape[1]
-        begins = starts.tolist()
-        inside: dict[int, list[tuple[int, int]]] = {}  # shard -> (row, offset in the shard)
-        crossing: dict[int, list[int]] = {}  # shard -> rows that only partly lie in it
-        for row, (a, b) in enumerate(zip(first.tolist(), last.tolist())):
-            if a == b:
-                inside.setdefault(a, []).append((row, begins[row] - int(self.token_starts[a])))
-            for shard in range(a, b + 1) if a != b else ():
-                crossing.setdefault(shard, []).append(row)
-        for shard in sorted(inside.keys() | crossing.keys()):
-            base, end = int(self.token_starts[shard]), int(self.token_starts[shard + 1])
+    def _read_by_shard(self, pieces: Pieces) -> list[bytes]:
+        """The pieces read shard by shard in ascending order, each shard pinned (fetched if need be) in turn."""
+        by_shard: dict[int, list[int]] = {}  # shard -> its pieces
+        for at, shard in enumerate(pieces.shards):
+            by_shard.setdefault(shard, []).append(at)
+        parts: list[bytes] = [b""] * len(pieces.shards)
+        for shard in sorted(by_shard):
             hold = self.cache.acquire(self.bin_needs[shard])
-            try:
-                tokens = hold.view(self.dtype)
-                for row, offset in inside.get(shard, ()):
-                    out[row] = tokens[offset:offset + length]
-                for row in crossing.get(shard, ()):
-                    lo, hi = max(begins[row], base), min(begins[row] + length, end)
-                    out[row, lo - begins[row]:hi - begins[row]] = tokens[lo - base:hi - base]
-                del tokens  # no view may outlive the pin: the map is closed when the pin is dropped
-            finally:
-                self.cache.release(hold)
+            chosen = by_shard[shard]
+            read = self._read_held({shard: hold}, [shard] * len(chosen), [pieces.offsets[at] for at in chosen],
+                                   [pieces.sizes[at] for at in chosen])
+            for at, part in zip(chosen, read):
+                parts[at] = part
+        return parts
 
-    def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
-        return self._fill(np.empty((len(starts), length), dtype=np.int64), np.asarray(starts, dtype=np.int64))
-
-    def tokens(self, start: int, count: int) -> np.ndarray:
-        if start < 0 or start + count > self.total_tokens:
-            raise IndexError(f"tokens {start}..{start + count} outside 0..{self.total_tokens}")
-        row: np.ndarray = self._fill(np.empty((1, count), dtype=self.dtype), np.asarray([start], dtype=np.int64))[0]
-        return row
+    def _read_held(self, holds: dict[int, Hold], shards: Sequence[int], offsets: Sequence[int],
+                   sizes: Sequence[int]) -> list[bytes]:
+        """Read the pieces from pinned files (by shard), then release the pins; after a failed read (a
+        file cut short, EIO) drop them, so the next read opens (and if need be fetches) the objects again."""
+        try:
+            parts = read_pieces({shard: hold.file for shard, hold in holds.items()}, shards, offsets, sizes)
+        except PrepError:
+            self.cache.release(*holds.values())
+            self.cache.unpin_idle(self.bin_needs[shard].sha256 for shard in holds)
+            raise
+        self.cache.release(*holds.values())
+        return parts
 
     def document_bounds(self) -> np.ndarray:
         """Document starts from the `.idx` files, each fetched through the cache."""
@@ -132,8 +118,8 @@ class CachedSource(SnapshotSource):
         for need, base in zip(self.idx_needs, self.token_starts[:-1].tolist()):
             if need is None:
                 raise UsageError(f"{self.id}: documents mode needs the .idx files")
-            with self.cache.using(need) as hold:
-                lengths = read_index(hold.path).lengths.astype(np.int64)
+            with self.cache.using(need) as hold:  # read into memory once, from the proven file's descriptor
+                lengths = parse_index(hold.file.read(), str(hold.path)).lengths.astype(np.int64)
             starts.append(base + np.concatenate(([0], np.cumsum(lengths)[:-1])))
         # A reader may idle long before its first batch (a DataLoader's main-process reader never reads):
         # pins kept on the .idx files would hold the room every other user of the cache waits for.

@@ -6,6 +6,10 @@ process opens it (remembered by its path, its stat stamp and the SHA-256 it matc
 changed afterwards is hashed again), unless pull's record (`DEST/.prep/verified.jsonl`) says it proved exactly those bytes and
 the file's stat stamp has not changed since; a mismatch is an IntegrityError naming the file, and
 nothing from it is served.
+
+Tokens are read by position from the checked files, held open by descriptor (prep.data.pread): a file
+cut short while the reader runs, or a disk that fails to return its bytes, is a one-line prep error
+naming it, never a SIGBUS.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from prep.errors import IntegrityError, NotFoundError, UsageError
-from prep.formats.megatron import read_index
+from prep.data.pread import TokenFile, fill, plan_rows, read_pieces
+from prep.errors import IntegrityError, NotFoundError, PrepError, StorageIOError, UsageError
+from prep.formats.megatron import parse_index
 from prep.hashing import digest_file
 from prep.storage.base import Store
 from prep.store import cas
@@ -46,22 +51,47 @@ class Shard:
     idx_name: str = ""
 
 
-def check_file(path: Path, sha256: str, record: PullRecord | None = None, name: str = "") -> None:
+def check_file(path: Path, sha256: str, record: PullRecord | None = None, name: str = "") -> Stamp:
     """Hash `path` against `sha256` once per process (again if the file's stamp changed), unless
-    `prep pull` recorded proving exactly these bytes and the file's stat stamp is unchanged."""
+    `prep pull` recorded proving exactly these bytes and the file's stat stamp is unchanged; the stamp vouched for."""
     try:
         stat = path.stat()
     except FileNotFoundError:
         raise NotFoundError(f"{path}: a shard file the snapshot names is missing") from None
     identity = stamp(stat)
     if _CHECKED.get((path, sha256)) == identity:
-        return
+        return identity
     if record is not None and record.proven(name, stat) == sha256:
         _CHECKED[(path, sha256)] = identity
-        return
-    if digest_file(path).sha256 != sha256:
+        return identity
+    try:
+        digest = digest_file(path)
+    except OSError as exc:
+        raise StorageIOError.from_os_error("reading", path, exc) from None
+    if digest.sha256 != sha256:
         raise IntegrityError(f"{path}: does not match the snapshot (sha256 differs); refusing to read it")
     _CHECKED[(path, sha256)] = identity
+    return identity
+
+
+def open_checked(path: Path, sha256: str, record: PullRecord | None = None, name: str = "", note: str = "",
+                 kind: str = "shard") -> TokenFile:
+    """`path` checked (check_file) and held open for positional reads of its proven size; refused if
+    the file opened is not the one checked (replaced in between)."""
+    identity = check_file(path, sha256, record, name)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise NotFoundError(f"{path}: a shard file the snapshot names is missing") from None
+    except OSError as exc:
+        raise StorageIOError.from_os_error("opening", path, exc) from None
+    try:
+        if stamp(os.fstat(fd)) != identity:
+            raise IntegrityError(f"{path}: changed while it was being opened; refusing to read it")
+    except BaseException:
+        os.close(fd)
+        raise
+    return TokenFile(fd, path, identity[0], note, kind)
 
 
 class SnapshotSource:
@@ -85,7 +115,7 @@ class SnapshotSource:
                        for index, files in sorted(by_shard.items())]
         self.token_starts = np.concatenate(([0], np.cumsum([s.tokens for s in self.shards], dtype=np.int64)))
         self.total_tokens = int(self.token_starts[-1])
-        self._maps: dict[int, np.ndarray] = {}
+        self._files: list[TokenFile | None] = [None] * len(self.shards)  # by shard, opened on first use
         self.bytes_read = 0
 
     @property
@@ -115,44 +145,52 @@ class SnapshotSource:
             located[artifact["path"]] = path
         return cls(snapshot, located)
 
-    def _map(self, shard: int) -> np.ndarray:
-        found = self._maps.get(shard)
+    def _file(self, shard: int) -> TokenFile:
+        """The shard's `.bin`, checked and held open on first use."""
+        found = self._files[shard]
         if found is None:
             spec = self.shards[shard]
-            check_file(spec.bin_path, spec.bin_sha256, self.record, spec.bin_name)
-            if spec.tokens == 0:  # mmap refuses an empty file; a window crossing this shard reads none of it
-                found = self._maps[shard] = np.zeros(0, dtype=self.dtype)
-                return found
-            # A plain ndarray view: slicing it costs less than slicing a np.memmap.
-            found = self._maps[shard] = np.memmap(spec.bin_path, dtype=self.dtype, mode="r").view(np.ndarray)
+            found = self._files[shard] = open_checked(spec.bin_path, spec.bin_sha256, self.record, spec.bin_name)
         return found
+
+    def _read(self, out: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Fill `out` (rows of out.shape[1] tokens, any integer dtype) from each of `starts`: one
+        positional read per row (per shard for a row crossing shards), then one conversion."""
+        length = out.shape[1]
+        if len(starts) and (starts.min() < 0 or starts.max() + length > self.total_tokens):
+            raise IndexError(f"tokens outside 0..{self.total_tokens}")
+        pieces = plan_rows(self.token_starts, starts, length, self.dtype.itemsize)
+        files = {shard: self._file(shard) for shard in set(pieces.shards)}
+        try:
+            parts = read_pieces(files, pieces.shards, pieces.offsets, pieces.sizes)
+        except PrepError:
+            self._forget(set(files))
+            raise
+        fill(out, parts, self.dtype)
+        self.bytes_read += out.size * self.dtype.itemsize
+        return out
+
+    def _forget(self, shards: set[int]) -> None:
+        """Close these shards' files: after a failed read the next use opens (and checks) them again."""
+        for shard in shards:
+            file, self._files[shard] = self._files[shard], None
+            if file is not None:
+                file.close()
+
+    def close(self) -> None:
+        """Close the shard files held open (a later read opens them again)."""
+        self._forget(set(range(len(self._files))))
 
     def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
         """Rows of `length` tokens starting at each of `starts`, as one (len(starts), length) int64 array."""
-        out = np.empty((len(starts), length), dtype=np.int64)
-        shards = np.searchsorted(self.token_starts, starts, side="right") - 1
-        offsets = starts - self.token_starts[shards]
-        for row, (shard, offset) in enumerate(zip(shards.tolist(), offsets.tolist())):
-            if offset + length <= self.shards[shard].tokens:
-                out[row] = self._map(shard)[offset:offset + length]
-            else:
-                out[row] = self.tokens(int(starts[row]), length)
-        self.bytes_read += out.shape[0] * length * self.dtype.itemsize
-        return out
+        return self._read(np.empty((len(starts), length), dtype=np.int64), np.asarray(starts, dtype=np.int64))
 
     def tokens(self, start: int, count: int) -> np.ndarray:
         """Tokens [start, start + count) of the stream, across shard boundaries when needed."""
         if start < 0 or start + count > self.total_tokens:
             raise IndexError(f"tokens {start}..{start + count} outside 0..{self.total_tokens}")
-        pieces = []
-        shard = int(np.searchsorted(self.token_starts, start, side="right")) - 1
-        while count > 0:
-            offset = start - int(self.token_starts[shard])
-            take = min(count, self.shards[shard].tokens - offset)
-            pieces.append(self._map(shard)[offset:offset + take])
-            start, count, shard = start + take, count - take, shard + 1
-        self.bytes_read += sum(p.nbytes for p in pieces)
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        row: np.ndarray = self._read(np.empty((1, count), dtype=self.dtype), np.asarray([start], dtype=np.int64))[0]
+        return row
 
     def document_bounds(self) -> np.ndarray:
         """Start offsets of every document in the stream plus the end: (documents + 1,) int64."""
@@ -160,7 +198,10 @@ class SnapshotSource:
         for spec, base in zip(self.shards, self.token_starts[:-1].tolist()):
             if spec.idx_path is None:
                 raise UsageError(f"{self.id}: documents mode needs the .idx files")
-            check_file(spec.idx_path, spec.idx_sha256, self.record, spec.idx_name)
-            lengths = read_index(spec.idx_path).lengths.astype(np.int64)
+            index = open_checked(spec.idx_path, spec.idx_sha256, self.record, spec.idx_name, kind="index")
+            try:  # read into memory once, from the descriptor whose file was checked
+                lengths = parse_index(index.read(), str(spec.idx_path)).lengths.astype(np.int64)
+            finally:
+                index.close()
             starts.append(base + np.concatenate(([0], np.cumsum(lengths)[:-1])))
         return np.concatenate([*starts, [self.total_tokens]])

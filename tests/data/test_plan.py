@@ -90,7 +90,7 @@ def test_belady_matches_the_optimum_and_beats_lru_on_a_rereading_plan(tmp_path: 
         for step, item in enumerate(order):
             plan.advance(step)
             with cache.using(needs[item]) as hold:
-                assert hold.data[:] == hold.path.read_bytes() == bytes([item]) * SIZE
+                assert hold.file.read() == hold.path.read_bytes() == bytes([item]) * SIZE
         fetched[policy] = cache.stats.bytes_fetched
         assert cache.stats.peak_bytes <= 3 * SIZE
         cache.close()

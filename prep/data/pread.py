@@ -1,0 +1,129 @@
+"""Token rows read by position (os.pread) from files held open by descriptor, never through a memory
+map: a file cut short while it is read (a `truncate`, a tool rewriting it in place) or a disk that
+fails to return its bytes (EIO) is a one-line prep error naming the file, where a mapped read would
+kill the process with SIGBUS.
+
+A read is planned as pieces, one per row (two or more for a row crossing shards), each one system
+call (os.pread, mapped over the pieces so no Python runs between the calls); the pieces, in row
+order, are the rows' bytes back to back, and the caller converts them to its int64 rows at once.
+A file is held by its descriptor, so unlinking it (a cache eviction) or renaming another
+file over it does not change what is read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prep.errors import IntegrityError, StorageIOError
+
+
+class TokenFile:
+    """A verified file held open for positional reads: its descriptor, path and recorded size."""
+
+    __slots__ = ("fd", "path", "size", "note", "kind")
+
+    def __init__(self, fd: int, path: Path, size: int, note: str = "", kind: str = "shard") -> None:
+        self.fd, self.path, self.size, self.note, self.kind = fd, path, size, note, kind
+
+    def close(self) -> None:
+        """Close the descriptor (once)."""
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def read(self, offset: int = 0, size: int | None = None) -> bytes:
+        """`size` bytes (default: to the recorded end) from `offset`, all of them or a prep error."""
+        return read_pieces({0: self}, [0], [offset], [self.size - offset if size is None else size])[0]
+
+    def truncated(self) -> IntegrityError:
+        """The error for a read that met the end of the file before the recorded size."""
+        try:
+            now = f"; {os.fstat(self.fd).st_size} bytes now"
+        except OSError:
+            now = ""
+        return IntegrityError(f"{self.path}: {self.kind} is shorter than its recorded {self.size} bytes "
+                              f"(truncated while being read{now}{self.note})")
+
+    def failed(self, exc: OSError) -> StorageIOError:
+        """The error for a read the system refused (EIO from a failing disk, say)."""
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        return StorageIOError(f"reading {self.kind}", self.path, f"{reason}{self.note}", exc.errno)
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """Reads that make rows of tokens: piece i is `sizes[i]` bytes of shard `shards[i]` from byte
+    `offsets[i]`; in order, the pieces are the rows' bytes back to back."""
+
+    shards: list[int]
+    offsets: list[int]
+    sizes: list[int]
+
+
+def plan_rows(token_starts: np.ndarray, starts: np.ndarray, length: int, itemsize: int) -> Pieces:
+    """The pieces that read `length` tokens from each of `starts` of a stream whose shard i holds tokens
+    [token_starts[i], token_starts[i + 1]): one per row, more for a row crossing shards (empty ones skipped)."""
+    if not len(starts) or not length:
+        return Pieces([], [], [])
+    first = np.searchsorted(token_starts, starts, side="right") - 1
+    last = np.searchsorted(token_starts, starts + (length - 1), side="right") - 1
+    if (first == last).all():  # the common case: vectorized, one piece per row
+        return Pieces(first.tolist(), ((starts - token_starts[first]) * itemsize).tolist(),
+                      [length * itemsize] * len(starts))
+    shards, offsets, sizes = [], [], []
+    bounds = token_starts.tolist()
+    for begin, a, b in zip(starts.tolist(), first.tolist(), last.tolist()):
+        for shard in range(a, b + 1):
+            lo, hi = max(begin, bounds[shard]), min(begin + length, bounds[shard + 1])
+            if hi > lo:
+                shards.append(shard)
+                offsets.append((lo - bounds[shard]) * itemsize)
+                sizes.append((hi - lo) * itemsize)
+    return Pieces(shards, offsets, sizes)
+
+
+def read_pieces(files: dict[int, TokenFile], shards: Sequence[int], offsets: Sequence[int],
+                sizes: Sequence[int]) -> list[bytes]:
+    """sizes[i] bytes of files[shards[i]] from offsets[i], for every i: one os.pread each, all of them or
+    a prep error naming the file (a short read: the file was cut; an OSError: EIO, say)."""
+    fds = {shard: file.fd for shard, file in files.items()}
+    try:
+        parts = list(map(os.pread, map(fds.__getitem__, shards), sizes, offsets))
+    except OSError:
+        return _one_by_one([files[shard] for shard in shards], offsets, sizes)  # again, to name the file
+    if sum(map(len, parts)) != sum(sizes):  # a pread never returns more than asked: some piece is short
+        return _one_by_one([files[shard] for shard in shards], offsets, sizes)
+    return parts
+
+
+def _one_by_one(files: Sequence[TokenFile], offsets: Sequence[int], sizes: Sequence[int]) -> list[bytes]:
+    """The pieces read one at a time; a regular file reads short only at its end, so a read that
+    returns nothing before the piece is complete means the file was cut."""
+    parts = []
+    for file, offset, size in zip(files, offsets, sizes):
+        chunks: list[bytes] = []
+        try:
+            while size:
+                chunk = os.pread(file.fd, size, offset)
+                if not chunk:
+                    raise file.truncated()
+                chunks.append(chunk)
+                offset, size = offset + len(chunk), size - len(chunk)
+        except OSError as exc:
+            raise file.failed(exc) from None
+        parts.append(b"".join(chunks))
+    return parts
+
+
+def fill(out: np.ndarray, parts: list[bytes], dtype: np.dtype[Any]) -> None:
+    """`out` (any integer dtype) from the rows' bytes, `parts` back to back, in one conversion."""
+    out[...] = np.frombuffer(b"".join(parts), dtype=dtype).reshape(out.shape)
