@@ -145,7 +145,7 @@ class Reader:
             raise
 
     def _open(self, source: str | os.PathLike[str], store: Store | None) -> None:
-        """Resolve the sources, count their samples, and start the plan and prefetch when there is a cache."""
+        """Resolve the sources, count their samples, and start the plan when there is a cache (prefetch: at the first batch)."""
         self.mixture, self.sources = _open_sources(source, store, self.cache)
         self._bounds = [s.document_bounds() for s in self.sources] if self.mode == "documents" else []
         self.sizes = [self._samples_in(index) for index in range(len(self.sources))]
@@ -165,8 +165,6 @@ class Reader:
             self.plan = self.cache.plan = Plan(self._needs_block, max(options.horizon, options.prefetch_steps or 1),
                                                minimum=(options.prefetch_steps or 0) + 1, initial=PLAN_GROWTH,
                                                grow=PLAN_GROWTH)
-            self._prefetcher = Prefetcher(self.cache, self.plan, options.prefetch_steps, options.prefetch_bytes,
-                                          options.jobs)
 
     def _samples_in(self, source: int) -> int:
         if self.mode == "documents":
@@ -263,7 +261,7 @@ class Reader:
         """Slide the plan to `step` and queue the prefetches its lookahead asks for: after a batch
         (the plan grows, idle pins the step does not need are dropped), or before one that is not
         the step the plan expects (the first, or a jump)."""
-        if self.plan is None or self._prefetcher is None or self.cache is None:
+        if self.plan is None or self.cache is None:
             return
         if after:
             if self._planned and min(self._planned) < step:  # steps skipped by this reader
@@ -276,6 +274,10 @@ class Reader:
             self.plan.advance(step, grow=False)
         else:
             return
+        if self._prefetcher is None:  # started at the first batch: a reader that never reads (a
+            options = self.cache.options  # DataLoader's main-process one, kept for its state) runs no thread
+            self._prefetcher = Prefetcher(self.cache, self.plan, options.prefetch_steps, options.prefetch_bytes,
+                                          options.jobs)
         self._prefetcher.kick()
 
     def batch(self, step: int) -> Any:

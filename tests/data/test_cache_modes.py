@@ -6,6 +6,7 @@ reader pickled (for spawned DataLoader workers)."""
 from __future__ import annotations
 
 import pickle
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,24 @@ def test_spawned_dataloader_workers_read_through_the_cache(tmp_path: Path) -> No
     loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
     got = [batch.numpy() for _, batch in zip(range(6), loader)]
     assert all((a == b).all() for a, b in zip(got, expected))
+    assert _prefetch_threads() == []  # the dataset's own reader, kept for its state, never read
+
+
+def _prefetch_threads() -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith("prep-prefetch")]
+
+
+def test_prefetch_threads_run_from_the_first_batch_until_close(tmp_path: Path) -> None:
+    """Regression: every cache-backed reader started its prefetch threads when built, so the one a
+    ReaderDataset keeps in the training process for its state (never read, never closed) left four
+    threads polling the cache every 0.1 s for the rest of the run."""
+    store = LocalStore(tmp_path / "store")
+    build_snapshot(store, tmp_path / "work", shard_sizes=(20_000,) * 3, formats=("bin",))
+    reader = Reader("demo@latest", 128, 8, store=store, cache_dir=tmp_path / "cache", cache_bytes=60_000, jobs=3)
+    try:
+        assert _prefetch_threads() == []
+        reader.batch(0)
+        assert len(_prefetch_threads()) == 3
+    finally:
+        reader.close()
+    assert _prefetch_threads() == []
