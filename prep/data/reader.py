@@ -205,6 +205,7 @@ class Reader:
 
     def window(self, source: int, sample: int) -> np.ndarray:
         """The tokens of one sample (tokens mode) or one document (documents mode)."""
+        self._start_prefetch()  # the files it reads stay pinned: its threads answer others' pressure
         if self.mode == "documents":
             bounds = self._bounds[source]
             return self.sources[source].tokens(int(bounds[sample]), int(bounds[sample + 1] - bounds[sample]))
@@ -274,11 +275,18 @@ class Reader:
             self.plan.advance(step, grow=False)
         else:
             return
-        if self._prefetcher is None:  # started at the first batch: a reader that never reads (a
-            options = self.cache.options  # DataLoader's main-process one, kept for its state) runs no thread
+        prefetcher = self._start_prefetch()
+        if prefetcher is not None:
+            prefetcher.kick()
+
+    def _start_prefetch(self) -> Prefetcher | None:
+        """The prefetch threads, started by the first read: a reader that never reads (the one a
+        DataLoader's main process keeps for its state) runs none. None without a cache."""
+        if self._prefetcher is None and self.cache is not None and self.plan is not None:
+            options = self.cache.options
             self._prefetcher = Prefetcher(self.cache, self.plan, options.prefetch_steps, options.prefetch_bytes,
                                           options.jobs)
-        self._prefetcher.kick()
+        return self._prefetcher
 
     def batch(self, step: int) -> Any:
         """This rank's rows of global batch `step` (a pure function of the step)."""

@@ -274,8 +274,9 @@ def test_a_reader_idle_between_steps_gives_up_its_pins_when_another_user_waits(
                                 "prefetch_steps": 0}
     with Reader("demo@latest", SEQ, GLOBAL, **settings) as idle, Reader("demo@latest", SEQ, GLOBAL, **settings) as other:
         assert isinstance(idle.sources[0], CachedSource) and idle.cache is not None and other.cache is not None
-        needs = idle.sources[0].bin_needs
-        idle.cache.release(idle.cache.acquire(needs[0]), idle.cache.acquire(needs[1]))  # kept pinned, idle
+        needs, starts = idle.sources[0].bin_needs, idle.sources[0].token_starts
+        idle.window(0, 0)
+        idle.window(0, int(starts[1]) // SEQ + 1)  # shards 0 and 1 read, kept pinned, then idle
         assert idle.cache.held() == {needs[0].sha256, needs[1].sha256}
         other.cache.release(other.cache.acquire(needs[2]))  # needs one of those two files' room
         assert len(idle.cache.held()) < 2
