@@ -30,7 +30,7 @@ from prep import hashing
 from prep.data.cachedir import CacheDir
 from prep.data.cachevalues import CacheOptions, CacheStats, Hold
 from prep.data.plan import Need, Plan
-from prep.data.source import open_checked
+from prep.data.source import open_checked, open_file_budget
 from prep.errors import IntegrityError, UsageError
 from prep.storage.base import Store
 from prep.transfer.fetch import download_verified
@@ -55,6 +55,7 @@ class NodeCache:
         self.stop = threading.Event()
         self._mutex = threading.Lock()  # never held while taking self.dir.locked()
         self._holds: dict[str, Hold] = {}
+        self._max_holds = open_file_budget()  # two descriptors each: the lock and the file
         self._fetching: dict[str, int] = {}
         self._used_at: dict[str, float] = {}
         self._ready_at: dict[str, float] = {}
@@ -141,6 +142,7 @@ class NodeCache:
             other = self._holds.get(need.sha256)
             if other is None:
                 self._holds[need.sha256] = hold
+                self._trim_holds()
                 return hold
             other.refs += 1  # another thread of this user pinned it meanwhile: keep one hold
         hold.refs = 0
@@ -209,6 +211,13 @@ class NodeCache:
             hold.closing = True
         else:
             self._holds_drop(hold)
+
+    def _trim_holds(self) -> None:
+        """Past the descriptor budget, drop the oldest idle pins (under self._mutex): a step may read more files than that."""
+        excess = len(self._holds) - self._max_holds
+        if excess > 0:
+            for sha in [sha for sha, hold in self._holds.items() if hold.refs <= 0][:excess]:
+                self._release(sha)
 
     def _release_idle(self, keep: Iterable[str] = ()) -> None:
         kept = set(keep)

@@ -13,7 +13,7 @@ file over it does not change what is read.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,31 @@ class Pieces:
     shards: list[int]
     offsets: list[int]
     sizes: list[int]
+
+    def groups(self, width: int) -> Iterator[tuple[list[int], list[int]]]:
+        """(shards, the positions of their pieces) for at most `width` shards at a time, in ascending
+        shard order: a batch reading more files than a process may hold open reads them in turns."""
+        by_shard: dict[int, list[int]] = {}
+        for at, shard in enumerate(self.shards):
+            by_shard.setdefault(shard, []).append(at)
+        touched = sorted(by_shard)
+        for first in range(0, len(touched), width):
+            chosen = touched[first:first + width]
+            yield chosen, sorted(at for shard in chosen for at in by_shard[shard])
+
+    def take(self, positions: Sequence[int]) -> Pieces:
+        """The pieces at `positions`, in that order."""
+        return Pieces([self.shards[at] for at in positions], [self.offsets[at] for at in positions],
+                      [self.sizes[at] for at in positions])
+
+
+def read_in_groups(pieces: Pieces, width: int, read: Callable[[list[int], Pieces], list[bytes]]) -> list[bytes]:
+    """Every piece, read `width` shards at a time (`read(shards, their pieces)`), back in piece order."""
+    parts: list[bytes] = [b""] * len(pieces.shards)
+    for shards, positions in pieces.groups(width):
+        for at, part in zip(positions, read(shards, pieces.take(positions))):
+            parts[at] = part
+    return parts
 
 
 def plan_rows(token_starts: np.ndarray, starts: np.ndarray, length: int, itemsize: int) -> Pieces:

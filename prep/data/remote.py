@@ -19,7 +19,7 @@ import numpy as np
 from prep.data.cache import NodeCache
 from prep.data.cachevalues import Hold
 from prep.data.plan import Need
-from prep.data.pread import Pieces, fill, plan_rows, read_pieces
+from prep.data.pread import Pieces, fill, plan_rows, read_in_groups, read_pieces
 from prep.data.source import SnapshotSource
 from prep.errors import PrepError, UsageError
 from prep.formats.megatron import parse_index
@@ -86,18 +86,13 @@ class CachedSource(SnapshotSource):
 
     def _read_by_shard(self, pieces: Pieces) -> list[bytes]:
         """The pieces read shard by shard in ascending order, each shard pinned (fetched if need be) in turn."""
-        by_shard: dict[int, list[int]] = {}  # shard -> its pieces
-        for at, shard in enumerate(pieces.shards):
-            by_shard.setdefault(shard, []).append(at)
-        parts: list[bytes] = [b""] * len(pieces.shards)
-        for shard in sorted(by_shard):
-            hold = self.cache.acquire(self.bin_needs[shard])
-            chosen = by_shard[shard]
-            read = self._read_held({shard: hold}, [shard] * len(chosen), [pieces.offsets[at] for at in chosen],
-                                   [pieces.sizes[at] for at in chosen])
-            for at, part in zip(chosen, read):
-                parts[at] = part
-        return parts
+        return read_in_groups(pieces, 1, self._read_pinned)
+
+    def _read_pinned(self, shards: list[int], pieces: Pieces) -> list[bytes]:
+        """One shard's pieces, from its file pinned (fetched if need be) for the read."""
+        (shard,) = shards
+        return self._read_held({shard: self.cache.acquire(self.bin_needs[shard])}, pieces.shards, pieces.offsets,
+                               pieces.sizes)
 
     def _read_held(self, holds: dict[int, Hold], shards: Sequence[int], offsets: Sequence[int],
                    sizes: Sequence[int]) -> list[bytes]:

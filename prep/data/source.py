@@ -15,13 +15,15 @@ naming it, never a SIGBUS.
 from __future__ import annotations
 
 import os
+import resource
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from prep.data.pread import TokenFile, fill, plan_rows, read_pieces
+from prep.data.pread import Pieces, TokenFile, fill, plan_rows, read_in_groups, read_pieces
 from prep.errors import IntegrityError, NotFoundError, PrepError, StorageIOError, UsageError
 from prep.formats.megatron import parse_index
 from prep.hashing import digest_file
@@ -31,6 +33,10 @@ from prep.store.snapshots import Snapshot, read_manifest_file, resolve
 from prep.transfer.shares import PullRecord, Stamp, stamp
 
 PULLED_MANIFEST = Path(".prep") / "manifest.json"
+# Shard files a source holds open at once. A 20 TB snapshot has about 80,000 shards, and a process
+# may hold only its descriptor limit open (often 1024): past this, the least recently used is closed.
+MAX_OPEN_SHARDS = 256
+
 # (file, the SHA-256 it hashed to) -> its stamp then. The ctime is in it: a rewrite that sets the
 # mtime back still moves the ctime.
 _CHECKED: dict[tuple[Path, str], Stamp] = {}
@@ -49,6 +55,13 @@ class Shard:
     documents: int
     bin_name: str = ""
     idx_name: str = ""
+
+
+def open_file_budget() -> int:
+    """How many shard files a source keeps open: MAX_OPEN_SHARDS, or a quarter of this process's
+    descriptor limit when that is lower (a DataLoader worker, a mixture of many sources)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return MAX_OPEN_SHARDS if soft == resource.RLIM_INFINITY else max(1, min(MAX_OPEN_SHARDS, soft // 4))
 
 
 def check_file(path: Path, sha256: str, record: PullRecord | None = None, name: str = "") -> Stamp:
@@ -115,7 +128,8 @@ class SnapshotSource:
                        for index, files in sorted(by_shard.items())]
         self.token_starts = np.concatenate(([0], np.cumsum([s.tokens for s in self.shards], dtype=np.int64)))
         self.total_tokens = int(self.token_starts[-1])
-        self._files: list[TokenFile | None] = [None] * len(self.shards)  # by shard, opened on first use
+        self._files: OrderedDict[int, TokenFile] = OrderedDict()  # by shard, opened on first use, LRU first
+        self._max_open = open_file_budget()
         self.bytes_read = 0
 
     @property
@@ -146,11 +160,16 @@ class SnapshotSource:
         return cls(snapshot, located)
 
     def _file(self, shard: int) -> TokenFile:
-        """The shard's `.bin`, checked and held open on first use."""
-        found = self._files[shard]
-        if found is None:
-            spec = self.shards[shard]
-            found = self._files[shard] = open_checked(spec.bin_path, spec.bin_sha256, self.record, spec.bin_name)
+        """The shard's `.bin`, checked and held open on first use; the least recently used file is
+        closed past the budget (open_file_budget; a later read opens it again: a `stat` and an `open`)."""
+        found = self._files.get(shard)
+        if found is not None:
+            self._files.move_to_end(shard)
+            return found
+        spec = self.shards[shard]
+        found = self._files[shard] = open_checked(spec.bin_path, spec.bin_sha256, self.record, spec.bin_name)
+        while len(self._files) > self._max_open:
+            self._files.popitem(last=False)[1].close()
         return found
 
     def _read(self, out: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -160,26 +179,34 @@ class SnapshotSource:
         if len(starts) and (starts.min() < 0 or starts.max() + length > self.total_tokens):
             raise IndexError(f"tokens outside 0..{self.total_tokens}")
         pieces = plan_rows(self.token_starts, starts, length, self.dtype.itemsize)
-        files = {shard: self._file(shard) for shard in set(pieces.shards)}
-        try:
-            parts = read_pieces(files, pieces.shards, pieces.offsets, pieces.sizes)
-        except PrepError:
-            self._forget(set(files))
-            raise
+        touched = sorted(set(pieces.shards))
+        if len(touched) <= self._max_open:
+            parts = self._read_open(touched, pieces)
+        else:
+            parts = read_in_groups(pieces, self._max_open, self._read_open)
         fill(out, parts, self.dtype)
         self.bytes_read += out.size * self.dtype.itemsize
         return out
 
+    def _read_open(self, shards: list[int], pieces: Pieces) -> list[bytes]:
+        """The pieces, from these shards' files (at most the budget, so all stay open meanwhile)."""
+        files = {shard: self._file(shard) for shard in shards}
+        try:
+            return read_pieces(files, pieces.shards, pieces.offsets, pieces.sizes)
+        except PrepError:
+            self._forget(set(files))
+            raise
+
     def _forget(self, shards: set[int]) -> None:
         """Close these shards' files: after a failed read the next use opens (and checks) them again."""
         for shard in shards:
-            file, self._files[shard] = self._files[shard], None
+            file = self._files.pop(shard, None)
             if file is not None:
                 file.close()
 
     def close(self) -> None:
         """Close the shard files held open (a later read opens them again)."""
-        self._forget(set(range(len(self._files))))
+        self._forget(set(self._files))
 
     def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
         """Rows of `length` tokens starting at each of `starts`, as one (len(starts), length) int64 array."""
