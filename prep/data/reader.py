@@ -69,7 +69,10 @@ def _open_sources(source: str | os.PathLike[str], store: Store | None,
     path = Path(source)
     if path.suffix == ".toml" and path.is_file():
         mixture = parse_mixture(path)
-        return mixture, [_open_one(_relative(path, spec.snapshot), store, cache) for spec in mixture.sources]
+        sources = [_open_one(_relative(path, spec.snapshot), store, cache) for spec in mixture.sources]
+        for opened in sources:  # the process's open-file budget is shared by the mixture's sources
+            opened.max_open = max(1, opened.max_open // len(sources))
+        return mixture, sources
     return MixtureSpec(0, (SourceSpec(str(source)),)), [_open_one(source, store, cache)]
 
 

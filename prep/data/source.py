@@ -129,7 +129,7 @@ class SnapshotSource:
         self.token_starts = np.concatenate(([0], np.cumsum([s.tokens for s in self.shards], dtype=np.int64)))
         self.total_tokens = int(self.token_starts[-1])
         self._files: OrderedDict[int, TokenFile] = OrderedDict()  # by shard, opened on first use, LRU first
-        self._max_open = open_file_budget()
+        self.max_open = open_file_budget()  # shard files kept open at once (a mixture divides it)
         self.bytes_read = 0
 
     @property
@@ -168,7 +168,7 @@ class SnapshotSource:
             return found
         spec = self.shards[shard]
         found = self._files[shard] = open_checked(spec.bin_path, spec.bin_sha256, self.record, spec.bin_name)
-        while len(self._files) > self._max_open:
+        while len(self._files) > self.max_open:
             self._files.popitem(last=False)[1].close()
         return found
 
@@ -180,10 +180,10 @@ class SnapshotSource:
             raise IndexError(f"tokens outside 0..{self.total_tokens}")
         pieces = plan_rows(self.token_starts, starts, length, self.dtype.itemsize)
         touched = sorted(set(pieces.shards))
-        if len(touched) <= self._max_open:
+        if len(touched) <= self.max_open:
             parts = self._read_open(touched, pieces)
         else:
-            parts = read_in_groups(pieces, self._max_open, self._read_open)
+            parts = read_in_groups(pieces, self.max_open, self._read_open)
         fill(out, parts, self.dtype)
         self.bytes_read += out.size * self.dtype.itemsize
         return out

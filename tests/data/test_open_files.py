@@ -100,3 +100,15 @@ def test_a_process_allowed_64_descriptors_reads_a_snapshot_of_120_shards(
                          text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout) == expected
+
+
+def test_a_mixture_divides_the_budget_among_its_sources(many: dict[str, Any], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(source_module, "MAX_OPEN_SHARDS", 4)
+    mixture = tmp_path / "mixture.toml"
+    mixture.write_text("".join(f'[[source]]\nsnapshot = "{many["dest"]}"\nweight = 1\n' for _ in range(2)))
+    with Reader(mixture, SEQ, GLOBAL) as reader:
+        assert [source.max_open for source in reader.sources] == [2, 2]
+        for step in range(4):
+            reader.batch(step)
+            assert sum(len(source._files) for source in reader.sources) <= 4  # noqa: SLF001
