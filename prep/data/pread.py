@@ -42,7 +42,7 @@ class TokenFile:
 
     def read(self, offset: int = 0, size: int | None = None) -> bytes:
         """`size` bytes (default: to the recorded end) from `offset`, all of them or a prep error."""
-        return read_pieces({0: self}, [0], [offset], [self.size - offset if size is None else size])[0]
+        return read_pieces({0: self}, Pieces([0], [offset], [self.size - offset if size is None else size]))[0]
 
     def truncated(self) -> IntegrityError:
         """The error for a read that met the end of the file before the recorded size."""
@@ -116,10 +116,10 @@ def plan_rows(token_starts: np.ndarray, starts: np.ndarray, length: int, itemsiz
     return Pieces(shards, offsets, sizes)
 
 
-def read_pieces(files: dict[int, TokenFile], shards: Sequence[int], offsets: Sequence[int],
-                sizes: Sequence[int]) -> list[bytes]:
-    """sizes[i] bytes of files[shards[i]] from offsets[i], for every i: one os.pread each, all of them or
-    a prep error naming the file (a short read: the file was cut; an OSError: EIO, say)."""
+def read_pieces(files: dict[int, TokenFile], pieces: Pieces) -> list[bytes]:
+    """Every piece from files[its shard]: one os.pread each, all of them or a prep error naming the
+    file (a short read: the file was cut; an OSError: EIO, say)."""
+    shards, offsets, sizes = pieces.shards, pieces.offsets, pieces.sizes
     fds = {shard: file.fd for shard, file in files.items()}
     try:
         parts = list(map(os.pread, map(fds.__getitem__, shards), sizes, offsets))

@@ -12,14 +12,12 @@ largest) is enough to progress.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from prep.data.cache import NodeCache
 from prep.data.cachevalues import Hold
 from prep.data.plan import Need
-from prep.data.pread import Pieces, fill, plan_rows, read_in_groups, read_pieces
+from prep.data.pread import Pieces, read_in_groups, read_pieces
 from prep.data.source import SnapshotSource
 from prep.errors import PrepError, UsageError
 from prep.formats.megatron import parse_index
@@ -52,7 +50,7 @@ class CachedSource(SnapshotSource):
         return first, last
 
     def needs(self, starts: np.ndarray, lengths: np.ndarray) -> list[Need]:
-        """The bin objects these token ranges read, in the order `_read` reads them."""
+        """The bin objects these token ranges read, in the order `_read_parts` reads them."""
         return [self.bin_needs[shard] for shard in self._touched(*self.shard_span(starts, lengths))]
 
     @staticmethod
@@ -63,17 +61,11 @@ class CachedSource(SnapshotSource):
             return sorted(set(first.tolist()))
         return sorted({s for a, b in zip(first.tolist(), last.tolist()) for s in range(a, b + 1)})
 
-    def _read(self, out: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        """Rows of out.shape[1] tokens from each of `starts`: at once when this reader holds every shard
-        they read already, else one pinned shard at a time; then one conversion into `out`."""
-        length = out.shape[1]
-        if len(starts) and (starts.min() < 0 or starts.max() + length > self.total_tokens):
-            raise IndexError(f"tokens outside 0..{self.total_tokens}")
-        pieces = plan_rows(self.token_starts, starts, length, self.dtype.itemsize)
+    def _read_parts(self, pieces: Pieces) -> list[bytes]:
+        """The pieces' bytes: at once when this reader holds every shard they read already, else one
+        pinned shard at a time."""
         parts = self._read_held_all(pieces)
-        fill(out, parts if parts is not None else self._read_by_shard(pieces), self.dtype)
-        self.bytes_read += out.size * self.dtype.itemsize
-        return out
+        return parts if parts is not None else self._read_by_shard(pieces)
 
     def _read_held_all(self, pieces: Pieces) -> list[bytes] | None:
         """The hit path: when every shard is pinned already, read the pieces under one pin call; None
@@ -82,7 +74,7 @@ class CachedSource(SnapshotSource):
         holds = self.cache.pin_held([self.bin_needs[shard] for shard in touched])
         if holds is None:
             return None
-        return self._read_held(dict(zip(touched, holds)), pieces.shards, pieces.offsets, pieces.sizes)
+        return self._read_held(dict(zip(touched, holds)), pieces)
 
     def _read_by_shard(self, pieces: Pieces) -> list[bytes]:
         """The pieces read shard by shard in ascending order, each shard pinned (fetched if need be) in turn."""
@@ -91,15 +83,13 @@ class CachedSource(SnapshotSource):
     def _read_pinned(self, shards: list[int], pieces: Pieces) -> list[bytes]:
         """One shard's pieces, from its file pinned (fetched if need be) for the read."""
         (shard,) = shards
-        return self._read_held({shard: self.cache.acquire(self.bin_needs[shard])}, pieces.shards, pieces.offsets,
-                               pieces.sizes)
+        return self._read_held({shard: self.cache.acquire(self.bin_needs[shard])}, pieces)
 
-    def _read_held(self, holds: dict[int, Hold], shards: Sequence[int], offsets: Sequence[int],
-                   sizes: Sequence[int]) -> list[bytes]:
+    def _read_held(self, holds: dict[int, Hold], pieces: Pieces) -> list[bytes]:
         """Read the pieces from pinned files (by shard), then release the pins; after a failed read (a
         file cut short, EIO) drop them, so the next read opens (and if need be fetches) the objects again."""
         try:
-            parts = read_pieces({shard: hold.file for shard, hold in holds.items()}, shards, offsets, sizes)
+            parts = read_pieces({shard: hold.file for shard, hold in holds.items()}, pieces)
         except PrepError:
             self.cache.release(*holds.values())
             self.cache.unpin_idle(self.bin_needs[shard].sha256 for shard in holds)

@@ -57,6 +57,10 @@ class Shard:
     idx_name: str = ""
 
 
+def _missing(path: Path) -> NotFoundError:
+    return NotFoundError(f"{path}: a shard file the snapshot names is missing")
+
+
 def open_file_budget() -> int:
     """How many shard files a source keeps open: MAX_OPEN_SHARDS, or a quarter of this process's
     descriptor limit when that is lower (a DataLoader worker, a mixture of many sources)."""
@@ -70,7 +74,7 @@ def check_file(path: Path, sha256: str, record: PullRecord | None = None, name: 
     try:
         stat = path.stat()
     except FileNotFoundError:
-        raise NotFoundError(f"{path}: a shard file the snapshot names is missing") from None
+        raise _missing(path) from None
     identity = stamp(stat)
     if _CHECKED.get((path, sha256)) == identity:
         return identity
@@ -95,7 +99,7 @@ def open_checked(path: Path, sha256: str, record: PullRecord | None = None, name
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        raise NotFoundError(f"{path}: a shard file the snapshot names is missing") from None
+        raise _missing(path) from None
     except OSError as exc:
         raise StorageIOError.from_os_error("opening", path, exc) from None
     try:
@@ -174,25 +178,26 @@ class SnapshotSource:
 
     def _read(self, out: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """Fill `out` (rows of out.shape[1] tokens, any integer dtype) from each of `starts`: one
-        positional read per row (per shard for a row crossing shards), then one conversion."""
+        positional read per row (per shard for a row crossing shards; `_read_parts`), then one conversion."""
         length = out.shape[1]
         if len(starts) and (starts.min() < 0 or starts.max() + length > self.total_tokens):
             raise IndexError(f"tokens outside 0..{self.total_tokens}")
-        pieces = plan_rows(self.token_starts, starts, length, self.dtype.itemsize)
-        touched = sorted(set(pieces.shards))
-        if len(touched) <= self.max_open:
-            parts = self._read_open(touched, pieces)
-        else:
-            parts = read_in_groups(pieces, self.max_open, self._read_open)
-        fill(out, parts, self.dtype)
+        fill(out, self._read_parts(plan_rows(self.token_starts, starts, length, self.dtype.itemsize)), self.dtype)
         self.bytes_read += out.size * self.dtype.itemsize
         return out
+
+    def _read_parts(self, pieces: Pieces) -> list[bytes]:
+        """The pieces' bytes, from the shard files: at once, or in turns of the open-file budget."""
+        touched = sorted(set(pieces.shards))
+        if len(touched) <= self.max_open:
+            return self._read_open(touched, pieces)
+        return read_in_groups(pieces, self.max_open, self._read_open)
 
     def _read_open(self, shards: list[int], pieces: Pieces) -> list[bytes]:
         """The pieces, from these shards' files (at most the budget, so all stay open meanwhile)."""
         files = {shard: self._file(shard) for shard in shards}
         try:
-            return read_pieces(files, pieces.shards, pieces.offsets, pieces.sizes)
+            return read_pieces(files, pieces)
         except PrepError:
             self._forget(set(files))
             raise
