@@ -238,6 +238,33 @@ finally:
 """
 
 
+def test_sigterm_landing_while_a_worker_sends_its_reply_ends_it_quietly() -> None:
+    """Regression: SIGTERM to the process group just as a forked worker sent a task's reply (the
+    driver had read it, the worker had not yet left `send`) raised the inherited Terminated out of
+    the reply and printed a traceback; only a wait for the next message was guarded."""
+    run = subprocess.run([sys.executable, "-c", _SIGTERM_WHILE_SENDING], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["sent"]
+    assert "Traceback" not in run.stderr
+
+
+_SIGTERM_WHILE_SENDING = """
+import os, pickle
+from prep.cli.main import Terminated
+from prep.runner.executors import local
+
+class Interrupted:
+    def recv_bytes(self):
+        return pickle.dumps((str, 1))
+    def send(self, reply):
+        print("sent", flush=True)
+        raise Terminated()
+
+local._serve(Interrupted(), 1, os.getppid())
+print("not ended")
+"""
+
+
 def test_a_worker_whose_driver_closes_its_pipe_mid_task_ends_quietly(capfd: pytest.CaptureFixture[str]) -> None:
     """Regression: a worker stopped while a task ran (the pool closed after Ctrl-C, say) met the
     closed pipe sending the result, tried again with an error and printed two BrokenPipeError

@@ -197,27 +197,36 @@ def _serve(connection: Connection, threads: int, driver: int) -> None:
     """A worker's life: run each (function, item) the driver sends and send back (True, result)
     or (False, exception) until it sends None or goes away."""
     _init_worker(threads, driver)
+    # SIGTERM or Ctrl-C outside a task (waiting, unpickling, sending a reply) ends the worker
+    # quietly: a forked worker inherits the CLI's handler, which raises Terminated wherever it lands.
+    with suppress(KeyboardInterrupt):
+        _serve_messages(connection)
+    _exit_now()
+
+
+def _serve_messages(connection: Connection) -> None:
+    """Answer the driver's messages until it sends None or goes away; a task's own failure, Ctrl-C
+    too, is its reply."""
     while True:
         try:
             raw = connection.recv_bytes()
-        except (EOFError, OSError, KeyboardInterrupt):  # the driver gone; or SIGTERM while idle (a forked
-            break  # worker inherits the CLI's handler, which raises Terminated): end quietly
+        except (EOFError, OSError):  # the driver is gone
+            return
         try:
             message = pickle.loads(raw)
         except Exception as exc:  # noqa: BLE001 -- a task this worker cannot rebuild is that task's error
             if not _answer(connection, (False, _transportable(exc))):
-                break
+                return
             continue
         if message is None:
-            break
+            return
         fn, item = message
         try:
             reply: tuple[bool, Any] = (True, _call(fn, item))
         except BaseException as exc:  # noqa: BLE001 -- every failure, Ctrl-C too, goes back to the driver
             reply = (False, exc)
         if not _answer(connection, reply):
-            break
-    _exit_now()
+            return
 
 
 def _answer(connection: Connection, reply: tuple[bool, Any]) -> bool:
