@@ -110,6 +110,9 @@ def fsck_command(store_url: str | None, dataset: str | None, jobs: int, repair: 
     1 with findings, 2 when it could not run."""
     store = open_store_option(store_url)
     report = fsck(store, dataset, jobs, Progress(), repair)
+    if report.gc_running is not None:
+        click.echo(f"prep: warning: a gc ran during this check ({report.gc_running}): objects it deleted "
+                   "show as missing; check again when no gc runs", err=True)
     if as_json:
         click.echo(json.dumps(report.to_json()))
     else:

@@ -267,7 +267,8 @@ def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[s
     with build_lease(store) as lease:
         result = _build(pipeline, store, checked, progress or Progress(), lease,
                         Publishing(options, plan, getattr(executor, "backend", type(executor).__name__)))
-    record_policy(store, pipeline.dataset, pipeline.retention)  # what prep gc keeps of this dataset
+        # what prep gc keeps of this dataset; under the lease, so no gc plans with the old policy
+        record_policy(store, pipeline.dataset, pipeline.retention)
     return result
 
 

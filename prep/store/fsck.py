@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prep import hashing
@@ -95,6 +95,7 @@ class FsckReport:
     dangling: tuple[Dangling, ...] = ()
     collected: int = 0
     repair: Repair | None = None
+    gc_running: str | None = None  # the key of a gc lease live during a plain check: its deletions show as missing
 
     @property
     def clean(self) -> bool:
@@ -327,7 +328,10 @@ def fsck(store: Store, dataset: str | None = None, jobs: int = DEFAULT_JOBS, pro
     progress = progress or Progress(quiet=True)
     _require_store(store, dataset)
     if not repair:
-        return _check(store, dataset, jobs, progress)[0]
+        running = live_leases(store, GC)
+        report = _check(store, dataset, jobs, progress)[0]
+        running = running or live_leases(store, GC)
+        return replace(report, gc_running=running[0].key) if running else report
     with Lease(store, GC):
         builds = live_leases(store, BUILD)
         if builds:

@@ -1,9 +1,9 @@
 """Holds: snapshots garbage collection must never collect (legal or audit holds).
 
 A hold is a create-only record `layout.hold_key(snapshot)` (`prep.hold/1`); `prep release`
-deletes it. Holds and gc follow the lease rule of builds and gc: a hold is written first and
-then gc leases are looked for, while gc writes its lease first and then lists holds, so a gc
-either sees the hold or the hold sees the gc and withdraws (exit 2, try again).
+deletes it. A hold is placed under a build lease (leases.build_lease, not waiting: a running
+gc makes it exit 2, try again), which no gc overlaps: the snapshot is checked and the hold
+written while no gc can plan or delete, so a gc that runs later lists the hold.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from prep.manifest.schema import validate
 from prep.storage.base import Store
 from prep.store import cas
 from prep.store.layout import HOLDS_PREFIX, RECORD_SUFFIX, hold_key, is_sha_hex
-from prep.store.leases import GC, live_leases
+from prep.store.leases import build_lease
 from prep.store.snapshots import Snapshot
 
 HOLD_SCHEMA = "prep.hold/1"
@@ -107,23 +107,17 @@ def list_holds(store: Store) -> list[Hold]:
 
 def place_hold(store: Store, snapshot: Snapshot, reason: str) -> tuple[Hold, bool]:
     """Hold a stored snapshot; (the hold, True) when this call placed it, (the existing one, False)
-    when it was already held. StoreError, holding nothing, while a gc runs."""
+    when it was already held. StoreError, holding nothing, while a gc runs (see the module doc)."""
     hold = Hold(snapshot.id, snapshot.dataset, reason, dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 _user())
-    key = hold_key(snapshot.id)
-    if not store.put_bytes(key, canonical.dumps(hold.to_json())):
-        existing = read_hold(store, snapshot.id)
-        if existing is not None:
-            return existing, False
-        raise StoreError(f"{store.url}: the hold on {snapshot.id} was released while being placed; try again")
-    running = live_leases(store, GC)
-    if running:
-        store.delete(key)  # ours: put_bytes created it
-        raise StoreError(f"{store.url}: garbage collection is running (lease {running[0].key}); nothing held, "
-                         "try again when it is done")
-    if store.head(cas.object_key(hashing.parse_id(snapshot.id))) is None:
-        store.delete(key)
-        raise NotFoundError(f"{store.url}: snapshot {snapshot.id} was collected before the hold was placed")
+    with build_lease(store, timeout=0):
+        if store.head(cas.object_key(hashing.parse_id(snapshot.id))) is None:
+            raise NotFoundError(f"{store.url}: snapshot {snapshot.id} was collected before the hold was placed")
+        if not store.put_bytes(hold_key(snapshot.id), canonical.dumps(hold.to_json())):
+            existing = read_hold(store, snapshot.id)
+            if existing is not None:
+                return existing, False
+            raise StoreError(f"{store.url}: the hold on {snapshot.id} was released while being placed; try again")
     return hold, True
 
 

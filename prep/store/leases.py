@@ -72,8 +72,10 @@ def _holder_is_dead(store: Store, lease: LeaseInfo) -> bool:
     A lease from anywhere else counts as held (a pid means nothing across hosts or containers)."""
     try:
         body = json.loads(store.get_bytes(lease.key))
-    except NotFoundError:
-        return True  # released while we looked
+    except NotFoundError:  # released while we looked, or renewed: then its later key is the lease
+        later = [found for info in store.list(lease_folder(lease.kind, lease.run))
+                 if (found := parse_lease(info)) is not None and found.expires > lease.expires]
+        return not later or _holder_is_dead(store, max(later, key=lambda found: found.expires))
     except ValueError:
         return False
     scope = process_scope()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from prep import hashing
 from prep.errors import NotFoundError, RefConflictError, UsageError
 from prep.storage.base import Store
+from prep.store import cas, leases
 from prep.store.refs import Mover, Ref, RefMove, check_name, read_ref, update_ref
 
 RESERVED = frozenset({"latest"})  # moved by every build of a dataset; a tag of that name would be overwritten
@@ -43,15 +45,27 @@ def set_tag(store: Store, dataset: str, name: str, snapshot: str, *, force: bool
             expect: int | None = None, mover: Mover | None = None,
             prove: Callable[[], None] | None = None) -> RefMove:
     """Point tag `dataset@name` at `snapshot` under the tag rules; re-tagging the same snapshot
-    moves nothing. `prove` (the read-back) runs after the rules pass, before the swap."""
+    moves nothing. `prove` (the read-back, or a check that the snapshot is still stored) runs
+    after the rules pass, before the swap.
+
+    All of it holds a build lease (waiting while a gc runs): a gc that planned before the tag
+    moved would otherwise delete the snapshot the new tag names, and `prove` then runs after
+    any such gc, so it finds what that gc deleted."""
     check_tag_name(name)
-    current = read_ref(store, dataset, name)
-    if current is not None and current.snapshot == snapshot:
-        return RefMove(current, False)
-    wanted = tag_expectation(current, snapshot, force=force, expect=expect)
-    if prove is not None:
-        prove()
-    return update_ref(store, dataset, name, snapshot, expect=wanted, mover=mover or Mover.here("tag"))
+    with leases.build_lease(store, poll=leases.WAIT_POLL_SECONDS):
+        current = read_ref(store, dataset, name)
+        if current is not None and current.snapshot == snapshot:
+            return RefMove(current, False)
+        wanted = tag_expectation(current, snapshot, force=force, expect=expect)
+        if prove is not None:
+            prove()
+        return update_ref(store, dataset, name, snapshot, expect=wanted, mover=mover or Mover.here("tag"))
+
+
+def still_stored(store: Store, snapshot: str) -> None:
+    """The `prove` of a tag without read-back: NotFoundError when gc collected `snapshot` before the tag's lease."""
+    if store.head(cas.object_key(hashing.parse_id(snapshot))) is None:
+        raise NotFoundError(f"{store.url}: snapshot {snapshot} was collected before the tag moved; nothing moved")
 
 
 def parse_expect(text: str) -> int:
