@@ -84,9 +84,10 @@ def _hf_files(folder: Path) -> list[Path]:
     state = folder / "state.json"
     try:
         names = [entry["filename"] for entry in json.loads(state.read_text())["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # json recurses per level
         raise InputError(f"{folder}: not a dataset saved with save_to_disk ({state.name}: {exc})") from None
-    bad = [name for name in names if not isinstance(name, str) or not name]
+    # names of files in the folder, as datasets writes them: never a path that leads out of it
+    bad = [name for name in names if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name]
     if bad or not names:
         problem = f"a filename is {bad[0]!r}, not a file name" if bad else "_data_files lists no files"
         raise InputError(f"{folder}: not a dataset saved with save_to_disk ({state.name}: {problem})")
@@ -159,7 +160,7 @@ def _expand_local(pattern: str, base_dir: Path, declared: str) -> list[Path]:
                 files.extend(_hf_files(match))
             elif not _is_store(match):
                 files.extend(_walk(match))
-        elif match.exists() or not wild:
+        else:  # a glob's dangling symlink too: it fails like a walked folder's, never passed over
             files.append(match)
     return files
 
@@ -198,11 +199,22 @@ def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[Sour
     sources: dict[str, SourceFile] = {}
     for location, ns, size, etag, version, stamp in located:
         rel = posixpath.relpath(ns, common)
+        _require_utf8_name(location, rel)
         fmt = detect_format(rel, declared)
         if fmt is None:
             raise ConfigError(f"{location}: cannot tell the input format from the name; set input.format")
         sources[rel] = SourceFile(location, rel, size, fmt, etag=etag, version_id=version, stamp=stamp)
     return [sources[rel] for rel in sorted(sources)]
+
+
+def _require_utf8_name(location: str, rel: str) -> None:
+    """Fail on a name a snapshot cannot record: manifests are UTF-8 JSON, and a local name that is
+    not UTF-8 reaches here as a str holding lone surrogates (os.fsdecode's escapes)."""
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(location).decode("utf-8", "backslashreplace")
+        raise InputError(f"{shown}: the file name is not valid UTF-8; rename it (snapshots record names as UTF-8)") from None
 
 
 def local_copy(source: SourceFile) -> Path | None:
@@ -338,15 +350,19 @@ def iter_lines_in_range(stream: BinaryIO, start: int, end: int) -> Iterator[byte
         if stream.read(1) != b"\n":
             stream.readline()  # finish the line owned by the previous range
     position = stream.tell()  # where the next line starts
-    pending = b""
+    pending: list[bytes] = []  # the pieces read so far of a line not yet ended
     while position < end:
         block = stream.read(LINE_BLOCK)
         if not block:
             if pending:
-                yield pending  # a last line without a newline
+                yield b"".join(pending)  # a last line without a newline
             return
-        lines = (pending + block).split(b"\n")
-        pending = lines.pop()
+        if b"\n" not in block:  # joined once its newline comes: joining every block is quadratic
+            pending.append(block)
+            continue
+        lines = block.split(b"\n")
+        lines[0] = b"".join([*pending, lines[0]])
+        pending = [rest] if (rest := lines.pop()) else []
         for line in lines:
             if position >= end:
                 return
@@ -362,20 +378,21 @@ def iter_line_blocks(stream: BinaryIO, start: int, end: int, block_bytes: int) -
         if stream.read(1) != b"\n":
             stream.readline()
     position = stream.tell()  # where the pending bytes start: always a line start
-    pending = b""
+    pending: list[bytes] = []  # the bytes after the last newline, joined once one comes (not per chunk)
     while position < end:
         chunk = stream.read(block_bytes)
         if not chunk:
             if pending:
-                yield pending
+                yield b"".join(pending)
             return
-        data = pending + chunk if pending else chunk
-        cut = data.rfind(b"\n") + 1
-        whole, pending = data[:cut], data[cut:]
-        if not whole:
+        cut = chunk.rfind(b"\n") + 1
+        if not cut:
+            pending.append(chunk)
             continue
-        if position + cut > end:  # lines starting at or after `end` belong to the next range
+        whole = b"".join([*pending, chunk[:cut]]) if pending else chunk[:cut]
+        pending = [chunk[cut:]] if cut < len(chunk) else []
+        if position + len(whole) > end:  # lines starting at or after `end` belong to the next range
             yield whole[:whole.find(b"\n", end - position - 1) + 1]
             return
         yield whole
-        position += cut
+        position += len(whole)

@@ -4,6 +4,7 @@ the skip policy, are yielded as BadRecord so the caller can count and record the
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
@@ -122,15 +123,22 @@ def line_number(task: ReadTask, local_line: int) -> int:
     """The 1-based line number in the file of a task's local line (counts earlier lines)."""
     if task.start == 0 or task.source.format != "jsonl":
         return local_line + 1
+    return _lines_before(task) + local_line + 1
+
+
+@functools.lru_cache(maxsize=4)
+def _lines_before(task: ReadTask) -> int:
+    """How many lines start before the task's first (once per task, not per bad record): those ended
+    before byte `start - 1`, and the one holding it (the range before owns it, wherever it ends)."""
     with open_raw(task.source) as stream:
-        before, remaining = 0, task.start
+        newlines, remaining = 0, task.start - 1
         while remaining > 0:
             chunk = stream.read(min(remaining, 4 << 20))
             if not chunk:
                 break
-            before += chunk.count(b"\n")
+            newlines += chunk.count(b"\n")
             remaining -= len(chunk)
-    return before + local_line + 1
+    return newlines + 1
 
 
 def _field_text(record: Any, field: str) -> str:
@@ -235,7 +243,8 @@ def _json_fields(raw: bytes, task: ReadTask) -> tuple[str | None, str]:
     try:
         record = jsonvalues.loads(text_line)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"malformed JSON: {exc.msg} at column {exc.colno}") from None
+        message = exc.msg.removesuffix(" at")  # "Invalid control character at"
+        raise ValueError(f"malformed JSON: {message} at column {exc.colno}") from None
     except RecursionError:  # json recurses per level of nesting
         raise ValueError("malformed JSON: nested too deeply to read") from None
     text = _field_text(record, task.text_field)
@@ -311,6 +320,8 @@ def _row_problem(task: ReadTask, text: Any, doc_id: Any) -> str | None:
         return f"text field {task.text_field!r} is null or not a string"
     if isinstance(doc_id, InvalidUTF8):
         return f"id field {task.id_field!r} is not valid UTF-8 (byte {doc_id.start})"
+    if isinstance(doc_id, bytes):  # str() would spell it "b'...'"
+        return f"id field {task.id_field!r} is binary, not a string or a number"
     if task.id_field and (doc_id is None or isinstance(doc_id, (dict, list, bool))):
         return f"missing or non-scalar id field {task.id_field!r}"
     return None
@@ -353,6 +364,8 @@ def _parquet_batches(task: ReadTask) -> Iterator[tuple[int, Any]]:
     with _seekable(task.source) as handle:
         parquet = pq.ParquetFile(handle)
         columns = _require_columns(task, parquet.schema_arrow.names)
+        if task.end > parquet.metadata.num_row_groups:  # planned from other metadata: rewritten since
+            raise InputError(f"{task.source.location}: changed during the build; rerun to pick up the new content")
         first_row = sum(parquet.metadata.row_group(i).num_rows for i in range(task.start))
         groups = list(range(task.start, task.end))
         yield from _numbered(parquet.iter_batches(batch_size=4096, row_groups=groups, columns=columns), first_row)
