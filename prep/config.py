@@ -26,6 +26,9 @@ SEED_LIMIT = 2**64  # the shuffle mixes the seed as an unsigned 64-bit integer
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 DEFAULT_TOKENIZER_CACHE = 256 * 2**20
+# The largest record a build reads (a JSON line, a text value, a text file): a larger one is a bad
+# record, never read whole, so that one record cannot take a worker's memory (docs/build.md).
+DEFAULT_MAX_DOCUMENT_BYTES = 64 * 2**20
 """How far a tokenize worker may grow past its size once its tokenizer encoded a first batch
 before the tokenizer is loaded afresh (prep.stages.tokenize): a bound on its pre-token cache."""
 DEFAULT_MERGE_FAN_IN, MIN_MERGE_FAN_IN, MAX_MERGE_FAN_IN = 128, 2, 512
@@ -40,6 +43,7 @@ class InputConfig:
     text_field: str = "text"
     id_field: str | None = None
     on_error: str = "fail"
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,7 @@ class Pipeline:
                 "text_field": self.input.text_field,
                 "id_field": self.input.id_field,
                 "on_error": self.input.on_error,
+                "max_document_bytes": self.input.max_document_bytes,
             },
             "tokenizer": {
                 "eos": self.tokenizer.eos,
@@ -239,7 +244,7 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
 
 
 def _input(inp: _Table, source: str) -> InputConfig:
-    """`[input]`: paths (at least one), format, text and id fields, on_error."""
+    """`[input]`: paths (at least one), format, text and id fields, on_error, max_document_bytes."""
     paths = _string_list(inp, "paths", None)
     if not paths:
         raise ConfigError(f"{source}: input.paths: at least one path is required")
@@ -250,6 +255,7 @@ def _input(inp: _Table, source: str) -> InputConfig:
         text_field=inp.get("text_field", str, "text"),
         id_field=id_field or None,
         on_error=inp.choice("on_error", ON_ERROR, "fail"),
+        max_document_bytes=inp.size("max_document_bytes", DEFAULT_MAX_DOCUMENT_BYTES),
     )
     inp.finish()
     return input_config

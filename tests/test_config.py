@@ -34,6 +34,7 @@ def test_defaults_and_resolved_config_hold_no_machine_paths() -> None:
     resolved = pipeline.resolved()
     assert "/somewhere" not in repr(resolved) and "t.json" not in repr(resolved)
     assert resolved["tokenizer"] == {"eos": "<|endoftext|>", "encode_special_tokens": True}
+    assert resolved["input"]["max_document_bytes"] == 64 * 2**20, "it decides which records are read: an output setting"
 
 
 @pytest.mark.parametrize(("change", "needle"), [
@@ -53,6 +54,9 @@ def test_defaults_and_resolved_config_hold_no_machine_paths() -> None:
     ({"seed": -1}, r"seed: must be an integer in [0, 2**64)"),
     ({"output": {"shard_size": "12XB"}}, "p.toml: output.shard_size: unknown size unit 'XB'"),
     ({"build": {"tokenizer_cache": "0"}}, "p.toml: build.tokenizer_cache: size must be positive"),
+    ({"input": {"paths": ["a"], "max_document_bytes": "0B"}}, "p.toml: input.max_document_bytes: size must be positive"),
+    ({"input": {"paths": ["a"], "max_document_bytes": "big"}}, "p.toml: input.max_document_bytes: expected a size"),
+    ({"input": {"paths": ["a"], "max_document_bytes": True}}, "p.toml: input.max_document_bytes: expected str or int"),
     ({"build": {"tokenizer_cache": [1]}}, "p.toml: build.tokenizer_cache: expected str or int"),
     ({"build": {"merge_fan_in": 1}}, "p.toml: build.merge_fan_in: must be 2 to 512, got 1"),
     ({"build": {"merge_fan_in": 513}}, "p.toml: build.merge_fan_in: must be 2 to 512, got 513"),

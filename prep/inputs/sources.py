@@ -24,7 +24,6 @@ from prep.store.layout import OBJECTS_PREFIX, leases_prefix
 from prep.store.marker import MARKER_KEY
 
 READ_CHUNK = 4 << 20
-LINE_BLOCK = 8 << 20  # lines are split out of blocks this large (readline per line is slower)
 SPOOL_HEADROOM = 1 << 30  # S3 inputs are spooled only while this much disk stays free
 _JSONL = (".jsonl", ".ndjson", ".json")
 _TEXT = (".txt", ".text", ".md")
@@ -339,60 +338,3 @@ def input_version(sources: list[SourceFile]) -> str:
     from prep.manifest import canonical
 
     return "sha256:" + hashlib.sha256(canonical.dumps([s.to_json() for s in sources])).hexdigest()
-
-
-def iter_lines_in_range(stream: BinaryIO, start: int, end: int) -> Iterator[bytes]:
-    """Lines (without their newline) that START within [start, end) of a stream: a line belongs
-    to the range holding its first byte, so adjacent ranges split a file without overlap or
-    loss. Use end = sys.maxsize for a whole (e.g. decompressed) stream."""
-    if start > 0:
-        stream.seek(start - 1)
-        if stream.read(1) != b"\n":
-            stream.readline()  # finish the line owned by the previous range
-    position = stream.tell()  # where the next line starts
-    pending: list[bytes] = []  # the pieces read so far of a line not yet ended
-    while position < end:
-        block = stream.read(LINE_BLOCK)
-        if not block:
-            if pending:
-                yield b"".join(pending)  # a last line without a newline
-            return
-        if b"\n" not in block:  # joined once its newline comes: joining every block is quadratic
-            pending.append(block)
-            continue
-        lines = block.split(b"\n")
-        lines[0] = b"".join([*pending, lines[0]])
-        pending = [rest] if (rest := lines.pop()) else []
-        for line in lines:
-            if position >= end:
-                return
-            position += len(line) + 1
-            yield line
-
-
-def iter_line_blocks(stream: BinaryIO, start: int, end: int, block_bytes: int) -> Iterator[bytes]:
-    """The lines `iter_lines_in_range` yields, as blocks of about `block_bytes` of whole lines,
-    each line ended by its newline (but a last line without one at the end of the stream)."""
-    if start > 0:
-        stream.seek(start - 1)
-        if stream.read(1) != b"\n":
-            stream.readline()
-    position = stream.tell()  # where the pending bytes start: always a line start
-    pending: list[bytes] = []  # the bytes after the last newline, joined once one comes (not per chunk)
-    while position < end:
-        chunk = stream.read(block_bytes)
-        if not chunk:
-            if pending:
-                yield b"".join(pending)
-            return
-        cut = chunk.rfind(b"\n") + 1
-        if not cut:
-            pending.append(chunk)
-            continue
-        whole = b"".join([*pending, chunk[:cut]]) if pending else chunk[:cut]
-        pending = [chunk[cut:]] if cut < len(chunk) else []
-        if position + len(whole) > end:  # lines starting at or after `end` belong to the next range
-            yield whole[:whole.find(b"\n", end - position - 1) + 1]
-            return
-        yield whole
-        position += len(whole)

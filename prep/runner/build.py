@@ -189,14 +189,14 @@ class Builder:
     def tokenize(self, sources: list[SourceFile], settings: TokenizeSettings) -> list[dict[str, Any]]:
         tasks: list[ReadTask] = []
         for source in sources:
-            tasks.extend(plan_read_tasks(source, self.pipeline.input.text_field, self.pipeline.input.id_field))
+            tasks.extend(plan_read_tasks(source, self.pipeline.input.text_field, self.pipeline.input.id_field,
+                                         self.pipeline.input.max_document_bytes))
         # Where workers share this machine's store, the driver stores intermediates (and waits
         # for their fsync) while the workers go on tokenizing.
         driver_stores = self.executor.shares_filesystem and self.store.local_path("objects") is not None
         jobs = []
         for task in tasks:
-            key = records.content_key("tokenize", settings.key_fields(), self.code, task.describe(),
-                                      task.text_field, task.id_field)
+            key = records.content_key("tokenize", settings.key_fields(), self.code, *task.key_parts())
             jobs.append((key, TokenizeJob(self.store.url, task, settings, driver_stores)))
         total_bytes = sum(source.size for source in sources)
         self.progress.stage("tokenize", f"{plural(len(jobs), 'task')} over {plural(len(sources), 'file')}, "

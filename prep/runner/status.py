@@ -146,9 +146,9 @@ def build_status(pipeline: Pipeline, store: Store) -> BuildStatus:
     settings = tokenize_settings(pipeline, str(tokenizer_path), info.sha256)
     parts, documents = [], 0
     for source in sources:
-        for task in plan_read_tasks(source, pipeline.input.text_field, pipeline.input.id_field):
-            key = records.content_key("tokenize", settings.key_fields(), code, task.describe(),
-                                      task.text_field, task.id_field)
+        for task in plan_read_tasks(source, pipeline.input.text_field, pipeline.input.id_field,
+                                     pipeline.input.max_document_bytes):
+            key = records.content_key("tokenize", settings.key_fields(), code, *task.key_parts())
             record = records.read_task_record(store, "tokenize", key)
             documents += int(record.summary.get("documents", 0)) if record else 0
             parts.append(PartStatus(source.rel, task.part, key, record is not None))

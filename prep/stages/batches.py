@@ -48,7 +48,7 @@ def _table_chunks(task: ReadTask) -> Iterator[TextColumns | BadRecord]:
     for first_row, batch in record_batches(task):
         texts = _utf8_column(batch.column(task.text_field))
         ids = _id_column(task, batch) if texts is not None else None
-        if texts is None or ids is None:
+        if texts is None or ids is None or int(np.diff(texts[1]).max(initial=0)) > task.max_document_bytes:
             yield from chunks_of(_rows(batch_documents(task, batch, first_row)))
         else:
             rows = np.arange(first_row, first_row + batch.num_rows, dtype=np.int64)

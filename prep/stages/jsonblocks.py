@@ -22,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from prep.inputs.sources import iter_line_blocks, open_decoded
+from prep.inputs.lines import LongLine, iter_line_blocks
+from prep.inputs.sources import open_decoded
 from prep.stages import read
 from prep.stages.columns import string_bytes
 from prep.stages.read import BadRecord, ReadTask, line_rows
@@ -149,6 +150,8 @@ def _block_items(task: ReadTask, arrow: _ArrowLines, block: bytes, first_local: 
     if parse is not None and len(block) >= LONG_LINE_BYTES * lines:
         return _by_lines(task, parse, block, lines, first_local), lines
     bounds = _line_bounds(np.frombuffer(block, dtype=np.uint8))
+    if len(block) > task.max_document_bytes and int(np.diff(bounds).max()) > task.max_document_bytes:
+        return _by_lines(task, parse, block, lines, first_local), lines  # it refuses the long lines
     braces = _object_lines(block, bounds)
     if braces is not None and (found := arrow.columns(block, lines)) is not None:
         blob, offsets = string_bytes(found[0])
@@ -171,7 +174,11 @@ def jsonl_chunks(task: ReadTask, stats: dict[str, int]) -> Iterator[TextColumns 
     try:
         with open_decoded(task.source) as stream:
             end = task.end if not task.source.compressed else sys.maxsize
-            for block in iter_line_blocks(stream, task.start, end, BLOCK_BYTES):
+            for block in iter_line_blocks(stream, task.start, end, BLOCK_BYTES, task.max_document_bytes):
+                if isinstance(block, LongLine):
+                    yield BadRecord(local, task.too_long(block.length), line=read.line_number(task, local))
+                    local += 1
+                    continue
                 items, lines = _block_items(task, arrow, block, local, parse)
                 local += lines
                 yield from items

@@ -11,78 +11,28 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from prep.config import DEFAULT_MAX_DOCUMENT_BYTES
 from prep.errors import InputError, PrepError
 from prep.inputs import jsonvalues
-from prep.inputs.sources import SourceFile, iter_lines_in_range, local_copy, open_decoded, open_raw
+from prep.inputs.lines import LongLine, iter_lines_in_range
+from prep.inputs.sources import SourceFile, local_copy, open_decoded, open_raw
 from prep.inputs.tables import InvalidUTF8, arrow_batches, column_values
+from prep.stages.readtask import BadRecord as BadRecord
+from prep.stages.readtask import Document as Document
+from prep.stages.readtask import ReadTask as ReadTask
+from prep.stages.readtask import document, utf8
 
 RANGE_BYTES = 32 * 2**20
 
 
-@dataclass(frozen=True)
-class ReadTask:
-    """One unit of reading: [start, end) are byte offsets (jsonl) or row groups (parquet)."""
-
-    source: SourceFile
-    part: int
-    start: int
-    end: int
-    text_field: str
-    id_field: str | None
-
-    def describe(self) -> dict[str, object]:
-        return {"source": self.source.rel, "sha256": self.source.sha256, "format": self.source.format,
-                "part": self.part, "start": self.start, "end": self.end}
-
-
-@dataclass(frozen=True)
-class Document:
-    row: int  # line (jsonl, 0-based within the task), row (parquet/hf, within the file), 0 (text)
-    id: str | None
-    text: str
-    data: bytes  # the text as UTF-8
-
-
-def _utf8(doc_id: str | None, text: str) -> bytes:
-    """The text as UTF-8, after checking that the id and text are encodable (no lone surrogates)."""
-    if doc_id is not None and not doc_id.isascii():
-        try:
-            doc_id.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("id has an unpaired surrogate") from None
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"text has an unpaired surrogate at character {exc.start}") from None
-
-
-def _document(row: int, doc_id: str | None, text: str) -> Document:
-    return Document(row, doc_id, text, _utf8(doc_id, text))
-
-
-@dataclass(frozen=True)
-class BadRecord:
-    """A record that cannot be used: its 1-based line (JSON Lines) or 0-based row, and why."""
-
-    row: int
-    reason: str
-    line: int | None = None
-
-    def message(self, file_name: str) -> str:
-        """`file:line: reason`, `file: row N: reason`, or `file: reason` for a whole file."""
-        if self.line is not None:
-            return f"{file_name}:{self.line}: {self.reason}"
-        return f"{file_name}: row {self.row}: {self.reason}" if self.row >= 0 else f"{file_name}: {self.reason}"
-
-
-def plan_read_tasks(source: SourceFile, text_field: str, id_field: str | None) -> list[ReadTask]:
+def plan_read_tasks(source: SourceFile, text_field: str, id_field: str | None,
+                    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> list[ReadTask]:
     """Split a file into tasks of about RANGE_BYTES so one huge file is not one task."""
     range_bytes = RANGE_BYTES
     def task(part: int, start: int, end: int) -> ReadTask:
-        return ReadTask(source, part, start, end, text_field, id_field)
+        return ReadTask(source, part, start, end, text_field, id_field, max_document_bytes)
 
     if source.format == "jsonl" and not source.compressed and source.size > range_bytes:
         starts = list(range(0, source.size, range_bytes))
@@ -231,7 +181,7 @@ def _fast_fields(parse: Callable[[bytes], object], raw: bytes, task: ReadTask) -
 def _fast_document(parse: Callable[[bytes], object], raw: bytes, local: int, task: ReadTask) -> Document | None:
     """The line's Document when `parse` surely reads it as json.loads does, else None (see _fast_fields)."""
     fields = _fast_fields(parse, raw, task)
-    return None if fields is None else _document(local, *fields)
+    return None if fields is None else document(local, *fields)
 
 
 def _json_fields(raw: bytes, task: ReadTask) -> tuple[str | None, str]:
@@ -253,28 +203,32 @@ def _json_fields(raw: bytes, task: ReadTask) -> tuple[str | None, str]:
 
 def _json_document(raw: bytes, local: int, task: ReadTask) -> Document:
     """The line's Document as json.loads reads it; ValueError says why the line is bad."""
-    return _document(local, *_json_fields(raw, task))
+    return document(local, *_json_fields(raw, task))
 
 
 def _line_document(parse: Callable[[bytes], object] | None, raw: bytes, local: int, task: ReadTask) -> Document:
     """The Document of one JSON Lines line, from the fast parser when it is sure, else from json."""
-    document = _fast_document(parse, raw, local, task) if parse is not None else None
-    return document if document is not None else _json_document(raw, local, task)
+    found = _fast_document(parse, raw, local, task) if parse is not None else None
+    return found if found is not None else _json_document(raw, local, task)
 
 
 _Row = tuple[int, str | None, str, bytes]  # a Document's fields
 
 
-def line_rows(task: ReadTask, parse: Callable[[bytes], object] | None, lines: Iterable[bytes],
+def line_rows(task: ReadTask, parse: Callable[[bytes], object] | None, lines: Iterable[bytes | LongLine],
               first_local: int = 0) -> Iterator[_Row | BadRecord]:
     """The Document fields (or BadRecord) of each non-blank line; the first is local line `first_local`."""
     for local, raw in enumerate(lines, first_local):
+        if isinstance(raw, LongLine) or len(raw) > task.max_document_bytes:
+            length = raw.length if isinstance(raw, LongLine) else len(raw)
+            yield BadRecord(local, task.too_long(length), line=line_number(task, local))
+            continue
         if not raw.strip():
             continue
         try:
             fields = _fast_fields(parse, raw, task) if parse is not None else None
             doc_id, text = fields if fields is not None else _json_fields(raw, task)
-            data = _utf8(doc_id, text)
+            data = utf8(doc_id, text)
         except ValueError as exc:
             yield BadRecord(local, str(exc), line=line_number(task, local))
             continue
@@ -285,13 +239,14 @@ def _jsonl_rows(task: ReadTask, stats: dict[str, int]) -> Iterator[_Row | BadRec
     """Every line's Document fields (one function call per line on the fast parser's path)."""
     counted = [0]
 
-    def counting(lines: Iterator[bytes]) -> Iterator[bytes]:
+    def counting(lines: Iterator[bytes | LongLine]) -> Iterator[bytes | LongLine]:
         for raw in lines:
             counted[0] += 1
             yield raw
 
     with open_decoded(task.source) as stream:
-        lines = iter_lines_in_range(stream, task.start, task.end if not task.source.compressed else sys.maxsize)
+        end = task.end if not task.source.compressed else sys.maxsize
+        lines = iter_lines_in_range(stream, task.start, end, task.max_document_bytes)
         try:
             yield from line_rows(task, fast_line_parser(), counting(lines))
         finally:
@@ -305,7 +260,10 @@ def _jsonl(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadReco
 
 def _text(task: ReadTask, stats: dict[str, int]) -> Iterator[Document | BadRecord]:
     with open_decoded(task.source) as stream:
-        data = stream.read()
+        data = stream.read(task.max_document_bytes + 1)  # no more: a longer file is a bad record
+    if reason := task.too_long(len(data), at_least=True):
+        yield BadRecord(-1, reason)
+        return
     try:
         yield Document(0, None, data.decode("utf-8"), data)
     except UnicodeDecodeError as exc:
@@ -337,9 +295,12 @@ def batch_documents(task: ReadTask, batch: Any, first_row: int) -> Iterator[Docu
             yield BadRecord(row, problem)
             continue
         try:
-            yield _document(row, None if doc_id is None else str(doc_id), text)
+            found = document(row, None if doc_id is None else str(doc_id), text)
         except ValueError as exc:
             yield BadRecord(row, str(exc))
+            continue
+        reason = task.too_long(len(found.data))
+        yield BadRecord(row, reason) if reason else found
 
 
 def _require_columns(task: ReadTask, names: list[str]) -> list[str]:

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import prep.inputs.sources as sources
+import prep.inputs.lines as line_reader
 import prep.stages.read as read
 from prep.errors import InputError
 from prep.inputs.sources import SourceFile, discover, hash_source
@@ -89,10 +89,10 @@ def test_a_long_line_is_joined_once_not_once_per_read(monkeypatch: pytest.Monkey
     """A line longer than a read was re-concatenated (and re-searched) at every read: a 400 MB
     line took 10 s of copying before a byte of it was parsed (copies counted, not timed)."""
     data = b"x" * (1 << 20) + b"\n" + b"tail"
-    monkeypatch.setattr(sources, "LINE_BLOCK", 4096)
+    monkeypatch.setattr(line_reader, "LINE_BLOCK", 4096)
     monkeypatch.setattr(_Copied, "total", 0)
-    blocks = list(sources.iter_line_blocks(_CountedReads(data), 0, sys.maxsize, 4096))
-    lines = list(sources.iter_lines_in_range(_CountedReads(data), 0, sys.maxsize))
+    blocks = list(line_reader.iter_line_blocks(_CountedReads(data), 0, sys.maxsize, 4096))
+    lines = list(line_reader.iter_lines_in_range(_CountedReads(data), 0, sys.maxsize))
     assert blocks == [data[:-4], b"tail"] and lines == [data[:-5], b"tail"]
     assert _Copied.total <= 2 * len(data), "each byte of a long line is copied a bounded number of times"
 

@@ -121,17 +121,17 @@ def test_byte_ranges_split_lines_without_overlap_or_loss(lines: list[bytes], tra
                                                          block: int) -> None:
     import io
 
-    import prep.inputs.sources as sources
+    import prep.inputs.lines as line_reader
 
     data = b"\n".join(lines) + (b"\n" if trailing_newline and lines else b"")
     bounds = sorted({0, len(data), *(c for c in cuts if c < len(data))})
-    original = sources.LINE_BLOCK
-    sources.LINE_BLOCK = block
+    original = line_reader.LINE_BLOCK
+    line_reader.LINE_BLOCK = block
     try:
         found = [line for start, end in zip(bounds, bounds[1:])
-                 for line in sources.iter_lines_in_range(io.BytesIO(data), start, end)]
+                 for line in line_reader.iter_lines_in_range(io.BytesIO(data), start, end)]
     finally:
-        sources.LINE_BLOCK = original
+        line_reader.LINE_BLOCK = original
     expected = data.split(b"\n")
     if expected and expected[-1] == b"":
         expected.pop()
