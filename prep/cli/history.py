@@ -174,7 +174,8 @@ def tag(args: tuple[str, ...], delete: bool, force: bool, expect: str | None, no
         return
     snapshot = load_snapshot(store, resolve_spec(store, args[0]).id)  # a manifest file must be in the store too
     move = set_tag(store, snapshot.dataset, args[1], snapshot.id, force=force, expect=wanted,
-                   prove=(lambda: still_stored(store, snapshot.id)) if no_readback else lambda: _read_back(store, snapshot))
+                   prove=(lambda: still_stored(store, snapshot.id)) if no_readback else lambda: _read_back(store, snapshot),
+                   on_wait=lambda key: click.echo(f"prep: waiting for garbage collection to finish ({key})", err=True))
     ref = move.ref
     if move.history_pending:
         click.echo(f"prep: warning: the history record of generation {ref.generation} is not stored "

@@ -264,8 +264,9 @@ def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[s
     code = code_identity()
     checked = WrappedExecutor(executor, lambda fn: CodeChecked(fn, code))
     plan = RefPlan.note(store, pipeline.dataset, options.tags, options.expect, options.force)
-    with build_lease(store) as lease:
-        result = _build(pipeline, store, checked, progress or Progress(), lease,
+    progress = progress or Progress()
+    with build_lease(store, on_wait=lambda key: progress.info(f"waiting for garbage collection to finish ({key})")) as lease:
+        result = _build(pipeline, store, checked, progress, lease,
                         Publishing(options, plan, getattr(executor, "backend", type(executor).__name__)))
         # what prep gc keeps of this dataset; under the lease, so no gc plans with the old policy
         record_policy(store, pipeline.dataset, pipeline.retention)

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,14 +151,19 @@ class Lease:
 
 
 @contextmanager
-def build_lease(store: Store, timeout: float | None = None, poll: float = WAIT_POLL_SECONDS) -> Iterator[Lease]:
+def build_lease(store: Store, timeout: float | None = None, poll: float | None = None,
+                on_wait: Callable[[str], None] | None = None) -> Iterator[Lease]:
     """What a build holds from before its first cache lookup until its refs moved: a build lease,
-    taken first, then a wait while any gc holds a live lease (StoreError after `timeout`)."""
+    taken first, then a wait while any gc holds a live lease (StoreError after `timeout`);
+    `on_wait` hears the gc lease's key once, when the wait begins (a silent wait looks hung)."""
+    poll = WAIT_POLL_SECONDS if poll is None else poll
     with Lease(store, BUILD) as lease:
         waited = 0.0
         while running := live_leases(store, GC):
             if timeout is not None and waited >= timeout:
                 raise StoreError(f"{store.url}: garbage collection is running ({running[0].key}); try again later")
+            if not waited and on_wait is not None:
+                on_wait(running[0].key)
             time.sleep(poll)
             waited += poll
         yield lease

@@ -43,16 +43,16 @@ def tag_expectation(current: Ref | None, snapshot: str, *, force: bool, expect: 
 
 def set_tag(store: Store, dataset: str, name: str, snapshot: str, *, force: bool = False,
             expect: int | None = None, mover: Mover | None = None,
-            prove: Callable[[], None] | None = None) -> RefMove:
+            prove: Callable[[], None] | None = None, on_wait: Callable[[str], None] | None = None) -> RefMove:
     """Point tag `dataset@name` at `snapshot` under the tag rules; re-tagging the same snapshot
     moves nothing. `prove` (the read-back, or a check that the snapshot is still stored) runs
     after the rules pass, before the swap.
 
     All of it holds a build lease (waiting while a gc runs): a gc that planned before the tag
     moved would otherwise delete the snapshot the new tag names, and `prove` then runs after
-    any such gc, so it finds what that gc deleted."""
+    any such gc, so it finds what that gc deleted. `on_wait` hears a running gc's lease key."""
     check_tag_name(name)
-    with leases.build_lease(store, poll=leases.WAIT_POLL_SECONDS):
+    with leases.build_lease(store, on_wait=on_wait):
         current = read_ref(store, dataset, name)
         if current is not None and current.snapshot == snapshot:
             return RefMove(current, False)

@@ -4,6 +4,7 @@ racing processes hit (a tag naming a snapshot gc then deleted; a gc running besi
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 
 from prep import hashing
 from prep.errors import NotFoundError, PrepError, StoreError
+from prep.progress import Progress
 from prep.storage import LocalStore
 from prep.storage.base import ObjectInfo, Store
 from prep.store import cas, leases
@@ -62,17 +64,19 @@ def test_a_tag_waits_for_a_running_gc_and_then_finds_what_it_collected(project: 
 
     def tag() -> None:  # `prep tag --no-readback`, started while the gc runs
         try:
-            set_tag(store, "tiny", "keep", old.id, prove=lambda: still_stored(store, old.id))
+            set_tag(store, "tiny", "keep", old.id, prove=lambda: still_stored(store, old.id), on_wait=heard.append)
         except PrepError as exc:
             outcome.append(exc)
 
-    with Lease(store, GC):
+    heard: list[str] = []
+    with Lease(store, GC) as gc:
         tagger = threading.Thread(target=tag)
         tagger.start()
         time.sleep(0.3)
         assert read_ref(store, "tiny", "keep") is None, "a tag must not move while a gc runs"
         store.delete(cas.object_key(hashing.parse_id(old.id)))  # the gc collects the old snapshot
     tagger.join(timeout=10)
+    assert heard == [gc.key], "the wait is announced once, naming the gc's lease"
     assert len(outcome) == 1 and isinstance(outcome[0], NotFoundError), outcome
     assert read_ref(store, "tiny", "keep") is None
 
@@ -165,3 +169,13 @@ def test_a_hold_reported_as_already_held_is_still_held_when_both_return(project:
         store.gc.__exit__(None, None, None)
     assert store.second is not None and not store.second[1], "the second holder saw the first hold"
     assert [hold.reason for hold in list_holds(store)] == ["first"], "a hold someone was told of must exist"
+
+
+def test_a_build_waiting_for_a_gc_says_so(project: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """A build that met a running gc waited without a word: it looked hung."""
+    monkeypatch.setattr(leases, "WAIT_POLL_SECONDS", 0.02)
+    store, said = LocalStore(project["store"]), io.StringIO()
+    gc = Lease(store, GC).__enter__()
+    threading.Timer(0.3, gc.__exit__, (None, None, None)).start()
+    build_in_process(project["v2"], store, progress=Progress(stream=said))
+    assert f"waiting for garbage collection to finish ({gc.key})" in said.getvalue()
