@@ -153,7 +153,10 @@ def _expand_local(pattern: str, base_dir: Path, declared: str) -> list[Path]:
     full = path if path.is_absolute() else base_dir / path
     wild = any(ch in pattern for ch in _MAGIC)
     files: list[Path] = []
-    for match in _glob_matches(base_dir, path) if wild else [full]:
+    matches = list(_glob_matches(base_dir, path)) if wild else [full]
+    if wild and not matches and os.path.lexists(full):  # like a shell: a pattern matching nothing is its own name
+        matches = [full]
+    for match in matches:
         if match.is_dir():
             if declared == "hf" or (match / "state.json").is_file():
                 files.extend(_hf_files(match))

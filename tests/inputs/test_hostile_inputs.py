@@ -174,3 +174,12 @@ def test_a_parquet_file_rewritten_with_fewer_row_groups_is_an_input_error(tmp_pa
     pq.write_table(pa.table({"text": texts[:100]}), tmp_path / "a.parquet", row_group_size=100)
     with pytest.raises(InputError, match=r"a\.parquet: changed during the build; rerun to pick up the new content"):
         list(read_batches(last, {}, 100, 1 << 20))
+
+
+def test_a_file_named_like_a_glob_is_read_when_the_glob_matches_nothing(tmp_path: Path) -> None:
+    """`a[1].jsonl` could not be named: its brackets made it a pattern that matched only `a1.jsonl`."""
+    (tmp_path / "a[1].jsonl").write_text('{"text": "hello"}\n')
+    [source] = discover(("a[1].jsonl",), tmp_path, "auto")
+    assert source.rel == "a[1].jsonl"
+    (tmp_path / "a1.jsonl").write_text('{"text": "other"}\n')
+    assert [found.rel for found in discover(("a[1].jsonl",), tmp_path, "auto")] == ["a1.jsonl"], "a match wins"
