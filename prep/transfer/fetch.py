@@ -85,10 +85,11 @@ def _ranged_chunks(store: Store, key: str, start: int, size: int, stop: threadin
 
 def _hash_prefix(partial: Path, limit: int, on_bytes: ByteCounter, stop: threading.Event) -> tuple[int, Any]:
     """(bytes kept, sha256 state over them) of a partial file; (0, fresh) when there is none, or
-    it is longer than the object, no regular file or a hard link (then it is removed)."""
+    it is longer than the object, no regular file or a hard link (then it is removed; an empty
+    folder too, a full one is an OSError)."""
     hasher = hashlib.sha256()
     try:  # never through a symlink planted under the partial's name, nor blocking on a FIFO
-        stream = io.FileIO(os.open(partial, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "r")
+        fd = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return 0, hasher
     except OSError as exc:
@@ -96,11 +97,12 @@ def _hash_prefix(partial: Path, limit: int, on_bytes: ByteCounter, stop: threadi
             raise
         partial.unlink()  # a symlink: removed, never followed
         return 0, hasher
-    with stream:
-        info = os.fstat(stream.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size > limit:  # nlink: another file
-            partial.unlink()
-            return 0, hasher
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size > limit:  # nlink: another file
+        os.close(fd)
+        (os.rmdir if stat.S_ISDIR(info.st_mode) else os.unlink)(partial)  # FileIO refuses a folder
+        return 0, hasher
+    with io.FileIO(fd, "r") as stream:
         buffer = bytearray(READ_SIZE)
         view = memoryview(buffer)
         kept = 0

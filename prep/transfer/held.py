@@ -17,7 +17,7 @@ from typing import Any
 
 from prep.errors import UsageError
 from prep.formats.units import UNIT_NAMES
-from prep.transfer.shares import PREP_DIR, discard, temp_name
+from prep.transfer.shares import PREP_DIR, discard, read_own, temp_name
 from prep.writeback import fsync_path
 
 SHARE_SCHEMA = "prep.share/1"
@@ -58,10 +58,11 @@ def share_path(dest: Path) -> Path:
 
 def install_bytes(final: Path, raw: bytes) -> None:
     """Put `raw` at `final` atomically and durably (temporary, fsync, rename, fsync folder);
-    a no-op rewrite when the same bytes are already there."""
+    a no-op rewrite when the same bytes are already there (in a regular file, not through a
+    symlink: pull's own files stay in DEST)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError):
-        if final.read_bytes() == raw:
+        if read_own(final, follow=False) == raw:
             fsync_path(final.parent)
             return
     temp = temp_name(final)
@@ -104,7 +105,7 @@ def read_share_record(dest: Path) -> ShareRecord | None:
     """DEST's share record, None when there is none; a damaged one is a UsageError naming it."""
     path = share_path(dest)
     try:
-        raw = path.read_bytes()
+        raw = read_own(path)
     except FileNotFoundError:
         return None
     except OSError as exc:

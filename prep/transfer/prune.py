@@ -16,7 +16,7 @@ from prep.errors import PrepError
 from prep.faults import crash_point
 from prep.store.snapshots import Snapshot, read_manifest_content
 from prep.transfer.paths import Resolver
-from prep.transfer.shares import PREP_DIR, artifacts_of, check_paths
+from prep.transfer.shares import PREP_DIR, artifacts_of, check_paths, read_own
 from prep.writeback import fsync_path
 
 MANIFEST_NAME = "manifest.json"
@@ -34,7 +34,7 @@ def previous_paths(dest: Path, snapshot: Snapshot, named: set[str]) -> tuple[set
     replaced; or None and why it cannot be trusted (missing, not a valid manifest, unsafe)."""
     path = dest / PREP_DIR / MANIFEST_NAME
     try:
-        if path.read_bytes() == snapshot.raw:
+        if read_own(path) == snapshot.raw:  # a FIFO there never blocks the pull
             return named, None
     except FileNotFoundError:
         return None, f"{path} does not exist (no earlier pull completed in this folder)"

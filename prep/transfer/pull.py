@@ -11,7 +11,6 @@ does not (see docs/pull-verify.md for the order and why a killed pull converges)
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat
 import threading
@@ -33,6 +32,7 @@ from prep.transfer.fetch import download_verified
 from prep.transfer.held import ShareRecord, ShareSpec, install_bytes, write_share_record
 from prep.transfer.prune import MANIFEST_NAME, ancestors, previous_paths, prune
 from prep.transfer.shares import (
+    IO_ERRNOS,
     PARTIAL_TAG,
     PREP_DIR,
     TEMP_MARKER,
@@ -59,7 +59,6 @@ from prep.transfer.verify import (
 from prep.writeback import fsync_path
 
 PULL_REPORT_SCHEMA = "prep.pull-report/1"
-IO_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})  # the disk failed, not the command
 
 
 @dataclass(frozen=True)
@@ -163,7 +162,8 @@ def fetch_artifact(
         raise NotFoundError(f"{store.url}: object {key} for {artifact.path} is missing from the store") from None
     except OSError as exc:
         _discard_empty(temp)
-        culprit = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != os.fspath(final) else ""
+        named = exc.filename if isinstance(exc.filename, str) else None  # FileIO names an fd by its number
+        culprit = f" ({named})" if named and named != os.fspath(final) else ""
         raise failure(exc, final, f"{final}: cannot copy into place: {exc.strerror or exc}{culprit}") from None
     except BaseException:  # stopped (another file failed, Ctrl-C): what was copied stays, to resume
         _discard_empty(temp)

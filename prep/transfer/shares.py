@@ -16,6 +16,7 @@ import fcntl
 import heapq
 import json
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
 
-from prep.errors import UsageError
+from prep.errors import StorageIOError, UsageError
 from prep.formats.units import UNIT_NAMES, unit_formats
 from prep.transfer.paths import PREP_DIR as PREP_DIR
 from prep.transfer.paths import TEMP_MARKER as TEMP_MARKER
@@ -32,6 +33,7 @@ from prep.transfer.paths import check_paths as check_paths
 PARTIAL_TAG = "partial-"
 LOCK_NAME = "pull.lock"
 RECORD_NAME = "verified.jsonl"
+IO_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})  # the disk failed, not the command
 
 Stamp = tuple[int, int, int, int, int]
 
@@ -141,6 +143,22 @@ def remove_stale_temporaries(folders: set[Path], keep: Callable[[Path, str], boo
     return removed
 
 
+def read_own(path: Path, *, follow: bool = True) -> bytes:
+    """The bytes of one of DEST's own files (`.prep/manifest.json`, the record, the share
+    record), never blocking on a FIFO nor reading a device planted there: anything but a
+    regular file (and, unless `follow`, a symlink) is an OSError, as an unreadable file is."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    with open(fd, "rb") as handle:
+        return handle.read()
+
+
 def discard(path: Path) -> None:
     """Remove a temporary if it is there; never mask the error that is already propagating."""
     with contextlib.suppress(OSError):
@@ -173,7 +191,7 @@ def _record_rows(lines: list[bytes]) -> list[Any]:
 def _load_record(path: Path) -> tuple[dict[str, tuple[str, Stamp]], int]:
     """The entries of a record and its line count; torn or malformed lines are ignored."""
     try:
-        lines = path.read_bytes().split(b"\n")[:-1]  # a torn last line has no newline
+        lines = read_own(path).split(b"\n")[:-1]  # a torn last line has no newline
     except OSError:
         return {}, 0
     entries: dict[str, tuple[str, Stamp]] = {}
@@ -186,16 +204,22 @@ def _load_record(path: Path) -> tuple[dict[str, tuple[str, Stamp]], int]:
 
 
 def _open_record(path: Path) -> int:
-    """The record, opened to append, never through a symlink (pull would append wherever it
-    points): one planted there is removed first (pull holds DEST's lock)."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    """The record, opened to append, never through a symlink or a hard link (pull would append
+    wherever it points, or to the other file), nor blocking on a FIFO: anything there but a
+    regular file of its own is removed first (pull holds DEST's lock)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        return os.open(path, flags, 0o644)
+        fd = os.open(path, flags, 0o644)
     except OSError as exc:
-        if exc.errno != errno.ELOOP:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO nobody reads
             raise
+    else:
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+            return fd
+        os.close(fd)
     path.unlink()
-    return os.open(path, flags, 0o644)
+    return os.open(path, flags | os.O_EXCL, 0o644)
 
 
 class PullRecord:
@@ -269,6 +293,8 @@ class DestLock:
         try:  # not through a symlink: that would create or lock a file outside DEST
             self.handle = open(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), "a+b")
         except OSError as exc:
+            if exc.errno in IO_ERRNOS:  # a read-only or full filesystem: exit 4, as everywhere
+                raise StorageIOError.from_os_error("writing", self.path, exc) from None
             raise UsageError(f"{self.path}: cannot open the pull lock: {exc.strerror or exc}") from None
         try:
             fcntl.flock(self.handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
