@@ -155,6 +155,7 @@ def tag(args: tuple[str, ...], delete: bool, force: bool, expect: str | None, no
     An existing tag naming another snapshot is refused (exit 2) unless --force; re-tagging the
     snapshot it names is a no-op; `latest` is reserved for builds. Every object of SNAP is read
     back from the store before the tag moves (exit 3 naming a corrupt or missing one)."""
+    from prep.store.leases import waiting_for_gc
     from prep.store.tags import delete_tag, parse_expect, set_tag, still_stored
 
     wanted = parse_expect(expect) if expect is not None else None
@@ -175,7 +176,7 @@ def tag(args: tuple[str, ...], delete: bool, force: bool, expect: str | None, no
     snapshot = load_snapshot(store, resolve_spec(store, args[0]).id)  # a manifest file must be in the store too
     move = set_tag(store, snapshot.dataset, args[1], snapshot.id, force=force, expect=wanted,
                    prove=(lambda: still_stored(store, snapshot.id)) if no_readback else lambda: _read_back(store, snapshot),
-                   on_wait=lambda key: click.echo(f"prep: waiting for garbage collection to finish ({key})", err=True))
+                   on_wait=lambda key: click.echo(f"prep: {waiting_for_gc(key)}", err=True))
     ref = move.ref
     if move.history_pending:
         click.echo(f"prep: warning: the history record of generation {ref.generation} is not stored "

@@ -51,7 +51,7 @@ from prep.stages.read import ReadTask, plan_read_tasks
 from prep.stages.specs import TokenizeSettings
 from prep.storage.base import Store
 from prep.store import cas, records, snapshots
-from prep.store.leases import Lease, build_lease
+from prep.store.leases import Lease, build_lease, waiting_for_gc
 from prep.store.retention import record_policy
 from prep.store.snapshots import Snapshot
 from prep.store.tags import check_tag_name
@@ -265,7 +265,7 @@ def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[s
     checked = WrappedExecutor(executor, lambda fn: CodeChecked(fn, code))
     plan = RefPlan.note(store, pipeline.dataset, options.tags, options.expect, options.force)
     progress = progress or Progress()
-    with build_lease(store, on_wait=lambda key: progress.info(f"waiting for garbage collection to finish ({key})")) as lease:
+    with build_lease(store, on_wait=lambda key: progress.info(waiting_for_gc(key))) as lease:
         result = _build(pipeline, store, checked, progress, lease,
                         Publishing(options, plan, getattr(executor, "backend", type(executor).__name__)))
         # what prep gc keeps of this dataset; under the lease, so no gc plans with the old policy

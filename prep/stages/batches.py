@@ -43,12 +43,17 @@ def _id_column(task: ReadTask, batch: pa.RecordBatch) -> pa.Array | None:
     return ids if _utf8_column(ids) is not None else None
 
 
+def _over_the_bound(task: ReadTask, blob: bytes, offsets: np.ndarray[Any, np.dtype[np.int64]]) -> bool:
+    """Whether a text of the batch is over [input] max_document_bytes (the per-document path names it)."""
+    return len(blob) > task.max_document_bytes and int(np.diff(offsets).max()) > task.max_document_bytes
+
+
 def _table_chunks(task: ReadTask) -> Iterator[TextColumns | BadRecord]:
     """Each record batch as columns when every text and id is usable, else document by document."""
     for first_row, batch in record_batches(task):
         texts = _utf8_column(batch.column(task.text_field))
         ids = _id_column(task, batch) if texts is not None else None
-        if texts is None or ids is None or int(np.diff(texts[1]).max(initial=0)) > task.max_document_bytes:
+        if texts is None or ids is None or _over_the_bound(task, *texts):
             yield from chunks_of(_rows(batch_documents(task, batch, first_row)))
         else:
             rows = np.arange(first_row, first_row + batch.num_rows, dtype=np.int64)

@@ -176,7 +176,7 @@ def jsonl_chunks(task: ReadTask, stats: dict[str, int]) -> Iterator[TextColumns 
             end = task.end if not task.source.compressed else sys.maxsize
             for block in iter_line_blocks(stream, task.start, end, BLOCK_BYTES, task.max_document_bytes):
                 if isinstance(block, LongLine):
-                    yield BadRecord(local, task.too_long(block.length), line=read.line_number(task, local))
+                    yield read.long_line(task, local, block.length)
                     local += 1
                     continue
                 items, lines = _block_items(task, arrow, block, local, parse)

@@ -215,13 +215,17 @@ def _line_document(parse: Callable[[bytes], object] | None, raw: bytes, local: i
 _Row = tuple[int, str | None, str, bytes]  # a Document's fields
 
 
+def long_line(task: ReadTask, local: int, length: int) -> BadRecord:
+    """The bad record of local line `local`, `length` bytes: over [input] max_document_bytes."""
+    return BadRecord(local, task.too_long(length), line=line_number(task, local))
+
+
 def line_rows(task: ReadTask, parse: Callable[[bytes], object] | None, lines: Iterable[bytes | LongLine],
               first_local: int = 0) -> Iterator[_Row | BadRecord]:
     """The Document fields (or BadRecord) of each non-blank line; the first is local line `first_local`."""
     for local, raw in enumerate(lines, first_local):
         if isinstance(raw, LongLine) or len(raw) > task.max_document_bytes:
-            length = raw.length if isinstance(raw, LongLine) else len(raw)
-            yield BadRecord(local, task.too_long(length), line=line_number(task, local))
+            yield long_line(task, local, raw.length if isinstance(raw, LongLine) else len(raw))
             continue
         if not raw.strip():
             continue

@@ -13,14 +13,13 @@ import getpass
 from dataclasses import dataclass
 from typing import Any
 
-from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, StoreError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.storage.base import Store
-from prep.store import cas
 from prep.store.layout import HOLDS_PREFIX, RECORD_SUFFIX, hold_key, is_sha_hex
 from prep.store.leases import build_lease
+from prep.store.retention import snapshot_exists
 from prep.store.snapshots import Snapshot
 
 HOLD_SCHEMA = "prep.hold/1"
@@ -111,7 +110,7 @@ def place_hold(store: Store, snapshot: Snapshot, reason: str) -> tuple[Hold, boo
     hold = Hold(snapshot.id, snapshot.dataset, reason, dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 _user())
     with build_lease(store, timeout=0):
-        if store.head(cas.object_key(hashing.parse_id(snapshot.id))) is None:
+        if not snapshot_exists(store, snapshot.id):
             raise NotFoundError(f"{store.url}: snapshot {snapshot.id} was collected before the hold was placed")
         if not store.put_bytes(hold_key(snapshot.id), canonical.dumps(hold.to_json())):
             existing = read_hold(store, snapshot.id)

@@ -150,6 +150,11 @@ class Lease:
         self.store.remove_empty_folder(lease_folder(self.kind, self.run))  # else one folder per run stays
 
 
+def waiting_for_gc(key: str) -> str:
+    """What a build or tag waiting for a running gc says (once), naming the gc's lease."""
+    return f"waiting for garbage collection to finish ({key})"
+
+
 @contextmanager
 def build_lease(store: Store, timeout: float | None = None, poll: float | None = None,
                 on_wait: Callable[[str], None] | None = None) -> Iterator[Lease]:

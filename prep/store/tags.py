@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prep import hashing
 from prep.errors import NotFoundError, RefConflictError, UsageError
 from prep.storage.base import Store
-from prep.store import cas, leases
+from prep.store import leases
 from prep.store.refs import Mover, Ref, RefMove, check_name, read_ref, update_ref
+from prep.store.retention import snapshot_exists
 
 RESERVED = frozenset({"latest"})  # moved by every build of a dataset; a tag of that name would be overwritten
 
@@ -64,7 +64,7 @@ def set_tag(store: Store, dataset: str, name: str, snapshot: str, *, force: bool
 
 def still_stored(store: Store, snapshot: str) -> None:
     """The `prove` of a tag without read-back: NotFoundError when gc collected `snapshot` before the tag's lease."""
-    if store.head(cas.object_key(hashing.parse_id(snapshot))) is None:
+    if not snapshot_exists(store, snapshot):
         raise NotFoundError(f"{store.url}: snapshot {snapshot} was collected before the tag moved; nothing moved")
 
 
