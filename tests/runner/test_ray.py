@@ -6,12 +6,16 @@ import logging
 import os
 import secrets
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +31,7 @@ from prep.runner.executors.ray import (
     alive_nodes,
     check_paths_visible,
     local_paths,
+    unreachable_reason,
 )
 from prep.runner.tasks import TokenizeJob
 from prep.stages.read import ReadTask
@@ -153,6 +158,109 @@ def test_prep_error_in_a_task_surfaces_as_itself_and_is_not_retried(ray_address:
     assert type(raised.value) is InputError
     assert str(raised.value) == "corpus.jsonl:3: not JSON"
     assert attempts.read_text() == "attempt\n"
+
+
+class PathError(StoreError):
+    """A prep error built from more than its message, with no __reduce__: it cannot be unpickled."""
+
+    exit_code = 4
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+
+
+def fail_with_path_error(_: int) -> None:
+    raise PathError("/store/objects/ab", "No space left on device")
+
+
+def test_a_prep_error_ray_cannot_rebuild_arrives_as_its_message_and_exit_code(ray_address: str) -> None:
+    """Regression: it came back as "Ray task failed after 3 retries: UnserializableException",
+    though nothing was retried and the task had named its error."""
+    executor = RayExecutor(1)
+    with pytest.raises(StoreError) as raised:
+        list(executor.run(fail_with_path_error, [0]))
+    assert str(raised.value) == "/store/objects/ab: No space left on device"
+    assert raised.value.exit_code == 4
+
+
+class Stopped(Exception):
+    """What the test's own SIGTERM handler raises (the CLI's raises Terminated)."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped()
+
+
+@pytest.fixture
+def own_sigterm() -> Iterator[None]:
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _fake_init(monkeypatch: pytest.MonkeyPatch, *, terminated: bool) -> None:
+    """ray.init as it treats signals: its own SIGTERM handler first (sys.exit), maybe a SIGTERM then."""
+    ray = pytest.importorskip("ray")
+
+    def init(**_: Any) -> None:
+        ray._private.utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))
+        if terminated:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at once, in this thread
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+
+
+def test_ray_init_leaves_the_drivers_sigterm_handler_in_place(monkeypatch: pytest.MonkeyPatch,
+                                                             own_sigterm: None) -> None:
+    """Regression: after ray.init a SIGTERM exited the build at once (exit 1, a native stack dump),
+    skipping the driver's cleanup and its one line."""
+    _fake_init(monkeypatch, terminated=False)
+    RayExecutor(1)
+    assert signal.getsignal(signal.SIGTERM) is _stop
+
+
+def test_a_sigterm_during_ray_init_reaches_the_drivers_handler(monkeypatch: pytest.MonkeyPatch,
+                                                              own_sigterm: None) -> None:
+    """Regression: one arriving while Ray started was Ray's sys.exit(15): exit 15 and no message."""
+    _fake_init(monkeypatch, terminated=True)
+    with pytest.raises(Stopped):
+        RayExecutor(1)
+    assert signal.getsignal(signal.SIGTERM) is _stop
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_an_address_nothing_listens_at_is_named_before_ray_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: ray.init retried a refused GCS address for ever (a build looked hung)."""
+    ray = pytest.importorskip("ray")
+
+    def init(**_: Any) -> None:
+        raise AssertionError("ray.init must not be called for an address that refuses connections")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    address = f"127.0.0.1:{_closed_port()}"
+    with pytest.raises(UsageError, match=rf"cannot reach the Ray cluster at {address}: Connection refused"):
+        RayExecutor(1, address=address)
+
+
+def test_unreachable_reason_probes_host_and_port_and_leaves_other_forms_to_ray() -> None:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert unreachable_reason(f"127.0.0.1:{listening.getsockname()[1]}") is None
+    closed = _closed_port()
+    assert unreachable_reason(f"127.0.0.1:{closed}") == "Connection refused"
+    assert unreachable_reason(f"ray://127.0.0.1:{closed}") == "Connection refused"
+    assert unreachable_reason("auto") is None and unreachable_reason("local") is None
 
 
 def test_results_arrive_once_per_item_with_their_index(ray_address: str) -> None:

@@ -3,10 +3,13 @@ back as they complete, and optionally warm workers up. Implementations import on
 
 from __future__ import annotations
 
+import pickle
+import traceback
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from prep.errors import PrepError
 from prep.memory import release_free_memory as release_free_memory  # what workers call after a task
 
 RECYCLE_AFTER = 64
@@ -69,3 +72,26 @@ class WrappedExecutor:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def transportable(exc: Exception) -> Exception:
+    """`exc` if it survives a pickle round trip, else a stand-in with its message and exit code (a
+    task's exception crosses to the driver pickled, by either executor)."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 -- any failure to round-trip means: send a stand-in
+        pass
+    if isinstance(exc, PrepError):  # its nearest ancestor built from the message alone
+        base = next(cls for cls in type(exc).__mro__ if issubclass(cls, PrepError) and _plain_constructor(cls))
+        stand_in: PrepError = base(exc.message)
+        stand_in.exit_code = exc.exit_code
+        return stand_in
+    text = "".join(traceback.format_exception(exc))
+    return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__} in a worker (not picklable):\n{text}")
+
+
+def _plain_constructor(cls: type[PrepError]) -> bool:
+    """True when `cls` is built from its message alone (no class up to PrepError redefines __init__)."""
+    mro = cls.__mro__
+    return all("__init__" not in vars(ancestor) for ancestor in mro[:mro.index(PrepError)])

@@ -24,7 +24,6 @@ import pickle
 import signal
 import sys
 import threading
-import traceback
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -32,8 +31,8 @@ from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from prep.errors import ExecutorError, PrepError
-from prep.runner.executors.base import RECYCLE_AFTER, Prepare, WarmUp, release_free_memory
+from prep.errors import ExecutorError
+from prep.runner.executors.base import RECYCLE_AFTER, Prepare, WarmUp, release_free_memory, transportable
 
 
 def _die_with(driver: int) -> None:
@@ -99,32 +98,10 @@ def _call(fn: Callable[[Any], Any], item: Any) -> Any:
     try:
         return fn(item)
     except Exception as exc:
-        raise _transportable(exc) from None
+        raise transportable(exc) from None
     finally:
         signal.signal(signal.SIGINT, idle)
         release_free_memory()
-
-
-def _transportable(exc: Exception) -> Exception:
-    """`exc` if it survives a pickle round trip, else a stand-in with its message and exit code."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:  # noqa: BLE001 -- any failure to round-trip means: send a stand-in
-        pass
-    if isinstance(exc, PrepError):  # its nearest ancestor built from the message alone
-        base = next(cls for cls in type(exc).__mro__ if issubclass(cls, PrepError) and _plain_constructor(cls))
-        stand_in: PrepError = base(exc.message)
-        stand_in.exit_code = exc.exit_code
-        return stand_in
-    text = "".join(traceback.format_exception(exc))
-    return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__} in a worker (not picklable):\n{text}")
-
-
-def _plain_constructor(cls: type[PrepError]) -> bool:
-    """True when `cls` is built from its message alone (no class up to PrepError redefines __init__)."""
-    mro = cls.__mro__
-    return all("__init__" not in vars(ancestor) for ancestor in mro[:mro.index(PrepError)])
 
 
 def fork_is_safe() -> bool:
@@ -215,7 +192,7 @@ def _serve_messages(connection: Connection) -> None:
         try:
             message = pickle.loads(raw)
         except Exception as exc:  # noqa: BLE001 -- a task this worker cannot rebuild is that task's error
-            if not _answer(connection, (False, _transportable(exc))):
+            if not _answer(connection, (False, transportable(exc))):
                 return
             continue
         if message is None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
+import socket
+import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -19,13 +22,14 @@ from types import ModuleType
 from typing import Any
 
 from prep.errors import ExecutorError, InputError, PrepError, StoreError, UsageError
-from prep.runner.executors.base import RECYCLE_AFTER, WarmUp, release_free_memory
+from prep.runner.executors.base import RECYCLE_AFTER, WarmUp, release_free_memory, transportable
 
 # Environment a task runs with: one tokenizer thread per task (each task holds one Ray CPU), plus
 # the crash-injection switches that tests set on the driver (see prep/faults.py).
 TASK_THREADS_ENV = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 FORWARDED_ENV = ("PREP_CRASH_AT", "PREP_CRASH_ONCE")
 DEFAULT_MAX_RETRIES = 3
+PROBE_SECONDS = 10.0  # how long a cluster address may take to accept a connection
 
 
 def import_ray() -> ModuleType:
@@ -63,6 +67,10 @@ def _run_task(fn: Callable[[Any], Any], item: Any, env: Mapping[str, str]) -> An
     try:
         with _environment(env):
             return fn(item)
+    except Exception as exc:
+        # Hazard: one Ray cannot rebuild on the driver comes back as UnserializableException,
+        # which names neither the task's error nor its exit code.
+        raise transportable(exc) from None
     finally:
         release_free_memory()
 
@@ -139,6 +147,21 @@ def check_paths_visible(paths: Sequence[LocalPath], nodes: Sequence[RayNode]) ->
                         "filesystem every node mounts at the same path, or on s3://")
 
 
+def unreachable_reason(address: str, timeout: float = PROBE_SECONDS) -> str | None:
+    """Why nothing accepts a connection at a `host:port` or `ray://host:port` address, or None
+    (also for `auto`, `local` and other forms Ray resolves itself)."""
+    # Hazard: ray.init retries a GCS address that refuses connections for ever, printing a
+    # warning every few seconds, so a mistyped address would look like a hung build.
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not host or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+    return None
+
+
 # -- the executor ---------------------------------------------------------------------------------
 class RayExecutor:
     """Runs tasks on Ray with at most `workers` in flight, each holding one CPU.
@@ -169,6 +192,29 @@ class RayExecutor:
         self.visible_paths: dict[str, set[str]] = {}
 
     def _connect(self) -> None:
+        """Start or reach Ray, keeping the driver's own SIGTERM handler."""
+        # Hazard: ray.init replaces the driver's SIGTERM handler (with sys.exit(15), then a native
+        # one that dumps a stack and exits 1): a build stopped by a scheduler, during the init or
+        # after it, would exit without its one line and its cleanup.
+        main = threading.current_thread() is threading.main_thread()
+        on_sigterm = signal.getsignal(signal.SIGTERM) if main else None
+        terminated = False
+        try:
+            self._init_ray()
+        except SystemExit as exc:
+            if on_sigterm is None or exc.code != signal.SIGTERM:
+                raise
+            terminated = True  # Ray's handler took a SIGTERM meant for the driver
+        finally:
+            if on_sigterm is not None:
+                signal.signal(signal.SIGTERM, on_sigterm)
+        if terminated:
+            signal.raise_signal(signal.SIGTERM)
+
+    def _init_ray(self) -> None:
+        unreachable = self.address and unreachable_reason(self.address)
+        if unreachable:
+            raise UsageError(f"--executor ray: cannot reach the Ray cluster at {self.address}: {unreachable}")
         try:
             if self.address:
                 # Ray Client (ray://) passes init arguments on to the server; keep them minimal there.
@@ -224,9 +270,16 @@ class RayExecutor:
             if isinstance(exc.cause, PrepError):
                 raise exc.cause from None
             raise
-        except self._ray.exceptions.RayError as exc:  # worker deaths past max_retries, OOM, lost nodes
+        except self._ray.exceptions.RayError as exc:
             first = (str(exc).strip().splitlines() or [""])[0]
-            raise ExecutorError(f"Ray task failed after {self.max_retries} retries: {type(exc).__name__}: {first}") from None
+            retried = isinstance(exc, self._retried_errors())
+            after = f" after {self.max_retries} retries" if retried else ""
+            raise ExecutorError(f"Ray task failed{after}: {type(exc).__name__}: {first}") from None
+
+    def _retried_errors(self) -> tuple[type[BaseException], ...]:
+        """The failures Ray retries a task after (its process or node died), not its own errors."""
+        errors = self._ray.exceptions
+        return (errors.WorkerCrashedError, errors.OutOfMemoryError, errors.NodeDiedError)
 
     def warm(self, warm_up: WarmUp) -> None:
         """Nothing to do: Ray workers load the tokenizer with their first tokenize task."""
