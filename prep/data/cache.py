@@ -27,11 +27,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from prep import hashing
-from prep.data.cachedir import CacheDir
+from prep.data.cachedir import CacheDir, present, remove_entry
 from prep.data.cachevalues import CacheOptions, CacheStats, Hold
 from prep.data.plan import Need, Plan
 from prep.data.source import open_checked, open_file_budget
-from prep.errors import IntegrityError, UsageError
+from prep.errors import IntegrityError, StorageIOError, UsageError
 from prep.storage.base import Store
 from prep.transfer.fetch import download_verified
 from prep.transfer.shares import PullRecord, discard, temp_name
@@ -61,11 +61,16 @@ class NodeCache:
         self._ready_at: dict[str, float] = {}
         self._pressure = self.dir.pressure_mark()
         self._calm = self._evictions_seen = 0  # steps since this user evicted or saw pressure; evictions then
-        with self.dir.locked():
-            ledger = self.dir.ledger(self._fetching)  # drop dead users and their temporaries now
-            # Every fetch appends a line: without this a thrashing cache's record grows without bound
-            # (and each opener reads all of it). A line another user appends meanwhile may be lost: a rehash.
-            self.record.compact(set(ledger.complete))
+        try:
+            with self.dir.locked():
+                ledger = self.dir.ledger(self._fetching)  # drop dead users and their temporaries now
+                # Every fetch appends a line: without this a thrashing cache's record grows without bound
+                # (and each opener reads all of it). A line another user appends meanwhile may be lost: a rehash.
+                with contextlib.suppress(OSError):  # a full disk: the record is only advisory
+                    self.record.compact(set(ledger.complete))
+        except BaseException:
+            self.dir.close()
+            raise
 
     def path_of(self, sha256: str) -> Path:
         return self.dir.objects / sha256
@@ -190,12 +195,8 @@ class NodeCache:
     def _open(self, need: Need, fd: int) -> Hold | None:
         """Open the cache file if it is there with the right size, after proving its bytes."""
         final = self.path_of(need.sha256)
-        try:
-            size = final.stat().st_size
-        except FileNotFoundError:
-            return None
-        if size != need.size:
-            return None  # truncated: the fetch (under the exclusive lock) deletes and refetches it
+        if not present(final, need.size):
+            return None  # truncated, or no file: the fetch (under the exclusive lock) deletes and refetches it
         try:
             file = open_checked(final, need.sha256, self.record, need.sha256, note=f"; cache file for {need.what}",
                                 kind="index" if need.what.endswith(".idx") else "shard")
@@ -341,37 +342,33 @@ class NodeCache:
     def _fetch_locked(self, need: Need, demand: bool) -> None:
         """Under the object's exclusive lock: fetch it unless a proven copy is there already."""
         final = self.path_of(need.sha256)
+        if present(final, need.size):
+            return  # fetched while we waited for the lock; _open proves it
         try:
-            if final.stat().st_size == need.size:
-                return  # fetched while we waited for the lock; _open proves it
-            discard(final)  # truncated behind our back
-        except FileNotFoundError:
-            pass
+            remove_entry(final)  # truncated behind our back, or a FIFO or an empty folder planted there
+        except OSError as exc:
+            raise StorageIOError.from_os_error(f"caching {need.what} at", final, exc) from None
         if not self._wait_for_room(need, demand):
             return
         temp = temp_name(final)  # .<sha256>.prep-tmp-*: the ledger knows whose fetch it is
-        again = need.sha256 in self.stats.fetched
         try:
             installed = download_verified(self.store, hashing.Digest(need.sha256, need.size), final, temp=temp,
                                           what=need.what, on_bytes=lambda n: None, stop=self.stop)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise UsageError(f"{self.dir.root}: disk full while caching {need.what}; lower cache_bytes") from None
-            raise
+            raise StorageIOError.from_os_error(f"caching {need.what} at", exc.filename or final, exc) from None
         finally:
             discard(temp)
             with self.dir.locked():
                 self._fetching.pop(need.sha256, None)
                 self.dir.publish(self._fetching)
         if installed is not None:
-            self.record.add(need.sha256, need.sha256, installed)
+            with contextlib.suppress(OSError):  # a full disk: the record is only advisory (a rehash)
+                self.record.add(need.sha256, need.sha256, installed)
         now = time.monotonic()
         with self._mutex:
-            self.stats.fetches += 1
-            self.stats.bytes_fetched += need.size
-            self.stats.bytes_refetched += need.size if again else 0
-            self.stats.fetched[need.sha256] += 1
-            self.stats.sizes[need.sha256] = need.size
+            self.stats.count_fetch(need.sha256, need.size)
             self._used_at[need.sha256] = now
             if not demand:
                 self._ready_at[need.sha256] = now

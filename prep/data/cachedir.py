@@ -22,9 +22,11 @@ renamed into place. So the bound holds across processes with nothing to keep in 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Iterator
@@ -48,6 +50,66 @@ def is_sha(name: str) -> bool:
     return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
 
 
+def _identity(info: os.stat_result) -> tuple[int, int]:
+    return (info.st_ino, info.st_dev)
+
+
+OWN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never through a symlink, nor blocking on a FIFO
+
+
+def remove_entry(path: Path) -> None:
+    """Remove whatever is at `path` (a file, a FIFO, a symlink, an empty folder); a full folder is an OSError."""
+    try:
+        path.unlink()
+    except IsADirectoryError:
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+
+
+def present(path: Path, size: int) -> bool:
+    """Whether a regular file of `size` bytes is at `path` (through a symlink: its bytes are proven anyway)."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise StorageIOError.from_os_error("reading", path, exc) from None
+    return stat.S_ISREG(info.st_mode) and info.st_size == size
+
+
+def open_own(path: Path, flags: int) -> int:
+    """One of the cache's own files (a lock, the pressure file), created if absent; anything else at its
+    name (a FIFO, a symlink, an empty folder: not the cache's) is removed first. StorageIOError otherwise."""
+    try:
+        for _ in range(3):  # another user may remove and recreate it meanwhile
+            try:
+                fd = os.open(path, flags | os.O_CREAT | OWN_FLAGS, 0o644)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                    raise
+            else:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    return fd
+                os.close(fd)
+            remove_entry(path)
+        raise OSError(errno.EEXIST, "not a regular file")
+    except OSError as exc:
+        raise StorageIOError.from_os_error("opening", path, exc) from None
+
+
+def _reservations(body: bytes) -> dict[str, int]:
+    """A live user's reservations ({sha256: size}); what its file holds besides is ignored."""
+    try:
+        found = json.loads(body or b"{}")
+    except ValueError:
+        return {}
+    fetching = found.get("fetching") if isinstance(found, dict) else None
+    if not isinstance(fetching, dict):
+        return {}
+    return {sha: size for sha, size in fetching.items() if is_sha(sha) and type(size) is int and size >= 0}
+
+
 class CacheDir:
     """One user's view of a cache folder: its own users file, cache.lock, the per-object locks."""
 
@@ -62,19 +124,32 @@ class CacheDir:
         except OSError as exc:
             raise StorageIOError.from_os_error("creating the cache folder", root, exc) from None
         self.pressure = root / "pressure"
-        self._pressure_fd = os.open(self.pressure, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._mutex = threading.Lock()
-        self._lock_fd = os.open(root / "cache.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self.user_fd, self.user_path = self._register()
+        with contextlib.ExitStack() as undo:  # a failure (a read-only folder) leaves no descriptor open
+            self._pressure_fd = open_own(self.pressure, os.O_RDWR | os.O_APPEND)
+            undo.callback(os.close, self._pressure_fd)
+            self._lock_fd = open_own(root / "cache.lock", os.O_RDWR)
+            undo.callback(os.close, self._lock_fd)
+            self._lock_id = _identity(os.fstat(self._lock_fd))
+            self.user_fd, self.user_path = self._register()
+            undo.pop_all()
         self._closed = False
 
     def _register(self) -> tuple[int, Path]:
         """This user's file, flocked before it is renamed in, so no one ever sees it unlocked."""
         final = self.root / "users" / f"{uuid.uuid4().hex}.json"
         temp = temp_name(final)
-        fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.replace(temp, final)
+        try:
+            fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StorageIOError.from_os_error("registering a cache user in", final.parent, exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.replace(temp, final)
+        except OSError as exc:
+            os.close(fd)
+            discard(temp)
+            raise StorageIOError.from_os_error("registering a cache user in", final.parent, exc) from None
         return fd, final
 
     @contextlib.contextmanager
@@ -87,9 +162,23 @@ class CacheDir:
                 raise UsageError(f"{self.root}: this cache user is closed")
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
+                self._check_in_place()
                 yield
+            except OSError as exc:  # the folder changed behind the cache's back (a folder at an entry's name, say)
+                raise StorageIOError.from_os_error("using the cache", exc.filename or self.root, exc) from None
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _check_in_place(self) -> None:
+        """Refuse to decide about room once cache.lock is not the file this user locks (the folder was
+        removed, or replaced by a fresh cache other users share): their decisions would not exclude ours."""
+        try:
+            now = _identity(os.stat(self.root / "cache.lock"))
+        except FileNotFoundError:
+            now = None
+        if now != self._lock_id:
+            raise StorageIOError("using the cache", self.root, "the folder was removed or replaced while this "
+                                 "reader used it; open a new Reader")
 
     def publish(self, fetching: dict[str, int]) -> None:
         """Rewrite this user's reservations in place (the inode carries the flock); call under `locked`."""
@@ -104,15 +193,18 @@ class CacheDir:
             if entry.path == str(self.user_path) or not entry.name.endswith(".json"):
                 continue
             try:
-                fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue
+                fd = os.open(entry.path, os.O_RDONLY | OWN_FLAGS)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ELOOP):  # gone; a symlink is no user's file
+                    continue
+                raise
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or folder planted there: no user's
+                    continue
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:  # alive: its owner holds the lock
-                    with contextlib.suppress(ValueError):
-                        fetching.update(json.loads(os.pread(fd, 1 << 24, 0) or b"{}").get("fetching", {}))
+                    fetching.update(_reservations(os.pread(fd, 1 << 24, 0)))
                 else:
                     os.unlink(entry.path)  # dead: killed without closing
             finally:
@@ -126,7 +218,8 @@ class CacheDir:
         for entry in os.scandir(self.objects):
             if is_sha(entry.name):
                 with contextlib.suppress(FileNotFoundError):
-                    complete[entry.name] = entry.stat()
+                    if not entry.is_dir(follow_symlinks=False):  # a folder there is no cache file to evict
+                        complete[entry.name] = entry.stat()
             elif entry.name.startswith(".") and entry.name[1:65] not in fetching:
                 discard(Path(entry.path))  # left by a killed fetch
         used = sum(info.st_size for info in complete.values())
@@ -135,7 +228,11 @@ class CacheDir:
 
     def object_lock(self, sha256: str) -> int:
         """An open descriptor on the object's lock file (flock it shared to read, exclusive to write)."""
-        return os.open(self.root / "locks" / sha256, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            return open_own(self.root / "locks" / sha256, os.O_RDWR)
+        except StorageIOError:
+            self._check_in_place()  # the folder was removed: say so
+            raise
 
     def try_evict(self, sha256: str) -> bool:
         """Delete a complete file unless a reader has it pinned (its lock is held); under `locked`."""
@@ -152,11 +249,10 @@ class CacheDir:
 
     def signal_pressure(self) -> None:
         """Tell the other users that someone waits for room (they drop the pins they keep idle)."""
-        with open(self.pressure, "ab") as out:
-            out.write(b".")
-        with contextlib.suppress(OSError):
-            if self.pressure.stat().st_size > 1 << 16:
-                self.pressure.write_bytes(b"")
+        with contextlib.suppress(OSError):  # a full disk: the others drop their pins at their next step anyway
+            os.write(self._pressure_fd, b".")
+            if os.fstat(self._pressure_fd).st_size > 1 << 16:
+                os.ftruncate(self._pressure_fd, 0)
 
     def pressure_mark(self) -> tuple[int, int]:
         """Changes whenever someone signals pressure (size and mtime: either may repeat alone); an fstat,

@@ -69,6 +69,14 @@ class CacheStats:
     fetched: Counter[str] = field(default_factory=Counter)  # fetches per object sha256
     sizes: dict[str, int] = field(default_factory=dict)  # object sizes by sha256
 
+    def count_fetch(self, sha256: str, size: int) -> None:
+        """One object fetched (again, if it was fetched before)."""
+        self.fetches += 1
+        self.bytes_fetched += size
+        self.bytes_refetched += size if sha256 in self.fetched else 0
+        self.fetched[sha256] += 1
+        self.sizes[sha256] = size
+
     def add_lead(self, seconds: float) -> None:
         """How long before its first use a prefetched object was ready."""
         self.leads.append(seconds)

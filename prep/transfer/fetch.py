@@ -47,19 +47,25 @@ def write_all(out: io.FileIO, data: memoryview | bytes) -> None:
         view = view[written or 0 :]
 
 
-def _local_chunks(local: Path, start: int, stop: threading.Event, missing: str) -> Iterator[memoryview]:
-    """A local object's bytes from `start` to its end, read into one reused buffer."""
+def _local_chunks(local: Path, start: int, stop: threading.Event, missing: str,
+                  end: int | None = None) -> Iterator[memoryview]:
+    """A local object's bytes from `start` to its end, or to byte `end` (the declared size plus one, so
+    an object grown since shows without being copied whole), read into one reused buffer."""
     try:
         stream = io.FileIO(local, "r")
     except FileNotFoundError:
         raise NotFoundError(missing) from None
     with stream:
         stream.seek(start)
-        buffer = bytearray(COPY_SIZE)
-        view = memoryview(buffer)
-        while count := stream.readinto(buffer) or 0:
+        view = memoryview(bytearray(COPY_SIZE))
+        left = None if end is None else max(0, end - start)
+        while left is None or left > 0:
+            count = stream.readinto(view if left is None else view[:min(left, COPY_SIZE)]) or 0
+            if not count:
+                return
             if stop.is_set():
                 raise Cancelled()
+            left = None if left is None else left - count
             yield view[:count]
 
 
@@ -128,7 +134,8 @@ def copy_object(store: Store, key: str, temp: Path, on_bytes: ByteCounter, stop:
     hasher = hasher if hasher is not None else hashlib.sha256()
     local = store.local_path(key)
     if local is not None:
-        chunks: Iterator[memoryview | bytes] = _local_chunks(local, start, stop, f"{store.url}: no such key {key!r}")
+        chunks: Iterator[memoryview | bytes] = _local_chunks(local, start, stop, f"{store.url}: no such key {key!r}",
+                                                             None if size is None else size + 1)
     else:
         declared = size if size is not None else store.require(key).size
         chunks = _ranged_chunks(store, key, start, declared, stop)
