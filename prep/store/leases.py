@@ -79,13 +79,20 @@ def _holder_is_dead(store: Store, lease: LeaseInfo) -> bool:
     except ValueError:
         return False
     scope = process_scope()
-    if scope is None or body.get("scope") != scope or not isinstance(body.get("pid"), int):
+    if scope is None or not isinstance(body, dict) or body.get("scope") != scope:
+        return False  # a body of another shape is no holder we can judge: held
+    return _pid_is_gone(body.get("pid"))
+
+
+def _pid_is_gone(pid: object) -> bool:
+    """True only for a real process id (a positive int) that no process has now."""
+    if type(pid) is not int or pid < 1:  # 0 and negatives name process groups; True is an int
         return False
     try:
-        os.kill(body["pid"], 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except PermissionError:
+    except (PermissionError, OverflowError):
         return False
     return False
 
@@ -146,8 +153,14 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.store.delete(self.key)
-        self.store.remove_empty_folder(lease_folder(self.kind, self.run))  # else one folder per run stays
+        try:
+            self.store.delete(self.key)
+            self.store.remove_empty_folder(lease_folder(self.kind, self.run))  # else one folder per run stays
+        except StoreError:
+            if exc is None:
+                raise
+            # Not released (the store failing as the work did): it lapses by itself, and the error
+            # that ended the work, with its exit code, is the one the caller must hear.
 
 
 def waiting_for_gc(key: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import getpass
+import re
 import socket
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from prep.store.layout import RECORD_SUFFIX, history_key, history_prefix, ref_ke
 from prep.store.layout import check_name as check_name
 
 MAX_SWAP_ATTEMPTS = 50
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # UTC, microseconds: 2026-01-31T12:00:00.000000Z
+_TIME_SHAPE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class Ref:
         try:
             ref = cls(
                 dataset=_text(data, "dataset"), name=_text(data, "name"), snapshot=_text(data, "snapshot"),
-                generation=_generation_of(data), time=_text(data, "time"), previous=_optional(data, "previous"),
+                generation=_generation_of(data), time=_time_of(data), previous=_optional(data, "previous"),
                 user=_optional(data, "user"), host=_optional(data, "host"), command=_optional(data, "command"),
                 deleted=_deleted(data),
             )
@@ -130,6 +133,15 @@ def _text(data: dict[str, object], key: str) -> str:
 
 def _optional(data: dict[str, object], key: str) -> str | None:
     return None if data.get(key) is None else _text(data, key)
+
+
+def _time_of(data: dict[str, object]) -> str:
+    """The value's UTC time as prep.ref/1 spells it (retention computes ages from it)."""
+    value = _text(data, "time")
+    if not _TIME_SHAPE.fullmatch(value):
+        raise ValueError(f"time {value!r} is not of the form 2026-01-31T12:00:00.000000Z")
+    dt.datetime.strptime(value, TIME_FORMAT)  # ValueError: no such date or time of day
+    return value
 
 
 def _generation_of(data: dict[str, object]) -> int:
@@ -171,8 +183,23 @@ def read_ref_value(store: Store, dataset: str, name: str) -> Ref | None:
     return _read_value(store, ref_key(dataset, name))[1]
 
 
+def _next_generation(store: Store, dataset: str, name: str, old: Ref | None) -> tuple[int, str | None]:
+    """The generation a move of the ref from `old` takes, and the snapshot it replaces: one past
+    `old`'s, unless history already holds that one (the ref was deleted, or set back to an older
+    value, behind prep's back): then one past the newest history record, so that no generation
+    is taken twice and its history record, create-only, is the value the ref really took."""
+    if old is not None and not store.exists(history_key(dataset, name, old.generation + 1)):
+        return old.generation + 1, old.snapshot
+    keys = [info.key for info in store.list(f"{history_prefix(dataset)}{check_name('ref', name)}/")
+            if info.key.endswith(RECORD_SUFFIX)]
+    recorded = [Ref.parse(store.get_bytes(key), f"{store.url}/{key}", key) for key in keys[-1:]]
+    newest = max([ref.generation for ref in recorded] + [old.generation if old else 0])
+    previous = old or (recorded[0] if recorded else None)
+    return newest + 1, previous.snapshot if previous else None
+
+
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.datetime.now(dt.UTC).strftime(TIME_FORMAT)
 
 
 def stale_ref(dataset: str, name: str, expect: int, old: Ref | None) -> StaleRefError:
@@ -200,9 +227,9 @@ def update_ref(store: Store, dataset: str, name: str, snapshot: str, *, expect: 
         if expect is not None and (old.live if old else 0) != expect:
             raise stale_ref(dataset, name, expect, old)
         who = mover or Mover("api")
-        new = Ref(dataset=dataset, name=name, snapshot=snapshot, generation=(old.generation + 1) if old else 1,
-                  time=_now(), previous=old.snapshot if old else None, user=who.user, host=who.host,
-                  command=who.command, deleted=delete)
+        generation, previous = _next_generation(store, dataset, name, old)
+        new = Ref(dataset=dataset, name=name, snapshot=snapshot, generation=generation, time=_now(),
+                  previous=previous, user=who.user, host=who.host, command=who.command, deleted=delete)
         body = canonical.dumps(new.to_json())
         if old is not None and current is not None:
             # Idempotent: records the generation we replace in case its own writer died first.

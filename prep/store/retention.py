@@ -30,8 +30,9 @@ from prep.store.layout import (
     is_marker_key,
     marker_sha,
     retention_key,
+    valid_name,
 )
-from prep.store.refs import Ref, list_refs, ref_history
+from prep.store.refs import TIME_FORMAT, Ref, list_refs, ref_history
 
 POLICY_SCHEMA = "prep.retention/1"
 RULES = ("refs", "keep_last", "keep_within", "holds")
@@ -76,6 +77,13 @@ def _policy_keys(store: Store, dataset: str) -> list[str]:
     return [info.key for info in store.list(f"{RETENTION_PREFIX}{dataset}/") if info.key.endswith(RECORD_SUFFIX)]
 
 
+def _generation(key: str) -> int | None:
+    """The generation a policy version's key names (`<16 digits>.json`), or None for a stray key."""
+    parts = key[len(RETENTION_PREFIX):].split("/")
+    stem = parts[-1].removesuffix(RECORD_SUFFIX)
+    return int(stem) if len(parts) == 2 and len(stem) == 16 and stem.isascii() and stem.isdigit() else None
+
+
 def current_policy_key(store: Store, dataset: str) -> str | None:
     """The key of the dataset's current policy version (the one `stored_policy` reads), or None."""
     keys = _policy_keys(store, dataset)
@@ -88,6 +96,9 @@ def stored_policy(store: Store, dataset: str) -> Policy | None:
     if key is None:
         return None
     source = f"{store.url}/{key}"
+    if _generation(key) is None:  # a stray key sorting last: gc must not guess past it
+        raise IntegrityError(f"{source}: not a retention policy version (its name is no 16-digit generation); "
+                             "gc refuses to guess")
     try:
         data = canonical.loads(store.get_bytes(key))
         validate(data, POLICY_SCHEMA, source)
@@ -103,10 +114,10 @@ def record_policy(store: Store, dataset: str, policy: Policy) -> None:
     of two builds racing for one version one wins, and the other re-reads and retries)."""
     body = canonical.dumps(policy.to_json(dataset))
     for _ in range(MAX_RECORD_ATTEMPTS):
-        keys = _policy_keys(store, dataset)
-        if keys and store.get_bytes(keys[-1]) == body:
+        versions = sorted((found, key) for key in _policy_keys(store, dataset) if (found := _generation(key)) is not None)
+        if versions and store.get_bytes(versions[-1][1]) == body:
             return
-        generation = int(keys[-1].rsplit("/", 1)[-1][:-len(RECORD_SUFFIX)]) + 1 if keys else 1
+        generation = versions[-1][0] + 1 if versions else 1
         if store.put_bytes(retention_key(dataset, generation), body):
             return
     raise IntegrityError(f"{store.url}: the retention policy of {dataset} kept changing; gave up recording it")
@@ -128,13 +139,18 @@ class Kept:
 def datasets(store: Store) -> list[str]:
     """Every dataset with a ref or a history record."""
     found = {ref.dataset for ref in list_refs(store)}
-    found |= {info.key[len(HISTORY_PREFIX):].split("/", 1)[0] for info in store.list(HISTORY_PREFIX)}
+    for info in store.list(HISTORY_PREFIX):
+        dataset = info.key[len(HISTORY_PREFIX):].split("/", 1)[0]
+        if not valid_name(dataset):  # fsck lists it as an invalid history record
+            raise IntegrityError(f"{store.url}/{info.key}: malformed history record (its key names no dataset); "
+                                 "gc refuses to guess")
+        found.add(dataset)
     return sorted(found)
 
 
 def _age(stamp: str, now: float) -> float:
     """Seconds since a ref time like 2026-01-01T00:00:00.000000Z."""
-    moment = dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+    moment = dt.datetime.strptime(stamp, TIME_FORMAT).replace(tzinfo=dt.UTC)
     return now - moment.timestamp()
 
 

@@ -65,6 +65,11 @@ CONTENT_PREFIX = "objects/sha256/"
 SHA256_METADATA = "sha256"  # sent as x-amz-meta-sha256
 
 
+def addressable(key: str) -> bool:
+    """Whether requests may name `key`: not empty, not absolute, no `..` segment."""
+    return bool(key) and not key.startswith("/") and ".." not in key.split("/")
+
+
 @dataclass(frozen=True)
 class S3Settings:
     """Tuning of an S3Store; pickled along with its URL."""
@@ -112,7 +117,7 @@ class S3Store(Store):
         return self._clients.get()
 
     def _full(self, key: str) -> str:
-        if not key or key.startswith("/") or ".." in key.split("/"):
+        if not addressable(key):
             raise StoreError(f"invalid store key {key!r}")
         return self.prefix + key
 
@@ -247,6 +252,8 @@ class S3Store(Store):
             if key < previous:  # S3 lists in UTF-8 order; some compatible stores do not
                 raise StoreError(f"{self.url}: the endpoint does not list keys in order")
             previous = key
+            if not addressable(key):  # not prep's (`a/../b`): no request may name it, a proxy could resolve it
+                continue
             yield ObjectInfo(key, int(item["Size"]), item["LastModified"].timestamp(), item.get("ETag"))
 
     def delete(self, key: str) -> None:
