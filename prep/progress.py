@@ -4,6 +4,7 @@ byte meter for transfers, and the one style of counts every command prints."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -32,8 +33,14 @@ def is_quiet() -> bool:
 def end_line() -> None:
     """End a redrawn line left open (a stage that failed), so an error prints on a line of its own."""
     while _open_line:
-        stream = _open_line.pop()
-        stream.write("\n")
+        write(_open_line.pop(), "\n")
+
+
+def write(stream: TextIO, text: str) -> None:
+    """Write and flush progress text; a stream that fails (a full log disk, a closed pipe) only loses
+    the text: progress is advisory, and a build must not stop because no one reads it."""
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(text)
         stream.flush()
 
 
@@ -138,7 +145,7 @@ class Progress:
         with self._lock:
             live, self._live = self._live, ""
             if live and not self.quiet:
-                self.stream.write(_CLEAR)
+                write(self.stream, _CLEAR)
             self._show(message, live=False)
             if live:
                 self._show(live, live=True, stamped=True)
@@ -149,11 +156,10 @@ class Progress:
             return
         line = message if stamped else f"[{time.perf_counter() - self.started:7.1f}s] {message}"
         if not self.tty:
-            print(line, file=self.stream, flush=True)
+            write(self.stream, f"{line}\n")
             return
         self._live = line if live else ""
-        self.stream.write(f"{_CLEAR}{line}" + ("" if live else "\n"))
-        self.stream.flush()
+        write(self.stream, f"{_CLEAR}{line}" + ("" if live else "\n"))
         _open_line[:] = [self.stream] if live else []
 
 
@@ -186,10 +192,8 @@ class ByteMeter:
         self.last = now
         line = (f"{self.verb}: {self.files_done} of {self.total_files} files, {human_bytes(self.bytes_done)} of "
                 f"{human_bytes(self.total_bytes)}, {rate(self.bytes_done, now - self.started, 1e6, 'MB/s')}")
-        self.stream.write(f"\r{line}\x1b[K" if self.tty else f"{line}\n")
-        self.stream.flush()
+        write(self.stream, f"\r{line}\x1b[K" if self.tty else f"{line}\n")
 
     def finish(self) -> None:
         if self.tty and self.last != self.started:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
+            write(self.stream, "\r\x1b[K")

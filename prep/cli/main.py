@@ -3,8 +3,10 @@ error format: `prep: error: <one line>` on stderr (and, with --json, a prep.erro
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import os
 import re
 import signal
 import sys
@@ -65,6 +67,7 @@ SUMMARIES: dict[str, str] = {
     "init": "Make this folder a project that names its store.",
     "completion": "Print the shell completion script (bash, zsh, fish).",
 }
+EXIT_STDOUT_CLOSED = 128 + signal.SIGPIPE  # 141, as a shell reports a command SIGPIPE killed
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
@@ -157,10 +160,32 @@ def error_kind(exc: BaseException) -> str:
 def fail(message: str, exit_code: int, kind: str, as_json: bool) -> NoReturn:
     """Print the one error line (and the JSON error object) and exit with `exit_code`."""
     progress.end_line()
-    click.echo(f"prep: error: {message}", err=True)
+    # Hazard: stderr or stdout may be what failed (a full disk, a closed pipe); the exit code stays.
+    progress.write(sys.stderr, f"prep: error: {message}\n")
     if as_json and not report_printed():
-        click.echo(json.dumps({"schema": "prep.error/1", "error": message, "exit_code": exit_code, "kind": kind}))
+        with contextlib.suppress(OSError, ValueError):
+            click.echo(json.dumps({"schema": "prep.error/1", "error": message, "exit_code": exit_code, "kind": kind}))
+            sys.stdout.flush()
     sys.exit(exit_code)
+
+
+def _exit_flushed(code: int) -> NoReturn:
+    """Exit with `code` once stdout is flushed; a reader that closed it early (`| head`) makes it
+    EXIT_STDOUT_CLOSED, silently, not a traceback at shutdown nor a code that means a mismatch."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _mute_stdout()
+        sys.exit(EXIT_STDOUT_CLOSED)
+    sys.exit(code)
+
+
+def _mute_stdout() -> None:
+    """Point stdout's descriptor at /dev/null, so the interpreter's last flush has nowhere to fail."""
+    with contextlib.suppress(OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
 
 
 class Terminated(KeyboardInterrupt):
@@ -180,8 +205,16 @@ def main(args: Sequence[str] | None = None) -> None:
     report_printed(reset=True)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
+    stdout = sys.stdout
     try:
         code = cli.main(args=argv, prog_name="prep", standalone_mode=False)
+    except SystemExit as exc:
+        # click answers a write to a closed stdout (EPIPE) by swapping sys.stdout and exiting 1,
+        # which is `verify`'s and `diff`'s "differences found".
+        if exc.code == 1 and sys.stdout is not stdout:
+            _mute_stdout()
+            sys.exit(EXIT_STDOUT_CLOSED)
+        raise
     except PrepError as exc:
         fail(" ".join(exc.message.splitlines()), exc.exit_code, error_kind(exc), as_json)
     except click.exceptions.Exit as exc:
@@ -200,7 +233,7 @@ def main(args: Sequence[str] | None = None) -> None:
     except OSError as exc:  # last resort: an I/O error no layer below named is still one line
         fail(os_error_message(exc), StorageIOError.exit_code, "storage_io", as_json)
     # Without standalone mode click returns a command's ctx.exit(code) instead of exiting.
-    sys.exit(code if isinstance(code, int) else 0)
+    _exit_flushed(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
