@@ -14,7 +14,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prep.cache import derived_bytes
 from prep.errors import TokenizerError
@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # both load in tenths of a second; the build driver needs nei
     from tokenizers import Tokenizer
 
 UINT16_MAX_VOCAB = 65535
+# Part of the cached description's key: bumped whenever load_tokenizer describes a file differently
+# (2: vocab_size counts up to the largest id), so no worker's cache serves an older description.
+DESCRIPTION_RULES = 2
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,33 @@ def token_dtype(vocab_size: int) -> np.dtype[np.generic]:
     return np.dtype(np.uint16) if vocab_size <= UINT16_MAX_VOCAB else np.dtype(np.int32)
 
 
+class UnencodableDocument(TokenizerError):
+    """The reference tokenizer fails on a document (an unknown character and no unk token, say)."""
+
+    def __init__(self, source: str, reason: str, index: int, name: str | None = None) -> None:
+        where = name if name is not None else f"{index} of the batch"
+        super().__init__(f"{source}: the tokenizer cannot encode document {where}: {reason}")
+        self.source, self.reason, self.index, self.name = source, reason, index, name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.source, self.reason, self.index, self.name))
+
+    def at(self, index: int, name: str | None = None) -> UnencodableDocument:
+        """The same failure, of document `index` of an enclosing batch (or of the document `name`)."""
+        return UnencodableDocument(self.source, self.reason, index, name)
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line of text, or its type's name (the libraries raise multi-line text)."""
+    return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+
+
+def id_space(tokenizer: Tokenizer) -> int:
+    """How many ids the tokenizer can emit: one past its largest id (ids need not be contiguous)."""
+    largest = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
+    return max(tokenizer.get_vocab_size(with_added_tokens=True), largest + 1)
+
+
 def read_tokenizer_file(path: Path) -> bytes:
     """The bytes of a tokenizer file; TokenizerError for anything but a regular file (a FIFO
     would block the build forever, a device never end)."""
@@ -80,13 +110,16 @@ def load_tokenizer(path: Path, eos: str, encode_special_tokens: bool = True) -> 
     try:
         tokenizer = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as exc:  # tokenizers raises bare Exception subclasses
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise TokenizerError(f"{path}: not a valid tokenizers file: {first_line}") from None
+        raise TokenizerError(f"{path}: not a valid tokenizers file: {first_line(exc)}") from None
+    dropout = getattr(tokenizer.model, "dropout", None)
+    if dropout:  # the reference would skip random merges: other tokens on every run
+        raise TokenizerError(f"{path}: model.dropout is {dropout:g}: BPE dropout makes the tokens random "
+                             f"(set it to null)")
     eos_id = tokenizer.token_to_id(eos)
     if eos_id is None:
         raise TokenizerError(f"{path}: EOS token {eos!r} is not in the vocabulary")
     tokenizer.encode_special_tokens = encode_special_tokens
-    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    vocab_size = id_space(tokenizer)
     specials = tuple(
         sorted(token.content for token in tokenizer.get_added_tokens_decoder().values() if token.special)
     )
@@ -110,7 +143,7 @@ def describe_tokenizer(path: Path, eos: str, encode_special_tokens: bool = True)
     except OSError:
         return load_tokenizer(path, eos, encode_special_tokens)[1]  # which reports the error
     sha256 = hashlib.sha256(data).hexdigest()
-    key = hashlib.sha256(json.dumps([sha256, eos, encode_special_tokens]).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([sha256, eos, encode_special_tokens, DESCRIPTION_RULES]).encode()).hexdigest()
 
     def describe() -> bytes:
         info = load_tokenizer(path, eos, encode_special_tokens)[1]

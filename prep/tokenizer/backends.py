@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -17,9 +16,15 @@ from typing import Any, Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
-from prep.cache import derived_bytes
 from prep.errors import InputError, TokenizerError
-from prep.tokenizer import TokenizerInfo, contains_special, reference_encode_batch
+from prep.tokenizer import (
+    TokenizerInfo,
+    UnencodableDocument,
+    contains_special,
+    first_line,
+    read_tokenizer_file,
+    reference_encode_batch,
+)
 from prep.tokenizer.spans import (
     Offsets,
     SpanTexts,
@@ -29,9 +34,17 @@ from prep.tokenizer.spans import (
     replace_spans,
     split_tokens,
 )
+from prep.tokenizer.support import (
+    added_tokens,
+    cached_definition,
+    gigatoken_definition,
+    probe_texts,
+    unsupported_added_tokens,
+)
 from prep.tokenizer.unicode import documents_with_unassigned, has_unassigned_code_point
 
-__all__ = ["Backend", "GigatokenBackend", "ReferenceBackend", "has_unassigned_code_point", "make_backend"]
+__all__ = ["Backend", "GigatokenBackend", "ReferenceBackend", "gigatoken_definition", "has_unassigned_code_point",
+           "make_backend"]
 
 BACKEND_KINDS = ("auto", "tokenizers", "gigatoken")
 INSTALL_HINT = "pip install 'prep[fast]'"
@@ -39,7 +52,6 @@ INSTALL_HINT = "pip install 'prep[fast]'"
 REFERENCE_CHUNK_CHARS = 4 << 20
 # One gigatoken call per chunk: big enough to keep every thread busy.
 GIGATOKEN_CHUNK_BYTES = 32 << 20
-MAX_PROBED_ADDED_TOKENS = 64
 
 
 class Backend(Protocol):
@@ -104,13 +116,15 @@ def _invalid_text_error(texts: Sequence[str], exc: Exception) -> Exception:
 
 
 class ReferenceBackend:
-    """The reference encoding itself: `tokenizers` with the loaded tokenizer's settings."""
+    """The reference encoding itself: `tokenizers` with the loaded tokenizer's settings; `source`
+    (the tokenizer file) is what its errors name."""
 
     name = "tokenizers"
 
-    def __init__(self, tokenizer: Tokenizer, dtype: np.dtype[Any]) -> None:
+    def __init__(self, tokenizer: Tokenizer, dtype: np.dtype[Any], source: str = "tokenizer") -> None:
         self.tokenizer = tokenizer
         self.dtype = dtype
+        self.source = source
         self.version = _package_version("tokenizers")
 
     def encode_batch(self, texts: list[str]) -> list[TokenArray]:
@@ -121,7 +135,18 @@ class ReferenceBackend:
                 out.extend(reference_encode_batch(self.tokenizer, texts[part], self.dtype))
         except TypeError as exc:
             raise _invalid_text_error(texts, exc) from None
+        except Exception as exc:  # noqa: BLE001 -- tokenizers raises plain Exception (no unk token, say)
+            raise self._unencodable(texts, exc) from None
         return out
+
+    def _unencodable(self, texts: Sequence[str], exc: Exception) -> Exception:
+        """UnencodableDocument for the first of `texts` the tokenizer fails on alone."""
+        for index, text in enumerate(texts):
+            try:
+                self.tokenizer.encode(text, add_special_tokens=False)
+            except Exception as bad:  # noqa: BLE001 -- as above
+                return UnencodableDocument(self.source, first_line(bad), index)
+        return exc
 
     def encode_flat(self, blob: bytes, offsets: Offsets) -> tuple[TokenArray, Offsets]:
         """`encode_batch` of the decoded texts, laid end to end."""
@@ -150,54 +175,6 @@ class GigatokenUnsupported(Exception):
     """gigatoken cannot load this tokenizer or does not reproduce the reference on a probe."""
 
 
-def gigatoken_definition(tokenizer_json: str, encode_special_tokens: bool) -> str:
-    """The tokenizer definition gigatoken loads: without special tokens when they stay plain text.
-
-    gigatoken always matches added tokens as single ids; dropping the special ones reproduces
-    the reference's `encode_special_tokens = True`, which skips exactly those matches."""
-    if not encode_special_tokens:
-        return tokenizer_json
-    definition = json.loads(tokenizer_json)
-    added = definition.get("added_tokens") or []
-    definition["added_tokens"] = [token for token in added if not token.get("special")]
-    return json.dumps(definition)
-
-
-def _cached_definition(tokenizer_json: str, encode_special_tokens: bool) -> str:
-    """`gigatoken_definition`, cached under the SHA-256 of the tokenizer's JSON (rewriting a
-    large vocabulary's JSON costs every worker tenths of a second)."""
-    if not encode_special_tokens:
-        return tokenizer_json
-    sha256 = hashlib.sha256(tokenizer_json.encode("utf-8", "surrogatepass")).hexdigest()
-    name = f"gigatoken-definitions/{sha256}-no-specials.json"
-    return derived_bytes(name, lambda: gigatoken_definition(tokenizer_json, True).encode()).decode()
-
-
-def _added_tokens(tokenizer: Tokenizer) -> list[tuple[str, bool]]:
-    """(content, special) of every added token, in id order."""
-    decoder = tokenizer.get_added_tokens_decoder()
-    return [(decoder[i].content, bool(decoder[i].special)) for i in sorted(decoder)]
-
-
-_PROBES = (
-    "", " ", "\n", "hello world", "Hello, World! It's 2024: we'll see 12345678901234567890.",
-    "a  b   c    d\n\n\n\t\t  e   ", "   leading and trailing   ", "line\r\nline\rline\n\r\n",
-    "x" * 300, "don't I'LL you'VE we'd they're 's 't", "naïve café Ångström e\u0301 n\u0303",
-    "Москва 北京市 東京 서울 القاهرة ירושלים Αθήνα हिन्दी ไทย", "👨\u200d👩\u200d👧 🏳\ufe0f\u200d🌈 👍🏽 😀😀",
-    "\u00a0\u2009\u3000\u2028\u2029\u0085\u000b\u000c\u180e\u200b\ufeff", "\x00\x01\x1b[0m\x7f",
-    "𝟙𝟚 ½ Ⅻ ٣٤ 𝔘𝔫𝔦 \U0001d400", "\ue000\U000f0000\U0010fffd", "ǅ İ ß ﬁ Σς",
-    "def f(x):\n    return x ** 2  # comment\n", "1,234.56 3.14159 1e-10 0x1F 007",
-)
-
-
-def _probe_texts(added: list[tuple[str, bool]]) -> list[str]:
-    """Fixed adversarial probes plus each added token in the contexts its options change."""
-    texts = list(_PROBES)
-    for content, _ in added[:MAX_PROBED_ADDED_TOKENS]:
-        texts.append(f"{content}x{content} a {content} b\n{content}\n  {content}  .{content}.")
-    return texts
-
-
 # A rayon pool started before os.fork has no threads in the child: using it there hangs.
 _pool_started = False
 _pool_inherited = False
@@ -220,25 +197,27 @@ class GigatokenBackend:
                  threads: int) -> None:
         import gigatoken
 
+        added = added_tokens(reference.tokenizer)
+        reason = unsupported_added_tokens(added, info.encode_special_tokens)
+        if reason is not None:
+            raise GigatokenUnsupported(reason)
         try:
             self._tokenizer = gigatoken.Tokenizer.from_json(
-                _cached_definition(tokenizer_json, info.encode_special_tokens))
+                cached_definition(tokenizer_json, info.encode_special_tokens))
         except Exception as exc:  # noqa: BLE001 -- gigatoken raises several types, multi-line text
-            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise GigatokenUnsupported(f"gigatoken cannot load it: {first_line}") from None
+            raise GigatokenUnsupported(f"gigatoken cannot load it: {first_line(exc)}") from None
         self.version = _package_version("gigatoken")
         self.dtype = reference.dtype
         self.threads = threads
         self.routed_documents = 0
         self._reference = reference
-        added = _added_tokens(reference.tokenizer)
         # With specials kept as plain text, the reference also hides any non-special added token
         # overlapping a special string; a definition without specials cannot, so such documents
         # go to the reference whenever non-special added tokens exist.
-        has_plain_added = any(not special for _, special in added)
+        has_plain_added = any(not token.special for token in added)
         self._route_specials = info.encode_special_tokens and has_plain_added and bool(info.special_tokens)
         self._special_tokens = info.special_tokens
-        self._self_check(_probe_texts(added))
+        self._self_check(probe_texts(added))
 
     def routes_to_reference(self, text: str) -> bool:
         """True for documents this backend hands to the reference instead of gigatoken."""
@@ -258,7 +237,10 @@ class GigatokenBackend:
             return flat, token_offsets
         self.routed_documents += len(routed)
         texts = SpanTexts(blob, offsets)
-        slow = self._reference.encode_batch([texts[index] for index in routed])
+        try:
+            slow = self._reference.encode_batch([texts[index] for index in routed])
+        except UnencodableDocument as exc:
+            raise exc.at(routed[exc.index]) from None
         return replace_spans(flat, token_offsets, routed, slow)
 
     def _routed(self, blob: bytes, offsets: Offsets) -> list[int]:
@@ -310,7 +292,11 @@ class GigatokenBackend:
 
     def _self_check(self, probes: list[str]) -> None:
         """Refuse a tokenizer gigatoken loads but encodes differently (unsupported options)."""
-        expected = self._reference.encode_batch(probes)
+        try:
+            expected = self._reference.encode_batch(probes)
+        except UnencodableDocument as exc:
+            raise GigatokenUnsupported(f"the reference cannot encode the probe {probes[exc.index][:40]!r}: "
+                                       f"{exc.reason}") from None
         for text, want, got in zip(probes, expected, self.encode_batch(probes)):
             if not np.array_equal(want, got):
                 raise GigatokenUnsupported(f"gigatoken disagrees with the reference on the probe {text[:40]!r}")
@@ -326,6 +312,19 @@ def gigatoken_available() -> bool:
     return True
 
 
+def _read_loaded_file(path: Path, sha256: str) -> str:
+    """The text of the tokenizer file `sha256` names: the one the reference was loaded from, so that
+    both libraries encode with the same definition even when the file is replaced meanwhile."""
+    try:
+        data = read_tokenizer_file(path)
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"{path}: cannot read tokenizer: {exc}") from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise TokenizerError(f"{path}: tokenizer file changed while it was read")
+    return text
+
+
 def make_backend(kind: str, tokenizer_path: Path, tokenizer: Tokenizer, info: TokenizerInfo,
                  threads: int) -> Backend:
     """The backend `kind` names; "auto" means gigatoken when it is installed and reproduces this
@@ -333,17 +332,14 @@ def make_backend(kind: str, tokenizer_path: Path, tokenizer: Tokenizer, info: To
     if kind not in BACKEND_KINDS:
         raise TokenizerError(f"unknown tokenizer backend {kind!r} (use {', '.join(BACKEND_KINDS)})")
     configure_threads(threads)
-    reference = ReferenceBackend(tokenizer, np.dtype(info.dtype))
+    reference = ReferenceBackend(tokenizer, np.dtype(info.dtype), str(tokenizer_path))
     if kind == "tokenizers":
         return reference
     if not gigatoken_available():
         if kind == "gigatoken":
             raise TokenizerError(f"tokenizer backend gigatoken is not installed: {INSTALL_HINT}")
         return reference
-    try:
-        tokenizer_json = tokenizer_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TokenizerError(f"{tokenizer_path}: cannot read tokenizer: {exc}") from None
+    tokenizer_json = _read_loaded_file(tokenizer_path, info.sha256)
     try:
         return GigatokenBackend(tokenizer_json, reference, info, threads)
     except GigatokenUnsupported as exc:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from prep.tokenizer import TokenizerInfo
+from prep.tokenizer import TokenizerInfo, UnencodableDocument
 from prep.tokenizer.backends import Backend, ReferenceBackend, make_backend
 from prep.tokenizer.crosscheck import crosscheck, sample_budget, select_sample
 from prep.tokenizer.spans import SpanTexts, TokenSpans
@@ -34,14 +34,18 @@ class TokenizerEngine:
     @classmethod
     def create(cls, kind: str, path: Path, tokenizer: Tokenizer, info: TokenizerInfo, threads: int) -> TokenizerEngine:
         backend = make_backend(kind, path, tokenizer, info, threads)
-        reference = backend if isinstance(backend, ReferenceBackend) else ReferenceBackend(tokenizer, np.dtype(info.dtype))
+        reference = backend if isinstance(backend, ReferenceBackend) else ReferenceBackend(
+            tokenizer, np.dtype(info.dtype), str(path))
         return cls(info, backend, reference)
 
     def encode_columns(self, blob: bytes, offsets: np.ndarray[Any, Any],
                        names: Sequence[str]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Encode the valid UTF-8 texts `blob[offsets[i]:offsets[i + 1]]` (named `names` in errors)
         into one token array and its n + 1 offsets, and cross-check a sample of them."""
-        tokens, token_offsets = self.backend.encode_flat(blob, offsets)
+        try:
+            tokens, token_offsets = self.backend.encode_flat(blob, offsets)
+        except UnencodableDocument as exc:
+            raise exc.at(exc.index, names[exc.index]) from None
         if self.backend is not self.reference and len(offsets) > 1:
             texts = SpanTexts(blob, offsets)
             indices = select_sample(texts, sample_budget(int(offsets[-1])), seed=zlib.crc32(names[0].encode()),

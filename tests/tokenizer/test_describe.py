@@ -62,3 +62,19 @@ def test_a_tokenizer_path_that_is_no_regular_file_is_refused_at_once(tmp_path: P
     for load in (describe_tokenizer, load_tokenizer):
         with pytest.raises(TokenizerError, match="not a regular file; the tokenizer must be a file"):
             load(path, EOS)
+
+
+def test_a_description_cached_by_older_rules_is_not_served(tokenizer_path: Path) -> None:
+    """Regression: the cache key named the file and settings but not the rules, so a description
+    cached before vocab_size counted up to the largest id was still served (a wrong dtype)."""
+    import dataclasses
+    import hashlib
+
+    from prep.cache import cache_root
+
+    fresh = load_tokenizer(tokenizer_path, EOS)[1]
+    old_key = hashlib.sha256(json.dumps([fresh.sha256, EOS, True]).encode()).hexdigest()
+    stale = dataclasses.replace(fresh, vocab_size=fresh.vocab_size - 1)
+    (cache_root() / "tokenizer-info").mkdir(parents=True, exist_ok=True)
+    (cache_root() / "tokenizer-info" / f"{old_key}.json").write_text(json.dumps(dataclasses.asdict(stale)))
+    assert describe_tokenizer(tokenizer_path, EOS) == fresh
