@@ -51,6 +51,7 @@ from prep.stages.read import ReadTask, plan_read_tasks
 from prep.stages.specs import TokenizeSettings
 from prep.storage.base import Store
 from prep.store import cas, records, snapshots
+from prep.store.layout import task_record_key
 from prep.store.leases import Lease, build_lease, waiting_for_gc
 from prep.store.retention import record_policy
 from prep.store.snapshots import Snapshot
@@ -166,14 +167,19 @@ class Builder:
 
     def read_stage(self, stage: str, key: str) -> dict[str, Any] | None:
         """The committed stage manifest, or None when the stage is not committed or its manifest
-        object is corrupt or missing (then the stage is rebuilt from its task records)."""
+        object is corrupt or missing (then the stage is rebuilt from its task records). An unreadable
+        stage record, or one naming anything but that stage's manifest, is an IntegrityError:
+        create-only, it cannot be replaced by a rebuilt one."""
+        record = records.read_stage_record(self.store, stage, key)
+        if record is None:
+            return None
         try:
-            return records.read_stage(self.store, stage, key)
+            raw = cas.get_bytes(self.store, record.output)
         except (IntegrityError, NotFoundError) as exc:
             self.progress.info(f"warning: the {stage} stage manifest is unusable ({exc}); rebuilding it from its tasks")
-            self.guard.recomputed.append({"object": records.stage_output_id(self.store, stage, key),
-                                          "what": f"{stage} stage manifest"})
+            self.guard.recomputed.append({"object": record.output, "what": f"{stage} stage manifest"})
             return None
+        return records.stage_manifest(self.store, record, raw)
 
     def commit_stage(self, stage: str, key: str, manifest: dict[str, Any]) -> dict[str, Any]:
         existing = self.read_stage(stage, key)
@@ -211,7 +217,7 @@ class Builder:
             offset = line_offsets.get(job.task.source.rel, 0)
             line_offsets[job.task.source.rel] = offset + int(summary.get("lines", 0))
             entries.append({**job.task.describe(), "key": key, "output": record.outputs["intermediate"],
-                            "entries": record.outputs["entries"], "line_offset": offset,
+                            "entries": _part_entries(self.store, record), "line_offset": offset,
                             **{k: v for k, v in summary.items()}})
         stage_key = self.stage_key("tokenize", settings.key_fields(), [key for key, _ in jobs])
         manifest = self.commit_stage("tokenize", stage_key, {"tasks": entries})
@@ -223,6 +229,15 @@ class Builder:
     def parts(self, entries: list[dict[str, Any]]) -> tuple[PartRef, ...]:
         return tuple(PartRef(e["output"], e["source"], e["format"], e["line_offset"], e["documents"], e["entries"])
                      for e in entries)
+
+
+def _part_entries(store: Store, record: records.TaskRecord) -> str:
+    """The part's entries object a tokenize task record names; IntegrityError for a record without
+    one (valid for a build before layout 3, never under a key of this code), which no rerun replaces."""
+    if "entries" not in record.outputs:
+        raise IntegrityError(f"{store.url}/{task_record_key('tokenize', record.key)}: the task record names no part's "
+                             "entries (a record of an earlier layout under this build's key); remove it and rebuild")
+    return record.outputs["entries"]
 
 
 def make_executor(kind: str, workers: int, ray_address: str | None = None) -> Executor:
@@ -292,6 +307,7 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
     progress.stage("inputs", "discovering and hashing")
     discovered = discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format)
     latest = unchanged_latest(store, pipeline, discovered, builder.code, info.sha256)
+    publishing.plan.check_expect(latest is not None)
     if latest is None:
         executor.warm(WarmUp(str(tokenizer_path), info.sha256, pipeline.tokenizer.eos,
                              pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend))

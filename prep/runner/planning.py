@@ -24,8 +24,8 @@ HASH_BATCH_FILES = 512
 
 def unchanged_latest(store: Store, pipeline: Pipeline, sources: list[SourceFile], code: dict[str, Any],
                      tokenizer_sha256: str) -> Snapshot | None:
-    """The dataset's latest snapshot when it has this config, code, tokenizer and the same input
-    paths and sizes: then tokenization will likely be all cache hits (workers need not load the
+    """The dataset's latest snapshot when it has this config, seed, code, tokenizer and the same
+    input paths and sizes: then tokenization will likely be all cache hits (workers need not load the
     tokenizer up front) and its artifacts reused. Only a scheduling hint: cache hits are decided
     by content keys."""
     try:
@@ -37,7 +37,8 @@ def unchanged_latest(store: Store, pipeline: Pipeline, sources: list[SourceFile]
         return None
     manifest = snapshot.manifest
     recorded = [(entry.get("path"), entry.get("size")) for entry in manifest.get("inputs", {}).get("files", [])]
-    same = (manifest.get("config") == pipeline.resolved() and manifest.get("code") == code
+    same = (manifest.get("config") == pipeline.resolved() and manifest.get("seed") == pipeline.seed
+            and manifest.get("code") == code
             and manifest.get("tokenizer", {}).get("sha256") == tokenizer_sha256
             and recorded == [(source.rel, source.size) for source in sources])
     return snapshot if same else None

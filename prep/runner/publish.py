@@ -117,16 +117,26 @@ class RefPlan:
     expect: int | None = None
     force: bool = False
     latest_snapshot: str | None = None  # what `latest` named at the start
+    stale: str = ""  # why `expect` did not hold at the start
 
     @classmethod
     def note(cls, store: Store, dataset: str, tags: tuple[str, ...], expect: int | None, force: bool) -> RefPlan:
-        """Note each ref's generation now; StaleRefError (exit 2) at once for a stale `expect`."""
+        """Note each ref's generation now, and whether `expect` is stale (see `check_expect`)."""
         values = {name: read_ref_value(store, dataset, name) for name in ("latest", *tags)}
         seen = {name: ref.live if ref else 0 for name, ref in values.items()}
+        stale = ""
         if expect is not None and seen["latest"] != expect:
-            raise StaleRefError(f"{stale_ref(dataset, 'latest', expect, values['latest'])}; nothing built")
+            stale = f"{stale_ref(dataset, 'latest', expect, values['latest'])}; nothing built"
         latest = values["latest"]
-        return cls(dataset, tags, seen, expect, force, latest.snapshot if latest and not latest.deleted else None)
+        return cls(dataset, tags, seen, expect, force, latest.snapshot if latest and not latest.deleted else None,
+                   stale)
+
+    def check_expect(self, latest_looks_built: bool) -> None:
+        """StaleRefError (exit 2) before anything is built for an `expect` stale at the start,
+        unless `latest` looks like the snapshot this build makes: a rerun of a build killed once
+        it had moved `latest` finds the ref up to date (the swap refuses any other snapshot)."""
+        if self.stale and not latest_looks_built:
+            raise StaleRefError(self.stale)
 
     def pending(self, store: Store, snapshot_id: str) -> list[str]:
         """The refs that do not name `snapshot_id` yet; RefConflictError (nothing moved) for a tag

@@ -4,9 +4,9 @@ A build trusts an object it wrote itself (hashed while written), one it re-hashe
 build, or one whose file in a local store still has the stamp it had when a build last hashed
 it from the disk (prep.store.proven). Every other object a commit record names, and a stage is
 about to read or a snapshot is about to name, is re-hashed first, on the executor's workers. A
-corrupt or missing one is deleted and recomputed by the task that made it (tasks are
-deterministic, so the recomputed object has the recorded id; anything else is an
-IntegrityError, exit 3).
+corrupt or missing one is recomputed by the task that made it, whose put replaces a copy still
+bad then (tasks are deterministic, so the recomputed object has the recorded id; anything else
+is an IntegrityError, exit 3).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prep import hashing
 from prep.errors import IntegrityError
 from prep.progress import Progress
 from prep.runner.executors.base import Executor
@@ -100,9 +99,11 @@ class ReuseGuard:
             self.known.update(stamps)
 
     def discard(self, object_id: str, what: str) -> None:
-        """Delete a corrupt object so that recomputing it can store the right bytes."""
+        """Note a corrupt or missing object as to be recomputed."""
+        # Not deleted here: another build may have repaired it since it was checked, and deleting
+        # that copy would leave a snapshot already read back without it until the recompute
+        # stores it again. The recomputing put replaces it only if it is still bad (prep.store.cas).
         self.progress.info(f"warning: {what} {object_id} is corrupt or missing in {self.store.url}; recomputing it")
-        self.store.delete(cas.object_key(hashing.parse_id(object_id)))
         self.recomputed.append({"object": object_id, "what": what})
 
     def ensure(self, object_ids: Iterable[str]) -> None:

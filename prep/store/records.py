@@ -211,9 +211,19 @@ def read_stage(store: Store, stage: str, key: str) -> dict[str, Any] | None:
     record = read_stage_record(store, stage, key)
     if record is None:
         return None
-    manifest = canonical.loads(cas.get_bytes(store, record.output))
-    if not isinstance(manifest, dict):
-        raise IntegrityError(f"{store.url}: stage manifest {record.output} is not an object")
+    return stage_manifest(store, record, cas.get_bytes(store, record.output))
+
+
+def stage_manifest(store: Store, record: StageRecord, raw: bytes) -> dict[str, Any]:
+    """The manifest a stage record names, from its (checked) bytes; IntegrityError unless it is
+    that stage's own (stage and key): a record naming any other object is wrong, not rebuildable."""
+    try:
+        manifest = canonical.loads(raw)
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("stage") != record.stage or manifest.get("key") != record.key:
+        raise IntegrityError(f"{store.url}/{stage_record_key(record.stage, record.key)}: names {record.output}, "
+                             f"which is not the manifest of that {record.stage} stage (prep fsck --repair removes the record)")
     return manifest
 
 
