@@ -17,6 +17,7 @@ from prep.runner.executors.local import LocalExecutor
 from prep.runner.tasks import prepare_worker
 from prep.storage import LocalStore
 from prep.store import cas
+from tests.helpers import make_records, write_jsonl
 
 
 class InProcessExecutor:
@@ -81,3 +82,10 @@ def all_objects_intact(store_dir: Path) -> bool:
         if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() != path.name:
             return False
     return True
+
+
+def two_file_corpus(root: Path, first: int, second: int) -> Path:
+    """`root/corpus/a.jsonl` and `b.jsonl` with `first` and `second` records (seeds 1 and 2); returns root."""
+    write_jsonl(root / "corpus" / "a.jsonl", make_records(first, seed=1, prefix="a"))
+    write_jsonl(root / "corpus" / "b.jsonl", make_records(second, seed=2, prefix="b"))
+    return root

@@ -21,8 +21,8 @@ from prep.runner.tasks import run_tokenize_job
 from prep.storage import LocalStore
 from prep.store import cas
 from prep.store.refs import read_ref
-from tests.helpers import make_records, write_jsonl, write_pipeline
-from tests.runner.buildsupport import InProcessExecutor, all_objects_intact
+from tests.helpers import write_pipeline
+from tests.runner.buildsupport import InProcessExecutor, all_objects_intact, two_file_corpus
 from tests.runner.test_reuse import flip_byte, object_path, task_outputs
 
 
@@ -48,9 +48,7 @@ class RacedExecutor(InProcessExecutor):
 
 @pytest.fixture()
 def corpus(tmp_path: Path) -> Path:
-    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(40, seed=1, prefix="a"))
-    write_jsonl(tmp_path / "corpus" / "b.jsonl", make_records(30, seed=2, prefix="b"))
-    return tmp_path
+    return two_file_corpus(tmp_path, 40, 30)
 
 
 def test_a_copy_repaired_by_another_build_is_not_deleted(corpus: Path, tokenizer_path: Path) -> None:

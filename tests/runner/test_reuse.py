@@ -19,14 +19,12 @@ from prep.store import cas, proven, records
 from prep.store.layout import PROVEN_KEY
 from prep.store.snapshots import load_snapshot
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
-from tests.runner.buildsupport import all_objects_intact, build_local
+from tests.runner.buildsupport import all_objects_intact, build_local, two_file_corpus
 
 
 @pytest.fixture()
 def corpus(tmp_path: Path) -> Path:
-    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(80, seed=1, prefix="a"))
-    write_jsonl(tmp_path / "corpus" / "b.jsonl", make_records(50, seed=2, prefix="b"))
-    return tmp_path
+    return two_file_corpus(tmp_path, 80, 50)
 
 
 def flip_byte(path: Path, offset: int) -> None:
