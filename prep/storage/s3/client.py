@@ -30,6 +30,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
     ResponseStreamingError,
 )
+from urllib3.exceptions import SSLError as BodySSLError  # a TLS record failing its MAC mid-body: botocore passes it on
 
 from prep.errors import NotFoundError, PrepError, StoreError
 
@@ -53,7 +54,7 @@ _BAD_CREDENTIALS = {
 _DENIED = {"AccessDenied", "AllAccessDisabled"}
 _UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError)
 _STREAM_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, ConnectionClosedError,
-                  FlexibleChecksumError)  # a body that broke off, or arrived not matching S3's checksum
+                  FlexibleChecksumError, BodySSLError)  # a body that broke off, or arrived not matching S3's checksum
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": MIB, "mib": MIB, "g": 1 << 30, "gib": 1 << 30}
 
 T = TypeVar("T")
@@ -129,7 +130,7 @@ def s3_errors(bucket: str, key: str) -> Iterator[None]:
     """Turn botocore failures inside the block into the PrepError `translate` picks."""
     try:
         yield
-    except (ClientError, BotoCoreError) as exc:
+    except (ClientError, BotoCoreError, BodySSLError) as exc:
         raise translate(exc, bucket, key) from None
 
 

@@ -21,7 +21,7 @@ from prep.storage.s3.client import (
     s3_errors,
     split_url,
 )
-from prep.storage.s3.reads import list_pages, pin, reader, version_of
+from prep.storage.s3.reads import content_length, list_pages, pin, reader, version_of
 
 HASH_CHUNK = 4 * MIB
 
@@ -56,7 +56,7 @@ def _head_object(url: str) -> S3Object | None:
             if error_code(exc) in MISSING_KEY:
                 return None
             raise
-    size, etag = int(response["ContentLength"]), response.get("ETag")
+    size, etag = content_length(response, bucket, key), response.get("ETag")
     return S3Object(url, bucket, key, size, etag, version_of(response.get("VersionId")))
 
 
@@ -105,7 +105,7 @@ def hash_object(obj: S3Object, sink: BinaryIO | None = None) -> tuple[S3Object, 
     client = _INPUT_CLIENTS.get()
     with s3_errors(obj.bucket, obj.key):
         first = client.get_object(Bucket=obj.bucket, Key=obj.key, **pin(obj.version_id, obj.etag))
-    if int(first["ContentLength"]) != obj.size:
+    if content_length(first, obj.bucket, obj.key) != obj.size:
         first["Body"].close()
         raise InputError(f"{obj.url}: changed since it was listed ({obj.size} -> {first['ContentLength']} bytes)")
     read = replace(obj, etag=first.get("ETag", obj.etag), version_id=version_of(first.get("VersionId")))

@@ -6,13 +6,14 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, IncompleteReadError
 
 from prep.errors import StoreError
 from prep.storage.parallel import in_order
@@ -26,6 +27,7 @@ from prep.storage.s3.client import (
 )
 
 T = TypeVar("T")
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
 class ObjectReader(io.RawIOBase):
@@ -63,8 +65,6 @@ class ObjectReader(io.RawIOBase):
             return 0
         with s3_errors(self._bucket, self._key):  # a stream that keeps breaking, once retries run out
             chunk: bytes = retry(lambda: self._read_body(wanted), self._reopen_on_stream_error, self._attempts)
-        if not chunk:
-            raise StoreError(f"s3://{self._bucket}/{self._key}: object ended early at byte {self._pos}")
         view[: len(chunk)] = chunk
         self._pos += len(chunk)
         if self._pos == self._size:
@@ -84,9 +84,12 @@ class ObjectReader(io.RawIOBase):
             with s3_errors(self._bucket, self._key):
                 ranged = {"Range": f"bytes={self._pos}-", **self._pin}
                 response = self._get(Bucket=self._bucket, Key=self._key, **ranged)
-            check_range(response, self._bucket, self._key, self._pos)
+            check_range(response, self._bucket, self._key, self._pos, self._size - self._pos)
             self._body = response["Body"]
-        return bytes(self._body.read(wanted))
+        data = bytes(self._body.read(wanted))
+        if not data:  # the body ended before the object (no Content-Length told): reopened from here
+            raise IncompleteReadError(actual_bytes=self._pos, expected_bytes=self._size)
+        return data
 
     def _reopen_on_stream_error(self, exc: Exception) -> bool:
         self._drop_body()
@@ -102,15 +105,46 @@ class ObjectReader(io.RawIOBase):
         super().close()
 
 
-def check_range(response: dict[str, Any], bucket: str, key: str, start: int) -> None:
-    """Refuse the answer to a ranged GET that does not start at byte `start` (an endpoint or
-    proxy that ignores Range sends the whole object, which would be read as the range)."""
+def content_length(response: dict[str, Any], bucket: str, key: str, *also: str) -> int:
+    """The size a whole-object GET or a HEAD announced; refuses an answer without it, or without
+    the other fields `also` names (an endpoint that is not S3, or a proxy that drops headers)."""
+    missing = [field for field in ("ContentLength", *also) if field not in response]
+    if missing:
+        if "Body" in response:
+            response["Body"].close()
+        raise StoreError(f"s3://{bucket}/{key}: the S3 endpoint's answer has no {' or '.join(missing)}")
+    return int(response["ContentLength"])
+
+
+def check_range(response: dict[str, Any], bucket: str, key: str, start: int, length: int) -> int:
+    """The byte count of the answer to a GET of `length` bytes from `start` (fewer at the end);
+    refuses an answer that does not start at `start` (an endpoint or proxy that ignores Range sends
+    the whole object) or that holds more or fewer bytes than asked for (its end ignored)."""
     content_range = str(response.get("ContentRange") or "")
-    if not content_range.startswith(f"bytes {start}-"):
+    match = _CONTENT_RANGE.fullmatch(content_range)
+    if match is None or int(match[1]) != start:
         response["Body"].close()
         got = content_range or "the whole object"
         raise StoreError(f"s3://{bucket}/{key}: the S3 endpoint ignored the Range of a GET from byte {start} "
                          f"(sent {got})")
+    count = max(0, min(length, int(match[3]) - start))
+    if int(match[2]) != start + count - 1 or int(response.get("ContentLength", count)) != count:
+        response["Body"].close()
+        raise StoreError(f"s3://{bucket}/{key}: the S3 endpoint answered a GET of bytes {start}-{start + length - 1} "
+                         f"with {content_range} ({response.get('ContentLength')} bytes)")
+    return count
+
+
+def read_body(response: dict[str, Any], count: int) -> bytes:
+    """Exactly the `count` bytes of a checked ranged answer; never more (memory stays bounded)."""
+    body = response["Body"]
+    try:
+        data = bytes(body.read(count))
+    finally:
+        body.close()
+    if len(data) != count:  # a body cut short without a Content-Length to tell: retried like one
+        raise IncompleteReadError(actual_bytes=len(data), expected_bytes=count)
+    return data
 
 
 def list_pages(client: Any, bucket: str, prefix: str, delimited: bool) -> Iterator[dict[str, Any]]:
@@ -134,13 +168,14 @@ def pin(version_id: str | None, etag: str | None) -> dict[str, str]:
 
 
 def reader(client: Any, bucket: str, key: str, size: int, pinned: dict[str, str],
-           first: dict[str, Any] | None = None) -> BinaryIO:
+           first: dict[str, Any] | None = None, attempts: int = DEFAULT_MAX_ATTEMPTS) -> BinaryIO:
     """A buffered, seekable stream of `key`; `first` is an already started GET of byte 0 on."""
-    raw = ObjectReader(client.get_object, bucket, key, size, pinned, first, DEFAULT_MAX_ATTEMPTS)
+    raw = ObjectReader(client.get_object, bucket, key, size, pinned, first, attempts)
     return io.BufferedReader(raw, buffer_size=MIB)
 
 
-def read_range(client: Any, bucket: str, key: str, start: int, length: int, pinned: dict[str, str]) -> bytes:
+def read_range(client: Any, bucket: str, key: str, start: int, length: int, pinned: dict[str, str],
+               attempts: int = DEFAULT_MAX_ATTEMPTS) -> bytes:
     """`length` bytes from `start` (fewer at the end), retrying a body that breaks off."""
 
     if start < 0:
@@ -155,19 +190,19 @@ def read_range(client: Any, bucket: str, key: str, start: int, length: int, pinn
                 if error_code(exc) == "InvalidRange":  # the object exists but ends before `start`
                     return b""
                 raise
-        check_range(response, bucket, key, start)
-        return bytes(response["Body"].read())  # outside the translation: retry must see stream errors
+        count = check_range(response, bucket, key, start, length)
+        return read_body(response, count)  # outside the translation: retry must see stream errors
 
     with s3_errors(bucket, key):  # a body that keeps breaking off, once retries run out
-        return retry(fetch, is_stream_error, DEFAULT_MAX_ATTEMPTS)
+        return retry(fetch, is_stream_error, attempts)
 
 
 def download(client: Any, bucket: str, key: str, size: int, pinned: dict[str, str], dest: Path,
-             step: int, jobs: int, check: Callable[[str], None]) -> str:
+             step: int, jobs: int, check: Callable[[str], None], attempts: int = DEFAULT_MAX_ATTEMPTS) -> str:
     """Fetch `size` bytes of `key` into `dest` with up to `jobs` ranged GETs of `step` bytes at
     once; hashes in order into a temporary name beside `dest`, renamed only when complete and
     `check` (given the SHA-256 hex) did not raise. Returns the SHA-256 hex of the bytes."""
-    fetches = (partial(read_range, client, bucket, key, start, step, pinned) for start in range(0, size, step))
+    fetches = (partial(read_range, client, bucket, key, start, step, pinned, attempts) for start in range(0, size, step))
     temp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
     hasher, written = hashlib.sha256(), 0
     try:

@@ -44,6 +44,7 @@ from prep.storage.s3.client import (
     translate,
 )
 from prep.storage.s3.reads import (
+    content_length,
     download,
     list_pages,
     pin,
@@ -182,14 +183,14 @@ class S3Store(Store):
         client = self._client()
         with self._errors(key):
             first = client.get_object(Bucket=self.bucket, Key=full)
-        size, pinned = int(first["ContentLength"]), pin(None, first.get("ETag"))
-        return reader(client, self.bucket, full, size, pinned, first)
+        size, pinned = content_length(first, self.bucket, full), pin(None, first.get("ETag"))
+        return reader(client, self.bucket, full, size, pinned, first, self.settings.max_attempts)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if length <= 0:
             self.require(key)
             return b""
-        return read_range(self._client(), self.bucket, self._full(key), start, length, {})
+        return read_range(self._client(), self.bucket, self._full(key), start, length, {}, self.settings.max_attempts)
 
     def download_file(self, key: str, dest: Path, jobs: int = DEFAULT_JOBS) -> str:
         """Fetch `key` into `dest` with parallel ranged GETs; returns the sha256 hex of the bytes.
@@ -198,7 +199,7 @@ class S3Store(Store):
         (and, for a content object, when the bytes hash to the key's name: else IntegrityError)."""
         info = self.require(key)
         return download(self._client(), self.bucket, self._full(key), info.size, pin(None, info.etag), dest,
-                        self.settings.part_size, jobs, partial(self._check_content, key))
+                        self.settings.part_size, jobs, partial(self._check_content, key), self.settings.max_attempts)
 
     def _head(self, key: str) -> dict[str, Any] | None:
         with self._errors(key):
@@ -231,7 +232,7 @@ class S3Store(Store):
             return None
         return ObjectInfo(
             key=key,
-            size=int(response["ContentLength"]),
+            size=content_length(response, self.bucket, self._full(key), "LastModified"),
             mtime=response["LastModified"].timestamp(),
             etag=response.get("ETag"),
             version_id=version_of(response.get("VersionId")),
@@ -271,6 +272,7 @@ class S3Store(Store):
                     if error_code(exc) not in MISSING_KEY:
                         raise
                     return None
+            content_length(response, self.bucket, full)  # without it, a body that ended early would pass
             return RefValue(bytes(response["Body"].read()), str(response["ETag"]))  # untranslated: retry sees a break
 
         with self._errors(key):  # a body that keeps breaking off, once retries run out
