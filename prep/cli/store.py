@@ -8,6 +8,7 @@ import sys
 import click
 
 from prep.cli.common import json_option, open_store_option, store_option
+from prep.errors import IntegrityError
 from prep.progress import Progress, human_bytes
 from prep.store.fsck import DEFAULT_JOBS, FsckReport, fsck
 from prep.store.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage
@@ -152,6 +153,14 @@ def release(snap: str, store_url: str | None, as_json: bool) -> None:
     else:
         snapshot_id = resolve(store, snap).id
     released = release_hold(store, snapshot_id)
+    if isinstance(released, IntegrityError):
+        click.echo(f"prep: warning: {released.message}; removed it", err=True)
+        if as_json:
+            click.echo(json.dumps({"schema": "prep.hold-report/1", "action": "released", "hold": None,
+                                   "snapshot": snapshot_id, "unreadable": released.message}))
+            return
+        click.echo(f"released {snapshot_id} (its hold record was unreadable)")
+        return
     if as_json:
         click.echo(json.dumps({"schema": "prep.hold-report/1", "action": "released", "hold": released.to_json()}))
         return

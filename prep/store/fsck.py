@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prep import hashing
@@ -31,6 +31,7 @@ from prep.faults import crash_point
 from prep.progress import Progress
 from prep.storage.base import RefValue, Store
 from prep.store import records
+from prep.store.fsckrecords import FsckWalk, Records, walk_records
 from prep.store.holds import scan_holds
 from prep.store.layout import (
     HISTORY_PREFIX,
@@ -40,8 +41,6 @@ from prep.store.layout import (
     REFS_PREFIX,
     RETENTION_PREFIX,
     SNAPSHOTS_PREFIX,
-    STAGES_PREFIX,
-    TASKS_PREFIX,
     history_prefix,
     is_marker_key,
     is_sha_hex,
@@ -54,7 +53,7 @@ from prep.store.layout import (
     snapshot_marker_key,
 )
 from prep.store.leases import BUILD, GC, Lease, live_leases
-from prep.store.reach import CORRUPT, INVALID, MISSING, Problem, Reach, Via, parallel
+from prep.store.reach import CORRUPT, INVALID, MISSING, Problem, Via, parallel
 from prep.store.refs import Ref
 from prep.store.retention import current_policy_key, stored_policy
 from prep.store.snapshots import load_snapshot
@@ -115,69 +114,7 @@ class FsckReport:
                 "repair": None if self.repair is None else self.repair.to_json()}
 
 
-class _Walk(Reach):
-    """The shared walk, recording what it cannot follow instead of refusing like gc."""
-
-    def __init__(self, store: Store) -> None:
-        super().__init__(store)
-        self.problems: dict[str, Problem] = {}
-
-    def problem(self, found: Problem, required: bool, error: PrepError | None) -> None:
-        """Record the problem (the first one seen for each key)."""
-        self.add(found)
-
-    def add(self, found: Problem) -> None:
-        """Record a problem unless its key already has one (the walk may meet a key twice)."""
-        with self._lock:
-            self.problems.setdefault(found.key, found)
-
-
-@dataclass
-class _Records:
-    """Every commit record: the object shas each one names, and the invalid ones."""
-
-    names: dict[str, set[str]] = field(default_factory=dict)
-    invalid: list[str] = field(default_factory=list)
-
-
-def _read_record(store: Store, key: str) -> records.TaskRecord | records.StageRecord | PrepError | None:
-    """A record, None when it vanished, or the error that makes it invalid."""
-    try:
-        return records.parse_record(key, store.get_bytes(key), f"{store.url}/{key}")
-    except NotFoundError:
-        return None
-    except IntegrityError as exc:
-        return exc
-
-
-def _walk_records(walk: _Walk, jobs: int, dataset: str | None) -> _Records:
-    """Follow every task and stage record (with `dataset`, only those naming what its snapshots reach)."""
-    store = walk.store
-    keys = [info.key for prefix in (TASKS_PREFIX, STAGES_PREFIX) for info in store.list(prefix)]
-    found = _Records()
-    for key, record in zip(keys, parallel(lambda key: _read_record(store, key), keys, jobs)):
-        kind = "task record" if key.startswith(TASKS_PREFIX) else "stage record"
-        if isinstance(record, PrepError):
-            walk.add(Problem(INVALID, kind, key, key, record.message))
-            found.invalid.append(key)
-            continue
-        if record is None:
-            continue
-        named = record.names()
-        shas = {hashing.parse_id(object_id) for object_id in named.objects | {r.object_id for r in named.manifests}}
-        if dataset is not None and not shas & walk.kept:
-            continue
-        outputs = record.outputs if isinstance(record, records.TaskRecord) else {}
-        for name, object_id in sorted(outputs.items()):
-            walk.note(hashing.parse_id(object_id), f"{name} (output of task {record.stage})", key)
-        for ref in sorted(named.manifests, key=lambda ref: ref.object_id):
-            walk.stage_manifest(ref, key, required=True)
-            shas |= walk.children.get(hashing.parse_id(ref.object_id), frozenset())
-        found.names[key] = shas
-    return found
-
-
-def _ref_values(walk: _Walk, prefix: str, mutable: bool) -> list[Ref]:
+def _ref_values(walk: FsckWalk, prefix: str, mutable: bool) -> list[Ref]:
     """Every ref value (or history record) under `prefix`; an unreadable one is an INVALID finding."""
     store, found = walk.store, []
     for info in store.list(prefix):
@@ -195,7 +132,7 @@ def _ref_values(walk: _Walk, prefix: str, mutable: bool) -> list[Ref]:
     return [ref for ref in found if not ref.deleted]  # a tombstone (prep tag -d) names no snapshot
 
 
-def _walk_snapshots(walk: _Walk, dataset: str | None) -> tuple[set[str], int]:
+def _walk_snapshots(walk: FsckWalk, dataset: str | None) -> tuple[set[str], int]:
     """Follow refs, retained history, holds and markers; (shas current refs name, generations collected)."""
     store = walk.store
     current = set()
@@ -229,7 +166,7 @@ def _walk_snapshots(walk: _Walk, dataset: str | None) -> tuple[set[str], int]:
     return current, collected
 
 
-def _check_ref_dataset(walk: _Walk, ref: Ref) -> None:
+def _check_ref_dataset(walk: FsckWalk, ref: Ref) -> None:
     """A ref must name a snapshot of its own dataset (commands refuse to follow one that does not)."""
     try:
         dataset = load_snapshot(walk.store, ref.snapshot).dataset
@@ -241,7 +178,7 @@ def _check_ref_dataset(walk: _Walk, ref: Ref) -> None:
                          f"dataset {dataset!r}, not {ref.dataset!r}"))
 
 
-def _check_policies(walk: _Walk, dataset: str | None) -> None:
+def _check_policies(walk: FsckWalk, dataset: str | None) -> None:
     """Each dataset's current retention policy must read: gc refuses to run without it."""
     listed = walk.store.list(f"{RETENTION_PREFIX}{dataset}/" if dataset else RETENTION_PREFIX)
     for name in sorted({info.key.split("/")[1] for info in listed if info.key.endswith(RECORD_SUFFIX)}):
@@ -252,7 +189,7 @@ def _check_policies(walk: _Walk, dataset: str | None) -> None:
             walk.add(Problem(INVALID, "retention policy", key, key, exc.message))
 
 
-def _check_readbacks(walk: _Walk, dataset: str | None, found: _Records) -> None:
+def _check_readbacks(walk: FsckWalk, dataset: str | None, found: Records) -> None:
     """Every read-back record (for `dataset`, those of snapshots it reaches) must read: `prep tag`
     and a publish refuse an unreadable one. An invalid one is a record `repair` may delete, since
     losing it only makes the next publish read the snapshot back again."""
@@ -285,7 +222,7 @@ def _hash(store: Store, sha: str, on_bytes: Callable[[int], None]) -> str | None
     return None if hasher.hexdigest() == sha else CORRUPT
 
 
-def _hash_reached(walk: _Walk, sizes: dict[str, int], jobs: int, progress: Progress) -> int:
+def _hash_reached(walk: FsckWalk, sizes: dict[str, int], jobs: int, progress: Progress) -> int:
     """Re-hash every reached object the walk has not already read whole; returns the bytes hashed."""
     todo = sorted(walk.kept - walk.read)
     for sha in [sha for sha in todo if sha not in sizes]:
@@ -305,7 +242,7 @@ def _hash_reached(walk: _Walk, sizes: dict[str, int], jobs: int, progress: Progr
     return total
 
 
-def _object_problem(walk: _Walk, problem: str, sha: str, what: str) -> None:
+def _object_problem(walk: FsckWalk, problem: str, sha: str, what: str) -> None:
     """Record a problem with a reached object, as what it was first reached as."""
     via = walk.via.get(sha, Via("object", "(unknown)"))
     walk.add(Problem(problem, via.kind, object_key(sha), via.by,
@@ -345,13 +282,13 @@ def fsck(store: Store, dataset: str | None = None, jobs: int = DEFAULT_JOBS, pro
                           report.collected, done)
 
 
-def _check(store: Store, dataset: str | None, jobs: int, progress: Progress) -> tuple[FsckReport, _Records, set[str]]:
+def _check(store: Store, dataset: str | None, jobs: int, progress: Progress) -> tuple[FsckReport, Records, set[str]]:
     """The walk, the hashing and the dangling objects: the report, the records, the current refs' shas."""
-    walk = _Walk(store)
+    walk = FsckWalk(store)
     progress.stage("fsck", "following refs, history, holds and records")
     current, collected = _walk_snapshots(walk, dataset)
     _check_policies(walk, dataset)
-    found = _walk_records(walk, jobs, dataset)
+    found = walk_records(walk, jobs, dataset)
     _check_readbacks(walk, dataset, found)
     sizes = {object_sha(info.key): info.size for info in store.list(OBJECTS_PREFIX)}  # after the records
     hashed = _hash_reached(walk, sizes, jobs, progress)
@@ -364,7 +301,7 @@ def _check(store: Store, dataset: str | None, jobs: int, progress: Progress) -> 
     return FsckReport(store.url, dataset, checked, findings, dangling, collected), found, current
 
 
-def _repair(store: Store, findings: tuple[Problem, ...], found: _Records, current: set[str]) -> Repair:
+def _repair(store: Store, findings: tuple[Problem, ...], found: Records, current: set[str]) -> Repair:
     """Delete records naming bad objects (and invalid records), then corrupt objects no current ref's
     snapshot manifest is; records first, so no record is left naming a deleted object."""
     bad = {f.sha for f in findings if f.sha is not None}

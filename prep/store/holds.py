@@ -120,9 +120,13 @@ def place_hold(store: Store, snapshot: Snapshot, reason: str) -> tuple[Hold, boo
     return hold, True
 
 
-def release_hold(store: Store, snapshot_id: str) -> Hold:
-    """Remove the hold on a snapshot, so gc may collect it again; NotFoundError when none is held."""
-    hold = read_hold(store, snapshot_id)
+def release_hold(store: Store, snapshot_id: str) -> Hold | IntegrityError:
+    """Remove the hold on a snapshot, so gc may collect it again: the hold, or why its record did not
+    read (an unreadable hold is removed too: gc refuses to run beside one); NotFoundError when none is held."""
+    try:
+        hold: Hold | IntegrityError | None = read_hold(store, snapshot_id)
+    except IntegrityError as exc:
+        hold = exc
     if hold is None:
         raise NotFoundError(f"{store.url}: snapshot {snapshot_id} is not held")
     store.delete(hold_key(snapshot_id))

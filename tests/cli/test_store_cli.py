@@ -98,3 +98,20 @@ def test_every_snap_argument_takes_ancestry(store: Path) -> None:  # noqa: F811
     assert prep("diff", "tiny@latest~1", "tiny@v1", "--store", store).stdout.rstrip().endswith("identical")
     beyond = prep("show", "tiny@latest~9", "--store", store, check=False)
     assert beyond.returncode == 2 and "has taken only 2 generations" in beyond.stderr
+
+
+def test_an_unreadable_hold_can_be_released(store: Path) -> None:  # noqa: F811
+    """Regression: release read the hold to report it, so a damaged one (which stops gc) could not be released."""
+    snapshot = resolve(LocalStore(store), "tiny@v1").id
+    prep("hold", "tiny@v1", "--store", store)
+    path = store / "holds" / f"{snapshot.removeprefix('sha256:')}.json"
+    path.chmod(0o644)
+    path.write_bytes(b"junk")
+    released = prep("release", "tiny@v1", "--store", store, "--json", check=False)
+    assert released.returncode == 0, released.stderr
+    assert "unreadable hold record" in released.stderr and not path.exists()
+    report = json.loads(released.stdout)
+    assert (report["action"], report["hold"], report["snapshot"]) == ("released", None, snapshot)
+    assert "unreadable hold record" in report["unreadable"]
+    validate(report, "prep.hold-report/1", "release --json")
+    assert prep("gc", "--store", store, "--dry-run").returncode == 0

@@ -259,3 +259,35 @@ def test_a_flipped_mask_or_plan_of_a_layout_1_snapshot_is_found(
     assert [(f.problem, f.kind, f.key) for f in report.findings] == [
         ("corrupt", kind, object_key(hashing.parse_id(target)))]
     assert "tiny@old" in report.findings[0].by
+
+
+def _intermediate_id(store: Store, tokenize: records.StageRecord) -> str:
+    return str(canonical.loads(cas.get_bytes(store, tokenize.output))["tasks"][0]["output"])
+
+
+def _other_keys_manifest(store: Store, tokenize: records.StageRecord) -> str:
+    body = canonical.loads(cas.get_bytes(store, tokenize.output))
+    return cas.put_bytes(store, canonical.dumps({**body, "key": "e" * 64})).id
+
+
+@pytest.mark.parametrize("named", [_intermediate_id, _other_keys_manifest])
+def test_a_stage_record_naming_what_is_not_its_manifest_is_removed_alone(
+        project: dict[str, Path], named: Callable[[Store, records.StageRecord], str]) -> None:  # noqa: F811
+    """Regressions: a stage record naming an intermediate made repair delete the intermediate's task
+    record too; one naming another key's manifest (the build refuses it, pointing at repair) was clean."""
+    store = LocalStore(project["store"])
+    clean = resolve(store, "tiny@latest")
+    key = next(info.key for info in store.list("stages/tokenize/"))
+    tokenize = records.parse_record(key, store.get_bytes(key), key)
+    assert isinstance(tokenize, records.StageRecord)
+    path = store.local_path(key)
+    assert path is not None
+    path.chmod(0o644)
+    path.write_bytes(canonical.dumps(records.StageRecord("tokenize", tokenize.key, named(store, tokenize)).to_json()))
+    tasks = sorted(info.key for info in store.list("tasks/"))
+    report = fsck(store, repair=True)
+    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "stage record", key)]
+    assert report.repair is not None and report.repair.records == (key,) and not report.repair.objects
+    assert sorted(info.key for info in store.list("tasks/")) == tasks, "task records are not the stage record's fault"
+    assert run_prep("build", project["v1"], "--store", project["store"], "--workers", "1").stdout.split()[-1] == clean.id
+    assert fsck(store).clean

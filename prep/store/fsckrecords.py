@@ -1,0 +1,91 @@
+"""fsck's walk, and the commit records it follows: each task record's outputs, each stage record's
+manifest, which must be that stage's own (the build refuses any other), else the record is invalid."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prep import hashing
+from prep.errors import IntegrityError, NotFoundError, PrepError
+from prep.storage.base import Store
+from prep.store import cas, records
+from prep.store.layout import STAGES_PREFIX, TASKS_PREFIX
+from prep.store.reach import INVALID, Problem, Reach, parallel
+
+
+class FsckWalk(Reach):
+    """The shared walk, recording what it cannot follow instead of refusing like gc."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.problems: dict[str, Problem] = {}
+
+    def problem(self, found: Problem, required: bool, error: PrepError | None) -> None:
+        """Record the problem (the first one seen for each key)."""
+        self.add(found)
+
+    def add(self, found: Problem) -> None:
+        """Record a problem unless its key already has one (the walk may meet a key twice)."""
+        with self._lock:
+            self.problems.setdefault(found.key, found)
+
+
+@dataclass
+class Records:
+    """Every commit record: the object shas each one names, and the invalid ones."""
+
+    names: dict[str, set[str]] = field(default_factory=dict)
+    invalid: list[str] = field(default_factory=list)
+
+
+def _read_record(store: Store, key: str) -> records.TaskRecord | records.StageRecord | PrepError | None:
+    """A record, None when it vanished, or the error that makes it invalid."""
+    try:
+        record = records.parse_record(key, store.get_bytes(key), f"{store.url}/{key}")
+    except NotFoundError:
+        return None
+    except IntegrityError as exc:
+        return exc
+    return _foreign_manifest(store, record) if isinstance(record, records.StageRecord) else record
+
+
+def _foreign_manifest(store: Store, record: records.StageRecord) -> records.StageRecord | IntegrityError:
+    """The record, or why the object it names is not its stage's manifest (an intermediate, another
+    stage's or key's manifest: a build refuses the record). An object that does not read is the walk's
+    to report (missing or corrupt), as is what a readable manifest names."""
+    try:
+        raw = cas.get_bytes(store, record.output)
+    except (NotFoundError, IntegrityError):
+        return record
+    try:
+        records.stage_manifest(store, record, raw)
+    except IntegrityError as exc:
+        return exc
+    return record
+
+
+def walk_records(walk: FsckWalk, jobs: int, dataset: str | None) -> Records:
+    """Follow every task and stage record (with `dataset`, only those naming what its snapshots reach)."""
+    store = walk.store
+    keys = [info.key for prefix in (TASKS_PREFIX, STAGES_PREFIX) for info in store.list(prefix)]
+    found = Records()
+    for key, record in zip(keys, parallel(lambda key: _read_record(store, key), keys, jobs)):
+        kind = "task record" if key.startswith(TASKS_PREFIX) else "stage record"
+        if isinstance(record, PrepError):
+            walk.add(Problem(INVALID, kind, key, key, record.message))
+            found.invalid.append(key)
+            continue
+        if record is None:
+            continue
+        named = record.names()
+        shas = {hashing.parse_id(object_id) for object_id in named.objects | {r.object_id for r in named.manifests}}
+        if dataset is not None and not shas & walk.kept:
+            continue
+        outputs = record.outputs if isinstance(record, records.TaskRecord) else {}
+        for name, object_id in sorted(outputs.items()):
+            walk.note(hashing.parse_id(object_id), f"{name} (output of task {record.stage})", key)
+        for ref in sorted(named.manifests, key=lambda ref: ref.object_id):
+            walk.stage_manifest(ref, key, required=True)
+            shas |= walk.children.get(hashing.parse_id(ref.object_id), frozenset())
+        found.names[key] = shas
+    return found
