@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -174,11 +175,17 @@ class LocalStore(Store):
         path = self._path(key)
         try:
             with io_errors("reading", path):
-                return open(path, "rb")
+                # Hazard: a FIFO planted at a key would block the read (fsck, a build) for ever.
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except StorageIOError as exc:
             if exc.errno == errno.ENOENT:
                 raise NotFoundError(f"{self.url}: no such key {key!r}") from exc
             raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise StorageIOError("reading", path, "not a regular file (something else was put at this key)",
+                                 errno.EINVAL)
+        return os.fdopen(fd, "rb")
 
     def get_bytes(self, key: str) -> bytes:
         with self.open(key) as stream, io_errors("reading", self._path(key)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,3 +87,16 @@ def test_opening_and_reading_create_nothing(tmp_path: Path) -> None:
     assert store.put_bytes("objects/a", b"x") and store.get_bytes("objects/a") == b"x"
     assert sorted(p.name for p in (tmp_path / "absent").iterdir()) == ["objects", "tmp"]
     assert store.swap_ref("refs/d/latest.json", b"{}", None)
+
+
+@pytest.mark.parametrize("planted", ["fifo", "folder"])
+def test_a_fifo_or_folder_at_a_key_is_one_error_not_a_hang(tmp_path: Path, planted: str) -> None:
+    """Regression: a FIFO at an object's key blocked the read (and `prep fsck`) for ever."""
+    store = LocalStore(tmp_path / "store")
+    digest = cas.put_bytes(store, b"some bytes")
+    path = store.root / cas.object_key(digest.sha256)
+    path.chmod(0o644)
+    path.unlink()
+    os.mkfifo(path) if planted == "fifo" else path.mkdir()
+    with pytest.raises(StorageIOError, match="not a regular file"):
+        store.get_bytes(cas.object_key(digest.sha256))
