@@ -59,6 +59,18 @@ def test_a_fifo_among_dest_own_files_never_blocks_pull(store: LocalStore, built:
     assert_complete(built, dest)
 
 
+def test_a_fifo_at_an_object_in_the_store_never_blocks_pull(store: LocalStore, built: Built, tmp_path: Path) -> None:
+    """Regression: a FIFO planted at an object's key in a local store made pull block opening it."""
+    victim = store.local_path(f"objects/sha256/{built.snapshot.artifacts[0]['sha256'][:2]}/"
+                              f"{built.snapshot.artifacts[0]['sha256']}")
+    assert victim is not None
+    victim.chmod(0o644)
+    victim.unlink()
+    os.mkfifo(victim)
+    raised = finishes(lambda: pull(store, built.snapshot, tmp_path / "dest"), seconds=10)
+    assert len(raised) == 1 and "not a regular file" in str(raised[0])
+
+
 def test_a_fifo_at_the_share_record_is_a_one_line_error_for_verify(store: LocalStore, built: Built,
                                                                     tmp_path: Path) -> None:
     """Regression: a FIFO at DEST/.prep/share.json made verify block forever."""
