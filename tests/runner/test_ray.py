@@ -261,6 +261,7 @@ def test_unreachable_reason_probes_host_and_port_and_leaves_other_forms_to_ray()
     assert unreachable_reason(f"127.0.0.1:{closed}") == "Connection refused"
     assert unreachable_reason(f"ray://127.0.0.1:{closed}") == "Connection refused"
     assert unreachable_reason("auto") is None and unreachable_reason("local") is None
+    assert unreachable_reason("127.0.0.1:\u00b2") is None  # no port: Ray judges it (int() raised before)
 
 
 def test_results_arrive_once_per_item_with_their_index(ray_address: str) -> None:

@@ -153,7 +153,7 @@ def unreachable_reason(address: str, timeout: float = PROBE_SECONDS) -> str | No
     # Hazard: ray.init retries a GCS address that refuses connections for ever, printing a
     # warning every few seconds, so a mistyped address would look like a hung build.
     host, colon, port = address.removeprefix("ray://").rpartition(":")
-    if not colon or not host or not port.isdigit():
+    if not colon or not host or not (port.isascii() and port.isdigit()):  # isdigit alone takes '²'
         return None
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
