@@ -15,7 +15,6 @@ import fcntl
 import hashlib
 import os
 import shutil
-import stat
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -24,6 +23,7 @@ from typing import BinaryIO
 
 from prep.errors import NotFoundError, StorageIOError, StoreError
 from prep.faults import crash_point
+from prep.regular import open_regular
 from prep.storage.base import ObjectInfo, RefValue, Store
 from prep.writeback import fsync_path
 
@@ -175,17 +175,11 @@ class LocalStore(Store):
         path = self._path(key)
         try:
             with io_errors("reading", path):
-                # Hazard: a FIFO planted at a key would block the read (fsck, a build) for ever.
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                return os.fdopen(open_regular(path), "rb")  # a FIFO planted at a key: an error, never a hang
         except StorageIOError as exc:
             if exc.errno == errno.ENOENT:
                 raise NotFoundError(f"{self.url}: no such key {key!r}") from exc
             raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise StorageIOError("reading", path, "not a regular file (something else was put at this key)",
-                                 errno.EINVAL)
-        return os.fdopen(fd, "rb")
 
     def get_bytes(self, key: str) -> bytes:
         with self.open(key) as stream, io_errors("reading", self._path(key)):

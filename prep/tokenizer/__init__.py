@@ -8,16 +8,16 @@ Other backends (see `prep.tokenizer.backends`) must reproduce it exactly.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prep.cache import derived_bytes
 from prep.errors import TokenizerError
+from prep.regular import open_regular
 
 if TYPE_CHECKING:  # both load in tenths of a second; the build driver needs neither
     import numpy as np
@@ -89,10 +89,12 @@ def id_space(tokenizer: Tokenizer) -> int:
 def read_tokenizer_file(path: Path) -> bytes:
     """The bytes of a tokenizer file; TokenizerError for anything but a regular file (a FIFO
     would block the build forever, a device never end)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise TokenizerError(f"{path}: not a regular file; the tokenizer must be a file")
+    try:
+        fd = open_regular(path)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        raise TokenizerError(f"{path}: not a regular file; the tokenizer must be a file") from None
     with open(fd, "rb") as handle:
         return handle.read()
 

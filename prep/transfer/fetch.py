@@ -26,6 +26,7 @@ from typing import Any
 from prep import hashing
 from prep.errors import IntegrityError, NotFoundError
 from prep.faults import crash_point
+from prep.regular import open_regular
 from prep.storage.base import Store
 from prep.storage.parallel import in_order
 from prep.store import cas
@@ -52,13 +53,10 @@ def _local_chunks(local: Path, start: int, stop: threading.Event, missing: str,
     """A local object's bytes from `start` to its end, or to byte `end` (the declared size plus one, so
     an object grown since shows without being copied whole), read into one reused buffer."""
     try:
-        fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO planted there must not block
+        stream = io.FileIO(open_regular(local), "r")
     except FileNotFoundError:
         raise NotFoundError(missing) from None
-    stream = io.FileIO(fd, "r")
     with stream:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (something else was put at this key)", str(local))
         stream.seek(start)
         view = memoryview(bytearray(COPY_SIZE))
         left = None if end is None else max(0, end - start)

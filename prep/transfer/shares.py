@@ -26,6 +26,7 @@ from typing import IO, Any, Self
 
 from prep.errors import StorageIOError, UsageError
 from prep.formats.units import UNIT_NAMES, unit_formats
+from prep.regular import open_regular
 from prep.transfer.paths import PREP_DIR as PREP_DIR
 from prep.transfer.paths import TEMP_MARKER as TEMP_MARKER
 from prep.transfer.paths import check_paths as check_paths
@@ -147,15 +148,7 @@ def read_own(path: Path, *, follow: bool = True) -> bytes:
     """The bytes of one of DEST's own files (`.prep/manifest.json`, the record, the share
     record), never blocking on a FIFO nor reading a device planted there: anything but a
     regular file (and, unless `follow`, a symlink) is an OSError, as an unreadable file is."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    fd = os.open(path, flags)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
-    except BaseException:
-        os.close(fd)
-        raise
-    with open(fd, "rb") as handle:
+    with open(open_regular(path, follow=follow), "rb") as handle:
         return handle.read()
 
 
