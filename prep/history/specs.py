@@ -8,6 +8,7 @@ from __future__ import annotations
 from prep.errors import IntegrityError, UsageError
 from prep.storage.base import Store
 from prep.store.layout import check_name
+from prep.store.layout import is_decimal as is_decimal
 from prep.store.snapshots import MIN_PREFIX, Snapshot, is_manifest_path, resolve
 
 HEX_DIGITS = frozenset("0123456789abcdef")
@@ -15,9 +16,6 @@ ID_PREFIX = "sha256:"
 SHA256_HEX_DIGITS = 64
 
 
-def is_decimal(text: str) -> bool:
-    """Whether `text` is one or more ASCII digits (str.isdigit also accepts '٣' and '²')."""
-    return text.isascii() and text.isdigit()
 
 
 def is_text(text: str) -> bool:

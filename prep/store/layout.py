@@ -141,15 +141,15 @@ def lease_key(kind: str, run: str, expires: int) -> str:
     return f"{lease_folder(kind, run)}{expires:012d}{RECORD_SUFFIX}"
 
 
-def _digits(text: str) -> bool:
-    """Whether `text` is ASCII digits only (str.isdigit also takes '²', which int() refuses)."""
+def is_decimal(text: str) -> bool:
+    """Whether `text` is one or more ASCII digits (str.isdigit also takes '٣' and '²', which int() refuses)."""
     return text.isascii() and text.isdigit()
 
 
 def parse_lease_key(key: str) -> tuple[str, str, int] | None:
     """(kind, run, expires) of a lease key, or None for a key that is no lease."""
     parts = key[len(LEASES_PREFIX):].split("/") if key.startswith(LEASES_PREFIX) else []
-    if len(parts) != 3 or not parts[2].endswith(RECORD_SUFFIX) or not _digits(parts[2][:-len(RECORD_SUFFIX)]):
+    if len(parts) != 3 or not parts[2].endswith(RECORD_SUFFIX) or not is_decimal(parts[2][:-len(RECORD_SUFFIX)]):
         return None
     return parts[0], parts[1], int(parts[2][:-len(RECORD_SUFFIX)])
 

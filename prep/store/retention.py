@@ -27,6 +27,7 @@ from prep.store.layout import (
     RECORD_SUFFIX,
     RETENTION_PREFIX,
     SNAPSHOTS_PREFIX,
+    is_decimal,
     is_marker_key,
     marker_sha,
     retention_key,
@@ -81,7 +82,7 @@ def _generation(key: str) -> int | None:
     """The generation a policy version's key names (`<16 digits>.json`), or None for a stray key."""
     parts = key[len(RETENTION_PREFIX):].split("/")
     stem = parts[-1].removesuffix(RECORD_SUFFIX)
-    return int(stem) if len(parts) == 2 and len(stem) == 16 and stem.isascii() and stem.isdigit() else None
+    return int(stem) if len(parts) == 2 and len(stem) == 16 and is_decimal(stem) else None
 
 
 def current_policy_key(store: Store, dataset: str) -> str | None:

@@ -14,7 +14,7 @@ from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.storage.base import Store
 from prep.store import cas
-from prep.store.layout import SNAPSHOTS_PREFIX, history_key, is_marker_key, marker_sha, snapshot_marker_key
+from prep.store.layout import SNAPSHOTS_PREFIX, history_key, is_decimal, is_marker_key, marker_sha, snapshot_marker_key
 from prep.store.refs import Ref, read_ref
 
 SNAPSHOT_SCHEMA = "prep.snapshot/1"
@@ -180,7 +180,7 @@ def _resolve_ref(store: Store, spec: str) -> Snapshot:
     """`dataset@ref` or `dataset@ref~N`: the ref's value now, or N generations ago (git-like)."""
     dataset, name = spec.split("@", 1)
     name, tilde, back_text = name.partition("~")
-    if tilde and not (back_text.isascii() and back_text.isdigit()):
+    if tilde and not is_decimal(back_text):
         raise UsageError(f"{spec!r}: after ~ comes a number of generations back, like {dataset}@{name}~2")
     back = int(back_text or 0)
     ref = read_ref(store, dataset, name)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from prep.errors import NotFoundError, RefConflictError, UsageError
 from prep.storage.base import Store
 from prep.store import leases
+from prep.store.layout import is_decimal
 from prep.store.refs import Mover, Ref, RefMove, check_name, read_ref, update_ref
 from prep.store.retention import snapshot_exists
 
@@ -72,7 +73,7 @@ def parse_expect(text: str) -> int:
     """`--expect GEN`: a generation number, or 0 / "none" for a ref that must not exist (or was deleted)."""
     if text.lower() == "none":
         return 0
-    if not (text.isascii() and text.isdigit()):
+    if not is_decimal(text):
         raise UsageError(f"--expect {text!r}: give a generation number, or 0 or 'none' for a ref that must not exist")
     return int(text)
 
