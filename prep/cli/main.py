@@ -175,17 +175,18 @@ def _exit_flushed(code: int) -> NoReturn:
     try:
         sys.stdout.flush()
     except BrokenPipeError:
-        _mute_stdout()
-        sys.exit(EXIT_STDOUT_CLOSED)
+        _exit_stdout_closed()
     sys.exit(code)
 
 
-def _mute_stdout() -> None:
-    """Point stdout's descriptor at /dev/null, so the interpreter's last flush has nowhere to fail."""
+def _exit_stdout_closed() -> NoReturn:
+    """Exit EXIT_STDOUT_CLOSED with stdout's descriptor on /dev/null, so the interpreter's last
+    flush has nowhere to fail."""
     with contextlib.suppress(OSError, ValueError):
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, sys.stdout.fileno())
         os.close(null)
+    sys.exit(EXIT_STDOUT_CLOSED)
 
 
 class Terminated(KeyboardInterrupt):
@@ -212,8 +213,7 @@ def main(args: Sequence[str] | None = None) -> None:
         # click answers a write to a closed stdout (EPIPE) by swapping sys.stdout and exiting 1,
         # which is `verify`'s and `diff`'s "differences found".
         if exc.code == 1 and sys.stdout is not stdout:
-            _mute_stdout()
-            sys.exit(EXIT_STDOUT_CLOSED)
+            _exit_stdout_closed()
         raise
     except PrepError as exc:
         fail(" ".join(exc.message.splitlines()), exc.exit_code, error_kind(exc), as_json)
