@@ -81,18 +81,22 @@ def test_a_tag_waits_for_a_running_gc_and_then_finds_what_it_collected(project: 
     assert read_ref(store, "tiny", "keep") is None
 
 
-class RenewsWhileListed(LocalStore):
-    """A store whose build lease is renewed right after gc lists it, before gc reads its body."""
+class RenewsWhileListing(Store):
+    """Mixed into a store: its build lease is renewed right after gc lists it, before gc reads its body."""
 
     renewing: Lease | None = None
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        found = list(super().list(prefix))
+        found = list(super().list(prefix))  # type: ignore[safe-super]  # mixed in before a concrete store
         if self.renewing is not None and prefix == leases_prefix(BUILD):
             lease, self.renewing = self.renewing, None
             lease.seconds += 60  # a later expiry: the renewal writes a new key and deletes the listed one
             lease._write()
         yield from found
+
+
+class RenewsWhileListed(RenewsWhileListing, LocalStore):
+    """A local store whose build lease is renewed right after gc lists it."""
 
 
 def test_a_build_lease_renewed_while_gc_looks_still_keeps_gc_out(tmp_path: Path) -> None:

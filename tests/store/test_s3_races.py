@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,6 @@ import pytest
 
 from prep.errors import IntegrityError, NotFoundError, StoreError
 from prep.storage import LocalStore
-from prep.storage.base import ObjectInfo
 from prep.storage.s3 import S3Settings, S3Store
 from prep.store import cas, leases, records
 from prep.store.fsck import fsck
@@ -28,6 +26,7 @@ from prep.store.snapshots import Snapshot, resolve
 from prep.store.tags import set_tag, still_stored
 from tests.runner.test_publish import build_in_process
 from tests.s3support import Fault, RequestHook
+from tests.store.test_concurrent_hostile import RenewsWhileListing
 from tests.store.test_gc import EMPTY_TOKENIZE, copy_to_s3, template  # noqa: F401 - fixture: a local store holding v1, and v2
 
 
@@ -49,16 +48,8 @@ def superseded(both: Path, s3_bucket: str) -> tuple[S3Store, Snapshot]:
 
 
 def test_a_lease_renewed_while_gc_looks_still_keeps_gc_out_on_s3(s3_bucket: str) -> None:
-    class RenewsWhileListed(S3Store):
-        renewing: Lease | None = None
-
-        def list(self, prefix: str) -> Iterator[ObjectInfo]:
-            found = list(super().list(prefix))
-            if self.renewing is not None and prefix == leases_prefix(BUILD):
-                lease, self.renewing = self.renewing, None
-                lease.seconds += 60
-                lease._write()  # the listed key is gone before gc reads its body
-            yield from found
+    class RenewsWhileListed(RenewsWhileListing, S3Store):
+        """An S3 store whose build lease is renewed right after gc lists it."""
 
     store = RenewsWhileListed(s3_bucket)
     orphan = cas.put_bytes(store, b"what the build will commit")
