@@ -61,6 +61,7 @@ class NodeCache:
         self._ready_at: dict[str, float] = {}
         self._pressure = self.dir.pressure_mark()
         self._calm = self._evictions_seen = 0  # steps since this user evicted or saw pressure; evictions then
+        self._pressure_mid_step = False  # pressure answered while pins were in use: they go at the next settle
         try:
             with self.dir.locked():
                 ledger = self.dir.ledger(self._fetching)  # drop dead users and their temporaries now
@@ -239,7 +240,11 @@ class NodeCache:
         """Between steps: keep pinned what the next step reads, or the next KEEP_STEPS steps once as many
         steps passed with no eviction here and no pressure; none if others wait for room."""
         evictions = self.stats.evictions
-        if self.answer_pressure():
+        pressured = self.answer_pressure()
+        with self._mutex:
+            pressured, self._pressure_mid_step = pressured or self._pressure_mid_step, False
+        if pressured:
+            self._release_idle()
             return
         self._calm = self._calm + 1 if evictions == self._evictions_seen else 0
         self._evictions_seen = evictions
@@ -257,6 +262,8 @@ class NodeCache:
             if mark == self._pressure:
                 return False
             self._pressure, self._calm = mark, 0
+            # a prefetch thread may answer during a step: the pins that step uses cannot go now
+            self._pressure_mid_step |= any(hold.refs > 0 for hold in self._holds.values())
         self._release_idle()
         return True
 

@@ -242,6 +242,27 @@ def bytes_fetched(store: Store | str, cache_dir: Path, policy: str, steps: int, 
     return fetched
 
 
+
+def test_pressure_answered_during_a_step_drops_that_steps_pins_when_it_ends(
+        remote: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefetch thread may answer another user's pressure while a step holds its pins: those pins
+    cannot go then, and must go when the step settles (not stay pinned until the next signal)."""
+    with cached(remote, tmp_path / "cache", 8 * SHARD, prefetch_steps=0) as reader:
+        reader.batch(0)
+        assert reader.cache is not None and reader.cache.held()
+        cache = reader.cache
+        pin_held = cache.pin_held
+
+        def pin_then_answer(needs: Any) -> Any:
+            holds = pin_held(needs)
+            cache.answer_pressure()  # as the poll of an idle prefetch thread would, mid-step
+            return holds
+
+        monkeypatch.setattr(cache, "pin_held", pin_then_answer)
+        cache.dir.signal_pressure()
+        reader.batch(1)
+        assert cache.held() == frozenset()
+
 def test_belady_fetches_fewer_bytes_than_lru_when_epochs_reread(remote: dict[str, Any], tmp_path: Path) -> None:
     steps = 2 * (Reader(remote["dest"], seq_len=SEQ, global_batch_size=GLOBAL).sizes[0] // GLOBAL)
     belady = bytes_fetched(remote["url"], tmp_path / "belady", "belady", steps, remote["built"])
@@ -276,8 +297,10 @@ def test_a_pin_kept_between_steps_serves_the_proven_copy_and_a_replaced_cache_fi
         forged[10] ^= 0x01
         (tmp_path / "forged").write_bytes(bytes(forged))
         os.replace(tmp_path / "forged", victim)
-        reader.cache.dir.signal_pressure()  # the reader drops its idle pins after the next step
         assert (reader.batch(1) == pulled.batch(1)).all()
+        # signalled after step 1, not before: a prefetch thread's poll may answer at once, and step 1
+        # must find its pins (the reader drops its idle pins by the end of step 2 at the latest)
+        reader.cache.dir.signal_pressure()
         with pytest.raises(IntegrityError, match=rf"{victim}: does not match the snapshot .*cache file for"):
             for step in range(2, 10):
                 reader.batch(step)
