@@ -15,16 +15,16 @@ import pytest
 
 from prep import memory
 from prep.errors import ExecutorError
-from prep.runner.executors import local
+from prep.runner.executors import local, worker
 from prep.runner.executors.base import WarmUp
 
 
 def test_every_task_ends_by_releasing_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(local, "release_free_memory", lambda: calls.append("released"))
-    assert local._call(lambda item: item * 2, 21) == 42  # noqa: SLF001
+    monkeypatch.setattr(worker, "release_free_memory", lambda: calls.append("released"))
+    assert worker.call_task(lambda item: item * 2, 21) == 42
     with pytest.raises(ValueError, match="bad"):
-        local._call(lambda item: (_ for _ in ()).throw(ValueError("bad")), 0)  # noqa: SLF001
+        worker.call_task(lambda item: (_ for _ in ()).throw(ValueError("bad")), 0)
     assert calls == ["released", "released"]
 
 
@@ -193,14 +193,29 @@ def test_a_dead_worker_is_replaced_by_the_next_run_from_the_main_thread() -> Non
         executor.close()
 
 
-def test_a_worker_killed_while_idle_fails_the_next_run_with_the_one_line_error() -> None:
-    """Before: a raw BrokenPipeError from sending it a task."""
+def test_workers_killed_while_idle_are_replaced_before_the_next_run() -> None:
+    """No task was lost: the next run starts new workers instead of failing once per dead worker."""
+    executor = local.LocalExecutor(2)
+    try:
+        assert sorted(executor.run(str, [1, 2])) == [(0, "1"), (1, "2")]
+        for pid in executor.pids():
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.3)  # dead, their ends of the pipes closed (zombies until the pool reaps them)
+        assert sorted(executor.run(str, [3, 4])) == [(0, "3"), (1, "4")]
+    finally:
+        executor.close()
+
+
+def test_a_worker_found_dead_only_by_sending_it_a_task_fails_the_run_with_the_one_line_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """It died between the pool's look and the send. Before: a raw BrokenPipeError."""
     executor = local.LocalExecutor(1)
     try:
         assert list(executor.run(str, [1])) == [(0, "1")]
         (pid,) = executor.pids()
         os.kill(pid, signal.SIGKILL)
-        time.sleep(0.3)  # dead, its end of the pipe closed (a zombie until the pool reaps it)
+        time.sleep(0.3)
+        monkeypatch.setattr(executor._workers[0].process, "is_alive", lambda: True)  # noqa: SLF001
         with pytest.raises(ExecutorError, match="a worker process died"):
             list(executor.run(str, [2]))
         assert list(executor.run(str, [3])) == [(0, "3")]
@@ -251,7 +266,7 @@ def test_sigterm_landing_while_a_worker_sends_its_reply_ends_it_quietly() -> Non
 _SIGTERM_WHILE_SENDING = """
 import os, pickle
 from prep.cli.main import Terminated
-from prep.runner.executors import local
+from prep.runner.executors import worker
 
 class Interrupted:
     def recv_bytes(self):
@@ -260,7 +275,7 @@ class Interrupted:
         print("sent", flush=True)
         raise Terminated()
 
-local._serve(Interrupted(), 1, os.getppid())
+worker.serve(Interrupted(), 1, os.getppid())
 print("not ended")
 """
 
@@ -269,16 +284,16 @@ def test_a_worker_whose_driver_closes_its_pipe_mid_task_ends_quietly(capfd: pyte
     """Regression: a worker stopped while a task ran (the pool closed after Ctrl-C, say) met the
     closed pipe sending the result, tried again with an error and printed two BrokenPipeError
     tracebacks to the user's terminal."""
-    worker = local._Worker("spawn", 1)  # noqa: SLF001
+    started = local._Worker.start("spawn", 1)  # noqa: SLF001
     try:
-        worker.send(local._started, None, None)  # noqa: SLF001
-        assert worker.receive()[1]
-        worker.send(time.sleep, 1.5, 0)
+        started.send(local._started, None, None)  # noqa: SLF001
+        assert started.receive()[1]
+        started.send(time.sleep, 1.5, 0)
         time.sleep(0.5)  # the task is running
-        worker.connection.close()
-        worker.process.join(20)
-        assert worker.process.exitcode == 0
+        started.connection.close()
+        started.process.join(20)
+        assert started.process.exitcode == 0  # type: ignore[attr-defined]
     finally:
-        if worker.process.is_alive():
-            worker.process.kill()
+        if started.process.is_alive():
+            started.process.kill()
     assert "Traceback" not in capfd.readouterr().err

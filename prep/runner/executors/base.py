@@ -19,7 +19,9 @@ task after task, for builds whose workers run thousands of tasks. Measured at 16
 documents, a worker's tokenize peak levels off after about ten tasks, so replacing sooner buys
 little: after 16 tasks the largest process was as large as with no replacement, and after 8 it
 was 341 MB against about 360 but the build took 17% longer. A replacement costs about 0.4 s of
-one core for its imports, plus 0.45 s to load the tokenizer in its first tokenize task."""
+one core for its imports, plus 0.45 s to load the tokenizer in its first tokenize task. The local
+pool replaces its workers much sooner (local.FRESH_AFTER) once its zygote can fork replacements
+that hold both already."""
 
 
 @dataclass(frozen=True)

@@ -8,100 +8,54 @@ thread runs: replacements are spawned).
 A worker is replaced by a fresh one after `RECYCLE_AFTER` tasks: whatever its native heap
 gains task after task (the tokenizer's cache of pre-tokens, a C heap fragmented batch by batch),
 only a new process gives all of it back. (Python 3.11's `max_tasks_per_child` cannot do this:
-the pool hangs once a worker exits at its limit, CPython gh-115634.)
+the pool hangs once a worker exits at its limit, CPython gh-115634.) Once a worker of a warmed
+pool has run `FRESH_AFTER` tasks, the pool starts a zygote (prep.runner.executors.zygote) and,
+when it is ready, replaces every worker after `FRESH_AFTER` tasks by one the zygote forks, whose
+imports and tokenizer cost nothing.
 
 Each worker caps the tokenizer's thread pool so that total threads stay near the core count. A
-task's exception travels back pickled; `_call` makes sure it can (a prep error arrives as the
-same one-line error).
+task's exception travels back pickled; `call_task` makes sure it can (a prep error arrives as
+the same one-line error).
 """
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import os
-import pickle
-import signal
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Generator, Sequence
+from contextlib import suppress
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Protocol
 
 from prep.errors import ExecutorError
-from prep.runner.executors.base import RECYCLE_AFTER, Prepare, WarmUp, release_free_memory, transportable
+from prep.runner.executors import zygote
+from prep.runner.executors.base import RECYCLE_AFTER, Prepare, WarmUp
+from prep.runner.executors.worker import serve, sigint_ignored
+
+FRESH_AFTER = 4
+"""Tasks a worker runs before one forked by the zygote replaces it. Measured at 16M short
+documents (docs/performance.md, seventeenth pass): a worker's tokenize peak grows over its first
+tasks; with a fresh worker for every task the largest process at 16M was 310 MB against 307 at 1M,
+against 353 and 306 MB with the spawn replacements after RECYCLE_AFTER tasks alone."""
 
 
-def _die_with(driver: int) -> None:
-    """Have the kernel kill this worker when its driver dies (Linux). Otherwise a driver killed
-    by SIGKILL (or any signal it does not handle) leaves its workers waiting forever on a task
-    queue their forked siblings keep open, each holding its tokenizer and memory."""
-    if sys.platform != "linux":
-        return
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return
-    # Hazard: the kernel ties this to the thread that started the worker, so the pool must be
-    # made (its workers all start in __init__) by a thread that outlives it: the driver's main one.
-    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != driver:  # it died before the call: no signal will come
-        os._exit(1)
+class _Process(Protocol):
+    """What the pool uses of a worker's process: multiprocessing's, or a zygote's ForkedProcess."""
 
+    pid: int | None
 
-def _init_worker(threads: int, driver: int) -> None:
-    _die_with(driver)
-    os.environ["RAYON_NUM_THREADS"] = str(threads)
-    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
-    atexit.register(_exit_now)
-    # Ctrl-C reaches every worker. An idle one ignores it: dying of it would break the pool,
-    # which then kills the busy workers before they remove their partial files (see _call).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    def join(self, timeout: float | None = None) -> None: ...
 
+    def is_alive(self) -> bool: ...
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+    def kill(self) -> None: ...
 
 
 def _started(_: WarmUp | None) -> None:
     """The start-up of a worker given no prepare function: nothing to do."""
-
-
-@contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Ignore Ctrl-C in this process meanwhile (only the main thread may change handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _exit_now() -> None:
-    """End a worker without tearing down its interpreter: a worker's results are all sent by
-    the time it exits, and finalizing the tokenizer, Arrow and numpy costs tenths of a second."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _call(fn: Callable[[Any], Any], item: Any) -> Any:
-    """Run a task in a worker: interruptible by Ctrl-C, raising only exceptions the driver can unpickle."""
-    # An exception that cannot be rebuilt from its pickle would break the whole pool ("a worker
-    # process died"). KeyboardInterrupt passes as it is, after the task's own cleanup.
-    idle = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return fn(item)
-    except Exception as exc:
-        raise transportable(exc) from None
-    finally:
-        signal.signal(signal.SIGINT, idle)
-        release_free_memory()
 
 
 def fork_is_safe() -> bool:
@@ -117,29 +71,35 @@ def _died() -> ExecutorError:
 
 def _may_start_workers() -> bool:
     """Only the main thread starts workers: a worker dies with the thread that started it
-    (`_die_with`), and another thread, such as one hashing inputs meanwhile, may end first."""
+    (`die_with`), and another thread, such as one hashing inputs meanwhile, may end first."""
     return threading.current_thread() is threading.main_thread()
 
 
 class _Worker:
     """One worker process and the driver's end of its pipe, with the replies it still owes."""
 
-    def __init__(self, start_method: str, threads: int) -> None:
+    def __init__(self, connection: Connection, process: _Process) -> None:
+        self.connection, self.process = connection, process
+        self.owed: deque[int | None] = deque()  # a reply per message sent: the task's index, None for a warm-up
+        self.tasks = 0
+        self.dead = False
+
+    @classmethod
+    def start(cls, start_method: str, threads: int) -> _Worker:
+        """A new worker process, forked or spawned by this one."""
         context = get_context(start_method)
-        self.connection, child = context.Pipe()
-        self.process = context.Process(  # type: ignore[attr-defined]
-            target=_serve, args=(child, threads, os.getpid()), daemon=True)
+        connection, child = context.Pipe()
+        process = context.Process(  # type: ignore[attr-defined]
+            target=serve, args=(child, threads, os.getpid()), daemon=True)
         # Output still buffered here would be written again by a forked worker. A worker starts
         # with Ctrl-C ignored (an ignored signal stays ignored across fork and exec): one that
         # started before it could ignore Ctrl-C would die of it.
         sys.stdout.flush()
         sys.stderr.flush()
-        with _sigint_ignored():
-            self.process.start()
+        with sigint_ignored():
+            process.start()
         child.close()
-        self.owed: deque[int | None] = deque()  # a reply per message sent: the task's index, None for a warm-up
-        self.tasks = 0
-        self.dead = False
+        return cls(connection, process)
 
     def send(self, fn: Callable[[Any], Any], item: Any, index: int | None) -> None:
         try:
@@ -170,66 +130,23 @@ class _Worker:
             self.process.join()
 
 
-def _serve(connection: Connection, threads: int, driver: int) -> None:
-    """A worker's life: run each (function, item) the driver sends and send back (True, result)
-    or (False, exception) until it sends None or goes away."""
-    _init_worker(threads, driver)
-    # SIGTERM or Ctrl-C outside a task (waiting, unpickling, sending a reply) ends the worker
-    # quietly: a forked worker inherits the CLI's handler, which raises Terminated wherever it lands.
-    with suppress(KeyboardInterrupt):
-        _serve_messages(connection)
-    _exit_now()
-
-
-def _serve_messages(connection: Connection) -> None:
-    """Answer the driver's messages until it sends None or goes away; a task's own failure, Ctrl-C
-    too, is its reply."""
-    while True:
-        try:
-            raw = connection.recv_bytes()
-        except (EOFError, OSError):  # the driver is gone
-            return
-        try:
-            message = pickle.loads(raw)
-        except Exception as exc:  # noqa: BLE001 -- a task this worker cannot rebuild is that task's error
-            if not _answer(connection, (False, transportable(exc))):
-                return
-            continue
-        if message is None:
-            return
-        fn, item = message
-        try:
-            reply: tuple[bool, Any] = (True, _call(fn, item))
-        except BaseException as exc:  # noqa: BLE001 -- every failure, Ctrl-C too, goes back to the driver
-            reply = (False, exc)
-        if not _answer(connection, reply):
-            return
-
-
-def _answer(connection: Connection, reply: tuple[bool, Any]) -> bool:
-    """Send a reply; False when the driver's end is closed (it stopped this worker mid-task, or is
-    gone): there is no one left to tell, so the worker ends quietly rather than with a traceback."""
-    try:
-        connection.send(reply)
-    except OSError:
-        return False
-    except Exception as exc:  # noqa: BLE001 -- a result that cannot be pickled (nothing was sent)
-        return _answer(connection, (False, RuntimeError(f"a task's result could not be sent back: {exc}")))
-    return True
-
-
 class LocalExecutor:
-    """`workers` processes, kept warm for the whole build and each replaced after
-    `recycle_after` tasks; forked when `fork` is asked for and safe (fork_is_safe), else spawned."""
+    """`workers` processes, kept warm for the whole build and each replaced after `recycle_after`
+    tasks; forked when `fork` is asked for and safe (fork_is_safe), else spawned. Once warmed, each
+    is replaced after `fresh_after` tasks by one its zygote forks, when the zygote is ready."""
 
     shares_filesystem = True
     backend = "local"
 
     def __init__(self, workers: int, prepare: Prepare | None = None, threads_per_worker: int = 1,
-                 fork: bool = False, recycle_after: int | None = None) -> None:
+                 fork: bool = False, recycle_after: int | None = None, fresh_after: int | None = None) -> None:
         self.workers = workers
         self.recycle_after = recycle_after or RECYCLE_AFTER
-        self.replaced = 0
+        self.fresh_after = fresh_after or FRESH_AFTER
+        self.replaced = self.forked = 0  # replacements in all; those the zygote forked
+        self._warm_up: WarmUp | None = None
+        self._zygote: zygote.Zygote | None = None
+        self._retired: list[zygote.Zygote] = []
         self._prepare = prepare
         self._fork = fork
         self._threads = threads_per_worker
@@ -243,7 +160,7 @@ class LocalExecutor:
     def _start(self) -> _Worker:
         """A new worker, importing the task modules (`prepare`). Only `warm` loads a tokenizer:
         a replacement may run only order or shard tasks, and a tokenize task loads it itself."""
-        worker = _Worker(self._start_method(), self._threads)
+        worker = _Worker.start(self._start_method(), self._threads)
         worker.send(self._prepare or _started, None, None)
         return worker
 
@@ -251,6 +168,12 @@ class LocalExecutor:
         """Queue a tokenizer warm-up per worker ahead of the next tasks; its errors are ignored
         (a task that needs the tokenizer reports them)."""
         if self._prepare is not None:
+            if self._zygote is not None and self._warm_up != warm_up:
+                # It holds another tokenizer: a new one starts when needed. Closed only with the
+                # pool, since the workers it forked die with it.
+                self._retired.append(self._zygote)
+                self._zygote = None
+            self._warm_up = warm_up
             for worker in self._workers:
                 with suppress(ExecutorError):  # a dead worker: the next run reports it
                     worker.send(self._prepare, warm_up, None)
@@ -290,10 +213,12 @@ class LocalExecutor:
     def _recycled(self, worker: _Worker) -> _Worker:
         """`worker`, or a fresh process in its place once it has run `recycle_after` tasks."""
         worker.tasks += 1
-        if worker.tasks < self.recycle_after or worker.owed or not _may_start_workers():
+        if worker.owed or not _may_start_workers():
+            return worker
+        if worker.tasks < self.recycle_after and not (worker.tasks >= self.fresh_after and self._zygote_ready()):
             return worker
         worker.stop()
-        fresh = self._start()
+        fresh = self._fresh()
         self._workers[self._workers.index(worker)] = fresh
         self.replaced += 1
         return fresh
@@ -311,14 +236,33 @@ class LocalExecutor:
         self._replace_dead()
 
     def _replace_dead(self) -> None:
-        """Reap every worker marked dead (in `_drain`, or by a send that found it gone) and start
-        one in its place, when this thread may start workers."""
+        """Reap every worker marked dead (in `_drain`, or by a send that found it gone) or found
+        dead while idle (killed, or gone with its zygote: no task was lost) and start one in its
+        place, when this thread may start workers."""
         if not _may_start_workers():
             return
         for position, worker in enumerate(self._workers):
-            if worker.dead:
+            if worker.dead or not worker.owed and not worker.process.is_alive():
                 worker.stop()
-                self._workers[position] = self._start()
+                self._workers[position] = self._fresh()
+
+    def _fresh(self) -> _Worker:
+        """A replacement: forked by the zygote when it is ready, else started as the first workers were."""
+        if self._zygote is not None and self._zygote.ready():
+            forked = self._zygote.fork()
+            if forked is not None:
+                self.forked += 1
+                return _Worker(*forked)
+        return self._start()
+
+    def _zygote_ready(self) -> bool:
+        """Whether the zygote can fork a replacement now; the first ask of a warmed pool starts it
+        (spawned: a forked one would carry the driver's memory into every worker)."""
+        if self._zygote is None:
+            if self._warm_up is not None and self._prepare is not None and zygote.supported():
+                self._zygote = zygote.Zygote("spawn", self._threads, self._prepare, self._warm_up)
+            return False
+        return self._zygote.ready()
 
     def pids(self) -> list[int]:
         """The worker processes' ids (tests signal them)."""
@@ -328,3 +272,6 @@ class LocalExecutor:
         for worker in self._workers:
             worker.stop()
         self._workers = []
+        for retired in [*self._retired, *([self._zygote] if self._zygote is not None else [])]:
+            retired.close()
+        self._retired, self._zygote = [], None

@@ -1,0 +1,236 @@
+"""The local pool's zygote: once a warmed pool's workers have run `fresh_after` tasks, it forks
+their replacements, which hold the imports and the tokenizer already; it dies with the driver,
+takes its workers with it, and a lost zygote leaves the pool spawning as before."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from prep.config import load_pipeline
+from prep.errors import ExecutorError
+from prep.progress import Progress
+from prep.runner.build import build
+from prep.runner.executors import zygote
+from prep.runner.executors.base import WarmUp
+from prep.runner.executors.local import LocalExecutor
+from prep.runner.tasks import prepare_worker
+from prep.storage import LocalStore
+from prep.tokenizer import load_tokenizer
+from tests.helpers import make_records, write_jsonl, write_pipeline
+from tests.runner.buildsupport import build_local
+
+pytestmark = pytest.mark.skipif(not zygote.supported(), reason="the zygote needs Linux pidfds")
+
+
+def _engines_at_start(item: int) -> tuple[int, int, int]:
+    """(pid, parent pid, tokenizer engines this worker holds before the task does anything)."""
+    from prep.stages import tokenize
+
+    return os.getpid(), os.getppid(), len(tokenize._ENGINES)  # noqa: SLF001
+
+
+def _kill_self(item: int) -> int:
+    if item == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.1)
+    return item
+
+
+def _warm_up(tokenizer_path: Path) -> WarmUp:
+    info = load_tokenizer(tokenizer_path, "<|endoftext|>")[1]
+    return WarmUp(str(tokenizer_path), info.sha256, "<|endoftext|>", True, "tokenizers")
+
+
+def _fork_fails(*_: object) -> int:
+    raise OSError(11, "Resource temporarily unavailable")
+
+
+def _prepare_without_fork(warm: WarmUp | None) -> None:
+    """A prepare function after which this process cannot fork (run by the zygote too)."""
+    os.fork = _fork_fails
+
+
+@pytest.fixture
+def pool(tokenizer_path: Path) -> Iterator[LocalExecutor]:
+    """A warmed pool of two whose workers go to the zygote after every task, with the zygote ready."""
+    executor = LocalExecutor(2, prepare_worker, fresh_after=1)
+    try:
+        executor.warm(_warm_up(tokenizer_path))
+        deadline = time.monotonic() + 60
+        while not executor.forked:
+            assert time.monotonic() < deadline, "the zygote never forked a worker"
+            list(executor.run(_engines_at_start, [0, 1]))
+            time.sleep(0.05)
+        yield executor
+    finally:
+        executor.close()
+
+
+def test_replacements_are_forked_by_the_zygote_and_hold_the_tokenizer(pool: LocalExecutor) -> None:
+    assert pool._zygote is not None  # noqa: SLF001
+    zygote_pid = pool._zygote.process.pid  # noqa: SLF001
+    forked = pool.forked
+    results = [value for _, value in sorted(pool.run(_engines_at_start, list(range(12))))]
+    assert pool.forked >= forked + 10
+    assert {parent for _, parent, _ in results} == {zygote_pid}
+    assert {engines for _, _, engines in results} == {1}  # loaded by the zygote, not by the task
+    per_process: dict[int, int] = {}
+    for pid, _, _ in results:
+        per_process[pid] = per_process.get(pid, 0) + 1
+    assert max(per_process.values()) == 1  # fresh_after=1: a new process for every task
+
+
+def test_a_killed_forked_worker_fails_the_run_with_the_one_line_error_and_the_pool_goes_on(
+        pool: LocalExecutor) -> None:
+    with pytest.raises(ExecutorError, match="a worker process died"):
+        list(pool.run(_kill_self, [0, 1, 2, 3]))
+    assert sorted(pool.run(_kill_self, [0, 2])) == [(0, 0), (1, 2)]
+
+
+def test_forked_workers_killed_while_idle_are_replaced_before_the_next_run(pool: LocalExecutor) -> None:
+    for pid in pool.pids():
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.3)
+    forked = pool.forked
+    assert sorted(pool.run(str, [1, 2])) == [(0, "1"), (1, "2")]
+    assert pool.forked >= forked + 2
+
+
+def test_a_lost_zygote_takes_its_workers_and_the_pool_spawns_their_replacements(pool: LocalExecutor) -> None:
+    assert pool._zygote is not None  # noqa: SLF001
+    os.kill(pool._zygote.process.pid, signal.SIGKILL)  # noqa: SLF001
+    pool._zygote.process.join(10)  # noqa: SLF001
+    time.sleep(0.3)  # its workers die with it (their parent-death signal): replaced, spawned
+    forked = pool.forked
+    results = [value for _, value in pool.run(_engines_at_start, list(range(6)))]
+    assert {parent for _, parent, _ in results} == {os.getpid()}  # spawned by the pool itself
+    assert pool.forked == forked and pool._zygote.broken  # noqa: SLF001
+
+
+def test_closing_reaps_the_zygote_and_every_worker_it_forked(pool: LocalExecutor) -> None:
+    """A container's init may never reap an orphan: the zygote reaps its workers before it ends."""
+    assert pool._zygote is not None  # noqa: SLF001
+    pids = [*pool.pids(), pool._zygote.process.pid]  # noqa: SLF001
+    pool.close()
+    time.sleep(0.3)
+    assert all(not Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+def test_sigterm_is_ignored_by_the_zygote_and_ends_an_idle_forked_worker_quietly(pool: LocalExecutor,
+                                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM to the process group (a scheduler's stop) reaches the zygote too: dying of it would
+    kill every worker mid-task (their parent-death signal) before they clean up."""
+    assert pool._zygote is not None  # noqa: SLF001
+    os.kill(pool._zygote.process.pid, signal.SIGTERM)  # noqa: SLF001
+    worker = pool._workers[0]  # noqa: SLF001
+    os.kill(worker.process.pid or 0, signal.SIGTERM)
+    worker.process.join(10)
+    assert not worker.process.is_alive() and pool._zygote.ready()  # noqa: SLF001
+    forked = pool.forked
+    assert sorted(pool.run(str, list(range(4)))) == [(index, str(index)) for index in range(4)]
+    assert pool.forked > forked
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_driver_killed_by_sigkill_takes_the_zygote_and_its_workers_down(tokenizer_path: Path) -> None:
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(tokenizer_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert driver.stdout is not None
+        pids = [int(pid) for pid in driver.stdout.readline().split()]
+        assert len(pids) == 3 and all(Path(f"/proc/{pid}").exists() for pid in pids)
+    finally:
+        driver.kill()
+        driver.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, "the zygote or its workers outlived the driver"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waits only to be reaped: it holds nothing)."""
+    try:
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:4]
+    except FileNotFoundError:
+        return False
+
+
+_DRIVER = """
+import sys, time
+from pathlib import Path
+from tests.runner.test_zygote import _engines_at_start, _warm_up
+from prep.runner.executors.local import LocalExecutor
+from prep.runner.tasks import prepare_worker
+executor = LocalExecutor(2, prepare_worker, fresh_after=1)
+executor.warm(_warm_up(Path(sys.argv[1])))
+while executor.forked < 2:
+    list(executor.run(_engines_at_start, [0, 1]))
+    time.sleep(0.05)
+print(*executor.pids(), executor._zygote.process.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_workers_forked_by_the_zygote_build_the_default_pools_snapshot(tmp_path: Path, tokenizer_path: Path) -> None:
+    """A new worker for every task, forked with the tokenizer the zygote loaded: the same bytes.
+    The second build on the same pool finds its zygote (started by the first) ready."""
+    for name, count in (("a", 60), ("b", 45), ("c", 30)):
+        write_jsonl(tmp_path / "corpus" / f"{name}.jsonl", make_records(count, seed=len(name) + count, prefix=name))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
+    reference = build_local(pipeline, tmp_path / "reference", workers=2)
+    executor = LocalExecutor(2, prepare_worker, fresh_after=1)
+    try:
+        first = build(load_pipeline(pipeline), LocalStore(tmp_path / "first"), executor, (), Progress(quiet=True))
+        deadline = time.monotonic() + 60
+        while executor._zygote is None or not executor._zygote.ready():  # noqa: SLF001 -- started by the first build
+            assert time.monotonic() < deadline, "the zygote never got ready"
+            time.sleep(0.05)
+        forked = executor.forked
+        second = build(load_pipeline(pipeline), LocalStore(tmp_path / "second"), executor, (), Progress(quiet=True))
+    finally:
+        executor.close()
+    assert first.snapshot.id == second.snapshot.id == reference.snapshot.id
+    tasks = sum(stage.ran for stage in second.stages.values())
+    assert executor.forked - forked >= tasks // 2  # a run on a side thread replaces no worker
+
+
+def test_a_warm_up_for_another_tokenizer_retires_the_zygote_without_killing_its_workers(
+        pool: LocalExecutor, tmp_path: Path) -> None:
+    """Its workers die with it: it may end only with the pool."""
+    assert pool._zygote is not None  # noqa: SLF001
+    old = pool._zygote.process  # noqa: SLF001
+    other = tmp_path / "other.json"
+    other.write_bytes(Path(pool._warm_up.tokenizer_path).read_bytes().replace(b'"<|endoftext|>"', b'"<|endoftext|>" '))  # type: ignore[union-attr]  # noqa: SLF001
+    workers = pool.pids()
+    pool.warm(_warm_up(other))
+    time.sleep(0.3)
+    assert old.is_alive() and pool._zygote is None  # noqa: SLF001
+    assert all(_alive(pid) for pid in workers)
+    pool.close()
+    assert not old.is_alive()
+
+
+def test_a_zygote_that_cannot_fork_says_so_and_the_pool_spawns_instead(tokenizer_path: Path,
+                                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    executor = LocalExecutor(2, _prepare_without_fork, fresh_after=1)
+    try:
+        executor.warm(_warm_up(tokenizer_path))
+        deadline = time.monotonic() + 60
+        while executor._zygote is None or not executor._zygote.broken:  # noqa: SLF001
+            assert time.monotonic() < deadline, "the zygote was never asked to fork"
+            assert sorted(executor.run(str, [1, 2])) == [(0, "1"), (1, "2")]
+            time.sleep(0.05)
+        assert executor.forked == 0
+        assert sorted(executor.run(str, list(range(6)))) == [(index, str(index)) for index in range(6)]
+        assert executor.replaced >= 1  # the one whose fork failed: spawned
+    finally:
+        executor.close()
+    assert "Traceback" not in capfd.readouterr().err
