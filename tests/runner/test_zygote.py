@@ -67,9 +67,24 @@ def pool(tokenizer_path: Path) -> Iterator[LocalExecutor]:
         deadline = time.monotonic() + 60
         while not executor.forked:
             assert time.monotonic() < deadline, "the zygote never forked a worker"
-            list(executor.run(_engines_at_start, [0, 1]))
+            list(executor.run(_engines_at_start, list(range(8))))  # a run long enough to start it
             time.sleep(0.05)
         yield executor
+    finally:
+        executor.close()
+
+
+def test_a_run_too_short_for_any_worker_to_age_much_starts_no_zygote(tokenizer_path: Path) -> None:
+    """Fewer than `fresh_after` tasks per worker left when one reaches its quota: a zygote's start
+    (imports and a tokenizer load) would cost more than its forks save (a short build)."""
+    executor = LocalExecutor(2, prepare_worker, fresh_after=2)
+    try:
+        executor.warm(_warm_up(tokenizer_path))
+        for _ in range(10):
+            assert sorted(executor.run(str, list(range(5)))) == [(index, str(index)) for index in range(5)]
+        assert executor._zygote is None and executor.replaced == 0  # noqa: SLF001
+        assert sorted(executor.run(str, list(range(12))))  # 4 tasks per worker still queued: started
+        assert executor._zygote is not None  # noqa: SLF001
     finally:
         executor.close()
 
@@ -172,7 +187,7 @@ from prep.runner.tasks import prepare_worker
 executor = LocalExecutor(2, prepare_worker, fresh_after=1)
 executor.warm(_warm_up(Path(sys.argv[1])))
 while executor.forked < 2:
-    list(executor.run(_engines_at_start, [0, 1]))
+    list(executor.run(_engines_at_start, list(range(8))))
     time.sleep(0.05)
 print(*executor.pids(), executor._zygote.process.pid, flush=True)
 time.sleep(120)
@@ -226,7 +241,7 @@ def test_a_zygote_that_cannot_fork_says_so_and_the_pool_spawns_instead(tokenizer
         deadline = time.monotonic() + 60
         while executor._zygote is None or not executor._zygote.broken:  # noqa: SLF001
             assert time.monotonic() < deadline, "the zygote was never asked to fork"
-            assert sorted(executor.run(str, [1, 2])) == [(0, "1"), (1, "2")]
+            assert sorted(executor.run(str, list(range(8)))) == [(index, str(index)) for index in range(8)]
             time.sleep(0.05)
         assert executor.forked == 0
         assert sorted(executor.run(str, list(range(6)))) == [(index, str(index)) for index in range(6)]

@@ -189,7 +189,7 @@ class LocalExecutor:
                     worker = next(worker for worker in self._workers if worker.connection is connection)
                     index, succeeded, value = worker.receive()
                     if index is not None:
-                        worker = self._recycled(worker)
+                        worker = self._recycled(worker, len(queue))
                     self._feed(worker, fn, queue)
                     if index is None:
                         continue  # a warm-up's errors are for the tasks that need its tokenizer
@@ -210,12 +210,13 @@ class LocalExecutor:
             index, item = queue.popleft()
             worker.send(fn, item, index)
 
-    def _recycled(self, worker: _Worker) -> _Worker:
-        """`worker`, or a fresh process in its place once it has run `recycle_after` tasks."""
+    def _recycled(self, worker: _Worker, queued: int) -> _Worker:
+        """`worker`, or a fresh process in its place once it has run `recycle_after` tasks, or
+        `fresh_after` when the zygote can fork the replacement (started with `queued` tasks left)."""
         worker.tasks += 1
         if worker.owed or not _may_start_workers():
             return worker
-        if worker.tasks < self.recycle_after and not (worker.tasks >= self.fresh_after and self._zygote_ready()):
+        if worker.tasks < self.recycle_after and not (worker.tasks >= self.fresh_after and self._zygote_ready(queued)):
             return worker
         worker.stop()
         fresh = self._fresh()
@@ -255,11 +256,15 @@ class LocalExecutor:
                 return _Worker(*forked)
         return self._start()
 
-    def _zygote_ready(self) -> bool:
-        """Whether the zygote can fork a replacement now; the first ask of a warmed pool starts it
-        (spawned: a forked one would carry the driver's memory into every worker)."""
+    def _zygote_ready(self, queued: int) -> bool:
+        """Whether the zygote can fork a replacement now. A warmed pool starts it (spawned: a forked
+        one would carry the driver's memory into every worker) the first time it is asked with at
+        least `fresh_after` tasks per worker still queued: in a shorter run, or a short build, no
+        worker would grow much older, and the zygote's start (imports and tokenizer: about 0.85 s of
+        a core) would buy nothing."""
         if self._zygote is None:
-            if self._warm_up is not None and self._prepare is not None and zygote.supported():
+            if (queued >= self.workers * self.fresh_after and self._warm_up is not None
+                    and self._prepare is not None and zygote.supported()):
                 self._zygote = zygote.Zygote("spawn", self._threads, self._prepare, self._warm_up)
             return False
         return self._zygote.ready()
