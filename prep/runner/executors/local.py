@@ -9,7 +9,8 @@ A worker is replaced by a fresh one after `RECYCLE_AFTER` tasks: whatever its na
 gains task after task (the tokenizer's cache of pre-tokens, a C heap fragmented batch by batch),
 only a new process gives all of it back. (Python 3.11's `max_tasks_per_child` cannot do this:
 the pool hangs once a worker exits at its limit, CPython gh-115634.) Once a worker of a warmed
-pool has run `FRESH_AFTER` tasks, the pool starts a zygote (prep.runner.executors.zygote) and,
+pool has run `FRESH_AFTER` tasks with as many per worker still queued, the pool starts a zygote
+(prep.runner.executors.zygote) and,
 when it is ready, replaces every worker after `FRESH_AFTER` tasks by one the zygote forks, whose
 imports and tokenizer cost nothing.
 
