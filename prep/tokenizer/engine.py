@@ -8,7 +8,8 @@ naming the document.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,23 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from prep.errors import TokenizerError
 from prep.tokenizer import TokenizerInfo, UnencodableDocument
 from prep.tokenizer.backends import Backend, ReferenceBackend, make_backend
 from prep.tokenizer.crosscheck import crosscheck, sample_budget, select_sample
 from prep.tokenizer.spans import SpanTexts, TokenSpans
+
+
+@contextmanager
+def rust_panics_reported(doing: str) -> Iterator[None]:
+    """A panic inside a Rust tokenizer arrives as pyo3's PanicException, a BaseException that no
+    `except Exception` sees (a traceback for the user): it becomes one TokenizerError here."""
+    try:
+        yield
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise TokenizerError(f"the tokenizer library crashed (a Rust panic) {doing}: {exc}") from None
 
 
 @dataclass
@@ -33,7 +47,8 @@ class TokenizerEngine:
 
     @classmethod
     def create(cls, kind: str, path: Path, tokenizer: Tokenizer, info: TokenizerInfo, threads: int) -> TokenizerEngine:
-        backend = make_backend(kind, path, tokenizer, info, threads)
+        with rust_panics_reported(f"loading {path}"):
+            backend = make_backend(kind, path, tokenizer, info, threads)
         reference = backend if isinstance(backend, ReferenceBackend) else ReferenceBackend(
             tokenizer, np.dtype(info.dtype), str(path))
         return cls(info, backend, reference)
@@ -42,6 +57,11 @@ class TokenizerEngine:
                        names: Sequence[str]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Encode the valid UTF-8 texts `blob[offsets[i]:offsets[i + 1]]` (named `names` in errors)
         into one token array and its n + 1 offsets, and cross-check a sample of them."""
+        with rust_panics_reported(f"encoding the batch that starts at {names[0] if names else 'its first document'}"):
+            return self._encode_columns(blob, offsets, names)
+
+    def _encode_columns(self, blob: bytes, offsets: np.ndarray[Any, Any],
+                        names: Sequence[str]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         try:
             tokens, token_offsets = self.backend.encode_flat(blob, offsets)
         except UnencodableDocument as exc:
