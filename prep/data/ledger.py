@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from prep.data.reader import MAX_SAMPLES, Exhausted, Reader
+from prep.data.checks import sample_count
+from prep.data.reader import Exhausted, Reader
 from prep.data.source import SnapshotSource
 from prep.errors import IntegrityError, UsageError
 from prep.formats import wds
@@ -241,8 +242,6 @@ class _Tally:
 
 def _scan(reader: Reader, samples: int, hashing: bool) -> tuple[_Tally, list[np.ndarray]]:
     """Map the first `samples` global samples to documents and count them."""
-    if not 0 <= samples <= MAX_SAMPLES:  # past it no reader serves a sample: the scan would never end
-        raise UsageError(f"samples must be in [0, {MAX_SAMPLES}], got {samples}")
     bounds = [source.document_bounds() for source in reader.sources]
     tally = _Tally(reader, bounds, hashing)
     for picked, pairs in _chunks(reader, bounds, samples):
@@ -368,6 +367,7 @@ def _settings(reader: Reader, samples: int, tally: _Tally, methods: list[str]) -
 
 def consumed(reader: Reader, samples: int) -> Ledger:
     """The ledger of the first `samples` global samples `reader` serves (from sample 0)."""
+    samples = sample_count(samples)  # a bool, 1.5 or a numpy integer would reach the report
     tally, bounds = _scan(reader, samples, hashing=True)
     methods, uses = _uses(reader, tally, bounds)
     return Ledger(**_settings(reader, samples, tally, methods), documents=tuple(uses.values()),
@@ -376,6 +376,7 @@ def consumed(reader: Reader, samples: int) -> Ledger:
 
 def find(reader: Reader, samples: int, document: str) -> DocumentQuery:
     """Whether document id `document` was touched in the first `samples` global samples, by which."""
+    samples = sample_count(samples)  # a bool, 1.5 or a numpy integer would reach the report
     tally, bounds = _scan(reader, samples, hashing=False)
     methods, uses = _uses(reader, tally, bounds)
     matches = {key: use for key, use in uses.items() if use.id == document}

@@ -75,11 +75,19 @@ def _source(path: Path, index: int, entry: Any) -> SourceSpec:
     snapshot, weight, max_epochs = entry.get("snapshot"), entry.get("weight", 1.0), entry.get("max_epochs")
     if not isinstance(snapshot, str) or not snapshot:
         raise ConfigError(f"{where}.snapshot: expected a snapshot spec such as web@latest or sha256:...")
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) or weight < 0:
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not _finite(weight) or weight < 0:
         raise ConfigError(f"{where}.weight: expected a finite number >= 0, got {weight!r}")
     if max_epochs is not None and (isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1):
         raise ConfigError(f"{where}.max_epochs: expected a whole number >= 1, got {max_epochs!r}")
     return SourceSpec(snapshot, float(weight), max_epochs)
+
+
+def _finite(number: int | float) -> bool:
+    """True when `number` is a finite float, or an int a float can hold (10**400 cannot)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
 
 
 def mixture_hash(seed: int, sources: list[tuple[str, float, int | None]]) -> str:

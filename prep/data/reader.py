@@ -21,24 +21,22 @@ from typing import Any
 
 import numpy as np
 
+from prep.data import checks
 from prep.data.cache import NodeCache
 from prep.data.cachevalues import CacheOptions, whole
+from prep.data.checks import MAX_SAMPLES as MAX_SAMPLES  # where ledger, torch and the tests find them
+from prep.data.checks import STATE_SCHEMA as STATE_SCHEMA
 from prep.data.mixture import MixtureSpec, Schedule, SourceSpec, mixture_hash, parse_mixture
 from prep.data.permutation import IndexPermutation
 from prep.data.plan import Need, Plan
 from prep.data.prefetch import Prefetcher
 from prep.data.remote import CachedSource
 from prep.data.source import SnapshotSource
-from prep.errors import IntegrityError, UsageError
-from prep.manifest.schema import validate
+from prep.errors import UsageError
 from prep.storage import open_store
 from prep.storage.base import Store
 
-STATE_SCHEMA = "prep.reader-state/1"
 MODES = ("tokens", "documents")
-# Global samples a reader serves at most: every index it computes stays well inside int64 (a
-# tampered state or a stray step would otherwise overflow numpy's arithmetic, silently or not).
-MAX_SAMPLES = 1 << 62
 PLAN_GROWTH = 8  # plan steps computed in one block: the first window, then each time it is this short
 
 
@@ -122,13 +120,8 @@ class Reader:
         (prep.data.cachevalues.CacheOptions): read snapshot specs straight from `store` through them."""
         if mode not in MODES:
             raise UsageError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        seq_len, global_batch_size, world_size, rank, seed = (
-            whole("seq_len", seq_len), whole("global_batch_size", global_batch_size),
-            whole("world_size", world_size), whole("rank", rank, 0), whole("seed", seed, 0, 2**64))
-        if rank >= world_size:
-            raise UsageError(f"rank {rank} is not below world_size {world_size}")
-        if global_batch_size % world_size:
-            raise UsageError(f"global_batch_size {global_batch_size} is not a multiple of world_size {world_size}")
+        seq_len, global_batch_size, world_size, rank, seed = checks.settings(seq_len, global_batch_size, world_size, rank,
+                                                                           seed)
         unknown = sorted(set(cache) - set(CacheOptions.__dataclass_fields__))
         if unknown:
             raise UsageError(f"Reader got an unknown option {unknown[0]!r}")
@@ -186,7 +179,7 @@ class Reader:
     def sample_ids(self, first: int, count: int) -> list[tuple[int, int, int]]:
         """(source, epoch, sample index) of global samples [first, first + count); raises
         Exhausted when one of them lies past its source's max_epochs."""
-        source, epoch, sample = self._samples(first, count)
+        source, epoch, sample = self._samples(*checks.span(first, count))
         return list(zip(source.tolist(), epoch.tolist(), sample.tolist()))
 
     def _samples(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -370,21 +363,7 @@ class Reader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a state; refuse one saved over other data or settings (world size may differ)."""
-        mine = self.state_dict()
-        if not isinstance(state, dict) or state.get("schema") != STATE_SCHEMA:
-            found = state.get("schema") if isinstance(state, dict) else type(state).__name__
-            raise UsageError(f"not a prep reader state: schema {found!r}, expected {STATE_SCHEMA}")
-        try:
-            validate(state, STATE_SCHEMA, "reader state")
-        except IntegrityError as exc:
-            raise UsageError(str(exc)) from None
-        for key in ("sources", "mixture", "seed", "seq_len", "global_batch_size", "mode"):
-            if state.get(key) != mine[key]:
-                raise UsageError(f"reader state is for {key} {state.get(key)!r}, this reader has {mine[key]!r}")
-        samples = state.get("samples")
-        if not isinstance(samples, int) or not 0 <= samples <= MAX_SAMPLES or samples % self.global_batch_size:
-            raise UsageError(f"reader state has an invalid sample count {samples!r}")
-        self.consumed = samples
+        self.consumed = checks.state_samples(state, self.state_dict())
 
 
 def _restore(settings: tuple[Any, ...], state: dict[str, Any]) -> Reader:

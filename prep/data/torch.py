@@ -13,7 +13,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from prep.data.cachevalues import whole
-from prep.data.reader import Exhausted, Reader
+from prep.data.reader import MAX_SAMPLES, Exhausted, Reader
+from prep.errors import UsageError
 
 
 class ReaderDataset(IterableDataset[Any]):
@@ -61,6 +62,8 @@ class ReaderDataset(IterableDataset[Any]):
         reader = self._main_reader()
         state = reader.state_dict()
         state["samples"] = (self._start_step + consumed) * reader.global_batch_size
+        if state["samples"] > MAX_SAMPLES:  # a state no reader would load
+            raise UsageError(f"batches_consumed {consumed} puts the state past the last sample a reader serves")
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

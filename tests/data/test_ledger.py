@@ -211,3 +211,10 @@ def test_cli_refuses_a_state_for_other_data_in_one_line(built: dict[str, Path], 
     assert state["sources"][0] in lines[0] and mine["sources"][0] in lines[0]
     both = run_prep("consumed", built["a"], "--state", tmp_path / "other.json", "--samples", "8", check=False)
     assert both.returncode == 2 and "do not also pass --samples" in both.stderr
+
+
+def test_a_numpy_sample_count_gives_the_report_of_the_same_int(built: dict[str, Path]) -> None:
+    """Regression: numpy's int64 reached the report as it was, and json.dumps of it raised TypeError."""
+    reader = Reader(built["a"], seq_len=SEQ, global_batch_size=GLOBAL, seed=2)
+    ledger = consumed(reader, np.int64(5 * GLOBAL))  # type: ignore[arg-type]
+    assert type(ledger.samples) is int and json.loads(json.dumps(ledger.to_json())) == consumed(reader, 5 * GLOBAL).to_json()
