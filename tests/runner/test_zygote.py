@@ -26,6 +26,7 @@ from prep.storage import LocalStore
 from prep.tokenizer import load_tokenizer
 from tests.helpers import make_records, write_jsonl, write_pipeline
 from tests.runner.buildsupport import build_local
+from tests.runner.test_executors import _kill_self
 
 pytestmark = pytest.mark.skipif(not zygote.supported(), reason="the zygote needs Linux pidfds")
 
@@ -35,13 +36,6 @@ def _engines_at_start(item: int) -> tuple[int, int, int]:
     from prep.stages import tokenize
 
     return os.getpid(), os.getppid(), len(tokenize._ENGINES)  # noqa: SLF001
-
-
-def _kill_self(item: int) -> int:
-    if item == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    time.sleep(0.1)
-    return item
 
 
 def _warm_up(tokenizer_path: Path) -> WarmUp:
