@@ -217,7 +217,8 @@ class LocalExecutor:
         worker.tasks += 1
         if worker.owed or not _may_start_workers():
             return worker
-        if worker.tasks < self.recycle_after and not (worker.tasks >= self.fresh_after and self._zygote_ready(queued)):
+        due = worker.tasks >= self.recycle_after or (worker.tasks >= self.fresh_after and self._zygote_ready(queued))
+        if not due:
             return worker
         worker.stop()
         fresh = self._fresh()

@@ -85,10 +85,10 @@ def call_task(fn: Callable[[Any], Any], item: Any) -> Any:
         release_free_memory()
 
 
-def serve(connection: Connection, threads: int, driver: int) -> None:
-    """A worker's life: run each (function, item) the driver sends and send back (True, result)
-    or (False, exception) until it sends None or goes away."""
-    init_worker(threads, driver)
+def serve(connection: Connection, threads: int, parent: int) -> None:
+    """A worker's life (it dies with `parent`): run each (function, item) the driver sends and send
+    back (True, result) or (False, exception) until it sends None or goes away."""
+    init_worker(threads, parent)
     # SIGTERM or Ctrl-C outside a task (waiting, unpickling, sending a reply) ends the worker
     # quietly: a forked worker inherits the CLI's handler, which raises Terminated wherever it lands.
     with suppress(KeyboardInterrupt):

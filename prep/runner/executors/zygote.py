@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from prep.runner.executors.base import Prepare, WarmUp, release_free_memory
-from prep.runner.executors.worker import die_with, exit_now, init_worker, serve_messages, sigint_ignored
+from prep.runner.executors.worker import exit_now, init_worker, serve, sigint_ignored
 
 REAP_SECONDS = 0.5  # how often an idle zygote reaps the workers that ended
 FORK_SECONDS = 10.0  # how long the driver waits for a forked worker before it gives up on the zygote
@@ -59,7 +59,8 @@ class ForkedProcess:
 
 
 class Zygote:
-    """The driver's handle on its zygote: `warm` it, ask whether it is `ready`, `fork` workers."""
+    """The driver's handle on its zygote (started with the build's warm-up): ask whether it is
+    `ready`, `fork` workers, `close` it."""
 
     def __init__(self, start_method: str, threads: int, prepare: Prepare, warm_up: WarmUp) -> None:
         context = get_context(start_method)
@@ -133,13 +134,16 @@ def _live(control: Connection, threads: int, driver: int, prepare: Prepare, warm
             break
         if message != "fork":
             break
-        _fork(control, terminate)
+        try:
+            _fork(control, threads, terminate)
+        except OSError:  # the driver went away mid-answer (or no pidfd): its forked worker dies with this process
+            break
         _reap()
     _reap()  # the workers the driver stopped: left to init, they might stay zombies (a container's init may not reap)
     exit_now()
 
 
-def _fork(control: Connection, terminate: Any) -> None:
+def _fork(control: Connection, threads: int, terminate: Any) -> None:
     """Fork a worker; send the driver its pid, then its pipe's other end and a pidfd."""
     ours, theirs = socket.socketpair()
     zygote = os.getpid()
@@ -155,9 +159,7 @@ def _fork(control: Connection, terminate: Any) -> None:
             control.close()
             ours.close()
             signal.signal(signal.SIGTERM, terminate)
-            die_with(zygote)  # which dies with the driver
-            with suppress(KeyboardInterrupt):
-                serve_messages(Connection(theirs.detach()))
+            serve(Connection(theirs.detach()), threads, zygote)  # dies with the zygote, which dies with the driver
         finally:
             exit_now()
     theirs.close()
