@@ -11,7 +11,10 @@ complete `prep build` with `backend = "gigatoken"`, --workers = cores, fresh sto
 ["bin"] and ["bin", "wds"]. Prints wall seconds, documents/s, MB/s of text, peak RSS of the
 process tree and of the largest single process, the ratio ceiling/build, each stage's seconds
 (from the build's progress lines) and, with wds, `dd` writing the same bytes to the same disk (through
-the page cache; and direct, then read back direct, as the shard stage does).
+the page cache; and direct, then read back direct, as the shard stage does). With `--runs N` the
+sizes take turns, one round over all of them at a time, and the end gives each size's median build
+seconds (wall, and CPU of every process), median ratio and how much more of each a size took than
+the one before it.
 
 The append benchmark builds the 1M corpus, appends 100 new documents to one file and rebuilds
 into the same store: rebuild seconds, shards rewritten per format, bytes added to the store, and
@@ -21,6 +24,7 @@ what `prep pull NEW DEST` copies when DEST holds the old version.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -153,8 +157,9 @@ def tokenize_task_seconds(store: Path) -> list[float]:
     return sorted(float(log.get("seconds", 0.0)) for log in tasks.values())
 
 
+@functools.cache
 def text_bytes(folder: Path) -> tuple[int, int]:
-    """(documents, UTF-8 bytes of text) of a corpus."""
+    """(documents, UTF-8 bytes of text) of a corpus (counted once per run of the benchmark)."""
     documents = total = 0
     for path in sorted(folder.glob("*.jsonl")):
         with open(path, encoding="utf-8") as handle:
@@ -171,39 +176,77 @@ def row(label: str, what: str, seconds: float, documents: int, nbytes: int, run:
           f" {rss} {ratio:>6}", flush=True)
 
 
+def build_once(args: argparse.Namespace, label: str, folder: Path, tok: Path, formats: list[str],
+               ceiling_seconds: float) -> tuple[float, float]:
+    """One measured `prep build` of `folder` into a fresh store, printed with its details; its wall
+    and CPU seconds."""
+    documents, nbytes = text_bytes(folder)
+    store = args.workdir / "store-scale"
+    shutil.rmtree(store, ignore_errors=True)
+    load_before = os.getloadavg()[0]
+    run = build(write_pipeline(args.workdir, folder, tok, formats), store, args.workers)
+    row(label, f"prep build {'+'.join(formats)}", run.seconds, documents, nbytes, run,
+        f"{ceiling_seconds / run.seconds:.2f}")
+    stages = stage_seconds(run.stderr)
+    tasks = tokenize_task_seconds(store)
+    print(f"      CPU {run.cpu_seconds:.1f} s (user and system, every process); "
+          f"stages: {json.dumps(stages)}; tokenize tasks: {len(tasks)}, "
+          f"{sum(tasks):.1f} s in all, longest {max(tasks, default=0):.2f} s; "
+          f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after", flush=True)
+    print(f"      largest process by stage, sampled (MB): {stage_megabytes(run)}", flush=True)
+    if "wds" in formats:
+        tar = artifact_bytes(store, ("wds",))
+        buffered, direct, read = dd_seconds(args.workdir, tar)
+        print(f"      dd of the tar bytes ({tar / 1e6:.0f} MB): {buffered:.2f} s through the page cache; "
+              f"{direct:.2f} s direct, then {read:.2f} s to read them back direct; "
+              f"shard stage {stages.get('shard', 0):.1f} s", flush=True)
+    shutil.rmtree(store, ignore_errors=True)
+    return run.seconds, run.cpu_seconds
+
+
+def ceiling_once(label: str, folder: Path, tok: Path) -> float:
+    """gigatoken's `encode_files` over `folder`, printed; its seconds."""
+    documents, nbytes = text_bytes(folder)
+    ceiling = measure([sys.executable, "-c", CEILING, str(folder), str(tok)])
+    seconds = float(json.loads(ceiling.stdout)["seconds"])
+    print(f"{label:>5} {'gigatoken encode_files':<22} {seconds:8.2f} "
+          f"{documents / seconds / 1e3:8.1f}k {nbytes / seconds / 1e6:6.2f} "
+          f"{ceiling.peak_rss / 2**20:8.0f}M", flush=True)
+    return seconds
+
+
 def scale(args: argparse.Namespace, tok: Path) -> None:
-    """The scale benchmark, for each corpus size."""
+    """The scale benchmark: `--runs` rounds, each over every corpus size in turn (so a slow spell of
+    the machine falls on all sizes alike), then the median of each measurement."""
     print(f"{'docs':>5} {'what':<22} {'seconds':>8} {'docs/s':>9} {'MB/s':>6} {'tree RSS':>9} {'max proc':>9} {'ratio':>6}")
-    for millions in args.docs:
-        folder = short_corpus(args.workdir, int(millions * 1e6))
-        documents, nbytes = text_bytes(folder)
-        label = f"{millions:g}M"
-        for _ in range(args.runs):
-            ceiling = measure([sys.executable, "-c", CEILING, str(folder), str(tok)])
-            ceiling_seconds = json.loads(ceiling.stdout)["seconds"]
-            print(f"{label:>5} {'gigatoken encode_files':<22} {ceiling_seconds:8.2f} "
-                  f"{documents / ceiling_seconds / 1e3:8.1f}k {nbytes / ceiling_seconds / 1e6:6.2f} "
-                  f"{ceiling.peak_rss / 2**20:8.0f}M", flush=True)
+    folders = {millions: short_corpus(args.workdir, int(millions * 1e6)) for millions in args.docs}
+    seconds: dict[tuple[float, str], list[float]] = {}  # (size, "ceiling" or formats, or formats + " cpu")
+    for _ in range(args.runs):
+        for millions, folder in folders.items():
+            label = f"{millions:g}M"
+            seconds.setdefault((millions, "ceiling"), []).append(ceiling_once(label, folder, tok))
             for formats in args.formats:
-                store = args.workdir / "store-scale"
-                shutil.rmtree(store, ignore_errors=True)
-                load_before = os.getloadavg()[0]
-                run = build(write_pipeline(args.workdir, folder, tok, formats), store, args.workers)
-                row(label, f"prep build {'+'.join(formats)}", run.seconds, documents, nbytes, run,
-                    f"{ceiling_seconds / run.seconds:.2f}")
-                stages = stage_seconds(run.stderr)
-                tasks = tokenize_task_seconds(store)
-                print(f"      stages: {json.dumps(stages)}; tokenize tasks: {len(tasks)}, "
-                      f"{sum(tasks):.1f} s in all, longest {max(tasks, default=0):.2f} s; "
-                      f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after", flush=True)
-                print(f"      largest process by stage, sampled (MB): {stage_megabytes(run)}", flush=True)
-                if "wds" in formats:
-                    tar = artifact_bytes(store, ("wds",))
-                    buffered, direct, read = dd_seconds(args.workdir, tar)
-                    print(f"      dd of the tar bytes ({tar / 1e6:.0f} MB): {buffered:.2f} s through the page cache; "
-                          f"{direct:.2f} s direct, then {read:.2f} s to read them back direct; "
-                          f"shard stage {stages.get('shard', 0):.1f} s", flush=True)
-                shutil.rmtree(store, ignore_errors=True)
+                wall, cpu = build_once(args, label, folder, tok, formats, seconds[(millions, "ceiling")][-1])
+                seconds.setdefault((millions, "+".join(formats)), []).append(wall)
+                seconds.setdefault((millions, "+".join(formats) + " cpu"), []).append(cpu)
+    medians(args, seconds)
+
+
+def medians(args: argparse.Namespace, seconds: dict[tuple[float, str], list[float]]) -> None:
+    """Median wall and CPU seconds of each size and build, the median ratio, and the growth of both
+    from one size to the next."""
+    print(f"medians of {args.runs} run(s):")
+    for formats in ["+".join(f) for f in args.formats]:
+        previous: tuple[float, float, float] | None = None
+        for millions in args.docs:
+            wall = float(np.median(seconds[(millions, formats)]))
+            cpu = float(np.median(seconds[(millions, formats + " cpu")]))
+            ratio = float(np.median(seconds[(millions, "ceiling")])) / wall
+            growth = (f"; {wall / previous[1]:.2f}x the wall and {cpu / previous[2]:.2f}x the CPU of the "
+                      f"{previous[0]:g}M build for {millions / previous[0]:g}x the documents") if previous else ""
+            print(f"  {millions:g}M {formats}: build {wall:.2f} s, CPU {cpu:.1f} s, ratio {ratio:.2f}{growth}",
+                  flush=True)
+            previous = (millions, wall, cpu)
 
 
 def append_documents(path: Path, count: int) -> None:

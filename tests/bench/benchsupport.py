@@ -126,6 +126,10 @@ class TreeRun:
     stage_rss: dict[str, int] = field(default_factory=dict)
     """Per build stage (from the progress lines), the largest VmRSS any one process had in a
     sample while the stage ran: sampled every 50 ms, so a short peak may be missed."""
+    cpu_seconds: float = 0.0
+    """User and system seconds of the process and of every descendant reaped below it (its workers,
+    the zygote and the zygote's forks): what the work cost, less moved than wall seconds by a
+    machine whose cores are shared."""
 
 
 _STAGE_LINE = re.compile(r"\] (\w+): ")
@@ -164,7 +168,8 @@ def measure_tree(command: list[str], env: dict[str, str] | None = None, cwd: Pat
         thread.start()
     assert process.stdout is not None
     stdout = process.stdout.read()
-    process.wait()
+    _, status, usage = os.wait4(process.pid, 0)  # Popen.wait would not give the tree's rusage
+    process.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - started
     done.set()
     for thread in threads:
@@ -172,7 +177,8 @@ def measure_tree(command: list[str], env: dict[str, str] | None = None, cwd: Pat
     stderr = "".join(lines)
     if process.returncode != 0:
         raise SystemExit(f"{' '.join(command)} exited {process.returncode}: {stderr[-2000:]}")
-    return TreeRun(seconds, peak, max(peaks.values(), default=0), stdout, stderr, stage_rss)
+    return TreeRun(seconds, peak, max(peaks.values(), default=0), stdout, stderr, stage_rss,
+                   usage.ru_utime + usage.ru_stime)
 
 
 def stage_megabytes(run: TreeRun) -> str:
