@@ -33,6 +33,7 @@ class Setup:
     workers: int
     corpora: list[Path]
     tokenizer: Path
+    runs: int = 1  # rounds over every size, for benchmarks that take medians
 
 
 def setup(description: str | None, default_sizes: str) -> Setup:
@@ -42,11 +43,12 @@ def setup(description: str | None, default_sizes: str) -> Setup:
                         help="corpus sizes in MB, comma-separated (this machine holds ~470 MB of distinct text)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench"))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--runs", type=int, default=1, help="rounds over every size (where the benchmark takes medians)")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     tok = tokenizer(corpus(args.workdir, 100), args.workdir / "tokenizer-50257.json")
     corpora = [corpus(args.workdir, int(mb)) for mb in args.sizes.split(",")]
-    return Setup(args.workdir, args.workers, corpora, tok)
+    return Setup(args.workdir, args.workers, corpora, tok, max(1, args.runs))
 
 
 def corpus(workdir: Path, mb: int) -> Path:
