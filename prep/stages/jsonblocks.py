@@ -46,34 +46,50 @@ def _line_bounds(data: np.ndarray[Any, np.dtype[np.uint8]]) -> np.ndarray[Any, n
 
 
 def _per_span(data: np.ndarray[Any, np.dtype[np.uint8]], bounds: np.ndarray[Any, np.dtype[np.int64]],
-              byte: str) -> np.ndarray[Any, Any]:
-    """How many `byte` each span [bounds[i], bounds[i + 1]) of `data` holds."""
-    return np.diff(np.searchsorted(np.flatnonzero(data == ord(byte)), bounds))
+              chars: str) -> np.ndarray[Any, Any]:
+    """How many of the bytes `chars` each span [bounds[i], bounds[i + 1]) of `data` holds (one pass)."""
+    codes = [ord(char) for char in chars]
+    found = data == codes[0]
+    for code in codes[1:]:
+        found |= data == code
+    return np.diff(np.searchsorted(np.flatnonzero(found), bounds))
+
+
+def _has_bom(data: np.ndarray[Any, np.dtype[np.uint8]]) -> bool:
+    """Whether a UTF-8 BOM stands anywhere in `data` (numpy finds its first byte several times
+    faster than `bytes` finds all three)."""
+    first = data == _BOM[0]
+    if not first.any():
+        return False
+    at = np.flatnonzero(first)
+    at = at[at + 2 < len(data)]
+    return bool(((data[at + 1] == _BOM[1]) & (data[at + 2] == _BOM[2])).any())
 
 
 def _object_lines(block: bytes, bounds: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, Any] | None:
-    """Each line's count of `{` when every line is valid UTF-8 without a BOM and has one, else None."""
-    if _BOM in block or not valid_utf8(block):
+    """Each line's count of `{` and `[` when every line is valid UTF-8 without a BOM and has a `{`,
+    else None. A line that starts with `{` has one; only a block with other lines counts `{` alone."""
+    data = np.frombuffer(block, dtype=np.uint8)
+    if _has_bom(data) or not valid_utf8(block):
         return None
-    braces = _per_span(np.frombuffer(block, dtype=np.uint8), bounds, "{")
-    return braces if braces.all() else None
+    if not (data[bounds[:-1]] == ord("{")).all() and not _per_span(data, bounds, "{").all():
+        return None
+    return _per_span(data, bounds, "{[")
 
 
 _ESCAPED_BRACKETS = re.compile(rb"\\u00(5b|5B|7b|7B)")
 
 
-def _shallow_lines(block: bytes, bounds: np.ndarray[Any, np.dtype[np.int64]], braces: np.ndarray[Any, Any],
+def _shallow_lines(block: bytes, bounds: np.ndarray[Any, np.dtype[np.int64]], opening: np.ndarray[Any, Any],
                    blob: bytes, offsets: np.ndarray[Any, np.dtype[np.int64]]) -> bool:
     """True when no line nests deeper than MAX_BRACKETS_PER_LINE. A line's brackets outside its
-    text bound its depth; they are its brackets (`braces` counts its `{`) less its text's, unless a
-    text may spell one as an escape; lines still over the bound are measured (`nesting_depth`)."""
-    data = np.frombuffer(block, dtype=np.uint8)
-    opening = braces + _per_span(data, bounds, "[")
+    text bound its depth; they are its brackets (`opening` counts its `{` and `[`) less its text's,
+    unless a text may spell one as an escape; lines still over the bound are measured (`nesting_depth`)."""
     if opening.max(initial=0) <= MAX_BRACKETS_PER_LINE:
         return True
+    data = np.frombuffer(block, dtype=np.uint8)
     if not _ESCAPED_BRACKETS.search(block):
-        texts = np.frombuffer(blob, dtype=np.uint8)
-        opening = opening - _per_span(texts, offsets, "{") - _per_span(texts, offsets, "[")
+        opening = opening - _per_span(np.frombuffer(blob, dtype=np.uint8), offsets, "{[")
     crowded = np.flatnonzero(opening > MAX_BRACKETS_PER_LINE).tolist()
     return all(nesting_depth(data[bounds[line]:bounds[line + 1]]) <= MAX_BRACKETS_PER_LINE for line in crowded)
 
@@ -146,16 +162,16 @@ class _ArrowLines:
 def _block_items(task: ReadTask, arrow: _ArrowLines, block: bytes, first_local: int,
                  parse: Any) -> tuple[list[TextColumns | BadRecord], int]:
     """The block's documents and bad records in order, and how many lines it held."""
-    lines = block.count(b"\n") + (not block.endswith(b"\n"))
+    bounds = _line_bounds(np.frombuffer(block, dtype=np.uint8))
+    lines = max(1, len(bounds) - 1)  # an empty block is one empty line
     if parse is not None and len(block) >= LONG_LINE_BYTES * lines:
         return _by_lines(task, parse, block, lines, first_local), lines
-    bounds = _line_bounds(np.frombuffer(block, dtype=np.uint8))
     if len(block) > task.max_document_bytes and int(np.diff(bounds).max()) > task.max_document_bytes:
         return _by_lines(task, parse, block, lines, first_local), lines  # it refuses the long lines
-    braces = _object_lines(block, bounds)
-    if braces is not None and (found := arrow.columns(block, lines)) is not None:
+    opening = _object_lines(block, bounds)
+    if opening is not None and (found := arrow.columns(block, lines)) is not None:
         blob, offsets = string_bytes(found[0])
-        if _shallow_lines(block, bounds, braces, blob, offsets):
+        if _shallow_lines(block, bounds, opening, blob, offsets):
             rows = np.arange(first_local, first_local + lines, dtype=np.int64)
             return [TextColumns(rows, found[1], blob, offsets)], lines
     return _by_lines(task, parse, block, lines, first_local), lines

@@ -306,3 +306,36 @@ def test_an_integer_too_long_for_int_is_read_in_any_block(tmp_path: Path, json_p
         [task] = _tasks(tmp_path, b"\n".join(lines) + b"\n")
         found = _flatten(_assert_same(task))
         assert [(d.id, d.text) for d in found if isinstance(d, Document)] == [("1", "a"), ("2", "b"), ("9" * 5000, "c")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"\xef", b"\xbb", b"\xbf", b"\xef\xbb\xbf", b"a", b"\n", b"\xef\xbc\x8c"]), max_size=12))
+def test_the_bom_search_finds_what_bytes_finds(pieces: list[bytes]) -> None:
+    """numpy's search for a BOM (first byte, then the next two) agrees with `in` on bytes, at any
+    position, split or not, and beside other characters that start with its first byte."""
+    data = b"".join(pieces)
+    assert jsonblocks._has_bom(np.frombuffer(data, dtype=np.uint8)) is (b"\xef\xbb\xbf" in data)
+
+
+def _openings_expected(block: bytes) -> list[int] | None:
+    """Each line's `{` and `[` when every line is valid UTF-8 without a BOM and has a `{`, spelled plainly."""
+    if b"\xef\xbb\xbf" in block or not jsonblocks.valid_utf8(block):
+        return None
+    lines = block.split(b"\n") if block else []  # an empty block has no line to count (Arrow then reads no row)
+    lines = lines[:-1] if block.endswith(b"\n") else lines
+    if not all(b"{" in line for line in lines):
+        return None
+    return [line.count(b"{") + line.count(b"[") for line in lines]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b'{"text": "a"}', b'  {"text": "[{"}', b"[1]", b"", b'\t{"x": [[1]]}',
+                                 b'{"t": "\xef\xbb\xbf"}', b'{"t": "\xc3\xa9"}', b"{\xff}"]), min_size=1, max_size=8),
+       st.booleans())
+def test_a_block_is_taken_only_when_every_line_holds_an_object(lines: list[bytes], newline_at_end: bool) -> None:
+    """Lines starting with `{` are not counted twice; any other line (blank, an array, `{` after
+    white space) is counted, and a block with a line without `{` is refused."""
+    block = b"\n".join(lines) + (b"\n" if newline_at_end else b"")
+    bounds = jsonblocks._line_bounds(np.frombuffer(block, dtype=np.uint8))
+    found = jsonblocks._object_lines(block, bounds)
+    assert (None if found is None else found.tolist()) == _openings_expected(block)
