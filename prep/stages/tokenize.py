@@ -37,6 +37,13 @@ from prep.tokenizer.spans import LazySequence, documents_containing
 BATCH_TEXT_BYTES = 8 * 2**20
 BATCH_DOCUMENTS = 65536
 MAX_BAD_RECORDS_LISTED = 100
+UNTRIMMED_TASKS = 4
+"""Tokenize tasks a worker runs before it trims its heap between batches too (every worker trims
+after each task). The local pool's workers live no longer than this once its zygote forks them
+(runner.executors.local.FRESH_AFTER), too short for the holes freed batches leave in the heap to
+build up; a worker that lives on (Ray's, up to RECYCLE_AFTER tasks, or the local pool's when no
+zygote runs) trims after every batch from then on, which bounds its peak as before. The trim's
+cost is the page faults that refill the pages it gave back (docs/build.md, "Memory")."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ class _Loaded:
 
 _ENGINES: dict[tuple[object, ...], _Loaded] = {}
 _RELOADS = {"count": 0}  # engines this worker loaded again because it outgrew the bound
+_TASKS = {"count": 0}  # tokenize tasks this process began (a zygote's fork starts from the zygote's 0)
 
 
 def _grown(since: int | None, limit: int) -> bool:
@@ -93,17 +101,24 @@ def _grown(since: int | None, limit: int) -> bool:
 
 @dataclass
 class _BatchWatch:
-    """One task's check between its batches, made once a batch is done and the heap trimmed, when
-    the task holds least: the first batch (or the first since a reload) sets the size it is
-    compared with; a later one that outgrew it loads the engine afresh."""
+    """One task's check between its batches, made once a batch is done (and, in a task that trims
+    between batches, the heap trimmed), when the task holds least: the first batch (or the first
+    since a reload) sets the size it is compared with; a later one that outgrew it loads the engine
+    afresh. A task that does not trim between batches trims before it decides, so that the holes its
+    batches left never count as the tokenizer's growth."""
 
     settings: TokenizeSettings
+    trimmed: bool
     settled: int | None = None
 
     def after_batch(self) -> None:
+        if self.trimmed:
+            trim_heap()  # costs 5-10% of a task's time; bounds its peak (docs/build.md, Memory)
         if self.settled is None:
             self.settled = resident_bytes()
             return
+        if not self.trimmed and _grown(self.settled, self.settings.tokenizer_cache):
+            trim_heap()
         reloads = _RELOADS["count"]
         _engine(self.settings, self.settled)
         if _RELOADS["count"] != reloads:
@@ -246,13 +261,13 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     unique_ids = _UniqueIds(task)
     special_needles = [token.encode() for token in info.special_tokens]
     started = time.perf_counter()
-    watch = _BatchWatch(settings)
+    watch = _BatchWatch(settings, trimmed=_TASKS["count"] >= UNTRIMMED_TASKS)
+    _TASKS["count"] += 1
     try:
         with IntermediateWriter(out_path, dtype, durable, settings.order_seed) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
                 unique_ids.add(batch)
                 _write_batch(batch, task, settings, writer, special_needles, counts)
-                trim_heap()  # costs 5-10% of a task's time; bounds its peak (docs/build.md, Memory)
                 watch.after_batch()
             unique_ids.finish()
         check_unchanged(task.source)

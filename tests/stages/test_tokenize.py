@@ -20,6 +20,13 @@ from prep.tokenizer import load_tokenizer
 from prep.tokenizer.engine import TokenizerEngine
 
 
+@pytest.fixture(autouse=True)
+def _a_worker_past_its_first_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test here runs in a worker that trims between batches, whatever tasks its process ran
+    before, unless it says otherwise (tokenize.UNTRIMMED_TASKS)."""
+    monkeypatch.setattr(tokenize, "_TASKS", {"count": tokenize.UNTRIMMED_TASKS})
+
+
 def _run(tmp_path: Path, tokenizer_path: Path, lines: list[dict[str, object]],
          order_seed: int | None = None, tokenizer_cache: int = DEFAULT_TOKENIZER_CACHE) -> tokenize.TokenizeResult:
     folder = tmp_path / "in"
@@ -265,6 +272,50 @@ def test_the_heap_is_trimmed_after_every_batch(tmp_path: Path, tokenizer_path: P
     monkeypatch.setattr(tokenize, "trim_heap", lambda: trims.append(len(trims)))
     _run(tmp_path, tokenizer_path, lines)
     assert len(trims) == 8
+
+
+def test_a_young_worker_trims_between_batches_only_from_its_fifth_task(
+        tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local pool's workers run at most UNTRIMMED_TASKS tasks once its zygote forks them, too few
+    for holes to build up: they skip the trim (and its page faults) between batches; a worker that
+    lives on trims after every batch from then on."""
+    lines: list[dict[str, object]] = [{"id": f"d{i}", "text": f"text {i}"} for i in range(40)]
+    monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", 5)
+    _run(tmp_path, tokenizer_path, lines[:1])  # the engine loaded beforehand
+    monkeypatch.setattr(tokenize, "_TASKS", {"count": 0})
+    trims: list[int] = []
+    monkeypatch.setattr(tokenize, "trim_heap", lambda: trims.append(len(trims)))
+    digests = set()
+    for _ in range(tokenize.UNTRIMMED_TASKS):
+        digests.add(_run(tmp_path, tokenizer_path, lines).digest)
+    assert trims == []
+    digests.add(_run(tmp_path, tokenizer_path, lines).digest)
+    assert len(trims) == 8 and len(digests) == 1
+
+
+def test_a_task_that_does_not_trim_between_batches_trims_before_it_blames_the_tokenizer(
+        tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holes a young worker's batches leave are not the tokenizer's cache: once the worker looks
+    grown past [build] tokenizer_cache, the heap is trimmed and measured again before any reload."""
+    lines: list[dict[str, object]] = [{"id": f"d{i}", "text": f"text {i}"} for i in range(40)]
+    monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", 5)
+    monkeypatch.setattr(tokenize, "_TASKS", {"count": 0})
+    monkeypatch.setattr(tokenize, "_ENGINES", {})
+    resident = [10**9]
+
+    def trimmed() -> None:
+        resident[0] = 10**9  # the holes given back: at rest again
+
+    def encode(self: TokenizerEngine, *args: Any, _encode: Any = TokenizerEngine.encode_columns) -> Any:
+        resident[0] += 2 * 10**8  # each batch leaves 200 MB of holes behind
+        return _encode(self, *args)
+
+    monkeypatch.setattr(tokenize, "resident_bytes", lambda: resident[0])
+    monkeypatch.setattr(tokenize, "trim_heap", trimmed)
+    monkeypatch.setattr(TokenizerEngine, "encode_columns", encode)
+    loads = count_engine_loads(monkeypatch)
+    _run(tmp_path, tokenizer_path, lines, tokenizer_cache=150 * 10**6)
+    assert len(loads) == 1  # loaded once, never again: every look past the bound found holes
 
 
 def test_a_warm_up_loads_the_tokenizer_once_and_only_the_file_the_driver_hashed(
