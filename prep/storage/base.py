@@ -86,6 +86,12 @@ class Store(abc.ABC):
         """Remove `key` if present: garbage collection and repair, a corrupt object found on reuse, a
         released lease or hold."""
 
+    def folders_at_keys(self, prefix: str, suffix: str) -> builtins.list[str]:
+        """Keys under `prefix` ending in `suffix` at which an empty folder stands instead of a file:
+        `list` shows nothing there (the folder holds no key), yet reading the key fails. None for
+        stores without folders."""
+        return []
+
     def remove_empty_folder(self, prefix: str) -> None:
         """Remove the folder that `prefix` (ending in "/") names, if it exists and holds nothing:
         for stores with folders, after the last key below a one-off prefix is deleted. Nothing

@@ -229,6 +229,17 @@ class LocalStore(Store):
                     found.append(ObjectInfo(key=key, size=stat.st_size, mtime=stat.st_mtime))
         yield from sorted(found, key=lambda info: info.key)
 
+    def folders_at_keys(self, prefix: str, suffix: str) -> builtins.list[str]:
+        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
+        found = []
+        for dirpath, dirnames, filenames in os.walk(base):  # unreadable folders: `list` reports them
+            rel_dir = Path(dirpath).relative_to(self.root).as_posix()
+            if rel_dir == TMP_DIR or rel_dir.startswith(TMP_DIR + "/"):
+                dirnames[:] = []
+            elif not dirnames and not filenames and rel_dir.startswith(prefix) and rel_dir.endswith(suffix):
+                found.append(rel_dir)
+        return sorted(found)
+
     def delete(self, key: str) -> None:
         path = self._path(key)
         with io_errors("deleting", path):

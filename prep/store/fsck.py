@@ -31,7 +31,7 @@ from prep.faults import crash_point
 from prep.progress import Progress
 from prep.storage.base import RefValue, Store
 from prep.store import records
-from prep.store.fsckrecords import FsckWalk, Records, walk_records
+from prep.store.fsckrecords import FsckWalk, Records, folders_at_records, walk_records
 from prep.store.holds import scan_holds
 from prep.store.layout import (
     HISTORY_PREFIX,
@@ -289,6 +289,7 @@ def _check(store: Store, dataset: str | None, jobs: int, progress: Progress) -> 
     current, collected = _walk_snapshots(walk, dataset)
     _check_policies(walk, dataset)
     found = walk_records(walk, jobs, dataset)
+    found.folders = folders_at_records(walk, dataset)
     _check_readbacks(walk, dataset, found)
     sizes = {object_sha(info.key): info.size for info in store.list(OBJECTS_PREFIX)}  # after the records
     hashed = _hash_reached(walk, sizes, jobs, progress)
@@ -311,8 +312,11 @@ def _repair(store: Store, findings: tuple[Problem, ...], found: Records, current
     corrupt = sorted({f.sha for f in findings if f.problem == CORRUPT and f.sha is not None and f.sha not in current})
     for key in doomed:
         store.delete(key)
+    for key in found.folders:
+        store.remove_empty_folder(f"{key}/")
     crash_point("fsck.after_records")
     for sha in corrupt:
         store.delete(snapshot_marker_key(f"sha256:{sha}"))  # a no-op unless it was a snapshot manifest
         store.delete(object_key(sha))
-    return Repair(tuple(doomed), tuple(object_key(sha) for sha in corrupt), tuple(unrepairable))
+    return Repair(tuple(sorted({*doomed, *found.folders})), tuple(object_key(sha) for sha in corrupt),
+                  tuple(unrepairable))

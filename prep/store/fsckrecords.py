@@ -9,7 +9,16 @@ from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, PrepError
 from prep.storage.base import Store
 from prep.store import cas, records
-from prep.store.layout import STAGES_PREFIX, TASKS_PREFIX
+from prep.store.layout import (
+    HISTORY_PREFIX,
+    HOLDS_PREFIX,
+    READBACK_PREFIX,
+    RECORD_SUFFIX,
+    REFS_PREFIX,
+    RETENTION_PREFIX,
+    STAGES_PREFIX,
+    TASKS_PREFIX,
+)
 from prep.store.reach import INVALID, Problem, Reach, parallel
 
 
@@ -36,6 +45,7 @@ class Records:
 
     names: dict[str, set[str]] = field(default_factory=dict)
     invalid: list[str] = field(default_factory=list)
+    folders: list[str] = field(default_factory=list)  # empty folders at record keys (folders_at_records)
 
 
 def _read_record(store: Store, key: str) -> records.TaskRecord | records.StageRecord | PrepError | None:
@@ -88,4 +98,26 @@ def walk_records(walk: FsckWalk, jobs: int, dataset: str | None) -> Records:
             walk.stage_manifest(ref, key, required=True)
             shas |= walk.children.get(hashing.parse_id(ref.object_id), frozenset())
         found.names[key] = shas
+    return found
+
+
+_RECORD_KINDS = ((TASKS_PREFIX, "task record", False), (STAGES_PREFIX, "stage record", False),
+                 (REFS_PREFIX, "ref", True), (HISTORY_PREFIX, "history record", True),
+                 (RETENTION_PREFIX, "retention policy", True), (HOLDS_PREFIX, "hold", False),
+                 (READBACK_PREFIX, "read-back record", False))
+
+
+def folders_at_records(walk: FsckWalk, dataset: str | None) -> list[str]:
+    """Empty folders standing where a record, ref, policy, hold or read-back record is read (a local store's): no
+    listing shows them, yet a build or command reading that key fails, so each is an INVALID
+    finding, which --repair removes (it holds nothing). With `dataset`, only that dataset's refs,
+    history and policies are looked at."""
+    found = []
+    for prefix, kind, per_dataset in _RECORD_KINDS:
+        if dataset is not None and not per_dataset:
+            continue
+        for key in walk.store.folders_at_keys(f"{prefix}{dataset}/" if dataset else prefix, RECORD_SUFFIX):
+            walk.add(Problem(INVALID, kind, key, key, f"{walk.store.url}/{key}: a folder stands where the {kind} "
+                             "is read, not a file; fsck --repair removes it"))
+            found.append(key)
     return found

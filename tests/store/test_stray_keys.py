@@ -70,3 +70,44 @@ def test_a_damaged_read_back_record_is_found_and_repaired(project: dict[str, Pat
     assert fsck(store).clean
     run_prep("tag", "tiny@latest", "audit", "--store", project["store"])  # reads the snapshot back again
     assert store.exists(key) and fsck(store).clean
+
+
+def test_an_empty_folder_at_a_task_record_key_is_a_finding_that_repair_removes(project: dict[str, Path]) -> None:  # noqa: F811
+    """Regression: a folder in place of a task record made a build fail (one line) while fsck called
+    the store clean: the local listing shows no key where a folder holds nothing."""
+    store = LocalStore(project["store"])
+    snapshot = resolve(store, "tiny@latest")
+    key = next(info.key for info in store.list("tasks/order/"))
+    path = store.local_path(key)
+    assert path is not None
+    path.unlink()
+    path.mkdir()
+    failed = run_prep("build", project["v1"], "--store", project["store"], "--workers", "1", check=False)
+    assert failed.returncode != 0 and "Traceback" not in failed.stderr and key in failed.stderr
+    assert findings(store) == [("invalid", "task record", key)]
+    repaired = fsck(store, repair=True)
+    assert repaired.repair is not None and repaired.repair.records == (key,) and not path.exists()
+    rebuilt = run_prep("build", project["v1"], "--store", project["store"], "--workers", "1").stdout.split()[-1]
+    assert rebuilt == snapshot.id and path.is_file() and fsck(store).clean
+
+
+def test_empty_folders_at_a_ref_and_a_policy_are_findings_but_the_layouts_own_folders_are_not(
+        project: dict[str, Path]) -> None:  # noqa: F811
+    """An empty folder is a finding only where a key is read (a ref, a retention policy; scoped by
+    dataset like them); an empty prefix folder (a stage's records all gone, an object fan-out
+    folder) is the layout's own and holds no finding."""
+    store = LocalStore(project["store"])
+    ref_folder, policy_folder = "refs/tiny/audit.json", "retention/tiny/9999999999999999.json"
+    for key in (ref_folder, policy_folder, "tasks/merge", "objects/sha256/zz", "refs/other/latest.json"):
+        path = store.local_path(key)
+        assert path is not None
+        path.mkdir(parents=True)
+    assert findings(store) == [("invalid", "ref", "refs/other/latest.json"), ("invalid", "ref", ref_folder),
+                               ("invalid", "retention policy", policy_folder)]
+    assert [(f.kind, f.key) for f in fsck(store, dataset="tiny").findings] == [("ref", ref_folder),
+                                                                              ("retention policy", policy_folder)]
+    repaired = fsck(store, repair=True)
+    assert repaired.repair is not None and set(repaired.repair.records) == {
+        ref_folder, policy_folder, "refs/other/latest.json"}
+    assert fsck(store).clean and resolve(store, "tiny@latest").id
+    assert (project["store"] / "tasks" / "merge").is_dir(), "a prefix folder is left alone"
