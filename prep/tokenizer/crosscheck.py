@@ -17,7 +17,7 @@ import numpy as np
 from prep.errors import TokenizerError
 from prep.tokenizer import contains_special
 from prep.tokenizer.backends import Backend, ReferenceBackend
-from prep.tokenizer.spans import character_counts, documents_containing
+from prep.tokenizer.spans import character_counts, documents_containing, offsets_of
 
 DEFAULT_BUDGET_FRACTION = 0.0005
 MIN_BUDGET_BYTES = 4 << 10
@@ -95,14 +95,9 @@ def select_sample(texts: Sequence[str], budget_bytes: int, seed: int, *,
         return []
     blob, offsets = utf8 if utf8 is not None else utf8_batch(texts)
     sizes = np.diff(offsets)
-    chars = character_counts(blob, offsets)
-    wide = chars < sizes  # a multi-byte character makes a text's bytes outnumber its characters
-    # A special token that contains the generic spelling is found by looking for that alone.
-    others = [token.encode("utf-8", "surrogatepass") for token in special_tokens if _SPECIAL_LIKE not in token]
-    cheap = (wide.astype(np.int64) + documents_containing(blob, offsets, [b"\r"])
-             + documents_containing(blob, offsets, [_SPECIAL_LIKE.encode(), *others]))
+    chars, cheap = _cheap_scores(blob, offsets, np.flatnonzero(sizes <= budget_bytes), special_tokens)
     order = np.random.RandomState(seed % 2**32).permutation(len(texts))
-    visit = order[chars[order] <= budget_bytes]  # more bytes than characters: can never fit
+    visit = order[sizes[order] <= budget_bytes]  # a larger document can never be taken
     before = np.cumsum(chars[visit]) - chars[visit]
     score = cheap[visit]
     for position in range(int(np.count_nonzero(before < POOL_FACTOR * budget_bytes))):  # a prefix
@@ -132,6 +127,39 @@ def select_sample(texts: Sequence[str], budget_bytes: int, seed: int, *,
     take(visit[unusual], budget_bytes)
     take(ordinary, budget_bytes)
     return sorted(chosen)
+
+
+def _cheap_scores(blob: bytes, offsets: np.ndarray[Any, Any], fit: np.ndarray[Any, Any],
+                  special_tokens: Sequence[str]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Characters and cheap score of each document, found only for the documents `fit` (those
+    within the budget, the only ones a sample can take; zero for the others). When they are a
+    small part of the batch (a batch of long documents holds few), their bytes are copied out
+    and scanned alone, not the whole batch."""
+    count = len(offsets) - 1
+    if len(fit) == count:  # every document (short ones): the batch as it is
+        return _scan(blob, offsets, special_tokens)
+    starts, ends = offsets[fit], offsets[fit + 1]
+    if 2 * int((ends - starts).sum()) < int(offsets[-1]):
+        view = memoryview(blob)
+        picked = b"".join([view[start:end] for start, end in zip(starts.tolist(), ends.tolist())])
+        chars, cheap = _scan(picked, offsets_of(ends - starts), special_tokens)
+    else:
+        chars, cheap = (found[fit] for found in _scan(blob, offsets, special_tokens))
+    all_chars, all_cheap = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
+    all_chars[fit], all_cheap[fit] = chars, cheap
+    return all_chars, all_cheap
+
+
+def _scan(blob: bytes, offsets: np.ndarray[Any, Any],
+          special_tokens: Sequence[str]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Each span's characters and cheap score (non-ASCII, CR, special spellings), by numpy over the bytes."""
+    chars = character_counts(blob, offsets)
+    wide = chars < np.diff(offsets)  # a multi-byte character makes a text's bytes outnumber its characters
+    # A special token that contains the generic spelling is found by looking for that alone.
+    others = [token.encode("utf-8", "surrogatepass") for token in special_tokens if _SPECIAL_LIKE not in token]
+    cheap = (wide.astype(np.int64) + documents_containing(blob, offsets, [b"\r"])
+             + documents_containing(blob, offsets, [_SPECIAL_LIKE.encode(), *others]))
+    return chars, cheap
 
 
 def first_difference(expected: np.ndarray[Any, Any], actual: np.ndarray[Any, Any]) -> int:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import prep.tokenizer.crosscheck as crosscheck_module
 from prep.errors import TokenizerError
 from prep.tokenizer import load_tokenizer
 from prep.tokenizer.backends import Backend
@@ -77,6 +78,27 @@ def test_sample_is_deterministic_sorted_and_within_budget(texts: list[str], budg
     assert sample == sorted(set(sample))
     assert all(0 <= index < len(texts) for index in sample)
     assert sum(utf8_size(texts[index]) for index in sample) <= budget
+
+
+_PIECES = ["word ", "é", "\r", "<|", "<|endoftext|>", "数据", "x" * 300, "\ud800"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(st.lists(st.sampled_from(_PIECES), max_size=12).map("".join), min_size=1, max_size=30),
+       budget=st.integers(0, 2000))
+def test_cheap_scores_of_the_documents_within_budget_are_the_whole_batchs(texts: list[str], budget: int) -> None:
+    """The cheap checks look only at documents a sample can take, copied out when they are few
+    (long documents), scanned in place otherwise: either way each gets what a scan of the whole
+    batch gives it, and every other document zero."""
+    blob, offsets = utf8_batch(texts)
+    fit = np.flatnonzero(np.diff(offsets) <= budget)
+    chars, cheap = crosscheck_module._cheap_scores(blob, offsets, fit, ["<|endoftext|>"])
+    whole_chars, whole_cheap = crosscheck_module._cheap_scores(blob, offsets, np.arange(len(texts)), ["<|endoftext|>"])
+    assert chars[fit].tolist() == whole_chars[fit].tolist() and cheap[fit].tolist() == whole_cheap[fit].tolist()
+    outside = np.setdiff1d(np.arange(len(texts)), fit)
+    assert not chars[outside].any() and not cheap[outside].any()
+    assert whole_chars.tolist() == [len(text) for text in texts]
+    assert whole_cheap.tolist() == [crosscheck_module._cheap_score(text, ("<|endoftext|>",)) for text in texts]
 
 
 def test_sample_depends_on_the_seed() -> None:
