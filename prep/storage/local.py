@@ -201,11 +201,12 @@ class LocalStore(Store):
             raise
         return ObjectInfo(key=key, size=stat.st_size, mtime=stat.st_mtime)
 
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+    def _walk(self, prefix: str) -> Iterator[tuple[str, str, builtins.list[str], builtins.list[str]]]:
+        """(folder path, its key, subfolders, files) of every folder that may hold keys under
+        `prefix`, the staging folder left out; a folder that cannot be read is a StorageIOError."""
         base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
         if not base.is_dir():
             return
-        found: list[ObjectInfo] = []
 
         def walk_error(exc: OSError) -> None:
             if not isinstance(exc, FileNotFoundError):  # a folder gc removed meanwhile is just gone
@@ -216,6 +217,11 @@ class LocalStore(Store):
             if rel_dir == TMP_DIR or rel_dir.startswith(TMP_DIR + "/"):
                 dirnames[:] = []
                 continue
+            yield dirpath, rel_dir, dirnames, filenames
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        found: builtins.list[ObjectInfo] = []
+        for dirpath, rel_dir, _, filenames in self._walk(prefix):
             for name in filenames:
                 key = name if rel_dir == "." else f"{rel_dir}/{name}"
                 if key.startswith(prefix) and not name.endswith(".lock"):
@@ -230,15 +236,8 @@ class LocalStore(Store):
         yield from sorted(found, key=lambda info: info.key)
 
     def folders_at_keys(self, prefix: str, suffix: str) -> builtins.list[str]:
-        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
-        found = []
-        for dirpath, dirnames, filenames in os.walk(base):  # unreadable folders: `list` reports them
-            rel_dir = Path(dirpath).relative_to(self.root).as_posix()
-            if rel_dir == TMP_DIR or rel_dir.startswith(TMP_DIR + "/"):
-                dirnames[:] = []
-            elif not dirnames and not filenames and rel_dir.startswith(prefix) and rel_dir.endswith(suffix):
-                found.append(rel_dir)
-        return sorted(found)
+        return sorted(rel_dir for _, rel_dir, dirnames, filenames in self._walk(prefix)
+                      if not dirnames and not filenames and rel_dir.startswith(prefix) and rel_dir.endswith(suffix))
 
     def delete(self, key: str) -> None:
         path = self._path(key)
