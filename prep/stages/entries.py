@@ -90,10 +90,10 @@ class EntryFile:
         if first < 0 or count < 0 or first + count > self.header["count"]:
             raise IntegrityError(f"{self.path}: entries {first}..{first + count} out of range")
         with descriptor(self.path, fd) as opened, io_errors("reading", self.path):
-            raw = os.pread(opened, count * ENTRY_DTYPE.itemsize, self.entries_at + first * ENTRY_DTYPE.itemsize)
-            if len(raw) != count * ENTRY_DTYPE.itemsize:  # cut short, perhaps mid-entry
+            entries = np.empty(count, dtype=ENTRY_DTYPE)  # read in place: no bytes object to copy from
+            if _read_into(opened, entries.view(np.uint8).data, self.entries_at + first * ENTRY_DTYPE.itemsize) \
+                    != entries.nbytes:  # cut short, perhaps mid-entry
                 raise IntegrityError(f"{self.path}: shorter than its header says")
-            entries = np.frombuffer(raw, dtype=ENTRY_DTYPE).copy()
             with_id = entries["id_len"] != NO_ID
             if not with_id.any():
                 return entries, b""
@@ -143,6 +143,14 @@ class EntryFile:
         if bits > self.header["index_bits"]:  # the range is a coarser prefix: keep the bucket
             entries = entries[bucket_of(entries["key_hi"], bits) == bucket]
         return entries, ids
+
+
+def _read_into(fd: int, view: memoryview, offset: int) -> int:
+    """Fill `view` from `fd` at `offset`; the bytes read, fewer only at the end of the file."""
+    done = 0
+    while done < len(view) and (got := os.preadv(fd, [view[done:]], offset + done)):
+        done += got
+    return done
 
 
 @contextmanager

@@ -100,11 +100,7 @@ class PartReader:
         last = int(run_first[high]) if high < len(run_first) else len(spans.part)
         counts = np.diff(np.append(run_first[low:high], last))
         stage_at = np.repeat(run_at - run_start[low:high], counts) + spans.offset[first:last]
-        sizes = spans.size[first:last]
-        before = np.cumsum(sizes) - sizes
-        within = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(before, sizes)
-        staged = np.frombuffer(self._stage, dtype=np.uint8)
-        out[np.repeat(spans.target[first:last], sizes) + within] = staged[np.repeat(stage_at, sizes) + within]
+        place(out, spans.target[first:last], np.frombuffer(self._stage, dtype=np.uint8), stage_at, spans.size[first:last])
 
     def _fd(self, part: int) -> int:
         fd = self._open.get(part)
@@ -119,6 +115,25 @@ class PartReader:
             os.close(fd)
         self._open.clear()
         self._stage = bytearray(0)
+
+
+def place(out: np.ndarray, targets: np.ndarray, source: np.ndarray, sources: np.ndarray, sizes: np.ndarray) -> None:
+    """Copy `sizes[i]` bytes of `source` at `sources[i]` to `out` at `targets[i]`, for every i, in
+    a few numpy calls: one index per item of the widest unit (8, 4, 2 or 1 bytes) that every
+    offset and size is a multiple of, so token ids move 4 bytes per index rather than 1."""
+    common = int(np.bitwise_or.reduce(targets | sources | sizes)) if len(sizes) else 0
+    unit = 8 if common % 8 == 0 else 4 if common % 4 == 0 else 2 if common % 2 == 0 else 1
+    if unit > 1:
+        out, source = _units(out, unit), _units(source, unit)
+        targets, sources, sizes = targets // unit, sources // unit, sizes // unit
+    before = np.cumsum(sizes) - sizes
+    within = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(before, sizes)
+    out[np.repeat(targets, sizes) + within] = source[np.repeat(sources, sizes) + within]
+
+
+def _units(data: np.ndarray, unit: int) -> np.ndarray:
+    """`data` (contiguous bytes) viewed as items of `unit` bytes; a trailing part item is left out."""
+    return data[:len(data) - len(data) % unit].view(f"<u{unit}")
 
 
 class _Spans:

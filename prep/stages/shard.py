@@ -6,8 +6,9 @@ prep/formats/units.py names them and their files.
 A unit writes its file sequentially, a chunk of a few MiB at a time. The token ids (and text) of
 up to PAYLOAD_BYTES of a window's documents are gathered from the intermediates at once, with few
 reads (prep.stages.gather); each chunk is laid out in memory from them (tar headers for the whole
-chunk at once), then prep.stages.sink writes it past the page cache, reads it back from the disk
-and hashes what it read, on threads, while the next one is laid out; memory holds the sink's
+chunk at once; a tar's long token runs and texts are read straight to their place in the
+chunk, one copy instead of two), then prep.stages.sink writes it past the page cache, reads it
+back from the disk and hashes what it read, on threads, while the next one is laid out; memory holds the sink's
 buffers, one gathered block and a few dozen bytes per document of a window.
 """
 
@@ -26,6 +27,7 @@ from prep.errors import IntegrityError, StorageIOError
 from prep.formats import little_endian, megatron, wds
 from prep.formats.units import BIN, IDX, WDS, artifact_format, unit_formats
 from prep.hashing import HashingWriter
+from prep.stages import gather
 from prep.stages.cuts import ShardPlan
 from prep.stages.entries import EntryFile
 from prep.stages.gather import PartReader as PartReader  # the runner opens one per task
@@ -208,7 +210,8 @@ def write_bin(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos
 
 def _tar_pieces(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any], eos_id: int) -> _Pieces:
     """A window's tar spans (three members per document), PAYLOAD_BYTES of tokens and text at a
-    time: each block's are gathered at once, then placed into the members chunk by chunk."""
+    time: each block's short spans are gathered at once, then placed into the members chunk by
+    chunk; long spans are read straight into their chunk."""
     item = little.itemsize
     block = wds.BLOCK_SIZE
     count = len(docs.json_offsets) - 1
@@ -223,37 +226,65 @@ def _tar_pieces(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any],
     sample_at = np.concatenate(([0], np.cumsum(spans)[:-1]))
     jsons = np.frombuffer(docs.jsons, dtype=np.uint8)
     token_bytes = docs.n_tokens * item
-    payload_at = np.cumsum(token_bytes + docs.text_bytes) - token_bytes - docs.text_bytes  # tokens, then text
-    payload, block_start = np.zeros(0, dtype=np.uint8), 0  # the block being written (rebound below)
+    payload = _TarPayload(np.repeat(docs.part, 2), _pairs(docs.tokens_offset, docs.text_offset),
+                      _pairs(token_bytes, docs.text_bytes))
 
     def fill(chunk: memoryview, start: int, end: int) -> None:
         at = sample_at[start:end] - int(sample_at[start])
         raw = np.frombuffer(chunk, dtype=np.uint8)
         _place_headers(raw, docs, start, end, (at, at + npy_at[start:end] - block, at + text_at[start:end] - block),
                        (json_sizes, npy_sizes, docs.text_bytes))
-        blocks = raw.reshape(-1, block)
         first, last = int(docs.json_offsets[start]), int(docs.json_offsets[end])
-        scatter_blocks(blocks, (at + block) // block, 0, jsons[first:last], docs.json_offsets[start:end] - first,
-                       json_sizes[start:end])
-        low, high = (int(payload_at[index] - payload_at[block_start]) for index in (start, end - 1))
-        data = payload[low:high + int(token_bytes[end - 1] + docs.text_bytes[end - 1])]
-        tokens_from = payload_at[start:end] - payload_at[start]
+        scatter_blocks(raw.reshape(-1, block), (at + block) // block, 0, jsons[first:last],
+                       docs.json_offsets[start:end] - first, json_sizes[start:end])
         npy_start = at + npy_at[start:end]
-        scatter_blocks(blocks, npy_start // block, npy_head, data, tokens_from, token_bytes[start:end])
-        scatter_blocks(blocks, (at + text_at[start:end]) // block, 0, data, tokens_from + token_bytes[start:end],
-                       docs.text_bytes[start:end])
-        blocks[npy_start // block, :npy_head] = wds.npy_headers(docs.n_tokens[start:end] + 1, little)
-        tokens_at = npy_start + npy_head
-        np.frombuffer(chunk, dtype=little)[(tokens_at + token_bytes[start:end]) // item] = eos_id
+        payload.place(reader, raw, 2 * start, _pairs(npy_start + npy_head, at + text_at[start:end]))
+        raw.reshape(-1, block)[npy_start // block, :npy_head] = wds.npy_headers(docs.n_tokens[start:end] + 1, little)
+        np.frombuffer(chunk, dtype=little)[(npy_start + npy_head + token_bytes[start:end]) // item] = eos_id
 
     for start, end in _chunks(token_bytes + docs.text_bytes, PAYLOAD_BYTES):
-        sizes = np.stack((token_bytes[start:end], docs.text_bytes[start:end]), axis=1).reshape(-1)
-        payload = np.empty(int(sizes.sum()), dtype=np.uint8)
-        reader.gather(payload, np.repeat(docs.part[start:end], 2),
-                      np.stack((docs.tokens_offset[start:end], docs.text_offset[start:end]), axis=1).reshape(-1),
-                      sizes, np.cumsum(sizes) - sizes)
-        block_start = start
+        payload.gather(reader, 2 * start, 2 * end)
         yield spans[start:end], functools.partial(_shifted, fill, start)
+
+
+def _pairs(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """first[0], second[0], first[1], second[1], ...: each document's token span, then its text span."""
+    return np.stack((first, second), axis=1).reshape(-1)
+
+
+class _TarPayload:
+    """A window's token and text spans in the intermediates, in tar order: the short ones of the
+    current block gathered into one payload, the long ones left to be read into their chunk."""
+
+    def __init__(self, parts: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> None:
+        self.parts, self.offsets, self.sizes = parts, offsets, sizes
+        self.short = sizes < gather.DIRECT_BYTES
+        self.payload, self.payload_at, self.first = np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.int64), 0
+
+    def gather(self, reader: PartReader, first: int, end: int) -> None:
+        """Read the short spans of pieces [first, end) into the payload, together."""
+        sizes = np.where(self.short[first:end], self.sizes[first:end], 0)
+        self.payload_at, self.first = np.cumsum(sizes) - sizes, first
+        self.payload = np.empty(int(sizes.sum()), dtype=np.uint8)
+        reader.gather(self.payload, self.parts[first:end], self.offsets[first:end], sizes, self.payload_at)
+
+    def place(self, reader: PartReader, raw: np.ndarray, first: int, targets: np.ndarray) -> None:
+        """Put pieces first, first + 1, ... at `targets` in a chunk: short ones from the payload,
+        whole tar blocks at a time, long ones read from the intermediates straight to their place
+        (one copy, no per-block indexing)."""
+        end = first + len(targets)
+        short, sizes = self.short[first:end], self.sizes[first:end]
+        sources = self.payload_at[first - self.first:end - self.first]
+        low = int(sources[0])  # scatter_blocks copies its data: only this chunk's part of the payload
+        data = self.payload[low:int(sources[-1]) + int(sizes[-1] * short[-1])]
+        blocks, columns = raw.reshape(-1, wds.BLOCK_SIZE), targets % wds.BLOCK_SIZE
+        for column in np.unique(columns[short]).tolist():  # the tokens' column, and 0 for texts
+            chosen = short & (columns == column)
+            scatter_blocks(blocks, targets[chosen] // wds.BLOCK_SIZE, column, data, sources[chosen] - low,
+                           sizes[chosen])
+        long = ~short
+        if long.any():
+            reader.gather(raw, self.parts[first:end][long], self.offsets[first:end][long], sizes[long], targets[long])
 
 
 def _shifted(fill: _Fill, shift: int, chunk: memoryview, start: int, end: int) -> None:

@@ -292,3 +292,31 @@ def test_scatter_blocks_places_pieces_and_zeroes_their_last_rows(lengths: list[i
         assert not flat[column + length:].any()
         touched[row:row + span] = True
     assert np.array_equal(blocks[~touched], before[~touched])
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 6), max_size=12), align=st.sampled_from([1, 2, 4, 8]),
+       odd=st.integers(0, 7), seed=st.integers(0, 1000))
+def test_place_copies_spans_in_the_widest_common_unit(sizes: list[int], align: int, odd: int, seed: int) -> None:
+    """`gather.place` equals a byte-by-byte copy whatever the spans' common alignment (token ids
+    of 2 or 4 bytes, texts of any size), in buffers whose length is no multiple of it; bytes no
+    span targets keep their values."""
+    rng = np.random.default_rng(seed)
+    lengths = [size * align for size in sizes]
+    if lengths and odd:
+        lengths[int(rng.integers(len(lengths)))] += odd  # one span breaks the alignment: bytes again
+    gaps = rng.integers(0, 3, size=len(lengths)) * align
+    sources = np.cumsum(np.asarray(lengths, dtype=np.int64) + gaps) - lengths if lengths else np.zeros(0, np.int64)
+    source = rng.integers(0, 256, size=int(sources[-1] + lengths[-1]) + odd + 3 if lengths else 3, dtype=np.uint8)
+    order = rng.permutation(len(lengths))
+    targets = np.zeros(len(lengths), dtype=np.int64)
+    at = align
+    for index in order.tolist():
+        targets[index] = at
+        at += lengths[index] + align * int(rng.integers(0, 2))
+    out = rng.integers(0, 256, size=at + 5, dtype=np.uint8)
+    expected = out.copy()
+    for target, start, length in zip(targets.tolist(), sources.tolist(), lengths):
+        expected[target:target + length] = source[start:start + length]
+    gather.place(out, targets, source, sources, np.asarray(lengths, dtype=np.int64))
+    assert out.tobytes() == expected.tobytes()
