@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -40,21 +39,109 @@ from prep.storage import open_store
 from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
+# The tests that need no cluster come first: in a serial run, Ray is then imported (and its
+# signal and address paths taken) before the module's cluster starts, as happens under
+# pytest-xdist whenever one process gets them first (regression: `ray_address`).
+
+class Stopped(Exception):
+    """What the test's own SIGTERM handler raises (the CLI's raises Terminated)."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped()
+
+
+@pytest.fixture
+def own_sigterm() -> Iterator[None]:
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _fake_init(monkeypatch: pytest.MonkeyPatch, *, terminated: bool) -> None:
+    """ray.init as it treats signals: its own SIGTERM handler first (sys.exit), maybe a SIGTERM then."""
+
+    ray = pytest.importorskip("ray")
+
+    def init(**_: Any) -> None:
+        ray._private.utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))
+        if terminated:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at once, in this thread
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+
+
+def test_ray_init_leaves_the_drivers_sigterm_handler_in_place(monkeypatch: pytest.MonkeyPatch,
+                                                             own_sigterm: None) -> None:
+    """Regression: after ray.init a SIGTERM exited the build at once (exit 1, a native stack dump),
+    skipping the driver's cleanup and its one line."""
+    _fake_init(monkeypatch, terminated=False)
+    RayExecutor(1)
+    assert signal.getsignal(signal.SIGTERM) is _stop
+
+
+def test_a_sigterm_during_ray_init_reaches_the_drivers_handler(monkeypatch: pytest.MonkeyPatch,
+                                                              own_sigterm: None) -> None:
+    """Regression: one arriving while Ray started was Ray's sys.exit(15): exit 15 and no message."""
+    _fake_init(monkeypatch, terminated=True)
+    with pytest.raises(Stopped):
+        RayExecutor(1)
+    assert signal.getsignal(signal.SIGTERM) is _stop
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_an_address_nothing_listens_at_is_named_before_ray_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: ray.init retried a refused GCS address for ever (a build looked hung)."""
+    ray = pytest.importorskip("ray")
+
+    def init(**_: Any) -> None:
+        raise AssertionError("ray.init must not be called for an address that refuses connections")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    address = f"127.0.0.1:{_closed_port()}"
+    with pytest.raises(UsageError, match=rf"cannot reach the Ray cluster at {address}: Connection refused"):
+        RayExecutor(1, address=address)
+
+
+def test_unreachable_reason_probes_host_and_port_and_leaves_other_forms_to_ray() -> None:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert unreachable_reason(f"127.0.0.1:{listening.getsockname()[1]}") is None
+    closed = _closed_port()
+    assert unreachable_reason(f"127.0.0.1:{closed}") == "Connection refused"
+    assert unreachable_reason(f"ray://127.0.0.1:{closed}") == "Connection refused"
+    assert unreachable_reason("auto") is None and unreachable_reason("local") is None
+    assert unreachable_reason("127.0.0.1:\u00b2") is None  # no port: Ray judges it (int() raised before)
+
+
 
 
 @pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
     """One local Ray instance for the module; its files (and ~/.ray) live in a short /tmp folder
-    because Ray's Unix socket paths must stay under 107 bytes."""
+    because Ray's Unix socket paths must stay under 107 bytes. Authentication is left to ray.init
+    (no RAY_AUTH_MODE): Ray reads that variable when first imported, and a test that imported it
+    earlier in the same process left a driver without the token its new cluster then demanded."""
     folder = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     patch = pytest.MonkeyPatch()
-    for name, value in {"RAY_TMPDIR": folder, "HOME": folder, "RAY_USAGE_STATS_ENABLED": "0",
-                        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}.items():
+    for name, value in {"RAY_TMPDIR": folder, "HOME": folder, "RAY_USAGE_STATS_ENABLED": "0"}.items():
         patch.setenv(name, value)
-    patch.delenv("RAY_ADDRESS", raising=False)
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        patch.delenv(name, raising=False)
     patch.chdir(REPO)  # Ray puts the driver's working directory on workers' sys.path (for tests.*)
     try:
-        ray = pytest.importorskip("ray")  # after the environment: Ray reads RAY_AUTH_MODE on import
+        ray = pytest.importorskip("ray")
         ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 << 20,
                  logging_level=logging.WARNING)
         yield str(ray.get_runtime_context().gcs_address)
@@ -181,87 +268,6 @@ def test_a_prep_error_ray_cannot_rebuild_arrives_as_its_message_and_exit_code(ra
         list(executor.run(fail_with_path_error, [0]))
     assert str(raised.value) == "/store/objects/ab: No space left on device"
     assert raised.value.exit_code == 4
-
-
-class Stopped(Exception):
-    """What the test's own SIGTERM handler raises (the CLI's raises Terminated)."""
-
-
-def _stop(signum: int, frame: object) -> None:
-    raise Stopped()
-
-
-@pytest.fixture
-def own_sigterm() -> Iterator[None]:
-    previous = signal.signal(signal.SIGTERM, _stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _fake_init(monkeypatch: pytest.MonkeyPatch, *, terminated: bool) -> None:
-    """ray.init as it treats signals: its own SIGTERM handler first (sys.exit), maybe a SIGTERM then."""
-    ray = pytest.importorskip("ray")
-
-    def init(**_: Any) -> None:
-        ray._private.utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))
-        if terminated:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the handler runs at once, in this thread
-
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", init)
-
-
-def test_ray_init_leaves_the_drivers_sigterm_handler_in_place(monkeypatch: pytest.MonkeyPatch,
-                                                             own_sigterm: None) -> None:
-    """Regression: after ray.init a SIGTERM exited the build at once (exit 1, a native stack dump),
-    skipping the driver's cleanup and its one line."""
-    _fake_init(monkeypatch, terminated=False)
-    RayExecutor(1)
-    assert signal.getsignal(signal.SIGTERM) is _stop
-
-
-def test_a_sigterm_during_ray_init_reaches_the_drivers_handler(monkeypatch: pytest.MonkeyPatch,
-                                                              own_sigterm: None) -> None:
-    """Regression: one arriving while Ray started was Ray's sys.exit(15): exit 15 and no message."""
-    _fake_init(monkeypatch, terminated=True)
-    with pytest.raises(Stopped):
-        RayExecutor(1)
-    assert signal.getsignal(signal.SIGTERM) is _stop
-
-
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def test_an_address_nothing_listens_at_is_named_before_ray_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Regression: ray.init retried a refused GCS address for ever (a build looked hung)."""
-    ray = pytest.importorskip("ray")
-
-    def init(**_: Any) -> None:
-        raise AssertionError("ray.init must not be called for an address that refuses connections")
-
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", init)
-    address = f"127.0.0.1:{_closed_port()}"
-    with pytest.raises(UsageError, match=rf"cannot reach the Ray cluster at {address}: Connection refused"):
-        RayExecutor(1, address=address)
-
-
-def test_unreachable_reason_probes_host_and_port_and_leaves_other_forms_to_ray() -> None:
-    with socket.socket() as listening:
-        listening.bind(("127.0.0.1", 0))
-        listening.listen()
-        assert unreachable_reason(f"127.0.0.1:{listening.getsockname()[1]}") is None
-    closed = _closed_port()
-    assert unreachable_reason(f"127.0.0.1:{closed}") == "Connection refused"
-    assert unreachable_reason(f"ray://127.0.0.1:{closed}") == "Connection refused"
-    assert unreachable_reason("auto") is None and unreachable_reason("local") is None
-    assert unreachable_reason("127.0.0.1:\u00b2") is None  # no port: Ray judges it (int() raised before)
 
 
 def test_results_arrive_once_per_item_with_their_index(ray_address: str) -> None:
