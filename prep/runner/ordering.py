@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from prep.faults import crash_point
+from prep.formats import wds
 from prep.formats.units import BIN, unit_formats, units_for
 from prep.progress import plural
 from prep.runner.merging import order_sources
@@ -26,6 +27,12 @@ from prep.store import records
 if TYPE_CHECKING:
     from prep.config import Pipeline
     from prep.runner.build import Builder
+
+SHARD_JOBS_PER_WORKER = 4
+"""Shard units are grouped into this many jobs per worker (a job carries the parts table, so not
+one per unit), handed out largest first: one slow job no longer leaves the other workers idle for
+the rest of the stage, as one job per worker did (16M documents: 5.0 s against 3.2 s)."""
+TAR_BYTES_PER_DOCUMENT = 3 * wds.BLOCK_SIZE + 3 * wds.BLOCK_SIZE // 2  # headers, and half a block of padding a member
 
 DOCUMENTS_PER_BUCKET = 250_000
 """Target documents per order task (about 170 bytes each in memory while sorting): no larger than
@@ -119,8 +126,7 @@ def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str
     if missing:
         builder.guard.ensure([part.object_id for part in parts])
         builder.guard.ensure(sorted({bucket_ids[b] for plan, _ in missing for b, _, _ in plan.slices}))
-    weights = [plan.bin_size if unit == BIN else plan.bin_size + plan.text_bytes for plan, unit in missing]
-    groups = [tuple(missing[start:end]) for start, end in contiguous_ranges(weights, builder.executor.workers)]
+    groups = unit_groups(missing, builder.executor.workers)
     table = ShardParts.of([(part.object_id, part.source, part.line_offset) for part in parts])
     jobs = [AssembleJob(builder.store.url, table,
                         tuple(sorted({(b, bucket_ids[b]) for plan, _ in group for b, _, _ in plan.slices})),
@@ -145,6 +151,24 @@ def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str
     builder.commit_stage("shard", stage_key, {"shards": shards})
     builder.progress.done("shard", f"{plural(run.ran, 'file')} written, {run.cached} cached")
     return shards
+
+
+def unit_groups(units: list[tuple[ShardPlan, str]], workers: int) -> list[tuple[tuple[ShardPlan, str], ...]]:
+    """The shard jobs: runs of consecutive units of similar weight, SHARD_JOBS_PER_WORKER per
+    worker, the heaviest first (the stage then ends with light jobs); which unit lands in which
+    job changes no byte of any unit."""
+    weights = [unit_weight(plan, unit) for plan, unit in units]
+    ranges = contiguous_ranges(weights, workers * SHARD_JOBS_PER_WORKER)
+    ranges.sort(key=lambda bounds: -sum(weights[bounds[0]:bounds[1]]))
+    return [tuple(units[start:end]) for start, end in ranges]
+
+
+def unit_weight(plan: ShardPlan, unit: str) -> int:
+    """About the bytes a unit writes: its .bin, or its tar (token ids, texts, and per document
+    three header blocks and the padding of three members)."""
+    if unit == BIN:
+        return plan.bin_size
+    return plan.bin_size + plan.text_bytes + plan.documents * TAR_BYTES_PER_DOCUMENT
 
 
 def _units_to_write(builder: Builder, all_units: list[tuple[ShardPlan, str]],
