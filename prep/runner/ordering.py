@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from prep.faults import crash_point
-from prep.formats import wds
 from prep.formats.units import BIN, unit_formats, units_for
 from prep.progress import plural
 from prep.runner.merging import order_sources
@@ -32,7 +31,9 @@ SHARD_JOBS_PER_WORKER = 4
 """Shard units are grouped into this many jobs per worker (a job carries the parts table, so not
 one per unit), handed out largest first: one slow job no longer leaves the other workers idle for
 the rest of the stage, as one job per worker did (16M documents: 5.0 s against 3.2 s)."""
-TAR_BYTES_PER_DOCUMENT = 3 * wds.BLOCK_SIZE + 3 * wds.BLOCK_SIZE // 2  # headers, and half a block of padding a member
+TAR_BYTES_PER_DOCUMENT = 3 * 512 + 3 * 256
+"""Three 512-byte tar header blocks and about half a block of padding per member (wds.BLOCK_SIZE:
+not imported here, since prep.formats.wds loads numpy, which the driver never does)."""
 
 DOCUMENTS_PER_BUCKET = 250_000
 """Target documents per order task (about 170 bytes each in memory while sorting): no larger than

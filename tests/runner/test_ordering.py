@@ -5,8 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prep.formats import wds
 from prep.formats.units import BIN, WDS
-from prep.runner.ordering import SHARD_JOBS_PER_WORKER, unit_groups, unit_weight
+from prep.runner.ordering import SHARD_JOBS_PER_WORKER, TAR_BYTES_PER_DOCUMENT, unit_groups, unit_weight
 from prep.stages.cuts import ShardPlan
 
 
@@ -41,5 +42,6 @@ def test_a_few_heavy_units_each_get_a_job_of_their_own() -> None:
 
 def test_a_tar_weighs_its_headers() -> None:
     """Short documents make a tar far heavier than its .bin: three header blocks each."""
+    assert TAR_BYTES_PER_DOCUMENT == 3 * wds.BLOCK_SIZE + 3 * wds.BLOCK_SIZE // 2  # spelled out for the driver
     plan = _plan(0, 1_000_000, 150_000_000)
     assert unit_weight(plan, WDS) > unit_weight(plan, BIN) + 1_000_000 * 1536
