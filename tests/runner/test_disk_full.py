@@ -149,11 +149,30 @@ def _children(pid: int) -> list[int]:
 def _gone(pids: list[int], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
-                   for pid in pids):
+        if not any(_running(pid) for pid in pids):
             return True
         time.sleep(0.05)
     return False
+
+
+def _running(pid: int) -> bool:
+    """Neither gone nor a zombie. One read: a process can vanish between a check that its /proc
+    entry exists and a read of its status (regression: the test then failed with FileNotFoundError)."""
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def test_a_process_that_vanishes_while_it_is_looked_at_counts_as_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its /proc entry still listed, its status already gone: the exit the test waits for."""
+    monkeypatch.setattr(Path, "exists", lambda self: True)
+
+    def vanished(self: Path, *args: object, **kwargs: object) -> str:
+        raise FileNotFoundError(2, "No such file or directory", str(self))
+
+    monkeypatch.setattr(Path, "read_text", vanished)
+    assert _gone([os.getpid()], timeout=1.0)
 
 
 def _build_until_tokenizing(tmp_path: Path, tokenizer_path: Path) -> tuple[subprocess.Popen[str], list[str], list[int]]:
