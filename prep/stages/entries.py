@@ -27,6 +27,7 @@ from prep.errors import IntegrityError
 from prep.hashing import Digest, HashingWriter
 from prep.manifest import canonical
 from prep.stages.columns import int_column, to_numbers
+from prep.stages.gather import pread_into
 from prep.stages.intermediate import hash_pairs, io_errors
 from prep.stages.keys import bucket_of, order_keys
 
@@ -91,7 +92,7 @@ class EntryFile:
             raise IntegrityError(f"{self.path}: entries {first}..{first + count} out of range")
         with descriptor(self.path, fd) as opened, io_errors("reading", self.path):
             entries = np.empty(count, dtype=ENTRY_DTYPE)  # read in place: no bytes object to copy from
-            if _read_into(opened, entries.view(np.uint8).data, self.entries_at + first * ENTRY_DTYPE.itemsize) \
+            if pread_into(opened, entries.view(np.uint8).data, self.entries_at + first * ENTRY_DTYPE.itemsize) \
                     != entries.nbytes:  # cut short, perhaps mid-entry
                 raise IntegrityError(f"{self.path}: shorter than its header says")
             with_id = entries["id_len"] != NO_ID
@@ -143,14 +144,6 @@ class EntryFile:
         if bits > self.header["index_bits"]:  # the range is a coarser prefix: keep the bucket
             entries = entries[bucket_of(entries["key_hi"], bits) == bucket]
         return entries, ids
-
-
-def _read_into(fd: int, view: memoryview, offset: int) -> int:
-    """Fill `view` from `fd` at `offset`; the bytes read, fewer only at the end of the file."""
-    done = 0
-    while done < len(view) and (got := os.preadv(fd, [view[done:]], offset + done)):
-        done += got
-    return done
 
 
 @contextmanager

@@ -33,6 +33,15 @@ arithmetic costs far more than a call for them (long documents)."""
 _PART_SHIFT = 44  # (part << 44) + offset sorts spans by file then offset; intermediates stay below 16 TiB
 
 
+def pread_into(fd: int, view: memoryview, offset: int) -> int:
+    """Fill `view` from `fd` at `offset` (positional reads: the file offset is untouched); the
+    bytes read, fewer only at the end of the file."""
+    done = 0
+    while done < len(view) and (got := os.preadv(fd, [view[done:]], offset + done)):
+        done += got
+    return done
+
+
 class PartReader:
     """Positional reads from the intermediates, keeping a bounded number of files open.
 
@@ -46,13 +55,8 @@ class PartReader:
 
     def read_into(self, part: int, offset: int, view: memoryview) -> None:
         """Fill `view` from `part` at `offset`; IntegrityError when the file is shorter."""
-        fd = self._fd(part)
-        count = os.preadv(fd, [view], offset)
-        while count < len(view):  # short reads happen only at end of file: a truncated intermediate
-            if count <= 0:
-                raise IntegrityError(f"{self._paths[part]}: shorter than its metadata says")
-            view, offset = view[count:], offset + count
-            count = os.preadv(fd, [view], offset)
+        if pread_into(self._fd(part), view, offset) < len(view):  # a truncated intermediate
+            raise IntegrityError(f"{self._paths[part]}: shorter than its metadata says")
 
     def gather(self, out: np.ndarray, parts: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
                targets: np.ndarray) -> None:

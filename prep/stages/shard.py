@@ -234,12 +234,13 @@ def _tar_pieces(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any],
         raw = np.frombuffer(chunk, dtype=np.uint8)
         _place_headers(raw, docs, start, end, (at, at + npy_at[start:end] - block, at + text_at[start:end] - block),
                        (json_sizes, npy_sizes, docs.text_bytes))
+        blocks = raw.reshape(-1, block)
         first, last = int(docs.json_offsets[start]), int(docs.json_offsets[end])
-        scatter_blocks(raw.reshape(-1, block), (at + block) // block, 0, jsons[first:last],
-                       docs.json_offsets[start:end] - first, json_sizes[start:end])
+        scatter_blocks(blocks, (at + block) // block, 0, jsons[first:last], docs.json_offsets[start:end] - first,
+                       json_sizes[start:end])
         npy_start = at + npy_at[start:end]
-        payload.place(reader, raw, 2 * start, _pairs(npy_start + npy_head, at + text_at[start:end]))
-        raw.reshape(-1, block)[npy_start // block, :npy_head] = wds.npy_headers(docs.n_tokens[start:end] + 1, little)
+        payload.place(reader, blocks, 2 * start, _pairs(npy_start + npy_head, at + text_at[start:end]))
+        blocks[npy_start // block, :npy_head] = wds.npy_headers(docs.n_tokens[start:end] + 1, little)
         np.frombuffer(chunk, dtype=little)[(npy_start + npy_head + token_bytes[start:end]) // item] = eos_id
 
     for start, end in _chunks(token_bytes + docs.text_bytes, PAYLOAD_BYTES):
@@ -268,8 +269,8 @@ class _TarPayload:
         self.payload = np.empty(int(sizes.sum()), dtype=np.uint8)
         reader.gather(self.payload, self.parts[first:end], self.offsets[first:end], sizes, self.payload_at)
 
-    def place(self, reader: PartReader, raw: np.ndarray, first: int, targets: np.ndarray) -> None:
-        """Put pieces first, first + 1, ... at `targets` in a chunk: short ones from the payload,
+    def place(self, reader: PartReader, blocks: np.ndarray, first: int, targets: np.ndarray) -> None:
+        """Put pieces first, first + 1, ... at `targets` in a chunk (its tar blocks, (n, 512) bytes): short ones from the payload,
         whole tar blocks at a time, long ones read from the intermediates straight to their place
         (one copy, no per-block indexing)."""
         end = first + len(targets)
@@ -277,14 +278,15 @@ class _TarPayload:
         sources = self.payload_at[first - self.first:end - self.first]
         low = int(sources[0])  # scatter_blocks copies its data: only this chunk's part of the payload
         data = self.payload[low:int(sources[-1]) + int(sizes[-1] * short[-1])]
-        blocks, columns = raw.reshape(-1, wds.BLOCK_SIZE), targets % wds.BLOCK_SIZE
+        columns = targets % wds.BLOCK_SIZE
         for column in np.unique(columns[short]).tolist():  # the tokens' column, and 0 for texts
             chosen = short & (columns == column)
             scatter_blocks(blocks, targets[chosen] // wds.BLOCK_SIZE, column, data, sources[chosen] - low,
                            sizes[chosen])
         long = ~short
         if long.any():
-            reader.gather(raw, self.parts[first:end][long], self.offsets[first:end][long], sizes[long], targets[long])
+            reader.gather(blocks.reshape(-1), self.parts[first:end][long], self.offsets[first:end][long], sizes[long],
+                          targets[long])
 
 
 def _shifted(fill: _Fill, shift: int, chunk: memoryview, start: int, end: int) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 from prep.errors import IntegrityError, StorageIOError
 from prep.faults import crash_point
 from prep.hashing import Digest
+from prep.stages.gather import pread_into
 from prep.writeback import start_writeback
 
 CHUNK_BYTES = 4 << 20
@@ -151,10 +152,7 @@ class ChunkSink:
         if len(self._checks[slot]) < len(data):
             self._checks[slot] = mmap.mmap(-1, len(data))
         check = memoryview(self._checks[slot])[: len(data)]
-        done = 0
-        while done < len(data) and (got := os.preadv(self._fd, [check[done:]], offset + done)):
-            done += got
-        if done != len(data) or not np.array_equal(np.frombuffer(check, dtype=np.uint64),
+        if pread_into(self._fd, check, offset) != len(data) or not np.array_equal(np.frombuffer(check, dtype=np.uint64),
                                                    np.frombuffer(data, dtype=np.uint64)):
             raise IntegrityError(f"{self._path}: the disk returned other bytes than were written at offset {offset}")
         return check
