@@ -269,8 +269,8 @@ def fsck(store: Store, dataset: str | None = None, jobs: int = DEFAULT_JOBS, pro
         report = _check(store, dataset, jobs, progress)[0]
         running = running or live_leases(store, GC)
         return replace(report, gc_running=running[0].key) if running else report
-    with Lease(store, GC):
-        builds = live_leases(store, BUILD)
+    with Lease(store, GC) as lease:
+        builds = live_leases(store, BUILD, store_now=lease.store_now())
         if builds:
             raise StoreError(f"{store.url}: a build holds lease {builds[0].key}; fsck --repair deletes nothing "
                              "while builds run, try again later")

@@ -158,7 +158,7 @@ def _reach(store: Store, cutoff: float, markers: list[ObjectInfo], named: dict[s
     return reach
 
 
-def _plan(store: Store, cutoff: float, now: float, override: Override | None) -> _Plan:
+def _plan(store: Store, cutoff: float, now: float, override: Override | None, store_now: float | None = None) -> _Plan:
     objects = list(store.list(OBJECTS_PREFIX))
     found = list(store.list(TASKS_PREFIX)) + list(store.list(STAGES_PREFIX))
     markers = list(store.list(SNAPSHOTS_PREFIX))
@@ -171,7 +171,7 @@ def _plan(store: Store, cutoff: float, now: float, override: Override | None) ->
     dead_records += [info for info in store.list(READBACK_PREFIX)
                      if info.mtime <= cutoff and readback_sha(info.key) not in reach.kept]
     expired = [info for info in store.list(leases_prefix())
-               if info.mtime <= cutoff and ((lease := parse_lease(info)) is None or not held(store, lease, now))]
+               if info.mtime <= cutoff and ((lease := parse_lease(info)) is None or not held(store, lease, now, store_now))]
     deletions = {
         "snapshots": [m for m in markers if m.mtime <= cutoff and marker_sha(m.key) not in reach.kept],
         "records": dead_records,
@@ -224,12 +224,12 @@ def collect_garbage(store: Store, grace_seconds: int, dry_run: bool = False,
                     raise
                 raise StorageIOError(again.operation, again.path, f"{again.reason}; {_freed_text(freed)}",
                                      again.errno) from again
-        builds = live_leases(store, BUILD)
+        builds = live_leases(store, BUILD, store_now=lease.store_now())
         if builds:
             raise StoreError(f"{store.url}: a build holds lease {builds[0].key}; gc deletes nothing while "
                              "builds run, try again later")
         now = time.time()
-        plan = _plan(store, now - grace_seconds, now, policy)
+        plan = _plan(store, now - grace_seconds, now, policy, lease.store_now())
         for name in ("snapshots", "records", "leases", "objects", "temporary"):
             if lease.lapsed:
                 raise StoreError(f"{store.url}: the gc lease lapsed (renewals failed); stopped before deleting {name}")

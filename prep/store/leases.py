@@ -27,6 +27,10 @@ from prep.store.layout import lease_folder, lease_key, leases_prefix, parse_leas
 
 BUILD, GC = "build", "gc"
 DEFAULT_LEASE_SECONDS = 600
+MAX_LEASE_SECONDS = DEFAULT_LEASE_SECONDS
+"""No holder takes a longer lifetime, so a lease key the store wrote longer ago than this (and
+RENEWAL_SLACK_SECONDS) was not renewed in time: lapsed, whatever date its name holds."""
+RENEWAL_SLACK_SECONDS = 60
 WAIT_POLL_SECONDS = 5.0
 
 
@@ -38,15 +42,21 @@ class LeaseInfo:
     kind: str
     run: str
     expires: int
+    written: float = 0.0  # when the store wrote the key, by the store's clock (0: not known)
 
-    def live(self, now: float) -> bool:
+    def live(self, now: float, store_now: float | None = None) -> bool:
+        """Before its expiry, and (when the store's time is known) written within a lifetime: a
+        name dated far ahead (a holder's clock gone wrong, a key made by hand) would otherwise
+        keep gc out, or builds waiting, until that date."""
+        if store_now is not None and self.written and store_now - self.written > MAX_LEASE_SECONDS + RENEWAL_SLACK_SECONDS:
+            return False
         return now < self.expires
 
 
 def parse_lease(info: ObjectInfo) -> LeaseInfo | None:
     """The lease a listed key is, or None for a key under leases/ that is no lease."""
     parsed = parse_lease_key(info.key)
-    return None if parsed is None else LeaseInfo(info.key, *parsed)
+    return None if parsed is None else LeaseInfo(info.key, *parsed, written=info.mtime)
 
 
 def read_leases(store: Store, kind: str | None = None) -> list[LeaseInfo]:
@@ -97,15 +107,16 @@ def _pid_is_gone(pid: object) -> bool:
     return False
 
 
-def held(store: Store, lease: LeaseInfo, now: float) -> bool:
-    """True while the lease has not expired and its holder may still be running."""
-    return lease.live(now) and not _holder_is_dead(store, lease)
+def held(store: Store, lease: LeaseInfo, now: float, store_now: float | None = None) -> bool:
+    """True while the lease has not expired (LeaseInfo.live) and its holder may still be running."""
+    return lease.live(now, store_now) and not _holder_is_dead(store, lease)
 
 
-def live_leases(store: Store, kind: str, now: float | None = None) -> list[LeaseInfo]:
-    """Leases not yet expired whose holder may still be running."""
+def live_leases(store: Store, kind: str, now: float | None = None, store_now: float | None = None) -> list[LeaseInfo]:
+    """Leases not yet expired whose holder may still be running; `store_now` (Lease.store_now)
+    also lapses those the store wrote longer ago than any lifetime."""
     moment = time.time() if now is None else now
-    return [lease for lease in read_leases(store, kind) if held(store, lease, moment)]
+    return [lease for lease in read_leases(store, kind) if held(store, lease, moment, store_now)]
 
 
 class Lease:
@@ -113,10 +124,13 @@ class Lease:
     renewal creates a later-expiring key, then deletes the previous one."""
 
     def __init__(self, store: Store, kind: str, seconds: int = DEFAULT_LEASE_SECONDS) -> None:
+        if not 0 < seconds <= MAX_LEASE_SECONDS:  # others judge a lease's age by MAX_LEASE_SECONDS
+            raise ValueError(f"a lease lasts 1 to {MAX_LEASE_SECONDS} s, not {seconds}")
         self.store, self.kind, self.seconds = store, kind, seconds
         self.run = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:12]}"
         self.key = ""
         self.expires = 0
+        self._stamp: tuple[float, float] | None = None  # the store's mtime of our key, monotonic time then
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -126,9 +140,17 @@ class Lease:
         body = {"kind": self.kind, "run": self.run, "host": socket.gethostname(), "pid": os.getpid(),
                 "scope": process_scope(), "expires": expires}
         self.store.put_bytes(key, json.dumps(body, sort_keys=True).encode())
+        written = self.store.head(key)
+        self._stamp = (written.mtime, time.monotonic()) if written is not None and written.mtime else None
         previous, self.key, self.expires = self.key, key, expires
         if previous and previous != key:
             self.store.delete(previous)
+
+    def store_now(self) -> float | None:
+        """The store's time now, from its stamp on our own latest key (so a local clock that is
+        off does not matter); None when the store gave no stamp."""
+        stamp = self._stamp
+        return None if stamp is None else stamp[0] + (time.monotonic() - stamp[1])
 
     def _renew(self) -> None:
         while not self._stop.wait(self.seconds / 4):
@@ -177,7 +199,7 @@ def build_lease(store: Store, timeout: float | None = None, poll: float | None =
     poll = WAIT_POLL_SECONDS if poll is None else poll
     with Lease(store, BUILD) as lease:
         waited = 0.0
-        while running := live_leases(store, GC):
+        while running := live_leases(store, GC, store_now=lease.store_now()):
             if timeout is not None and waited >= timeout:
                 raise StoreError(f"{store.url}: garbage collection is running ({running[0].key}); try again later")
             if not waited and on_wait is not None:

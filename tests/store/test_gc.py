@@ -247,6 +247,36 @@ def test_a_killed_holder_releases_its_lease_only_where_its_pid_means_something(p
     assert report.deleted["leases"].count == 1 and read_leases(store) == []
 
 
+def test_a_lease_named_for_a_far_date_lapses_once_the_store_holds_it_longer_than_a_lifetime(
+        project: dict[str, Path]) -> None:
+    """Regression: a lease key dated years ahead (a holder's clock gone wrong, a key made by hand)
+    kept gc out, and builds waiting, until that date. Holders renew within a lifetime, so a key
+    the store wrote longer ago than that has lapsed; a fresh one still counts (a holder running
+    with its clock ahead)."""
+    store = LocalStore(project["store"])
+    far = int(time.time()) + 10 * 365 * 86400
+    body = json.dumps({"pid": 1, "scope": "another/host/namespace"}).encode()
+    fresh = lease_key(BUILD, "clock-ahead", far)
+    store.put_bytes(fresh, body)
+    with pytest.raises(StoreError, match="a build holds lease"):
+        collect_garbage(store, grace_seconds=HOUR)
+    store.delete(fresh)
+    stale_build, stale_gc = lease_key(BUILD, "gone", far), lease_key(GC, "gone", far)
+    for key in (stale_build, stale_gc):
+        store.put_bytes(key, body)
+    age(project["store"], 2 * HOUR)
+    with build_lease(store, timeout=0, poll=0.01):  # the old gc lease keeps no build waiting
+        pass
+    report = collect_garbage(store, grace_seconds=HOUR)
+    assert report.deleted["leases"].count == 2 and read_leases(store) == []
+
+
+def test_a_lease_lasts_at_most_the_lifetime_others_judge_it_by() -> None:
+    store = LocalStore.__new__(LocalStore)
+    with pytest.raises(ValueError, match="a lease lasts"):
+        Lease(store, BUILD, seconds=3600)
+
+
 def test_gc_refuses_a_store_whose_ref_names_a_missing_snapshot(project: dict[str, Path]) -> None:
     store = LocalStore(project["store"])
     snapshot = resolve(store, "tiny@latest")

@@ -16,7 +16,16 @@ from prep.storage.s3 import S3Store
 from prep.store import cas
 from prep.store.gc import collect_garbage
 from prep.store.layout import history_key, lease_key, leases_prefix, ref_key, retention_key
-from prep.store.leases import BUILD, Lease, live_leases, process_scope, read_leases
+from prep.store.leases import (
+    BUILD,
+    GC,
+    MAX_LEASE_SECONDS,
+    RENEWAL_SLACK_SECONDS,
+    Lease,
+    live_leases,
+    process_scope,
+    read_leases,
+)
 from prep.store.refs import move_ref, read_ref, ref_history
 from prep.store.retention import Override, Policy, record_policy, stored_policy
 from prep.store.tags import set_tag
@@ -99,6 +108,22 @@ def test_expired_and_abandoned_leases_on_s3(s3_bucket: str) -> None:
     assert live_leases(store, BUILD) == []
     assert collect_garbage(store, grace_seconds=0).deleted["leases"].count == 2
     assert read_leases(store) == []
+
+
+def test_a_far_dated_lease_on_s3_is_judged_by_the_stores_clock(s3_bucket: str) -> None:
+    """A lease key dated years ahead keeps gc out while the store wrote it within a lifetime, and
+    not once the store's clock (read from our own lease key's stamp) is a lifetime past it."""
+    store = S3Store(s3_bucket)
+    far = int(time.time()) + 10 * 365 * 86400
+    plant(store, lease_key(BUILD, "ahead", far), json.dumps({"pid": 1, "scope": "elsewhere"}).encode())
+    with Lease(store, GC) as lease:
+        store_now = lease.store_now()
+        assert store_now is not None and abs(store_now - time.time()) < 60
+        assert [found.run for found in live_leases(store, BUILD, store_now=store_now)] == ["ahead"]
+        later = store_now + MAX_LEASE_SECONDS + RENEWAL_SLACK_SECONDS + 1
+        assert live_leases(store, BUILD, store_now=later) == []
+    with pytest.raises(StoreError, match="a build holds lease"):
+        collect_garbage(store, grace_seconds=0)
 
 
 # --------------------------------------------------------------------------- retention records
