@@ -36,8 +36,9 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
           ray_address: str | None, expect: str | None, force: bool, no_readback: bool, as_json: bool) -> None:
     """Build PIPELINE into the store and publish a snapshot; prints the snapshot id.
 
-    A ref another publisher moved while the build ran is left alone (a warning line, exit 0)
-    unless --force; a stale --expect exits 2. A rebuild with nothing changed moves no ref."""
+    If another publisher moved `latest` while the build ran, it is left alone (a warning line,
+    exit 0) unless --force; a --tag left that way, or a stale --expect, exits 2. A rebuild with
+    nothing changed moves no ref."""
     config = load_pipeline(pipeline)
     for tag in tags:
         check_tag_name(tag)
@@ -49,6 +50,7 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
     pool = make_executor(executor, workers or os.cpu_count() or 1, ray_address)
     try:
         from prep.runner.build import build as run_build  # heavy: imported while the workers start
+        from prep.runner.publish import declined_tags
 
         result = run_build(config, store, pool, progress=None, options=options)
     finally:
@@ -61,3 +63,5 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
                    "readback": result.readback.to_json(), "log": result.log_key})
     else:
         click.echo(result.snapshot.id)
+    if (declined := declined_tags(config.dataset, result.snapshot.id, result.refs)) is not None:
+        raise declined

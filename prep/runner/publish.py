@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prep import hashing
-from prep.errors import StaleRefError
+from prep.errors import RefConflictError, StaleRefError
 from prep.formats.units import named_artifact_path, unit_formats, units_for
 from prep.inputs.sources import SourceFile
 from prep.progress import plural
@@ -159,8 +159,9 @@ class RefPlan:
 
 def publish_refs(store: Store, plan: RefPlan, snapshot_id: str, warn: Callable[[str], None]) -> list[RefOutcome]:
     """Move the plan's refs to `snapshot_id` by compare-and-swap from the generations noted at the
-    start. A ref another publisher moved meanwhile is left alone with a warning (with `--expect`
-    the StaleRefError is raised: exit 2)."""
+    start. A ref another publisher moved meanwhile is left alone and recorded as declined: `latest`
+    with a warning (with `--expect` the StaleRefError is raised: exit 2), a tag silently here, since
+    the caller asked for it by name and reports it as a failure (`declined_tags`)."""
     outcomes = []
     mover = Mover.here("build")
     for name in ("latest", *plan.tags):
@@ -172,7 +173,8 @@ def publish_refs(store: Store, plan: RefPlan, snapshot_id: str, warn: Callable[[
             now = read_ref_value(store, plan.dataset, name)
             outcomes.append(RefOutcome(name, "declined", now.generation if now else 0, now.snapshot if now else None,
                                        str(exc)))
-            warn(f"warning: {exc}: another publisher moved it while this build ran (use --force to move it anyway)")
+            if name == "latest":
+                warn(f"warning: {exc}: another publisher moved it while this build ran (use --force to move it anyway)")
             continue
         ref = move.ref
         if move.history_pending:
@@ -181,6 +183,17 @@ def publish_refs(store: Store, plan: RefPlan, snapshot_id: str, warn: Callable[[
         outcomes.append(RefOutcome(name, "moved" if move.moved else "unchanged", ref.generation,
                                    ref.previous if move.moved else ref.snapshot))
     return outcomes
+
+
+def declined_tags(dataset: str, snapshot_id: str, outcomes: list[RefOutcome]) -> RefConflictError | None:
+    """The error (exit 2) for `--tag` names a build left on what another publisher set while it ran:
+    a tag is asked for by name, so a script must not go on as if it named this snapshot."""
+    declined = [outcome for outcome in outcomes if outcome.action == "declined" and outcome.name != "latest"]
+    if not declined:
+        return None
+    where = "; ".join(f"{dataset}@{o.name} names {o.previous} (generation {o.generation})" for o in declined)
+    return RefConflictError(f"{where}, set by another publisher while this build ran; the snapshot {snapshot_id} "
+                            f"is stored but not tagged (use --force to move the tag anyway)")
 
 
 def skipped_records(entries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 from prep import code
+from prep.cli.main import main
 from prep.config import load_pipeline
 from prep.errors import RefConflictError, StaleRefError, UsageError
 from prep.manifest.schema import validate
 from prep.progress import Progress
+from prep.runner import publish as publish_module
 from prep.runner.build import BuildResult, PublishOptions, build
 from prep.storage import LocalStore
 from prep.storage.base import Store
@@ -169,6 +171,35 @@ def test_a_tag_naming_another_snapshot_stays_unless_forced(project: Path, tmp_pa
     assert [(o.name, o.action, o.generation) for o in moved.refs] == [("latest", "moved", 2), ("v1", "moved", 2)]
     with pytest.raises(UsageError, match="reserved"):
         build_in_process(project, store, PublishOptions(tags=("latest",)))
+
+
+def test_a_tag_another_publisher_moves_during_the_build_fails_the_command(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression: a --tag that another publisher moved while the build ran was left with a warning
+    and exit 0, so `prep build --tag v1 && train tiny@v1` trained on someone else's snapshot. Now:
+    latest still moves, the tag stays, the JSON report says declined, one error line, exit 2."""
+    store = LocalStore(tmp_path / "store")
+    build_in_process(project, store)
+    newer = f"sha256:{'e' * 64}"
+    real = publish_module.update_ref
+
+    def update_ref(store: Store, dataset: str, name: str, snapshot: str, **options: Any) -> Any:
+        if name == "v1":  # after the checks before read-back, before this tag's swap: the race
+            move_ref(store, dataset, name, newer)
+        return real(store, dataset, name, snapshot, **options)
+    monkeypatch.setattr(publish_module, "update_ref", update_ref)
+    with pytest.raises(SystemExit) as exited:
+        main(["build", str(other(project)), "--store", str(store.root), "--workers", "1", "--tag", "v1", "--json"])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert exited.value.code == 2 and report["schema"] == "prep.build-report/1"
+    assert [(ref["name"], ref["action"]) for ref in report["refs"]] == [("latest", "moved"), ("v1", "declined")]
+    assert captured.err.endswith(f"prep: error: tiny@v1 names {newer} (generation 1), set by another publisher while "
+                            f"this build ran; the snapshot {report['snapshot']} is stored but not tagged (use --force "
+                            "to move the tag anyway)\n") and captured.err.count("prep: error") == 1
+    v1, latest = read_ref(store, "tiny", "v1"), read_ref(store, "tiny", "latest")
+    assert v1 is not None and v1.snapshot == newer
+    assert latest is not None and latest.snapshot == report["snapshot"]
 
 
 def test_the_build_log_says_who_ran_what_where_and_what_it_skipped(tmp_path: Path, tokenizer_path: Path) -> None:
