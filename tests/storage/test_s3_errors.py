@@ -6,7 +6,8 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 import boto3
 import pytest
@@ -95,3 +96,36 @@ def test_cli_reports_a_missing_bucket_in_one_line(s3_endpoint: str) -> None:
     )
     assert result.returncode == 2
     assert result.stderr == "prep: error: s3://no-such-bucket-here: bucket does not exist\n"
+
+
+@pytest.fixture
+def silent_endpoint(s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An endpoint that accepts connections and never answers (a hung proxy or server)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+    try:
+        yield s3_bucket
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("name", ["get", "put", "read_ref"])
+def test_an_endpoint_that_never_answers_fails_after_the_read_timeout(silent_endpoint: str, name: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: botocore's default (60 s a read) made each of eight attempts wait a minute at an
+    endpoint that accepts and never answers; PREP_S3_READ_TIMEOUT sets the wait (default 60 s)."""
+    monkeypatch.setenv("PREP_S3_READ_TIMEOUT", "0.3")
+    started = time.monotonic()
+    error = failure(OPERATIONS[name], S3Store(f"{silent_endpoint}/p", S3Settings(max_attempts=2)))
+    assert "timeout" in str(error).lower() and time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "inf"])
+@pytest.mark.parametrize("name", ["PREP_S3_READ_TIMEOUT", "PREP_S3_CONNECT_TIMEOUT"])
+def test_a_bad_timeout_setting_is_one_line_naming_it(s3_bucket: str, monkeypatch: pytest.MonkeyPatch,
+                                                      name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    error = failure(OPERATIONS["head"], S3Store(f"{s3_bucket}/p"))
+    assert str(error) == f"S3 configuration: {name}={value!r} is not a positive number of seconds"

@@ -41,6 +41,9 @@ DEFAULT_PART_SIZE = 16 * MIB
 DEFAULT_JOBS = 8
 DEFAULT_MAX_ATTEMPTS = 8
 THRESHOLD_ENV = "PREP_S3_MULTIPART_THRESHOLD"
+TIMEOUT_ENVS = {"connect_timeout": ("PREP_S3_CONNECT_TIMEOUT", 10.0), "read_timeout": ("PREP_S3_READ_TIMEOUT", 60.0)}
+"""Seconds to wait for a connection, and for each read of an answer, per attempt (botocore's own
+default is 60 s for both: eight attempts at an endpoint that accepts and never answers took 8 minutes)."""
 MAX_PARTS = 10_000  # S3's limits: parts per upload, bytes per single PUT or part
 MAX_PUT_SIZE = 5 << 30
 
@@ -78,6 +81,21 @@ def parse_size(text: str, name: str) -> int:
     if not digits.isdigit() or unit not in _SIZE_UNITS:
         raise StoreError(f"{name}={text!r}: not a byte count (e.g. 67108864 or 64MiB)")
     return int(digits) * _SIZE_UNITS[unit]
+
+
+def timeouts() -> dict[str, float]:
+    """The client's connect and read timeouts, from TIMEOUT_ENVS (StoreError naming a bad value)."""
+    found = {}
+    for option, (name, default) in TIMEOUT_ENVS.items():
+        text = os.environ.get(name, "").strip()
+        try:
+            seconds = float(text) if text else default
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds < float("inf"):
+            raise StoreError(f"S3 configuration: {name}={text!r} is not a positive number of seconds")
+        found[option] = seconds
+    return found
 
 
 def part_size_for(size: int, preferred: int) -> int:
@@ -200,7 +218,7 @@ class ClientCache:
     def _new_client(self) -> Any:
         mode = "adaptive" if os.environ.get("AWS_RETRY_MODE") == "adaptive" else "standard"
         retries = {"mode": mode, "total_max_attempts": self.max_attempts}
-        config = Config(retries=retries, max_pool_connections=self.pool_size)
+        config = Config(retries=retries, max_pool_connections=self.pool_size, **timeouts())
         try:  # a fresh session reads the AWS environment now, not when boto3 was first used
             core = botocore.session.get_session()
             core.register_component("data_loader", _shared_loader())  # parsed API models are reused
