@@ -13,6 +13,7 @@ leaves.
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ import numpy as np
 from prep.errors import IntegrityError
 from prep.hashing import Digest
 from prep.stages.entries import (
-    GATHER_BLOCK,
     NO_ID,
     EntryFile,
     concat_numbered,
@@ -61,7 +61,8 @@ def sort_and_dedup(entries: np.ndarray, exact: bool) -> tuple[np.ndarray, int]:
     return take_entries(entries, order[~repeat]), int(repeat.sum())  # one copy of the entries, the kept ones
 
 
-_DIGEST_FIELDS = ["key_hi", "key_lo", "n_tokens", "text_bytes", "line", "id_len"]
+_DIGEST_COLUMNS = ("key_hi", "key_lo", "n_tokens", "text_bytes", "id_len")
+_DIGEST_HEAD = struct.Struct("<QQ")
 
 
 def leaf_digests(entries: np.ndarray, ids: bytes, parts: PartTable, bounds: Sequence[tuple[int, int]]) -> list[str]:
@@ -69,31 +70,32 @@ def leaf_digests(entries: np.ndarray, ids: bytes, parts: PartTable, bounds: Sequ
     is made of, and nothing about where it is stored: per document its order key (which stands
     for its text: the key is a bijection of the text hash), token count, text size, source,
     line and id. With the tokenizer and settings that the shard task key adds, equal digests
-    mean equal shard bytes. Each document's record is built once however many ranges hold it."""
+    mean equal shard bytes."""
     offsets = np.frombuffer(parts.line_offsets or bytes(8), dtype="<i8")
     part_digests = np.frombuffer(parts.source_digests or bytes(32), dtype="V32")
-    hashers = [hashlib.sha256() for _ in bounds]
-    layout = np.dtype([("source", "V32")] + [(name, "<u8") for name in _DIGEST_FIELDS])
-    for low in range(0, len(entries), GATHER_BLOCK):  # the records in blocks: one digest, bounded memory
-        block = entries[low:low + GATHER_BLOCK]
-        records = np.zeros(len(block), dtype=layout)
-        records["source"] = part_digests[block["part"]]
-        for name in _DIGEST_FIELDS:
-            if name != "line":
-                records[name] = block[name]
-        records["line"] = offsets[block["part"]] + block["row"].astype(np.int64) + 1
-        raw = memoryview(records.tobytes())
-        for hasher, (first, end) in zip(hashers, bounds):
-            start, stop = max(first, low) - low, min(end, low + len(block)) - low
-            if start < stop:
-                hasher.update(raw[start * layout.itemsize:stop * layout.itemsize])
     blob = np.frombuffer(ids, dtype=np.uint8)
-    for hasher, (first, end) in zip(hashers, bounds):
-        chunk = entries[first:end]
-        with_id = chunk["id_len"] != NO_ID
-        # One update of the ids one after another: the same digest as one update per id.
-        hasher.update(gather_bytes(blob, chunk["id_offset"][with_id], chunk["id_len"][with_id]))
-    return [hasher.hexdigest() for hasher in hashers]
+    return [_range_digest(entries[first:end], blob, offsets, part_digests) for first, end in bounds]
+
+
+def _range_digest(chunk: np.ndarray, blob: np.ndarray, line_offsets: np.ndarray, part_digests: np.ndarray) -> str:
+    """One range's digest, column by column (fixed widths, so the framing is unambiguous): the
+    count and the sorted SHA-256s of the sources its documents come from, then per document its
+    source as an index into those (not its part's ordinal, which an input added elsewhere
+    shifts), then each of _DIGEST_COLUMNS, its line number, and last the ids one after another."""
+    hasher = hashlib.sha256()
+    present = np.unique(chunk["part"])
+    sources, rank = np.unique(part_digests[present], return_inverse=True)
+    source_of_part = np.zeros(len(part_digests), dtype="<u4")
+    source_of_part[present] = rank.reshape(-1)
+    hasher.update(_DIGEST_HEAD.pack(len(chunk), len(sources)))
+    hasher.update(sources.tobytes())
+    hasher.update(source_of_part[chunk["part"]].tobytes())
+    for name in _DIGEST_COLUMNS:
+        hasher.update(np.ascontiguousarray(chunk[name]).tobytes())
+    hasher.update((line_offsets[chunk["part"]] + chunk["row"].astype(np.int64) + 1).astype("<i8").tobytes())
+    with_id = chunk["id_len"] != NO_ID
+    hasher.update(gather_bytes(blob, chunk["id_offset"][with_id], chunk["id_len"][with_id]))
+    return hasher.hexdigest()
 
 
 def split_leaves(key_hi: np.ndarray, weights: np.ndarray, start: int, depth: int,

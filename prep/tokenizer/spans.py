@@ -95,15 +95,14 @@ def documents_containing(blob: bytes, offsets: np.ndarray[Any, Any], needles: Se
     return found
 
 
-_FEW = 256
-
 
 def occurrences(blob: bytes, needle: bytes) -> np.ndarray[Any, Any]:
     """Every offset where `needle` starts in `blob` (overlapping ones too). `bytes.find` runs at
-    memory speed for one byte and for long needles, but slowly for two or three bytes, and costs a
-    call per occurrence: many occurrences or a short needle take numpy's way instead (candidates by
-    the first byte, kept while each next byte matches)."""
-    if len(needle) >= 4 or (len(needle) == 1 and blob.count(needle) <= _FEW):
+    memory speed for long needles, but slowly for two or three bytes, and costs a call per
+    occurrence; short needles take numpy's way instead (candidates by the first byte, kept while
+    each next byte matches), one byte too: `bytes.count` alone, to tell whether a byte is rare,
+    took longer than numpy's whole search (1.9 against 0.8 ms for 7.8 MB)."""
+    if len(needle) >= 4:
         positions, at = [], blob.find(needle)
         while at >= 0:
             positions.append(at)

@@ -209,3 +209,41 @@ def test_an_order_task_opens_each_part_once(tmp_path: Path, monkeypatch: pytest.
     gathered, _ = order.gather_bucket([(path, ordinal) for ordinal, path in enumerate(paths)], 1, 2)
     assert sorted(map(str, opened)) == sorted(map(str, paths))
     assert len(gathered) and set(keys.bucket_of(gathered["key_hi"], 2).tolist()) == {1}
+
+
+def _digest_entries(parts: list[int], rows: list[int], ids: list[bytes | None]) -> tuple[np.ndarray, bytes]:
+    """Entries of documents from (part, row) with these ids, keys and sizes made from the row."""
+    entries = np.zeros(len(parts), dtype=entry_objects.ENTRY_DTYPE)
+    entries["part"], entries["row"] = parts, rows
+    entries["key_hi"], entries["key_lo"] = np.asarray(rows) * 7 + 1, np.asarray(rows) * 11 + 2
+    entries["n_tokens"], entries["text_bytes"] = np.asarray(rows) % 50 + 1, np.asarray(rows) % 90 + 10
+    lengths = [len(i) if i is not None else 0 for i in ids]
+    entries["id_len"] = [len(i) if i is not None else entry_objects.NO_ID for i in ids]
+    entries["id_offset"] = np.cumsum([0, *lengths[:-1]])
+    return entries, b"".join(i for i in ids if i is not None)
+
+
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 10**6), st.one_of(st.none(), st.binary(max_size=6))),
+                min_size=1, max_size=30), st.integers(0, 3))
+@settings(max_examples=80, deadline=None)
+def test_a_leaf_digest_names_content_not_part_ordinals(docs: list[tuple[int, int, bytes | None]], shift: int) -> None:
+    """The digest is the same when other inputs shift the parts' ordinals (a file added before),
+    and changes with any one field of any document: key, sizes, line, id, source."""
+    sources = [("a.jsonl", 0), ("a.jsonl", 500), ("b.jsonl", 0)]  # a file cut in two parts, and another
+    parts, rows, ids = (list(column) for column in zip(*docs))
+    entries, blob = _digest_entries(parts, rows, ids)
+    digest = order.leaf_digests(entries, blob, PartTable.of(sources), [(0, len(docs))])[0]
+    shifted, _ = _digest_entries([p + shift for p in parts], rows, ids)
+    others = [(f"new-{i}.jsonl", 0) for i in range(shift)]
+    assert order.leaf_digests(shifted, blob, PartTable.of(others + sources), [(0, len(docs))])[0] == digest
+    changed: list[tuple[np.ndarray, bytes]] = []
+    for name in ("key_hi", "key_lo", "n_tokens", "text_bytes", "row"):
+        edited = entries.copy()
+        edited[name][-1] += 1
+        changed.append((edited, blob))
+    moved = entries.copy()
+    moved["part"][-1] = 2 if parts[-1] != 2 else 0  # another source (or, from b, a's first part)
+    changed.append((moved, blob))
+    changed.append(_digest_entries(parts, rows, [*ids[:-1], (ids[-1] or b"") + b"x"]))
+    for edited, edited_blob in changed:
+        assert order.leaf_digests(edited, edited_blob, PartTable.of(sources), [(0, len(docs))])[0] != digest
