@@ -22,7 +22,7 @@ from prep.runner.build import BuildResult, PublishOptions, build
 from prep.storage import LocalStore
 from prep.storage.base import Store
 from prep.store import snapshots as build_module  # the build calls snapshots.publish_manifest
-from prep.store.refs import move_ref, read_ref, ref_history
+from prep.store.refs import move_ref, read_ref, ref_history, update_ref
 from prep.store.snapshots import Snapshot
 from tests.helpers import make_records, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor
@@ -181,13 +181,12 @@ def test_a_tag_another_publisher_moves_during_the_build_fails_the_command(
     store = LocalStore(tmp_path / "store")
     build_in_process(project, store)
     newer = f"sha256:{'e' * 64}"
-    real = publish_module.update_ref
 
-    def update_ref(store: Store, dataset: str, name: str, snapshot: str, **options: Any) -> Any:
+    def racing_update_ref(store: Store, dataset: str, name: str, snapshot: str, **options: Any) -> Any:
         if name == "v1":  # after the checks before read-back, before this tag's swap: the race
             move_ref(store, dataset, name, newer)
-        return real(store, dataset, name, snapshot, **options)
-    monkeypatch.setattr(publish_module, "update_ref", update_ref)
+        return update_ref(store, dataset, name, snapshot, **options)
+    monkeypatch.setattr(publish_module, "update_ref", racing_update_ref)
     with pytest.raises(SystemExit) as exited:
         main(["build", str(other(project)), "--store", str(store.root), "--workers", "1", "--tag", "v1", "--json"])
     captured = capsys.readouterr()
