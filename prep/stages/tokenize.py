@@ -39,10 +39,10 @@ BATCH_DOCUMENTS = 65536
 MAX_BAD_RECORDS_LISTED = 100
 UNTRIMMED_TASKS = 4
 """Tokenize tasks a worker runs before it trims its heap between batches too (every worker trims
-after each task). The local pool's workers live no longer than this once its zygote forks them
+after each task). The local pool's workers live no longer than this once it renews them
 (runner.executors.local.FRESH_AFTER), too short for the holes freed batches leave in the heap to
-build up; a worker that lives on (Ray's, up to RECYCLE_AFTER tasks, or the local pool's when no
-zygote runs) trims after every batch from then on, which bounds its peak as before. The trim's
+build up; a worker that lives on (Ray's, up to RECYCLE_AFTER tasks, or the local pool's in a build
+too short to renew them) trims after every batch from then on, which bounds its peak as before. The trim's
 cost is the page faults that refill the pages it gave back (docs/build.md, "Memory")."""
 
 

@@ -146,6 +146,17 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _pool(pid: int, workers: int = 2, timeout: float = 60.0) -> list[int]:
+    """The driver's pool once all of it runs: its zygote and the `workers` it forked (the
+    driver's children's children), or whatever is there at `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [child for zygote in _children(pid) for child in [zygote, *_children(zygote)]]
+        if len(found) >= workers + 1 or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
 def _gone(pids: list[int], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -187,8 +198,9 @@ def _build_until_tokenizing(tmp_path: Path, tokenizer_path: Path) -> tuple[subpr
         seen.append(line)
         if "tokenize: 0/1 tasks" in line:
             break
+    pool = _pool(process.pid)
     time.sleep(0.3)  # the task is writing its intermediate (it takes about a second)
-    return process, seen, _children(process.pid)
+    return process, seen, pool
 
 
 def test_ctrl_c_during_tokenize_leaves_nothing_staged(tmp_path: Path, tokenizer_path: Path) -> None:
@@ -207,7 +219,7 @@ def test_sigterm_to_the_driver_is_one_line_and_leaves_no_worker_or_partial_file(
     """Regression: SIGTERM (a scheduler's stop) killed the driver at once, and its workers waited
     forever on their task queue."""
     process, seen, workers = _build_until_tokenizing(tmp_path, tokenizer_path)
-    assert len(workers) == 2
+    assert len(workers) == 3  # the zygote and the two workers it forked
     process.send_signal(signal.SIGTERM)  # the driver alone, as a scheduler or `kill` sends it
     _, rest = process.communicate(timeout=120)
     stderr = "".join(seen) + rest
@@ -220,7 +232,7 @@ def test_sigterm_to_the_driver_is_one_line_and_leaves_no_worker_or_partial_file(
 def test_workers_die_with_a_driver_killed_by_sigkill(tmp_path: Path, tokenizer_path: Path) -> None:
     """Regression: a driver killed with SIGKILL left its workers alive forever."""
     process, _, workers = _build_until_tokenizing(tmp_path, tokenizer_path)
-    assert len(workers) == 2
+    assert len(workers) == 3  # the zygote and the two workers it forked
     process.kill()
     process.communicate(timeout=60)
     assert _gone(workers), "the workers outlived the driver"

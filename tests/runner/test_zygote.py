@@ -4,6 +4,7 @@ takes its workers with it, and a lost zygote leaves the pool spawning as before.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -243,3 +245,108 @@ def test_a_zygote_that_cannot_fork_says_so_and_the_pool_spawns_instead(tokenizer
     finally:
         executor.close()
     assert "Traceback" not in capfd.readouterr().err
+
+
+# ------------------------------------------------------------------ a forking pool starts with its zygote
+
+_FORKING_DRIVER = """
+import json, os, signal, sys, time
+from pathlib import Path
+from prep.runner.executors import local, zygote
+from prep.runner.tasks import prepare_worker
+from tests.runner.test_zygote import _engines_at_start, _slow_prepare, _warm_up
+mode, tokenizer = sys.argv[1], Path(sys.argv[2])
+zygote.FORK_SECONDS = 0.5  # a zygote slower than this to answer a replacement's fork is given up on
+prepare = _slow_prepare if mode == "slow" else prepare_worker
+executor = local.LocalExecutor(2, prepare, fork=True)
+first = executor._zygote.process.pid if executor._zygote is not None else None
+if mode == "lost":
+    os.kill(first, signal.SIGKILL)
+    executor._zygote.process.join(10)
+executor.warm(_warm_up(tokenizer))
+if mode == "thread":  # as a build's first tasks may run, on a side thread while the driver hashes inputs
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as side:
+        ran = side.submit(lambda: sorted(executor.run(_engines_at_start, list(range(4))))).result()
+else:
+    ran = sorted(executor.run(_engines_at_start, list(range(4))))
+results = [value for _, value in ran]
+print(json.dumps({"driver": os.getpid(), "zygote": first, "results": results, "forked": executor.forked,
+                  "replaced": executor.replaced, "alive": executor._zygote.process.is_alive()}), flush=True)
+executor.close()
+"""
+
+
+def _slow_prepare(warm: WarmUp | None) -> None:
+    """`prepare_worker`, slower than the driver's patience with a replacement's fork."""
+    time.sleep(1.0)
+    prepare_worker(warm)
+
+
+def _forking_pool(mode: str, tokenizer_path: Path) -> dict[str, Any]:
+    """What a pool made as the CLI makes it (forking, in a driver running no other thread) reports."""
+    from tests.helpers import prep_env
+
+    done = subprocess.run([sys.executable, "-c", _FORKING_DRIVER, mode, str(tokenizer_path)], capture_output=True,
+                          text=True, env=prep_env(), timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def test_a_forking_pool_forks_every_worker_from_one_zygote_that_loaded_the_tokenizer_once(tokenizer_path: Path) -> None:
+    """The CLI's pool: one process imports and loads the tokenizer; its workers are forks of it,
+    and a run too short to age them replaces none."""
+    report = _forking_pool("plain", tokenizer_path)
+    assert report["zygote"] is not None and report["alive"]
+    assert {parent for _, parent, _ in report["results"]} == {report["zygote"]}
+    assert {engines for _, _, engines in report["results"]} == {1}  # loaded before the fork, not by a task
+    assert report["forked"] == 0 and report["replaced"] == 0  # the first workers are no replacements
+
+
+def test_the_first_workers_wait_for_a_zygote_slower_than_a_replacements_patience(tokenizer_path: Path) -> None:
+    """Its imports and a large tokenizer may take longer than the FORK_SECONDS a replacement waits
+    for a fork: the first workers wait for it rather than give up and load everything again."""
+    report = _forking_pool("slow", tokenizer_path)
+    assert {parent for _, parent, _ in report["results"]} == {report["zygote"]}
+    assert {engines for _, _, engines in report["results"]} == {1}
+
+
+def test_a_forking_pool_forks_its_first_workers_for_a_run_on_a_side_thread(tokenizer_path: Path) -> None:
+    """Regression: the first run of a rebuild may come from the thread that checks the previous
+    snapshot while the driver hashes inputs; starting no worker there failed the build with "no
+    worker process is left". A fork by the zygote is safe from any thread of the driver."""
+    report = _forking_pool("thread", tokenizer_path)
+    assert {parent for _, parent, _ in report["results"]} == {report["zygote"]}
+
+
+def test_a_forking_pool_whose_zygote_is_lost_at_once_starts_its_workers_itself(tokenizer_path: Path) -> None:
+    report = _forking_pool("lost", tokenizer_path)
+    assert {parent for _, parent, _ in report["results"]} == {report["driver"]}
+    assert len(report["results"]) == 4 and {engines for _, _, engines in report["results"]} == {1}  # warmed all the same
+
+
+_UNCLOSED = """
+from prep.runner.executors import local
+from prep.runner.tasks import prepare_worker
+executor = local.LocalExecutor(2, prepare_worker, fork=True)
+assert sorted(executor.run(str, [1, 2])) == [(0, "1"), (1, "2")]
+print(*executor.pids(), executor._zygote.process.pid, flush=True)
+raise SystemExit("ended without closing its pool")
+"""
+
+
+def test_a_program_that_never_closes_its_forking_pool_still_ends_and_takes_the_pool_with_it() -> None:
+    """Regression: at exit, multiprocessing sends its daemonic children SIGTERM, which the zygote
+    ignores, and then waits for them: the program hung forever."""
+    from tests.helpers import prep_env
+
+    done = subprocess.run([sys.executable, "-c", _UNCLOSED], capture_output=True, text=True, env=prep_env(),
+                          timeout=60, check=False)
+    assert done.returncode == 1 and "ended without closing its pool" in done.stderr, done.stderr
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert len(pids) == 3
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, "the pool outlived its program"
+        time.sleep(0.05)

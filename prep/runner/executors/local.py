@@ -1,18 +1,21 @@
 """The local executor: worker processes on this machine, each fed one task at a time through a
-pipe of its own; forked from a driver with no other thread (the CLI: a forked worker skips
-starting an interpreter and importing prep again, a few tenths of a second before its first
-task), else spawned. The pool waits on the pipes and runs no thread of its own, so it forks
-whenever the rest of the driver runs no thread either (during a build, the lease's renewal
-thread runs: replacements are spawned).
+pipe of its own; forked when the driver runs no other thread (the CLI: a forked worker skips
+starting an interpreter and importing prep again), else spawned. The pool waits on the pipes and
+runs no thread of its own, so it forks whenever the rest of the driver runs no thread either
+(during a build, the lease's renewal thread runs: its own replacements are then spawned).
+
+A forking pool with a prepare function starts a zygote (prep.runner.executors.zygote) instead of
+its workers: one process that imports the task modules and loads the build's tokenizer once,
+while the driver hashes the inputs, and forks every worker, the first ones included. A pool that
+cannot fork starts its workers itself, and a zygote later, once it is warmed and a worker has run
+`FRESH_AFTER` tasks with as many per worker still queued.
 
 A worker is replaced by a fresh one after `RECYCLE_AFTER` tasks: whatever its native heap
 gains task after task (the tokenizer's cache of pre-tokens, a C heap fragmented batch by batch),
 only a new process gives all of it back. (Python 3.11's `max_tasks_per_child` cannot do this:
-the pool hangs once a worker exits at its limit, CPython gh-115634.) Once a worker of a warmed
-pool has run `FRESH_AFTER` tasks with as many per worker still queued, the pool starts a zygote
-(prep.runner.executors.zygote) and,
-when it is ready, replaces every worker after `FRESH_AFTER` tasks by one the zygote forks, whose
-imports and tokenizer cost nothing.
+the pool hangs once a worker exits at its limit, CPython gh-115634.) Once a warmed pool's run
+has `FRESH_AFTER` tasks per worker queued, every worker is replaced after `FRESH_AFTER` tasks by
+one the zygote forks, whose imports and tokenizer cost nothing.
 
 Each worker caps the tokenizer's thread pool so that total threads stay near the core count. A
 task's exception travels back pickled; `call_task` makes sure it can (a prep error arrives as
@@ -133,8 +136,8 @@ class _Worker:
 
 class LocalExecutor:
     """`workers` processes, kept warm for the whole build and each replaced after `recycle_after`
-    tasks; forked when `fork` is asked for and safe (fork_is_safe), else spawned. Once warmed, each
-    is replaced after `fresh_after` tasks by one its zygote forks, when the zygote is ready."""
+    tasks; forked by a zygote when `fork` is asked for and safe (fork_is_safe), else spawned.
+    Once warmed, each is replaced after `fresh_after` tasks by one its zygote forks, when ready."""
 
     shares_filesystem = True
     backend = "local"
@@ -151,9 +154,15 @@ class LocalExecutor:
         self._prepare = prepare
         self._fork = fork
         self._threads = threads_per_worker
+        self._renewing = False  # whether workers are replaced after `fresh_after` tasks
         self.start_method = self._start_method()
-        # Each worker imports the task modules (with `prepare`) while the driver gets ready.
-        self._workers = [self._start() for _ in range(workers)]
+        self._workers: list[_Worker] = []
+        if prepare is not None and self.start_method == "fork" and zygote.supported():
+            # One process imports the task modules and loads the tokenizer, once, while the driver
+            # gets ready; every worker is its fork (started by the first run).
+            self._zygote = zygote.Zygote("fork", threads_per_worker, prepare, None)
+        else:  # each worker imports the task modules (with `prepare`) while the driver gets ready
+            self._workers = [self._start() for _ in range(workers)]
 
     def _start_method(self) -> str:
         return "fork" if self._fork and fork_is_safe() else "spawn"
@@ -169,7 +178,9 @@ class LocalExecutor:
         """Queue a tokenizer warm-up per worker ahead of the next tasks; its errors are ignored
         (a task that needs the tokenizer reports them)."""
         if self._prepare is not None:
-            if self._zygote is not None and self._warm_up != warm_up:
+            if self._zygote is not None and self._warm_up is None:
+                self._zygote.warm(warm_up)  # before it forks the first workers: they hold it already
+            elif self._zygote is not None and self._warm_up != warm_up:
                 # It holds another tokenizer: a new one starts when needed. Closed only with the
                 # pool, since the workers it forked die with it.
                 self._retired.append(self._zygote)
@@ -183,6 +194,7 @@ class LocalExecutor:
         queue = deque(enumerate(items))
         try:
             self._replace_dead()
+            self._start_first()
             for worker in self._workers:
                 self._feed(worker, fn, queue)
             while any(worker.owed for worker in self._workers):
@@ -249,6 +261,22 @@ class LocalExecutor:
                 worker.stop()
                 self._workers[position] = self._fresh()
 
+    def _start_first(self) -> None:
+        """Fork the first workers from the zygote started with the pool, waiting for it to be
+        ready (from any thread: a forked worker dies with the zygote, not with the thread that
+        asked); if it is lost, start them as a pool without one does, from the main thread."""
+        while len(self._workers) < self.workers:
+            forked = self._zygote.fork(patient=True) if self._zygote is not None else None
+            if forked is not None:
+                self._workers.append(_Worker(*forked))
+            elif _may_start_workers():
+                worker = self._start()
+                if self._prepare is not None and self._warm_up is not None:
+                    worker.send(self._prepare, self._warm_up, None)
+                self._workers.append(worker)
+            else:
+                return
+
     def _fresh(self) -> _Worker:
         """A replacement: forked by the zygote when it is ready, else started as the first workers were."""
         if self._zygote is not None and self._zygote.ready():
@@ -259,16 +287,20 @@ class LocalExecutor:
         return self._start()
 
     def _zygote_ready(self, queued: int) -> bool:
-        """Whether the zygote can fork a replacement now. A warmed pool starts it (spawned: a forked
-        one would carry the driver's memory into every worker) the first time it is asked with at
-        least `fresh_after` tasks per worker still queued: in a shorter run, or a short build, no
-        worker would grow much older, and the zygote's start (imports and tokenizer: about 0.85 s of
-        a core) would buy nothing."""
-        if self._zygote is None:
-            if (queued >= self.workers * self.fresh_after and self._warm_up is not None
+        """Whether the zygote can fork a replacement now. Workers are renewed from the first time
+        this is asked with at least `fresh_after` tasks per worker still queued: in a shorter run,
+        or a short build, no worker would grow much older, and a fresh process's cold first task
+        would buy nothing. A pool without a zygote then starts one (spawned: forked from a driver in
+        the middle of a build, it would carry the driver's memory into every worker; a forking pool
+        forks its zygote at the start, from a driver that holds little yet)."""
+        if self._zygote is None or not self._renewing:
+            if not (queued >= self.workers * self.fresh_after and self._warm_up is not None
                     and self._prepare is not None and zygote.supported()):
+                return False
+            self._renewing = True
+            if self._zygote is None:
                 self._zygote = zygote.Zygote("spawn", self._threads, self._prepare, self._warm_up)
-            return False
+                return False
         return self._zygote.ready()
 
     def pids(self) -> list[int]:

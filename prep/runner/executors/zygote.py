@@ -1,8 +1,11 @@
 """The local pool's zygote: one process that imported the task modules and loaded the build's
-tokenizer, and forks a fresh worker whenever the pool replaces one. A replacement then costs a
-fork (milliseconds) instead of an interpreter start, the imports and a tokenizer load (about 0.85
-s of a core), so the pool can replace its workers often enough that none grows old: a worker's
-heap grows over its first tasks (the tokenizer's cache of pre-tokens, a fragmented C heap), and a
+tokenizer, and forks a fresh worker whenever the pool starts one. A forking pool starts with it
+(forked from the driver, which has imported neither) and has it fork even its first workers, so
+the imports and the tokenizer load (about 0.6 s of a core) are paid once instead of once per
+worker; a pool that cannot fork spawns one once its workers are due for replacement. A worker
+then costs a fork (milliseconds) instead of an interpreter start, the imports and a tokenizer
+load, so the pool can replace its workers often enough that none grows old: a worker's heap
+grows over its first tasks (the tokenizer's cache of pre-tokens, a fragmented C heap), and a
 build of 16M documents should peak no higher than one of 1M.
 
 Linux only (pidfds, SCM_RIGHTS). A forked worker is the zygote's child, not the driver's: the
@@ -13,6 +16,7 @@ Ctrl-C and SIGTERM: it ends when the driver closes its pipe, after the workers i
 
 from __future__ import annotations
 
+import atexit
 import os
 import select
 import signal
@@ -59,10 +63,10 @@ class ForkedProcess:
 
 
 class Zygote:
-    """The driver's handle on its zygote (started with the build's warm-up): ask whether it is
-    `ready`, `fork` workers, `close` it."""
+    """The driver's handle on its zygote (started with or without the build's warm-up): ask
+    whether it is `ready`, have it `warm` up, `fork` workers, `close` it."""
 
-    def __init__(self, start_method: str, threads: int, prepare: Prepare, warm_up: WarmUp) -> None:
+    def __init__(self, start_method: str, threads: int, prepare: Prepare, warm_up: WarmUp | None) -> None:
         context = get_context(start_method)
         self.connection, child = context.Pipe()  # a socket pair: it carries descriptors too
         self.process = context.Process(  # type: ignore[attr-defined]
@@ -72,25 +76,41 @@ class Zygote:
         with sigint_ignored():
             self.process.start()
         child.close()
-        self._ready = False
+        # Hazard: at exit, multiprocessing terminates its daemonic children with SIGTERM, which a
+        # zygote ignores, then joins them: a program that never closed its pool would hang there.
+        atexit.register(self.close)
+        self._owed = 1  # "ready"s still to come: one for its start, one per later warm-up
         self.broken = False
 
     def ready(self) -> bool:
-        """Whether it has loaded the tokenizer (without waiting); False once it failed."""
-        if not self._ready and not self.broken:
-            try:
-                if self.connection.poll(0):
-                    self._ready = self.connection.recv() == "ready"
-            except (EOFError, OSError):
-                self.broken = True
-        return self._ready and not self.broken
+        """Whether it has done all it was asked (imports, each tokenizer), without waiting; False
+        once it failed."""
+        try:
+            while self._owed and not self.broken and self.connection.poll(0):
+                self._note(self.connection.recv())
+        except (EOFError, OSError):
+            self.broken = True
+        return not self._owed and not self.broken
 
-    def fork(self) -> tuple[Connection, ForkedProcess] | None:
+    def warm(self, warm_up: WarmUp) -> None:
+        """Have it load a tokenizer (after what it is doing), for the workers it forks from then on."""
+        try:
+            self.connection.send(("warm", warm_up))
+        except (OSError, ValueError):
+            self.broken = True
+            return
+        self._owed += 1
+
+    def fork(self, patient: bool = False) -> tuple[Connection, ForkedProcess] | None:
         """A fresh worker's pipe and process, or None if the zygote is gone, could not fork or did
-        not answer within FORK_SECONDS (it is not asked again: the pool spawns its workers then)."""
+        not answer within FORK_SECONDS (it is not asked again: the pool starts its workers itself
+        then). `patient`: wait as long as it lives instead (it may still be importing and loading
+        the tokenizer, which a large tokenizer makes slow)."""
+        if self.broken:
+            return None
         try:
             self.connection.send("fork")
-            pid = self.connection.recv() if self.connection.poll(FORK_SECONDS) else None
+            pid = self._answer(patient)
             if pid is None:
                 self.broken = True
                 return None
@@ -104,8 +124,27 @@ class Zygote:
             raise
         return Connection(pipe), ForkedProcess(pid, pidfd)
 
+    def _answer(self, patient: bool) -> Any:
+        """Its answer to a fork request (a pid, or None), past the "ready"s it sent before it."""
+        while True:
+            waited = 0.0
+            while not self.connection.poll(REAP_SECONDS):
+                waited += REAP_SECONDS
+                if not self.process.is_alive() or not patient and waited >= FORK_SECONDS:
+                    return None
+            message = self.connection.recv()
+            if message != "ready":
+                return message
+            self._note(message)
+
+    def _note(self, message: Any) -> None:
+        if message != "ready":  # nothing else comes unasked: the conversation is lost
+            raise OSError(f"the zygote sent {message!r}")
+        self._owed -= 1
+
     def close(self) -> None:
         """End the zygote (after the pool stopped its workers: they die with it) and reap it."""
+        atexit.unregister(self.close)
         with suppress(OSError, ValueError):
             self.connection.send(None)
         self.connection.close()
@@ -115,16 +154,12 @@ class Zygote:
             self.process.join()
 
 
-def _live(control: Connection, threads: int, driver: int, prepare: Prepare, warm_up: WarmUp) -> None:
-    """The zygote's life: import, load the tokenizer, say "ready", then fork a worker per request
-    until the driver sends None or goes away."""
+def _live(control: Connection, threads: int, driver: int, prepare: Prepare, warm_up: WarmUp | None) -> None:
+    """The zygote's life: import (and load the tokenizer, given one), say "ready", then fork a
+    worker or load a tokenizer per request until the driver sends None or goes away."""
     init_worker(threads, driver)
     terminate = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # what its workers get back
-    with suppress(Exception):  # a task that needs the tokenizer reports why it cannot load
-        prepare(warm_up)
-    release_free_memory()
-    with suppress(OSError):
-        control.send("ready")
+    _prepared(control, prepare, warm_up)
     while True:
         try:
             while not control.poll(REAP_SECONDS):
@@ -132,6 +167,9 @@ def _live(control: Connection, threads: int, driver: int, prepare: Prepare, warm
             message = control.recv()
         except (EOFError, OSError):
             break
+        if isinstance(message, tuple) and message[0] == "warm":
+            _prepared(control, prepare, message[1])
+            continue
         if message != "fork":
             break
         try:
@@ -141,6 +179,16 @@ def _live(control: Connection, threads: int, driver: int, prepare: Prepare, warm
         _reap()
     _reap()  # the workers the driver stopped: left to init, they might stay zombies (a container's init may not reap)
     exit_now()
+
+
+def _prepared(control: Connection, prepare: Prepare, warm_up: WarmUp | None) -> None:
+    """Run `prepare` (its errors are ignored: a task that needs the tokenizer reports why it
+    cannot load), give the heap back, and say "ready"."""
+    with suppress(Exception):
+        prepare(warm_up)
+    release_free_memory()
+    with suppress(OSError):
+        control.send("ready")
 
 
 def _fork(control: Connection, threads: int, terminate: Any) -> None:
