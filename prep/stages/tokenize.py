@@ -8,7 +8,6 @@ applied later, when shards are assembled.
 from __future__ import annotations
 
 import gc
-import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import suppress
@@ -85,7 +84,6 @@ class _Loaded:
     info: TokenizerInfo
     tasks: int = 0  # tasks it began
     resting: int | None = None
-    loader: int = 0  # the process that loaded it (a zygote's forks inherit its engine)
 
 
 _ENGINES: dict[tuple[object, ...], _Loaded] = {}
@@ -151,7 +149,7 @@ def _engine(settings: TokenizeSettings, grown_since: int | None = None) -> tuple
         engine = TokenizerEngine.create(settings.backend, path, tokenizer, info, settings.threads)
         if checked is not None:
             engine.checked = checked
-        loaded = _ENGINES[cache_key] = _Loaded(engine, info, loader=os.getpid())
+        loaded = _ENGINES[cache_key] = _Loaded(engine, info)
         trim_heap()  # what loading parsed and freed is not the cache
     return loaded.engine, loaded.info
 
@@ -180,13 +178,9 @@ def _drop(cache_keys: list[tuple[object, ...]]) -> None:
 def drop_engines() -> None:
     """Free this worker's tokenizer engines, for a task of a later stage: their caches of
     pre-tokens (tens of MB on real text, up to [build] tokenizer_cache) would otherwise stay resident
-    under every order and shard task the worker runs. A later tokenize task loads its engine again.
-    An engine this process inherited from the zygote that forked it and never used is kept: its
-    pages are the zygote's, shared, and freeing it would copy some of them and run a collection
-    (about 0.05 s of a fresh worker's first order task) to give nothing back."""
-    mine = [key for key, loaded in _ENGINES.items() if loaded.tasks or loaded.loader == os.getpid()]
-    if mine:
-        _drop(mine)
+    under every order and shard task the worker runs. A later tokenize task loads its engine again."""
+    if _ENGINES:
+        _drop(list(_ENGINES))
 
 
 def warm_engine(tokenizer_path: str, sha256: str, eos: str, encode_special_tokens: bool, backend: str) -> None:

@@ -337,27 +337,3 @@ def test_a_warm_up_loads_the_tokenizer_once_and_only_the_file_the_driver_hashed(
         assert len(loads) == 2 and not tokenize._ENGINES  # loaded, found other bytes, kept nothing
     finally:
         tokenize.drop_engines()
-
-
-def test_a_later_stage_drops_the_engines_this_worker_loaded_or_used_but_not_one_it_inherited_unused(
-        tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An engine a zygote loaded is shared with its forks: a fork that never tokenized keeps it
-    (freeing it gives nothing back); one this process loaded, or used, is dropped."""
-    import os
-    from dataclasses import replace
-
-    monkeypatch.setattr(tokenize, "_ENGINES", {})
-    info = load_tokenizer(tokenizer_path, "<|endoftext|>")[1]
-    tokenize.warm_engine(str(tokenizer_path), info.sha256, "<|endoftext|>", True, "tokenizers")
-    [key] = tokenize._ENGINES  # noqa: SLF001
-    assert tokenize._ENGINES[key].loader == os.getpid()  # noqa: SLF001
-    inherited = replace(tokenize._ENGINES[key], loader=os.getpid() + 1)  # noqa: SLF001 -- as a fork sees the zygote's
-    tokenize._ENGINES[key] = inherited  # noqa: SLF001
-    tokenize.drop_engines()
-    assert tokenize._ENGINES == {key: inherited}  # noqa: SLF001
-    tokenize._ENGINES[key] = replace(inherited, tasks=1)  # noqa: SLF001 -- it tokenized here: its cache grew here
-    tokenize.drop_engines()
-    assert tokenize._ENGINES == {}  # noqa: SLF001
-    tokenize.warm_engine(str(tokenizer_path), info.sha256, "<|endoftext|>", True, "tokenizers")
-    tokenize.drop_engines()  # loaded here, never used: its memory is this process's own
-    assert tokenize._ENGINES == {}  # noqa: SLF001
