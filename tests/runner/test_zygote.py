@@ -350,3 +350,40 @@ def test_a_program_that_never_closes_its_forking_pool_still_ends_and_takes_the_p
     while any(_alive(pid) for pid in pids):
         assert time.monotonic() < deadline, "the pool outlived its program"
         time.sleep(0.05)
+
+
+def _nap(marker: str) -> str:
+    """A task that says it started (a file), then runs a while."""
+    Path(marker).touch()
+    time.sleep(1.5)
+    return "done"
+
+
+@pytest.mark.parametrize("with_zygote", [True, False])
+def test_a_driver_started_ignoring_ctrl_c_keeps_its_tasks_running_through_one(tmp_path: Path, with_zygote: bool) -> None:
+    """Regression: a build a script started in the background (Ctrl-C ignored, as the shell sets
+    it) lost its running tasks to a Ctrl-C typed at the foreground, because a worker always
+    turned Ctrl-C on for the length of a task. A worker now takes the driver's disposition."""
+    from tests.helpers import prep_env
+
+    prepare = "prepare_worker" if with_zygote else "None"
+    script = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a background job\n"
+        "from prep.runner.executors.local import LocalExecutor\n"
+        "from prep.runner.tasks import prepare_worker\n"
+        "from tests.runner.test_zygote import _nap\n"
+        f"executor = LocalExecutor(2, {prepare}, fork=True)\n"
+        "print(sorted(executor.run(_nap, [sys.argv[1] + '.0', sys.argv[1] + '.1'])), flush=True)\n"
+        "executor.close()\n")
+    marker = tmp_path / "started"
+    driver = subprocess.Popen([sys.executable, "-c", script, str(marker)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=prep_env(), start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (Path(f"{marker}.0").exists() and Path(f"{marker}.1").exists()):
+        assert time.monotonic() < deadline and driver.poll() is None, "the tasks never started"
+        time.sleep(0.02)
+    os.killpg(driver.pid, signal.SIGINT)  # the whole group, as a terminal's Ctrl-C
+    out, err = driver.communicate(timeout=60)
+    assert driver.returncode == 0, err
+    assert out.strip() == "[(0, 'done'), (1, 'done')]"

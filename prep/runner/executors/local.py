@@ -25,6 +25,7 @@ the same one-line error).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 from collections import deque
@@ -89,12 +90,12 @@ class _Worker:
         self.dead = False
 
     @classmethod
-    def start(cls, start_method: str, threads: int) -> _Worker:
+    def start(cls, start_method: str, threads: int, interruptible: bool = True) -> _Worker:
         """A new worker process, forked or spawned by this one."""
         context = get_context(start_method)
         connection, child = context.Pipe()
         process = context.Process(  # type: ignore[attr-defined]
-            target=serve, args=(child, threads, os.getpid()), daemon=True)
+            target=serve, args=(child, threads, os.getpid(), interruptible), daemon=True)
         # Output still buffered here would be written again by a forked worker. A worker starts
         # with Ctrl-C ignored (an ignored signal stays ignored across fork and exec): one that
         # started before it could ignore Ctrl-C would die of it.
@@ -155,12 +156,13 @@ class LocalExecutor:
         self._fork = fork
         self._threads = threads_per_worker
         self._renewing = False  # whether workers are replaced after `fresh_after` tasks
+        self._interruptible = signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # else tasks ignore Ctrl-C too
         self.start_method = self._start_method()
         self._workers: list[_Worker] = []
         if prepare is not None and self.start_method == "fork" and zygote.supported():
             # One process imports the task modules and loads the tokenizer, once, while the driver
             # gets ready; every worker is its fork (started by the first run).
-            self._zygote = zygote.Zygote("fork", threads_per_worker, prepare, None)
+            self._zygote = zygote.Zygote("fork", threads_per_worker, prepare, None, self._interruptible)
         else:  # each worker imports the task modules (with `prepare`) while the driver gets ready
             self._workers = [self._start() for _ in range(workers)]
 
@@ -170,7 +172,7 @@ class LocalExecutor:
     def _start(self) -> _Worker:
         """A new worker, importing the task modules (`prepare`). Only `warm` loads a tokenizer:
         a replacement may run only order or shard tasks, and a tokenize task loads it itself."""
-        worker = _Worker.start(self._start_method(), self._threads)
+        worker = _Worker.start(self._start_method(), self._threads, self._interruptible)
         worker.send(self._prepare or _started, None, None)
         return worker
 
@@ -299,7 +301,7 @@ class LocalExecutor:
                 return False
             self._renewing = True
             if self._zygote is None:
-                self._zygote = zygote.Zygote("spawn", self._threads, self._prepare, self._warm_up)
+                self._zygote = zygote.Zygote("spawn", self._threads, self._prepare, self._warm_up, self._interruptible)
                 return False
         return self._zygote.ready()
 

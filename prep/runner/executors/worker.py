@@ -19,6 +19,7 @@ from typing import Any
 from prep.runner.executors.base import release_free_memory, transportable
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_CTRL_C = {"interrupts": True}  # whether Ctrl-C interrupts a task (not if the driver was started ignoring it)
 
 
 def die_with(parent: int) -> None:
@@ -39,9 +40,13 @@ def die_with(parent: int) -> None:
         os._exit(1)
 
 
-def init_worker(threads: int, parent: int) -> None:
-    """Set up a worker (or the zygote): dies with `parent`, caps the tokenizer's threads, ignores Ctrl-C."""
+def init_worker(threads: int, parent: int, interruptible: bool = True) -> None:
+    """Set up a worker (or the zygote): dies with `parent`, caps the tokenizer's threads, ignores
+    Ctrl-C while idle, and during tasks too unless `interruptible` (the driver's own disposition:
+    a build started with Ctrl-C ignored, as a shell starts a background job, must not lose a task
+    to a Ctrl-C meant for the foreground)."""
     die_with(parent)
+    _CTRL_C["interrupts"] = interruptible
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
     atexit.register(exit_now)
@@ -75,7 +80,7 @@ def call_task(fn: Callable[[Any], Any], item: Any) -> Any:
     """Run a task in a worker: interruptible by Ctrl-C, raising only exceptions the driver can unpickle."""
     # An exception that cannot be rebuilt from its pickle would break the whole pool ("a worker
     # process died"). KeyboardInterrupt passes as it is, after the task's own cleanup.
-    idle = signal.signal(signal.SIGINT, signal.default_int_handler)
+    idle = signal.signal(signal.SIGINT, signal.default_int_handler if _CTRL_C["interrupts"] else signal.SIG_IGN)
     try:
         return fn(item)
     except Exception as exc:
@@ -85,10 +90,10 @@ def call_task(fn: Callable[[Any], Any], item: Any) -> Any:
         release_free_memory()
 
 
-def serve(connection: Connection, threads: int, parent: int) -> None:
+def serve(connection: Connection, threads: int, parent: int, interruptible: bool = True) -> None:
     """A worker's life (it dies with `parent`): run each (function, item) the driver sends and send
     back (True, result) or (False, exception) until it sends None or goes away."""
-    init_worker(threads, parent)
+    init_worker(threads, parent, interruptible)
     # SIGTERM or Ctrl-C outside a task (waiting, unpickling, sending a reply) ends the worker
     # quietly: a forked worker inherits the CLI's handler, which raises Terminated wherever it lands.
     with suppress(KeyboardInterrupt):

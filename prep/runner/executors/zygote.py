@@ -66,11 +66,12 @@ class Zygote:
     """The driver's handle on its zygote (started with or without the build's warm-up): ask
     whether it is `ready`, have it `warm` up, `fork` workers, `close` it."""
 
-    def __init__(self, start_method: str, threads: int, prepare: Prepare, warm_up: WarmUp | None) -> None:
+    def __init__(self, start_method: str, threads: int, prepare: Prepare, warm_up: WarmUp | None,
+                 interruptible: bool = True) -> None:
         context = get_context(start_method)
         self.connection, child = context.Pipe()  # a socket pair: it carries descriptors too
         self.process = context.Process(  # type: ignore[attr-defined]
-            target=_live, args=(child, threads, os.getpid(), prepare, warm_up), daemon=True)
+            target=_live, args=(child, threads, os.getpid(), prepare, warm_up, interruptible), daemon=True)
         sys.stdout.flush()
         sys.stderr.flush()
         with sigint_ignored():
@@ -154,10 +155,11 @@ class Zygote:
             self.process.join()
 
 
-def _live(control: Connection, threads: int, driver: int, prepare: Prepare, warm_up: WarmUp | None) -> None:
+def _live(control: Connection, threads: int, driver: int, prepare: Prepare, warm_up: WarmUp | None,
+          interruptible: bool) -> None:
     """The zygote's life: import (and load the tokenizer, given one), say "ready", then fork a
     worker or load a tokenizer per request until the driver sends None or goes away."""
-    init_worker(threads, driver)
+    init_worker(threads, driver, interruptible)
     terminate = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # what its workers get back
     _prepared(control, prepare, warm_up)
     while True:
@@ -173,7 +175,7 @@ def _live(control: Connection, threads: int, driver: int, prepare: Prepare, warm
         if message != "fork":
             break
         try:
-            _fork(control, threads, terminate)
+            _fork(control, threads, terminate, interruptible)
         except OSError:  # the driver went away mid-answer (or no pidfd): its forked worker dies with this process
             break
         _reap()
@@ -191,7 +193,7 @@ def _prepared(control: Connection, prepare: Prepare, warm_up: WarmUp | None) -> 
         control.send("ready")
 
 
-def _fork(control: Connection, threads: int, terminate: Any) -> None:
+def _fork(control: Connection, threads: int, terminate: Any, interruptible: bool) -> None:
     """Fork a worker; send the driver its pid, then its pipe's other end and a pidfd."""
     ours, theirs = socket.socketpair()
     zygote = os.getpid()
@@ -207,7 +209,7 @@ def _fork(control: Connection, threads: int, terminate: Any) -> None:
             control.close()
             ours.close()
             signal.signal(signal.SIGTERM, terminate)
-            serve(Connection(theirs.detach()), threads, zygote)  # dies with the zygote, which dies with the driver
+            serve(Connection(theirs.detach()), threads, zygote, interruptible)  # dies with the zygote, which dies with the driver
         finally:
             exit_now()
     theirs.close()
