@@ -95,7 +95,6 @@ def documents_containing(blob: bytes, offsets: np.ndarray[Any, Any], needles: Se
     return found
 
 
-
 def occurrences(blob: bytes, needle: bytes) -> np.ndarray[Any, Any]:
     """Every offset where `needle` starts in `blob` (overlapping ones too). `bytes.find` runs at
     memory speed for long needles, but slowly for two or three bytes, and costs a call per
