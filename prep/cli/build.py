@@ -30,7 +30,8 @@ from prep.store.tags import check_tag_name, parse_expect
 @click.option("--force", is_flag=True,
               help="Move refs another build moved while this one ran, and --tag names that point elsewhere.")
 @click.option("--no-readback", is_flag=True,
-              help="Do not read the snapshot's objects back from the store before moving refs (the log says so).")
+              help="Do not read the snapshot's objects back from the store before moving refs, nor shard "
+                   "files as they are written (the log says so).")
 @json_option("prep.build-report/1")
 def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tuple[str, ...], executor: str,
           ray_address: str | None, expect: str | None, force: bool, no_readback: bool, as_json: bool) -> None:

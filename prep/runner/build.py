@@ -93,10 +93,13 @@ class StoringGuard(ReuseGuard):
 
 
 class Builder:
-    """One build's state and the machinery every stage uses: run tasks, skip committed ones, commit."""
+    """One build's state and the machinery every stage uses: run tasks, skip committed ones, commit.
+    `read_back` False (`--no-readback`): shard files are written without a read-back from the disk."""
 
-    def __init__(self, pipeline: Pipeline, store: Store, executor: Executor, progress: Progress) -> None:
+    def __init__(self, pipeline: Pipeline, store: Store, executor: Executor, progress: Progress,
+                 read_back: bool = True) -> None:
         self.pipeline, self.store, self.executor, self.progress = pipeline, store, executor, progress
+        self.read_back = read_back
         self.code = code_identity()
         self.stages: dict[str, StageRun] = {}
         self.log: dict[str, Any] = {"tasks": {}}
@@ -299,7 +302,7 @@ class Publishing:
 
 def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progress, lease: Lease,
            publishing: Publishing) -> BuildResult:
-    builder = Builder(pipeline, store, executor, progress)
+    builder = Builder(pipeline, store, executor, progress, publishing.options.readback)
     started = time.time()
     tokenizer_path = pipeline.tokenizer_path()
     info = describe_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)

@@ -131,7 +131,7 @@ def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str
     table = ShardParts.of([(part.object_id, part.source, part.line_offset) for part in parts])
     jobs = [AssembleJob(builder.store.url, table,
                         tuple(sorted({(b, bucket_ids[b]) for plan, _ in group for b, _, _ in plan.slices})),
-                        group, dtype, eos_id) for group in groups]
+                        group, dtype, eos_id, builder.read_back) for group in groups]
     run = builder.stages["shard"]
     cached, written = len(all_units) - len(missing), 0
     builder.progress.tick("shard", cached, len(all_units), cached, force=True)

@@ -253,7 +253,8 @@ class AssembleJob:
     """Write some units of some shards (see prep.stages.shard) and store their files.
     `units` pairs a shard with "bin" (its .bin and .idx) or "wds" (its .tar); `buckets` names
     the bucket object of every bucket the shards' slices read; `parts` has every part's
-    intermediate, source and line offset, packed."""
+    intermediate, source and line offset, packed; `read_back` False (a build run with
+    `--no-readback`) writes the files without reading them back from the disk."""
 
     store_url: str
     parts: ShardParts
@@ -261,6 +262,7 @@ class AssembleJob:
     units: tuple[tuple[ShardPlan, str], ...]
     dtype: str
     eos_id: int
+    read_back: bool = True
 
 
 def run_assemble_job(job: AssembleJob) -> TaskResult:
@@ -284,7 +286,8 @@ def run_assemble_job(job: AssembleJob) -> TaskResult:
     try:
         for plan, unit in job.units:
             documents = collect_shard(plan, buckets, names, with_json=unit == WDS)
-            written = write_unit(unit, plan, documents, reader, np.dtype(job.dtype), job.eos_id, work_dir)
+            written = write_unit(unit, plan, documents, reader, np.dtype(job.dtype), job.eos_id, work_dir,
+                                 job.read_back)
             crash_point("shard.after_write")
             for fmt, file in sorted(written.items()):
                 cas.put_file(store, file.path, file.digest)

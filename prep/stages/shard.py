@@ -146,11 +146,11 @@ _Fill = Callable[[memoryview, int, int], None]
 _Pieces = Iterator[tuple[np.ndarray, _Fill]]
 
 
-def _write_chunks(path: Path, pieces: _Pieces, zeroed: bool) -> Written:
+def _write_chunks(path: Path, pieces: _Pieces, zeroed: bool, read_back: bool) -> Written:
     """Write a file of consecutive spans, piece by piece and chunk by chunk: for each piece
     (spans, fill), `fill(chunk, start, end)` lays out its spans [start, end) in a buffer that
-    is zero-filled when `zeroed` (else fully overwritten)."""
-    sink = ChunkSink(path)
+    is zero-filled when `zeroed` (else fully overwritten); read back as written unless not `read_back`."""
+    sink = ChunkSink(path, read_back)
     try:
         for spans, fill in pieces:
             for start, end in _chunks(spans):
@@ -191,7 +191,7 @@ def _copier(payload: np.ndarray, ends: np.ndarray) -> _Fill:
 
 
 def write_bin(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
-              bin_path: Path, idx_path: Path) -> tuple[Written, Written]:
+              bin_path: Path, idx_path: Path, read_back: bool = True) -> tuple[Written, Written]:
     """The shard's .bin (each document's tokens then EOS) and its .idx (from 4 bytes per document)."""
     little = little_endian(dtype)
     lengths: list[np.ndarray] = []
@@ -201,7 +201,7 @@ def write_bin(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos
             lengths.append((docs.n_tokens + 1).astype("<i4"))
             yield from _bin_pieces(docs, reader, little, eos_id)
 
-    bin_file = _write_chunks(bin_path, pieces(), zeroed=False)
+    bin_file = _write_chunks(bin_path, pieces(), zeroed=False, read_back=read_back)
     with HashingWriter(idx_path) as index:
         for piece in megatron.index_pieces_of_runs(lengths, little):
             index.write(piece)
@@ -293,7 +293,8 @@ def _shifted(fill: _Fill, shift: int, chunk: memoryview, start: int, end: int) -
     fill(chunk, start + shift, end + shift)
 
 
-def write_tar(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int, tar_path: Path) -> Written:
+def write_tar(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int, tar_path: Path,
+              read_back: bool = True) -> Written:
     """The shard's WebDataset tar: three members per document in position order, then the
     end-of-archive blocks (a last piece left zero)."""
     little = little_endian(dtype)
@@ -303,7 +304,7 @@ def write_tar(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos
             yield from _tar_pieces(docs, reader, little, eos_id)
         yield np.asarray([len(wds.END_OF_ARCHIVE)], dtype=np.int64), lambda chunk, start, end: None
 
-    return _write_chunks(tar_path, pieces(), zeroed=True)
+    return _write_chunks(tar_path, pieces(), zeroed=True, read_back=read_back)
 
 
 def _place_headers(raw: np.ndarray, docs: ShardDocuments, start: int, end: int, header_at: tuple[np.ndarray, ...],
@@ -317,14 +318,15 @@ def _place_headers(raw: np.ndarray, docs: ShardDocuments, start: int, end: int, 
 
 
 def write_unit(unit: str, plan: ShardPlan, docs: ShardSource, reader: PartReader, dtype: np.dtype[Any],
-               eos_id: int, work_dir: Path) -> dict[str, Written]:
-    """Write one unit of a shard into `work_dir`; returns each file by its format."""
+               eos_id: int, work_dir: Path, read_back: bool = True) -> dict[str, Written]:
+    """Write one unit of a shard into `work_dir` (its large file read back from the disk as written,
+    unless not `read_back`); returns each file by its format."""
     stem = work_dir / f"shard-{plan.name}"
     paths = {fmt: Path(f"{stem}.{artifact_format(fmt).extension}") for fmt in unit_formats(unit)}
     if unit == BIN:
         bin_path, idx_path = paths[BIN], paths[IDX]
         try:
-            bin_file, idx_file = write_bin(docs, reader, dtype, eos_id, bin_path, idx_path)
+            bin_file, idx_file = write_bin(docs, reader, dtype, eos_id, bin_path, idx_path, read_back)
         except OSError as exc:  # the .bin's own errors are StorageIOErrors already: this is the .idx
             for path in (bin_path, idx_path):
                 with suppress(OSError):
@@ -333,4 +335,4 @@ def write_unit(unit: str, plan: ShardPlan, docs: ShardSource, reader: PartReader
         if bin_file.digest.size != plan.bin_size:
             raise IntegrityError(f"shard {plan.name}: wrote {bin_file.digest.size} .bin bytes, planned {plan.bin_size}")
         return {BIN: bin_file, IDX: idx_file}
-    return {WDS: write_tar(docs, reader, dtype, eos_id, paths[WDS])}
+    return {WDS: write_tar(docs, reader, dtype, eos_id, paths[WDS], read_back)}

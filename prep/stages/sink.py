@@ -12,6 +12,8 @@ early can give a file with a wrong name. A direct write must start and end on a 
 so each chunk writes its aligned prefix and carries the few bytes left to the front of the next
 buffer; the last block is written padded and the file cut back to its size. Filesystems without O_DIRECT,
 or that refuse a direct write, get buffered writes with early writeback, hashed from the buffer.
+A build run with `--no-readback` asks for no read-back: its chunks still go to the disk directly, and
+are hashed from the buffer once written.
 """
 
 from __future__ import annotations
@@ -56,9 +58,10 @@ class ChunkSink:
     """Writes chunks to a new file on one thread, reads each back and compares it on another, and
     hashes what was read on a third, while the caller lays out the next chunk (os.pwrite,
     os.preadv and hashlib release the GIL). Memory: three chunk buffers and two read-back
-    buffers. `close` fsyncs; I/O errors name the file."""
+    buffers. `close` fsyncs; I/O errors name the file. With `read_back` False, each chunk is
+    hashed from its buffer once written, and not read back."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, read_back: bool = True) -> None:
         self._path = path
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL
         try:
@@ -68,7 +71,8 @@ class ChunkSink:
             if exc.errno != errno.EINVAL:
                 raise StorageIOError.from_os_error("creating", path, exc) from exc
             self._fd, self._direct = self._open_buffered(flags), False
-        self._read_back_all = self._direct
+        self._verify = read_back
+        self._read_back_all = self._direct and read_back
         self._hasher = hashlib.sha256()
         self._size = 0  # bytes handed to write()
         self._written = 0  # bytes on disk (block-aligned while direct)
@@ -145,8 +149,8 @@ class ChunkSink:
     def _read_back(self, written: Future[bool], before: Future[None] | None, data: memoryview, offset: int,
                    slot: int) -> memoryview:
         """The bytes to hash for `data`: once written directly, as read straight back from the disk."""
-        if not written.result() or not data:
-            return data  # a buffered write: hashed from the buffer
+        if not written.result() or not data or not self._verify:
+            return data  # a buffered write, or no read-back asked for: hashed from the buffer
         if before is not None:
             before.result()  # the chunk that last used this read-back buffer is hashed
         if len(self._checks[slot]) < len(data):

@@ -17,6 +17,7 @@ from prep.errors import IntegrityError
 from prep.manifest.schema import validate
 from prep.progress import Progress
 from prep.runner.build import BuildResult, PublishOptions, build
+from prep.stages import gather, sink
 from prep.storage import open_store
 from prep.storage.base import Store
 from prep.store import cas, records
@@ -218,6 +219,25 @@ def test_no_readback_opts_out_and_the_log_records_it(project: Path, tmp_path: Pa
     validate(log, "prep.build-log/2")
     assert log["readback"]["ran"] is False and log["readback"]["skipped"] == "--no-readback"
     assert records.read_readback(store, result.snapshot.id) is None
+
+
+def test_no_readback_also_skips_the_read_back_of_shard_files_as_written(project: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shard tasks read their files back from the disk as they write them, unless the build was
+    asked for no read-back; the bytes, and so the snapshot, are the same either way."""
+    reads: list[int] = []
+    real = gather.pread_into
+
+    def counted(fd: int, view: memoryview, offset: int) -> int:
+        reads.append(offset)
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(sink, "pread_into", counted)
+    checked = build_in_process(project, open_store(str(tmp_path / "checked")))
+    assert reads and checked.readback.when_written > 0
+    reads.clear()
+    unchecked = build_in_process(project, open_store(str(tmp_path / "unchecked")), PublishOptions(readback=False))
+    assert not reads and unchecked.snapshot.id == checked.snapshot.id
 
 
 def test_objects_stored_again_are_read_back_despite_the_record(project: Path, tmp_path: Path,

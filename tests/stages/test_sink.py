@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prep.errors import IntegrityError, StorageIOError
+from prep.hashing import Digest
 from prep.stages import sink
 
 
@@ -103,6 +104,24 @@ def test_the_digest_is_of_the_bytes_read_back(tmp_path: Path) -> None:
     assert writer.close().sha256 == hashlib.sha256(expected).hexdigest()
     assert writer.read_back and b"".join(hashed) == expected
     assert all(len(piece) % sink.ALIGNMENT == 0 for piece in hashed[:-1])  # whole blocks as read, then the tail
+
+
+def test_without_read_back_chunks_go_direct_and_are_hashed_from_the_buffer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--no-readback`: nothing is read back from the disk, the digest is of the bytes laid out, and
+    the file is not claimed as read back (the publish would read it like any other)."""
+    def no_reads(fd: int, buffers: list[Any], offset: int) -> int:
+        raise AssertionError("read back although not asked to")
+
+    monkeypatch.setattr(os, "preadv", no_reads)
+    writer = sink.ChunkSink(tmp_path / "out.bin", read_back=False)
+    expected = b"a" * 9000 + b"b" * 5000 + b"c" * 3
+    for data in (expected[:9000], expected[9000:14000], expected[14000:]):
+        view = writer.buffer(len(data), zeroed=False)
+        view[:] = data
+        writer.write(view)
+    assert writer.close() == Digest(hashlib.sha256(expected).hexdigest(), len(expected))
+    assert (tmp_path / "out.bin").read_bytes() == expected and not writer.read_back
 
 
 def test_a_short_read_back_fails_the_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
