@@ -100,9 +100,9 @@ def pipeline(folder: Path, corpus_dir: Path, tokenizer_path: Path, backend: str)
     return path
 
 
-def prep_build(pipeline_path: Path, store: Path, workers: int) -> Run:
+def prep_build(pipeline_path: Path, store: Path, workers: int, *options: str) -> Run:
     return measure([sys.executable, "-m", "prep.cli.main", "build", str(pipeline_path), "--store", str(store),
-                    "--workers", str(workers)], cwd=REPO)
+                    "--workers", str(workers), *options], cwd=REPO)
 
 
 def corpus_bytes(corpus_dir: Path) -> int:
