@@ -77,8 +77,8 @@ class Resolver:
 
 
 def check_paths(artifacts: Sequence[Artifact], dest: Path, source: str) -> None:
-    """Refuse (InputError, exit 2) a manifest whose paths are absolute, climb with '..', repeat,
-    resolve outside `dest`, or share one file with another path, through symlinks there now."""
+    """Refuse (InputError, exit 2) a manifest whose paths are absolute, climb with '..' or repeat,
+    and a DEST whose symlinks make a path resolve outside it or share one file with another path."""
     root = os.path.realpath(dest)
     inside = root.rstrip("/") + "/"
     resolve = Resolver(root)
@@ -88,13 +88,19 @@ def check_paths(artifacts: Sequence[Artifact], dest: Path, source: str) -> None:
         reason = _unsafe_reason(artifact.path)
         if reason is None and artifact.path in seen:
             reason = "is listed twice"
-        if reason is None:
-            real, entry = resolve(artifact.path), resolve.entry(artifact.path)
-            if real != root and not real.startswith(inside):
-                reason = f"resolves outside {dest} through a symlink (to {real})"
-            elif entry in entries:
-                reason = f"lands on the same file as {entries[entry]!r} through a symlinked folder (at {entry})"
         if reason is not None:
             raise InputError(f"{source}: artifact path {artifact.path!r} {reason}; manifest refused")
+        real, entry = resolve(artifact.path), resolve.entry(artifact.path)
+        if real != root and not real.startswith(inside):
+            _refuse_dest(dest, artifact.path, f"resolves outside {dest} through a symlink (to {real})")
+        if entry in entries:
+            _refuse_dest(dest, artifact.path,
+                         f"lands on the same file as {entries[entry]!r} through a symlinked folder (at {entry})")
         seen.add(artifact.path)
         entries[entry] = artifact.path
+
+
+def _refuse_dest(dest: Path, path: str, reason: str) -> None:
+    """A symlink in DEST, not the manifest, is what stands in the way: say so, and what to do."""
+    raise InputError(f"{dest}: artifact path {path!r} {reason}; nothing was read or written there: remove the symlink, "
+                     "or use another DEST")

@@ -370,6 +370,20 @@ def test_unsafe_paths_are_refused(tmp_path: Path, path: str) -> None:
         pull(store, snapshot, tmp_path / "dest")
 
 
+def test_a_symlink_outside_dest_is_blamed_on_dest_not_on_the_manifest(pulled: Pulled, tmp_path: Path) -> None:
+    """The manifest is sound; the symlink planted in DEST is what is refused, and the message says so."""
+    target = tmp_path / "elsewhere.bin"
+    target.write_bytes(b"not an artifact")
+    artifact = pulled.dest / pulled.snapshot.artifacts[0]["path"]
+    artifact.unlink()
+    artifact.symlink_to(target)
+    for run in (lambda: verify(pulled.snapshot, pulled.dest), lambda: pull(pulled.store, pulled.snapshot, pulled.dest)):
+        with pytest.raises(InputError, match="remove the symlink, or use another DEST") as caught:
+            run()
+        assert str(caught.value).startswith(f"{pulled.dest}: ") and "manifest refused" not in str(caught.value)
+    assert target.read_bytes() == b"not an artifact"
+
+
 def test_a_symlinked_folder_pointing_outside_dest_is_refused(pulled: Pulled, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     shutil.move(pulled.dest / "wds", outside)
