@@ -248,12 +248,16 @@ def _input(inp: _Table, source: str) -> InputConfig:
     paths = _string_list(inp, "paths", None)
     if not paths:
         raise ConfigError(f"{source}: input.paths: at least one path is required")
-    id_field = inp.get("id_field", str, None)
+    id_field = inp.get("id_field", str, None) or None
+    text_field = inp.get("text_field", str, "text")
+    if id_field == text_field:
+        raise inp._fail("id_field", f"must name another field than input.text_field ({text_field!r}): a document's id "
+                                    "is not its text; leave id_field out to name documents by file and line")
     input_config = InputConfig(
         paths=paths,
         format=inp.choice("format", FORMATS, "auto"),
-        text_field=inp.get("text_field", str, "text"),
-        id_field=id_field or None,
+        text_field=text_field,
+        id_field=id_field,
         on_error=inp.choice("on_error", ON_ERROR, "fail"),
         max_document_bytes=inp.size("max_document_bytes", DEFAULT_MAX_DOCUMENT_BYTES),
     )

@@ -126,3 +126,17 @@ def test_an_empty_path_is_an_error_not_the_pipeline_folder(change: dict[str, obj
     """An empty input path walked the pipeline's folder (its store too); an empty store was ignored."""
     with pytest.raises(ConfigError, match=re.escape(needle)):
         parse_pipeline({**MINIMAL, **change}, Path("."), "p.toml")
+
+
+@pytest.mark.parametrize("input_table", [
+    {"paths": ["a"], "id_field": "text"},  # the default text_field
+    {"paths": ["a"], "id_field": "body", "text_field": "body"},
+])
+def test_an_id_field_that_is_the_text_field_is_refused(input_table: dict[str, object]) -> None:
+    """It made every tokenize task fail with an IndexError traceback (exit 1)."""
+    with pytest.raises(ConfigError, match=r"^p\.toml: input\.id_field: must name another field than input\.text_field"):
+        parse_pipeline({**MINIMAL, "input": input_table}, Path("."), "p.toml")
+
+
+def test_an_empty_id_field_still_means_none() -> None:
+    assert parse_pipeline({**MINIMAL, "input": {"paths": ["a"], "id_field": ""}}, Path("."), "p.toml").input.id_field is None
