@@ -4,6 +4,10 @@ tampered objects, S3's size limits. Each failure is one line, and no wrong byte 
 from __future__ import annotations
 
 import hashlib
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +15,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from botocore.exceptions import ConnectionClosedError, IncompleteReadError, ResponseStreamingError
+from urllib3.exceptions import SSLError as BodySSLError
 
 import prep.storage.s3.client as s3_client
 import prep.storage.s3.store as s3_store
@@ -19,6 +25,8 @@ from prep.storage.s3 import MIB, MIN_PART_SIZE, S3Settings, S3Store
 from tests import s3support
 from tests.s3support import Fault, RequestHook, admin_client
 from tests.storage.test_s3 import MULTIPART, content_key, on_request, random_bytes, split, uploads_in_progress
+
+KEPT_DROPPING = r"the connection kept dropping before the whole answer arrived \("
 
 
 def one_line_failure(error: type[PrepError], match: str, call: Any) -> None:
@@ -69,9 +77,35 @@ def test_a_body_that_keeps_breaking_off_is_one_line(
     store.put_bytes("data/x", random_bytes(50_000))
     hook, hits = on_request("GET", "data/x", fault=Fault(200, truncate=0), times=1000)
     s3_request_hooks.append(hook)
-    one_line_failure(StoreError, "^s3://.*/data/x: .*IncompleteRead", lambda: store.get_range("data/x", 0, 40_000))
-    one_line_failure(StoreError, "^s3://.*/data/x: .*IncompleteRead", lambda: store.get_bytes("data/x"))
+    one_line_failure(StoreError, f"^s3://.*/data/x: {KEPT_DROPPING}", lambda: store.get_range("data/x", 0, 40_000))
+    one_line_failure(StoreError, f"^s3://.*/data/x: {KEPT_DROPPING}", lambda: store.get_bytes("data/x"))
     assert len(hits) == 4  # regression: each read tried max_attempts times, not always 8
+
+
+@pytest.mark.parametrize("broken", [
+    IncompleteReadError(actual_bytes=0, expected_bytes=40_000),
+    ResponseStreamingError(error="('Connection broken: IncompleteRead(0 bytes read, 40000 more expected)')"),
+    ConnectionClosedError(endpoint_url="http://127.0.0.1:1/b/data/x"),
+    BodySSLError("[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC] decryption failed or bad record mac"),
+], ids=lambda exc: type(exc).__name__)
+def test_a_body_that_broke_off_is_told_in_prep_words_whatever_botocore_raised(broken: Exception) -> None:
+    """Regression: the message was botocore's own wording, which changes between releases (1.44
+    says `0 read, but total bytes expected is 40000.` where 1.43 named IncompleteRead)."""
+    error = s3_client.translate(broken, "b", "data/x")
+    assert isinstance(error, StoreError) and error.exit_code == 2
+    assert str(error) == f"s3://b/data/x: the connection kept dropping before the whole answer arrived ({broken})"
+
+
+def test_the_cli_says_the_connection_kept_dropping_in_one_line(s3_bucket: str, s3_request_hooks: list[RequestHook]) -> None:
+    """What a user sees (a subprocess reaches the same server, faults and all): exit 2, one line."""
+    S3Store(s3_bucket).swap_ref("refs/ds/latest.json", b'{"snapshot": 1}', None)
+    hook, hits = on_request("GET", "refs/ds/latest.json", fault=Fault(200, truncate=0), times=1000)
+    s3_request_hooks.append(hook)
+    result = subprocess.run([sys.executable, "-m", "prep.cli.main", "show", "ds@latest", "--store", s3_bucket],
+                            check=False, capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    assert result.returncode == 2 and result.stdout == "", result
+    assert re.fullmatch(rf"prep: error: {re.escape(s3_bucket)}/refs/ds/latest.json: {KEPT_DROPPING}[^\n]*\)\n", result.stderr)
+    assert len(hits) == 8
 
 
 def test_a_ref_read_that_breaks_off_is_tried_again(s3_bucket: str, s3_request_hooks: list[RequestHook]) -> None:

@@ -56,8 +56,8 @@ _BAD_CREDENTIALS = {
 }
 _DENIED = {"AccessDenied", "AllAccessDisabled"}
 _UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError)
-_STREAM_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, ConnectionClosedError,
-                  FlexibleChecksumError, BodySSLError)  # a body that broke off, or arrived not matching S3's checksum
+_BROKEN_OFF = (ResponseStreamingError, IncompleteReadError, ConnectionClosedError, BodySSLError)
+_STREAM_ERRORS = (*_BROKEN_OFF, ReadTimeoutError, FlexibleChecksumError)  # broke off, stalled, or arrived damaged
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": MIB, "mib": MIB, "g": 1 << 30, "gib": 1 << 30}
 
 T = TypeVar("T")
@@ -140,6 +140,8 @@ def translate(exc: Exception, bucket: str, key: str) -> PrepError:
         return StoreError(f"{where}: bytes arrived damaged ({one_line(str(exc))})")
     if isinstance(exc, _UNREACHABLE):
         return StoreError(f"{where}: cannot reach the S3 endpoint ({one_line(str(exc))})")
+    if isinstance(exc, _BROKEN_OFF):  # each botocore release words (and classes) these differently
+        return StoreError(f"{where}: the connection kept dropping before the whole answer arrived ({one_line(str(exc))})")
     return StoreError(f"{where}: {one_line(str(exc))}")
 
 
