@@ -30,6 +30,12 @@ def is_quiet() -> bool:
     return _quiet
 
 
+def note(message: str) -> None:
+    """A command's own line on stderr (a summary, what it kept), silenced like progress by `--quiet`."""
+    if not _quiet:
+        write(sys.stderr, f"{message}\n")
+
+
 def end_line() -> None:
     """End a redrawn line left open (a stage that failed), so an error prints on a line of its own."""
     while _open_line:

@@ -16,7 +16,7 @@ from prep.cli.render import trace_lines
 from prep.errors import UsageError
 from prep.history.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
 from prep.history.specs import resolve_spec
-from prep.progress import human_bytes
+from prep.progress import human_bytes, note
 from prep.storage.base import Store
 from prep.store.layout import check_name
 from prep.store.refs import list_refs
@@ -197,7 +197,7 @@ def _read_back(store: Store, snapshot: Snapshot) -> None:
 
     latest = read_ref(store, snapshot.dataset, "latest")
     readback = read_back(store, snapshot, thread_checker(store), passed_before(store, latest.snapshot if latest else None))
-    click.echo(f"prep: {readback.summary()}", err=True)
+    note(f"prep: {readback.summary()}")
 
 
 @click.command(name="ls")

@@ -10,6 +10,7 @@ import click
 
 from prep.cli.common import json_option, quiet_option
 from prep.errors import UsageError
+from prep.progress import note
 from prep.project import DEFAULT_PROJECT_STORE, config_path, write_config
 from prep.storage import open_store
 from prep.store.marker import mark
@@ -35,6 +36,6 @@ def init(store_url: str, force: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"schema": "prep.init-report/1", "config": str(path), "store": store_url,
                                "store_created": local, "overridden_by_env": os.environ.get("PREP_STORE") or None}))
-    click.echo(f"wrote {path}: commands in {folder} and below use the store {store_url}", err=True)
+    note(f"wrote {path}: commands in {folder} and below use the store {store_url}")
     if os.environ.get("PREP_STORE"):
         click.echo(f"note: $PREP_STORE ({os.environ['PREP_STORE']}) is set and overrides it", err=True)

@@ -10,7 +10,7 @@ import click
 
 from prep.cli.common import echo_json, open_store_option, store_option
 from prep.errors import IntegrityError, UsageError, VerificationFailed
-from prep.progress import Progress, human_bytes, rate
+from prep.progress import Progress, human_bytes, note, rate
 from prep.store.snapshots import ManifestFileError, Snapshot, is_manifest_path, reencoded_note, resolve
 from prep.transfer.shares import Share, check_rank, parse_formats
 from prep.transfer.verify import DEFAULT_JOBS, VerifyResult
@@ -82,7 +82,7 @@ def pull(snap: str, dest: Path, store_url: str | None, rank: int | None, world_s
     _warn(result.warnings)
     if as_json:
         echo_json(result.to_json(), indent=2, sort_keys=True)
-    click.echo(_pull_line(result), err=True)
+    note(_pull_line(result))
 
 
 def _share_text(share: Share, ranked: bool) -> str:

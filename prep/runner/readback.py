@@ -24,6 +24,7 @@ from typing import Any
 
 from prep import hashing
 from prep.errors import IntegrityError, PrepError
+from prep.progress import plural
 from prep.storage.base import Store
 from prep.store import cas, proven, records
 from prep.store.snapshots import Snapshot, load_snapshot
@@ -60,7 +61,8 @@ class Readback:
         if not self.ran:
             return f"read-back skipped ({self.skipped or 'not asked for'})"
         if self.recorded_before:
-            return f"read-back: all {self.objects} objects passed before"
+            return (f"read-back: all {plural(self.objects, 'object')} were already read back by an earlier build or tag; "
+                    "not read again")
         written = (f", {self.when_written} more ({self.bytes_when_written / 1e6:.1f} MB) from the disk as they "
                    "were written" if self.when_written else "")
         return (f"read back {self.checked} of {self.objects} objects ({self.bytes_read / 1e6:.1f} MB) "

@@ -4,6 +4,7 @@ notes, skipped records announced, typo suggestions, plurals and byte counts, hel
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,41 @@ def test_an_id_field_that_is_the_text_field_is_a_config_error(project: Path) -> 
     assert json.loads(out) == {"schema": "prep.error/1", "error": _error_line(err).removeprefix("prep: error: "),
                                "exit_code": 2, "kind": "config"}
     assert not (project / "store").exists()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> tuple[Path, str]:
+    """A project built once into its store (bin and wds): (folder, snapshot id)."""
+    root = tmp_path_factory.mktemp("surface")
+    write_jsonl(root / "corpus" / "a.jsonl", make_records(30, seed=2))
+    write_pipeline(root, tokenizer_path)
+    return root, _build(root)[1].split()[-1]
+
+
+@pytest.mark.parametrize("where", ["group", "command"])
+def test_quiet_pull_prints_no_summary(built: tuple[Path, str], tmp_path: Path, where: str) -> None:
+    """`pulled ... into DEST: ...` printed with -q too."""
+    root, snapshot = built
+    quiet = ("-q", "pull") if where == "group" else ("pull", "-q")
+    result = run_prep(*quiet, snapshot, tmp_path / "dest", "--store", root / "store", timeout=120)
+    assert (result.stdout, result.stderr) == ("", "")
+    assert (tmp_path / "dest" / ".prep" / "manifest.json").is_file()
+    loud = run_prep("pull", snapshot, tmp_path / "dest", "--store", root / "store", timeout=120)
+    assert loud.stderr.startswith(f"pulled {snapshot} into {tmp_path / 'dest'}: 0 files copied")
+
+
+def test_tag_says_what_an_earlier_read_back_means_and_quiet_silences_it(built: tuple[Path, str]) -> None:
+    """`read-back: all 4 objects passed before` said nothing a user could act on, and -q kept it."""
+    root, snapshot = built
+    loud = run_prep("tag", snapshot, "loud", "--store", root / "store", timeout=120)
+    assert loud.stdout == f"tiny@loud -> {snapshot} (generation 1)\n"
+    assert re.fullmatch(r"prep: read-back: all \d+ objects were already read back by an earlier build or tag; "
+                        r"not read again\n", loud.stderr), loud.stderr
+    quiet = run_prep("tag", snapshot, "quiet", "--store", root / "store", "-q", timeout=120)
+    assert (quiet.stdout, quiet.stderr) == (f"tiny@quiet -> {snapshot} (generation 1)\n", "")
+
+
+def test_quiet_init_prints_nothing(tmp_path: Path) -> None:
+    """`wrote .prep/config.toml: ...` printed with -q too."""
+    result = run_prep("init", "-q", cwd=tmp_path, timeout=60)
+    assert (result.stdout, result.stderr) == ("", "") and (tmp_path / ".prep" / "config.toml").is_file()
