@@ -19,6 +19,7 @@ from prep.errors import ConfigError, UsageError
 CONFIG_DIR = ".prep"
 CONFIG_NAME = "config.toml"
 DEFAULT_PROJECT_STORE = "prep-store"
+DEFAULT_STORE = "./prep-store"  # the store when no option, $PREP_STORE, project or pipeline names one
 _KEYS = ("store",)
 
 
@@ -74,6 +75,19 @@ def find_project(start: Path | None = None) -> Project | None:
     """The project the working directory (or `start`) is in, or None outside any project."""
     path = find_config(start if start is not None else Path.cwd())
     return load_project(path) if path is not None else None
+
+
+def store_url(option: str | None = None, pipeline_store: str | None = None) -> str:
+    """Which store to use: `option` (--store, Reader's store=), then $PREP_STORE, then the project
+    config found above the working directory, then the pipeline file's `store` (build only), then ./prep-store."""
+    if option:
+        return option
+    if os.environ.get("PREP_STORE"):
+        return os.environ["PREP_STORE"]
+    project = find_project()
+    if project is not None:
+        return project.store_url
+    return pipeline_store or DEFAULT_STORE
 
 
 def config_text(store: str) -> str:

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
 from prep import progress
-from prep.project import find_project
+from prep.project import DEFAULT_STORE, store_url
 from prep.storage import open_store
 from prep.storage.base import Store
 from prep.store.marker import open_existing
 
-DEFAULT_STORE = "./prep-store"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -65,15 +63,9 @@ def report_printed(reset: bool = False) -> bool:
 
 def resolve_store_url(option: str | None, pipeline_store: str | None = None) -> str:
     """--store, then $PREP_STORE, then the project config found above the working directory,
-    then the pipeline file's `store` (build only), then ./prep-store."""
-    if option:
-        return option
-    if os.environ.get("PREP_STORE"):
-        return os.environ["PREP_STORE"]
-    project = find_project()
-    if project is not None:
-        return project.store_url
-    return pipeline_store or DEFAULT_STORE
+    then the pipeline file's `store` (build only), then ./prep-store (prep.project.store_url, which
+    prep.data.Reader follows too)."""
+    return store_url(option, pipeline_store)
 
 
 def open_store_option(option: str | None) -> Store:

@@ -23,9 +23,12 @@ _SETTINGS = ("seq_len", "global_batch_size", "seed", "mode")
 
 
 def _store_for(source: str, store_url: str | None) -> Store | None:
-    """The store a source needs: none for a pulled folder, nor for a mixture when no store exists."""
+    """The store a source needs: none for a pulled folder, nor for a mixture when no store exists, nor
+    for a folder that does not exist (the reader names it)."""
+    from prep.data.reader import missing_folder
+
     path = Path(source)
-    if path.is_dir():
+    if path.is_dir() or missing_folder(source):
         return None
     url = resolve_store_url(store_url)
     if path.suffix == ".toml" and store_url is None and "://" not in url and not Path(url).exists():

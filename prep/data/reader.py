@@ -32,9 +32,11 @@ from prep.data.plan import Need, Plan
 from prep.data.prefetch import Prefetcher
 from prep.data.remote import CachedSource
 from prep.data.source import SnapshotSource
-from prep.errors import UsageError
+from prep.errors import ConfigError, PrepError, UsageError
+from prep.project import store_url
 from prep.storage import open_store
 from prep.storage.base import Store
+from prep.store.marker import open_existing
 
 MODES = ("tokens", "documents")
 PLAN_GROWTH = 8  # plan steps computed in one block: the first window, then each time it is this short
@@ -61,36 +63,73 @@ class ReaderStats:
                 "samples_per_source": dict(self.samples_per_source)}
 
 
-def _open_sources(source: str | os.PathLike[str], store: Store | None,
+class _Stores:
+    """The store snapshot specs resolve in: the one given, else the one the CLI would use
+    (prep.project.store_url: $PREP_STORE, the project config found walking up, ./prep-store),
+    found on first need and never created."""
+
+    def __init__(self, given: Store | None) -> None:
+        self.found = given
+
+    def __call__(self) -> Store:
+        if self.found is None:
+            self.found = open_existing(store_url())
+        return self.found
+
+
+def _open_sources(source: str | os.PathLike[str], stores: _Stores,
                   cache: NodeCache | None) -> tuple[MixtureSpec, list[SnapshotSource]]:
     """A mixture file, a pulled folder or a snapshot spec, resolved to snapshot sources."""
     path = Path(source)
     if path.suffix == ".toml" and path.is_file():
         mixture = parse_mixture(path)
-        sources = [_open_one(_relative(path, spec.snapshot), store, cache) for spec in mixture.sources]
+        sources = [_open_entry(path, index, spec, stores, cache) for index, spec in enumerate(mixture.sources)]
         for opened in sources:  # the process's open-file budget is shared by the mixture's sources
             opened.max_open = max(1, opened.max_open // len(sources))
         return mixture, sources
-    return MixtureSpec(0, (SourceSpec(str(source)),)), [_open_one(source, store, cache)]
+    return MixtureSpec(0, (SourceSpec(str(source)),)), [_open_one(source, stores, cache)]
 
 
-def _open_one(source: str | os.PathLike[str], store: Store | None, cache: NodeCache | None) -> SnapshotSource:
+def _open_entry(mixture: Path, index: int, spec: SourceSpec, stores: _Stores, cache: NodeCache | None) -> SnapshotSource:
+    """A mixture's source `index`; one that does not resolve is a ConfigError naming the file and key
+    (a shard that fails its check or cannot be read keeps its own error and exit code)."""
+    try:
+        return _open_one(_relative(mixture, spec.snapshot), stores, cache)
+    except PrepError as exc:
+        if exc.exit_code != ConfigError.exit_code:
+            raise
+        raise ConfigError(f"{mixture}: source[{index}].snapshot: {exc.message}") from None
+
+
+def missing_folder(source: str) -> bool:
+    """Whether `source` names a path that does not exist: it holds a slash or starts with a dot, as no snapshot spec does."""
+    return ("/" in source or os.sep in source or source.startswith(".")) and not Path(source).exists()
+
+
+def _open_one(source: str | os.PathLike[str], stores: _Stores, cache: NodeCache | None) -> SnapshotSource:
     """A pulled folder as it is; a snapshot spec through the node-local cache when there is one."""
-    if cache is not None and store is not None and not Path(source).is_dir():
-        return CachedSource.resolve(str(source), store, cache)
-    return SnapshotSource.open(source, store)
+    path = Path(source)
+    if path.is_dir():
+        return SnapshotSource.open(path)
+    text = os.fspath(source)
+    if missing_folder(text):
+        raise UsageError(f"{text}: no such folder (a source is a pulled snapshot folder, a mixture file or a "
+                         "snapshot spec such as web@latest)")
+    if cache is not None:
+        return CachedSource.resolve(text, stores(), cache)
+    return SnapshotSource.open(text, stores())
 
 
-def _cache_for(store: Store | None, cache: dict[str, Any]) -> NodeCache | None:
+def _cache_for(stores: _Stores, cache: dict[str, Any]) -> NodeCache | None:
     """The node-local cache the options ask for (cache_dir and cache_bytes go together)."""
     if cache.get("cache_dir") is None and cache.get("cache_bytes") is None:
         return None
-    if cache.get("cache_dir") is None or cache.get("cache_bytes") is None or store is None:
-        raise UsageError("a node-local cache needs store=..., cache_dir=... and cache_bytes=... together")
+    if cache.get("cache_dir") is None or cache.get("cache_bytes") is None:
+        raise UsageError("a node-local cache needs cache_dir=... and cache_bytes=... together")
     folder = cache["cache_dir"]
     if not isinstance(folder, (str, os.PathLike)):
         raise UsageError(f"cache_dir must be a path, got {folder!r}")
-    return NodeCache(store, CacheOptions(**{**cache, "cache_dir": Path(folder)}))
+    return NodeCache(stores(), CacheOptions(**{**cache, "cache_dir": Path(folder)}))
 
 
 def _relative(mixture: Path, spec: str) -> str:
@@ -125,24 +164,26 @@ class Reader:
         unknown = sorted(set(cache) - set(CacheOptions.__dataclass_fields__))
         if unknown:
             raise UsageError(f"Reader got an unknown option {unknown[0]!r}")
-        handle = open_store(os.fspath(store)) if isinstance(store, (str, os.PathLike)) else store
-        self._settings = (source, seq_len, global_batch_size,
-                          {"rank": rank, "world_size": world_size, "seed": seed, "store": handle, "mode": mode, **cache})
+        stores = _Stores(open_store(os.fspath(store)) if isinstance(store, (str, os.PathLike)) else store)
         self.seq_len, self.global_batch_size, self.seed, self.mode = seq_len, global_batch_size, seed, mode
         self.rank, self.world_size = rank, world_size
         self.rows = global_batch_size // world_size
         self.plan: Plan | None = None
         self._prefetcher: Prefetcher | None = None
-        self.cache = _cache_for(handle, cache)
+        self.cache: NodeCache | None = None
         try:
-            self._open(source, handle)
+            self.cache = _cache_for(stores, cache)
+            self._open(source, stores)
         except BaseException:
             self.close()  # else a failed reader keeps its cache user and the pins of what it read
             raise
+        self._settings = (source, seq_len, global_batch_size,  # the store found, so workers read the same one
+                          {"rank": rank, "world_size": world_size, "seed": seed, "store": stores.found, "mode": mode,
+                           **cache})
 
-    def _open(self, source: str | os.PathLike[str], store: Store | None) -> None:
+    def _open(self, source: str | os.PathLike[str], stores: _Stores) -> None:
         """Resolve the sources, count their samples, and start the plan when there is a cache (prefetch: at the first batch)."""
-        self.mixture, self.sources = _open_sources(source, store, self.cache)
+        self.mixture, self.sources = _open_sources(source, stores, self.cache)
         self._bounds = [s.document_bounds() for s in self.sources] if self.mode == "documents" else []
         self.sizes = [self._samples_in(index) for index in range(len(self.sources))]
         self._sizes = np.asarray(self.sizes, dtype=np.int64)

@@ -54,3 +54,15 @@ def test_drill_errors_are_one_line(bucket: str, flags: list[str], message: str) 
     result = run_prep("drill", "demo@latest", "--store", bucket, "--steps", "2", "--seq-len", "64", *flags, check=False)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("prep: error: ") and message in result.stderr
+
+
+@pytest.mark.parametrize("command", [["consumed", "--samples", "1"],
+                                     ["drill", "--world-size", "1", "--cache-bytes", "1MB", "--steps", "1",
+                                      "--global-batch", "1"]])
+def test_a_source_folder_that_does_not_exist_is_named_as_missing(command: list[str], tmp_path: Path) -> None:
+    """It said ./prep-store is not a prep store (the store a snapshot spec would need)."""
+    result = run_prep(command[0], tmp_path / "no-such-dest", *command[1:], "--seq-len", "4", check=False,
+                      cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"prep: error: {tmp_path / 'no-such-dest'}: no such folder (a source is a pulled snapshot " \
+                            "folder, a mixture file or a snapshot spec such as web@latest)\n"
