@@ -362,8 +362,9 @@ class NodeCache:
             installed = download_verified(self.store, hashing.Digest(need.sha256, need.size), final, temp=temp,
                                           what=need.what, on_bytes=lambda n: None, stop=self.stop)
         except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise UsageError(f"{self.dir.root}: disk full while caching {need.what}; lower cache_bytes") from None
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # exit 4 as every full disk, though a lower bound may avoid it
+                raise StorageIOError(f"caching {need.what} at", final, f"{exc.strerror}: free space under the cache "
+                                     "folder or lower cache_bytes", exc.errno) from None
             raise StorageIOError.from_os_error(f"caching {need.what} at", exc.filename or final, exc) from None
         finally:
             discard(temp)
