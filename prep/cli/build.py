@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import click
 
 from prep.cli.common import echo_json, json_option, resolve_store_url, store_option
 from prep.config import load_pipeline
+from prep.progress import note, plural
 from prep.runner.build import PublishOptions, make_executor
 from prep.storage import open_store
 from prep.store.tags import check_tag_name, parse_expect
@@ -47,7 +49,8 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
     pipeline_store = config.store
     if pipeline_store and "://" not in pipeline_store:
         pipeline_store = str(config.base_dir / pipeline_store)  # relative to the pipeline file
-    store = open_store(resolve_store_url(store_url, pipeline_store))
+    url = resolve_store_url(store_url, pipeline_store)
+    store = open_store(url)
     pool = make_executor(executor, workers or os.cpu_count() or 1, ray_address)
     try:
         from prep.runner.build import build as run_build  # heavy: imported while the workers start
@@ -56,6 +59,7 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
         result = run_build(config, store, pool, progress=None, options=options)
     finally:
         pool.close()
+    _note_skipped(config.dataset, url, int(result.snapshot.manifest["stats"].get("bad_records_skipped", 0)))
     if as_json:
         echo_json({"schema": "prep.build-report/1", "snapshot": result.snapshot.id, "dataset": config.dataset,
                    "up_to_date": all(ref.action == "unchanged" for ref in result.refs),
@@ -66,3 +70,11 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
         click.echo(result.snapshot.id)
     if (declined := declined_tags(config.dataset, result.snapshot.id, result.refs)) is not None:
         raise declined
+
+
+def _note_skipped(dataset: str, url: str, count: int) -> None:
+    """Say that records were skipped (input.on_error = "skip") and the command that lists them."""
+    if count:
+        store = "" if url == resolve_store_url(None) else f" --store {shlex.quote(url)}"
+        note(f"prep: skipped {plural(count, 'bad record')} (input.on_error = \"skip\"): "
+             f"`prep log {dataset} --builds{store}` lists them")

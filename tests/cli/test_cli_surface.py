@@ -80,3 +80,19 @@ def test_quiet_init_prints_nothing(tmp_path: Path) -> None:
     """`wrote .prep/config.toml: ...` printed with -q too."""
     result = run_prep("init", "-q", cwd=tmp_path, timeout=60)
     assert (result.stdout, result.stderr) == ("", "") and (tmp_path / ".prep" / "config.toml").is_file()
+
+
+def test_a_build_that_skipped_records_says_how_many_and_where_they_are_listed(project: Path, tokenizer_path: Path) -> None:
+    """Under input.on_error = "skip" nothing on a build's output said that records were dropped."""
+    with open(project / "corpus" / "a.jsonl", "a") as corpus:
+        corpus.write('{"id": "y", "text": broken}\n{"id": "z"}\n')
+    write_pipeline(project, tokenizer_path, extra_input='on_error = "skip"\n')
+    code, out, err = _build(project)
+    store = project / "store"
+    lines = [line for line in err.splitlines() if "skipped" in line]
+    assert lines == [f"prep: skipped 2 bad records (input.on_error = \"skip\"): `prep log tiny --builds --store {store}` "
+                     "lists them"], err
+    assert out.startswith("sha256:") and len(out.split()) == 1
+    listed = run_prep("log", "tiny", "--builds", "--store", store, timeout=60).stdout
+    assert "skipped  2 bad records:" in listed and "a.jsonl:31" in listed
+    assert _build(project, "-q")[2] == ""
