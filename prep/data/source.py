@@ -19,6 +19,7 @@ import resource
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from prep.data.pread import Pieces, TokenFile, fill, plan_rows, read_in_groups, 
 from prep.errors import IntegrityError, NotFoundError, PrepError, StorageIOError, UsageError
 from prep.formats.megatron import parse_index
 from prep.hashing import digest_file
+from prep.regular import open_regular
 from prep.storage.base import Store
 from prep.store import cas
 from prep.store.snapshots import Snapshot, read_manifest_file, resolve
@@ -75,6 +77,10 @@ def check_file(path: Path, sha256: str, record: PullRecord | None = None, name: 
         stat = path.stat()
     except FileNotFoundError:
         raise _missing(path) from None
+    except OSError as exc:
+        raise StorageIOError.from_os_error("reading", path, exc) from None
+    if not S_ISREG(stat.st_mode):  # a FIFO or a device (say, a symlink to /dev/zero) would be hashed for ever
+        raise IntegrityError(f"{path}: not a regular file (a FIFO, a device or a folder); refusing to read it")
     identity = stamp(stat)
     if _CHECKED.get((path, sha256)) == identity:
         return identity
@@ -97,7 +103,7 @@ def open_checked(path: Path, sha256: str, record: PullRecord | None = None, name
     the file opened is not the one checked (replaced in between)."""
     identity = check_file(path, sha256, record, name)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular(path)  # never blocks: a FIFO swapped in since the check is refused
     except FileNotFoundError:
         raise _missing(path) from None
     except OSError as exc:
