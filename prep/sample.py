@@ -9,6 +9,7 @@ EOS token, so dedup and special-token handling show in the sample build.
 from __future__ import annotations
 
 import ast
+import errno
 import json
 import os
 import sysconfig
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from prep.errors import UsageError
+from prep.regular import read_regular
 
 EOS = "<|endoftext|>"
 DEFAULT_FOLDER = Path("pipelines/sample-data")
@@ -97,16 +101,22 @@ def stdlib_docstrings(limit: int) -> Iterator[tuple[str, str]]:
                     return
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, path: Path, eos: str = EOS) -> Path:
-    """Train a GPT-2-style byte-level BPE with `eos` as its only special token."""
+def tokenizer_json(texts: Iterable[str], vocab_size: int, eos: str = EOS) -> str:
+    """A GPT-2-style byte-level BPE with `eos` as its only special token, trained on `texts`: its
+    tokenizer.json text (what `Tokenizer.save` writes)."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eos], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer.to_str(pretty=True)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, path: Path, eos: str = EOS) -> Path:
+    """Train a GPT-2-style byte-level BPE with `eos` as its only special token into `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(path))
+    path.write_text(tokenizer_json(texts, vocab_size, eos), encoding="utf-8")
     return path
 
 
@@ -118,23 +128,47 @@ class Sample:
     tokenizer: Path
     documents: int
     records: int  # documents plus the duplicates and the document spelling EOS
+    written: bool = True  # False when both files already held exactly these bytes
 
 
-def make_sample(folder: Path, documents: int = 3000, vocab_size: int = 4096) -> Sample:
+def make_sample(folder: Path, documents: int = 3000, vocab_size: int = 4096, force: bool = False) -> Sample:
     """Write folder/corpus.jsonl and folder/tokenizer.json from `documents` docstrings (fewer only
-    when the standard library has fewer)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    when the standard library has fewer). A file there that differs from what would be written is
+    refused (UsageError naming it, nothing written) unless `force`: it may hold the user's edits."""
     records = [{"id": doc_id, "text": text} for doc_id, text in stdlib_docstrings(documents)]
     extras = [{"id": f"dup-{i}", "text": records[i * 7]["text"]} for i in range(min(5, len(records) // 7))]
     extras.append({"id": "spells-eos", "text": f"A code corpus may contain the string {EOS} literally."})
-    corpus = folder / "corpus.jsonl"
-    temp = corpus.with_suffix(".jsonl.part")
-    with open(temp, "w", encoding="utf-8") as out:
-        for record in records + extras:
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-    temp.replace(corpus)
-    tokenizer = train_tokenizer((r["text"] for r in records), vocab_size, folder / "tokenizer.json")
-    return Sample(corpus, tokenizer, len(records), len(records) + len(extras))
+    files = {folder / "corpus.jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records + extras),
+             folder / "tokenizer.json": tokenizer_json((r["text"] for r in records), vocab_size)}
+    changed = {path: text for path, text in files.items() if _differs(path, text.encode("utf-8"))}
+    for path in changed if not force else ():
+        if os.path.lexists(path):
+            raise UsageError(f"{path} differs from the sample this would write (edited, or made with other "
+                             "--documents or --vocab-size); nothing was written: pass --force to replace it")
+    for path, text in changed.items():
+        _write_atomically(path, text)
+    corpus, tokenizer = files
+    return Sample(corpus, tokenizer, len(records), len(records) + len(extras), written=bool(changed))
+
+
+def _differs(path: Path, data: bytes) -> bool:
+    """Whether `path` holds anything but `data`: no file, another size or bytes, or no regular file."""
+    try:
+        return read_regular(path, len(data)) != data
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EFBIG, errno.EINVAL):  # larger than `data`; a folder, a FIFO
+            return True
+        raise
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary beside it, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(path.name + ".part")
+    temp.write_text(text, encoding="utf-8")
+    temp.replace(path)
 
 
 def pipeline_path(folder: Path) -> Path:
@@ -156,8 +190,5 @@ def write_pipeline(folder: Path) -> Path | None:
     path = pipeline_path(folder)
     if path.exists():
         return None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(path.name + ".part")
-    temp.write_text(pipeline_text(folder), encoding="utf-8")
-    temp.replace(path)
+    _write_atomically(path, pipeline_text(folder))
     return path

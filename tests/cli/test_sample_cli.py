@@ -79,3 +79,42 @@ def test_fewer_documents_than_asked_says_why(tmp_path: Path, monkeypatch: pytest
 def test_quiet_sample_prints_nothing(tmp_path: Path) -> None:
     result = run_prep("sample", "data", *SMALL, "--quiet", cwd=tmp_path)
     assert result.stderr == "" and (tmp_path / "sample.toml").exists()
+
+
+def test_the_quick_start_runs_twice_in_a_row(tmp_path: Path) -> None:
+    """`prep sample && prep build pipelines/sample.toml` again (CI's and the README's quick start):
+    the files already hold the sample, are left as they are, and the rebuild is up to date."""
+    data = tmp_path / "pipelines" / "sample-data"
+    build = ("build", "pipelines/sample.toml", "--workers", "1")
+    run_prep("sample", *SMALL, cwd=tmp_path)
+    first = run_prep(*build, cwd=tmp_path).stdout
+    stamps = {path.name: path.stat().st_mtime_ns for path in data.iterdir()}
+    again = run_prep("sample", *SMALL, cwd=tmp_path)
+    assert again.stderr.startswith(f"{Path('pipelines/sample-data/corpus.jsonl')} (40 docstrings, ")
+    assert "already hold this sample: left as they are" in again.stderr
+    assert {path.name: path.stat().st_mtime_ns for path in data.iterdir()} == stamps
+    assert run_prep(*build, cwd=tmp_path).stdout == first
+
+
+@pytest.mark.parametrize("name", ["corpus.jsonl", "tokenizer.json"])
+def test_an_edited_sample_file_is_refused_unless_forced(tmp_path: Path, name: str) -> None:
+    """`prep sample` wrote its corpus and tokenizer over an edited one (it kept only sample.toml)."""
+    run_prep("sample", "data", *SMALL, cwd=tmp_path)
+    edited = tmp_path / "data" / name
+    edited.write_bytes(edited.read_bytes() + b"\n")
+    before = {path.name: path.read_bytes() for path in (tmp_path / "data").iterdir()}
+    refused = run_prep("sample", "data", *SMALL, "--json", cwd=tmp_path, check=False)
+    message = (f"{Path('data') / name} differs from the sample this would write (edited, or made with other --documents "
+               "or --vocab-size); nothing was written: pass --force to replace it")
+    assert (refused.returncode, refused.stderr) == (2, f"prep: error: {message}\n")
+    assert json.loads(refused.stdout) == {"schema": "prep.error/1", "error": message, "exit_code": 2, "kind": "usage"}
+    assert {path.name: path.read_bytes() for path in (tmp_path / "data").iterdir()} == before
+    forced = run_prep("sample", "data", *SMALL, "--force", cwd=tmp_path)
+    assert forced.stderr.startswith(f"wrote {Path('data') / 'corpus.jsonl'} ")
+    assert edited.read_bytes() == before[name][:-1]
+
+
+def test_other_sizes_than_the_existing_sample_are_refused(tmp_path: Path) -> None:
+    run_prep("sample", "data", *SMALL, cwd=tmp_path)
+    refused = run_prep("sample", "data", "--documents", "41", "--vocab-size", "300", cwd=tmp_path, check=False)
+    assert refused.returncode == 2 and refused.stderr.startswith(f"prep: error: {Path('data') / 'corpus.jsonl'} differs")
