@@ -3,32 +3,24 @@ digest over what they read, so two runs can prove they trained on the same data.
 
 Sample i of a source is tokens [i * L, i * L + L + 1) of its stream (tokens mode) or document i
 (documents mode); np.searchsorted on the source's document bounds maps a chunk of windows to the
-documents they overlap at once. Documents are named from the snapshot's WebDataset `.json`
-members (shard by shard, in key order, as the `.bin` files hold them) when the `.tar` files are
-at hand, else by position (`bin/<shard>.bin:<sequence>`). Memory is the bounds arrays plus one
-entry per touched document, never the whole snapshot.
+documents they overlap at once. Documents are named as prep.data.naming names them (WebDataset
+`.json` members, else by position). Memory is the bounds arrays plus one entry per touched
+document, never the whole snapshot.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
 from prep.data.checks import sample_count
+from prep.data.naming import holds, names_of, positional
 from prep.data.reader import Exhausted, Reader
-from prep.data.source import SnapshotSource
-from prep.errors import IntegrityError, UsageError
-from prep.formats import wds
-from prep.formats.units import BIN, WDS
-from prep.hashing import digest_file
-from prep.store import cas
+from prep.errors import NotFoundError, UsageError
 
 REPORT_SCHEMA = "prep.consumed-report/1"
 DIGEST_DOMAIN = b"prep.consumed-digest/1\n"
@@ -249,92 +241,6 @@ def _scan(reader: Reader, samples: int, hashing: bool) -> tuple[_Tally, list[np.
     return tally, bounds
 
 
-_Name = tuple[str, str, str | None, int | None]  # shard path, id, input file, line
-
-
-def _positional(name: str) -> bool:
-    """True for a name by position: `bin/<shard>.bin:<sequence>`."""
-    path, _, number = name.rpartition(":")
-    return path.endswith("." + BIN) and number.isdigit()
-
-
-def _root(path: Path, key: str) -> Path | None:
-    """`path` without its trailing `key` (a manifest path or an object key), if it ends so."""
-    parts = PurePosixPath(key).parts
-    return Path(*path.parts[:-len(parts)]) if path.parts[-len(parts):] == parts else None
-
-
-def _tar_files(source: SnapshotSource) -> dict[int, tuple[Path, str]] | None:
-    """Each shard's WebDataset .tar (path, sha256), found beside its .bin, or None when absent."""
-    artifacts = source.snapshot.manifest["artifacts"]
-    tars = {int(a["shard"]): a for a in artifacts if a["format"] == WDS}
-    bins = {int(a["shard"]): a for a in artifacts if a["format"] == BIN}
-    if not bins or set(tars) != set(bins):
-        return None
-    first = source.shards[0]
-    namings: tuple[Callable[[dict[str, Any]], str], ...] = (lambda a: str(a["path"]),
-                                                            lambda a: cas.object_key(str(a["sha256"])))
-    for key_of in namings:  # a pulled folder keeps manifest paths, a local store object keys
-        root = _root(first.bin_path, key_of(bins[first.index]))
-        if root is not None:
-            found = {shard: (root / key_of(a), str(a["sha256"])) for shard, a in tars.items()}
-            if all(path.is_file() for path, _ in found.values()):
-                return found
-    return None
-
-
-def _tar_names(path: Path, sha256: str, wanted: set[int]) -> dict[int, dict[str, Any]]:
-    """The `.json` members of samples `wanted` (by sequence) of a checked .tar, reading headers only."""
-    if digest_file(path).sha256 != sha256:
-        raise IntegrityError(f"{path}: does not match the snapshot (sha256 differs); refusing to name documents from it")
-    found: dict[int, dict[str, Any]] = {}
-    offset, sequence, last = 0, -1, max(wanted)
-    with open(path, "rb") as handle:
-        while sequence < last:
-            handle.seek(offset)
-            block = handle.read(wds.BLOCK_SIZE)
-            if len(block) < wds.BLOCK_SIZE or not block.strip(b"\0"):
-                break
-            try:
-                info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-            except tarfile.TarError as exc:
-                raise IntegrityError(f"{path}: not a readable tar archive: {exc}") from None
-            offset += wds.BLOCK_SIZE + wds.padded_size(info.size)
-            if info.name.endswith("." + wds.JSON_SUFFIX):
-                sequence += 1
-                if sequence in wanted:
-                    found[sequence] = json.loads(handle.read(info.size))
-    if len(found) != len(wanted):
-        raise IntegrityError(f"{path}: holds fewer documents than the snapshot says")
-    return found
-
-
-def _names(source: SnapshotSource, bounds: np.ndarray, positions: list[int]) -> tuple[str, dict[int, tuple[int, _Name]]]:
-    """How `source`'s documents are named, and (sequence in its shard, name) of each position."""
-    starts = np.concatenate(([0], np.cumsum([shard.documents for shard in source.shards], dtype=np.int64)))
-    if int(starts[-1]) != len(bounds) - 1:
-        raise IntegrityError(f"{source.id}: the .idx files hold {len(bounds) - 1} documents, the manifest {starts[-1]}")
-    bins = {int(a["shard"]): str(a["path"]) for a in source.snapshot.manifest["artifacts"] if a["format"] == BIN}
-    where = np.searchsorted(starts, np.asarray(positions, dtype=np.int64), side="right") - 1
-    placed = {p: (int(s), p - int(starts[s])) for p, s in zip(positions, where.tolist())}
-    paths = {s: bins[source.shards[s].index] for s, _ in placed.values()}
-    tars = _tar_files(source)
-    if tars is None:
-        return "position", {p: (q, (paths[s], f"{paths[s]}:{q}", None, None)) for p, (s, q) in placed.items()}
-    by_shard: dict[int, set[int]] = {}
-    for s, q in placed.values():
-        by_shard.setdefault(s, set()).add(q)
-    members = {s: _tar_names(*tars[source.shards[s].index], wanted) for s, wanted in by_shard.items()}
-    named: dict[int, tuple[int, _Name]] = {}
-    for p, (s, q) in placed.items():
-        member, length = members[s][q], int(bounds[p + 1] - bounds[p])
-        if member.get("tokens") != length or not isinstance(member.get("id"), str):
-            raise IntegrityError(f"{tars[source.shards[s].index][0]}: sample {q} says {member.get('tokens')!r} tokens, "
-                                 f"the .idx {length}; the formats disagree")
-        named[p] = (q, (paths[s], member["id"], member.get("source"), member.get("line")))
-    return "wds", named
-
-
 def _uses(reader: Reader, tally: _Tally, bounds: list[np.ndarray]) -> tuple[list[str], dict[int, DocumentUse]]:
     """Each source's naming method, and every touched document by key, in order of first touch."""
     methods, uses = [], {}
@@ -342,7 +248,7 @@ def _uses(reader: Reader, tally: _Tally, bounds: list[np.ndarray]) -> tuple[list
     for index, source in enumerate(reader.sources):
         mine = np.flatnonzero((keys >> _SHIFT) == index)
         positions = (keys[mine] & ((1 << _SHIFT) - 1)).tolist()
-        method, names = _names(source, bounds[index], positions)
+        method, names = names_of(source, bounds[index], positions)
         methods.append(method)
         for handle, position in zip(mine.tolist(), positions):
             sequence, (shard, name, file, line) = names[position]
@@ -388,9 +294,12 @@ def find(reader: Reader, samples: int, document: str) -> DocumentQuery:
             chosen = np.isin(keys, wanted)
             for key, sample in zip(keys[chosen].tolist(), pairs.sample[chosen].tolist()):
                 hits[key].append(sample)
-    if not matches and "position" in methods and not _positional(document):
+    if not matches and "position" in methods and not positional(document):
         unnamed = reader.sources[methods.index("position")].id
         raise UsageError(f"{document}: cannot rule it out: {unnamed} has no WebDataset .tar at hand, so its documents are "
                          "named by position; ask for SHARD_PATH:SEQUENCE (prep trace gives it) or pull the wds format")
+    if not matches and not any(holds(source, method, document) for source, method in zip(reader.sources, methods)):
+        held = ", ".join(source.id[:19] for source in reader.sources)  # a typo must not read as "not touched"
+        raise NotFoundError(f"{document}: {held} holds no document of this id; check the id")
     found = tuple(replace(use, samples=tuple(hits[key])) for key, use in matches.items())
     return DocumentQuery(**_settings(reader, samples, tally, methods), document=document, matches=found)
