@@ -20,3 +20,15 @@ def open_regular(path: str | os.PathLike[str], *, follow: bool = True) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The whole of regular file `path`, opened as `open_regular` opens it; OSError(EFBIG), having
+    read at most `limit` + 1 bytes, when it holds more than `limit`."""
+    with os.fdopen(open_regular(path), "rb") as stream:
+        size = os.fstat(stream.fileno()).st_size
+        # hazard: the size may understate (a file growing meanwhile), so the read is bounded as well
+        data = stream.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
+    return data

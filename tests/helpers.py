@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +64,19 @@ def run_prep(*args: str | Path, env: Mapping[str, str] | None = None, check: boo
     if check:
         assert result.returncode == 0, f"prep {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr}"
     return result
+
+
+@contextmanager
+def within(seconds: int) -> Iterator[None]:
+    """Fail (rather than hang the test run) when the block takes longer than `seconds`: a read of
+    a FIFO or a device that should have been refused."""
+    def stuck(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still blocked after {seconds} s (reading a FIFO or a device?)")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -14,7 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from prep.errors import NotFoundError, StoreError
+from prep.errors import IntegrityError, NotFoundError, StoreError
+
+# Bounds on a key's body read whole into memory: a bigger one is refused unread (IntegrityError),
+# so a huge file planted at a key cannot exhaust memory. A ref value (prep.ref/1) is a few hundred
+# bytes; records, manifests and build logs read whole stay far below a GiB even at 20 TB.
+MAX_REF_BYTES = 64 * 1024
+MAX_BODY_BYTES = 1 << 30
+
+
+def too_large(source: str, limit: int) -> IntegrityError:
+    """The error for a key body at `source` (STORE/KEY) holding more than `limit` bytes."""
+    return IntegrityError(f"{source}: larger than {limit} bytes, more than such a key holds, so not read")
 
 
 @dataclass(frozen=True)
@@ -59,10 +70,13 @@ class Store(abc.ABC):
     def open(self, key: str) -> BinaryIO:
         """A readable binary stream of the key's bytes; raises NotFoundError."""
 
-    def get_bytes(self, key: str) -> bytes:
-        """All bytes of `key`; raises NotFoundError."""
+    def get_bytes(self, key: str, limit: int = MAX_BODY_BYTES) -> bytes:
+        """All bytes of `key`; raises NotFoundError, and IntegrityError (reading no further) past `limit` bytes."""
         with self.open(key) as stream:
-            return stream.read()
+            data = stream.read(limit + 1)
+        if len(data) > limit:
+            raise too_large(f"{self.url}/{key}", limit)
+        return data
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """`length` bytes of `key` from offset `start` (fewer at the end of the object)."""
@@ -100,7 +114,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def read_ref(self, key: str) -> RefValue | None:
-        """The current value of a mutable ref, or None when it does not exist."""
+        """The current value of a mutable ref, or None when it does not exist; IntegrityError for a
+        body over MAX_REF_BYTES."""
 
     @abc.abstractmethod
     def swap_ref(self, key: str, body: bytes, expected: str | None) -> bool:

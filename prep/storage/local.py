@@ -4,7 +4,9 @@ Create-only puts publish a fully written, fsynced temporary file with `os.link`,
 if the final name exists: a reader can never see a partial object under its final name.
 Refs are swapped under an exclusive `flock`, compared by the SHA-256 of their body.
 Every OSError becomes a StorageIOError naming the operation and path (a full disk is one line,
-not a traceback), and a failed put or swap removes its temporary.
+not a traceback), and a failed put or swap removes its temporary. Every read of a key opens it with
+`open_regular`, refs included: anything but a regular file there (a FIFO, a folder, a symlink to a
+device), or a body read whole over its bound, is an IntegrityError naming the key, never a hang.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
-from prep.errors import NotFoundError, StorageIOError, StoreError
+from prep.errors import IntegrityError, NotFoundError, StorageIOError, StoreError
 from prep.faults import crash_point
-from prep.regular import open_regular
-from prep.storage.base import ObjectInfo, RefValue, Store
+from prep.regular import open_regular, read_regular
+from prep.storage.base import MAX_BODY_BYTES, MAX_REF_BYTES, ObjectInfo, RefValue, Store, too_large
 from prep.writeback import fsync_path
 
 TMP_DIR = "tmp"
@@ -171,19 +173,29 @@ class LocalStore(Store):
     def put_bytes(self, key: str, data: bytes) -> bool:
         return self._create(key, lambda temp: temp.write_bytes(data))
 
-    def open(self, key: str) -> BinaryIO:
-        path = self._path(key)
+    @contextmanager
+    def _key_errors(self, key: str, limit: int = 0) -> Iterator[None]:
+        """An OSError reading `key` as the contract names it: NotFoundError when absent, IntegrityError for
+        anything but a regular file there or a body over `limit`, else a StorageIOError."""
         try:
-            with io_errors("reading", path):
-                return os.fdopen(open_regular(path), "rb")  # a FIFO planted at a key: an error, never a hang
-        except StorageIOError as exc:
+            yield
+        except OSError as exc:
+            source = f"{self.url}/{key}"
             if exc.errno == errno.ENOENT:
                 raise NotFoundError(f"{self.url}: no such key {key!r}") from exc
-            raise
+            if exc.errno == errno.EINVAL:  # what open_regular says of a FIFO, a folder, a device
+                raise IntegrityError(f"{source}: not a regular file, so not read") from None
+            if exc.errno == errno.EFBIG:
+                raise too_large(source, limit) from None
+            raise StorageIOError.from_os_error("reading", self._path(key), exc) from exc
 
-    def get_bytes(self, key: str) -> bytes:
-        with self.open(key) as stream, io_errors("reading", self._path(key)):
-            return stream.read()
+    def open(self, key: str) -> BinaryIO:
+        with self._key_errors(key):
+            return os.fdopen(open_regular(self._path(key)), "rb")  # a FIFO planted at a key: an error, never a hang
+
+    def get_bytes(self, key: str, limit: int = MAX_BODY_BYTES) -> bytes:
+        with self._key_errors(key, limit):
+            return read_regular(self._path(key), limit)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         with self.open(key) as stream, io_errors("reading", self._path(key)):
@@ -253,14 +265,10 @@ class LocalStore(Store):
         return self._path(key)
 
     def read_ref(self, key: str) -> RefValue | None:
-        path = self._path(key)
         try:
-            with io_errors("reading", path):
-                body = path.read_bytes()
-        except StorageIOError as exc:
-            if exc.errno == errno.ENOENT:
-                return None
-            raise
+            body = self.get_bytes(key, MAX_REF_BYTES)
+        except NotFoundError:
+            return None
         return RefValue(body=body, token=hashlib.sha256(body).hexdigest())
 
     def swap_ref(self, key: str, body: bytes, expected: str | None) -> bool:

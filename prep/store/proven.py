@@ -25,6 +25,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from prep.errors import PrepError
 from prep.storage.base import Store
 from prep.store.cas import FileStamp, file_stamp
 from prep.store.layout import PROVEN_KEY
@@ -44,10 +45,11 @@ def _parse(line: bytes) -> tuple[str, FileStamp] | None:
         return None
 
 
-def _lines(path: Path) -> list[bytes]:
+def _lines(store: Store) -> list[bytes]:
+    """The record's lines, read as every key is; none when it does not read (a FIFO or a huge file there)."""
     try:
-        return path.read_bytes().splitlines()
-    except OSError:
+        return store.get_bytes(PROVEN_KEY).splitlines()
+    except PrepError:
         return []
 
 
@@ -57,7 +59,7 @@ def load(store: Store) -> dict[str, FileStamp]:
     path = _path(store)
     if path is None:
         return {}
-    lines = _lines(path)
+    lines = _lines(store)
     current = dict(entry for line in lines if (entry := _parse(line)) is not None)
     if len(lines) > COMPACT_FACTOR * max(1, len(current)):
         with contextlib.suppress(OSError):

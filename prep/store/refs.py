@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from prep import hashing
 from prep.errors import IntegrityError, RefConflictError, StaleRefError, StoreError, UsageError
 from prep.manifest import canonical
-from prep.storage.base import RefValue, Store
+from prep.storage.base import MAX_REF_BYTES, RefValue, Store
 from prep.store.layout import HISTORY_PREFIX as HISTORY_PREFIX  # re-exported for callers of refs
 from prep.store.layout import RECORD_SUFFIX, history_key, history_prefix, ref_key, refs_prefix
 from prep.store.layout import check_name as check_name
@@ -167,6 +167,11 @@ class RefMove:
     history_pending: str = ""  # why the new generation's history record is not stored yet (the next move stores it)
 
 
+def read_history_record(store: Store, key: str) -> Ref:
+    """The ref value a history record at `key` holds, read within the bound of a ref value."""
+    return Ref.parse(store.get_bytes(key, MAX_REF_BYTES), f"{store.url}/{key}", key)
+
+
 def _read_value(store: Store, key: str) -> tuple[RefValue | None, Ref | None]:
     current = store.read_ref(key)
     return current, Ref.parse(current.body, f"{store.url}/{key}", key) if current else None
@@ -192,7 +197,7 @@ def _next_generation(store: Store, dataset: str, name: str, old: Ref | None) -> 
         return old.generation + 1, old.snapshot
     keys = [info.key for info in store.list(f"{history_prefix(dataset)}{check_name('ref', name)}/")
             if info.key.endswith(RECORD_SUFFIX)]
-    recorded = [Ref.parse(store.get_bytes(key), f"{store.url}/{key}", key) for key in keys[-1:]]
+    recorded = [read_history_record(store, key) for key in keys[-1:]]
     newest = max([ref.generation for ref in recorded] + [old.generation if old else 0])
     previous = old or (recorded[0] if recorded else None)
     return newest + 1, previous.snapshot if previous else None
@@ -268,7 +273,7 @@ def ref_history(store: Store, dataset: str) -> list[Ref]:
     """Every generation any ref of `dataset` has taken, newest first."""
     entries = []
     for info in store.list(history_prefix(dataset)):
-        entries.append(Ref.parse(store.get_bytes(info.key), f"{store.url}/{info.key}", info.key))
+        entries.append(read_history_record(store, info.key))
     # Refs that moved but crashed before their history record still count (tombstones too).
     seen = {(ref.name, ref.generation) for ref in entries}
     current = [_read_value(store, info.key)[1] for info in store.list(refs_prefix(dataset))

@@ -12,10 +12,11 @@ from typing import Any, NoReturn
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
-from prep.storage.base import Store
+from prep.regular import read_regular
+from prep.storage.base import MAX_BODY_BYTES, Store
 from prep.store import cas
 from prep.store.layout import SNAPSHOTS_PREFIX, history_key, is_decimal, is_marker_key, marker_sha, snapshot_marker_key
-from prep.store.refs import Ref, read_ref
+from prep.store.refs import Ref, read_history_record, read_ref
 
 SNAPSHOT_SCHEMA = "prep.snapshot/1"
 MIN_PREFIX = 4
@@ -88,7 +89,7 @@ def _read_manifest(path: Path) -> tuple[dict[str, Any], bytes]:
         raise ManifestFileError(f"{source}: not a canonical prep manifest ({reason})")
 
     try:
-        data = path.read_bytes()
+        data = read_regular(path, MAX_BODY_BYTES)  # a FIFO put there meanwhile: an error, never a hang
     except OSError as exc:
         raise ManifestFileError(f"{source}: cannot read the manifest file ({exc.strerror or exc})") from None
     try:
@@ -168,12 +169,10 @@ def _reads_as_snapshot_name(spec: str) -> bool:
 
 def _generation(store: Store, dataset: str, name: str, generation: int) -> Ref | None:
     """One recorded generation of a ref, from its create-only history record."""
-    key = history_key(dataset, name, generation)
     try:
-        raw = store.get_bytes(key)
+        return read_history_record(store, history_key(dataset, name, generation))
     except NotFoundError:
         return None
-    return Ref.parse(raw, f"{store.url}/{key}", key)
 
 
 def _resolve_ref(store: Store, spec: str) -> Snapshot:

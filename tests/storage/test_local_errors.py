@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from prep.errors import NotFoundError, StorageIOError
+from prep.errors import IntegrityError, NotFoundError, StorageIOError
 from prep.storage import LocalStore
 from prep.store import cas
 from tests.runner.test_disk_full import fill_up, small_tmpfs
@@ -91,12 +91,16 @@ def test_opening_and_reading_create_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("planted", ["fifo", "folder"])
 def test_a_fifo_or_folder_at_a_key_is_one_error_not_a_hang(tmp_path: Path, planted: str) -> None:
-    """Regression: a FIFO at an object's key blocked the read (and `prep fsck`) for ever."""
+    """Regression: a FIFO at an object's key blocked the read (and `prep fsck`) for ever. It is
+    damage to the store (exit 3), named by its key, for a whole read and a stream alike."""
     store = LocalStore(tmp_path / "store")
     digest = cas.put_bytes(store, b"some bytes")
     path = store.root / cas.object_key(digest.sha256)
     path.chmod(0o644)
     path.unlink()
     os.mkfifo(path) if planted == "fifo" else path.mkdir()
-    with pytest.raises(StorageIOError, match="not a regular file"):
-        store.get_bytes(cas.object_key(digest.sha256))
+    key = cas.object_key(digest.sha256)
+    for read in (lambda: store.get_bytes(key), lambda: store.open(key), lambda: store.get_range(key, 0, 1)):
+        with pytest.raises(IntegrityError, match=f"^{store.url}/{key}: not a regular file, so not read$") as caught:
+            read()
+        assert caught.value.exit_code == 3
