@@ -10,7 +10,7 @@ import click
 from prep.cli.common import json_option, open_store_option, store_option
 from prep.errors import IntegrityError
 from prep.progress import Progress, human_bytes
-from prep.store.fsck import DEFAULT_JOBS, FsckReport, fsck
+from prep.store.fsck import DEFAULT_JOBS, FsckReport, fsck, unrepairable_reason
 from prep.store.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage
 from prep.store.holds import place_hold, release_hold
 from prep.store.reach import CORRUPT, INVALID, MISSING
@@ -92,7 +92,9 @@ def fsck_lines(report: FsckReport) -> list[str]:
         lines.append(f"repair: removed {len(report.repair.records)} records and {len(report.repair.objects)} objects; "
                      "rebuild to recompute them")
         lines.extend(f"  removed {key}" for key in (*report.repair.records, *report.repair.objects))
-        lines.extend(f"  unrepairable {key} (a ref names it: restore it from a copy, or move the ref)"
+        lines.extend(f"  restored {key} (from its snapshot manifest)" for key in report.repair.restored)
+        why = {found.key: unrepairable_reason(found) for found in report.findings}
+        lines.extend(f"  unrepairable {key}: {why.get(key, 'restore it from a copy of the store')}"
                      for key in report.repair.unrepairable)
     lines.append("clean" if report.clean else f"{len(report.findings)} findings")
     return lines

@@ -9,13 +9,15 @@ schema refuses) is a finding naming the object's kind, key and what reached it. 
 nothing reaches are dangling: garbage for gc, not damage, so they do not fail fsck.
 
 Read-back records must read too (`prep tag` refuses an unreadable one), as must keys under
-`snapshots/` and `holds/` be named by a SHA-256.
+`snapshots/` and `holds/` be named by a SHA-256. A ref's history must hold every generation
+below its current one, and a snapshot a current ref or a hold names must have its marker.
 
 `repair` (under the gc lease, so never beside a build or a gc) deletes the task and stage
 records whose outputs are missing, corrupt or invalid, unreadable read-back records (the next
 publish reads the snapshot back again), and the corrupt objects themselves, so the
-next build recomputes them; never a ref, and never a snapshot manifest a current ref names
-(reported as unrepairable).
+next build recomputes them; it writes a lost marker again from its proven manifest. It never
+touches a ref, history, a hold or a policy, nor a snapshot manifest a current ref names: those
+findings are reported as unrepairable, each with what to do instead (`unrepairable_reason`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from prep.faults import crash_point
 from prep.progress import Progress
 from prep.storage.base import RefValue, Store
 from prep.store import records
-from prep.store.fsckrecords import FsckWalk, Records, folders_at_records, walk_records
+from prep.store.fsckrecords import FsckWalk, Records, folders_at_records, history_gaps, walk_records
 from prep.store.holds import scan_holds
 from prep.store.layout import (
     HISTORY_PREFIX,
@@ -77,10 +79,11 @@ class Repair:
     records: tuple[str, ...] = ()
     objects: tuple[str, ...] = ()
     unrepairable: tuple[str, ...] = ()
+    restored: tuple[str, ...] = ()  # lost snapshot markers written again from their proven manifests
 
     def to_json(self) -> dict[str, list[str]]:
         return {"removed_records": list(self.records), "removed_objects": list(self.objects),
-                "unrepairable": list(self.unrepairable)}
+                "unrepairable": list(self.unrepairable), "restored": list(self.restored)}
 
 
 @dataclass(frozen=True)
@@ -114,12 +117,15 @@ class FsckReport:
                 "repair": None if self.repair is None else self.repair.to_json()}
 
 
-def _ref_values(walk: FsckWalk, prefix: str, mutable: bool) -> list[Ref]:
-    """Every ref value (or history record) under `prefix`; an unreadable one is an INVALID finding."""
+def _ref_values(walk: FsckWalk, prefix: str, mutable: bool, listed: list[str] | None = None) -> list[Ref]:
+    """Every ref value (or history record) under `prefix`, tombstones included, each key appended to
+    `listed`; an unreadable one is an INVALID finding."""
     store, found = walk.store, []
     for info in store.list(prefix):
         if not info.key.endswith(RECORD_SUFFIX):
             continue
+        if listed is not None:
+            listed.append(info.key)
         try:
             value = store.read_ref(info.key) if mutable else RefValue(store.get_bytes(info.key), "")
             if value is not None:
@@ -129,41 +135,65 @@ def _ref_values(walk: FsckWalk, prefix: str, mutable: bool) -> list[Ref]:
         except (ValueError, IntegrityError) as exc:
             walk.add(Problem(INVALID, "ref" if mutable else "history record", info.key, info.key,
                              f"{store.url}/{info.key}: unreadable ({exc})"))
-    return [ref for ref in found if not ref.deleted]  # a tombstone (prep tag -d) names no snapshot
+    return found
 
 
 def _walk_snapshots(walk: FsckWalk, dataset: str | None) -> tuple[set[str], int]:
     """Follow refs, retained history, holds and markers; (shas current refs name, generations collected)."""
     store = walk.store
-    current = set()
-    for ref in _ref_values(walk, refs_prefix(dataset), mutable=True):
-        current.add(hashing.parse_id(ref.snapshot))
+    refs = _ref_values(walk, refs_prefix(dataset), mutable=True)
+    named = {hashing.parse_id(ref.snapshot): f"{ref.dataset}@{ref.name}" for ref in refs if not ref.deleted}
+    for ref in (ref for ref in refs if not ref.deleted):  # a tombstone (prep tag -d) names no snapshot
         walk.snapshot(hashing.parse_id(ref.snapshot), f"{ref.dataset}@{ref.name}", required=True)
         _check_ref_dataset(walk, ref)
-    collected = 0
-    history = _ref_values(walk, history_prefix(dataset) if dataset else HISTORY_PREFIX, mutable=False)
+    current = set(named)
+    collected = _walk_history(walk, dataset, refs)
+    for key, hold in scan_holds(store):
+        if isinstance(hold, IntegrityError):  # one bad record is a finding, not an aborted scrub
+            walk.add(Problem(INVALID, "hold", key, key, hold.message))
+        elif dataset is None or hold.dataset == dataset:
+            named.setdefault(hashing.parse_id(hold.snapshot), f"hold on {hold.snapshot}")
+            walk.snapshot(hashing.parse_id(hold.snapshot), f"hold on {hold.snapshot}", required=True)
+    markers = list(store.list(SNAPSHOTS_PREFIX))  # after the refs: a publish writes its marker before a ref moves
+    for info in markers if dataset is None else ():
+        if not is_marker_key(info.key):
+            walk.add(Problem(INVALID, "snapshot marker", info.key, info.key,
+                             f"{store.url}/{info.key}: not a snapshot marker (its name is no SHA-256); "
+                             "prep gc deletes it"))
+            continue
+        walk.snapshot(marker_sha(info.key), info.key, required=True)
+    _check_markers(walk, named, {marker_sha(info.key) for info in markers})
+    return current, collected
+
+
+def _walk_history(walk: FsckWalk, dataset: str | None, refs: list[Ref]) -> int:
+    """Follow each history generation whose snapshot is still stored, and look for missing
+    generations; returns how many generations gc collected."""
+    store, collected = walk.store, 0
+    listed: list[str] = []
+    history = _ref_values(walk, history_prefix(dataset) if dataset else HISTORY_PREFIX, mutable=False, listed=listed)
     for entry in sorted(history, key=lambda ref: (ref.dataset, ref.name, -ref.generation)):
         sha = hashing.parse_id(entry.snapshot)
-        if sha in walk.kept:
+        if entry.deleted or sha in walk.kept:
             continue
         if store.head(object_key(sha)) is None and store.head(snapshot_marker_key(entry.snapshot)) is None:
             collected += 1  # gc collected it by policy: history outlives snapshots
             continue
         walk.snapshot(sha, f"{entry.dataset}@{entry.name} generation {entry.generation}", required=True)
-    for key, hold in scan_holds(store):
-        if isinstance(hold, IntegrityError):  # one bad record is a finding, not an aborted scrub
-            walk.add(Problem(INVALID, "hold", key, key, hold.message))
-        elif dataset is None or hold.dataset == dataset:
-            walk.snapshot(hashing.parse_id(hold.snapshot), f"hold on {hold.snapshot}", required=True)
-    if dataset is None:
-        for info in store.list(SNAPSHOTS_PREFIX):
-            if not is_marker_key(info.key):
-                walk.add(Problem(INVALID, "snapshot marker", info.key, info.key,
-                                 f"{store.url}/{info.key}: not a snapshot marker (its name is no SHA-256); "
-                                 "prep gc deletes it"))
-                continue
-            walk.snapshot(marker_sha(info.key), info.key, required=True)
-    return current, collected
+    history_gaps(walk, listed, refs)
+    return collected
+
+
+def _check_markers(walk: FsckWalk, named: dict[str, str], markers: set[str]) -> None:
+    """The snapshot a current ref or a hold names must have its marker (`prep show PREFIX` and
+    gc's keep_within find snapshots by them); a history generation's may be gone with a gc
+    interrupted before its objects, so it is not looked for."""
+    for sha, by in sorted(named.items()):
+        if sha in walk.read and sha not in markers:
+            key = snapshot_marker_key(f"sha256:{sha}")
+            walk.add(Problem(MISSING, "snapshot marker", key, by,
+                             f"{walk.store.url}/{key}: the marker of snapshot sha256:{sha} ({by}) is missing, so no "
+                             "hex prefix finds it; fsck --repair writes it again from the manifest"))
 
 
 def _check_ref_dataset(walk: FsckWalk, ref: Ref) -> None:
@@ -276,8 +306,8 @@ def fsck(store: Store, dataset: str | None = None, jobs: int = DEFAULT_JOBS, pro
                              "while builds run, try again later")
         report, found, current = _check(store, dataset, jobs, progress)
         done = _repair(store, report.findings, found, current)
-        progress.info(f"fsck: repair removed {len(done.records)} records and {len(done.objects)} objects; "
-                      f"{len(done.unrepairable)} unrepairable")
+        progress.info(f"fsck: repair removed {len(done.records)} records and {len(done.objects)} objects, "
+                      f"restored {len(done.restored)} snapshot markers; {len(done.unrepairable)} unrepairable")
         return FsckReport(report.store, dataset, report.checked, report.findings, report.dangling,
                           report.collected, done)
 
@@ -306,8 +336,11 @@ def _repair(store: Store, findings: tuple[Problem, ...], found: Records, current
     """Delete records naming bad objects (and invalid records), then corrupt objects no current ref's
     snapshot manifest is; records first, so no record is left naming a deleted object."""
     bad = {f.sha for f in findings if f.sha is not None}
+    lost_markers = [f.key for f in findings if f.kind == "snapshot marker" and f.problem == MISSING]
+    restored = tuple(key for key in lost_markers if _restore_marker(store, key))
     unrepairable = sorted({f.key for f in findings if f.sha in current
-                           or (f.kind == "snapshot manifest" and f.problem != CORRUPT)})
+                           or (f.kind == "snapshot manifest" and f.problem != CORRUPT)
+                           or (f.kind in _LEFT and f.key not in {*found.folders, *restored})})
     doomed = sorted({*found.invalid, *(key for key, shas in found.names.items() if shas & bad)})
     corrupt = sorted({f.sha for f in findings if f.problem == CORRUPT and f.sha is not None and f.sha not in current})
     for key in doomed:
@@ -319,4 +352,32 @@ def _repair(store: Store, findings: tuple[Problem, ...], found: Records, current
         store.delete(snapshot_marker_key(f"sha256:{sha}"))  # a no-op unless it was a snapshot manifest
         store.delete(object_key(sha))
     return Repair(tuple(sorted({*doomed, *found.folders})), tuple(object_key(sha) for sha in corrupt),
-                  tuple(unrepairable))
+                  tuple(unrepairable), restored)
+
+
+def _restore_marker(store: Store, key: str) -> bool:
+    """Write a lost snapshot marker again once its manifest is proven: it hashes to its name and
+    is a snapshot manifest. False when it is not."""
+    try:
+        load_snapshot(store, f"sha256:{marker_sha(key)}")
+    except PrepError:
+        return False
+    store.put_bytes(key, b"")
+    return True
+
+
+_LEFT = {"ref": "fsck never rewrites a ref: restore it from a copy of the store, or remove it by hand",
+         "history record": "fsck never rewrites history: restore it from a copy of the store",
+         "hold": "restore it from a copy of the store, or remove it with prep release",
+         "retention policy": "the dataset's next build records its policy again",
+         "snapshot marker": "a marker of no snapshot: prep gc deletes it once past its grace period"}
+"""The kinds of finding `repair` leaves as they are (never deleted), and what to do instead."""
+
+
+def unrepairable_reason(found: Problem) -> str:
+    """Why `repair` left what `found` names, and what to do about it."""
+    if found.kind == "snapshot marker" and found.problem == MISSING:
+        return "its snapshot manifest does not prove, so the marker is not written from it"
+    if found.kind in _LEFT:
+        return _LEFT[found.kind]
+    return "a ref, hold or history generation names it: restore it from a copy of the store, or move the ref"

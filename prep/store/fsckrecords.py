@@ -1,8 +1,10 @@
 """fsck's walk, and the commit records it follows: each task record's outputs, each stage record's
-manifest, which must be that stage's own (the build refuses any other), else the record is invalid."""
+manifest, which must be that stage's own (the build refuses any other), else the record is invalid;
+and the generations missing from a ref's history."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from prep import hashing
@@ -18,8 +20,11 @@ from prep.store.layout import (
     RETENTION_PREFIX,
     STAGES_PREFIX,
     TASKS_PREFIX,
+    history_key,
+    is_decimal,
 )
-from prep.store.reach import INVALID, Problem, Reach, parallel
+from prep.store.reach import INVALID, MISSING, Problem, Reach, parallel
+from prep.store.refs import Ref
 
 
 class FsckWalk(Reach):
@@ -121,3 +126,32 @@ def folders_at_records(walk: FsckWalk, dataset: str | None) -> list[str]:
                              "is read, not a file; fsck --repair removes it"))
             found.append(key)
     return found
+
+
+def history_gaps(walk: FsckWalk, listed: list[str], refs: list[Ref]) -> None:
+    """Every generation below a ref's newest must have its history record (the current one may
+    lack it until the ref's next move records it): without one, DATASET@REF~N names nothing and gc
+    knows the generation's snapshot only from the next generation's `previous`."""
+    present: dict[tuple[str, str], set[int]] = defaultdict(set)
+    for key in listed:
+        if (found := _history_generation(key)) is not None:
+            present[found[:2]].add(found[2])
+    for ref in refs:
+        present[(ref.dataset, ref.name)].add(ref.generation)
+    live = {(ref.dataset, ref.name): ref.generation for ref in refs if not ref.deleted}
+    for (dataset, name), generations in sorted(present.items()):
+        spec = f"{dataset}@{name}"
+        for missing in sorted(set(range(1, max(generations))) - generations):
+            key = history_key(dataset, name, missing)
+            back = live.get((dataset, name), 0) - missing
+            back_text = f" ({spec}~{back} names nothing)" if back > 0 else ""
+            walk.add(Problem(MISSING, "history record", key, spec,
+                             f"{walk.store.url}/{key}: generation {missing} of {spec} is missing from its history"
+                             f"{back_text}; restore the record from a copy of the store"))
+
+
+def _history_generation(key: str) -> tuple[str, str, int] | None:
+    """(dataset, name, generation) a history key names, or None for a stray key (reported as invalid)."""
+    parts = key[len(HISTORY_PREFIX):].split("/")
+    stem = parts[-1].removesuffix(RECORD_SUFFIX)
+    return (parts[0], parts[1], int(stem)) if len(parts) == 3 and len(stem) == 16 and is_decimal(stem) else None

@@ -3,7 +3,9 @@ reaches and never what a build in progress may still commit.
 
 The rules (docs/history.md has the reasoning):
 1. Roots: the snapshots the retention rules keep (`prep.store.retention`: every current ref, the
-   last N generations of each ref, what is younger than keep_within, every held snapshot), plus
+   last N generations of each ref, what is younger than keep_within, every held snapshot; a kept
+   generation whose history record is missing is the next one's `previous`, or, failing that,
+   every stored snapshot), plus
    every snapshot marker, stage record and task record younger than the grace period (what a
    build in progress may have written or re-committed). The walk is `prep.store.reach`'s.
 2. Kept: the roots' snapshot manifests and artifacts, their stage manifests, every object a kept

@@ -6,7 +6,9 @@ highest generation current), so `prep gc` applies every dataset's own policy wit
 handed pipeline files, and gc flags override it. The rules, each listed by `gc --dry-run --json`:
 refs (every current ref: `latest` and every tag), keep_last (the last N generations of each ref,
 from `history/`), keep_within (every generation younger than the duration, and every snapshot
-published within it), holds (`prep.store.holds`).
+published within it), holds (`prep.store.holds`). A generation these rules keep whose history
+record is missing is kept as the snapshot the next generation names as `previous`; when no
+record names it, every stored snapshot is kept rather than a guess made.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prep import hashing
 from prep.errors import IntegrityError, UsageError
@@ -155,12 +157,14 @@ def _age(stamp: str, now: float) -> float:
     return now - moment.timestamp()
 
 
-def _history_rules(dataset: str, entries: list[Ref], policy: Policy, now: float) -> list[Kept]:
-    """keep_last and keep_within over one dataset's history (newest first)."""
+def _history_rules(dataset: str, entries: list[Ref], policy: Policy, now: float) -> tuple[list[Kept], list[Kept]]:
+    """keep_last and keep_within over one dataset's history (newest first): what they keep, and
+    the generations they keep whose snapshot no record names (their history record is missing)."""
     by_name: dict[str, list[Ref]] = defaultdict(list)
     for entry in entries:
         by_name[entry.name].append(entry)
     kept: list[Kept] = []
+    unknown: list[Kept] = []
     for name, generations in sorted(by_name.items()):
         generations.sort(key=lambda ref: ref.generation, reverse=True)
         newest = generations[0].generation
@@ -172,7 +176,30 @@ def _history_rules(dataset: str, entries: list[Ref], policy: Policy, now: float)
                 kept.append(Kept("keep_last", entry.snapshot, dataset, label))
             if policy.keep_within and _age(entry.time, now) < policy.keep_within:
                 kept.append(Kept("keep_within", entry.snapshot, dataset, f"{label} (moved {entry.time})"))
-    return kept
+        for gap in _gaps(dataset, name, generations, policy, now):
+            (kept if gap.snapshot else unknown).append(gap)
+    return kept, unknown
+
+
+def _gaps(dataset: str, name: str, generations: list[Ref], policy: Policy, now: float) -> list[Kept]:
+    """The generations a rule keeps whose history record is missing (fail closed): each as the
+    snapshot the next generation names as `previous`, or with no snapshot when that is missing too."""
+    newest = generations[0].generation
+    found: list[tuple[int, str, str]] = []  # (generation, snapshot or "" when unknown, why)
+    for later, earlier in zip(generations, [*generations[1:], None]):  # newest first
+        top, bottom = later.generation - 1, earlier.generation + 1 if earlier else 1
+        within = bool(policy.keep_within) and _age(later.time, now) < policy.keep_within  # no missing one is later
+        first = bottom if within else max(bottom, newest - policy.keep_last + 1)
+        if first > top:
+            continue
+        if later.previous:
+            found.append((top, later.previous, f"generation {later.generation} names it as previous"))
+        if first < top or not later.previous:
+            found.append((top - 1 if later.previous else top, "", "no record names its snapshot: every stored "
+                          "snapshot kept"))
+    return [Kept("keep_last" if newest - generation < policy.keep_last else "keep_within", snapshot, dataset,
+                 f"{dataset}@{name}~{newest - generation} (its history record is missing; {why})")
+            for generation, snapshot, why in found]
 
 
 @dataclass(frozen=True)
@@ -199,12 +226,18 @@ def policies(store: Store, override: Override | None) -> dict[str, Policy]:
 def retained(store: Store, chosen: dict[str, Policy], now: float) -> list[Kept]:
     """What the refs, keep_last and keep_within rules keep (holds come from `prep.store.holds`)."""
     kept = [Kept("refs", ref.snapshot, ref.dataset, f"{ref.dataset}@{ref.name}") for ref in list_refs(store)]
+    unknown: list[Kept] = []
     for dataset, policy in chosen.items():
-        kept.extend(_history_rules(dataset, ref_history(store, dataset), policy, now))
+        named, gaps = _history_rules(dataset, ref_history(store, dataset), policy, now)
+        kept.extend(named)
+        unknown.extend(gaps)
     longest = max((policy.keep_within for policy in chosen.values()), default=0)
     if longest:  # a marker's dataset is unknown until its manifest is read: the longest duration applies
         kept.extend(Kept("keep_within", f"sha256:{marker_sha(info.key)}", "", "published within keep_within")
                     for info in store.list(SNAPSHOTS_PREFIX) if now - info.mtime < longest and is_marker_key(info.key))
+    if unknown:  # a kept generation no record names could be any snapshot: keep them all rather than guess
+        kept.extend(replace(unknown[0], snapshot=f"sha256:{marker_sha(info.key)}", dataset="")
+                    for info in store.list(SNAPSHOTS_PREFIX) if is_marker_key(info.key))
     return kept
 
 
