@@ -152,7 +152,7 @@ def list_snapshot_ids(store: Store, prefix: str = "") -> list[str]:
 
 def is_manifest_path(spec: str) -> bool:
     """Whether SPEC names a manifest file; one that also reads as a ref or an id is refused as ambiguous."""
-    if not Path(spec).is_file():
+    if not os.path.isfile(spec):  # False for a name too long to be a file's, so a long ref name is checked as one
         return False
     if os.sep not in spec and "/" not in spec and _reads_as_snapshot_name(spec):
         raise UsageError(f"{spec!r} is both a file here and a snapshot name: write ./{spec} for the file")
