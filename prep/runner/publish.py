@@ -160,16 +160,16 @@ class RefPlan:
 def publish_refs(store: Store, plan: RefPlan, snapshot_id: str, warn: Callable[[str], None]) -> list[RefOutcome]:
     """Move the plan's refs to `snapshot_id` by compare-and-swap from the generations noted at the
     start. A ref another publisher moved meanwhile is left alone and recorded as declined: `latest`
-    with a warning (with `--expect` the StaleRefError is raised: exit 2), a tag silently here, since
-    the caller asked for it by name and reports it as a failure (`declined_tags`)."""
+    with a warning (with `--expect` a StaleRefError naming the stored snapshot: exit 2), a tag
+    silently here, since the caller asked for it by name and reports it as a failure (`declined_tags`)."""
     outcomes = []
     mover = Mover.here("build")
     for name in ("latest", *plan.tags):
         try:
             move = update_ref(store, plan.dataset, name, snapshot_id, expect=plan.expected(name), mover=mover)
         except StaleRefError as exc:
-            if name == "latest" and plan.expect is not None:
-                raise
+            if name == "latest" and plan.expect is not None:  # the first ref tried: no ref moved to it
+                raise StaleRefError(f"{exc}; the snapshot {snapshot_id} is stored but not published") from None
             now = read_ref_value(store, plan.dataset, name)
             outcomes.append(RefOutcome(name, "declined", now.generation if now else 0, now.snapshot if now else None,
                                        str(exc)))

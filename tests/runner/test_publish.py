@@ -23,7 +23,7 @@ from prep.storage import LocalStore
 from prep.storage.base import Store
 from prep.store import snapshots as build_module  # the build calls snapshots.publish_manifest
 from prep.store.refs import move_ref, read_ref, ref_history, update_ref
-from prep.store.snapshots import Snapshot
+from prep.store.snapshots import Snapshot, load_snapshot
 from tests.helpers import make_records, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor
 
@@ -199,6 +199,33 @@ def test_a_tag_another_publisher_moves_during_the_build_fails_the_command(
     v1, latest = read_ref(store, "tiny", "v1"), read_ref(store, "tiny", "latest")
     assert v1 is not None and v1.snapshot == newer
     assert latest is not None and latest.snapshot == report["snapshot"]
+
+
+def test_an_expect_lost_at_the_swap_names_the_snapshot_it_stored(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression: a build whose --expect another publisher beat between its check and its swap
+    exited 2 naming only the ref, so the snapshot it had stored (its id printed nowhere) was lost
+    to the caller. Now the one error line names it, as a declined --tag's does; no ref moved."""
+    store = LocalStore(tmp_path / "store")
+    build_in_process(project, store)
+    newer, stored = f"sha256:{'e' * 64}", []
+
+    def racing_update_ref(store: Store, dataset: str, name: str, snapshot: str, **options: Any) -> Any:
+        move_ref(store, dataset, name, newer)  # after read-back, before the swap: the race
+        stored.append(snapshot)
+        return update_ref(store, dataset, name, snapshot, **options)
+    monkeypatch.setattr(publish_module, "update_ref", racing_update_ref)
+    with pytest.raises(SystemExit) as exited:
+        main(["build", str(other(project)), "--store", str(store.root), "--workers", "1", "--expect", "1",
+              "--tag", "v1"])
+    captured = capsys.readouterr()
+    assert exited.value.code == 2 and captured.out == "" and stored
+    assert captured.err.endswith(f"prep: error: tiny@latest is generation 2 ({newer}), not generation 1 as expected; "
+                                 f"left unmoved; the snapshot {stored[0]} is stored but not published\n")
+    assert captured.err.count("prep: error") == 1
+    assert load_snapshot(store, stored[0]).dataset == "tiny" and read_ref(store, "tiny", "v1") is None
+    latest = read_ref(store, "tiny", "latest")
+    assert latest is not None and latest.snapshot == newer
 
 
 def test_the_build_log_says_who_ran_what_where_and_what_it_skipped(tmp_path: Path, tokenizer_path: Path) -> None:
