@@ -28,13 +28,14 @@ from pathlib import Path
 
 from prep import hashing
 from prep.data.cachedir import CacheDir, present, remove_entry
+from prep.data.cacherecord import CacheRecord
 from prep.data.cachevalues import CacheOptions, CacheStats, Hold
 from prep.data.plan import Need, Plan
 from prep.data.source import open_checked, open_file_budget
 from prep.errors import IntegrityError, StorageIOError, UsageError
 from prep.storage.base import Store
 from prep.transfer.fetch import download_verified
-from prep.transfer.shares import PullRecord, discard, temp_name
+from prep.transfer.shares import discard, temp_name
 
 POLICIES = ("belady", "lru")
 ROOM_WAIT_SECONDS = 120.0  # how long a read waits for other users to release room before failing
@@ -51,7 +52,7 @@ class NodeCache:
         self.dir = CacheDir(Path(options.cache_dir))
         self.plan: Plan | None = None
         self.stats = CacheStats()
-        self.record = PullRecord(self.dir.root)
+        self.record = CacheRecord(self.dir.root)
         self.stop = threading.Event()
         self._mutex = threading.Lock()  # never held while taking self.dir.locked()
         self._holds: dict[str, Hold] = {}
@@ -65,10 +66,8 @@ class NodeCache:
         try:
             with self.dir.locked():
                 ledger = self.dir.ledger(self._fetching)  # drop dead users and their temporaries now
-                # Every fetch appends a line: without this a thrashing cache's record grows without bound
-                # (and each opener reads all of it). A line another user appends meanwhile may be lost: a rehash.
                 with contextlib.suppress(OSError):  # a full disk: the record is only advisory
-                    self.record.compact(set(ledger.complete))
+                    self.record.tend(ledger.complete)
         except BaseException:
             self.dir.close()
             raise
@@ -374,12 +373,19 @@ class NodeCache:
         if installed is not None:
             with contextlib.suppress(OSError):  # a full disk: the record is only advisory (a rehash)
                 self.record.add(need.sha256, need.sha256, installed)
+            self._tend_record()
         now = time.monotonic()
         with self._mutex:
             self.stats.count_fetch(need.sha256, need.size)
             self._used_at[need.sha256] = now
             if not demand:
                 self._ready_at[need.sha256] = now
+
+    def _tend_record(self) -> None:
+        """Compact the record of proven files (a line per fetch) once it has doubled, under cache.lock."""
+        if self.record.overgrown():
+            with self.dir.locked(), contextlib.suppress(OSError):  # a full disk: the record is only advisory
+                self.record.tend(self.dir.ledger(self._fetching).complete)
 
     def prefetch(self, need: Need) -> None:
         """Fetch `need` ahead of its use, when nobody else is fetching it and room can be made

@@ -12,7 +12,7 @@ Layout of `cache_dir`:
   unlocked file: it is seen as dead, its reservations stop counting, its temporaries are deleted.
 - `cache.lock`: every decision about room is taken under this flock; `pressure`: touched by a user
   waiting for room, so the others drop the pins they keep between steps.
-- `.prep/verified.jsonl`: pull's record of proven files (prep.transfer.shares.PullRecord).
+- `.prep/verified.jsonl`: pull's record of proven files, kept bounded (prep.data.cacherecord).
 
 The ledger is the directory itself read under `cache.lock`: complete files count their size, a
 fetch under way counts its object's full size from before its first byte is written until it is

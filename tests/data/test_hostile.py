@@ -214,7 +214,9 @@ def test_the_cache_record_is_compacted_when_a_reader_opens_the_cache(small: dict
         for step in range(40):
             reader.batch(step)
         fetches = reader.stats()["cache"]["fetches"]
-    assert fetches > 100 and len(record.read_bytes().splitlines()) == fetches
+    assert fetches > 100 and len(record.read_bytes().splitlines()) < fetches  # compacted as it ran (test_cache_record)
+    with open(record, "ab") as out:  # lines past the bound, as a cache written by an older prep holds
+        out.write(record.read_bytes().splitlines(keepends=True)[-1] * 100)
     with Reader("demo@latest", SEQ, GLOBAL, **settings) as again:
         assert len(record.read_bytes().splitlines()) <= 1  # the one complete object's line
         again.batch(0)  # and the record still proves what it kept
