@@ -196,7 +196,7 @@ class ByteMeter:
         if self.quiet or now - self.last < (METER_INTERVAL_TTY if self.tty else METER_INTERVAL_LOG):
             return
         self.last = now
-        line = (f"{self.verb}: {self.files_done} of {self.total_files} files, {human_bytes(self.bytes_done)} of "
+        line = (f"{self.verb}: {self.files_done} of {plural(self.total_files, 'file')}, {human_bytes(self.bytes_done)} of "
                 f"{human_bytes(self.total_bytes)}, {rate(self.bytes_done, now - self.started, 1e6, 'MB/s')}")
         write(self.stream, f"\r{line}\x1b[K" if self.tty else f"{line}\n")
 

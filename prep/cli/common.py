@@ -20,8 +20,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def store_option(function: F) -> F:
     """--store URL (default: $PREP_STORE, the project config, then ./prep-store)."""
     return click.option("--store", "store_url", default=None, metavar="URL",
-                        help="Store location: a path or s3://bucket/prefix. Default: $PREP_STORE, the "
-                             f"project's .prep/config.toml, {DEFAULT_STORE} (see docs/cli.md).")(function)
+                        help="Store location: a path or s3://bucket/prefix. Default: $PREP_STORE, else the "
+                             "store a .prep/config.toml here or in a parent folder names (`prep init` writes one), "
+                             f"else (build, status) the pipeline's `store`, else {DEFAULT_STORE}.")(function)
 
 
 def _set_quiet(_ctx: click.Context, _param: click.Parameter, value: bool) -> None:

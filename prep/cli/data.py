@@ -11,6 +11,7 @@ import click
 
 from prep.cli.common import open_store_option, resolve_store_url, store_option
 from prep.errors import UsageError
+from prep.progress import human_bytes, plural
 from prep.storage.base import Store
 
 if TYPE_CHECKING:  # prep.data loads numpy; import it only when the command runs
@@ -162,20 +163,23 @@ def _size(value: str, flag: str) -> int:
 def drill_lines(report: dict[str, Any]) -> list[str]:
     """The human summary of a drill: one line per rank, then the node's totals and duplicates."""
     settings = report["settings"]
-    lines = [f"{settings['source']}: {settings['world_size']} ranks (processes) read {settings['steps']} steps "
-             f"(seq_len {settings['seq_len']}, global batch {settings['global_batch']}) through a "
-             f"{settings['cache_bytes']}-byte cache in {report['wall_seconds']:.2f} s"]
+    lines = [f"{settings['source']}: {plural(settings['world_size'], 'rank')} (processes) read "
+             f"{plural(settings['steps'], 'step')} (seq_len {settings['seq_len']}, global batch "
+             f"{settings['global_batch']}) through a {human_bytes(settings['cache_bytes'])} cache in "
+             f"{report['wall_seconds']:.2f} s"]
     for rank in report["ranks"]:
         waits = rank["fetch_seconds"]
         lines.append(f"  rank {rank['rank']}: first batch {rank['first_batch_seconds']:.3f} s, fetched "
-                     f"{rank['bytes_fetched']} bytes ({rank['fetches']} objects, {rank['bytes_refetched']} again), "
-                     f"peak cache {rank['peak_cache_bytes']}, fetch_seconds p50 {waits['p50']:.4f} p90 "
+                     f"{human_bytes(rank['bytes_fetched'])} ({plural(rank['fetches'], 'object')}, "
+                     f"{human_bytes(rank['bytes_refetched'])} again), peak cache {human_bytes(rank['peak_cache_bytes'])}, "
+                     f"fetch_seconds p50 {waits['p50']:.4f} p90 "
                      f"{waits['p90']:.4f} p99 {waits['p99']:.4f} max {waits['max']:.4f} total {waits['total']:.3f} "
                      f"({rank['fetch_share_after_first_batch']:.1%} of wall after the first batch)")
     totals, duplicates = report["totals"], report["duplicates"]
-    lines.append(f"node: {totals['bytes_fetched']} bytes fetched, {totals['distinct_objects_fetched']} distinct objects, "
-                 f"{duplicates['fetches']} duplicate fetches ({duplicates['bytes']} bytes; "
-                 f"{duplicates['objects_fetched_by_several_ranks']} objects fetched by several ranks)")
+    lines.append(f"node: {human_bytes(totals['bytes_fetched'])} fetched, "
+                 f"{plural(totals['distinct_objects_fetched'], 'distinct object')}, "
+                 f"{plural(duplicates['fetches'], 'duplicate fetch', 'duplicate fetches')} ({human_bytes(duplicates['bytes'])}; "
+                 f"{plural(duplicates['objects_fetched_by_several_ranks'], 'object')} fetched by several ranks)")
     return lines
 
 

@@ -4,6 +4,7 @@ error format: `prep: error: <one line>` on stderr (and, with --json, a prep.erro
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import json
 import os
@@ -93,6 +94,14 @@ class LazyGroup(click.Group):
         if not any(param.name == "quiet" for param in command.params):
             quiet_option(command)
         return command
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        """click's, with the closest command suggested for an unknown name (`prep biuld`)."""
+        name = args[0] if args else ""
+        if name not in COMMANDS and not name.startswith("-") and not ctx.resilient_parsing:
+            close = difflib.get_close_matches(name, sorted(COMMANDS), n=1)
+            raise click.UsageError(f"no such command {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""), ctx)
+        return super().resolve_command(ctx, args)
 
     def summary(self, ctx: click.Context, name: str) -> str:
         """The command's one-line summary, from SUMMARIES or else its own (uncut) short help."""

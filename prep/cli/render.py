@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from prep.progress import plural
+
 if TYPE_CHECKING:  # lineage loads pyarrow; only the commands that trace import it, when run
     from prep.history.documents import Trace
 
@@ -11,8 +13,8 @@ if TYPE_CHECKING:  # lineage loads pyarrow; only the commands that trace import 
 def trace_lines(found: Trace, indent: str = "") -> list[str]:
     """A document's origin and where each artifact holds it (or the copy kept instead)."""
     doc = found.document
-    lines = [(f"{indent}document  {doc.id}  ({doc.source} line {doc.line}; {doc.tokens} tokens + EOS, "
-              f"{doc.text_bytes} bytes of text, text xxh3-128 {doc.text_hash})")]
+    lines = [(f"{indent}document  {doc.id}  ({doc.source} line {doc.line}; {plural(doc.tokens, 'token')} + EOS, "
+              f"{plural(doc.text_bytes, 'byte')} of text, text xxh3-128 {doc.text_hash})")]
     if found.duplicate_of is not None:
         lines.append(f"{indent}dropped   as an exact duplicate; the snapshot holds its text as:")
         return lines + trace_lines(found.duplicate_of, indent + "  ")

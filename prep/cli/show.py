@@ -14,7 +14,7 @@ from prep.cli.render import trace_lines
 from prep.errors import NotFoundError, UsageError
 from prep.history.naming import AT_EXAMPLES
 from prep.history.specs import resolve_spec
-from prep.progress import human_bytes
+from prep.progress import human_bytes, plural
 from prep.storage.base import Store
 from prep.store.snapshots import Snapshot, is_manifest_path, read_manifest_file, reencoded_note
 
@@ -29,8 +29,8 @@ def document_counts(stats: dict[str, Any]) -> str:
     """The documents line: records read (bad ones skipped included), duplicates, written."""
     skipped = int(stats.get("bad_records_skipped", 0))
     read = int(stats["documents_read"]) + skipped
-    return (f"documents  {read} read, {skipped} bad record{'' if skipped == 1 else 's'} skipped, "
-            f"{stats['duplicates_dropped']} duplicates dropped, {stats['documents_written']} written")
+    return (f"documents  {read} read, {plural(skipped, 'bad record')} skipped, "
+            f"{plural(int(stats['duplicates_dropped']), 'duplicate')} dropped, {stats['documents_written']} written")
 
 
 def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
@@ -44,7 +44,7 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
     lines = [
         f"snapshot   {snapshot_id}",
         f"dataset    {manifest['dataset']}   seed {manifest['seed']}",
-        f"inputs     {len(manifest['inputs']['files'])} files, "
+        f"inputs     {plural(len(manifest['inputs']['files']), 'file')}, "
         f"{human_bytes(sum(f['size'] for f in manifest['inputs']['files']))}, version {manifest['inputs']['version'][:23]}",
         f"tokenizer  sha256:{tok['sha256'][:16]}  vocab {tok['vocab_size']}  eos {tok['eos']!r}={tok['eos_id']}  {tok['dtype']}",
         f"code       prep {manifest['code']['version']}  sha256:{manifest['code']['sha256'][:16]}",
@@ -52,7 +52,7 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
         f"tokens     {stats['tokens_written']}",
     ]
     for fmt, (count, size) in sorted(by_format.items()):
-        lines.append(f"artifacts  {fmt}: {count} files, {human_bytes(size)}")
+        lines.append(f"artifacts  {fmt}: {plural(count, 'file')}, {human_bytes(size)}")
     for stage in manifest["stages"]:
         lines.append(f"stage      {stage['name']:<9} key {stage['key'][:16]}  output {stage['output'][:23]}")
     return lines
@@ -89,7 +89,7 @@ def dest_lines(dest: Path, snapshot: Snapshot) -> list[str]:
     present = [a for a in snapshot.artifacts if (dest / a["path"]).is_file()]
     check = f"prep verify {dest}/{PREP_DIR}/{MANIFEST_NAME} {dest}"
     lines = [f"pulled     {dest.resolve()}",
-             f"present    {len(present)} of {len(snapshot.artifacts)} files, "
+             f"present    {len(present)} of {plural(len(snapshot.artifacts), 'file')}, "
              f"{human_bytes(sum(a['size'] for a in present))} (verify with `{check}`)"]
     share = _share_line(dest)
     return lines + ([share] if share else [])
@@ -205,7 +205,7 @@ def build_lines(build: BuildRecord) -> list[str]:
              "  stages   " + ", ".join(f"{name} {run['ran']} ran/{run['cached']} cached"
                                       for name, run in entry["stages"].items())]
     listed = entry["skip_reasons"]
-    lines.append(f"  skipped  {entry['skipped']} bad record{'' if entry['skipped'] == 1 else 's'}"
+    lines.append(f"  skipped  {plural(entry['skipped'], 'bad record')}"
                  + (":" if listed else ""))
     lines.extend(f"    {reason}" for reason in listed)
     if len(listed) < entry["skipped"]:

@@ -10,6 +10,7 @@ import click
 
 from prep.cli.common import json_option, resolve_store_url, store_option
 from prep.config import load_pipeline
+from prep.progress import plural
 from prep.storage import open_store
 
 if TYPE_CHECKING:  # the status module loads the planning code; import it only when run
@@ -27,15 +28,15 @@ def status_lines(status: BuildStatus) -> list[str]:
         assert status.latest is not None
         verdict = f"up to date: a build would publish {status.latest.id} ({status.dataset}@latest) again"
     else:
-        verdict = (f"a build would run {len(todo)} of {len(status.parts)} tokenize tasks and "
-                   f"{len(running)} of {len(status.stages)} stages" + (f" ({', '.join(running)})" if running else ""))
+        verdict = (f"a build would run {len(todo)} of {plural(len(status.parts), 'tokenize task')} and "
+                   f"{len(running)} of {plural(len(status.stages), 'stage')}" + (f" ({', '.join(running)})" if running else ""))
     counts = {change: sum(entry.change == change for entry in status.inputs)
               for change in ("changed", "added", "removed", "unchanged")}
     against = f"{status.dataset}@latest {status.latest.id}" if status.latest else "no latest snapshot"
     lines = [f"status     {status.dataset}: {verdict}",
              f"inputs     {', '.join(f'{n} {change}' for change, n in counts.items())} (against {against})"]
     lines.extend(f"  {CHANGE_MARKS[entry.change]} {entry.path}" for entry in status.inputs if entry.change in CHANGE_MARKS)
-    lines.append(f"tokenize   {len(status.parts) - len(todo)} of {len(status.parts)} tasks committed")
+    lines.append(f"tokenize   {len(status.parts) - len(todo)} of {plural(len(status.parts), 'task')} committed")
     lines.extend(f"  would run  {part.source} part {part.part}" for part in todo[:PARTS_SHOWN])
     if len(todo) > PARTS_SHOWN:
         lines.append(f"  ... {len(todo) - PARTS_SHOWN} more (use --json for all)")

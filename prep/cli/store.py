@@ -9,7 +9,7 @@ import click
 
 from prep.cli.common import json_option, open_store_option, store_option
 from prep.errors import IntegrityError
-from prep.progress import Progress, human_bytes
+from prep.progress import Progress, human_bytes, plural
 from prep.store.fsck import DEFAULT_JOBS, FsckReport, fsck, unrepairable_reason
 from prep.store.gc import CATEGORIES, DEFAULT_GRACE, GcReport, collect_garbage
 from prep.store.holds import place_hold, release_hold
@@ -24,14 +24,14 @@ def gc_lines(report: GcReport) -> list[str]:
     """The human gc report: policies, what each rule kept, then kept and deleted by category."""
     verb = "would delete" if report.dry_run else "deleted"
     width = len(verb)
-    lines = [f"{report.store}: {report.refs} refs; grace period {report.grace_seconds} s"
+    lines = [f"{report.store}: {plural(report.refs, 'ref')}; grace period {report.grace_seconds} s"
              + ("; dry run, nothing deleted" if report.dry_run else "")]
     for dataset, policy in report.policies.items():
         lines.append(f"policy {dataset}: keep last {policy.keep_last}, keep within {policy.keep_within} s "
                      f"({policy.source})")
     for rule in RULES:
         kept = [entry for entry in report.rules if entry.rule == rule]
-        lines.append(f"rule {rule:<11} keeps {len({entry.snapshot for entry in kept})} snapshots"
+        lines.append(f"rule {rule:<11} keeps {plural(len({entry.snapshot for entry in kept}), 'snapshot')}"
                      + (": " + ", ".join(entry.by for entry in kept[:5]) + (" ..." if len(kept) > 5 else "")
                         if kept else ""))
     for name, tally in report.kept.items():
@@ -39,7 +39,8 @@ def gc_lines(report: GcReport) -> list[str]:
     for name in CATEGORIES:
         tally = report.deleted[name]
         lines.append(f"{verb}  {name:<10} {tally.count:>8}  {human_bytes(tally.bytes)}")
-    lines.append(f"{'would free' if report.dry_run else 'freed'} {report.freed.count} keys, {human_bytes(report.freed.bytes)}")
+    lines.append(f"{'would free' if report.dry_run else 'freed'} {plural(report.freed.count, 'key')}, "
+                 f"{human_bytes(report.freed.bytes)}")
     return lines
 
 
@@ -78,25 +79,26 @@ def gc(store_url: str | None, dry_run: bool, grace: str, keep_last: int | None, 
 def fsck_lines(report: FsckReport) -> list[str]:
     """The human fsck report: counts, each finding by problem and kind, dangling objects, repairs."""
     checked = report.checked
-    lines = [f"{report.store}{' dataset ' + report.dataset if report.dataset else ''}: checked {checked['objects']} "
-             f"objects ({human_bytes(checked['bytes'])}) and {checked['records']} records; "
-             f"{report.collected} generations in history were collected by gc"]
+    lines = [f"{report.store}{' dataset ' + report.dataset if report.dataset else ''}: checked "
+             f"{plural(checked['objects'], 'object')} ({human_bytes(checked['bytes'])}) and "
+             f"{plural(checked['records'], 'record')}; {plural(report.collected, 'generation')} in history collected by gc"]
     for problem in (CORRUPT, MISSING, INVALID):
         found = [f for f in report.findings if f.problem == problem]
         lines.append(f"{problem:<8} {len(found)}")
         lines.extend(f"  {f.kind}  {f.key}  (reached from {f.by})" for f in found)
-    lines.append(f"dangling {len(report.dangling)} objects ({human_bytes(sum(d.size for d in report.dangling))}), "
+    lines.append(f"dangling {plural(len(report.dangling), 'object')} ({human_bytes(sum(d.size for d in report.dangling))}), "
                  "nothing reaches them: prep gc collects them")
     lines.extend(f"  {d.key}" for d in report.dangling[:DANGLING_SHOWN])
     if report.repair is not None:
-        lines.append(f"repair: removed {len(report.repair.records)} records and {len(report.repair.objects)} objects; "
+        lines.append(f"repair: removed {plural(len(report.repair.records), 'record')} and "
+                     f"{plural(len(report.repair.objects), 'object')}; "
                      "rebuild to recompute them")
         lines.extend(f"  removed {key}" for key in (*report.repair.records, *report.repair.objects))
         lines.extend(f"  restored {key} (from its snapshot manifest)" for key in report.repair.restored)
         why = {found.key: unrepairable_reason(found) for found in report.findings}
         lines.extend(f"  unrepairable {key}: {why.get(key, 'restore it from a copy of the store')}"
                      for key in report.repair.unrepairable)
-    lines.append("clean" if report.clean else f"{len(report.findings)} findings")
+    lines.append("clean" if report.clean else plural(len(report.findings), "finding"))
     return lines
 
 

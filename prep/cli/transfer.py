@@ -10,7 +10,7 @@ import click
 
 from prep.cli.common import echo_json, open_store_option, store_option
 from prep.errors import IntegrityError, UsageError, VerificationFailed
-from prep.progress import Progress, human_bytes, note, rate
+from prep.progress import Progress, human_bytes, note, plural, rate
 from prep.store.snapshots import ManifestFileError, Snapshot, is_manifest_path, reencoded_note, resolve
 from prep.transfer.shares import Share, check_rank, parse_formats
 from prep.transfer.verify import DEFAULT_JOBS, VerifyResult
@@ -41,11 +41,6 @@ def _check_share(rank: int | None, world_size: int | None, formats: tuple[str, .
     if rank is not None and world_size is not None:
         check_rank(rank, world_size)
     return parse_formats(formats)
-
-
-def _files(count: int) -> str:
-    """`1 file`, `2 files`."""
-    return f"{count} file" if count == 1 else f"{count} files"
 
 
 def _warn(warnings: list[str]) -> None:
@@ -94,18 +89,18 @@ def _share_text(share: Share, ranked: bool) -> str:
 
 def _pull_line(result: PullResult) -> str:
     """The one summary line of a pull."""
-    pruned = f"{_files(result.files_pruned)} pruned ({human_bytes(result.bytes_pruned)}), " if result.files_pruned else ""
-    left = (f"{_files(result.files_left)} of the previous snapshot left in place (not named by this one; "
+    pruned = f"{plural(result.files_pruned, 'file')} pruned ({human_bytes(result.bytes_pruned)}), " if result.files_pruned else ""
+    left = (f"{plural(result.files_left, 'file')} of the previous snapshot left in place (not named by this one; "
             f"--prune removes them), " if result.files_left else "")
     count = result.files_resumed
     resumed = (f"; {count} resumed from {'a partial file' if count == 1 else 'partial files'}, "
                f"{human_bytes(result.bytes_resumed)} kept" if count else "")
     temps = result.temporaries_removed
     return (f"pulled {result.snapshot_id}{_share_text(result.share, result.ranked)} into {result.dest}: "
-            f"{_files(result.files_copied)} copied ({human_bytes(result.bytes_copied)}{resumed}), "
+            f"{plural(result.files_copied, 'file')} copied ({human_bytes(result.bytes_copied)}{resumed}), "
             f"{result.files_reused} reused as already valid ({human_bytes(result.bytes_reused)}; "
             f"{result.files_rehashed} of them re-hashed), {pruned}{left}"
-            f"{temps} stale {'temporary' if temps == 1 else 'temporaries'} removed, {result.seconds:.2f} s, "
+            f"{plural(temps, 'stale temporary', 'stale temporaries')} removed, {result.seconds:.2f} s, "
             f"{rate(result.bytes_fetched, result.seconds, 1e6, 'MB/s')}")
 
 
@@ -124,15 +119,15 @@ def _human_report(result: VerifyResult) -> list[str]:
     matched = result.matched
     if result.quick:
         lines.append(f"quick check (presence and size only; contents NOT hashed){share}: "
-                     f"{len(matched)} of {_files(len(result.share.artifacts))} match, "
+                     f"{len(matched)} of {plural(len(result.share.artifacts), 'file')} match, "
                      f"{human_bytes(sum(a.size for a in matched))} of {human_bytes(result.share.size)}")
     else:
-        lines.append(f"verified {result.snapshot_id}{share}: {len(matched)} of {_files(len(result.share.artifacts))} "
+        lines.append(f"verified {result.snapshot_id}{share}: {len(matched)} of {plural(len(result.share.artifacts), 'file')} "
                      f"match, {human_bytes(sum(a.size for a in matched))} of {human_bytes(result.share.size)}; hashed "
                      f"{human_bytes(result.bytes_read)} in {result.seconds:.2f} s, "
                      f"{rate(result.bytes_read, result.seconds, 1e9, 'GB/s')}")
     if result.problems:
-        lines.append(f"{len(result.problems)} problem{'' if len(result.problems) == 1 else 's'} found")
+        lines.append(f"{plural(len(result.problems), 'problem')} found")
     if result.digest is not None:
         lines.append(f"verification digest: {result.digest}")
     return lines
@@ -174,5 +169,4 @@ def verify(snap: str, dest: Path, store_url: str | None, rank: int | None, world
     else:
         click.echo("\n".join(_human_report(result)))
     if not result.ok:
-        count = len(result.problems)
-        raise VerificationFailed(f"{dest}: {count} problem{'' if count == 1 else 's'} against {result.snapshot_id}")
+        raise VerificationFailed(f"{dest}: {plural(len(result.problems), 'problem')} against {result.snapshot_id}")

@@ -71,7 +71,8 @@ def order(builder: Builder, parts: tuple[PartRef, ...], itemsize: int, dtype: st
                for key, job in jobs]
     manifest = builder.commit_stage("order", stage_key, {"bits": bits, "buckets": buckets})
     dropped = sum(int(b["duplicates_dropped"]) for b in buckets)
-    builder.progress.done("order", f"{sum(int(b['documents']) for b in buckets)} documents kept, {dropped} duplicates")
+    builder.progress.done("order", f"{plural(sum(int(b['documents']) for b in buckets), 'document')} kept, "
+                                   f"{plural(dropped, 'duplicate')}")
     return manifest
 
 

@@ -8,7 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from prep.cli.main import COMMANDS, cli
+from prep.store.layout import object_key
+from tests.cli.test_main_cli import run_main
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
 
 
@@ -96,3 +100,69 @@ def test_a_build_that_skipped_records_says_how_many_and_where_they_are_listed(pr
     listed = run_prep("log", "tiny", "--builds", "--store", store, timeout=60).stdout
     assert "skipped  2 bad records:" in listed and "a.jsonl:31" in listed
     assert _build(project, "-q")[2] == ""
+
+
+def test_counts_of_one_are_singular(project: Path, tokenizer_path: Path) -> None:
+    """`1 files`, `1 findings`, `1 duplicates`, `1 of 1 tokenize tasks`: every count goes through plural()."""
+    records = make_records(30, seed=1)
+    write_jsonl(project / "corpus" / "a.jsonl", [*records, {"id": "copy", "text": records[0]["text"]}])
+    write_pipeline(project, tokenizer_path, shard_size="1MB", formats='["wds"]')
+    store = ("--store", project / "store")
+    status = run_prep("status", project / "pipeline.toml", *store, timeout=60).stdout
+    assert "a build would run 1 of 1 tokenize task and 3 of 3 stages" in status and "0 of 1 task committed" in status
+    code, out, err = _build(project)
+    assert re.search(r"order: done in [\d.]+s, 30 documents kept, 1 duplicate\n", err), err
+    shown = run_prep("show", "tiny@latest", *store, timeout=60).stdout
+    assert "inputs     1 file, " in shown and "1 duplicate dropped" in shown and "wds: 1 file, " in shown
+    pulled = run_prep("pull", "tiny@latest", project / "dest", *store, timeout=60)
+    assert ": 1 file copied (" in pulled.stderr, pulled.stderr
+    assert "1 of 1 file match" in run_prep("verify", "tiny@latest", project / "dest", *store, timeout=60).stdout
+    assert run_prep("gc", "--dry-run", *store, timeout=60).stdout.startswith(f"{project / 'store'}: 1 ref; grace period")
+    artifact = json.loads((project / "dest" / ".prep" / "manifest.json").read_text())["artifacts"][0]
+    stored = project / "store" / object_key(artifact["sha256"])
+    stored.chmod(0o644)
+    stored.write_bytes(b"corrupt")
+    fsck = run_prep("fsck", *store, check=False, timeout=60)
+    assert fsck.returncode == 1 and fsck.stdout.splitlines()[-1] == "1 finding", fsck.stdout
+
+
+def test_a_trace_of_one_token_and_one_byte_is_singular() -> None:
+    from prep.cli.render import trace_lines
+    from prep.history.lineage import DocumentOrigin, Trace
+
+    found = Trace(DocumentOrigin(0, "a-1", "a.jsonl", 1, "00" * 16, 1, 1, 0, 0), 0, ())
+    assert trace_lines(found)[0] == f"document  a-1  (a.jsonl line 1; 1 token + EOS, 1 byte of text, text xxh3-128 {'00' * 16})"
+
+
+@pytest.mark.parametrize(("typo", "suggestion"), [("biuld", "build"), ("sho", "show"), ("verfiy", "verify")])
+def test_a_mistyped_command_gets_a_suggestion(capsys: pytest.CaptureFixture[str], typo: str, suggestion: str) -> None:
+    code, out, err = run_main(capsys, typo, "x", "--json")
+    message = f"no such command {typo!r}; did you mean {suggestion!r}? (see prep --help)"
+    assert (code, err) == (2, f"prep: error: {message}\n")
+    assert json.loads(out) == {"schema": "prep.error/1", "error": message, "exit_code": 2, "kind": "usage"}
+
+
+@pytest.mark.parametrize("command", [[], *([name] for name in sorted(COMMANDS))])
+def test_help_points_at_nothing_a_wheel_does_not_install(command: list[str]) -> None:
+    """`--store`'s help said `(see docs/cli.md)`: docs/ is not in the wheel."""
+    result = CliRunner().invoke(cli, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "docs/" not in result.output and ".md" not in result.output, result.output
+
+
+def test_drill_prints_byte_counts_as_every_command_does() -> None:
+    """`through a 64000000-byte cache`, `fetched 1234567 bytes`: raw counts, and `1 ranks`."""
+    from prep.cli.data import drill_lines
+
+    waits = {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0, "total": 0.0}
+    report = {"settings": {"source": "tiny@latest", "world_size": 1, "steps": 1, "seq_len": 8, "global_batch": 1,
+                           "cache_bytes": 64_000_000}, "wall_seconds": 1.0,
+              "ranks": [{"rank": 0, "first_batch_seconds": 0.5, "bytes_fetched": 1_234_567, "fetches": 1,
+                         "bytes_refetched": 0, "peak_cache_bytes": 999, "fetch_seconds": waits,
+                         "fetch_share_after_first_batch": 0.5}],
+              "totals": {"bytes_fetched": 1_234_567, "distinct_objects_fetched": 1},
+              "duplicates": {"fetches": 1, "bytes": 2048, "objects_fetched_by_several_ranks": 1}}
+    lines = drill_lines(report)
+    assert lines[0] == "tiny@latest: 1 rank (processes) read 1 step (seq_len 8, global batch 1) through a 64.0 MB cache in 1.00 s"
+    assert lines[1].startswith("  rank 0: first batch 0.500 s, fetched 1.2 MB (1 object, 0 B again), peak cache 999 B, ")
+    assert lines[2] == "node: 1.2 MB fetched, 1 distinct object, 1 duplicate fetch (2.0 kB; 1 object fetched by several ranks)"
