@@ -70,13 +70,19 @@ def pulled_manifest(spec: str) -> Path | None:
     return manifest
 
 
-def _share_line(dest: Path) -> str | None:
-    """What DEST/.prep/share.json says the folder holds, when a pull recorded it."""
+def _share_record(dest: Path) -> dict[str, Any] | None:
+    """DEST/.prep/share.json as a pull recorded it (None when absent or unreadable: it only informs)."""
     try:
         record = json.loads((dest / PREP_DIR / SHARE_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict):
+    return record if isinstance(record, dict) else None
+
+
+def _share_line(dest: Path) -> str | None:
+    """What DEST/.prep/share.json says the folder holds, when a pull recorded it."""
+    record = _share_record(dest)
+    if record is None:
         return None
     rank, world = record.get("rank"), record.get("world_size")
     formats = record.get("formats")
@@ -112,7 +118,13 @@ def _print_megatron_paths(snapshot: Snapshot, dest: Path | None, root: Path | No
     if dest is None and root is None:
         raise UsageError("--megatron-paths of a store snapshot needs --root DIR (the folder it is pulled into), "
                          "or give the pulled folder itself: prep show DEST --megatron-paths")
-    prefixes, missing = megatron_prefixes(snapshot, dest or root or Path("."), dest is not None and root is None)
+    pulled = dest is not None and root is None
+    formats = (_share_record(dest) or {}).get("formats") if dest is not None and pulled else None
+    if isinstance(formats, list) and "bin" not in formats:
+        held = ", ".join(map(str, formats))
+        raise UsageError(f"{dest} holds the {held} format only (pulled with --formats {held}): pull it with "
+                         "--formats bin, or without --formats, for Megatron paths")
+    prefixes, missing = megatron_prefixes(snapshot, dest or root or Path("."), pulled)
     if not prefixes and not any(a["format"] == "bin" for a in snapshot.artifacts):
         raise NotFoundError(f"snapshot {snapshot.id[:19]} has no Megatron (.bin/.idx) artifacts")
     if missing:

@@ -166,3 +166,17 @@ def test_drill_prints_byte_counts_as_every_command_does() -> None:
     assert lines[0] == "tiny@latest: 1 rank (processes) read 1 step (seq_len 8, global batch 1) through a 64.0 MB cache in 1.00 s"
     assert lines[1].startswith("  rank 0: first batch 0.500 s, fetched 1.2 MB (1 object, 0 B again), peak cache 999 B, ")
     assert lines[2] == "node: 1.2 MB fetched, 1 distinct object, 1 duplicate fetch (2.0 kB; 1 object fetched by several ranks)"
+
+
+def test_megatron_paths_of_a_wds_only_pull_say_what_the_folder_holds(built: tuple[Path, str], tmp_path: Path) -> None:
+    """It said `12 of 12 shards are not in DEST (another rank's share, or an unfinished pull)`."""
+    root, snapshot = built
+    dest = tmp_path / "dest"
+    run_prep("pull", snapshot, dest, "--store", root / "store", "--formats", "wds", timeout=120)
+    result = run_prep("show", dest, "--megatron-paths", check=False, timeout=60)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"prep: error: {dest} holds the wds format only (pulled with --formats wds): pull it with "
+                             "--formats bin, or without --formats, for Megatron paths\n")
+    run_prep("pull", snapshot, dest, "--store", root / "store", "--formats", "bin", timeout=120)
+    paths = run_prep("show", dest, "--megatron-paths", timeout=60).stdout.splitlines()
+    assert paths and all(Path(f"{path}.bin").is_file() for path in paths)
