@@ -31,7 +31,7 @@ from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, PrepError, StoreError
 from prep.faults import crash_point
 from prep.progress import Progress
-from prep.storage.base import RefValue, Store
+from prep.storage.base import Store
 from prep.store import records
 from prep.store.fsckrecords import FsckWalk, Records, folders_at_records, history_gaps, walk_records
 from prep.store.holds import scan_holds
@@ -56,7 +56,7 @@ from prep.store.layout import (
 )
 from prep.store.leases import BUILD, GC, Lease, live_leases
 from prep.store.reach import CORRUPT, INVALID, MISSING, Problem, Via, parallel
-from prep.store.refs import Ref
+from prep.store.refs import Ref, read_history_record
 from prep.store.retention import current_policy_key, stored_policy
 from prep.store.snapshots import load_snapshot
 
@@ -127,9 +127,12 @@ def _ref_values(walk: FsckWalk, prefix: str, mutable: bool, listed: list[str] | 
         if listed is not None:
             listed.append(info.key)
         try:
-            value = store.read_ref(info.key) if mutable else RefValue(store.get_bytes(info.key), "")
-            if value is not None:
-                found.append(Ref.parse(value.body, f"{store.url}/{info.key}", info.key))
+            if mutable:
+                value = store.read_ref(info.key)
+                if value is not None:
+                    found.append(Ref.parse(value.body, f"{store.url}/{info.key}", info.key))
+            else:
+                found.append(read_history_record(store, info.key))
         except NotFoundError:
             continue
         except (ValueError, IntegrityError) as exc:

@@ -107,3 +107,14 @@ def test_fsck_cli_names_the_gap(store: LocalStore) -> None:  # noqa: F811
     assert [(f["problem"], f["kind"], f["key"]) for f in report["findings"]] == [("missing", "history record", key)]
     text = run_prep("fsck", "--store", store.root, "--repair", check=False, timeout=120)
     assert text.returncode == 1 and f"unrepairable {key}" in text.stdout and "Traceback" not in text.stderr
+
+
+def test_fsck_reads_a_history_record_within_a_ref_values_bound(store: LocalStore) -> None:  # noqa: F811
+    """A history record padded past what a ref value holds (valid JSON, 100 KiB of blanks) is read
+    by no command within that bound, so fsck lists it as invalid instead of reading it whole."""
+    key = history_key("tiny", "latest", 2)
+    path = Path(store.root) / key
+    path.write_bytes(path.read_bytes() + b" " * (100 << 10))
+    report = fsck(store)
+    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "history record", key)]
+    assert "larger than 65536 bytes" in report.findings[0].detail
