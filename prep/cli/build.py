@@ -51,6 +51,9 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
         pipeline_store = str(config.base_dir / pipeline_store)  # relative to the pipeline file
     url = resolve_store_url(store_url, pipeline_store)
     store = open_store(url)
+    if executor == "ray":  # Ray takes seconds to start or reach, and prints nothing meanwhile
+        address = ray_address or os.environ.get("RAY_ADDRESS")
+        note(f"connecting to the Ray cluster at {address} ..." if address else "starting Ray (a local instance) ...")
     pool = make_executor(executor, workers or os.cpu_count() or 1, ray_address)
     try:
         from prep.runner.build import build as run_build  # heavy: imported while the workers start

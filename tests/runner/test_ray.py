@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -125,6 +127,45 @@ def test_unreachable_reason_probes_host_and_port_and_leaves_other_forms_to_ray()
     assert unreachable_reason("127.0.0.1:\u00b2") is None  # no port: Ray judges it (int() raised before)
 
 
+
+
+def _ray_env(folder: str) -> dict[str, str]:
+    """The CLI's environment for a Ray it starts itself: its files under `folder` (short: Ray's
+    Unix socket paths must stay under 107 bytes), no usage stats, no address or token settings."""
+    env = {name: value for name, value in prep_env(RAY_TMPDIR=folder, HOME=folder, RAY_USAGE_STATS_ENABLED="0").items()
+           if name not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
+    return env
+
+
+def test_a_cli_ray_build_says_it_starts_ray_and_prints_none_of_rays_log_lines(tmp_path: Path, tokenizer_path: Path) -> None:
+    """Regression: Ray's start-up (about 13 s) showed nothing, then Ray's own token-authentication
+    WARNING line landed among prep's progress."""
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(20, seed=4))
+    pipeline = write_pipeline(tmp_path, tokenizer_path)
+    folder = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    try:
+        result = run_prep("build", pipeline, "--store", tmp_path / "store", "--workers", "2", "--executor", "ray",
+                          "--json", env=_ray_env(folder), cwd=REPO, timeout=300)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    report = json.loads(result.stdout)  # exactly one JSON document
+    assert report["schema"] == "prep.build-report/1" and report["snapshot"].startswith("sha256:")
+    lines = result.stderr.splitlines()
+    assert lines[0] == "starting Ray (a local instance) ...", result.stderr
+    others = [line for line in lines[1:] if not re.match(r"\[ *\d+\.\ds\] ", line)]
+    assert others == [], result.stderr  # progress lines only: no Ray warning, no worker output
+
+
+def test_quiet_silences_the_ray_start_line(tmp_path: Path, tokenizer_path: Path) -> None:
+    """The line saying Ray is being reached is progress: -q silences it (here before any Ray starts)."""
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(5, seed=4))
+    pipeline = write_pipeline(tmp_path, tokenizer_path)
+    address = f"127.0.0.1:{_closed_port()}"
+    args = ("build", pipeline, "--store", tmp_path / "store", "--executor", "ray", "--ray-address", address)
+    loud = run_prep(*args, check=False, timeout=120)
+    assert loud.returncode == 2 and loud.stderr.startswith(f"connecting to the Ray cluster at {address} ...\nprep: error: ")
+    quiet = run_prep(*args, "-q", check=False, timeout=120)
+    assert quiet.returncode == 2 and quiet.stderr == loud.stderr.split("\n", 1)[1]
 
 
 @pytest.fixture(scope="module")

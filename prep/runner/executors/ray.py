@@ -215,14 +215,15 @@ class RayExecutor:
         unreachable = self.address and unreachable_reason(self.address)
         if unreachable:
             raise UsageError(f"--executor ray: cannot reach the Ray cluster at {self.address}: {unreachable}")
+        # Ray's own log lines (its token-authentication warning, workers' output) stay out of
+        # prep's stderr: errors reach the driver as exceptions, named in prep's one line.
+        quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
         try:
             if self.address:
                 # Ray Client (ray://) passes init arguments on to the server; keep them minimal there.
-                quiet = {} if self.address.startswith("ray://") else {"logging_level": logging.WARNING}
-                self._ray.init(address=self.address, **quiet)
+                self._ray.init(address=self.address, **({} if self.address.startswith("ray://") else quiet))
             else:
-                self._ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
-                               logging_level=logging.WARNING)
+                self._ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, **quiet)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
