@@ -24,7 +24,7 @@ from typing import Any
 
 from prep import hashing
 from prep.errors import IntegrityError, PrepError
-from prep.progress import plural
+from prep.progress import human_bytes, plural
 from prep.storage.base import Store
 from prep.store import cas, proven, records
 from prep.store.snapshots import Snapshot, load_snapshot
@@ -63,9 +63,9 @@ class Readback:
         if self.recorded_before:
             return (f"read-back: all {plural(self.objects, 'object')} were already read back by an earlier build or tag; "
                     "not read again")
-        written = (f", {self.when_written} more ({self.bytes_when_written / 1e6:.1f} MB) from the disk as they "
+        written = (f", {self.when_written} more ({human_bytes(self.bytes_when_written)}) from the disk as they "
                    "were written" if self.when_written else "")
-        return (f"read back {self.checked} of {self.objects} objects ({self.bytes_read / 1e6:.1f} MB) "
+        return (f"read back {self.checked} of {plural(self.objects, 'object')} ({human_bytes(self.bytes_read)}) "
                 f"in {self.seconds:.2f} s{written}")
 
 

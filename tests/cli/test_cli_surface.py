@@ -180,3 +180,11 @@ def test_megatron_paths_of_a_wds_only_pull_say_what_the_folder_holds(built: tupl
     run_prep("pull", snapshot, dest, "--store", root / "store", "--formats", "bin", timeout=120)
     paths = run_prep("show", dest, "--megatron-paths", timeout=60).stdout.splitlines()
     assert paths and all(Path(f"{path}.bin").is_file() for path in paths)
+
+
+def test_the_read_back_line_counts_bytes_as_every_command_does() -> None:
+    """`(0.0 MB)` for a small snapshot: bytes in their own unit, like every other line."""
+    from prep.runner.readback import Readback
+
+    done = Readback(True, objects=4, checked=2, bytes_read=3000, when_written=2, bytes_when_written=153_000)
+    assert done.summary() == "read back 2 of 4 objects (3.0 kB) in 0.00 s, 2 more (153.0 kB) from the disk as they were written"
