@@ -30,7 +30,7 @@ from typing import Any
 from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, PrepError, StoreError
 from prep.faults import crash_point
-from prep.progress import Progress
+from prep.progress import Progress, plural
 from prep.storage.base import Store
 from prep.store import records
 from prep.store.fsckrecords import FsckWalk, Records, folders_at_records, history_gaps, walk_records
@@ -309,8 +309,9 @@ def fsck(store: Store, dataset: str | None = None, jobs: int = DEFAULT_JOBS, pro
                              "while builds run, try again later")
         report, found, current = _check(store, dataset, jobs, progress)
         done = _repair(store, report.findings, found, current)
-        progress.info(f"fsck: repair removed {len(done.records)} records and {len(done.objects)} objects, "
-                      f"restored {len(done.restored)} snapshot markers; {len(done.unrepairable)} unrepairable")
+        progress.info(f"fsck: repair removed {plural(len(done.records), 'record')} and "
+                      f"{plural(len(done.objects), 'object')}, restored {plural(len(done.restored), 'snapshot marker')}; "
+                      f"{len(done.unrepairable)} unrepairable")
         return FsckReport(report.store, dataset, report.checked, report.findings, report.dangling,
                           report.collected, done)
 
@@ -331,7 +332,8 @@ def _check(store: Store, dataset: str | None, jobs: int, progress: Progress) -> 
     findings = tuple(sorted(walk.problems.values(), key=lambda p: (p.problem, p.kind, p.key)))
     checked = {"objects": len(walk.kept & sizes.keys()), "bytes": hashed + sum(sizes.get(s, 0) for s in walk.read),
                "records": len(found.names) + len(found.invalid)}
-    progress.done("fsck", f"{checked['objects']} objects, {checked['records']} records, {len(findings)} findings")
+    progress.done("fsck", f"{plural(checked['objects'], 'object')}, {plural(checked['records'], 'record')}, "
+                          f"{plural(len(findings), 'finding')}")
     return FsckReport(store.url, dataset, checked, findings, dangling, collected), found, current
 
 
