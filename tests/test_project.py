@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from prep.cli.common import DEFAULT_STORE, resolve_store_url
+from prep.cli.common import resolve_store_url
 from prep.errors import ConfigError, UsageError
-from prep.project import config_path, config_text, find_config, find_project, load_project, write_config
+from prep.project import DEFAULT_STORE, config_path, config_text, find_config, find_project, load_project, write_config
 
 
 def test_found_from_any_subfolder_and_relative_to_the_project(tmp_path: Path) -> None:

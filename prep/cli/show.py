@@ -60,9 +60,9 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
 
 def pulled_manifest(spec: str) -> Path | None:
     """DEST/.prep/manifest.json when SPEC is a folder (a pulled one, else a UsageError); None otherwise."""
-    folder = Path(spec)
-    if not folder.is_dir():
+    if not os.path.isdir(spec):  # never raises: a ref spec too long for a file name is no folder
         return None
+    folder = Path(spec)
     manifest = folder / PREP_DIR / MANIFEST_NAME
     if not manifest.is_file():
         raise UsageError(f"{spec}: a folder, but no pulled snapshot ({PREP_DIR}/{MANIFEST_NAME} is missing: "
