@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from prep.transfer.paths import TEMP_MARKER
-from prep.transfer.shares import PullRecord, Stamp, _load_record, _record_line, discard, stamp, temp_name
+from prep.transfer.shares import PullRecord, discard, load_record, stamp
 
 SLACK_LINES = 64  # lines a record may hold beyond twice the files it proves before it is rewritten
 SLACK_BYTES = SLACK_LINES * 256  # the same, in bytes (a cache line is about 230)
@@ -54,28 +54,16 @@ class CacheRecord(PullRecord):
         with self._lock:
             for leftover in self.path.parent.glob(f".{self.path.name}{TEMP_MARKER}*"):
                 discard(leftover)  # of a compaction killed midway: compactions run under cache.lock
-            found, lines = _load_record(self.path)
+            found, lines = load_record(self.path)
             now = {name: stamp(info) for name, info in present.items()}
             kept = {name: entry for entries in (found, self.entries) for name, entry in entries.items()
                     if entry[0] == name and now.get(name) == entry[1]}
             if lines > 2 * len(kept) + SLACK_LINES:
-                self._rewrite(kept)
+                self.rewrite(kept)
                 lines = len(kept)
             self.entries, self.lines = kept, lines
             self._looked_at = self._size()
 
-    def _rewrite(self, kept: dict[str, tuple[str, Stamp]]) -> None:
-        """Replace the record with the lines of `kept` (a temporary renamed over it); appends go to the new file."""
-        temp = temp_name(self.path)
-        try:
-            with open(temp, "x", encoding="utf-8") as out:
-                out.writelines(_record_line(name, sha, numbers) for name, (sha, numbers) in kept.items())
-            os.replace(temp, self.path)
-        finally:
-            discard(temp)
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 def _same_file(fd: int, path: Path) -> bool:

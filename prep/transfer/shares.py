@@ -163,7 +163,8 @@ def stamp(info: os.stat_result) -> Stamp:
     return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
 
 
-def _record_line(path: str, sha256: str, numbers: Stamp) -> str:
+def record_line(path: str, sha256: str, numbers: Stamp) -> str:
+    """One record line: the file's path, its SHA-256 and the stamp it had when proven."""
     size, mtime, ctime, ino, dev = numbers
     return f"[{json.dumps(path)},{json.dumps(sha256)},{size},{mtime},{ctime},{ino},{dev}]\n"
 
@@ -181,7 +182,7 @@ def _record_rows(lines: list[bytes]) -> list[Any]:
     return rows
 
 
-def _load_record(path: Path) -> tuple[dict[str, tuple[str, Stamp]], int]:
+def load_record(path: Path) -> tuple[dict[str, tuple[str, Stamp]], int]:
     """The entries of a record and its line count; torn or malformed lines are ignored."""
     try:
         lines = read_own(path).split(b"\n")[:-1]  # a torn last line has no newline
@@ -224,7 +225,7 @@ class PullRecord:
 
     def __init__(self, dest: Path) -> None:
         self.path = dest / PREP_DIR / RECORD_NAME
-        self.entries, self.lines = _load_record(self.path)
+        self.entries, self.lines = load_record(self.path)
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._closed = False
@@ -236,7 +237,7 @@ class PullRecord:
 
     def add(self, path: str, sha256: str, info: os.stat_result) -> None:
         numbers = stamp(info)
-        line = _record_line(path, sha256, numbers).encode()
+        line = record_line(path, sha256, numbers).encode()
         with self._lock:
             self.entries[path] = (sha256, numbers)
             if self._closed:  # a copy thread finishing after close(): the record is only advisory
@@ -261,14 +262,22 @@ class PullRecord:
         kept = {path: entry for path, entry in self.entries.items() if path in keep}
         if self.lines <= 2 * len(kept) + 64:
             return
+        self.rewrite(kept)
+        self.entries, self.lines = kept, len(kept)
+
+    def rewrite(self, kept: dict[str, tuple[str, Stamp]]) -> None:
+        """Replace the record with the lines of `kept` (a temporary renamed over it, so a crash
+        leaves the old record or the new one whole); later appends go to the new file."""
         temp = temp_name(self.path)
         try:
             with open(temp, "x", encoding="utf-8") as out:
-                out.writelines(_record_line(path, sha, numbers) for path, (sha, numbers) in kept.items())
+                out.writelines(record_line(path, sha, numbers) for path, (sha, numbers) in kept.items())
             os.replace(temp, self.path)
         finally:
             discard(temp)
-        self.entries, self.lines = kept, len(kept)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class DestLock:
