@@ -52,6 +52,7 @@ class IndexPermutation:
         self._mask = np.uint64((1 << self._half) - 1)
         seeds = np.arange(_ROUNDS, dtype=np.uint64) + np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
         self._keys = [np.uint64(key) for key in _mix(seeds * np.uint64(0x9E3779B97F4A7C15), np.uint64(size))]
+        self._int_keys = [int(key) for key in self._keys]  # for walks in Python ints
 
     def _encrypt(self, values: np.ndarray) -> np.ndarray:
         half = np.uint64(self._half)
@@ -65,7 +66,7 @@ class IndexPermutation:
 
     def _walk_one(self, value: int) -> int:
         """The walk of one value outside [0, size), in Python ints, until it falls inside."""
-        half, mask, keys = self._half, int(self._mask), [int(key) for key in self._keys]
+        half, mask, keys = self._half, (1 << self._half) - 1, self._int_keys
         while value >= self.size:
             left, right = value >> half, value & mask
             for key in keys:

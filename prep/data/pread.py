@@ -3,11 +3,13 @@ map: a file cut short while it is read (a `truncate`, a tool rewriting it in pla
 fails to return its bytes (EIO) is a one-line prep error naming the file, where a mapped read would
 kill the process with SIGBUS.
 
-A read is planned as pieces, one per row (two or more for a row crossing shards), each one system
-call (os.pread, mapped over the pieces so no Python runs between the calls); the pieces, in row
-order, are the rows' bytes back to back, and the caller converts them to its int64 rows at once.
-A file is held by its descriptor, so unlinking it (a cache eviction) or renaming another
-file over it does not change what is read.
+A batch's read is planned as pieces: one per row, in the caller's order; or, when some rows overlap
+or lie within GAP_BYTES of each other, one per run of such neighbours, in stream order; a piece is
+split where it crosses shards. Each piece is one system call (os.pread, mapped over the pieces so
+no Python runs between the calls), and one numpy assignment places and converts every row from the
+pieces' bytes back to back (a strided view picks rows out of runs). A file is held by its
+descriptor, so unlinking it (a cache eviction) or renaming another file over it does not change
+what is read.
 """
 
 from __future__ import annotations
@@ -19,8 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from prep.errors import IntegrityError, StorageIOError
+
+# Rows whose bytes lie closer than this are read as one run: a page in between costs less to copy
+# than another system call.
+GAP_BYTES = 4096
 
 
 class TokenFile:
@@ -94,25 +101,66 @@ def read_in_groups(pieces: Pieces, width: int, read: Callable[[list[int], Pieces
     return parts
 
 
-def plan_rows(token_starts: np.ndarray, starts: np.ndarray, length: int, itemsize: int) -> Pieces:
-    """The pieces that read `length` tokens from each of `starts` of a stream whose shard i holds tokens
-    [token_starts[i], token_starts[i + 1]): one per row, more for a row crossing shards (empty ones skipped)."""
-    if not len(starts) or not length:
-        return Pieces([], [], [])
-    first = np.searchsorted(token_starts, starts, side="right") - 1
-    last = np.searchsorted(token_starts, starts + (length - 1), side="right") - 1
-    if (first == last).all():  # the common case: vectorized, one piece per row
-        return Pieces(first.tolist(), ((starts - token_starts[first]) * itemsize).tolist(),
-                      [length * itemsize] * len(starts))
+@dataclass(frozen=True)
+class RowReads:
+    """A batch's read: `pieces`, and where its rows lie in their bytes back to back. Without `order`,
+    the rows are back to back in the caller's order; with it, row `order[k]` (k-th by start) starts
+    `at[k]` tokens in (rows closer than GAP_BYTES share a run)."""
+
+    pieces: Pieces
+    order: np.ndarray | None = None
+    at: np.ndarray | None = None
+
+
+def plan_rows(token_starts: np.ndarray, starts: np.ndarray, length: int, itemsize: int) -> RowReads:
+    """The read of `length` tokens from each of `starts` of a stream whose shard i holds tokens
+    [token_starts[i], token_starts[i + 1]): a run per row, unless some lie closer than GAP_BYTES:
+    then runs of neighbours, in stream order. IndexError for a row outside the stream."""
+    if not len(starts):
+        return RowReads(Pieces([], [], []))
+    first = starts.copy()
+    first.sort()  # methods and count_nonzero, not np.* wrappers and .all(): on a small batch, calls cost
+    if first[0] < 0 or first[-1] + length > token_starts[-1]:
+        raise IndexError(f"tokens outside 0..{int(token_starts[-1])}")
+    if not length:
+        return RowReads(Pieces([], [], []))
+    apart = first[1:] - first[:-1] > length + GAP_BYTES // itemsize
+    if np.count_nonzero(apart) == len(apart):  # the common case: a run per row, read in the caller's order
+        return RowReads(_row_each(token_starts, starts, length, itemsize))
+    order = starts.argsort(kind="stable")
+    begins = np.concatenate(([True], apart))
+    run = np.cumsum(begins) - 1  # each sorted row's run
+    lo = first[begins]
+    hi = first[np.append(np.flatnonzero(begins)[1:] - 1, len(first) - 1)] + length  # rows of one length: the last ends it
+    base = np.concatenate(([0], np.cumsum(hi - lo)[:-1]))
+    return RowReads(_split_runs(token_starts, lo, hi, itemsize), order, base[run] + (first - lo[run]))
+
+
+def _row_each(token_starts: np.ndarray, starts: np.ndarray, length: int, itemsize: int) -> Pieces:
+    """A piece per row (more for a row crossing shards), in the rows' order."""
+    after = token_starts.searchsorted(starts, side="right")  # each row's shard + 1
+    shard = after - 1
+    if np.count_nonzero(starts + length <= token_starts[after]) == len(starts):  # none crosses a shard's end
+        return Pieces(shard.tolist(), ((starts - token_starts[shard]) * itemsize).tolist(), [length * itemsize] * len(starts))
+    return _split_runs(token_starts, starts, starts + length, itemsize)
+
+
+def _split_runs(token_starts: np.ndarray, lo: np.ndarray, hi: np.ndarray, itemsize: int) -> Pieces:
+    """The pieces that read token ranges [lo, hi) (none empty), in their order: one per range, more for
+    a range crossing shards (empty shards skipped)."""
+    first = token_starts.searchsorted(lo, side="right") - 1
+    last = token_starts.searchsorted(hi - 1, side="right") - 1
+    if (first == last).all():  # vectorized: one piece per range
+        return Pieces(first.tolist(), ((lo - token_starts[first]) * itemsize).tolist(), ((hi - lo) * itemsize).tolist())
     shards, offsets, sizes = [], [], []
     bounds = token_starts.tolist()
-    for begin, a, b in zip(starts.tolist(), first.tolist(), last.tolist()):
+    for begin, end, a, b in zip(lo.tolist(), hi.tolist(), first.tolist(), last.tolist()):
         for shard in range(a, b + 1):
-            lo, hi = max(begin, bounds[shard]), min(begin + length, bounds[shard + 1])
-            if hi > lo:
+            start, stop = max(begin, bounds[shard]), min(end, bounds[shard + 1])
+            if stop > start:
                 shards.append(shard)
-                offsets.append((lo - bounds[shard]) * itemsize)
-                sizes.append((hi - lo) * itemsize)
+                offsets.append((start - bounds[shard]) * itemsize)
+                sizes.append((stop - start) * itemsize)
     return Pieces(shards, offsets, sizes)
 
 
@@ -149,6 +197,15 @@ def _one_by_one(files: Sequence[TokenFile], offsets: Sequence[int], sizes: Seque
     return parts
 
 
-def fill(out: np.ndarray, parts: list[bytes], dtype: np.dtype[Any]) -> None:
-    """`out` (any integer dtype) from the rows' bytes, `parts` back to back, in one conversion."""
-    out[...] = np.frombuffer(b"".join(parts), dtype=dtype).reshape(out.shape)
+def fill(out: np.ndarray, reads: RowReads, parts: list[bytes], dtype: np.dtype[Any]) -> None:
+    """`out` (rows of any integer dtype) from the bytes of `reads`' pieces, `parts`, in one
+    assignment that places and converts every row."""
+    if not out.size:
+        return
+    tokens = np.frombuffer(b"".join(parts), dtype=dtype)
+    if reads.order is None or reads.at is None:
+        out[...] = tokens.reshape(out.shape)
+        return
+    length = out.shape[1]  # below: row i of `windows` is tokens[i:i + length], a view
+    windows = as_strided(tokens, (len(tokens) - length + 1, length), (dtype.itemsize,) * 2, writeable=False)
+    out[reads.order] = windows[reads.at]

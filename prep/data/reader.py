@@ -32,6 +32,8 @@ from prep.data.plan import Need, Plan
 from prep.data.prefetch import Prefetcher
 from prep.data.remote import CachedSource
 from prep.data.source import SnapshotSource
+from prep.data.steps import Exhausted as Exhausted  # where ledger, torch and the tests find it
+from prep.data.steps import StepSamples
 from prep.errors import ConfigError, PrepError, UsageError
 from prep.project import store_url
 from prep.storage import open_store
@@ -40,10 +42,6 @@ from prep.store.marker import open_existing
 
 MODES = ("tokens", "documents")
 PLAN_GROWTH = 8  # plan steps computed in one block: the first window, then each time it is this short
-
-
-class Exhausted(Exception):
-    """A source has served its max_epochs: the mixture has no next batch."""
 
 
 @dataclass
@@ -197,6 +195,7 @@ class Reader:
         self._permutations: dict[tuple[int, int], IndexPermutation] = {}
         self._stats = ReaderStats(samples_per_source={s.id: 0 for s in self.sources})
         self._planned: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # step -> (source, sample), from the plan
+        self._steps = StepSamples(self._samples_of, self.global_batch_size, self.rank, self.rows)
         if self.cache is not None:
             options = self.cache.options
             self.plan = self.cache.plan = Plan(self._needs_block, max(options.horizon, options.prefetch_steps or 1),
@@ -332,9 +331,7 @@ class Reader:
             raise UsageError(f"step {step} lies past the last step a reader serves ({MAX_SAMPLES} samples)")
         started = time.perf_counter()
         self._advance(step, after=False)
-        planned = self._planned.pop(step, None)  # the plan computed this step's samples already
-        source, sample = planned if planned is not None else \
-            self._samples(step * self.global_batch_size + self.rank * self.rows, self.rows)[::2]
+        source, sample = self._steps.take(step, self._planned.pop(step, None))  # the plan's, or a block's ahead
         result: Any
         if self.mode == "documents":
             result = [self.window(s, i) for s, i in zip(source.tolist(), sample.tolist())]

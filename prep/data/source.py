@@ -184,11 +184,10 @@ class SnapshotSource:
 
     def _read(self, out: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """Fill `out` (rows of out.shape[1] tokens, any integer dtype) from each of `starts`: one
-        positional read per row (per shard for a row crossing shards; `_read_parts`), then one conversion."""
-        length = out.shape[1]
-        if len(starts) and (starts.min() < 0 or starts.max() + length > self.total_tokens):
-            raise IndexError(f"tokens outside 0..{self.total_tokens}")
-        fill(out, self._read_parts(plan_rows(self.token_starts, starts, length, self.dtype.itemsize)), self.dtype)
+        positional read per run of nearby rows (per shard for a run crossing shards; `_read_parts`),
+        then one assignment."""
+        reads = plan_rows(self.token_starts, starts, out.shape[1], self.dtype.itemsize)
+        fill(out, reads, self._read_parts(reads.pieces), self.dtype)
         self.bytes_read += out.size * self.dtype.itemsize
         return out
 
