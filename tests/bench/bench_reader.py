@@ -9,12 +9,18 @@ GPTDataset, side by side in one run, on a synthetic pulled snapshot of --tokens 
    sample and shuffle indices for the same .bin/.idx (its index cache emptied first). Neither
    side hashes data here; `--cold` also times a reader that hashes every shard first.
 2. Throughput: samples/s reading the same windows in the same order through the Reader and
-   through plain numpy memmaps with precomputed offsets (the ceiling).
+   through plain numpy memmaps with precomputed offsets, one row at a time (the per-row ceiling).
+3. Small batches against the gather ceiling: milliseconds a batch of `Reader.batch` at seq 128 x 64
+   rows and seq 2048 x 16 rows against one vectorized numpy gather of the same windows from one
+   memmap of the same bytes (the shards back to back in one file), int64 out, page cache warm. The
+   two alternate round by round (which goes first alternates too), so load on a shared machine
+   weighs on both; each round's ratio (ceiling time / reader time) is printed, then the median.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import tempfile
@@ -25,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from prep.data.reader import Reader
-from prep.data.source import PULLED_MANIFEST
+from prep.data.source import PULLED_MANIFEST, SnapshotSource
 from prep.formats import megatron
 from prep.hashing import digest_file
 from prep.storage import LocalStore
@@ -36,6 +42,7 @@ from tests.snapshot_factory import manifest_for
 
 SHARD_TOKENS = 128 << 20
 SEQ_LEN, GLOBAL_BATCH = 2048, 256
+GATHER_SHAPES = ((128, 64), (2048, 16))  # (seq_len, rows) of the small batches timed against the gather
 
 
 def make_snapshot(dest: Path, tokens: int, seed: int = 0) -> None:
@@ -139,15 +146,79 @@ def throughput(reader: Reader, steps: int) -> tuple[float, float]:
     return ours, ceiling
 
 
+def stream_file(dest: Path) -> Path:
+    """The snapshot's shards back to back in one file (the gather ceiling maps it), made once."""
+    path = dest.with_name(dest.name + "-stream.bin")
+    if not path.exists():
+        partial = path.with_name(path.name + ".partial")
+        with open(partial, "wb") as out:
+            for shard in SnapshotSource.open(dest).shards:
+                with open(shard.bin_path, "rb") as part:
+                    shutil.copyfileobj(part, out, 16 << 20)
+        partial.rename(path)
+    return path
+
+
+def gather_rounds(dest: Path, seq_len: int, rows: int, steps: int, rounds: int) -> list[tuple[float, float]]:
+    """(reader, gather ceiling) seconds a batch in each round: `Reader.batch` of steps 0.. against one
+    vectorized gather of the same windows from a memmap of the stream (int64 out), alternating."""
+    reader = Reader(dest, seq_len=seq_len, global_batch_size=rows)
+    tokens = np.memmap(stream_file(dest), dtype=reader.sources[0].dtype, mode="r")
+    columns = np.arange(seq_len + 1, dtype=np.int64)
+    windows = [np.asarray([i for _, _, i in reader.sample_ids(step * rows, rows)], dtype=np.int64)[:, None] * seq_len
+               + columns for step in range(steps)]
+    assert (reader.batch(0) == tokens[windows[0]].astype(np.int64)).all(), "the two read other windows"
+
+    def ours() -> float:
+        started = time.perf_counter()
+        for step in range(steps):
+            reader.batch(step)
+        return (time.perf_counter() - started) / steps
+
+    def ceiling() -> float:
+        started = time.perf_counter()
+        for where in windows:
+            tokens[where].astype(np.int64)
+        return (time.perf_counter() - started) / steps
+
+    ours(), ceiling()  # warm: page cache, first-call costs
+    timed = []
+    for round_ in range(rounds):
+        if round_ % 2:
+            gather = ceiling()
+            timed.append((ours(), gather))
+        else:
+            timed.append((ours(), ceiling()))
+    reader.close()
+    return timed
+
+
+def report_gather(dest: Path, steps: int, rounds: int) -> None:
+    """Print each shape's rounds and median ratio (gather ceiling time / reader time)."""
+    for seq_len, rows in GATHER_SHAPES:
+        timed = gather_rounds(dest, seq_len, rows, steps, rounds)
+        ratios = sorted(gather / ours for ours, gather in timed)
+        shown = ", ".join(f"{gather / ours:.2f}" for ours, gather in timed)
+        print(f"seq {seq_len} x {rows} rows: reader {np.median([t[0] for t in timed]) * 1e3:.3f} ms a batch, "
+              f"gather ceiling {np.median([t[1] for t in timed]) * 1e3:.3f} ms; ratio per round {shown}; "
+              f"median {np.median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=10**9)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench-reader"))
     parser.add_argument("--cold", action="store_true", help="also time a reader that hashes every shard")
+    parser.add_argument("--rounds", type=int, default=9, help="alternating rounds against the gather ceiling")
+    parser.add_argument("--gather-steps", type=int, default=1000, help="batches a round, against the gather ceiling")
+    parser.add_argument("--gather-only", action="store_true", help="only the small batches against the gather ceiling")
     args = parser.parse_args()
     dest = args.workdir / f"snapshot-{args.tokens}"
     make_snapshot(dest, args.tokens)
+    if args.gather_only:
+        report_gather(dest, args.gather_steps, args.rounds)
+        return
     cold, reader = reader_start(dest)
     warm, _ = reader_start(dest)
     hashed = None
@@ -160,13 +231,15 @@ def main() -> None:
             hashed = reader_start(dest)[0]
         finally:
             (dest / ".prep" / "verified.jsonl.off").rename(dest / ".prep" / "verified.jsonl")
-    theirs = megatron_start(dest)
+    theirs = megatron_start(dest) if importlib.util.find_spec("megatron") is not None else None
     ours, ceiling = throughput(reader, args.steps)
     print(f"tokens {reader.sources[0].total_tokens}, shards {len(reader.sources[0].shards)}, samples {reader.sizes[0]}")
-    print(f"start-up  prep pulled {cold:.3f} s, prep warm {warm:.3f} s, megatron GPTDataset indices {theirs:.2f} s: "
-          f"megatron/prep-pulled {theirs / cold:.0f}x"
+    print(f"start-up  prep pulled {cold:.3f} s, prep warm {warm:.3f} s, "
+          + (f"megatron GPTDataset indices {theirs:.2f} s: megatron/prep-pulled {theirs / cold:.0f}x" if theirs is not None
+             else "megatron-core not installed (no GPTDataset comparison)")
           + (f"; prep hashing every shard first {hashed:.2f} s" if hashed is not None else ""))
     print(f"throughput prep {ours:.0f} samples/s, memmap ceiling {ceiling:.0f} samples/s, ratio {ours / ceiling:.2f}")
+    report_gather(dest, args.gather_steps, args.rounds)
 
 
 if __name__ == "__main__":
