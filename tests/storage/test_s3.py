@@ -263,3 +263,15 @@ def test_prefix_isolates_neighbours_and_staging_is_local(s3_bucket: str) -> None
     assert [info.key for info in store.list("")] == ["x"]
     staging = store.staging_dir()
     assert staging.is_dir() and store.staging_dir() == staging
+
+
+def test_a_ref_larger_than_a_ref_value_is_refused_unread(s3_bucket: str) -> None:
+    """A ref value is a few hundred bytes: a huge object planted at a ref key is refused by its
+    announced length, as the local store refuses it, not read into memory."""
+    store = S3Store(s3_bucket)
+    assert store.swap_ref("refs/ds/latest.json", b"{" + b" " * (128 << 10) + b"}", None)
+    with pytest.raises(IntegrityError, match=r"refs/ds/latest\.json: larger than 65536 bytes"):
+        store.read_ref("refs/ds/latest.json")
+    assert store.swap_ref("refs/ds/small.json", b"{}", None)
+    small = store.read_ref("refs/ds/small.json")
+    assert small is not None and small.body == b"{}"

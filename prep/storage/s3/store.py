@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 from botocore.exceptions import BotoCoreError, ClientError
 
 from prep.errors import IntegrityError, NotFoundError, StoreError
-from prep.storage.base import ObjectInfo, RefValue, Store
+from prep.storage.base import MAX_REF_BYTES, ObjectInfo, RefValue, Store, too_large
 from prep.storage.s3.client import (
     DEFAULT_JOBS,
     DEFAULT_MAX_ATTEMPTS,
@@ -272,7 +272,10 @@ class S3Store(Store):
                     if error_code(exc) not in MISSING_KEY:
                         raise
                     return None
-            content_length(response, self.bucket, full)  # without it, a body that ended early would pass
+            # without a length, a body that ended early would pass
+            if content_length(response, self.bucket, full) > MAX_REF_BYTES:
+                response["Body"].close()
+                raise too_large(f"{self.url}/{key}", MAX_REF_BYTES)
             return RefValue(bytes(response["Body"].read()), str(response["ETag"]))  # untranslated: retry sees a break
 
         with self._errors(key):  # a body that keeps breaking off, once retries run out
