@@ -12,6 +12,8 @@ import click
 from prep.cli.common import json_option, open_store_option, store_option
 from prep.cli.render import trace_lines
 from prep.errors import NotFoundError, UsageError
+from prep.formats.megatron_spec import BIN
+from prep.formats.units import artifact_format, unit_formats
 from prep.history.naming import AT_EXAMPLES
 from prep.history.specs import resolve_spec
 from prep.progress import human_bytes, plural
@@ -105,9 +107,10 @@ def megatron_prefixes(snapshot: Snapshot, root: Path, absolute: bool) -> tuple[l
     """Each shard's `.bin` path without `.bin` under `root` (Megatron's --data-path takes these);
     for a pulled folder (`absolute`), only shards whose .bin and .idx are both there, and how many are not."""
     prefixes, missing = [], 0
-    for artifact in sorted((a for a in snapshot.artifacts if a["format"] == "bin"), key=lambda a: a["path"]):
-        prefix = artifact["path"].removesuffix(".bin")
-        if absolute and not all((root / f"{prefix}{ext}").is_file() for ext in (".bin", ".idx")):
+    extensions = [f".{artifact_format(fmt).extension}" for fmt in unit_formats(BIN)]
+    for artifact in sorted((a for a in snapshot.artifacts if a["format"] == BIN), key=lambda a: a["path"]):
+        prefix = artifact["path"].removesuffix(extensions[0])
+        if absolute and not all((root / f"{prefix}{ext}").is_file() for ext in extensions):
             missing += 1
             continue
         prefixes.append(str(root.resolve() / prefix) if absolute else os.path.join(root, prefix))
@@ -120,12 +123,12 @@ def _print_megatron_paths(snapshot: Snapshot, dest: Path | None, root: Path | No
                          "or give the pulled folder itself: prep show DEST --megatron-paths")
     pulled = dest is not None and root is None
     formats = (_share_record(dest) or {}).get("formats") if dest is not None and pulled else None
-    if isinstance(formats, list) and "bin" not in formats:
+    if isinstance(formats, list) and BIN not in formats:
         held = ", ".join(map(str, formats))
         raise UsageError(f"{dest} holds the {held} format only (pulled with --formats {held}): pull it with "
                          "--formats bin, or without --formats, for Megatron paths")
     prefixes, missing = megatron_prefixes(snapshot, dest or root or Path("."), pulled)
-    if not prefixes and not any(a["format"] == "bin" for a in snapshot.artifacts):
+    if not prefixes and not any(a["format"] == BIN for a in snapshot.artifacts):
         raise NotFoundError(f"snapshot {snapshot.id[:19]} has no Megatron (.bin/.idx) artifacts")
     if missing:
         click.echo(f"prep: note: {missing} of {missing + len(prefixes)} shards are not in {dest} "

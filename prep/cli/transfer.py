@@ -10,6 +10,7 @@ import click
 
 from prep.cli.common import echo_json, open_store_option, store_option
 from prep.errors import IntegrityError, UsageError, VerificationFailed
+from prep.formats.units import unit_names
 from prep.progress import Progress, human_bytes, note, plural, rate
 from prep.store.snapshots import ManifestFileError, Snapshot, is_manifest_path, reencoded_note, resolve
 from prep.transfer.shares import Share, check_rank, parse_formats
@@ -23,7 +24,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def rank_options(function: F) -> F:
     """--rank R --world-size W (together), --formats bin,wds and --jobs N."""
-    function = click.option("--formats", "formats", multiple=True, metavar="bin|wds",
+    function = click.option("--formats", "formats", multiple=True, metavar="|".join(unit_names()),
                             help="Only these formats (repeatable or a comma list; bin brings its idx).")(function)
     function = click.option("--jobs", type=click.IntRange(min=1), default=DEFAULT_JOBS, show_default=True,
                             help="Files transferred or hashed in parallel.")(function)

@@ -1,73 +1,57 @@
-"""The shard vocabulary: the units a shard is written in, and the artifact files each unit makes.
+"""The shard vocabulary, read from the format registry (prep.formats.registry): the units a shard
+is written in, and the artifact files each unit makes.
 
 A unit is one output format (`output.formats`): `bin` writes a Megatron .bin and .idx, `wds` a
-WebDataset .tar. Each artifact format has the folder and extension that name its file in a
-snapshot (`bin/00003.idx`), and a family: one shard's artifacts of one family travel together.
+WebDataset .tar, a registered format what it declares. Each artifact format has the folder and
+extension that name its file in a snapshot (`bin/00003.idx`), and a family: one shard's
+artifacts of one family travel together.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-BIN = "bin"
-"""The `bin` unit (output format), and the artifact format of its Megatron token file."""
-IDX = "idx"
-"""The artifact format of the `bin` unit's Megatron index."""
-WDS = "wds"
-"""The `wds` unit (output format), and the artifact format of its WebDataset tar."""
+from prep.formats.megatron_spec import BIN as BIN
+from prep.formats.megatron_spec import IDX as IDX
+from prep.formats.registry import ArtifactFormat as ArtifactFormat
+from prep.formats.registry import OutputFormat, names, output_format, output_formats
+from prep.formats.wds_spec import WDS as WDS
+
 SHARD_DIGITS = 5
 """Shard indices in artifact names are zero-padded to at least this many digits (layout 1)."""
 KEY_NAME_DIGITS = 16
 """Shards named by their key range's start have names of this many hex digits (layouts 2 and 3)."""
 
 
-@dataclass(frozen=True)
-class ArtifactFormat:
-    """One kind of shard file: its manifest `format`, its path's folder and extension, its family."""
-
-    name: str
-    folder: str
-    extension: str
-    family: str
+def units() -> tuple[OutputFormat, ...]:
+    """Every unit, in the order a shard's units are planned, written and listed."""
+    return output_formats()
 
 
-@dataclass(frozen=True)
-class Unit:
-    """One unit of shard work, named by the output format that asks for it, and the files it writes."""
-
-    name: str
-    formats: tuple[ArtifactFormat, ...]
-
-    @property
-    def format_names(self) -> tuple[str, ...]:
-        """The manifest `format` of each file the unit writes, in order."""
-        return tuple(fmt.name for fmt in self.formats)
+def unit_names() -> tuple[str, ...]:
+    """Every unit's name (output format), in unit order."""
+    return names()
 
 
-UNITS: tuple[Unit, ...] = (
-    Unit(BIN, (ArtifactFormat(BIN, "bin", "bin", "megatron"), ArtifactFormat(IDX, "bin", "idx", "megatron"))),
-    Unit(WDS, (ArtifactFormat(WDS, "wds", "tar", "wds"),)),
-)
-"""Every unit, in the order a shard's units are planned, written and listed."""
-UNIT_NAMES: tuple[str, ...] = tuple(unit.name for unit in UNITS)
-ARTIFACT_FORMATS: dict[str, ArtifactFormat] = {fmt.name: fmt for unit in UNITS for fmt in unit.formats}
-_UNITS_BY_NAME = {unit.name: unit for unit in UNITS}
-_FORMATS_BY_FILE = {(fmt.folder, fmt.extension): fmt.name for fmt in ARTIFACT_FORMATS.values()}
+def artifact_formats() -> dict[str, ArtifactFormat]:
+    """Every artifact format by its manifest `format`."""
+    return {kind.name: kind for fmt in output_formats() for kind in fmt.artifacts}
 
 
-def unit(name: str) -> Unit:
+def unit(name: str) -> OutputFormat:
     """The unit `name` (an output format); ValueError names the known ones."""
-    found = _UNITS_BY_NAME.get(name)
-    if found is None:
-        raise ValueError(f"unknown shard unit {name!r}: expected one of {', '.join(UNIT_NAMES)}")
-    return found
+    return output_format(name)
+
+
+def unit_of(fmt: str) -> OutputFormat | None:
+    """The unit that writes artifact format `fmt`; None for a format this version does not know."""
+    return next((found for found in output_formats() if fmt in found.format_names), None)
 
 
 def units_for(formats: Iterable[str]) -> list[str]:
     """The units the output formats ask for, in unit order (each output format is one unit)."""
     wanted = set(formats)
-    return [name for name in UNIT_NAMES if name in wanted]
+    return [name for name in names() if name in wanted]
 
 
 def unit_formats(name: str) -> tuple[str, ...]:
@@ -77,15 +61,16 @@ def unit_formats(name: str) -> tuple[str, ...]:
 
 def artifact_format(fmt: str) -> ArtifactFormat:
     """The artifact format `fmt` (a manifest `format`); ValueError names the known ones."""
-    found = ARTIFACT_FORMATS.get(fmt)
+    known = artifact_formats()
+    found = known.get(fmt)
     if found is None:
-        raise ValueError(f"unknown artifact format {fmt!r}: expected one of {', '.join(ARTIFACT_FORMATS)}")
+        raise ValueError(f"unknown artifact format {fmt!r}: expected one of {', '.join(known)}")
     return found
 
 
 def family_of(fmt: str) -> str:
     """The family of artifact format `fmt`; a format this version does not know is a family of its own."""
-    known = ARTIFACT_FORMATS.get(fmt)
+    known = artifact_formats().get(fmt)
     return fmt if known is None else known.family
 
 
@@ -111,7 +96,7 @@ def parse_artifact_path(path: str) -> tuple[str, int]:
     """The (format, shard index) of a path `artifact_path` makes: "bin/00003.idx" -> ("idx", 3)."""
     folder, _, name = path.partition("/")
     stem, _, extension = name.partition(".")
-    fmt = _FORMATS_BY_FILE.get((folder, extension))
+    fmt = {(kind.folder, kind.extension): kind.name for kind in artifact_formats().values()}.get((folder, extension))
     if fmt is None or not (stem.isascii() and stem.isdigit()) or artifact_path(fmt, int(stem)) != path:
         raise ValueError(f"{path!r} is not a shard artifact path such as {artifact_path(IDX, 3)}")
     return fmt, int(stem)

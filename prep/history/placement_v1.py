@@ -14,8 +14,6 @@ import numpy as np
 import pyarrow as pa
 
 from prep.errors import IntegrityError, NotFoundError, UsageError
-from prep.formats import wds
-from prep.formats.units import BIN, WDS
 from prep.history.documents import (
     DocumentOrigin,
     Placement,
@@ -29,6 +27,7 @@ from prep.history.documents import (
     verified_object,
 )
 from prep.history.keep import PackedMask, recorded_mask
+from prep.history.placing import needs_json, origin_sizes, placed_kinds, placements
 from prep.stages.columns import scalar_of
 from prep.stages.specs import ShardSpec
 from prep.storage.base import Store
@@ -75,24 +74,14 @@ class PositionalPlacer:
         return Trace(origin, int(plan_row["pos"]), self._placements(origin, plan_row))
 
     def _placements(self, origin: DocumentOrigin, plan_row: np.void) -> tuple[Placement, ...]:
+        """Each artifact's byte range of `origin`, at the offset the plan recorded for its kind."""
         dtype = np.dtype(self.records.snapshot.manifest["tokenizer"]["dtype"])
         shard, position = int(plan_row["shard"]), int(plan_row["pos"])
-        sequence = position - self.shards[shard].first_pos
-        tokens = origin.tokens + 1  # every sequence ends with EOS
-        found = []
-        for artifact in artifacts_of_shard(self.records.snapshot, shard):
-            offset: int | None
-            length: int | None
-            if artifact["format"] == BIN:
-                offset, length = int(plan_row["bin_off"]), tokens * dtype.itemsize
-            elif artifact["format"] == WDS:
-                json_size = len(wds.sample_json(origin.id, origin.source, origin.line, tokens))
-                offset = int(plan_row["tar_off"])
-                length = wds.sample_span(json_size, wds.npy_size(tokens, dtype), origin.text_bytes)
-            else:  # idx: the sequence's entries in the index; no byte range of its own
-                offset, length = None, None
-            found.append(Placement(artifact["path"], artifact["format"], shard, sequence, offset, length))
-        return tuple(found)
+        artifacts = artifacts_of_shard(self.records.snapshot, shard)
+        kinds = [kind for kind in placed_kinds(artifacts) if kind.layout1_offset in (plan_row.dtype.names or ())]
+        offsets = {kind.name: int(plan_row[kind.layout1_offset]) for kind in kinds if kind.layout1_offset}
+        one = origin_sizes(origin, dtype, needs_json(kinds))
+        return placements(artifacts, shard, position - self.shards[shard].first_pos, offsets, one)
 
     def locate(self, artifact: dict[str, Any], sequence: int) -> Trace:
         """The document stored as sequence `sequence` of `artifact`'s shard."""

@@ -21,10 +21,9 @@ import numpy as np
 
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import wds
-from prep.formats.units import BIN, WDS
+from prep.formats.registry import ArtifactFormat, DocumentSizes
 from prep.history.documents import (
     DocumentOrigin,
-    Placement,
     SnapshotRecords,
     Trace,
     artifacts_of_shard,
@@ -32,6 +31,7 @@ from prep.history.documents import (
     stage_manifest,
     verified_object,
 )
+from prep.history.placing import needs_json, origin_sizes, placed_kinds, placements
 from prep.stages.cuts import ShardPlan
 from prep.stages.entries import ENTRY_DTYPE, NO_ID, EntryFile
 from prep.stages.keys import bucket_of, order_keys
@@ -184,22 +184,12 @@ class KeyedPlacer:
         plan, sequence = self._covering(bucket, index)
         copy = index - max(first, self._slice_of(bucket, index).first)
         artifacts = artifacts_of_shard(self.records.snapshot, plan.index)
-        bin_offset, tar_offset = self._offsets(plan, sequence, any(a["format"] == WDS for a in artifacts))
+        kinds = placed_kinds(artifacts)
+        with_json = needs_json(kinds)
+        offsets = self._offsets(plan, sequence, kinds, with_json)
         dtype = np.dtype(self.records.snapshot.manifest["tokenizer"]["dtype"])
-        tokens = origin.tokens + 1  # every sequence ends with EOS
-        found = []
-        for artifact in artifacts:
-            offset: int | None
-            length: int | None
-            if artifact["format"] == BIN:
-                offset, length = bin_offset, tokens * dtype.itemsize
-            elif artifact["format"] == WDS:
-                json_size = len(wds.sample_json(origin.id, origin.source, origin.line, tokens))
-                offset, length = tar_offset, wds.sample_span(json_size, wds.npy_size(tokens, dtype), origin.text_bytes)
-            else:  # idx: the sequence's entries in the index; no byte range of its own
-                offset, length = None, None
-            found.append(Placement(artifact["path"], artifact["format"], plan.index, sequence, offset, length))
-        return Trace(origin, sequence, tuple(found), order_key=wds.order_key_name(*key), copy=copy)
+        found = placements(artifacts, plan.index, sequence, offsets, origin_sizes(origin, dtype, with_json))
+        return Trace(origin, sequence, found, order_key=wds.order_key_name(*key), copy=copy)
 
     def _entries_before(self, plan: ShardPlan, sequence: int) -> Iterator[tuple[np.ndarray, bytes]]:
         """The shard's first `sequence` entries (and their ids), in chunks of CHUNK_ENTRIES."""
@@ -212,18 +202,18 @@ class KeyedPlacer:
                 yield entries.read(start, min(CHUNK_ENTRIES, first + min(count, left) - start))
             left -= count
 
-    def _offsets(self, plan: ShardPlan, sequence: int, with_tar: bool) -> tuple[int, int]:
-        """Where sequence `sequence` of `plan` starts in its .bin and in its .tar."""
+    def _offsets(self, plan: ShardPlan, sequence: int, kinds: list[ArtifactFormat], with_json: bool) -> dict[str, int]:
+        """Where sequence `sequence` of `plan` starts in each artifact kind of `kinds`."""
         dtype = np.dtype(self.records.snapshot.manifest["tokenizer"]["dtype"])
-        bin_offset = tar_offset = 0
+        offsets = dict.fromkeys((kind.name for kind in kinds), 0)
         for entries, ids in self._entries_before(plan, sequence):
-            lengths = entries["n_tokens"].astype(np.int64) + 1
-            bin_offset += int(lengths.sum()) * dtype.itemsize
-            if with_tar:
-                json_sizes = [len(sample) for sample in self._sample_jsons(entries, ids)]
-                tar_offset += int(wds.sample_spans(json_sizes, wds.npy_sizes(lengths, dtype),
-                                                   entries["text_bytes"].astype(np.int64)).sum())
-        return bin_offset, tar_offset
+            json_sizes = [len(sample) for sample in self._sample_jsons(entries, ids)] if with_json else [0] * len(entries)
+            sizes = DocumentSizes(entries["n_tokens"].astype(np.int64) + 1, entries["text_bytes"].astype(np.int64),
+                                  np.asarray(json_sizes, dtype=np.int64), dtype)
+            for kind in kinds:
+                assert kind.spans is not None
+                offsets[kind.name] += int(kind.spans(sizes).sum())
+        return offsets
 
     def _sample_jsons(self, entries: np.ndarray, ids: bytes) -> Iterator[bytes]:
         """Each entry's `.json` member, as shard assembly writes it."""

@@ -23,7 +23,14 @@ from prep.progress import Progress, human_bytes, plural
 from prep.runner import ordering
 from prep.runner.executors.base import Executor, WarmUp, WrappedExecutor
 from prep.runner.executors.local import LocalExecutor
-from prep.runner.planning import describe_inputs, hash_inputs_meanwhile, task_bytes, tokenize_settings, unchanged_latest
+from prep.runner.planning import (
+    check_formats,
+    describe_inputs,
+    hash_inputs_meanwhile,
+    task_bytes,
+    tokenize_settings,
+    unchanged_latest,
+)
 from prep.runner.publish import (
     BuildFacts,
     RefOutcome,
@@ -279,6 +286,7 @@ def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[s
         options = replace(options, tags=tuple(tags))
     for tag in options.tags:
         check_tag_name(tag)
+    check_formats(pipeline)
     code = code_identity()
     checked = WrappedExecutor(executor, lambda fn: CodeChecked(fn, code))
     plan = RefPlan.note(store, pipeline.dataset, options.tags, options.expect, options.force)

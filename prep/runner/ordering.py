@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from prep.faults import crash_point
-from prep.formats.units import BIN, unit_formats, units_for
+from prep.formats.registry import output_format
+from prep.formats.units import unit_formats, units_for
 from prep.progress import plural
 from prep.runner.merging import order_sources
 from prep.runner.planning import contiguous_ranges
@@ -31,9 +32,6 @@ SHARD_JOBS_PER_WORKER = 4
 """Shard units are grouped into this many jobs per worker (a job carries the parts table, so not
 one per unit), handed out largest first: one slow job no longer leaves the other workers idle for
 the rest of the stage, as one job per worker did (16M documents: 5.0 s against 3.2 s)."""
-TAR_BYTES_PER_DOCUMENT = 3 * 512 + 3 * 256
-"""Three 512-byte tar header blocks and about half a block of padding per member (wds.BLOCK_SIZE:
-not imported here, since prep.formats.wds loads numpy, which the driver never does)."""
 
 DOCUMENTS_PER_BUCKET = 250_000
 """Target documents per order task (about 170 bytes each in memory while sorting): no larger than
@@ -108,7 +106,7 @@ def order_weight(job: OrderJob) -> int:
 
 def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str, Any], dtype: str,
           eos_id: int) -> list[dict[str, Any]]:
-    """Write every shard's units (bin: .bin and .idx; wds: .tar), each with its own task record
+    """Write every shard's units (one per output format), each with its own task record
     keyed by the shard's content digest, so an unchanged shard is never written again."""
     formats = builder.pipeline.output.formats
     assert builder.tokenize_settings is not None
@@ -166,11 +164,8 @@ def unit_groups(units: list[tuple[ShardPlan, str]], workers: int) -> list[tuple[
 
 
 def unit_weight(plan: ShardPlan, unit: str) -> int:
-    """About the bytes a unit writes: its .bin, or its tar (token ids, texts, and per document
-    three header blocks and the padding of three members)."""
-    if unit == BIN:
-        return plan.bin_size
-    return plan.bin_size + plan.text_bytes + plan.documents * TAR_BYTES_PER_DOCUMENT
+    """About the bytes a unit writes, as its format weighs a shard."""
+    return output_format(unit).weight(plan)
 
 
 def _units_to_write(builder: Builder, all_units: list[tuple[ShardPlan, str]],

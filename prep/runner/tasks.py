@@ -17,7 +17,7 @@ from prep import hashing
 from prep.code import code_identity, describe_code
 from prep.errors import ForeignCodeError
 from prep.faults import crash_point
-from prep.formats.units import WDS
+from prep.formats.registry import output_format
 from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import WarmUp
 from prep.stages.cuts import ShardPlan
@@ -251,7 +251,7 @@ def run_order_job(job: OrderJob) -> TaskResult:
 @dataclass(frozen=True)
 class AssembleJob:
     """Write some units of some shards (see prep.stages.shard) and store their files.
-    `units` pairs a shard with "bin" (its .bin and .idx) or "wds" (its .tar); `buckets` names
+    `units` pairs a shard with an output format (prep.formats.registry: "bin", "wds"); `buckets` names
     the bucket object of every bucket the shards' slices read; `parts` has every part's
     intermediate, source and line offset, packed; `read_back` False (a build run with
     `--no-readback`) writes the files without reading them back from the disk."""
@@ -285,7 +285,7 @@ def run_assemble_job(job: AssembleJob) -> TaskResult:
     read_back: list[tuple[str, cas.FileStamp]] = []
     try:
         for plan, unit in job.units:
-            documents = collect_shard(plan, buckets, names, with_json=unit == WDS)
+            documents = collect_shard(plan, buckets, names, with_json=output_format(unit).needs_json)
             written = write_unit(unit, plan, documents, reader, np.dtype(job.dtype), job.eos_id, work_dir,
                                  job.read_back)
             crash_point("shard.after_write")

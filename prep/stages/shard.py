@@ -1,8 +1,8 @@
 """Shard assembly: write each planned shard file front to back, gathering its documents from the
 intermediates in key order (the shard's slices of the bucket objects say where they are).
 
-A shard has two units of work, one per format: `bin` (the .bin and .idx) and `wds` (the .tar);
-prep/formats/units.py names them and their files.
+A shard has one unit of work per output format: `bin` (the .bin and .idx), `wds` (the .tar), or
+any format prep/formats/registry.py holds, which names the unit's files and its writer here.
 A unit writes its file sequentially, a chunk of a few MiB at a time. The token ids (and text) of
 up to PAYLOAD_BYTES of a window's documents are gathered from the intermediates at once, with few
 reads (prep.stages.gather); each chunk is laid out in memory from them (tar headers for the whole
@@ -15,17 +15,20 @@ buffers, one gathered block and a few dozen bytes per document of a window.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+import importlib
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from prep.errors import IntegrityError, StorageIOError
 from prep.formats import little_endian, megatron, wds
-from prep.formats.units import BIN, IDX, WDS, artifact_format, unit_formats
+from prep.formats.megatron_spec import BIN, IDX
+from prep.formats.registry import output_format
+from prep.formats.wds_spec import WDS
 from prep.hashing import HashingWriter
 from prep.stages import gather
 from prep.stages.cuts import ShardPlan
@@ -317,22 +320,48 @@ def _place_headers(raw: np.ndarray, docs: ShardDocuments, start: int, end: int, 
         wds.place_headers(blocks, at // wds.BLOCK_SIZE, names, suffix, member_sizes[start:end], key_sums)
 
 
+class UnitWriter(Protocol):
+    """What an output format's `writer` is: write one shard's files (`paths`: each artifact format's
+    path) from its documents, each file read back from the disk as written unless not `read_back`."""
+
+    def __call__(self, source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
+                 paths: Mapping[str, Path], read_back: bool) -> dict[str, Written]: ...
+
+
+def write_bin_unit(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
+                   paths: Mapping[str, Path], read_back: bool) -> dict[str, Written]:
+    """The `bin` unit: the .bin and .idx (a failed .idx removes both)."""
+    bin_path, idx_path = paths[BIN], paths[IDX]
+    try:
+        bin_file, idx_file = write_bin(source, reader, dtype, eos_id, bin_path, idx_path, read_back)
+    except OSError as exc:  # the .bin's own errors are StorageIOErrors already: this is the .idx
+        for path in (bin_path, idx_path):
+            with suppress(OSError):
+                path.unlink(missing_ok=True)
+        raise StorageIOError.from_os_error("writing", idx_path, exc) from exc
+    plan = source.plan
+    if bin_file.digest.size != plan.bin_size:
+        raise IntegrityError(f"shard {plan.name}: wrote {bin_file.digest.size} .bin bytes, planned {plan.bin_size}")
+    return {BIN: bin_file, IDX: idx_file}
+
+
+def write_tar_unit(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
+                   paths: Mapping[str, Path], read_back: bool) -> dict[str, Written]:
+    """The `wds` unit: the .tar."""
+    return {WDS: write_tar(source, reader, dtype, eos_id, paths[WDS], read_back)}
+
+
+def unit_writer(dotted: str) -> UnitWriter:
+    """The writer a format names as `module:function`."""
+    module, _, name = dotted.partition(":")
+    return cast(UnitWriter, getattr(importlib.import_module(module), name))
+
+
 def write_unit(unit: str, plan: ShardPlan, docs: ShardSource, reader: PartReader, dtype: np.dtype[Any],
                eos_id: int, work_dir: Path, read_back: bool = True) -> dict[str, Written]:
     """Write one unit of a shard into `work_dir` (its large file read back from the disk as written,
     unless not `read_back`); returns each file by its format."""
+    fmt = output_format(unit)
     stem = work_dir / f"shard-{plan.name}"
-    paths = {fmt: Path(f"{stem}.{artifact_format(fmt).extension}") for fmt in unit_formats(unit)}
-    if unit == BIN:
-        bin_path, idx_path = paths[BIN], paths[IDX]
-        try:
-            bin_file, idx_file = write_bin(docs, reader, dtype, eos_id, bin_path, idx_path, read_back)
-        except OSError as exc:  # the .bin's own errors are StorageIOErrors already: this is the .idx
-            for path in (bin_path, idx_path):
-                with suppress(OSError):
-                    path.unlink(missing_ok=True)
-            raise StorageIOError.from_os_error("writing", idx_path, exc) from exc
-        if bin_file.digest.size != plan.bin_size:
-            raise IntegrityError(f"shard {plan.name}: wrote {bin_file.digest.size} .bin bytes, planned {plan.bin_size}")
-        return {BIN: bin_file, IDX: idx_file}
-    return {WDS: write_tar(docs, reader, dtype, eos_id, paths[WDS], read_back)}
+    paths = {kind.name: Path(f"{stem}.{kind.extension}") for kind in fmt.artifacts}
+    return unit_writer(fmt.writer)(docs, reader, dtype, eos_id, paths, read_back)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from prep.errors import UsageError
-from prep.formats.units import UNIT_NAMES
+from prep.formats.units import unit_names
 from prep.transfer.shares import PREP_DIR, discard, read_own, temp_name
 from prep.writeback import fsync_path
 
@@ -96,7 +96,7 @@ def _parse(document: Any) -> ShareRecord | None:
     if rank is not None and not 0 <= rank < world:
         return None
     if formats is not None and (type(formats) is not list or not formats
-                                or any(f not in UNIT_NAMES for f in formats) or formats != sorted(set(formats))):
+                                or any(f not in unit_names() for f in formats) or formats != sorted(set(formats))):
         return None
     return ShareRecord(snapshot, ShareSpec(rank, world, tuple(formats) if formats is not None else None))
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any, Self
 
 from prep.errors import StorageIOError, UsageError
-from prep.formats.units import UNIT_NAMES, unit_formats
+from prep.formats.units import unit_formats, unit_names
 from prep.regular import open_regular
 from prep.transfer.paths import PREP_DIR as PREP_DIR
 from prep.transfer.paths import TEMP_MARKER as TEMP_MARKER
@@ -324,9 +324,9 @@ def group_units(artifacts: Iterable[Artifact]) -> list[Unit]:
 def parse_formats(values: Iterable[str]) -> tuple[str, ...] | None:
     """`--formats` values (repeatable, comma lists) as sorted unit names; None when none given."""
     names = {name.strip() for value in values for name in value.split(",") if name.strip()}
-    unknown = sorted(names - set(UNIT_NAMES))
+    unknown = sorted(names - set(unit_names()))
     if unknown:
-        raise UsageError(f"--formats: unknown format {unknown[0]!r}: expected {' or '.join(UNIT_NAMES)}")
+        raise UsageError(f"--formats: unknown format {unknown[0]!r}: expected {' or '.join(unit_names())}")
     return tuple(sorted(names)) if names else None
 
 
@@ -339,7 +339,7 @@ def select_formats(artifacts: Sequence[Artifact], formats: tuple[str, ...] | Non
     present = {artifact.format for artifact in artifacts}
     lacking = [name for name in formats if not set(unit_formats(name)) <= present]
     if lacking:
-        has = ", ".join(name for name in UNIT_NAMES if set(unit_formats(name)) <= present) or "none"
+        has = ", ".join(name for name in unit_names() if set(unit_formats(name)) <= present) or "none"
         raise UsageError(f"--formats {lacking[0]}: {source} has no {lacking[0]} artifacts (it has: {has})")
     return [artifact for artifact in artifacts if artifact.format in wanted]
 

@@ -6,22 +6,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prep import config
 from prep.formats import megatron
 from prep.formats.units import (
-    ARTIFACT_FORMATS,
     BIN,
     IDX,
-    UNIT_NAMES,
-    UNITS,
     WDS,
     artifact_format,
+    artifact_formats,
     artifact_path,
     family_of,
     named_artifact_path,
     parse_artifact_path,
     unit,
     unit_formats,
+    unit_names,
+    units,
     units_for,
 )
 from prep.runner import publish
@@ -30,7 +29,7 @@ from prep.transfer import shares
 
 
 @settings(max_examples=300, deadline=None)
-@given(fmt=st.sampled_from(sorted(ARTIFACT_FORMATS)), index=st.integers(min_value=0, max_value=10**12))
+@given(fmt=st.sampled_from(sorted(artifact_formats())), index=st.integers(min_value=0, max_value=10**12))
 def test_artifact_paths_parse_back(fmt: str, index: int) -> None:
     path = artifact_path(fmt, index)
     assert parse_artifact_path(path) == (fmt, index)
@@ -75,25 +74,24 @@ def test_unknown_names_and_negative_shards_are_refused() -> None:
             bad()
 
 
-def test_the_units_are_exactly_the_output_formats() -> None:
-    assert set(UNIT_NAMES) == set(config.OUTPUT_FORMATS)
-    assert units_for(config.OUTPUT_FORMATS) == list(UNIT_NAMES)
-    assert units_for(reversed(UNIT_NAMES)) == list(UNIT_NAMES)  # unit order, whatever the order asked
+def test_the_units_are_exactly_the_registered_output_formats() -> None:
+    assert unit_names() == (BIN, WDS)
+    assert units_for(reversed(unit_names())) == list(unit_names())  # unit order, whatever the order asked
     assert units_for([WDS]) == [WDS]
     assert units_for([]) == []
 
 
 def test_every_artifact_format_belongs_to_one_unit_and_one_family() -> None:
-    assert {name: unit_formats(name) for name in UNIT_NAMES} == {BIN: (BIN, IDX), WDS: (WDS,)}
-    owners = [fmt.name for item in UNITS for fmt in item.formats]
-    assert sorted(owners) == sorted(ARTIFACT_FORMATS)  # no format in two units
-    families = {item.name: {fmt.family for fmt in item.formats} for item in UNITS}
+    assert {name: unit_formats(name) for name in unit_names()} == {BIN: (BIN, IDX), WDS: (WDS,)}
+    owners = [fmt.name for item in units() for fmt in item.artifacts]
+    assert sorted(owners) == sorted(artifact_formats())  # no format in two units
+    families = {item.name: {fmt.family for fmt in item.artifacts} for item in units()}
     assert all(len(found) == 1 for found in families.values())  # a unit's files travel together
-    assert len({next(iter(found)) for found in families.values()}) == len(UNITS)
-    assert {fmt: family_of(fmt) for fmt in ARTIFACT_FORMATS} == {BIN: "megatron", IDX: "megatron", WDS: "wds"}
+    assert len({next(iter(found)) for found in families.values()}) == len(units())
+    assert {fmt: family_of(fmt) for fmt in artifact_formats()} == {BIN: "megatron", IDX: "megatron", WDS: "wds"}
     assert family_of("future") == "future"
-    files = {(fmt.folder, fmt.extension) for fmt in ARTIFACT_FORMATS.values()}
-    assert len(files) == len(ARTIFACT_FORMATS)  # every path names one format
+    files = {(fmt.folder, fmt.extension) for fmt in artifact_formats().values()}
+    assert len(files) == len(artifact_formats())  # every path names one format
 
 
 def test_extensions_match_what_the_format_writers_name_their_files() -> None:

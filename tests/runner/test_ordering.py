@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from prep.formats import wds
 from prep.formats.units import BIN, WDS
-from prep.runner.ordering import SHARD_JOBS_PER_WORKER, TAR_BYTES_PER_DOCUMENT, unit_groups, unit_weight
+from prep.formats.wds_spec import TAR_BYTES_PER_DOCUMENT
+from prep.runner.ordering import SHARD_JOBS_PER_WORKER, unit_groups, unit_weight
 from prep.stages.cuts import ShardPlan
 
 

@@ -89,7 +89,7 @@ def test_the_fast_check_accepts_nothing_jsonschema_refuses(manifest: dict[str, A
 
 @pytest.mark.parametrize(("where", "value"), [
     (("artifacts", 0, "path"), ""), (("artifacts", 1, "size"), -1), (("artifacts", 1, "shard"), True),
-    (("artifacts", 2, "sha256"), "0" * 63), (("artifacts", 2, "format"), "tar"), (("artifacts", 0, "tokens"), 1.5),
+    (("artifacts", 2, "sha256"), "0" * 63), (("artifacts", 2, "format"), "Tar"), (("artifacts", 0, "tokens"), 1.5),
     (("artifacts", 0, "surprise"), 1), (("inputs", "version"), "sha256:" + "A" * 64), (("schema",), "prep.snapshot/2"),
     (("stats", "extra_count"), -5), (("tokenizer", "encode_special_tokens"), 0), (("artifacts",), {}),
     (("config",), []), (("seed",), None),

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prep.errors import UsageError
-from prep.formats.units import UNIT_NAMES, artifact_path, unit_formats
+from prep.formats.units import artifact_path, unit_formats, unit_names
 from prep.transfer.shares import Artifact, group_units, partition, share_of
 
 
@@ -19,7 +19,7 @@ def artifact_lists(draw: st.DrawFn) -> list[Artifact]:
     shards = draw(st.integers(min_value=0, max_value=40))
     artifacts = []
     for shard in range(shards):
-        for unit in draw(st.lists(st.sampled_from(UNIT_NAMES), min_size=1, unique=True)):
+        for unit in draw(st.lists(st.sampled_from(unit_names()), min_size=1, unique=True)):
             for fmt in unit_formats(unit):
                 size = draw(st.integers(min_value=0, max_value=10**9))
                 artifacts.append(Artifact(artifact_path(fmt, shard), fmt, shard, size, f"{shard:064x}"))
@@ -81,7 +81,7 @@ def test_bad_rank_arguments_are_usage_errors(rank: int | None, world_size: int |
 
 
 def test_every_file_of_a_shard_is_one_group_even_formats_this_version_does_not_know() -> None:
-    artifacts = [Artifact(artifact_path(fmt, 3), fmt, 3, 1, "0" * 64) for unit in UNIT_NAMES for fmt in unit_formats(unit)]
+    artifacts = [Artifact(artifact_path(fmt, 3), fmt, 3, 1, "0" * 64) for unit in unit_names() for fmt in unit_formats(unit)]
     artifacts.append(Artifact("extra/00003.x", "future", 3, 1, "1" * 64))
     artifacts.append(Artifact("wds/00004.tar", "wds", 4, 1, "2" * 64))
     groups = sorted((group.shard, tuple(a.format for a in group.artifacts)) for group in group_units(artifacts))

@@ -1,0 +1,153 @@
+"""The output format registry: each output format (`output.formats`) is one registered value.
+
+A format names its artifact kinds (folder, extension, family), weighs a shard for job balancing,
+names its writer (`module:function`, imported only by the shard stage in a worker) and says
+what it needs from the shard's documents. The built-in formats register themselves from their
+own modules (BUILTIN, loaded on first use); a new format is one module calling `register`.
+This module loads no numpy: the build driver and the CLI read it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+BUILTIN = ("prep.formats.megatron_spec", "prep.formats.wds_spec")
+"""The modules of the built-in formats (each registers its own)."""
+NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+"""What a format or artifact kind name looks like (it is a folder, an extension and a manifest value)."""
+
+
+class ShardCounts(Protocol):
+    """What the driver knows of a shard before it is written (prep.stages.cuts.ShardPlan)."""
+
+    @property
+    def documents(self) -> int: ...
+    @property
+    def bin_size(self) -> int: ...  # bytes of its token ids, EOS included
+    @property
+    def text_bytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class DocumentSizes:
+    """Documents of a shard as its writers see them, one array element each (for placements)."""
+
+    tokens: npt.NDArray[np.int64]  # token ids, EOS included
+    text_bytes: npt.NDArray[np.int64]
+    json_sizes: npt.NDArray[np.int64]  # `.json` member bytes; zeros unless some format needs them
+    dtype: np.dtype[Any]  # the token ids' dtype
+
+
+Spans = Callable[[DocumentSizes], "npt.NDArray[np.int64]"]
+"""Bytes each document takes in an artifact kind, front to back (a document's offset is the sum before it)."""
+
+
+@dataclass(frozen=True)
+class ArtifactFormat:
+    """One kind of shard file: its manifest `format`, its path's folder and extension, its family,
+    the bytes each document takes in it (None: no byte range of its own, as an index) and the
+    column of a layout-1 shuffle plan that held each document's offset in it."""
+
+    name: str
+    folder: str
+    extension: str
+    family: str
+    spans: Spans | None = None
+    layout1_offset: str | None = None
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """One output format: one unit of shard work that writes `artifacts`; `writer` is the
+    `module:function` the shard stage calls (prep.stages.shard.UnitWriter), `weight` about the
+    bytes it writes for a shard, `needs_json` whether its writer reads the `.json` members."""
+
+    name: str
+    artifacts: tuple[ArtifactFormat, ...]
+    writer: str
+    weight: Callable[[ShardCounts], int]
+    needs_json: bool = False
+
+    @property
+    def format_names(self) -> tuple[str, ...]:
+        """The manifest `format` of each file the unit writes, in order."""
+        return tuple(kind.name for kind in self.artifacts)
+
+
+class _Registry:
+    """The registered formats by name."""
+
+    def __init__(self) -> None:
+        self.formats: dict[str, OutputFormat] = {}
+        self.loaded = False
+
+    def all(self) -> dict[str, OutputFormat]:
+        """Every format, the built-ins loaded first (their modules call `register`)."""
+        if not self.loaded:
+            self.loaded = True
+            for module in BUILTIN:
+                importlib.import_module(module)
+        return self.formats
+
+
+_REGISTRY = _Registry()
+
+
+def register(fmt: OutputFormat) -> OutputFormat:
+    """Add `fmt` (again: a no-op); ValueError when a name, folder or file clashes with another format's."""
+    formats = _REGISTRY.all()
+    if formats.get(fmt.name) == fmt:
+        return fmt
+    _check_new(fmt, formats.values())
+    formats[fmt.name] = fmt
+    return fmt
+
+
+def unregister(name: str) -> None:
+    """Remove the format `name` (a test's own format, once the test is done)."""
+    _REGISTRY.all().pop(name, None)
+
+
+def _check_new(fmt: OutputFormat, others: Collection[OutputFormat]) -> None:
+    """Refuse a malformed name, or a name, folder or file another format has."""
+    kinds = [kind for other in others for kind in other.artifacts]
+    for name in (fmt.name, *(word for k in fmt.artifacts for word in (k.name, k.folder, k.extension))):
+        if not NAME.fullmatch(name):
+            raise ValueError(f"format name {name!r} must match {NAME.pattern}")
+    clash = ({fmt.name} | set(fmt.format_names)) & ({k.name for k in kinds} | {o.name for o in others})
+    files = {(k.folder, k.extension) for k in kinds}
+    if clash or not fmt.artifacts or any((k.folder, k.extension) in files for k in fmt.artifacts):
+        raise ValueError(f"format {fmt.name!r} clashes with a registered format (names, folders and extensions)")
+
+
+def output_formats() -> tuple[OutputFormat, ...]:
+    """Every registered format in unit order, by name: the order units are planned, written and
+    listed, whatever the order their modules were imported in."""
+    formats = _REGISTRY.all()
+    return tuple(formats[name] for name in sorted(formats))
+
+
+def names() -> tuple[str, ...]:
+    """Every registered format's name, in unit order."""
+    return tuple(sorted(_REGISTRY.all()))
+
+
+def output_format(name: str) -> OutputFormat:
+    """The format `name`; ValueError names the known ones."""
+    found = _REGISTRY.all().get(name)
+    if found is None:
+        raise ValueError(f"unknown shard unit {name!r}: expected one of {', '.join(names())}")
+    return found
+
+
+def unknown(wanted: tuple[str, ...] | list[str]) -> list[str]:
+    """The names in `wanted` no registered format has, sorted."""
+    return sorted(set(wanted) - set(names()))
