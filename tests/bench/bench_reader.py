@@ -12,7 +12,8 @@ GPTDataset, side by side in one run, on a synthetic pulled snapshot of --tokens 
    through plain numpy memmaps with precomputed offsets, one row at a time (the per-row ceiling).
 3. Small batches against the gather ceiling: milliseconds a batch of `Reader.batch` at seq 128 x 64
    rows and seq 2048 x 16 rows against one vectorized numpy gather of the same windows from one
-   memmap of the same bytes (the shards back to back in one file), int64 out, page cache warm. The
+   memmap of the same bytes (the shards back to back in one file; `tokens[starts[:, None] +
+   arange(seq_len + 1)]`, the starts given, as a loader would build it), int64 out, page cache warm. The
    two alternate round by round (which goes first alternates too), so load on a shared machine
    weighs on both; each round's ratio (ceiling time / reader time) is printed, then the median.
 """
@@ -161,13 +162,14 @@ def stream_file(dest: Path) -> Path:
 
 def gather_rounds(dest: Path, seq_len: int, rows: int, steps: int, rounds: int) -> list[tuple[float, float]]:
     """(reader, gather ceiling) seconds a batch in each round: `Reader.batch` of steps 0.. against one
-    vectorized gather of the same windows from a memmap of the stream (int64 out), alternating."""
+    vectorized gather of the same windows (their starts given) from a memmap of the stream, int64
+    out, alternating."""
     reader = Reader(dest, seq_len=seq_len, global_batch_size=rows)
     tokens = np.memmap(stream_file(dest), dtype=reader.sources[0].dtype, mode="r")
     columns = np.arange(seq_len + 1, dtype=np.int64)
-    windows = [np.asarray([i for _, _, i in reader.sample_ids(step * rows, rows)], dtype=np.int64)[:, None] * seq_len
-               + columns for step in range(steps)]
-    assert (reader.batch(0) == tokens[windows[0]].astype(np.int64)).all(), "the two read other windows"
+    starts = [np.asarray([i for _, _, i in reader.sample_ids(step * rows, rows)], dtype=np.int64)[:, None] * seq_len
+              for step in range(steps)]
+    assert (reader.batch(0) == tokens[starts[0] + columns].astype(np.int64)).all(), "the two read other windows"
 
     def ours() -> float:
         started = time.perf_counter()
@@ -177,8 +179,8 @@ def gather_rounds(dest: Path, seq_len: int, rows: int, steps: int, rounds: int) 
 
     def ceiling() -> float:
         started = time.perf_counter()
-        for where in windows:
-            tokens[where].astype(np.int64)
+        for first in starts:
+            tokens[first + columns].astype(np.int64)
         return (time.perf_counter() - started) / steps
 
     ours(), ceiling()  # warm: page cache, first-call costs
