@@ -10,7 +10,10 @@ nothing reaches are dangling: garbage for gc, not damage, so they do not fail fs
 
 Read-back records must read too (`prep tag` refuses an unreadable one), as must keys under
 `snapshots/` and `holds/` be named by a SHA-256. A ref's history must hold every generation
-below its current one, and a snapshot a current ref or a hold names must have its marker.
+below its current one, and a snapshot a current ref or a hold names must have its marker. Each
+stage record is checked as a build checks it: the object it names must be that stage's own
+manifest, else the record is invalid. An empty folder standing at a record key (a local store's,
+found by `Store.folders_at_keys`) is invalid too.
 
 `repair` (under the gc lease, so never beside a build or a gc) deletes the task and stage
 records whose outputs are missing, corrupt or invalid, unreadable read-back records (the next
@@ -23,8 +26,9 @@ findings are reported as unrepairable, each with what to do instead (`unrepairab
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prep import hashing
@@ -32,18 +36,22 @@ from prep.errors import IntegrityError, NotFoundError, PrepError, StoreError
 from prep.faults import crash_point
 from prep.progress import Progress, plural
 from prep.storage.base import Store
-from prep.store import records
-from prep.store.fsckrecords import FsckWalk, Records, folders_at_records, history_gaps, walk_records
+from prep.store import cas, records
 from prep.store.holds import scan_holds
 from prep.store.layout import (
     HISTORY_PREFIX,
+    HOLDS_PREFIX,
     OBJECTS_PREFIX,
     READBACK_PREFIX,
     RECORD_SUFFIX,
     REFS_PREFIX,
     RETENTION_PREFIX,
     SNAPSHOTS_PREFIX,
+    STAGES_PREFIX,
+    TASKS_PREFIX,
+    history_key,
     history_prefix,
+    is_decimal,
     is_marker_key,
     is_sha_hex,
     marker_sha,
@@ -55,7 +63,7 @@ from prep.store.layout import (
     snapshot_marker_key,
 )
 from prep.store.leases import BUILD, GC, Lease, live_leases
-from prep.store.reach import CORRUPT, INVALID, MISSING, Problem, Via, parallel
+from prep.store.reach import CORRUPT, INVALID, MISSING, Problem, Reach, Via, parallel
 from prep.store.refs import Ref, read_history_record
 from prep.store.retention import current_policy_key, stored_policy
 from prep.store.snapshots import load_snapshot
@@ -115,6 +123,107 @@ class FsckReport:
                               "detail": f.detail} for f in self.findings],
                 "dangling": [{"key": d.key, "size": d.size} for d in self.dangling],
                 "repair": None if self.repair is None else self.repair.to_json()}
+
+
+class FsckWalk(Reach):
+    """The shared walk, recording what it cannot follow instead of refusing like gc."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.problems: dict[str, Problem] = {}
+
+    def problem(self, found: Problem, required: bool, error: PrepError | None) -> None:
+        """Record the problem (the first one seen for each key)."""
+        self.add(found)
+
+    def add(self, found: Problem) -> None:
+        """Record a problem unless its key already has one (the walk may meet a key twice)."""
+        with self._lock:
+            self.problems.setdefault(found.key, found)
+
+
+@dataclass
+class Records:
+    """Every commit record: the object shas each one names, and the invalid ones."""
+
+    names: dict[str, set[str]] = field(default_factory=dict)
+    invalid: list[str] = field(default_factory=list)
+    folders: list[str] = field(default_factory=list)  # empty folders at record keys (folders_at_records)
+
+
+def _read_record(store: Store, key: str) -> records.TaskRecord | records.StageRecord | PrepError | None:
+    """A record, None when it vanished, or the error that makes it invalid."""
+    try:
+        record = records.parse_record(key, store.get_bytes(key), f"{store.url}/{key}")
+    except NotFoundError:
+        return None
+    except IntegrityError as exc:
+        return exc
+    return _foreign_manifest(store, record) if isinstance(record, records.StageRecord) else record
+
+
+def _foreign_manifest(store: Store, record: records.StageRecord) -> records.StageRecord | IntegrityError:
+    """The record, or why the object it names is not its stage's manifest (an intermediate, another
+    stage's or key's manifest: a build refuses the record). An object that does not read is the walk's
+    to report (missing or corrupt), as is what a readable manifest names."""
+    try:
+        raw = cas.get_bytes(store, record.output)
+    except (NotFoundError, IntegrityError):
+        return record
+    try:
+        records.stage_manifest(store, record, raw)
+    except IntegrityError as exc:
+        return exc
+    return record
+
+
+def walk_records(walk: FsckWalk, jobs: int, dataset: str | None) -> Records:
+    """Follow every task and stage record (with `dataset`, only those naming what its snapshots reach)."""
+    store = walk.store
+    keys = [info.key for prefix in (TASKS_PREFIX, STAGES_PREFIX) for info in store.list(prefix)]
+    found = Records()
+    for key, record in zip(keys, parallel(lambda key: _read_record(store, key), keys, jobs)):
+        kind = "task record" if key.startswith(TASKS_PREFIX) else "stage record"
+        if isinstance(record, PrepError):
+            walk.add(Problem(INVALID, kind, key, key, record.message))
+            found.invalid.append(key)
+            continue
+        if record is None:
+            continue
+        named = record.names()
+        shas = {hashing.parse_id(object_id) for object_id in named.objects | {r.object_id for r in named.manifests}}
+        if dataset is not None and not shas & walk.kept:
+            continue
+        outputs = record.outputs if isinstance(record, records.TaskRecord) else {}
+        for name, object_id in sorted(outputs.items()):
+            walk.note(hashing.parse_id(object_id), f"{name} (output of task {record.stage})", key)
+        for ref in sorted(named.manifests, key=lambda ref: ref.object_id):
+            walk.stage_manifest(ref, key, required=True)
+            shas |= walk.children.get(hashing.parse_id(ref.object_id), frozenset())
+        found.names[key] = shas
+    return found
+
+
+_RECORD_KINDS = ((TASKS_PREFIX, "task record", False), (STAGES_PREFIX, "stage record", False),
+                 (REFS_PREFIX, "ref", True), (HISTORY_PREFIX, "history record", True),
+                 (RETENTION_PREFIX, "retention policy", True), (HOLDS_PREFIX, "hold", False),
+                 (READBACK_PREFIX, "read-back record", False))
+
+
+def folders_at_records(walk: FsckWalk, dataset: str | None) -> list[str]:
+    """Empty folders standing where a record, ref, policy, hold or read-back record is read (a local store's): no
+    listing shows them, yet a build or command reading that key fails, so each is an INVALID
+    finding, which --repair removes (it holds nothing). With `dataset`, only that dataset's refs,
+    history and policies are looked at."""
+    found = []
+    for prefix, kind, per_dataset in _RECORD_KINDS:
+        if dataset is not None and not per_dataset:
+            continue
+        for key in walk.store.folders_at_keys(f"{prefix}{dataset}/" if dataset else prefix, RECORD_SUFFIX):
+            walk.add(Problem(INVALID, kind, key, key, f"{walk.store.url}/{key}: a folder stands where the {kind} "
+                             "is read, not a file; fsck --repair removes it"))
+            found.append(key)
+    return found
 
 
 def _ref_values(walk: FsckWalk, prefix: str, mutable: bool, listed: list[str] | None = None) -> list[Ref]:
@@ -185,6 +294,35 @@ def _walk_history(walk: FsckWalk, dataset: str | None, refs: list[Ref]) -> int:
         walk.snapshot(sha, f"{entry.dataset}@{entry.name} generation {entry.generation}", required=True)
     history_gaps(walk, listed, refs)
     return collected
+
+
+def history_gaps(walk: FsckWalk, listed: list[str], refs: list[Ref]) -> None:
+    """Every generation below a ref's newest must have its history record (the current one may
+    lack it until the ref's next move records it): without one, DATASET@REF~N names nothing and gc
+    knows the generation's snapshot only from the next generation's `previous`."""
+    present: dict[tuple[str, str], set[int]] = defaultdict(set)
+    for key in listed:
+        if (found := _history_generation(key)) is not None:
+            present[found[:2]].add(found[2])
+    for ref in refs:
+        present[(ref.dataset, ref.name)].add(ref.generation)
+    live = {(ref.dataset, ref.name): ref.generation for ref in refs if not ref.deleted}
+    for (dataset, name), generations in sorted(present.items()):
+        spec = f"{dataset}@{name}"
+        for missing in sorted(set(range(1, max(generations))) - generations):
+            key = history_key(dataset, name, missing)
+            back = live.get((dataset, name), 0) - missing
+            back_text = f" ({spec}~{back} names nothing)" if back > 0 else ""
+            walk.add(Problem(MISSING, "history record", key, spec,
+                             f"{walk.store.url}/{key}: generation {missing} of {spec} is missing from its history"
+                             f"{back_text}; restore the record from a copy of the store"))
+
+
+def _history_generation(key: str) -> tuple[str, str, int] | None:
+    """(dataset, name, generation) a history key names, or None for a stray key (reported as invalid)."""
+    parts = key[len(HISTORY_PREFIX):].split("/")
+    stem = parts[-1].removesuffix(RECORD_SUFFIX)
+    return (parts[0], parts[1], int(stem)) if len(parts) == 3 and len(stem) == 16 and is_decimal(stem) else None
 
 
 def _check_markers(walk: FsckWalk, named: dict[str, str], markers: set[str]) -> None:
