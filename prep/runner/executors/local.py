@@ -42,7 +42,7 @@ from prep.runner.executors.worker import serve, sigint_ignored
 
 FRESH_AFTER = 4
 """Tasks a worker runs before one forked by the zygote replaces it. Measured at 16M short
-documents (docs/performance.md, seventeenth pass): a worker's tokenize peak grows over its first
+documents (docs/performance-history.md, seventeenth pass): a worker's tokenize peak grows over its first
 tasks; with a fresh worker for every task the largest process at 16M was 310 MB against 307 at 1M,
 against 353 and 306 MB with the spawn replacements after RECYCLE_AFTER tasks alone."""
 
