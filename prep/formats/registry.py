@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-BUILTIN = ("prep.formats.megatron_spec", "prep.formats.wds_spec")
+BUILTIN = ("prep.formats.mds_spec", "prep.formats.megatron_spec", "prep.formats.wds_spec")
 """The modules of the built-in formats (each registers its own)."""
 NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 """What a format or artifact kind name looks like (it is a folder, an extension and a manifest value)."""
@@ -43,18 +43,40 @@ class DocumentSizes:
     tokens: npt.NDArray[np.int64]  # token ids, EOS included
     text_bytes: npt.NDArray[np.int64]
     json_sizes: npt.NDArray[np.int64]  # `.json` member bytes; zeros unless some format needs them
+    id_sizes: npt.NDArray[np.int64]  # UTF-8 bytes of the document ids; zeros unless some format needs them
     dtype: np.dtype[Any]  # the token ids' dtype
 
 
 Spans = Callable[[DocumentSizes], "npt.NDArray[np.int64]"]
 """Bytes each document takes in an artifact kind, front to back (a document's offset is the sum before it)."""
+Head = Callable[[int, "np.dtype[Any]"], int]
+"""Bytes before the first document in an artifact of a shard of n documents (a header)."""
+
+
+def no_head(documents: int, dtype: np.dtype[Any]) -> int:
+    """Documents start at the first byte."""
+    return 0
+
+
+@dataclass(frozen=True)
+class HeldShard:
+    """One shard file a pulled folder holds, as its snapshot's manifest lists it."""
+
+    path: str
+    size: int
+    documents: int
+
+
+FolderFiles = Callable[[tuple[HeldShard, ...], str], dict[str, bytes]]
+"""The files a pulled folder holds beside a format's shards (path -> bytes), from the shards it
+holds in path order and the token dtype's name."""
 
 
 @dataclass(frozen=True)
 class ArtifactFormat:
     """One kind of shard file: its manifest `format`, its path's folder and extension, its family,
-    the bytes each document takes in it (None: no byte range of its own, as an index) and the
-    column of a layout-1 shuffle plan that held each document's offset in it."""
+    the bytes each document takes in it (None: no byte range of its own, as an index), the bytes
+    before the first one, and the column of a layout-1 shuffle plan that held each document's offset in it."""
 
     name: str
     folder: str
@@ -62,19 +84,24 @@ class ArtifactFormat:
     family: str
     spans: Spans | None = None
     layout1_offset: str | None = None
+    head: Head = no_head
 
 
 @dataclass(frozen=True)
 class OutputFormat:
     """One output format: one unit of shard work that writes `artifacts`; `writer` is the
     `module:function` the shard stage calls (prep.stages.shard.UnitWriter), `weight` about the
-    bytes it writes for a shard, `needs_json` whether its writer reads the `.json` members."""
+    bytes it writes for a shard, `needs_json` and `needs_ids` whether its writer reads the `.json`
+    members or the document ids, `folder_files` the `module:function` (FolderFiles) of the files
+    `prep pull` writes beside its shards and `prep verify` checks (an index of them)."""
 
     name: str
     artifacts: tuple[ArtifactFormat, ...]
     writer: str
     weight: Callable[[ShardCounts], int]
     needs_json: bool = False
+    needs_ids: bool = False
+    folder_files: str | None = None
 
     @property
     def format_names(self) -> tuple[str, ...]:
@@ -146,6 +173,12 @@ def output_format(name: str) -> OutputFormat:
     if found is None:
         raise ValueError(f"unknown shard unit {name!r}: expected one of {', '.join(names())}")
     return found
+
+
+def load(dotted: str) -> object:
+    """The object a format names as `module:function` (imported now)."""
+    module, _, name = dotted.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def unknown(wanted: tuple[str, ...] | list[str]) -> list[str]:

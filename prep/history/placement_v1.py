@@ -27,7 +27,7 @@ from prep.history.documents import (
     verified_object,
 )
 from prep.history.keep import PackedMask, recorded_mask
-from prep.history.placing import needs_json, origin_sizes, placed_kinds, placements
+from prep.history.placing import needs, origin_sizes, placed_kinds, placements
 from prep.stages.columns import scalar_of
 from prep.stages.specs import ShardSpec
 from prep.storage.base import Store
@@ -80,7 +80,7 @@ class PositionalPlacer:
         artifacts = artifacts_of_shard(self.records.snapshot, shard)
         kinds = [kind for kind in placed_kinds(artifacts) if kind.layout1_offset in (plan_row.dtype.names or ())]
         offsets = {kind.name: int(plan_row[kind.layout1_offset]) for kind in kinds if kind.layout1_offset}
-        one = origin_sizes(origin, dtype, needs_json(kinds))
+        one = origin_sizes(origin, dtype, needs(kinds))
         return placements(artifacts, shard, position - self.shards[shard].first_pos, offsets, one)
 
     def locate(self, artifact: dict[str, Any], sequence: int) -> Trace:

@@ -31,7 +31,7 @@ from prep.history.documents import (
     stage_manifest,
     verified_object,
 )
-from prep.history.placing import needs_json, origin_sizes, placed_kinds, placements
+from prep.history.placing import Needs, needs, origin_sizes, placed_kinds, placements
 from prep.stages.cuts import ShardPlan
 from prep.stages.entries import ENTRY_DTYPE, NO_ID, EntryFile
 from prep.stages.keys import bucket_of, order_keys
@@ -185,10 +185,10 @@ class KeyedPlacer:
         copy = index - max(first, self._slice_of(bucket, index).first)
         artifacts = artifacts_of_shard(self.records.snapshot, plan.index)
         kinds = placed_kinds(artifacts)
-        with_json = needs_json(kinds)
-        offsets = self._offsets(plan, sequence, kinds, with_json)
+        need = needs(kinds)
+        offsets = self._offsets(plan, sequence, kinds, need)
         dtype = np.dtype(self.records.snapshot.manifest["tokenizer"]["dtype"])
-        found = placements(artifacts, plan.index, sequence, offsets, origin_sizes(origin, dtype, with_json))
+        found = placements(artifacts, plan.index, sequence, offsets, origin_sizes(origin, dtype, need))
         return Trace(origin, sequence, found, order_key=wds.order_key_name(*key), copy=copy)
 
     def _entries_before(self, plan: ShardPlan, sequence: int) -> Iterator[tuple[np.ndarray, bytes]]:
@@ -202,21 +202,23 @@ class KeyedPlacer:
                 yield entries.read(start, min(CHUNK_ENTRIES, first + min(count, left) - start))
             left -= count
 
-    def _offsets(self, plan: ShardPlan, sequence: int, kinds: list[ArtifactFormat], with_json: bool) -> dict[str, int]:
+    def _offsets(self, plan: ShardPlan, sequence: int, kinds: list[ArtifactFormat], need: Needs) -> dict[str, int]:
         """Where sequence `sequence` of `plan` starts in each artifact kind of `kinds`."""
         dtype = np.dtype(self.records.snapshot.manifest["tokenizer"]["dtype"])
-        offsets = dict.fromkeys((kind.name for kind in kinds), 0)
+        offsets = {kind.name: kind.head(plan.documents, dtype) for kind in kinds}
         for entries, ids in self._entries_before(plan, sequence):
-            json_sizes = [len(sample) for sample in self._sample_jsons(entries, ids)] if with_json else [0] * len(entries)
+            documents = list(self._documents(entries, ids)) if need.json or need.ids else []
+            json_sizes = [len(wds.sample_json(*doc)) for doc in documents] if need.json else [0] * len(entries)
+            id_sizes = [len(doc[0].encode("utf-8", "surrogatepass")) for doc in documents] if need.ids else [0] * len(entries)
             sizes = DocumentSizes(entries["n_tokens"].astype(np.int64) + 1, entries["text_bytes"].astype(np.int64),
-                                  np.asarray(json_sizes, dtype=np.int64), dtype)
+                                  np.asarray(json_sizes, dtype=np.int64), np.asarray(id_sizes, dtype=np.int64), dtype)
             for kind in kinds:
                 assert kind.spans is not None
                 offsets[kind.name] += int(kind.spans(sizes).sum())
         return offsets
 
-    def _sample_jsons(self, entries: np.ndarray, ids: bytes) -> Iterator[bytes]:
-        """Each entry's `.json` member, as shard assembly writes it."""
+    def _documents(self, entries: np.ndarray, ids: bytes) -> Iterator[tuple[str, str, int, int]]:
+        """Each entry's id, source, line and tokens (EOS included), as its `.json` member names them."""
         view = memoryview(ids)
         for part, row, id_offset, id_len, tokens in zip(entries["part"].tolist(), entries["row"].tolist(),
                                                        entries["id_offset"].tolist(), entries["id_len"].tolist(),
@@ -224,7 +226,7 @@ class KeyedPlacer:
             task = self.records.tasks[part]
             line = record_line(task.format, task.line_offset, row)
             doc_id = None if id_len == NO_ID else bytes(view[id_offset:id_offset + id_len]).decode("utf-8", "surrogatepass")
-            yield wds.sample_json(document_id(doc_id, task.source, line), task.source, line, tokens + 1)
+            yield document_id(doc_id, task.source, line), task.source, line, tokens + 1
 
     def locate(self, artifact: dict[str, Any], sequence: int) -> Trace:
         """The document stored as sequence `sequence` of `artifact`'s shard."""

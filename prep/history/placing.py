@@ -6,6 +6,7 @@ version does not know have no byte range."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,17 +24,27 @@ def placed_kinds(artifacts: list[dict[str, Any]]) -> list[ArtifactFormat]:
     return [kind for kind in kinds if kind is not None and kind.spans is not None]
 
 
-def needs_json(kinds: list[ArtifactFormat]) -> bool:
-    """Whether the spans of `kinds` count the documents' `.json` members."""
-    return any(unit.needs_json for unit in map(unit_of, (kind.name for kind in kinds)) if unit is not None)
+@dataclass(frozen=True)
+class Needs:
+    """What the spans of some artifact kinds count besides tokens and texts."""
+
+    json: bool  # the documents' `.json` members
+    ids: bool  # the documents' ids
 
 
-def origin_sizes(origin: DocumentOrigin, dtype: np.dtype[Any], with_json: bool) -> DocumentSizes:
-    """`origin`'s sizes as the shard stage wrote it (EOS added; its `.json` member when `with_json`)."""
+def needs(kinds: list[ArtifactFormat]) -> Needs:
+    """What the spans of `kinds` count, from their formats."""
+    units = [unit for unit in map(unit_of, (kind.name for kind in kinds)) if unit is not None]
+    return Needs(any(unit.needs_json for unit in units), any(unit.needs_ids for unit in units))
+
+
+def origin_sizes(origin: DocumentOrigin, dtype: np.dtype[Any], need: Needs) -> DocumentSizes:
+    """`origin`'s sizes as the shard stage wrote it (EOS added; its `.json` member and id as `need` says)."""
     tokens = origin.tokens + 1
-    json_size = len(wds.sample_json(origin.id, origin.source, origin.line, tokens)) if with_json else 0
-    return DocumentSizes(np.array([tokens], dtype=np.int64), np.array([origin.text_bytes], dtype=np.int64),
-                         np.array([json_size], dtype=np.int64), dtype)
+    json_size = len(wds.sample_json(origin.id, origin.source, origin.line, tokens)) if need.json else 0
+    id_size = len(origin.id.encode("utf-8", "surrogatepass")) if need.ids else 0
+    one = [np.array([size], dtype=np.int64) for size in (tokens, origin.text_bytes, json_size, id_size)]
+    return DocumentSizes(one[0], one[1], one[2], one[3], dtype)
 
 
 def placements(artifacts: list[dict[str, Any]], shard: int, sequence: int, offsets: Mapping[str, int],

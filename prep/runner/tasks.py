@@ -285,7 +285,8 @@ def run_assemble_job(job: AssembleJob) -> TaskResult:
     read_back: list[tuple[str, cas.FileStamp]] = []
     try:
         for plan, unit in job.units:
-            documents = collect_shard(plan, buckets, names, with_json=output_format(unit).needs_json)
+            spec = output_format(unit)
+            documents = collect_shard(plan, buckets, names, spec.needs_json, spec.needs_ids)
             written = write_unit(unit, plan, documents, reader, np.dtype(job.dtype), job.eos_id, work_dir,
                                  job.read_back)
             crash_point("shard.after_write")

@@ -51,6 +51,21 @@ def sample_jsons(entries: np.ndarray, ids: bytes, names: PartNames) -> tuple[byt
                           entries["n_tokens"].astype(np.int64) + 1)
 
 
+def document_ids(entries: np.ndarray, ids: bytes, names: PartNames) -> tuple[bytes, np.ndarray]:
+    """Each document's id as UTF-8 (`<source>:<line>` when it has none), one after another, and
+    their n + 1 offsets: the ids the `.json` members name."""
+    part = entries["part"].astype(np.int64)
+    lines = (names.line_offsets[part] + entries["row"].astype(np.int64) + 1).tolist()
+    sources = names.source_of[part].tolist()
+    view = memoryview(ids)
+    pieces = [bytes(view[at:at + size]) if size != NO_ID else f"{names.sources[source]}:{line}".encode()
+              for at, size, source, line in zip(entries["id_offset"].tolist(), entries["id_len"].tolist(), sources,
+                                                lines)]
+    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+    np.cumsum([len(piece) for piece in pieces], out=offsets[1:])
+    return b"".join(pieces), offsets
+
+
 _QUOTE, _BACKSLASH, _SPACE = 0x22, 0x5C, 0x20
 _json_string = json.encoder.encode_basestring
 

@@ -15,10 +15,9 @@ buffers, one gathered block and a few dozen bytes per document of a window.
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -27,7 +26,7 @@ import numpy as np
 from prep.errors import IntegrityError, StorageIOError
 from prep.formats import little_endian, megatron, wds
 from prep.formats.megatron_spec import BIN, IDX
-from prep.formats.registry import output_format
+from prep.formats.registry import load, output_format
 from prep.formats.wds_spec import WDS
 from prep.hashing import HashingWriter
 from prep.stages import gather
@@ -35,7 +34,7 @@ from prep.stages.cuts import ShardPlan
 from prep.stages.entries import EntryFile
 from prep.stages.gather import PartReader as PartReader  # the runner opens one per task
 from prep.stages.gather import scatter_blocks
-from prep.stages.members import PartNames, sample_jsons
+from prep.stages.members import PartNames, document_ids, sample_jsons
 from prep.stages.sink import CHUNK_BYTES, ChunkSink, Written
 
 PAYLOAD_BYTES = 32 << 20
@@ -54,8 +53,10 @@ class ShardDocuments:
     n_tokens: np.ndarray  # without EOS
     key_hi: np.ndarray
     key_lo: np.ndarray
-    jsons: bytes  # every `.json` member, one after another; empty unless the wds unit needs them
+    jsons: bytes  # every `.json` member, one after another; empty unless the unit's format needs them
     json_offsets: np.ndarray  # n + 1 offsets into `jsons` (just [0] without them)
+    ids: bytes = b""  # every document id (UTF-8), one after another; empty unless the unit's format needs them
+    id_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
 
 
 JSON_BLOCK = 1 << 16  # documents per vectorized `.json` batch: bounds its index arrays
@@ -73,6 +74,7 @@ class ShardSource:
     buckets: dict[int, Path]
     names: PartNames
     with_json: bool
+    with_ids: bool = False
 
     def windows(self) -> Iterator[ShardDocuments]:
         """The shard's documents in key order, at most WINDOW_DOCUMENTS at a time."""
@@ -82,15 +84,20 @@ class ShardSource:
             for low in range(first, first + count, WINDOW_DOCUMENTS):
                 entries, ids = entry_file.read(low, min(WINDOW_DOCUMENTS, first + count - low))
                 key_lo, carry = _sample_key_lo(entries, carry)
-                yield _window(entries, ids, key_lo, self.names, self.with_json)
+                docs = _window(entries, ids, key_lo, self.names, self.with_json)
+                if self.with_ids:
+                    doc_ids, id_offsets = document_ids(entries, ids, self.names)
+                    docs = replace(docs, ids=doc_ids, id_offsets=id_offsets)
+                yield docs
 
 
-def collect_shard(plan: ShardPlan, buckets: dict[int, Path], names: PartNames, with_json: bool) -> ShardSource:
+def collect_shard(plan: ShardPlan, buckets: dict[int, Path], names: PartNames, with_json: bool,
+                  with_ids: bool = False) -> ShardSource:
     """The documents of one shard, read lazily from its slices of the bucket objects (in key order)."""
     found = sum(count for _, _, count in plan.slices)
     if found != plan.documents:
         raise IntegrityError(f"shard {plan.name}: found {found} documents, the plan has {plan.documents}")
-    return ShardSource(plan, buckets, names, with_json)
+    return ShardSource(plan, buckets, names, with_json, with_ids)
 
 
 def _window(entries: np.ndarray, ids: bytes, key_lo: np.ndarray, names: PartNames, with_json: bool) -> ShardDocuments:
@@ -132,7 +139,7 @@ def _sample_key_lo(entries: np.ndarray, carry: _Carry | None) -> tuple[np.ndarra
     return key_lo, (int(hi[-1]), int(lo[-1]), int(copies[-1]))
 
 
-def _chunks(spans: np.ndarray, limit: int | None = None) -> list[tuple[int, int]]:
+def chunks(spans: np.ndarray, limit: int | None = None) -> list[tuple[int, int]]:
     """[start, end) document ranges of about `limit` (default CHUNK_BYTES) bytes each (at least one document)."""
     limit = CHUNK_BYTES if limit is None else limit
     ends = np.cumsum(spans)
@@ -156,7 +163,7 @@ def _write_chunks(path: Path, pieces: _Pieces, zeroed: bool, read_back: bool) ->
     sink = ChunkSink(path, read_back)
     try:
         for spans, fill in pieces:
-            for start, end in _chunks(spans):
+            for start, end in chunks(spans):
                 chunk = sink.buffer(int(spans[start:end].sum()), zeroed)
                 try:
                     fill(chunk, start, end)
@@ -177,7 +184,7 @@ def _bin_pieces(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any],
     block's tokens are gathered into its .bin layout at once, then copied out chunk by chunk."""
     item = little.itemsize
     spans = (docs.n_tokens + 1) * item
-    for start, end in _chunks(spans, PAYLOAD_BYTES):
+    for start, end in chunks(spans, PAYLOAD_BYTES):
         block = spans[start:end]
         ends = np.cumsum(block)
         payload = np.empty(int(ends[-1]), dtype=np.uint8)
@@ -246,7 +253,7 @@ def _tar_pieces(docs: ShardDocuments, reader: PartReader, little: np.dtype[Any],
         blocks[npy_start // block, :npy_head] = wds.npy_headers(docs.n_tokens[start:end] + 1, little)
         np.frombuffer(chunk, dtype=little)[(npy_start + npy_head + token_bytes[start:end]) // item] = eos_id
 
-    for start, end in _chunks(token_bytes + docs.text_bytes, PAYLOAD_BYTES):
+    for start, end in chunks(token_bytes + docs.text_bytes, PAYLOAD_BYTES):
         payload.gather(reader, 2 * start, 2 * end)
         yield spans[start:end], functools.partial(_shifted, fill, start)
 
@@ -351,12 +358,6 @@ def write_tar_unit(source: ShardSource, reader: PartReader, dtype: np.dtype[Any]
     return {WDS: write_tar(source, reader, dtype, eos_id, paths[WDS], read_back)}
 
 
-def unit_writer(dotted: str) -> UnitWriter:
-    """The writer a format names as `module:function`."""
-    module, _, name = dotted.partition(":")
-    return cast(UnitWriter, getattr(importlib.import_module(module), name))
-
-
 def write_unit(unit: str, plan: ShardPlan, docs: ShardSource, reader: PartReader, dtype: np.dtype[Any],
                eos_id: int, work_dir: Path, read_back: bool = True) -> dict[str, Written]:
     """Write one unit of a shard into `work_dir` (its large file read back from the disk as written,
@@ -364,4 +365,4 @@ def write_unit(unit: str, plan: ShardPlan, docs: ShardSource, reader: PartReader
     fmt = output_format(unit)
     stem = work_dir / f"shard-{plan.name}"
     paths = {kind.name: Path(f"{stem}.{kind.extension}") for kind in fmt.artifacts}
-    return unit_writer(fmt.writer)(docs, reader, dtype, eos_id, paths, read_back)
+    return cast(UnitWriter, load(fmt.writer))(docs, reader, dtype, eos_id, paths, read_back)

@@ -28,6 +28,7 @@ from prep.storage.base import Store
 from prep.store import cas
 from prep.store.marker import MARKER_KEY, is_store
 from prep.store.snapshots import Snapshot
+from prep.transfer.derived import derived_files, install_derived
 from prep.transfer.fetch import download_verified
 from prep.transfer.held import ShareRecord, ShareSpec, install_bytes, write_share_record
 from prep.transfer.prune import MANIFEST_NAME, ancestors, previous_paths, prune
@@ -330,6 +331,7 @@ def pull(
             moved = _transfer(store, dest, share, record, jobs, on_bytes, on_file)
             for folder in folders_to_sync(dest, share.artifacts):
                 fsync_path(folder)
+            install_derived(dest, derived_files(snapshot.manifest, share.artifacts))
             leftover = sorted(previous - named) if previous is not None else []
             pruned = prune(dest, leftover, named) if prune_old else (0, 0)  # only once all of it is in place
             left = 0 if prune_old else sum(1 for path in leftover if os.path.lexists(os.path.join(dest, path)))

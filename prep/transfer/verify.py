@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from prep.hashing import Digest
 from prep.store.snapshots import Snapshot
+from prep.transfer.derived import derived_files
 from prep.transfer.held import ShareSpec, choose_share, read_share_record
 from prep.transfer.shares import PREP_DIR as PREP_DIR
 from prep.transfer.shares import TEMP_MARKER as TEMP_MARKER
@@ -302,7 +303,8 @@ def _walk_error(dest: Path, exc: OSError, problems: list[Problem]) -> None:
 def _pair_renames(dest: Path, problems: list[Problem], share: Share) -> list[Problem]:
     """Turn a missing artifact plus an extra file with its exact bytes into one `renamed`."""
     wanted = {a.path: a for a in share.artifacts}
-    missing = {(wanted[p.path].size, wanted[p.path].sha256): p for p in problems if p.kind == "missing"}
+    missing = {(wanted[p.path].size, wanted[p.path].sha256): p for p in problems
+               if p.kind == "missing" and p.path in wanted}  # a derived file is never renamed
     sizes = {size for size, _ in missing}
     paired: set[int] = set()
     renamed: list[Problem] = []
@@ -346,10 +348,11 @@ def verify(
     everything = artifacts_of(snapshot.manifest)
     check_paths(everything, dest, snapshot.id)
     share = share_of(everything, spec.rank, spec.world_size, spec.formats, snapshot.id)
-    ordered = sorted(share.artifacts, key=lambda a: (-a.size, a.path))  # big files first: even finish
+    derived = [file.artifact for file in derived_files(snapshot.manifest, share.artifacts)]
+    ordered = sorted(share.artifacts, key=lambda a: (-a.size, a.path)) + derived  # big files first: even finish
     found = run_parallel(lambda a, stop: _check_artifact(dest, a, quick, counter.add, stop), ordered, jobs, on_file)
     problems = [problem for problem in found if problem is not None]
-    problems += find_extras(dest, {artifact.path for artifact in everything})
+    problems += find_extras(dest, {artifact.path for artifact in everything + derived})
     if not quick:
         problems = _pair_renames(dest, problems, share)
     return VerifyResult(

@@ -67,9 +67,9 @@ def toy() -> Iterator[OutputFormat]:
         registry.unregister(TOY.name)
 
 
-def build_corpus(root: Path, formats: str) -> BuildResult:
+def build_corpus(root: Path, formats: str, vocab_size: int = 1000) -> BuildResult:
     """Build the golden corpus (in this process, so the workers see this module's registration)."""
-    pipeline = write_pipeline(root, word_tokenizer(root / "tokenizer.json", 1000), ["corpus"], shard_size="2KB",
+    pipeline = write_pipeline(root, word_tokenizer(root / "tokenizer.json", vocab_size), ["corpus"], shard_size="2KB",
                               formats=formats)
     return build(load_pipeline(pipeline), LocalStore(root / "store"), InProcessExecutor(), (), Progress(quiet=True))
 
@@ -127,7 +127,7 @@ def test_a_format_nobody_registered_is_refused_by_build_and_status(tmp_path: Pat
                                             formats='["bin", "toy"]'))
     for attempt in (lambda: build(pipeline, LocalStore(tmp_path / "store"), InProcessExecutor()),
                     lambda: build_status(pipeline, LocalStore(tmp_path / "store"))):
-        with pytest.raises(ConfigError, match=r"pipeline.toml: output.formats: unknown format 'toy' \(use bin, wds\)"):
+        with pytest.raises(ConfigError, match=r"pipeline.toml: output.formats: unknown format 'toy' \(use bin, mds, wds\)"):
             attempt()
 
 
@@ -138,4 +138,4 @@ def test_a_format_must_not_clash_with_a_registered_one() -> None:
     for clash in clashes:
         with pytest.raises(ValueError):
             registry.register(clash)
-    assert registry.names() == ("bin", "wds")
+    assert registry.names() == ("bin", "mds", "wds")

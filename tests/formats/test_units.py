@@ -75,20 +75,21 @@ def test_unknown_names_and_negative_shards_are_refused() -> None:
 
 
 def test_the_units_are_exactly_the_registered_output_formats() -> None:
-    assert unit_names() == (BIN, WDS)
+    assert unit_names() == (BIN, "mds", WDS)
     assert units_for(reversed(unit_names())) == list(unit_names())  # unit order, whatever the order asked
     assert units_for([WDS]) == [WDS]
     assert units_for([]) == []
 
 
 def test_every_artifact_format_belongs_to_one_unit_and_one_family() -> None:
-    assert {name: unit_formats(name) for name in unit_names()} == {BIN: (BIN, IDX), WDS: (WDS,)}
+    assert {name: unit_formats(name) for name in unit_names()} == {BIN: (BIN, IDX), "mds": ("mds",), WDS: (WDS,)}
     owners = [fmt.name for item in units() for fmt in item.artifacts]
     assert sorted(owners) == sorted(artifact_formats())  # no format in two units
     families = {item.name: {fmt.family for fmt in item.artifacts} for item in units()}
     assert all(len(found) == 1 for found in families.values())  # a unit's files travel together
     assert len({next(iter(found)) for found in families.values()}) == len(units())
-    assert {fmt: family_of(fmt) for fmt in artifact_formats()} == {BIN: "megatron", IDX: "megatron", WDS: "wds"}
+    assert {fmt: family_of(fmt) for fmt in artifact_formats()} == {BIN: "megatron", IDX: "megatron", "mds": "mds",
+                                                                   WDS: "wds"}
     assert family_of("future") == "future"
     files = {(fmt.folder, fmt.extension) for fmt in artifact_formats().values()}
     assert len(files) == len(artifact_formats())  # every path names one format
