@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from prep.faults import crash_point
 from prep.formats import little_endian, mds
 from prep.formats.mds_spec import MDS
 from prep.stages.shard import PAYLOAD_BYTES, PartReader, ShardDocuments, ShardSource, chunks
@@ -48,5 +49,6 @@ def write_mds_unit(source: ShardSource, reader: PartReader, dtype: np.dtype[Any]
         for docs in source.windows():
             for start, end in chunks(docs.n_tokens * little.itemsize + docs.text_bytes, PAYLOAD_BYTES):
                 writer.write(_block(docs, start, end, reader, little, eos_id))
+                crash_point("shard.mid_write")
         _, digest = writer.close()
     return {MDS: Written(paths[MDS], digest, read_back=False)}

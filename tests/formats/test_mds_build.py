@@ -6,6 +6,7 @@ document at its sample's bytes; StreamingDataset reads a pulled folder with no g
 from __future__ import annotations
 
 import json
+import signal
 import tempfile
 from pathlib import Path
 
@@ -17,10 +18,11 @@ from prep.cli.main import cli
 from prep.formats import mds
 from prep.formats.mds_reader import ShardReader, decode_sample, parse_index
 from prep.runner.build import BuildResult
-from tests.formats.test_golden import GOLDEN, golden_build, golden_corpus
+from tests.formats.test_golden import GOLDEN, golden_build, golden_corpus, word_tokenizer
 from tests.formats.test_mds import _run_checker, _streaming_python
 from tests.formats.test_registry import build_corpus
-from tests.runner.buildsupport import artifact_path, read_samples, read_sequences
+from tests.helpers import prep_env, run_prep, write_pipeline
+from tests.runner.buildsupport import all_objects_intact, artifact_path, read_samples, read_sequences
 
 
 def prep(*args: str | Path, exit_code: int = 0) -> str:
@@ -103,6 +105,21 @@ def test_streaming_dataset_reads_a_pulled_snapshot(tmp_path: Path) -> None:
     lines = _run_checker(python, {"read": [str(tmp_path / "dest" / "mds")], "write": []}, tmp_path)
     sequences = read_sequences(tmp_path / "store", result.snapshot.manifest)
     assert [line["tokens"] for line in lines[str(tmp_path / "dest" / "mds")]] == [s.tolist() for s in sequences]
+
+
+@pytest.mark.parametrize("point", ["shard.mid_write:2", "shard.after_write:2", "shard.between_puts:2",
+                                   "shard.before_commit:2", "publish.before_refs"])
+def test_a_build_killed_at_an_mds_write_point_reruns_to_the_same_snapshot(tmp_path: Path, point: str) -> None:
+    golden_corpus(tmp_path)
+    pipeline = write_pipeline(tmp_path, word_tokenizer(tmp_path / "t.json", 70000), ["corpus"], shard_size="1KB",
+                              formats='["mds"]')
+    clean = run_prep("build", pipeline, "--store", tmp_path / "clean", "--workers", "2").stdout.split()[-1]
+    crashed = run_prep("build", pipeline, "--store", tmp_path / "store", "--workers", "2", check=False,
+                       env=prep_env(PREP_CRASH_AT=point), new_session=True)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert all_objects_intact(tmp_path / "store")
+    rerun = run_prep("build", pipeline, "--store", tmp_path / "store", "--workers", "2").stdout.split()[-1]
+    assert rerun == clean and all_objects_intact(tmp_path / "store")
 
 
 def test_the_golden_bytes_do_not_move_with_mds_registered() -> None:
