@@ -13,6 +13,9 @@ A reader keeps a file it read open and pinned (a shared flock) while the next st
 next KEEP_STEPS steps once the cache is calm), so a step whose shards are all pinned costs one
 lock and no system call (pin_held); pins are dropped when this user needs room, and when another
 user signals that it waits for room.
+
+The cache's values are here too: its options (CacheOptions, refused when made if one would fail
+mid-run), what it did for one reader (CacheStats) and a pinned file's hold (Hold).
 """
 
 from __future__ import annotations
@@ -23,23 +26,101 @@ import fcntl
 import os
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prep import hashing
 from prep.data.cachedir import CacheDir, present, remove_entry
 from prep.data.cacherecord import CacheRecord
-from prep.data.cachevalues import CacheOptions, CacheStats, Hold
+from prep.data.checks import whole
 from prep.data.plan import Need, Plan
+from prep.data.pread import TokenFile
 from prep.data.source import open_checked, open_file_budget
 from prep.errors import IntegrityError, StorageIOError, UsageError
 from prep.storage.base import Store
 from prep.transfer.fetch import download_verified
 from prep.transfer.shares import discard, temp_name
+from prep.transfer.verify import DEFAULT_JOBS
 
 POLICIES = ("belady", "lru")
 ROOM_WAIT_SECONDS = 120.0  # how long a read waits for other users to release room before failing
 KEEP_STEPS = 8  # when the cache is calm, an idle pin stays while one of this many coming steps reads the file
+LEADS_KEPT = 4096  # prefetch leads the median is taken over: the latest ones, so a long run's memory stays flat
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """Where the cache lives, its bound, how far ahead it prefetches and with how many fetches."""
+
+    cache_dir: Path
+    cache_bytes: int
+    prefetch_steps: int | None = None
+    prefetch_bytes: int | None = None
+    jobs: int = min(DEFAULT_JOBS, 4)
+    policy: str = "belady"
+    horizon: int = 256
+
+    def __post_init__(self) -> None:
+        """Refuse now, naming it, an option that would fail mid-run or be bent silently (a size
+        given as "1GB", a negative lookahead)."""
+        whole("cache_bytes", self.cache_bytes)
+        for name in ("prefetch_steps", "prefetch_bytes"):
+            if getattr(self, name) is not None:
+                whole(name, getattr(self, name), 0)
+        whole("jobs", self.jobs)
+        whole("horizon", self.horizon)
+
+
+@dataclass
+class CacheStats:
+    """What the cache did for one reader: hits, misses, bytes fetched (twice), peak, prefetch lead."""
+
+    hits: int = 0
+    misses: int = 0
+    fetches: int = 0
+    bytes_fetched: int = 0
+    bytes_refetched: int = 0
+    evictions: int = 0
+    peak_bytes: int = 0
+    leads: deque[float] = field(default_factory=lambda: deque(maxlen=LEADS_KEPT))  # the latest leads
+    lead_min: float | None = None  # over the whole run
+    fetched: Counter[str] = field(default_factory=Counter)  # fetches per object sha256
+    sizes: dict[str, int] = field(default_factory=dict)  # object sizes by sha256
+
+    def count_fetch(self, sha256: str, size: int) -> None:
+        """One object fetched (again, if it was fetched before)."""
+        self.fetches += 1
+        self.bytes_fetched += size
+        self.bytes_refetched += size if sha256 in self.fetched else 0
+        self.fetched[sha256] += 1
+        self.sizes[sha256] = size
+
+    def add_lead(self, seconds: float) -> None:
+        """How long before its first use a prefetched object was ready."""
+        self.leads.append(seconds)
+        self.lead_min = seconds if self.lead_min is None else min(self.lead_min, seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        leads = sorted(self.leads)
+        return {"hits": self.hits, "misses": self.misses, "fetches": self.fetches,
+                "bytes_fetched": self.bytes_fetched, "bytes_refetched": self.bytes_refetched,
+                "evictions": self.evictions, "peak_cache_bytes": self.peak_bytes,
+                "prefetch_lead_seconds_min": self.lead_min,
+                "prefetch_lead_seconds_median": leads[len(leads) // 2] if leads else None}
+
+
+@dataclass
+class Hold:
+    """A pinned cache file: its lock descriptor (flocked shared), the file held open for reading, its path."""
+
+    fd: int
+    file: TokenFile
+    path: Path
+    refs: int = 0
+    closing: bool = False  # dropped by close() while in use: closed at its last release
 
 
 class NodeCache:

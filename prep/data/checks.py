@@ -7,7 +7,8 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-from prep.data.cachevalues import whole
+import numpy as np
+
 from prep.errors import IntegrityError, UsageError
 from prep.manifest.schema import validate
 
@@ -23,6 +24,19 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdi
 def shown(value: object) -> str:
     """A repr of `value` short enough for a one-line error, whatever its size or depth."""
     return _SHORT.repr(value)
+
+
+def whole(name: str, value: object, low: int = 1, high: int | None = None) -> int:
+    """`value` as an int in [low, high) (numpy integers too), else a UsageError naming it: a
+    setting of 1.5 or "3" would fail mid-run, and a seed of 2**64 would read as seed 0 does (the
+    permutation keeps 64 bits), as the state file's schema and the mixture file refuse them."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise UsageError(f"{name} must be an integer, got {value!r}")
+    number = int(value)
+    if number < low or (high is not None and number >= high):
+        bounds = f"in [{low}, 2**64)" if high == 2**64 else f">= {low}"
+        raise UsageError(f"{name} must be an integer {bounds}, got {number}")
+    return number
 
 
 def settings(seq_len: object, global_batch_size: object, world_size: object, rank: object,

@@ -7,6 +7,12 @@ permutation (prep.data.permutation), a new one per epoch. Global sample k comes 
 the mixture schedule gives it (prep.data.mixture); step s's global batch is samples
 [s * G, (s + 1) * G), and rank r of W reads rows [r * m, (r + 1) * m) with m = G // W. So every
 batch is a pure function of (sources, seed, seq_len, G, step), whatever W or the worker count.
+
+Which samples a rank's rows of a step are is computed a block of steps ahead while the steps come
+at a steady stride (step after step, or a DataLoader worker's every n-th; StepSamples): the sample
+permutation costs mostly per call, not per sample, so one call for AHEAD_SAMPLES rows costs about
+what one for a small batch does. A step's samples are a pure function of the step, however they
+were computed.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +28,7 @@ from typing import Any
 import numpy as np
 
 from prep.data import checks
-from prep.data.cache import NodeCache
-from prep.data.cachevalues import CacheOptions, whole
+from prep.data.cache import CacheOptions, NodeCache
 from prep.data.checks import MAX_SAMPLES as MAX_SAMPLES  # where ledger, torch and the tests find them
 from prep.data.checks import STATE_SCHEMA as STATE_SCHEMA
 from prep.data.mixture import MixtureSpec, Schedule, SourceSpec, mixture_hash, parse_mixture
@@ -32,8 +37,6 @@ from prep.data.plan import Need, Plan
 from prep.data.prefetch import Prefetcher
 from prep.data.remote import CachedSource
 from prep.data.source import SnapshotSource
-from prep.data.steps import Exhausted as Exhausted  # where ledger, torch and the tests find it
-from prep.data.steps import StepSamples
 from prep.errors import ConfigError, PrepError, UsageError
 from prep.project import store_url
 from prep.storage import open_store
@@ -42,6 +45,9 @@ from prep.store.marker import open_existing
 
 MODES = ("tokens", "documents")
 PLAN_GROWTH = 8  # plan steps computed in one block: the first window, then each time it is this short
+AHEAD_SAMPLES = 16384  # rows whose samples one block computes (at least one step's)
+
+SamplesOf = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -146,6 +152,47 @@ def _pairs(source: np.ndarray, epoch: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(sources[first].tolist(), epochs[first].tolist()))
 
 
+class Exhausted(Exception):
+    """A source has served its max_epochs: the mixture has no next batch."""
+
+
+class StepSamples:
+    """(source, sample) of one rank's rows of a step, from `samples_of(global samples)`."""
+
+    def __init__(self, samples_of: SamplesOf, global_batch_size: int, rank: int, rows: int) -> None:
+        self._samples_of, self._global, self._rows = samples_of, global_batch_size, rows
+        self._columns = rank * rows + np.arange(rows, dtype=np.int64)
+        self._kept: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._last: int | None = None
+        self._ahead = 1  # steps in the last block
+
+    def take(self, step: int, planned: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The step's (source, sample): `planned` when given, else kept from a block, else a new block:
+        this step alone, or, when it lies a positive stride after the last one, it and the next ones at that stride."""
+        stride = step - self._last if self._last is not None else 0
+        self._last = step
+        found = planned if planned is not None else self._kept.pop(step, None)
+        if found is None:  # blocks double while the stride holds: a short read computes little it does not use
+            self._ahead = min(2 * self._ahead, max(1, AHEAD_SAMPLES // self._rows)) if stride > 0 else 1
+            count = min(self._ahead, (MAX_SAMPLES // self._global - 1 - step) // max(stride, 1) + 1)
+            self._kept = self._block(step + max(stride, 1) * np.arange(count, dtype=np.int64))
+            found = self._kept.pop(step)
+        return found
+
+    def _block(self, steps: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """(source, sample) of `steps` by step; fewer steps (halving) when a later one lies past a
+        source's max_epochs, Exhausted when the first does."""
+        try:
+            source, _, sample = self._samples_of((steps[:, None] * self._global + self._columns).ravel())
+        except Exhausted:
+            if len(steps) == 1:
+                raise
+            return self._block(steps[:len(steps) // 2])
+        rows = self._rows
+        return {at: (source[k * rows:(k + 1) * rows], sample[k * rows:(k + 1) * rows])
+                for k, at in enumerate(steps.tolist())}
+
+
 class Reader:
     """Batches of token windows (numpy int64, shape (G // W, seq_len + 1)) or lists of documents."""
 
@@ -154,7 +201,7 @@ class Reader:
                  mode: str = "tokens",
                  **cache: Any) -> None:
         """`cache`: cache_dir, cache_bytes, prefetch_steps, prefetch_bytes, jobs, policy, horizon
-        (prep.data.cachevalues.CacheOptions): read snapshot specs straight from `store` through them."""
+        (prep.data.cache.CacheOptions): read snapshot specs straight from `store` through them."""
         if mode not in MODES:
             raise UsageError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         seq_len, global_batch_size, world_size, rank, seed = checks.settings(seq_len, global_batch_size, world_size, rank,
@@ -326,7 +373,7 @@ class Reader:
 
     def batch(self, step: int) -> Any:
         """This rank's rows of global batch `step` (a pure function of the step)."""
-        step = whole("step", step, 0)
+        step = checks.whole("step", step, 0)
         if (step + 1) * self.global_batch_size > MAX_SAMPLES:
             raise UsageError(f"step {step} lies past the last step a reader serves ({MAX_SAMPLES} samples)")
         started = time.perf_counter()

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from prep.data.cache import NodeCache
-from prep.data.cachevalues import Hold
+from prep.data.cache import Hold, NodeCache
 from prep.data.plan import Need
 from prep.data.pread import Pieces, read_in_groups, read_pieces
 from prep.data.source import SnapshotSource

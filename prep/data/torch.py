@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from prep.data.cachevalues import whole
+from prep.data.checks import whole
 from prep.data.reader import MAX_SAMPLES, Exhausted, Reader
 from prep.errors import UsageError
 

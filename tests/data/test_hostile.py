@@ -14,7 +14,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from prep.data import cache, cachevalues, prefetch
+from prep.data import cache, prefetch
 from prep.data.reader import MAX_SAMPLES, Reader
 from prep.data.remote import CachedSource
 from prep.errors import ConfigError, PrepError, UsageError
@@ -226,7 +226,7 @@ def test_prefetch_leads_kept_for_the_stats_stay_bounded_over_a_long_run(
         small: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One lead per prefetched object used was kept (and sorted at every stats() call) for the
     whole run: memory and time growing with the run's length."""
-    monkeypatch.setattr(cachevalues, "LEADS_KEPT", 4)
+    monkeypatch.setattr(cache, "LEADS_KEPT", 4)
     with Reader("demo@latest", SEQ, 1, store=small["store"], cache_dir=tmp_path / "cache", cache_bytes=40_000,
                 prefetch_steps=1, jobs=1) as reader:
         assert reader.cache is not None
