@@ -7,6 +7,10 @@ compacted, under `cache.lock`, to one line per cached file it proves: when a rea
 cache, and whenever it has doubled in size (plus SLACK_BYTES) since it was last looked at. A
 compaction writes a temporary and renames it over the record, so a crash leaves the old record
 or the new one whole; a torn or malformed line is dropped, costing only a rehash.
+
+A file with rules of its own (what it proves, when it is rewritten, how a crash leaves it), so a
+module of its own: the cache (prep.data.cache) appends to it and asks it to compact, the cache's
+folder (prep.data.cachedir) only holds it.
 """
 
 from __future__ import annotations
