@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -109,12 +109,32 @@ class OutputFormat:
         return tuple(kind.name for kind in self.artifacts)
 
 
+@dataclass(frozen=True)
+class Tables:
+    """The registry's lookups, rebuilt when a format is added or removed (artifact paths are
+    parsed and named per file of snapshots of 80,000 shards)."""
+
+    formats: tuple[OutputFormat, ...]  # in unit order: by name
+    names: tuple[str, ...]
+    kinds: Mapping[str, ArtifactFormat]  # by manifest `format`
+    files: Mapping[tuple[str, str], str]  # (folder, extension) -> manifest `format`
+
+    @classmethod
+    def of(cls, formats: Mapping[str, OutputFormat]) -> Tables:
+        """The lookups of these formats."""
+        ordered = tuple(formats[name] for name in sorted(formats))
+        kinds = {kind.name: kind for fmt in ordered for kind in fmt.artifacts}
+        return cls(ordered, tuple(sorted(formats)), kinds,
+                   {(kind.folder, kind.extension): kind.name for kind in kinds.values()})
+
+
 class _Registry:
-    """The registered formats by name."""
+    """The registered formats by name, and their lookups."""
 
     def __init__(self) -> None:
         self.formats: dict[str, OutputFormat] = {}
         self.loaded = False
+        self.cached: Tables | None = None
 
     def all(self) -> dict[str, OutputFormat]:
         """Every format, the built-ins loaded first (their modules call `register`)."""
@@ -123,6 +143,21 @@ class _Registry:
             for module in BUILTIN:
                 importlib.import_module(module)
         return self.formats
+
+    def tables(self) -> Tables:
+        """The lookups of every format."""
+        formats = self.all()
+        if self.cached is None:
+            self.cached = Tables.of(formats)
+        return self.cached
+
+    def put(self, fmt: OutputFormat) -> None:
+        self.all()[fmt.name] = fmt
+        self.cached = None
+
+    def remove(self, name: str) -> None:
+        self.all().pop(name, None)
+        self.cached = None
 
 
 _REGISTRY = _Registry()
@@ -134,13 +169,18 @@ def register(fmt: OutputFormat) -> OutputFormat:
     if formats.get(fmt.name) == fmt:
         return fmt
     _check_new(fmt, formats.values())
-    formats[fmt.name] = fmt
+    _REGISTRY.put(fmt)
     return fmt
 
 
 def unregister(name: str) -> None:
     """Remove the format `name` (a test's own format, once the test is done)."""
-    _REGISTRY.all().pop(name, None)
+    _REGISTRY.remove(name)
+
+
+def tables() -> Tables:
+    """The registry's lookups as they are now."""
+    return _REGISTRY.tables()
 
 
 def _check_new(fmt: OutputFormat, others: Collection[OutputFormat]) -> None:
@@ -158,13 +198,12 @@ def _check_new(fmt: OutputFormat, others: Collection[OutputFormat]) -> None:
 def output_formats() -> tuple[OutputFormat, ...]:
     """Every registered format in unit order, by name: the order units are planned, written and
     listed, whatever the order their modules were imported in."""
-    formats = _REGISTRY.all()
-    return tuple(formats[name] for name in sorted(formats))
+    return tables().formats
 
 
 def names() -> tuple[str, ...]:
     """Every registered format's name, in unit order."""
-    return tuple(sorted(_REGISTRY.all()))
+    return tables().names
 
 
 def output_format(name: str) -> OutputFormat:

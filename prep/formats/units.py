@@ -9,12 +9,12 @@ artifacts of one family travel together.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prep.formats.megatron_spec import BIN as BIN
 from prep.formats.megatron_spec import IDX as IDX
 from prep.formats.registry import ArtifactFormat as ArtifactFormat
-from prep.formats.registry import OutputFormat, names, output_format, output_formats
+from prep.formats.registry import OutputFormat, names, output_format, output_formats, tables
 from prep.formats.wds_spec import WDS as WDS
 
 SHARD_DIGITS = 5
@@ -33,9 +33,9 @@ def unit_names() -> tuple[str, ...]:
     return names()
 
 
-def artifact_formats() -> dict[str, ArtifactFormat]:
+def artifact_formats() -> Mapping[str, ArtifactFormat]:
     """Every artifact format by its manifest `format`."""
-    return {kind.name: kind for fmt in output_formats() for kind in fmt.artifacts}
+    return tables().kinds
 
 
 def unit(name: str) -> OutputFormat:
@@ -96,7 +96,7 @@ def parse_artifact_path(path: str) -> tuple[str, int]:
     """The (format, shard index) of a path `artifact_path` makes: "bin/00003.idx" -> ("idx", 3)."""
     folder, _, name = path.partition("/")
     stem, _, extension = name.partition(".")
-    fmt = {(kind.folder, kind.extension): kind.name for kind in artifact_formats().values()}.get((folder, extension))
+    fmt = tables().files.get((folder, extension))
     if fmt is None or not (stem.isascii() and stem.isdigit()) or artifact_path(fmt, int(stem)) != path:
         raise ValueError(f"{path!r} is not a shard artifact path such as {artifact_path(IDX, 3)}")
     return fmt, int(stem)
