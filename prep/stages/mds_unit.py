@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from prep.errors import InputError
 from prep.faults import crash_point
 from prep.formats import little_endian, mds
 from prep.formats.mds_spec import MDS
@@ -36,8 +37,12 @@ def _block(docs: ShardDocuments, start: int, end: int, reader: PartReader, littl
     texts = np.empty(int(text_ends[-1]), dtype=np.uint8)
     reader.gather(texts, docs.part[start:end], docs.text_offset[start:end], text_sizes, text_ends - text_sizes)
     id_offsets = docs.id_offsets[start:end + 1]
-    return mds.Documents(tokens, np.concatenate(([0], token_ends)), texts.tobytes(), np.concatenate(([0], text_ends)),
-                         docs.ids[int(id_offsets[0]):int(id_offsets[-1])], id_offsets - id_offsets[0])
+    try:
+        return mds.Documents(tokens, np.concatenate(([0], token_ends)), texts.tobytes(),
+                             np.concatenate(([0], text_ends)), docs.ids[int(id_offsets[0]):int(id_offsets[-1])],
+                             id_offsets - id_offsets[0])
+    except ValueError as exc:  # an id <source>:<line> of a file name that is not UTF-8: MDS columns are UTF-8
+        raise InputError(f"the mds format stores texts and ids as UTF-8: {exc}") from None
 
 
 def write_mds_unit(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int,

@@ -3,6 +3,7 @@ sequential writers, for any chunk size, shard size and bucket count."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from prep.stages import entries as entry_objects
 from prep.stages import gather, keys, order, shard
 from prep.stages.cuts import ShardPlan, plan_shards
 from prep.stages.intermediate import IntermediateWriter, read_columns
-from prep.stages.members import PartNames, sample_jsons
+from prep.stages.members import PartNames, document_ids, sample_jsons
 from prep.stages.shuffle import document_id, record_line
 from prep.stages.specs import Part, PartTable
 
@@ -190,7 +191,8 @@ _json_ids = st.lists(st.one_of(st.none(), st.text(st.characters(blacklist_catego
 def test_vectorized_json_members_equal_the_reference(ids: list[str | None], sources: list[str], line_offset: int,
                                                      data: st.DataObject) -> None:
     """`.json` members built with numpy are the bytes of one `wds.sample_json` per document:
-    ids with quotes, backslashes or control characters, missing ids, any source and line."""
+    ids with quotes, backslashes or control characters, missing ids, any source and line; the
+    ids alone (MDS samples) are the ids those members name."""
     parts = [Part(Path("unused"), source, "jsonl", line_offset, len(ids)) for source in sources]
     encoded = [b"" if doc_id is None else doc_id.encode() for doc_id in ids]
     entries = np.zeros(len(ids), dtype=entry_objects.ENTRY_DTYPE)
@@ -203,6 +205,9 @@ def test_vectorized_json_members_equal_the_reference(ids: list[str | None], sour
     members, offsets = sample_jsons(entries, blob, PartNames.of_parts(parts))
     got = [members[offsets[k]:offsets[k + 1]] for k in range(len(ids))]
     assert got == _reference_jsons(entries, blob, parts)
+    named, named_offsets = document_ids(entries, blob, PartNames.of_parts(parts))
+    assert [named[named_offsets[k]:named_offsets[k + 1]].decode() for k in range(len(ids))] == [
+        json.loads(member)["id"] for member in got]
 
 
 @given(st.lists(st.integers(0, 2**63 - 1), max_size=20))
