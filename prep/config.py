@@ -15,13 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from prep.errors import ConfigError, UsageError
+from prep.formats import registry
 from prep.store.layout import MAX_NAME_CHARS, valid_name
 from prep.store.retention import Policy, check_policy, parse_duration
 
 FORMATS = ("auto", "jsonl", "parquet", "text", "hf")
-FORMAT_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
-"""An output format's name; which names are formats is the registry's (prep.formats.registry),
-asked by the runner, since prep.formats is a sibling of this module."""
 BACKENDS = ("auto", "tokenizers", "gigatoken")
 ON_ERROR = ("fail", "skip")
 SEED_LIMIT = 2**64  # the shuffle mixes the seed as an unsigned 64-bit integer
@@ -270,9 +268,9 @@ def _input(inp: _Table, source: str) -> InputConfig:
 def _output(out: _Table, source: str) -> OutputConfig:
     """`[output]`: formats (format names, each at most once) and shard_size."""
     formats = _string_list(out, "formats", OutputConfig.formats)
-    for fmt in formats:
-        if not FORMAT_NAME.fullmatch(fmt):
-            raise ConfigError(f"{source}: output.formats: {fmt!r} is not a format name (such as bin, wds)")
+    unknown = registry.unknown(formats)
+    if unknown:
+        raise ConfigError(f"{source}: output.formats: unknown format {unknown[0]!r} (use {', '.join(registry.names())})")
     if not formats or len(set(formats)) != len(formats):
         raise ConfigError(f"{source}: output.formats: list each format at most once, at least one")
     output = OutputConfig(

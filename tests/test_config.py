@@ -41,7 +41,7 @@ def test_defaults_and_resolved_config_hold_no_machine_paths() -> None:
     ({"bogus": 1}, "bogus: unknown key"),
     ({"input": {"paths": ["a"], "fromat": "jsonl"}}, "input.fromat: unknown key"),
     ({"input": {"paths": ["a"], "format": "csv"}}, "input.format: must be one of"),
-    ({"output": {"formats": ["bin", "TF record"]}}, "output.formats: 'TF record' is not a format name"),
+    ({"output": {"formats": ["bin", "TF record"]}}, "output.formats: unknown format 'TF record' (use bin, mds, wds)"),
     ({"output": {"formats": ["bin", "bin"]}}, "output.formats"),
     ({"tokenizer": {"path": "t.json", "encode_special_tokens": "yes"}}, "tokenizer.encode_special_tokens: expected bool"),
     ({"dataset": "has space"}, "dataset"),

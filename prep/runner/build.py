@@ -24,7 +24,6 @@ from prep.runner import ordering
 from prep.runner.executors.base import Executor, WarmUp, WrappedExecutor
 from prep.runner.executors.local import LocalExecutor
 from prep.runner.planning import (
-    check_formats,
     describe_inputs,
     hash_inputs_meanwhile,
     task_bytes,
@@ -286,7 +285,6 @@ def build(pipeline: Pipeline, store: Store, executor: Executor, tags: Sequence[s
         options = replace(options, tags=tuple(tags))
     for tag in options.tags:
         check_tag_name(tag)
-    check_formats(pipeline)
     code = code_identity()
     checked = WrappedExecutor(executor, lambda fn: CodeChecked(fn, code))
     plan = RefPlan.note(store, pipeline.dataset, options.tags, options.expect, options.force)

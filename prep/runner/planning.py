@@ -9,8 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prep.config import Pipeline
-from prep.errors import ConfigError, PrepError
-from prep.formats import registry
+from prep.errors import PrepError
 from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import Executor
 from prep.runner.tasks import HashJob, TokenizeJob, run_hash_job
@@ -21,14 +20,6 @@ from prep.store.snapshots import Snapshot, load_snapshot
 
 HASH_BATCH_BYTES = 256 << 20
 HASH_BATCH_FILES = 512
-
-
-def check_formats(pipeline: Pipeline) -> None:
-    """Refuse an `output.formats` name the format registry does not hold (ConfigError naming it)."""
-    unknown = registry.unknown(list(pipeline.output.formats))
-    if unknown:
-        raise ConfigError(f"{pipeline.source}: output.formats: unknown format {unknown[0]!r} "
-                          f"(use {', '.join(registry.names())})")
 
 
 def unchanged_latest(store: Store, pipeline: Pipeline, sources: list[SourceFile], code: dict[str, Any],

@@ -18,7 +18,7 @@ from prep.config import Pipeline
 from prep.errors import PrepError
 from prep.inputs.sources import SourceFile, discover, input_version
 from prep.runner import ordering
-from prep.runner.planning import check_formats, tokenize_settings
+from prep.runner.planning import tokenize_settings
 from prep.runner.tasks import HashJob, run_hash_job
 from prep.stages.cuts import bucket_bits
 from prep.stages.read import plan_read_tasks
@@ -138,7 +138,6 @@ def _stage(store: Store, name: str, settings: Any, code: dict[str, Any], inputs:
 
 def build_status(pipeline: Pipeline, store: Store) -> BuildStatus:
     """What `prep build` of `pipeline` into `store` would run and reuse (reads only)."""
-    check_formats(pipeline)
     code = code_identity()
     tokenizer_path = pipeline.tokenizer_path()
     info = describe_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)
