@@ -118,7 +118,8 @@ def test_a_stage_manifest_names_what_its_kind_declares(manifest: dict[str, Any],
     lambda d: d.update(stage="publish"),
     lambda d: d.update(schema="prep.stage/2"),
     lambda d: d.update(named_elsewhere=IDS[9]),
-    lambda d: d["shards"][0]["outputs"].update(parquet=IDS[9]),
+    lambda d: d["shards"][0]["outputs"].update({"Parquet files": IDS[9]}),  # format names are data, of one pattern
+    lambda d: d["shards"][0]["outputs"].update(parquet=12),
 ])
 def test_a_stage_manifest_of_unknown_shape_is_refused(damage: Any) -> None:
     document = copy.deepcopy({"schema": "prep.stage/1", "key": KEY, **STAGE_MANIFESTS[3][0]})
