@@ -24,7 +24,6 @@ MAX_FUNCTION_LINES = 60  # "no function over about 50" (docs/architecture.md, ru
 # themselves" step (the entries under prep/runner, prep/history and prep/stages are in packages
 # another change of issue 40 is editing), then dropped from here.
 SHARED_NAMES = {
-    "cache.py": {"prep/cache.py", "prep/store/cache.py", "prep/data/cache.py"},  # the three caches of issue 40
     "base.py": {"prep/storage/base.py", "prep/runner/executors/base.py"},  # the Store class in storage/base.py
     "local.py": {"prep/storage/local.py", "prep/runner/executors/local.py"},
     "specs.py": {"prep/stages/specs.py", "prep/history/specs.py"},

@@ -1,4 +1,4 @@
-"""The node-local cache's folder and the locks its users share (prep.data.cache decides with them).
+"""The node-local cache's folder and the locks its users share (prep.data.nodecache decides with them).
 
 Layout of `cache_dir`:
 - `objects/<sha256>`: complete, proven files, named by content (two snapshots sharing a shard

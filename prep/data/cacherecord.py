@@ -9,7 +9,7 @@ compaction writes a temporary and renames it over the record, so a crash leaves 
 or the new one whole; a torn or malformed line is dropped, costing only a rehash.
 
 A file with rules of its own (what it proves, when it is rewritten, how a crash leaves it), so a
-module of its own: the cache (prep.data.cache) appends to it and asks it to compact, the cache's
+module of its own: the cache (prep.data.nodecache) appends to it and asks it to compact, the cache's
 folder (prep.data.cachedir) only holds it.
 """
 

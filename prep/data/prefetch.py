@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from prep.data.cache import NodeCache
+from prep.data.nodecache import NodeCache
 from prep.data.plan import Need, Plan
 
 JOIN_SECONDS = 30.0  # how long close() waits for a fetch under way before leaving it to finish alone

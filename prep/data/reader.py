@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from prep.data import checks
-from prep.data.cache import CacheOptions, NodeCache
 from prep.data.checks import MAX_SAMPLES as MAX_SAMPLES  # where ledger, torch and the tests find them
 from prep.data.checks import STATE_SCHEMA as STATE_SCHEMA
 from prep.data.mixture import MixtureSpec, Schedule, SourceSpec, mixture_hash, parse_mixture
+from prep.data.nodecache import CacheOptions, NodeCache
 from prep.data.permutation import IndexPermutation
 from prep.data.plan import Need, Plan
 from prep.data.prefetch import Prefetcher
@@ -201,7 +201,7 @@ class Reader:
                  mode: str = "tokens",
                  **cache: Any) -> None:
         """`cache`: cache_dir, cache_bytes, prefetch_steps, prefetch_bytes, jobs, policy, horizon
-        (prep.data.cache.CacheOptions): read snapshot specs straight from `store` through them."""
+        (prep.data.nodecache.CacheOptions): read snapshot specs straight from `store` through them."""
         if mode not in MODES:
             raise UsageError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         seq_len, global_batch_size, world_size, rank, seed = checks.settings(seq_len, global_batch_size, world_size, rank,

@@ -1,5 +1,5 @@
 """A snapshot read straight from a store (S3 or local) through the node-local cache: each shard is
-fetched into the cache on first need (prep.data.cache), pinned while rows are read out of it by
+fetched into the cache on first need (prep.data.nodecache), pinned while rows are read out of it by
 position (prep.data.pread), and read from the verified cache file; nothing is read from a file
 before it is proven, and a pinned file cut short or unreadable meanwhile is a prep error naming it
 (the pin is dropped, so the next read opens the object again, and fetches it again if it is short).
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from prep.data.cache import Hold, NodeCache
+from prep.data.nodecache import Hold, NodeCache
 from prep.data.plan import Need
 from prep.data.pread import Pieces, read_in_groups, read_pieces
 from prep.data.source import SnapshotSource

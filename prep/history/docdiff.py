@@ -28,8 +28,8 @@ from prep.errors import InputError
 from prep.history.documents import RecordedTask, SnapshotRecords, load_records, prove_intermediates, task_batches
 from prep.history.keep import SCAN_BYTES, KeepFlags, keep_flags
 from prep.stages.columns import bool_column, int_column, to_numbers, to_strings
+from prep.stages.docnames import document_id, record_line
 from prep.stages.intermediate import hash_pairs
-from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
 from prep.store.snapshots import Snapshot
 

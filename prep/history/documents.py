@@ -27,11 +27,11 @@ from prep.formats import wds
 from prep.history.specs import is_decimal, is_text
 from prep.manifest import canonical
 from prep.stages.columns import FALSE, row_of, scalar_of, to_numbers
+from prep.stages.docnames import document_id, record_line
 from prep.stages.intermediate import Intermediate
-from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
 from prep.store import cas
-from prep.store.cache import verified_local_file
+from prep.store.localcopy import verified_local_file
 from prep.store.snapshots import Snapshot
 
 LAYOUT_POSITIONAL = 1

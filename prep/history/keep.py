@@ -27,8 +27,8 @@ from prep.history.documents import (
     task_batches,
     verified_object,
 )
-from prep.stages.dedup import MASK_COUNT_DTYPE, MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, unpack_flags
 from prep.stages.intermediate import hash_pairs
+from prep.stages.keepmask import MASK_COUNT_DTYPE, MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, unpack_flags
 from prep.stages.keys import bucket_of, order_keys
 from prep.storage.base import Store
 
@@ -67,7 +67,7 @@ class AllKept:
 
 
 class PackedMask:
-    """A keep mask (layout: prep.stages.dedup), memory-mapped: flag i keeps document i."""
+    """A keep mask (layout: prep.stages.keepmask), memory-mapped: flag i keeps document i."""
 
     def __init__(self, path: Path) -> None:
         raw = np.memmap(path, dtype=np.uint8, mode="r")

@@ -33,9 +33,9 @@ from prep.history.documents import (
 )
 from prep.history.placing import Needs, needs, origin_sizes, placed_kinds, placements
 from prep.stages.cuts import ShardPlan
+from prep.stages.docnames import document_id, record_line
 from prep.stages.entries import ENTRY_DTYPE, NO_ID, EntryFile
 from prep.stages.keys import bucket_of, order_keys
-from prep.stages.shuffle import document_id, record_line
 from prep.storage.base import Store
 
 CHUNK_ENTRIES = 1 << 16

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from prep.cache import cache_root
 from prep.errors import ConfigError, InputError
 from prep.inputs.zstd import open_zstd
+from prep.machinecache import cache_root
 from prep.store.layout import OBJECTS_PREFIX, leases_prefix
 from prep.store.marker import MARKER_KEY
 

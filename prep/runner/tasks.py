@@ -26,7 +26,7 @@ from prep.stages.specs import Part, PartTable, ShardParts, TokenizeSettings, ent
 from prep.storage import open_store
 from prep.storage.base import Store
 from prep.store import cas
-from prep.store.cache import local_file as fetch_local
+from prep.store.localcopy import local_file as fetch_local
 
 # The stage modules (numpy, Arrow, tokenizers) are imported inside the task functions: the
 # driver imports this module for the job descriptions and must stay quick to start.
@@ -66,7 +66,7 @@ class CodeChecked:
 
 def prepare_worker(warm: WarmUp | None) -> None:
     """Import what tasks need and load the build's tokenizer, so the first task pays for neither."""
-    import prep.stages.dedup  # noqa: F401
+    import prep.stages.keepmask  # noqa: F401
     import prep.stages.shard  # noqa: F401
     import prep.stages.tokenize  # noqa: F401
     from prep.stages.read import preload_fast_parser

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prep.cache import derived_bytes
 from prep.errors import TokenizerError
+from prep.machinecache import derived_bytes
 from prep.regular import open_regular
 
 if TYPE_CHECKING:  # both load in tenths of a second; the build driver needs neither

@@ -8,7 +8,7 @@ import json
 
 from tokenizers import AddedToken, Tokenizer
 
-from prep.cache import derived_bytes
+from prep.machinecache import derived_bytes
 
 MAX_PROBED_ADDED_TOKENS = 64
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from prep.cache import derived_bytes
+from prep.machinecache import derived_bytes
 
 
 @functools.cache

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from prep.data import cache
+from prep.data import nodecache
 from prep.data.reader import Reader
 from prep.errors import UsageError
 from prep.storage import LocalStore
@@ -73,7 +73,7 @@ def test_a_documents_reader_that_has_not_read_yet_leaves_other_users_room(built:
     """Opening in documents mode reads every .idx through the cache; their pins stayed until a batch
     settled them, so a reader that had not read yet (a DataLoader's main-process dataset never
     does) held room another user of the cache waited for, then failed on."""
-    monkeypatch.setattr(cache, "ROOM_WAIT_SECONDS", 2.0)
+    monkeypatch.setattr(nodecache, "ROOM_WAIT_SECONDS", 2.0)
     probe = Reader(built["root"] / "web-dest", seq_len=1, global_batch_size=2, mode="documents")
     artifacts = probe.sources[0].snapshot.manifest["artifacts"]
     limit = 2 * max(a["size"] for a in artifacts if a["format"] == "bin")

@@ -14,7 +14,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from prep.data import cache, prefetch
+from prep.data import nodecache, prefetch
 from prep.data.reader import MAX_SAMPLES, Reader
 from prep.data.remote import CachedSource
 from prep.errors import ConfigError, PrepError, UsageError
@@ -226,7 +226,7 @@ def test_prefetch_leads_kept_for_the_stats_stay_bounded_over_a_long_run(
         small: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One lead per prefetched object used was kept (and sorted at every stats() call) for the
     whole run: memory and time growing with the run's length."""
-    monkeypatch.setattr(cache, "LEADS_KEPT", 4)
+    monkeypatch.setattr(nodecache, "LEADS_KEPT", 4)
     with Reader("demo@latest", SEQ, 1, store=small["store"], cache_dir=tmp_path / "cache", cache_bytes=40_000,
                 prefetch_steps=1, jobs=1) as reader:
         assert reader.cache is not None
@@ -271,7 +271,7 @@ def test_a_reader_idle_between_steps_gives_up_its_pins_when_another_user_waits(
     """Pins kept between steps were dropped on pressure only at the holder's next batch: a reader
     that waits (a DataLoader worker whose batches are all queued, while the main loop waits for
     the worker that needs room) held them until the waiter gave up."""
-    monkeypatch.setattr(cache, "ROOM_WAIT_SECONDS", 3.0)
+    monkeypatch.setattr(nodecache, "ROOM_WAIT_SECONDS", 3.0)
     settings: dict[str, Any] = {"store": small["store"], "cache_dir": tmp_path / "cache", "cache_bytes": 40_000,
                                 "prefetch_steps": 0}
     with Reader("demo@latest", SEQ, GLOBAL, **settings) as idle, Reader("demo@latest", SEQ, GLOBAL, **settings) as other:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from prep.data.cache import KEEP_STEPS, CacheOptions, NodeCache
+from prep.data.nodecache import KEEP_STEPS, CacheOptions, NodeCache
 from prep.data.plan import Need, Plan
 from prep.data.prefetch import Prefetcher
 from prep.storage import LocalStore

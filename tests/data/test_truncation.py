@@ -153,7 +153,7 @@ def test_a_pulled_shard_cut_while_the_reader_runs_fails_that_batch_in_one_line(
 def test_a_cache_file_cut_while_pinned_fails_that_batch_and_the_retry_fetches_it_again(
         store: LocalStore, tmp_path: Path) -> None:
     """No prefetch: a read waiting on a prefetch's lock drops the idle pins, and a cut file that is not
-    pinned is opened again, found short and fetched again without an error (test_cache.py)."""
+    pinned is opened again, found short and fetched again without an error (test_nodecache.py)."""
     reference = Reader("cut@latest", SEQ, GLOBAL, store=store)
     shard, failing, expected = scenario(reference)
     victim = tmp_path / "cache" / "objects" / reference.sources[0].shards[shard].bin_sha256

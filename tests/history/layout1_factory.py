@@ -2,7 +2,7 @@
 
 `synthesize_layout1` takes a layout-2 snapshot and publishes the layout-1 snapshot the old build
 made of the same tokenize outputs: a dedup keep mask (first occurrence of each text hash in
-input order, packed as prep.stages.dedup defines), a shuffle plan and shard specs (the old
+input order, packed as prep.stages.keepmask defines), a shuffle plan and shard specs (the old
 planner, kept here: order by a keyed hash of the text hash, shards cut at `shard_size`), and
 shards named by position whose files hold the documents in plan order, WebDataset keys being
 10-digit global positions. Every stage manifest validates against its schema.
@@ -20,13 +20,13 @@ import pyarrow as pa
 from prep.formats import little_endian, megatron, wds
 from prep.formats.units import BIN, IDX, WDS, artifact_path
 from prep.manifest import canonical
-from prep.stages import shuffle
-from prep.stages.dedup import pack_mask
+from prep.stages import docnames
 from prep.stages.intermediate import hash_pairs, read_columns
+from prep.stages.keepmask import pack_mask
 from prep.stages.specs import Part, ShardSpec
 from prep.storage.base import Store
 from prep.store import cas, records
-from prep.store.cache import local_file
+from prep.store.localcopy import local_file
 from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, publish_manifest
 
@@ -46,11 +46,11 @@ class _Doc:
     @property
     def line(self) -> int:
         """The document's 1-based line in its file."""
-        return shuffle.record_line(self.part.format, self.part.line_offset, self.row)
+        return docnames.record_line(self.part.format, self.part.line_offset, self.row)
 
     def sample_json(self) -> bytes:
         """The document's `.json` WebDataset member."""
-        return wds.sample_json(shuffle.document_id(self.doc_id, self.part.source, self.line), self.part.source,
+        return wds.sample_json(docnames.document_id(self.doc_id, self.part.source, self.line), self.part.source,
                                self.line, len(self.tokens) + 1)
 
 

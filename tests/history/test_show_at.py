@@ -131,7 +131,7 @@ def test_text_from_a_corrupt_intermediate_is_refused(tmp_path: Path, tokenizer_p
     data[0] ^= 0xFF  # the first document's first text byte
     path.chmod(0o644)
     path.write_bytes(bytes(data))
-    monkeypatch.setattr("prep.store.cache._CHECKED", set())  # the trace proved the file: as if in a new process
+    monkeypatch.setattr("prep.store.localcopy._CHECKED", set())  # the trace proved the file: as if in a new process
     with pytest.raises(IntegrityError, match="does not hash to its name"):
         document_content(store, records, found.document)
 

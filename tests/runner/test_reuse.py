@@ -250,17 +250,17 @@ def test_a_corrupt_cached_download_is_fetched_again(s3_bucket: str, tmp_path: Pa
     """Workers on an S3 store read objects through a local cache: a cached copy is re-hashed
     the first time a process uses it, and a corrupt one is downloaded again."""
     from prep.storage import open_store
-    from prep.store import cache
+    from prep.store import localcopy
 
-    monkeypatch.setattr(cache, "_CHECKED", set())
+    monkeypatch.setattr(localcopy, "_CHECKED", set())
     store = open_store(f"{s3_bucket}/store")
     data = os.urandom(100_000)
     object_id = cas.put_bytes(store, data).id
-    cached = cache.local_file(store, object_id)
+    cached = localcopy.local_file(store, object_id)
     assert cached.read_bytes() == data
-    cache._CHECKED.clear()  # a new process
+    localcopy._CHECKED.clear()  # a new process
     flip_byte(cached, 500)
-    assert cache.local_file(store, object_id).read_bytes() == data
+    assert localcopy.local_file(store, object_id).read_bytes() == data
 
 
 def test_a_driver_failure_leaves_no_intermediate_staged_by_tasks_in_flight(tmp_path: Path, tokenizer_path: Path,

@@ -18,9 +18,9 @@ from prep.formats import megatron, wds
 from prep.stages import entries as entry_objects
 from prep.stages import gather, keys, order, shard
 from prep.stages.cuts import ShardPlan, plan_shards
+from prep.stages.docnames import document_id, record_line
 from prep.stages.intermediate import IntermediateWriter, read_columns
 from prep.stages.members import PartNames, document_ids, sample_jsons
-from prep.stages.shuffle import document_id, record_line
 from prep.stages.specs import Part, PartTable
 
 DTYPE = np.dtype(np.uint16)

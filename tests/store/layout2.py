@@ -22,7 +22,7 @@ from prep.stages.intermediate import read_columns
 from prep.stages.keys import bucket_of
 from prep.storage.base import Store
 from prep.store import cas, records
-from prep.store.cache import local_file
+from prep.store.localcopy import local_file
 from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, load_snapshot, publish_manifest
 from tests.store.layout1 import commit_stage_entry, plant_tokenize

@@ -44,7 +44,7 @@ def test_errors_are_those_of_a_load(tmp_path: Path) -> None:
 
 
 def test_a_damaged_cache_entry_is_not_trusted(tokenizer_path: Path) -> None:
-    from prep.cache import cache_root
+    from prep.machinecache import cache_root
 
     fresh = describe_tokenizer(tokenizer_path, EOS)
     for entry in (cache_root() / "tokenizer-info").glob("*.json"):
@@ -70,7 +70,7 @@ def test_a_description_cached_by_older_rules_is_not_served(tokenizer_path: Path)
     import dataclasses
     import hashlib
 
-    from prep.cache import cache_root
+    from prep.machinecache import cache_root
 
     fresh = load_tokenizer(tokenizer_path, EOS)[1]
     old_key = hashlib.sha256(json.dumps([fresh.sha256, EOS, True]).encode()).hexdigest()

@@ -12,8 +12,8 @@ import uuid
 from pathlib import Path
 
 from prep import hashing
-from prep.cache import cache_root
 from prep.errors import IntegrityError
+from prep.machinecache import cache_root
 from prep.storage.base import Store
 from prep.store.layout import object_key
 

@@ -1,4 +1,4 @@
-"""The keep mask: one definition (prep.stages.dedup), bytes that round-trip, and every reader using it."""
+"""The keep mask: one definition (prep.stages.keepmask), bytes that round-trip, and every reader using it."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from prep.errors import IntegrityError
 from prep.history import lineage
-from prep.stages import dedup
-from prep.stages.dedup import MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, pack_mask, unpack_mask
+from prep.stages import keepmask
+from prep.stages.keepmask import MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, pack_mask, unpack_mask
 
 ROOT = Path(__file__).resolve().parents[2]
 # Bit packing that is not the keep mask: Arrow validity bitmaps and the tokenizer's code point table.
@@ -72,15 +72,15 @@ def _bit_packing_modules() -> set[str]:
 
 
 def test_only_dedup_packs_or_unpacks_the_mask() -> None:
-    assert _bit_packing_modules() - OTHER_BIT_PACKING == {"prep/stages/dedup.py"}
+    assert _bit_packing_modules() - OTHER_BIT_PACKING == {"prep/stages/keepmask.py"}
 
 
 def test_the_mapped_reader_uses_the_one_definition() -> None:
     for name in ("MASK_HEADER_BYTES", "mask_count", "mask_bytes_for", "unpack_flags"):
-        assert vars(lineage)[name] is vars(dedup)[name]
+        assert vars(lineage)[name] is vars(keepmask)[name]
     tasks = ast.parse((ROOT / "prep/runner/tasks.py").read_text())
     imported = {alias.name for node in ast.walk(tasks) if isinstance(node, ast.ImportFrom)
-                and node.module == "prep.stages.dedup" for alias in node.names}
+                and node.module == "prep.stages.keepmask" for alias in node.names}
     assert not {"pack_mask", "unpack_mask"} & imported, "builds no longer write a mask (layout 2)"
 
 
