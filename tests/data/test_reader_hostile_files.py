@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,7 @@ from prep.storage import LocalStore
 from prep.store import cas
 from prep.store.snapshots import read_manifest_file
 from tests.bench.bench_reader import make_snapshot
-from tests.helpers import run_prep
+from tests.helpers import run_prep, within
 
 SEQ, GLOBAL = 16, 4
 NOT_REGULAR = "not a regular file (a FIFO, a device or a folder); refusing to read it"
@@ -33,21 +30,6 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hostile-files")
     make_snapshot(root / "snapshot", 20_000)
     return root
-
-
-@contextmanager
-def within(seconds: int) -> Iterator[None]:
-    """Fail (rather than hang the test run) when the block takes longer than `seconds`."""
-    def stuck(signum: int, frame: object) -> None:
-        raise TimeoutError(f"still blocked after {seconds} s (hashing or reading a FIFO or a device?)")
-
-    previous = signal.signal(signal.SIGALRM, stuck)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def planted(made: Path, tmp_path: Path, where: str, what: str) -> tuple[list[str], Path]:
