@@ -16,6 +16,8 @@ from typing import Any
 
 from prep.errors import ConfigError, UsageError
 from prep.formats import registry
+from prep.steps import catalog
+from prep.steps.protocol import DocumentStep, SettingError
 from prep.store.layout import MAX_NAME_CHARS, valid_name
 from prep.store.retention import Policy, check_policy, parse_duration
 
@@ -88,13 +90,16 @@ class Pipeline:
     output: OutputConfig
     retention: Policy = Policy()  # not output-affecting: kept out of `resolved()`
     build: BuildConfig = BuildConfig()  # nor is this
+    steps: tuple[DocumentStep, ...] = ()  # [[steps]], in order: run on each document before tokenizing
 
     def tokenizer_path(self) -> Path:
         path = Path(self.tokenizer.path).expanduser()
         return path if path.is_absolute() else self.base_dir / path
 
     def resolved(self) -> dict[str, Any]:
-        """Every output-affecting setting, machine-independent, as recorded in manifests."""
+        """Every output-affecting setting, machine-independent, as recorded in manifests (`steps`
+        only when some are configured, so a pipeline without them records what it always did)."""
+        steps = {"steps": catalog.resolved(self.steps)} if self.steps else {}
         return {
             "input": {
                 "format": self.input.format,
@@ -109,6 +114,7 @@ class Pipeline:
             },
             "dedup": {"exact": self.dedup.exact},
             "output": {"shard_size": self.output.shard_size, "formats": list(self.output.formats)},
+            **steps,
         }
 
 
@@ -239,8 +245,23 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
     output = _output(root.table("output"), source)
     retention = _retention(root.table("retention"))
     build = _build(root.table("build"))
+    steps = _steps(root.get("steps", list, []), source)
     root.finish()
-    return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output, retention, build)
+    return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output, retention, build,
+                    steps)
+
+
+def _steps(tables: list[object], source: str) -> tuple[DocumentStep, ...]:
+    """`[[steps]]`: the document steps in order, each a table naming its kind (`use`) and its settings."""
+    steps = []
+    for index, table in enumerate(tables):
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: steps[{index}]: expected a table ([[steps]]), got {table!r}")
+        try:
+            steps.append(catalog.parse_step(table))
+        except SettingError as exc:
+            raise ConfigError(f"{source}: steps[{index}].{exc.key}: {exc.message}") from None
+    return tuple(steps)
 
 
 def _input(inp: _Table, source: str) -> InputConfig:

@@ -1,0 +1,117 @@
+"""The document step registry: each step kind (`use`) is one registered DocumentStep class.
+
+The built-in steps register themselves from their own modules (BUILTIN, loaded on first use); a
+new step is one module whose class is decorated with `register`. A registration made in a
+process before a build forks its workers is seen by them (a test's own step); a spawned worker
+sees only the steps its modules register on import. This module loads no numpy: the driver reads it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import sys
+import typing
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import TypeVar
+
+from prep.steps.protocol import DocumentStep, SettingError
+
+S = TypeVar("S", bound=type[DocumentStep])
+
+BUILTIN = ("prep.steps.length",)
+"""The modules of the built-in steps (each registers its own)."""
+
+_STEPS: dict[str, type[DocumentStep]] = {}
+_LOADED: list[bool] = []
+
+
+def _all() -> dict[str, type[DocumentStep]]:
+    """Every step kind by name, the built-ins loaded first."""
+    if not _LOADED:
+        _LOADED.append(True)
+        for module in BUILTIN:
+            importlib.import_module(module)
+    return _STEPS
+
+
+def register(kind: S) -> S:
+    """Add a step class under its `use` (again: replaces it); a class decorator."""
+    _all()[kind.use] = kind
+    return kind
+
+
+def unregister(use: str) -> None:
+    """Remove the step kind `use` (a test's own step, once the test is done)."""
+    _all().pop(use, None)
+
+
+def names() -> tuple[str, ...]:
+    """Every registered step kind's name, sorted."""
+    return tuple(sorted(_all()))
+
+
+def step_kind(use: str) -> type[DocumentStep]:
+    """The step class named `use`; SettingError on `use` names the known ones."""
+    found = _all().get(use)
+    if found is None:
+        raise SettingError("use", f"unknown step {use!r} (use {', '.join(names()) or 'none registered'})")
+    return found
+
+
+def parse_step(table: Mapping[str, object]) -> DocumentStep:
+    """The step a `[[steps]]` table configures; SettingError names the first bad key."""
+    use = table.get("use")
+    if not isinstance(use, str):
+        raise SettingError("use", f"expected str naming a step, got {use!r}")
+    kind = step_kind(use)
+    hints = typing.get_type_hints(kind)
+    known = {field.name for field in fields(kind)}
+    values: dict[str, object] = {}
+    for key, value in table.items():
+        if key == "use":
+            continue
+        if key not in known:
+            raise SettingError(key, "unknown key")
+        values[key] = _typed(key, value, hints[key])
+    step = kind(**values)
+    step.check()
+    return step
+
+
+def _typed(key: str, value: object, hint: object) -> object:
+    """`value` when it is of the type `hint` allows (bool is no int here); else SettingError."""
+    allowed = tuple(t for t in typing.get_args(hint) if t is not type(None)) or (hint,)
+    if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+        names = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
+        raise SettingError(key, f"expected {names}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def settings_of(step: DocumentStep) -> dict[str, object]:
+    """The step's settings by name, as the resolved config and its task keys record them."""
+    return {field.name: getattr(step, field.name) for field in fields(step)}
+
+
+@functools.cache
+def _module_sha256(module: str) -> str:
+    """SHA-256 of a module's source file (its code identity)."""
+    return hashlib.sha256(Path(str(sys.modules[module].__file__)).read_bytes()).hexdigest()
+
+
+def code_sha256(step: DocumentStep) -> str:
+    """The code identity of the step's class: its module's source hash."""
+    return _module_sha256(type(step).__module__)
+
+
+def key_fields(steps: tuple[DocumentStep, ...]) -> list[dict[str, object]]:
+    """What of the steps a tokenize task key names: each one's kind, code and settings, in order."""
+    return [{"use": step.use, "code": code_sha256(step), "settings": settings_of(step)} for step in steps]
+
+
+def resolved(steps: tuple[DocumentStep, ...]) -> list[dict[str, object]]:
+    """The steps as the resolved config records them: each one's kind and settings, in order."""
+    return [{"use": step.use, **settings_of(step)} for step in steps]
