@@ -28,11 +28,24 @@ PREP_DIR, MANIFEST_NAME, SHARE_NAME = ".prep", "manifest.json", "share.json"  # 
 
 
 def document_counts(stats: dict[str, Any]) -> str:
-    """The documents line: records read (bad ones skipped included), duplicates, written."""
+    """The documents line: records read (bad ones skipped and those steps dropped included), duplicates, written."""
     skipped = int(stats.get("bad_records_skipped", 0))
-    read = int(stats["documents_read"]) + skipped
-    return (f"documents  {read} read, {plural(skipped, 'bad record')} skipped, "
+    by_steps = sum(int(step["dropped"]) for step in stats.get("steps", ()))
+    read = int(stats["documents_read"]) + skipped + by_steps
+    steps = f"{by_steps} dropped by steps, " if "steps" in stats else ""
+    return (f"documents  {read} read, {plural(skipped, 'bad record')} skipped, {steps}"
             f"{plural(int(stats['duplicates_dropped']), 'duplicate')} dropped, {stats['documents_written']} written")
+
+
+def step_lines(stats: dict[str, Any]) -> list[str]:
+    """One line per document step: documents in, kept, dropped (by reason) and changed."""
+    lines = []
+    for index, step in enumerate(stats.get("steps", ())):
+        reasons = ", ".join(f"{reason} {count}" for reason, count in step["reasons"].items())
+        lines.append(f"step       [{index}] {step['use']}: {step['documents']} in ({human_bytes(step['text_bytes'])}), "
+                     f"{step['kept']} kept, {step['dropped']} dropped" + (f" ({reasons})" if reasons else "")
+                     + f", {step['changed']} changed")
+    return lines
 
 
 def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
@@ -51,6 +64,7 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
         f"tokenizer  sha256:{tok['sha256'][:16]}  vocab {tok['vocab_size']}  eos {tok['eos']!r}={tok['eos_id']}  {tok['dtype']}",
         f"code       prep {manifest['code']['version']}  sha256:{manifest['code']['sha256'][:16]}",
         document_counts(stats),
+        *step_lines(stats),
         f"tokens     {stats['tokens_written']}",
     ]
     for fmt, (count, size) in sorted(by_format.items()):

@@ -224,8 +224,20 @@ def match_artifacts(old: list[dict[str, Any]], new: list[dict[str, Any]]
     return added, sorted(removed, key=lambda m: m.old_path or ""), unchanged
 
 
-def diff_stats(old: dict[str, int], new: dict[str, int]) -> list[StatDelta]:
-    return [StatDelta(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new))]
+def diff_stats(old: dict[str, Any], new: dict[str, Any]) -> list[StatDelta]:
+    """Every stats count of either side, sorted; each document step's counts as `steps[i].use.count`."""
+    flat_old, flat_new = _stat_counts(old), _stat_counts(new)
+    return [StatDelta(key, flat_old.get(key), flat_new.get(key)) for key in sorted(set(flat_old) | set(flat_new))]
+
+
+def _stat_counts(stats: dict[str, Any]) -> dict[str, int]:
+    """A manifest's stats as counts by key: `steps[0].length.dropped`, `steps[0].length.reasons.too few words`."""
+    counts = {key: int(value) for key, value in stats.items() if key != "steps"}
+    for index, step in enumerate(stats.get("steps", ())):
+        prefix = f"steps[{index}].{step['use']}"
+        counts.update({f"{prefix}.{name}": int(value) for name, value in step.items() if name not in ("use", "reasons")})
+        counts.update({f"{prefix}.reasons.{reason}": int(value) for reason, value in step["reasons"].items()})
+    return counts
 
 
 def diff_snapshots(old: Snapshot, new: Snapshot) -> SnapshotDiff:

@@ -119,4 +119,4 @@ def tokenize_settings(pipeline: Pipeline, tokenizer_path: str, tokenizer_sha256:
     return TokenizeSettings(tokenizer_path, tokenizer_sha256, pipeline.tokenizer.eos,
                             pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend,
                             pipeline.input.on_error, order_seed=pipeline.seed,
-                            tokenizer_cache=pipeline.build.tokenizer_cache)
+                            tokenizer_cache=pipeline.build.tokenizer_cache, steps=pipeline.steps)

@@ -56,8 +56,9 @@ def artifacts(shards: list[dict[str, Any]], formats: tuple[str, ...]) -> list[di
     return sorted(listed, key=lambda a: a["path"])
 
 
-def build_stats(entries: list[dict[str, Any]], duplicates_dropped: int, shards: list[dict[str, Any]]) -> dict[str, int]:
-    """The snapshot's `stats`: documents and tokens in and out."""
+def build_stats(entries: list[dict[str, Any]], duplicates_dropped: int, shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """The snapshot's `stats`: documents and tokens in and out, and each document step's counts."""
+    steps = step_stats(entries)
     return {
         "documents_read": sum(int(e["documents"]) for e in entries),
         "duplicates_dropped": duplicates_dropped,
@@ -65,12 +66,32 @@ def build_stats(entries: list[dict[str, Any]], duplicates_dropped: int, shards: 
         "tokens_written": sum(s["tokens"] for s in shards),
         "bad_records_skipped": sum(int(e.get("bad_records", 0)) for e in entries),
         "special_token_documents": sum(int(e.get("special_token_documents", 0)) for e in entries),
+        **({"steps": steps} if steps else {}),
     }
+
+
+def step_stats(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each document step's counts summed over the tokenize tasks, in pipeline order (none: [])."""
+    total: list[dict[str, Any]] = []
+    for entry in entries:
+        for index, counts in enumerate(entry.get("steps", ())):
+            if index == len(total):
+                total.append({"use": counts["use"], "reasons": {}})
+            summed = total[index]
+            for name, value in counts.items():
+                if name == "reasons":
+                    for reason, count in value.items():
+                        summed["reasons"][reason] = summed["reasons"].get(reason, 0) + int(count)
+                elif name != "use":
+                    summed[name] = summed.get(name, 0) + int(value)
+    for summed in total:
+        summed["reasons"] = dict(sorted(summed["reasons"].items()))
+    return total
 
 
 def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[SourceFile], code: dict[str, Any],
                       tokenizer: dict[str, Any], config: dict[str, Any], stages: list[StageRun],
-                      shards: list[dict[str, Any]], formats: tuple[str, ...], stats: dict[str, int]) -> dict[str, Any]:
+                      shards: list[dict[str, Any]], formats: tuple[str, ...], stats: dict[str, Any]) -> dict[str, Any]:
     """The `prep.snapshot/1` manifest of a build (schema: manifests/snapshot-1.schema.json)."""
     return {
         "schema": SNAPSHOT_SCHEMA,

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from prep.config import DEFAULT_TOKENIZER_CACHE
 from prep.hashing import parse_id
+from prep.steps import catalog
+from prep.steps.protocol import DocumentStep
 
 
 @dataclass(frozen=True)
@@ -26,12 +28,15 @@ class TokenizeSettings:
     threads: int = 1
     order_seed: int | None = None  # lays documents out in this seed's key order (prep.stages.intermediate)
     tokenizer_cache: int = DEFAULT_TOKENIZER_CACHE  # [build] tokenizer_cache: when a worker reloads its engine
+    steps: tuple[DocumentStep, ...] = ()  # [[steps]]: run on each document before it is tokenized
 
     def key_fields(self) -> dict[str, object]:
-        """The settings that change a task's output (the backend and the cache bound never do)."""
+        """The settings that change a task's output (the backend and the cache bound never do); the
+        document steps' kinds, code and settings only when some are configured."""
+        steps: dict[str, object] = {"steps": catalog.key_fields(self.steps)} if self.steps else {}
         return {"tokenizer": self.tokenizer_sha256, "eos": self.eos,
                 "encode_special_tokens": self.encode_special_tokens, "on_error": self.on_error,
-                "order_seed": self.order_seed}
+                "order_seed": self.order_seed, **steps}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from prep.inputs.sources import check_unchanged
 from prep.memory import release_free_memory, resident_bytes, trim_heap
 from prep.stages.batches import read_batches
 from prep.stages.columns import to_strings
+from prep.stages.docsteps import apply_steps, tallies
 from prep.stages.entries import PART_COLUMNS, write_part_entries
 from prep.stages.intermediate import IntermediateWriter, io_errors
 from prep.stages.read import BadRecord, ReadTask
@@ -263,11 +264,15 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     started = time.perf_counter()
     watch = _BatchWatch(settings, trimmed=_TASKS["count"] >= UNTRIMMED_TASKS)
     _TASKS["count"] += 1
+    steps = tallies(settings.steps)
     try:
         with IntermediateWriter(out_path, dtype, durable, settings.order_seed) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
-                unique_ids.add(batch)
-                _write_batch(batch, task, settings, writer, special_needles, counts)
+                unique_ids.add(batch)  # a document a step drops was read: its id counts
+                if steps:
+                    batch = apply_steps(batch, settings.steps, steps, task.source.rel)
+                if len(batch):
+                    _write_batch(batch, task, settings, writer, special_needles, counts)
                 watch.after_batch()
             unique_ids.finish()
         check_unchanged(task.source)
@@ -282,6 +287,8 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
         raise
     summary: dict[str, Any] = dict(counts)
     summary["bad_record_examples"] = bad
+    if steps:
+        summary["steps"] = [tally.to_json() for tally in steps]
     log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings)[0].report(),
            "engine_reloads": _RELOADS["count"] - reloads_before}
     assert writer.digest is not None

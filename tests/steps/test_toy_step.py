@@ -1,0 +1,69 @@
+"""A document step defined in this test module only, registered here, with no edit elsewhere: it
+drops documents containing "x" and upper-cases those containing "shout", in an in-process build."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from prep.config import load_pipeline
+from prep.progress import Progress
+from prep.runner.build import build
+from prep.steps import catalog
+from prep.steps.protocol import DocumentStep, Drop, Outcome, SettingError, StepDocument
+from prep.storage import LocalStore
+from tests.helpers import write_jsonl, write_pipeline
+from tests.runner.buildsupport import InProcessExecutor, read_samples
+
+
+@dataclass(frozen=True)
+class NoLetter(DocumentStep):
+    """Drops documents containing `letter`; upper-cases those containing `shout`."""
+
+    use: ClassVar[str] = "toy_no_letter"
+    letter: str = "x"
+    shout: str = "shout"
+
+    def check(self) -> None:
+        if len(self.letter) != 1:
+            raise SettingError("letter", f"must be one character, got {self.letter!r}")
+
+    def apply(self, document: StepDocument) -> Outcome:
+        if self.letter in document.text:
+            return Drop(f"has {self.letter}")
+        return document.text.upper() if self.shout in document.text else None
+
+
+@pytest.fixture
+def registered() -> Iterator[None]:
+    catalog.register(NoLetter)
+    yield
+    catalog.unregister(NoLetter.use)
+
+
+TEXTS = {"a": "plain words here", "b": "a fox jumps", "c": "please shout this", "d": "six of them", "e": "calm day",
+         "f": "one two three four"}
+
+
+def test_a_step_defined_in_a_test_runs_in_a_build(tmp_path: Path, tokenizer_path: Path, registered: None) -> None:
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", [{"id": key, "text": text} for key, text in TEXTS.items()])
+    steps = '\n[[steps]]\nuse = "toy_no_letter"\n\n[[steps]]\nuse = "length"\nmax_words = 3\n'
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], extra=steps)
+    result = build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), InProcessExecutor(), (), Progress(quiet=True))
+    written = {members["txt"].decode() for _, members in read_samples(tmp_path / "store", result.snapshot.manifest)}
+    assert written == {"plain words here", "PLEASE SHOUT THIS", "calm day"}
+    toy, length = result.snapshot.manifest["stats"]["steps"]
+    assert (toy["use"], toy["documents"], toy["dropped"], toy["changed"]) == ("toy_no_letter", 6, 2, 1)
+    assert toy["reasons"] == {"has x": 2}
+    assert (length["documents"], length["kept"], length["reasons"]) == (4, 3, {"too many words": 1})
+    assert result.snapshot.manifest["config"]["steps"][0] == {"use": "toy_no_letter", "letter": "x", "shout": "shout"}
+
+
+def test_a_test_step_settings_are_checked(tmp_path: Path, tokenizer_path: Path, registered: None) -> None:
+    pipeline = write_pipeline(tmp_path, tokenizer_path, extra='\n[[steps]]\nuse = "toy_no_letter"\nletter = "xy"\n')
+    with pytest.raises(Exception, match=r"steps\[0\]\.letter: must be one character, got 'xy'"):
+        load_pipeline(pipeline)
