@@ -1,9 +1,10 @@
 """The document step registry: each step kind (`use`) is one registered DocumentStep class.
 
 The built-in steps register themselves from their own modules (BUILTIN, loaded on first use); a
-new step is one module whose class is decorated with `register`. A registration made in a
-process before a build forks its workers is seen by them (a test's own step); a spawned worker
-sees only the steps its modules register on import. This module loads no numpy: the driver reads it.
+new step is one module whose class is decorated with `register`. Only the driver asks the
+registry (parsing `[[steps]]`): workers get the configured step objects with their tasks, their
+class pickled by name, so a step registered in a test module alone runs in any worker that can
+import that module. This module loads no numpy: the driver reads it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import re
 import sys
 import typing
 from collections.abc import Mapping
@@ -24,6 +26,8 @@ S = TypeVar("S", bound=type[DocumentStep])
 
 BUILTIN = ("prep.steps.length",)
 """The modules of the built-in steps (each registers its own)."""
+NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+"""What a step's name (`use`) looks like."""
 
 _STEPS: dict[str, type[DocumentStep]] = {}
 _LOADED: list[bool] = []
@@ -39,8 +43,14 @@ def _all() -> dict[str, type[DocumentStep]]:
 
 
 def register(kind: S) -> S:
-    """Add a step class under its `use` (again: replaces it); a class decorator."""
-    _all()[kind.use] = kind
+    """Add a step class under its `use` (again: a no-op), a class decorator; ValueError when the
+    name is malformed or another class has it."""
+    steps = _all()
+    if not NAME.fullmatch(kind.use):
+        raise ValueError(f"step name {kind.use!r} must match {NAME.pattern}")
+    if steps.get(kind.use, kind) is not kind:
+        raise ValueError(f"step {kind.use!r} is registered by {steps[kind.use].__qualname__} already")
+    steps[kind.use] = kind
     return kind
 
 

@@ -23,7 +23,8 @@ class StepDocument:
 
 @dataclass(frozen=True)
 class Drop:
-    """A step's outcome that drops the document; `reason` is counted in the snapshot's stats."""
+    """A step's outcome that drops the document; `reason`, a short fixed phrase (each distinct one
+    is a key of the snapshot's stats: no per-document details), is counted there."""
 
     reason: str
 

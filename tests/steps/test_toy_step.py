@@ -17,7 +17,7 @@ from prep.steps import catalog
 from prep.steps.protocol import DocumentStep, Drop, Outcome, SettingError, StepDocument
 from prep.storage import LocalStore
 from tests.helpers import write_jsonl, write_pipeline
-from tests.runner.buildsupport import InProcessExecutor, read_samples
+from tests.runner.buildsupport import InProcessExecutor, build_local, read_samples
 
 
 @dataclass(frozen=True)
@@ -67,3 +67,35 @@ def test_a_test_step_settings_are_checked(tmp_path: Path, tokenizer_path: Path, 
     pipeline = write_pipeline(tmp_path, tokenizer_path, extra='\n[[steps]]\nuse = "toy_no_letter"\nletter = "xy"\n')
     with pytest.raises(Exception, match=r"steps\[0\]\.letter: must be one character, got 'xy'"):
         load_pipeline(pipeline)
+
+
+def test_a_name_is_registered_once_and_well_formed(registered: None) -> None:
+    assert catalog.register(NoLetter) is NoLetter and "toy_no_letter" in catalog.names()
+
+    @dataclass(frozen=True)
+    class Other(NoLetter):
+        """Another class under the toy's name."""
+
+    with pytest.raises(ValueError, match="'toy_no_letter' is registered by NoLetter already"):
+        catalog.register(Other)
+
+    @dataclass(frozen=True)
+    class Badly(NoLetter):
+        """A name that is no name."""
+
+        use: ClassVar[str] = "Bad Name"
+
+    with pytest.raises(ValueError, match="step name 'Bad Name' must match"):
+        catalog.register(Badly)
+
+
+def test_spawned_workers_run_a_test_step_they_import_by_its_class(tmp_path: Path, tokenizer_path: Path,
+                                                                  registered: None) -> None:
+    """Workers get the configured step objects with their task (their class pickled by name), so a
+    spawned worker imports this module and never asks the registry: the same snapshot as in-process."""
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", [{"id": key, "text": text} for key, text in TEXTS.items()])
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], extra='\n[[steps]]\nuse = "toy_no_letter"\n')
+    spawned = build_local(pipeline, tmp_path / "store1", workers=2)
+    here = build(load_pipeline(pipeline), LocalStore(tmp_path / "store2"), InProcessExecutor(), (), Progress(quiet=True))
+    assert spawned.snapshot.id == here.snapshot.id
+    assert spawned.snapshot.manifest["stats"]["steps"][0]["reasons"] == {"has x": 2}
