@@ -65,6 +65,10 @@ def pool(tokenizer_path: Path) -> Iterator[LocalExecutor]:
             assert time.monotonic() < deadline, "the zygote never forked a worker"
             list(executor.run(_engines_at_start, list(range(8))))  # a run long enough to start it
             time.sleep(0.05)
+        # A zygote that came up late in that run forked only the last replacements; a worker the
+        # pool started before it may still be alive (seen on a loaded machine). One more run with
+        # the zygote up replaces every worker by its fork (each lives one task).
+        list(executor.run(_engines_at_start, list(range(4))))
         yield executor
     finally:
         executor.close()
