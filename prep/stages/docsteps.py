@@ -3,8 +3,11 @@ document, in pipeline order, before the batch is tokenized; with no steps the ba
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
 
 from prep.errors import InputError
 from prep.stages.columns import to_strings
@@ -26,17 +29,18 @@ class StepTally:
     changed: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
 
-    def count(self, size: int, outcome: Outcome) -> None:
-        """Count one document of `size` text bytes and what the step made of it."""
-        self.documents += 1
-        self.text_bytes += size
-        if isinstance(outcome, Drop):
-            self.dropped += 1
-            self.dropped_bytes += size
-            self.reasons[outcome.reason] = self.reasons.get(outcome.reason, 0) + 1
-            return
-        self.kept += 1
-        self.changed += outcome is not None
+    def count(self, batch: TextColumns, outcomes: Sequence[Outcome]) -> None:
+        """Count a batch's documents and what the step made of each (a Python step per document at most)."""
+        self.documents += len(outcomes)
+        self.text_bytes += len(batch.blob)
+        for index, outcome in enumerate(outcomes):
+            if isinstance(outcome, Drop):
+                self.dropped += 1
+                self.dropped_bytes += int(batch.offsets[index + 1] - batch.offsets[index])
+                self.reasons[outcome.reason] = self.reasons.get(outcome.reason, 0) + 1
+            elif outcome is not None:
+                self.changed += 1
+        self.kept = self.documents - self.dropped
 
     def to_json(self) -> dict[str, object]:
         """The step's counts as a task summary records them (reasons sorted)."""
@@ -62,25 +66,47 @@ def apply_steps(batch: TextColumns, steps: Sequence[DocumentStep], counts: Seque
 
 def _apply_one(batch: TextColumns, step: DocumentStep, tally: StepTally, where: str) -> TextColumns:
     """The documents one step keeps (changed where it changes them); the batch itself when it keeps all as they are."""
-    ids = to_strings(batch.ids)
-    rows: list[int] = []
-    kept_ids: list[str | None] = []
-    texts: list[bytes] = []
-    untouched = True
-    for index, (row, doc_id) in enumerate(zip(batch.rows.tolist(), ids)):
-        data = batch.data(index)
-        outcome = step.apply(StepDocument(doc_id, data.decode("utf-8")))
-        tally.count(len(data), outcome)
-        if isinstance(outcome, Drop):
-            untouched = False
-            continue
-        if outcome is not None:
-            untouched = False
-            data = _encoded(doc_id, outcome, f"{where}: step {step.use!r}, row/line {row + 1}")
-        rows.append(row)
-        kept_ids.append(doc_id)
-        texts.append(data)
-    return batch if untouched else TextColumns.from_rows(rows, kept_ids, texts)
+    changed_before = tally.changed
+    outcomes = step.apply_batch(batch)
+    ids: list[str | None] | None = None
+    if outcomes is None:
+        ids = to_strings(batch.ids)
+        outcomes = [step.apply(StepDocument(doc_id, text)) for doc_id, text in zip(ids, _texts(batch))]
+    tally.count(batch, outcomes)
+    if all(outcome is None for outcome in outcomes):
+        return batch
+    if tally.changed == changed_before:
+        return _without_dropped(batch, outcomes)
+    ids = ids if ids is not None else to_strings(batch.ids)
+    rows = batch.rows.tolist()
+    kept = [index for index, outcome in enumerate(outcomes) if not isinstance(outcome, Drop)]
+    texts = [batch.data(index) if outcomes[index] is None
+             else _encoded(ids[index], str(outcomes[index]), f"{where}: step {step.use!r}, row/line {rows[index] + 1}")
+             for index in kept]
+    return TextColumns.from_rows([rows[index] for index in kept], [ids[index] for index in kept], texts)
+
+
+def _without_dropped(batch: TextColumns, outcomes: Sequence[Outcome]) -> TextColumns:
+    """The batch less the documents a step dropped, none changed: its columns masked, its buffer
+    joined from the texts kept."""
+    keep = np.fromiter((not isinstance(outcome, Drop) for outcome in outcomes), dtype=bool, count=len(outcomes))
+    bounds = batch.offsets.tolist()
+    view = memoryview(batch.blob)
+    blob = b"".join([view[bounds[index]:bounds[index + 1]] for index in np.flatnonzero(keep).tolist()])
+    offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+    np.cumsum(np.diff(batch.offsets)[keep], out=offsets[1:])
+    return TextColumns(batch.rows[keep], batch.ids.filter(pa.array(keep)), blob, offsets)
+
+
+def _texts(batch: TextColumns) -> Iterator[str]:
+    """Each document's text: slices of one decode of an ASCII buffer, else each decoded on its own
+    (slicing a wider str costs more than decoding its UTF-8)."""
+    bounds = batch.offsets.tolist()
+    if batch.blob.isascii():
+        whole = batch.blob.decode("ascii")
+        return (whole[start:end] for start, end in zip(bounds[:-1], bounds[1:]))
+    view = memoryview(batch.blob)
+    return (str(view[start:end], "utf-8") for start, end in zip(bounds[:-1], bounds[1:]))
 
 
 def _encoded(doc_id: str | None, text: str, where: str) -> bytes:

@@ -9,8 +9,13 @@ change its text. It is pure: the same settings and document always give the same
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,15 @@ Outcome = Drop | str | None
 """What a step makes of a document: None keeps it as it is, a Drop drops it, a str is its new text."""
 
 
+class BatchTexts(Protocol):
+    """A batch of documents' texts: document i is `blob[offsets[i]:offsets[i + 1]]`, valid UTF-8."""
+
+    @property
+    def blob(self) -> bytes: ...
+    @property
+    def offsets(self) -> npt.NDArray[np.int64]: ...
+
+
 class SettingError(ValueError):
     """A step's setting that cannot be used: the setting's name and why."""
 
@@ -49,6 +63,11 @@ class DocumentStep(ABC):
 
     def check(self) -> None:  # noqa: B027 -- a step whose settings need no check keeps this one
         """Raise SettingError naming a setting that is out of range or inconsistent with another."""
+
+    def apply_batch(self, batch: BatchTexts) -> Sequence[Outcome] | None:
+        """Every document's outcome at once (the same as `apply`'s), where the step has a faster way
+        over the batch's buffer (numpy, imported here, never at module import); None: ask `apply`."""
+        return None
 
     @abstractmethod
     def apply(self, document: StepDocument) -> Outcome:

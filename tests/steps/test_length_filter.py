@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from prep.stages.textcolumns import TextColumns
 from prep.steps.length import LengthFilter
 from prep.steps.protocol import Drop, StepDocument
 
@@ -35,3 +36,16 @@ def test_the_bounds_are_inclusive_and_count_code_points_and_whitespace_separated
     assert LengthFilter(min_words=3).apply(StepDocument(None, "a  b")) == Drop("too few words")
     assert LengthFilter(max_words=1).apply(StepDocument(None, "a b")) == Drop("too many words")
     assert LengthFilter().apply(StepDocument(None, "")) is None
+
+
+@given(st.lists(TEXT | st.text(alphabet=st.sampled_from("ab \t\x1c\x1f.\n"), max_size=30), max_size=12),
+       BOUND, BOUND, BOUND, BOUND)
+def test_the_batch_path_decides_as_apply_does(texts: list[str], min_chars: int | None, max_chars: int | None,
+                                              min_words: int | None, max_words: int | None) -> None:
+    step = LengthFilter(min_chars, max_chars, min_words, max_words)
+    batch = TextColumns.from_rows(range(len(texts)), [None] * len(texts), [text.encode() for text in texts])
+    outcomes = step.apply_batch(batch)
+    if outcomes is None:
+        assert (min_words, max_words) != (None, None) and not batch.blob.isascii()
+        return
+    assert list(outcomes) == [step.apply(StepDocument(None, text)) for text in texts]
