@@ -39,6 +39,7 @@ from prep.runner.publish import (
     publish_refs,
     snapshot_manifest,
     stage_counts,
+    step_stats,
     write_log,
 )
 from prep.runner.readback import Readback, passed_before, read_back
@@ -330,7 +331,9 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
     finally:
         release_spool(sources)  # S3 inputs were read once, into the spool; no later stage reads them
     if sum(int(e["documents"]) for e in entries) == 0:
-        raise InputError(f"{pipeline.source}: the corpus has no documents in {len(sources)} input "
+        dropped = sum(int(step["dropped"]) for step in step_stats(entries))
+        by_steps = f" left by [[steps]] (they dropped all {dropped} read)" if dropped else ""
+        raise InputError(f"{pipeline.source}: the corpus has no documents{by_steps} in {len(sources)} input "
                          f"file{'s' if len(sources) != 1 else ''}: {describe_inputs(sources)}")
     shards, duplicates = _global_stages(builder, entries, info.dtype, info.eos_id)
     manifest = snapshot_manifest(

@@ -92,3 +92,11 @@ def test_changing_a_setting_recomputes_tokenize_and_what_follows(tmp_path: Path,
     assert stats["steps[0].length.kept"]["delta"] == -moved
     settings = {entry["key"]: entry for entry in report["provenance"]["settings"]}
     assert settings["config.steps"]["old"][0]["min_words"] == 10 and settings["config.steps"]["new"][0]["min_words"] == 20
+
+
+def test_a_build_whose_steps_drop_every_document_says_so(tmp_path: Path, tokenizer_path: Path) -> None:
+    texts = _corpus(tmp_path)
+    result = run_prep("build", _pipeline(tmp_path, tokenizer_path, "min_chars = 100000"), "--store", tmp_path / "store",
+                      "--workers", "1", check=False)
+    assert result.returncode == 2, result.stderr
+    assert f"the corpus has no documents left by [[steps]] (they dropped all {len(texts)} read)" in result.stderr
