@@ -67,11 +67,16 @@ def apply_steps(batch: TextColumns, steps: Sequence[DocumentStep], counts: Seque
 def _apply_one(batch: TextColumns, step: DocumentStep, tally: StepTally, where: str) -> TextColumns:
     """The documents one step keeps (changed where it changes them); the batch itself when it keeps all as they are."""
     changed_before = tally.changed
-    outcomes = step.apply_batch(batch)
+    try:
+        outcomes = step.apply_batch(batch)
+    except Exception as exc:  # a step's own code: named, never a traceback
+        raise InputError(f"{where}: step {step.use!r} failed on a batch of {len(batch)} documents from row/line "
+                         f"{int(batch.rows[0]) + 1}: {type(exc).__name__}: {exc}") from exc
     ids: list[str | None] | None = None
     if outcomes is None:
         ids = to_strings(batch.ids)
-        outcomes = [step.apply(StepDocument(doc_id, text)) for doc_id, text in zip(ids, _texts(batch))]
+        outcomes = [_decide(step, StepDocument(doc_id, text), row, where)
+                    for doc_id, text, row in zip(ids, _texts(batch), batch.rows.tolist())]
     tally.count(batch, outcomes)
     if all(outcome is None for outcome in outcomes):
         return batch
@@ -84,6 +89,20 @@ def _apply_one(batch: TextColumns, step: DocumentStep, tally: StepTally, where: 
              else _encoded(ids[index], str(outcomes[index]), f"{where}: step {step.use!r}, row/line {rows[index] + 1}")
              for index in kept]
     return TextColumns.from_rows([rows[index] for index in kept], [ids[index] for index in kept], texts)
+
+
+def _decide(step: DocumentStep, document: StepDocument, row: int, where: str) -> Outcome:
+    """One document's outcome; InputError naming the step and the document when the step raises
+    or answers with anything but None, a Drop or a str."""
+    named = f"{where}: step {step.use!r} on document {document.id or f'at row/line {row + 1}'!r}"
+    try:
+        outcome = step.apply(document)
+    except Exception as exc:  # a step's own code: named with the document, never a traceback
+        raise InputError(f"{named}: {type(exc).__name__}: {exc}") from exc
+    if outcome is not None and not isinstance(outcome, Drop | str):
+        raise InputError(f"{named}: answered {type(outcome).__name__}; a step returns None (keep), Drop(reason) "
+                         "or the new text")
+    return outcome
 
 
 def _without_dropped(batch: TextColumns, outcomes: Sequence[Outcome]) -> TextColumns:

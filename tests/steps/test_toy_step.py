@@ -3,6 +3,7 @@ drops documents containing "x" and upper-cases those containing "shout", in an i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import ClassVar
 import pytest
 
 from prep.config import load_pipeline
+from prep.errors import InputError
 from prep.progress import Progress
 from prep.runner.build import build
 from prep.steps import catalog
@@ -99,3 +101,37 @@ def test_spawned_workers_run_a_test_step_they_import_by_its_class(tmp_path: Path
     here = build(load_pipeline(pipeline), LocalStore(tmp_path / "store2"), InProcessExecutor(), (), Progress(quiet=True))
     assert spawned.snapshot.id == here.snapshot.id
     assert spawned.snapshot.manifest["stats"]["steps"][0]["reasons"] == {"has x": 2}
+
+
+@dataclass(frozen=True)
+class Raises(DocumentStep):
+    """A step whose code fails on one document, or answers with what no step may answer."""
+
+    use: ClassVar[str] = "toy_raises"
+    answer_number: bool = False
+
+    def apply(self, document: StepDocument) -> Outcome:
+        if "fox" in document.text:
+            if self.answer_number:
+                return 3  # type: ignore[return-value]  # what the test checks is refused
+            raise KeyError("no fox allowed")
+        return None
+
+
+@pytest.mark.parametrize(("setting", "needle"), [
+    ("", "step 'toy_raises' on document 'b': KeyError: 'no fox allowed'"),
+    ("answer_number = true", "step 'toy_raises' on document 'b': answered int; a step returns None (keep), Drop(reason)"),
+])
+def test_a_step_that_raises_is_named_with_its_document(tmp_path: Path, tokenizer_path: Path,
+                                                        setting: str, needle: str) -> None:
+    """User code that raises is one InputError naming the step and the document, nothing published."""
+    catalog.register(Raises)
+    try:
+        write_jsonl(tmp_path / "corpus" / "a.jsonl", [{"id": key, "text": text} for key, text in TEXTS.items()])
+        pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], extra=f'\n[[steps]]\nuse = "toy_raises"\n{setting}\n')
+        store = LocalStore(tmp_path / "store")
+        with pytest.raises(InputError, match=re.escape(needle)):
+            build(load_pipeline(pipeline), store, InProcessExecutor(), (), Progress(quiet=True))
+        assert list(store.list("refs/")) == []
+    finally:
+        catalog.unregister(Raises.use)
