@@ -174,3 +174,14 @@ def derive_snapshot(
     if ref is not None:
         move_ref(store, base.snapshot.dataset, ref, snapshot.id)
     return Built(snapshot, files)
+
+
+def pulled_bin_snapshot(root: Path) -> Path:
+    """A four-shard bin-only snapshot (40,000 tokens) built into `root/store` and pulled to `root/dest`."""
+    from prep.storage import LocalStore
+    from prep.transfer.pull import pull
+
+    store = LocalStore(root / "store")
+    built = build_snapshot(store, root / "work", shard_sizes=(20_000,) * 4, formats=("bin",))
+    pull(store, built.snapshot, root / "dest")
+    return root / "dest"

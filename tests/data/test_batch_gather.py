@@ -17,9 +17,7 @@ from hypothesis import strategies as st
 from prep.data.permutation import IndexPermutation
 from prep.data.pread import GAP_BYTES, TokenFile, fill, plan_rows, read_pieces
 from prep.data.reader import Reader
-from prep.storage import LocalStore
-from prep.transfer.pull import pull
-from tests.snapshot_factory import build_snapshot
+from tests.snapshot_factory import pulled_bin_snapshot
 
 DTYPE = np.dtype("<u2")
 
@@ -85,11 +83,7 @@ def test_a_row_outside_the_stream_is_an_index_error() -> None:
 @pytest.fixture(scope="module")
 def dest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A pulled four-shard snapshot (bin only, 40,000 tokens)."""
-    root = tmp_path_factory.mktemp("batch-gather")
-    store = LocalStore(root / "store")
-    built = build_snapshot(store, root / "work", shard_sizes=(20_000,) * 4, formats=("bin",))
-    pull(store, built.snapshot, root / "dest")
-    return root / "dest"
+    return pulled_bin_snapshot(tmp_path_factory.mktemp("batch-gather"))
 
 
 def stream_of(dest: Path) -> np.ndarray:

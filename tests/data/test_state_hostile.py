@@ -18,9 +18,7 @@ from hypothesis import strategies as st
 from prep.data.ledger import consumed, find
 from prep.data.reader import MAX_SAMPLES, Reader
 from prep.errors import ConfigError, UsageError
-from prep.storage import LocalStore
-from prep.transfer.pull import pull
-from tests.snapshot_factory import build_snapshot
+from tests.snapshot_factory import pulled_bin_snapshot
 
 SEQ, GLOBAL = 16, 8
 
@@ -28,11 +26,7 @@ SEQ, GLOBAL = 16, 8
 @pytest.fixture(scope="module")
 def dest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A pulled four-shard snapshot (bin only)."""
-    root = tmp_path_factory.mktemp("state-hostile")
-    store = LocalStore(root / "store")
-    built = build_snapshot(store, root / "work", shard_sizes=(20_000,) * 4, formats=("bin",))
-    pull(store, built.snapshot, root / "dest")
-    return root / "dest"
+    return pulled_bin_snapshot(tmp_path_factory.mktemp("state-hostile"))
 
 
 def _nested(depth: int) -> list[Any]:
