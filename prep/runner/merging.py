@@ -11,15 +11,16 @@ names, so gc collects them and their runs once past the grace period.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from prep.progress import plural
-from prep.runner.tasks import MergeJob, PartRef, run_merge_job
-from prep.store import records
+from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
+from prep.runner.tasks import TaskResult, store_written, worker_store
+from prep.store.localcopy import local_file as fetch_local
+from prep.store.records import TaskRecord
 
-if TYPE_CHECKING:
-    from prep.runner.build import Builder
+ENTRIES_LAYOUT = {"entries": "prep.entries/1"}  # what a merge task's key names besides its inputs
 
 
 @dataclass(frozen=True)
@@ -32,38 +33,91 @@ class Source:
     documents: int
 
 
-def order_sources(builder: Builder, parts: tuple[PartRef, ...]) -> tuple[Source, ...]:
-    """The parts' entries objects, merged in rounds into at most `merge_fan_in` runs when there
-    are more; each round's tasks run (or are found committed) before the next is planned."""
-    fan_in = builder.pipeline.build.merge_fan_in
-    level = tuple(Source(part.entries_id, ordinal, part.documents) for ordinal, part in enumerate(parts))
-    rounds = 0
-    while len(level) > fan_in:
+@dataclass(frozen=True)
+class Level:
+    """The entries objects one merge round leaves (the parts' own before the first)."""
+
+    sources: tuple[Source, ...]
+
+    def manifest(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class MergeJob:
+    """Merge consecutive entries objects (parts' or runs') into one run: each input is an object
+    id with its first part's ordinal counted from the first input's."""
+
+    store_url: str
+    inputs: tuple[tuple[str, int], ...]
+    documents: int
+
+
+def run_merge_job(job: MergeJob) -> TaskResult:
+    from prep.stages.merge import merge_runs
+    from prep.stages.tokenize import drop_engines
+
+    drop_engines()
+    store = worker_store(job.store_url)
+    inputs = [(fetch_local(store, object_id), first) for object_id, first in job.inputs]
+    stored, summary = store_written(store, "merge", lambda staged: merge_runs(inputs, staged))
+    return TaskResult({"run": stored}, summary, {})
+
+
+@dataclass(frozen=True)
+class MergeRound:
+    """One merge round: groups of at most `fan_in` consecutive sources, each merged into a run
+    (a group of one passes through)."""
+
+    fan_in: int
+    round: int
+    name: str = "merge"
+
+    def plan(self, previous: Level, context: StageContext) -> StagePlan:
+        tasks = []
+        for first, end in merge_groups(len(previous.sources), self.fan_in):
+            group = previous.sources[first:end]
+            if len(group) > 1:
+                inputs = tuple((source.object_id, source.first_part - group[0].first_part) for source in group)
+                key = context.task_key("merge", ENTRIES_LAYOUT, [list(item) for item in inputs])
+                job = MergeJob(context.store_url, inputs, sum(source.documents for source in group))
+                tasks.append(Task(key, job, f"merge of {plural(len(inputs), 'entries object')}", job.documents,
+                                  reads=tuple(object_id for object_id, _ in inputs)))
+        groups = len(merge_groups(len(previous.sources), self.fan_in))
+        return StagePlan(TaskPlan("merge", tuple(tasks), run_merge_job, reads=_reads), {"fan_in": self.fan_in},
+                         [task.key for task in tasks],
+                         f"round {self.round}: {plural(len(previous.sources), 'entries object')} into "
+                         f"{plural(groups, 'run')}")
+
+    def result(self, previous: Level, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Level:
+        merged = iter(plan.tasks.tasks)
+        level = []
+        for first, end in merge_groups(len(previous.sources), self.fan_in):
+            group = previous.sources[first:end]
+            if len(group) == 1:
+                level.append(group[0])
+                continue
+            task = next(merged)
+            level.append(Source(committed[task.key].outputs["run"], group[0].first_part, task.job.documents))
+        return Level(tuple(level))
+
+    def done(self, result: Level, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
+        return f"round {self.round}: {plural(run.ran, 'task')} run, {run.cached} cached"
+
+
+def _reads(missing: Sequence[Task[MergeJob]]) -> list[list[str]]:
+    """What the missing merge tasks read, checked in one group before any runs."""
+    return [[object_id for task in missing for object_id in task.reads]]
+
+
+def merged_sources(context: StageContext, parts: Level, fan_in: int) -> Level:
+    """The parts' entries objects, merged in rounds into at most `fan_in` runs when there are
+    more; each round's tasks run (or are found committed) before the next is planned."""
+    level, rounds = parts, 0
+    while len(level.sources) > fan_in:
         rounds += 1
-        ran_before = builder.stages["merge"].ran if "merge" in builder.stages else 0
-        groups = [level[first:end] for first, end in merge_groups(len(level), fan_in)]
-        jobs = {index: _merge_job(builder, group) for index, group in enumerate(groups) if len(group) > 1}
-        builder.progress.stage("merge", f"round {rounds}: {plural(len(level), 'entries object')} into "
-                                        f"{plural(len(groups), 'run')}")
-        done = builder.run_tasks("merge", list(jobs.values()), run_merge_job,
-                                 describe=lambda job: f"merge of {plural(len(job.inputs), 'entries object')}",
-                                 reads=[[object_id for _, job in jobs.values() for object_id, _ in job.inputs]],
-                                 weight=lambda job: job.documents,
-                                 inputs_of=lambda job: [object_id for object_id, _ in job.inputs])
-        level = tuple(Source(done[jobs[index][0]].outputs["run"], group[0].first_part, jobs[index][1].documents)
-                      if index in jobs else group[0] for index, group in enumerate(groups))
-        ran = builder.stages["merge"].ran - ran_before
-        builder.progress.done("merge", f"round {rounds}: {plural(ran, 'task')} run, {len(jobs) - ran} cached")
-    if rounds:  # the build log's key of the merge: what it made
-        builder.stage_key("merge", {"fan_in": fan_in}, [[source.object_id, source.first_part] for source in level])
+        level = context.run_stage(MergeRound(fan_in, rounds), level)
     return level
-
-
-def _merge_job(builder: Builder, group: tuple[Source, ...]) -> tuple[str, MergeJob]:
-    """A merge task of one group and its key: what it merges, numbered from the group's first part."""
-    inputs = tuple((source.object_id, source.first_part - group[0].first_part) for source in group)
-    key = records.content_key("merge", {"entries": "prep.entries/1"}, builder.code, [list(item) for item in inputs])
-    return key, MergeJob(builder.store.url, inputs, sum(source.documents for source in group))
 
 
 def merge_groups(count: int, fan_in: int) -> list[tuple[int, int]]:

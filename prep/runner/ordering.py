@@ -1,37 +1,22 @@
-"""The global stages, partitioned: order (one task per key bucket: gather it from every part's
-entries, dedup, sort, cut), then shard (one task per shard unit). Each task's memory depends on
-its own bucket or shard, never on the size of the corpus (docs/build.md, "Stage graph").
-"""
+"""The order stage, partitioned: one task per key bucket gathers the bucket from every part's
+entries (or the runs merged from them), drops exact duplicates, sorts and cuts it into leaves.
+Each task's memory depends on its own bucket, never on the size of the corpus (docs/build.md,
+"Stage graph")."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from prep.faults import crash_point
-from prep.formats.registry import output_format
-from prep.formats.units import unit_formats, units_for
 from prep.progress import plural
-from prep.runner.merging import order_sources
-from prep.runner.planning import contiguous_ranges
-from prep.runner.tasks import (
-    AssembleJob,
-    OrderJob,
-    PartRef,
-    run_assemble_job,
-    run_order_job,
-)
-from prep.stages.cuts import ShardPlan, bucket_bits, plan_shards
-from prep.stages.specs import PartTable, ShardParts
-from prep.store import records
-
-if TYPE_CHECKING:
-    from prep.config import Pipeline
-    from prep.runner.build import Builder
-
-SHARD_JOBS_PER_WORKER = 4
-"""Shard units are grouped into this many jobs per worker (a job carries the parts table, so not
-one per unit), handed out largest first: one slow job no longer leaves the other workers idle for
-the rest of the stage, as one job per worker did (16M documents: 5.0 s against 3.2 s)."""
+from prep.runner.merging import Level, Source, merged_sources
+from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
+from prep.runner.tasks import TaskResult, store_written, worker_store
+from prep.runner.tokenizing import Tokenized
+from prep.stages.cuts import bucket_bits
+from prep.stages.specs import PartTable
+from prep.store.localcopy import local_file as fetch_local
+from prep.store.records import TaskRecord
 
 DOCUMENTS_PER_BUCKET = 250_000
 """Target documents per order task (about 170 bytes each in memory while sorting): no larger than
@@ -40,59 +25,186 @@ small enough that even a 1M-document corpus gives every worker of a small pool a
 (with 1M, one task took the whole stage while the other workers waited)."""
 
 
-def order(builder: Builder, parts: tuple[PartRef, ...], itemsize: int, dtype: str) -> dict[str, Any]:
-    """Dedup, sort and cut every key bucket from the parts' entries (merged first when they are
-    many, and only when some bucket must be ordered); returns the order stage manifest."""
-    pipeline = builder.pipeline
-    bits = bucket_bits(sum(part.documents for part in parts), DOCUMENTS_PER_BUCKET)
-    settings = order_settings(pipeline, bits, dtype)
-    tokenize_out = builder.stages["tokenize"].output
-    keys = [records.content_key("order", settings, builder.code, [tokenize_out, bucket]) for bucket in range(1 << bits)]
-    found = {key: records.read_task_record(builder.store, "order", key) for key in keys}
-    # Every bucket committed: nothing is merged, and a bucket found bad is remade from the parts.
-    sources = order_sources(builder, parts) if None in found.values() else ()
-    listed = tuple((source.object_id, source.first_part) for source in sources) or tuple(
-        (part.entries_id, ordinal) for ordinal, part in enumerate(parts))
-    checks = _id_checks(parts, 1 << bits)
-    table = PartTable.of([(part.source, part.line_offset) for part in parts])
-    jobs = [(key, OrderJob(builder.store.url, table, bucket, bits, pipeline.dedup.exact,
-                           pipeline.output.shard_size, itemsize, listed, checks.get(bucket, ())))
-            for bucket, key in enumerate(keys)]
-    read_from = f"{plural(len(sources), 'run')} of " if len(sources) < len(parts) and sources else ""
-    builder.progress.stage("order", f"{plural(len(jobs), 'bucket')} from {read_from}{plural(len(parts), 'part')}")
-    checked = [part.object_id for _, job in jobs for same in job.check_ids for part in same]
-    done = builder.run_tasks("order", jobs, run_order_job, describe=lambda job: f"bucket {job.bucket}",
-                             reads=[[source.object_id for source in sources] + checked], weight=order_weight,
-                             inputs_of=_order_inputs, found=found)
-    stage_key = builder.stage_key("order", settings, [tokenize_out])
-    buckets = [{"bucket": job.bucket, "key": key, "output": done[key].outputs["bucket"], **done[key].summary}
-               for key, job in jobs]
-    manifest = builder.commit_stage("order", stage_key, {"bits": bits, "buckets": buckets})
-    dropped = sum(int(b["duplicates_dropped"]) for b in buckets)
-    builder.progress.done("order", f"{plural(sum(int(b['documents']) for b in buckets), 'document')} kept, "
-                                   f"{plural(dropped, 'duplicate')}")
-    return manifest
+@dataclass(frozen=True)
+class CheckedPart:
+    """A part of a file split into several, whose ids an order task checks across the parts."""
+
+    object_id: str
+    source: str
+    documents: int
 
 
-def _order_inputs(job: OrderJob) -> list[str]:
-    """What an order task reads: its sources and the intermediates of the files whose ids it checks."""
-    return [object_id for object_id, _ in job.sources] + [part.object_id for same in job.check_ids for part in same]
+@dataclass(frozen=True)
+class OrderJob:
+    """Dedup, sort and cut one key bucket: reads the bucket's entries from `sources`, the parts'
+    entries objects or the runs merged from them, each with its first part's ordinal; `parts`
+    has every part's source and line offset, which leaf digests name. `check_ids` lists files
+    split into several parts whose ids this task checks across the parts (ids must be unique
+    within a file; each tokenize task checked its own part): a file's parts are in the tokenize
+    stage manifest, so the task's key covers them. The key does not cover `sources`: runs or
+    parts, the bucket's entries are the same."""
+
+    store_url: str
+    parts: PartTable
+    bucket: int
+    bits: int
+    exact: bool
+    shard_size: int
+    itemsize: int
+    sources: tuple[tuple[str, int], ...]
+    check_ids: tuple[tuple[CheckedPart, ...], ...] = ()
+
+    def reads(self) -> tuple[str, ...]:
+        """What the task reads: its sources and the intermediates of the files whose ids it checks."""
+        return (*(object_id for object_id, _ in self.sources),
+                *(part.object_id for same in self.check_ids for part in same))
 
 
-def order_settings(pipeline: Pipeline, bits: int, dtype: str) -> dict[str, Any]:
-    """What the order stage's keys hash besides its input: dedup, shard size, token dtype, buckets."""
-    return {"exact": pipeline.dedup.exact, "shard_size": pipeline.output.shard_size, "dtype": dtype, "bits": bits}
+def run_order_job(job: OrderJob) -> TaskResult:
+    from prep.stages.idcheck import check_unique_ids
+    from prep.stages.order import order_bucket
+    from prep.stages.tokenize import drop_engines
+
+    drop_engines()
+    store = worker_store(job.store_url)
+    for same_file in job.check_ids:
+        check_unique_ids(same_file[0].source, [fetch_local(store, part.object_id) for part in same_file],
+                         store.staging_dir())
+    sources = [(fetch_local(store, object_id), first_part) for object_id, first_part in job.sources]
+    stored, summary = store_written(store, "order", lambda staged: order_bucket(
+        sources, job.parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize, staged))
+    return TaskResult({"bucket": stored}, summary, {})
 
 
-def _id_checks(parts: tuple[PartRef, ...], buckets: int) -> dict[int, tuple[tuple[PartRef, ...], ...]]:
+@dataclass(frozen=True)
+class Leaf:
+    """A shard-sized key range one order task cut from its bucket (prep.stages.order.split_leaves)."""
+
+    start: str
+    depth: int
+    first: int
+    count: int
+    tokens: int
+    bin_size: int
+    text_bytes: int
+    digest: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"start": self.start, "depth": self.depth, "first": self.first, "count": self.count,
+                "tokens": self.tokens, "bin_size": self.bin_size, "text_bytes": self.text_bytes,
+                "digest": self.digest}
+
+
+@dataclass(frozen=True)
+class OrderedBucket:
+    """One committed order task: its bucket object and what the task counted."""
+
+    bucket: int
+    key: str
+    output: str
+    documents_read: int
+    duplicates_dropped: int
+    documents: int
+    bin_size: int
+    text_bytes: int
+    digest: str
+    leaves: tuple[Leaf, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"bucket": self.bucket, "key": self.key, "output": self.output, "documents_read": self.documents_read,
+                "duplicates_dropped": self.duplicates_dropped, "documents": self.documents,
+                "bin_size": self.bin_size, "text_bytes": self.text_bytes, "digest": self.digest,
+                "leaves": [leaf.to_json() for leaf in self.leaves]}
+
+    @classmethod
+    def of(cls, bucket: int, key: str, record: TaskRecord) -> OrderedBucket:
+        summary = record.summary
+        leaves = tuple(Leaf(str(leaf["start"]), int(leaf["depth"]), int(leaf["first"]), int(leaf["count"]),
+                            int(leaf["tokens"]), int(leaf["bin_size"]), int(leaf["text_bytes"]), str(leaf["digest"]))
+                       for leaf in summary["leaves"])
+        return cls(bucket, key, record.outputs["bucket"], int(summary["documents_read"]),
+                   int(summary["duplicates_dropped"]), int(summary["documents"]), int(summary["bin_size"]),
+                   int(summary["text_bytes"]), str(summary["digest"]), leaves)
+
+
+@dataclass(frozen=True)
+class Ordered:
+    """The order stage's result: the key bits and every bucket, in key order, with the parts
+    they were ordered from."""
+
+    bits: int
+    buckets: tuple[OrderedBucket, ...]
+    tokenized: Tokenized
+
+    def manifest(self) -> dict[str, object]:
+        return {"bits": self.bits, "buckets": [bucket.to_json() for bucket in self.buckets]}
+
+    @property
+    def duplicates_dropped(self) -> int:
+        return sum(bucket.duplicates_dropped for bucket in self.buckets)
+
+
+@dataclass(frozen=True)
+class Ordering:
+    """The order stage: exact dedup (`exact`), key order and leaves of at most `shard_size` bytes
+    of `dtype` tokens; parts merged first in rounds of `merge_fan_in` when they are more."""
+
+    exact: bool
+    shard_size: int
+    dtype: str
+    merge_fan_in: int
+    name: str = "order"
+
+    def settings(self, bits: int) -> dict[str, object]:
+        """What the order stage's keys hash besides its input: dedup, shard size, token dtype, buckets."""
+        return {"exact": self.exact, "shard_size": self.shard_size, "dtype": self.dtype, "bits": bits}
+
+    def plan(self, previous: Tokenized, context: StageContext) -> StagePlan:
+        bits = bucket_bits(previous.documents, DOCUMENTS_PER_BUCKET)
+        tokenized = context.stage_output("tokenize")
+        keys = [context.task_key("order", self.settings(bits), [tokenized, bucket]) for bucket in range(1 << bits)]
+        found = context.committed("order", keys)
+        parts = Level(tuple(Source(part.entries, ordinal, part.documents) for ordinal, part in enumerate(previous.parts)))
+        # Every bucket committed: nothing is merged, and a bucket found bad is remade from the parts.
+        sources = merged_sources(context, parts, self.merge_fan_in) if None in found.values() else parts
+        listed = tuple((source.object_id, source.first_part) for source in sources.sources)
+        checks = _id_checks(previous, 1 << bits)
+        table = PartTable.of([(part.source, part.line_offset) for part in previous.parts])
+        itemsize = 2 if self.dtype == "uint16" else 4
+        tasks = []
+        for bucket, key in enumerate(keys):
+            job = OrderJob(context.store_url, table, bucket, bits, self.exact, self.shard_size, itemsize, listed,
+                           checks.get(bucket, ()))
+            tasks.append(Task(key, job, f"bucket {bucket}", order_weight(job), reads=job.reads()))
+        merged = f"{plural(len(sources.sources), 'run')} of " if sources is not parts else ""
+        return StagePlan(TaskPlan("order", tuple(tasks), run_order_job, found=found, reads=_reads),
+                         self.settings(bits), [tokenized],
+                         f"{plural(len(tasks), 'bucket')} from {merged}{plural(len(previous.parts), 'part')}")
+
+    def result(self, previous: Tokenized, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Ordered:
+        jobs = [(task.key, task.job) for task in plan.tasks.tasks]
+        return Ordered(jobs[0][1].bits, tuple(OrderedBucket.of(job.bucket, key, committed[key]) for key, job in jobs),
+                       previous)
+
+    def done(self, result: Ordered, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
+        kept = sum(bucket.documents for bucket in result.buckets)
+        return f"{plural(kept, 'document')} kept, {plural(result.duplicates_dropped, 'duplicate')}"
+
+
+def _reads(missing: Sequence[Task[OrderJob]]) -> list[list[str]]:
+    """What the missing order tasks read, checked in one group before any runs."""
+    return [sorted({object_id for task in missing for object_id in task.reads})]
+
+
+def _id_checks(tokenized: Tokenized, buckets: int) -> dict[int, tuple[tuple[CheckedPart, ...], ...]]:
     """The files split into several parts (ids must be unique within a file, and a tokenize task
     checks only its own part), each given to one order task: the i-th such file to bucket i mod
     `buckets`, so which task checks a file depends on the data alone."""
-    by_file: dict[str, list[PartRef]] = {}
-    for part in parts:
-        by_file.setdefault(part.source, []).append(part)
+    by_file: dict[str, list[CheckedPart]] = {}
+    for part in tokenized.parts:
+        by_file.setdefault(part.source, []).append(CheckedPart(part.output, part.source, part.documents))
     split = [tuple(same) for same in by_file.values() if len(same) > 1]
-    checks: dict[int, tuple[tuple[PartRef, ...], ...]] = {}
+    checks: dict[int, tuple[tuple[CheckedPart, ...], ...]] = {}
     for index, same in enumerate(split):
         checks[index % buckets] = (*checks.get(index % buckets, ()), same)
     return checks
@@ -102,93 +214,3 @@ def order_weight(job: OrderJob) -> int:
     """What an order task reads besides its bucket: the ids of the files it checks (its bucket's
     size is about the same for every task)."""
     return sum(part.documents for same in job.check_ids for part in same)
-
-
-def shard(builder: Builder, parts: tuple[PartRef, ...], order_manifest: dict[str, Any], dtype: str,
-          eos_id: int) -> list[dict[str, Any]]:
-    """Write every shard's units (one per output format), each with its own task record
-    keyed by the shard's content digest, so an unchanged shard is never written again."""
-    formats = builder.pipeline.output.formats
-    assert builder.tokenize_settings is not None
-    # A unit's bytes follow from its digest (keys stand for texts), the tokenizer and these.
-    settings = {"dtype": dtype, "eos_id": eos_id, "tokenize": builder.tokenize_settings.key_fields()}
-    stage_key = builder.stage_key("shard", {**settings, "formats": list(formats)}, [builder.stages["order"].output])
-    plans = plan_shards(order_manifest["buckets"], int(order_manifest["bits"]), builder.pipeline.output.shard_size)
-    bucket_ids = {int(b["bucket"]): str(b["output"]) for b in order_manifest["buckets"]}
-    all_units = [(plan, unit) for plan in plans for unit in units_for(formats)]
-    keys = {(plan.name, unit): records.content_key("shard", settings, builder.code, unit, plan.name, plan.depth,
-                                                   plan.digest) for plan, unit in all_units}
-    found = {(plan.name, unit): records.read_task_record(builder.store, "shard", keys[plan.name, unit])
-             for plan, unit in all_units}
-    missing = _units_to_write(builder, all_units, found)
-    committed = f"{len(all_units) - len(missing)} of {plural(len(all_units), 'file')} committed"
-    builder.progress.stage("shard", f"{plural(len(plans), 'shard')}, {committed}")
-    if missing:
-        builder.guard.ensure([part.object_id for part in parts])
-        builder.guard.ensure(sorted({bucket_ids[b] for plan, _ in missing for b, _, _ in plan.slices}))
-    groups = unit_groups(missing, builder.executor.workers)
-    table = ShardParts.of([(part.object_id, part.source, part.line_offset) for part in parts])
-    jobs = [AssembleJob(builder.store.url, table,
-                        tuple(sorted({(b, bucket_ids[b]) for plan, _ in group for b, _, _ in plan.slices})),
-                        group, dtype, eos_id, builder.read_back) for group in groups]
-    run = builder.stages["shard"]
-    cached, written = len(all_units) - len(missing), 0
-    builder.progress.tick("shard", cached, len(all_units), cached, force=True)
-    for index, result in builder.executor.run(run_assemble_job, jobs):
-        builder.guard.produced(result.outputs.values())
-        builder.guard.read_back_when_written(result.read_back)
-        for plan, unit in groups[index]:
-            crash_point("shard.before_commit")
-            found[plan.name, unit] = records.write_task_record(
-                builder.store, "shard", keys[plan.name, unit],
-                {fmt: result.outputs[f"{plan.name}/{fmt}"] for fmt in unit_formats(unit)},
-                {"sizes": {fmt: result.summary["sizes"][f"{plan.name}/{fmt}"] for fmt in unit_formats(unit)}})
-            run.ran += 1
-        written += sum(int(size) for size in result.summary["sizes"].values())
-        builder.progress.tick("shard", cached + run.ran, len(all_units), cached, written, force=True)
-    run.cached = cached
-    shards = [_shard_entry(plan, [found[plan.name, unit] for unit in units_for(formats)]) for plan in plans]
-    builder.commit_stage("shard", stage_key, {"shards": shards})
-    builder.progress.done("shard", f"{plural(run.ran, 'file')} written, {run.cached} cached")
-    return shards
-
-
-def unit_groups(units: list[tuple[ShardPlan, str]], workers: int) -> list[tuple[tuple[ShardPlan, str], ...]]:
-    """The shard jobs: runs of consecutive units of similar weight, SHARD_JOBS_PER_WORKER per
-    worker, the heaviest first (the stage then ends with light jobs); which unit lands in which
-    job changes no byte of any unit."""
-    weights = [unit_weight(plan, unit) for plan, unit in units]
-    ranges = contiguous_ranges(weights, workers * SHARD_JOBS_PER_WORKER)
-    ranges.sort(key=lambda bounds: -sum(weights[bounds[0]:bounds[1]]))
-    return [tuple(units[start:end]) for start, end in ranges]
-
-
-def unit_weight(plan: ShardPlan, unit: str) -> int:
-    """About the bytes a unit writes, as its format weighs a shard."""
-    return output_format(unit).weight(plan)
-
-
-def _units_to_write(builder: Builder, all_units: list[tuple[ShardPlan, str]],
-                    found: dict[tuple[str, str], records.TaskRecord | None]) -> list[tuple[ShardPlan, str]]:
-    """Units without a record, or whose recorded files fail their check (those are discarded)."""
-    bad = set(builder.guard.find_bad(oid for record in found.values() if record for oid in record.outputs.values()))
-    missing = []
-    for plan, unit in all_units:
-        record = found[plan.name, unit]
-        spoiled = sorted(bad & set(record.outputs.values())) if record else []
-        if record is None or spoiled:
-            missing.append((plan, unit))
-        for object_id in spoiled:
-            builder.guard.discard(object_id, f"shard {plan.name} {unit} file")
-    return missing
-
-
-def _shard_entry(plan: ShardPlan, unit_records: list[records.TaskRecord | None]) -> dict[str, Any]:
-    """A shard as the shard stage manifest lists it: its plan, its files and their sizes."""
-    outputs: dict[str, str] = {}
-    sizes: dict[str, int] = {}
-    for record in unit_records:
-        assert record is not None
-        outputs.update(record.outputs)
-        sizes.update(record.summary["sizes"])
-    return {**plan.to_json(), "outputs": outputs, "sizes": sizes}

@@ -12,7 +12,7 @@ from prep.config import Pipeline
 from prep.errors import PrepError
 from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import Executor
-from prep.runner.tasks import HashJob, TokenizeJob, run_hash_job
+from prep.runner.tasks import HashJob, run_hash_job
 from prep.stages.specs import TokenizeSettings
 from prep.storage.base import Store
 from prep.store.refs import read_ref
@@ -95,15 +95,6 @@ def contiguous_ranges(weights: list[int], count: int) -> list[tuple[int, int]]:
     if start < len(weights):
         ranges.append((start, len(weights)))
     return ranges
-
-
-def task_bytes(job: TokenizeJob) -> int:
-    """Input bytes a tokenize task covers, for rates (a Parquet file counts once, at part 0,
-    since its task ranges count row groups, not bytes)."""
-    task = job.task
-    if task.source.format == "parquet":
-        return task.source.size if task.part == 0 else 0
-    return task.end - task.start
 
 
 def describe_inputs(sources: list[SourceFile], most: int = 5) -> str:

@@ -9,7 +9,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,9 @@ from prep import hashing
 from prep.errors import RefConflictError, StaleRefError
 from prep.formats.units import named_artifact_path, unit_formats, units_for
 from prep.inputs.sources import SourceFile
-from prep.progress import plural
+from prep.runner.sharding import Sharded, ShardOut
+from prep.runner.stage import StageRun
+from prep.runner.tokenizing import StepCounts, TokenizedPart
 from prep.storage.base import Store
 from prep.store.layout import log_key
 from prep.store.refs import Mover, read_ref, read_ref_value, stale_ref, update_ref
@@ -27,71 +29,50 @@ from prep.store.tags import tag_expectation
 SNAPSHOT_SCHEMA = "prep.snapshot/1"  # manifests/snapshot-1.schema.json
 
 
-@dataclass
-class StageRun:
-    """What one stage did in this build: tasks run and tasks served from commit records."""
-
-    name: str
-    key: str = ""
-    ran: int = 0
-    cached: int = 0
-    output: str = ""
-
-
-def stage_counts(run: StageRun) -> str:
-    """`3 tasks run, 1 cached`: what a stage did, for its progress line."""
-    return f"{plural(run.ran, 'task')} run, {run.cached} cached"
-
-
-def artifacts(shards: list[dict[str, Any]], formats: tuple[str, ...]) -> list[dict[str, Any]]:
+def artifacts(shards: Sequence[ShardOut], formats: tuple[str, ...]) -> list[dict[str, Any]]:
     """The snapshot's artifact list: every file of every shard, sorted by path."""
     listed = []
     for shard in shards:
+        outputs, sizes = dict(shard.outputs), dict(shard.sizes)
         for fmt in (fmt for unit in units_for(formats) for fmt in unit_formats(unit)):
             listed.append({
-                "path": named_artifact_path(fmt, shard["name"]), "format": fmt, "shard": shard["index"],
-                "size": shard["sizes"][fmt], "sha256": hashing.parse_id(shard["outputs"][fmt]),
-                "documents": shard["documents"], "tokens": shard["tokens"],
+                "path": named_artifact_path(fmt, shard.plan.name), "format": fmt, "shard": shard.plan.index,
+                "size": sizes[fmt], "sha256": hashing.parse_id(outputs[fmt]),
+                "documents": shard.plan.documents, "tokens": shard.plan.tokens,
             })
     return sorted(listed, key=lambda a: a["path"])
 
 
-def build_stats(entries: list[dict[str, Any]], duplicates_dropped: int, shards: list[dict[str, Any]]) -> dict[str, Any]:
+def build_stats(sharded: Sharded) -> dict[str, Any]:
     """The snapshot's `stats`: documents and tokens in and out, and each document step's counts."""
-    steps = step_stats(entries)
+    parts = sharded.ordered.tokenized.parts
+    steps = step_stats(parts)
     return {
-        "documents_read": sum(int(e["documents"]) for e in entries),
-        "duplicates_dropped": duplicates_dropped,
-        "documents_written": sum(s["documents"] for s in shards),
-        "tokens_written": sum(s["tokens"] for s in shards),
-        "bad_records_skipped": sum(int(e.get("bad_records", 0)) for e in entries),
-        "special_token_documents": sum(int(e.get("special_token_documents", 0)) for e in entries),
-        **({"steps": steps} if steps else {}),
+        "documents_read": sum(part.documents for part in parts),
+        "duplicates_dropped": sharded.ordered.duplicates_dropped,
+        "documents_written": sum(shard.plan.documents for shard in sharded.shards),
+        "tokens_written": sum(shard.plan.tokens for shard in sharded.shards),
+        "bad_records_skipped": sum(part.bad_records for part in parts),
+        "special_token_documents": sum(part.special_token_documents for part in parts),
+        **({"steps": [counts.to_json() for counts in steps]} if steps else {}),
     }
 
 
-def step_stats(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def step_stats(parts: Sequence[TokenizedPart]) -> list[StepCounts]:
     """Each document step's counts summed over the tokenize tasks, in pipeline order (none: [])."""
-    total: list[dict[str, Any]] = []
-    for entry in entries:
-        for index, counts in enumerate(entry.get("steps", ())):
+    total: list[StepCounts] = []
+    for part in parts:
+        for index, counts in enumerate(part.steps or ()):
             if index == len(total):
-                total.append({"use": counts["use"], "reasons": {}})
-            summed = total[index]
-            for name, value in counts.items():
-                if name == "reasons":
-                    for reason, count in value.items():
-                        summed["reasons"][reason] = summed["reasons"].get(reason, 0) + int(count)
-                elif name != "use":
-                    summed[name] = summed.get(name, 0) + int(value)
-    for summed in total:
-        summed["reasons"] = dict(sorted(summed["reasons"].items()))
+                total.append(counts)
+            else:
+                total[index] += counts
     return total
 
 
 def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[SourceFile], code: dict[str, Any],
                       tokenizer: dict[str, Any], config: dict[str, Any], stages: list[StageRun],
-                      shards: list[dict[str, Any]], formats: tuple[str, ...], stats: dict[str, Any]) -> dict[str, Any]:
+                      shards: Sequence[ShardOut], formats: tuple[str, ...], stats: dict[str, Any]) -> dict[str, Any]:
     """The `prep.snapshot/1` manifest of a build (schema: manifests/snapshot-1.schema.json)."""
     return {
         "schema": SNAPSHOT_SCHEMA,
@@ -217,16 +198,15 @@ def declined_tags(dataset: str, snapshot_id: str, outcomes: list[RefOutcome]) ->
                             f"is stored but not tagged (use --force to move the tag anyway)")
 
 
-def skipped_records(entries: list[dict[str, Any]]) -> dict[str, Any]:
+def skipped_records(parts: Sequence[TokenizedPart]) -> dict[str, Any]:
     """Records skipped under on_error = "skip": the total and the first SKIPPED_LISTED as file, line (or row), reason."""
     listed: list[dict[str, Any]] = []
-    for entry in entries:
-        source = str(entry.get("source", ""))
-        for message in entry.get("bad_record_examples", []):
+    for part in parts:
+        for message in part.bad_record_examples:
             if len(listed) == SKIPPED_LISTED:
                 break
-            listed.append(_skip_entry(source, str(message)))
-    return {"total": sum(int(e.get("bad_records", 0)) for e in entries), "listed": listed}
+            listed.append(_skip_entry(part.source, message))
+    return {"total": sum(part.bad_records for part in parts), "listed": listed}
 
 
 def _skip_entry(source: str, message: str) -> dict[str, Any]:
@@ -262,7 +242,7 @@ def build_log_key(dataset: str, started: float) -> tuple[str, str]:
 
 
 def write_log(store: Store, dataset: str, snapshot: Snapshot, stages: dict[str, StageRun], sources: list[SourceFile],
-              entries: list[dict[str, Any]], facts: BuildFacts, extra: dict[str, Any]) -> str:
+              parts: Sequence[TokenizedPart], facts: BuildFacts, extra: dict[str, Any]) -> str:
     """Store a build's log record (`prep.build-log/2`) under a fresh name; returns its key."""
     stamp, key = build_log_key(dataset, facts.started)
     record = {
@@ -278,7 +258,7 @@ def write_log(store: Store, dataset: str, snapshot: Snapshot, stages: dict[str, 
         "inputs": [{"path": s.rel, "location": s.location, "etag": s.etag, "version_id": s.version_id}
                    for s in sources],
         "refs": [outcome.to_json() for outcome in facts.refs],
-        "skipped": skipped_records(entries),
+        "skipped": skipped_records(parts),
         "readback": facts.readback,
         **extra,
     }

@@ -18,7 +18,7 @@ from typing import Any
 from prep.errors import IntegrityError
 from prep.progress import Progress
 from prep.runner.executors.base import Executor
-from prep.runner.tasks import TaskResult, publish_staged, worker_store
+from prep.runner.tasks import BatchResult, JobResult, publish_staged, worker_store
 from prep.storage.base import Store
 from prep.store import cas, proven
 
@@ -54,7 +54,7 @@ class Remake:
     """How to recompute a reused object: the task that produced it, and what to call it."""
 
     what: str
-    fn: Callable[[Any], TaskResult]
+    fn: Callable[[Any], JobResult]
     job: Any
     reads: tuple[str, ...] = ()
     """Objects the task reads that a build may have reused too: made trustworthy before it runs."""
@@ -124,7 +124,9 @@ class ReuseGuard:
             group = [(object_id, remake) for object_id, remake in remakes if remake.fn is fn]
             for index, result in self.executor.run(fn, [remake.job for _, remake in group]):
                 object_id, remake = group[index]
-                outputs = publish_staged(self.store, result).outputs
+                results = result.results if isinstance(result, BatchResult) else (("", result),)
+                outputs = {f"{key}/{name}": object_id for key, one in results
+                           for name, object_id in publish_staged(self.store, one).outputs.items()}
                 if object_id not in outputs.values():
                     raise IntegrityError(f"{self.store.url}: recomputing {remake.what} {object_id} gave other bytes "
                                          f"({', '.join(sorted(outputs.values()))}): the task is not deterministic")

@@ -17,8 +17,9 @@ from prep.code import code_identity
 from prep.config import Pipeline
 from prep.errors import PrepError
 from prep.inputs.sources import SourceFile, discover, input_version
-from prep.runner import ordering
+from prep.runner.ordering import DOCUMENTS_PER_BUCKET, Ordering
 from prep.runner.planning import tokenize_settings
+from prep.runner.sharding import Sharding
 from prep.runner.tasks import HashJob, run_hash_job
 from prep.stages.cuts import bucket_bits
 from prep.stages.read import plan_read_tasks
@@ -168,8 +169,8 @@ def build_status(pipeline: Pipeline, store: Store) -> BuildStatus:
 
 def _later_stages(pipeline: Pipeline, settings: TokenizeSettings, documents: int, dtype: str,
                   eos_id: int) -> list[tuple[str, dict[str, Any]]]:
-    """The settings of order and shard as prep.runner.ordering keys them."""
-    bits = bucket_bits(documents, ordering.DOCUMENTS_PER_BUCKET)
-    return [("order", ordering.order_settings(pipeline, bits, dtype)),
-            ("shard", {"dtype": dtype, "eos_id": eos_id, "tokenize": settings.key_fields(),
-                       "formats": list(pipeline.output.formats)})]
+    """The stage key settings of order and shard, as those stages name them."""
+    bits = bucket_bits(documents, DOCUMENTS_PER_BUCKET)
+    ordering = Ordering(pipeline.dedup.exact, pipeline.output.shard_size, dtype, pipeline.build.merge_fan_in)
+    sharding = Sharding(pipeline.output.formats, pipeline.output.shard_size, dtype, eos_id, settings)
+    return [("order", ordering.settings(bits)), ("shard", sharding.stage_settings())]

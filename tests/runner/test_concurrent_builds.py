@@ -17,7 +17,7 @@ from prep.errors import IntegrityError, StaleRefError
 from prep.progress import Progress
 from prep.runner.build import PublishOptions, build
 from prep.runner.reuse import run_check_job
-from prep.runner.tasks import run_tokenize_job
+from prep.runner.tokenizing import run_tokenize_job
 from prep.storage import LocalStore
 from prep.store import cas
 from prep.store.refs import read_ref

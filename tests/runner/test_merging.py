@@ -148,18 +148,18 @@ def test_order_tasks_read_no_stage_manifest_and_carry_forty_bytes_a_part(corpus:
     monkeypatch.setattr(ordering, "DOCUMENTS_PER_BUCKET", 40)
     monkeypatch.setattr(read, "RANGE_BYTES", 2500)
     reference = _in_process(_pipeline(corpus, tokenizer_path, None), corpus / "reference")
-    jobs: list[tasks.OrderJob] = []
+    jobs: list[ordering.OrderJob] = []
 
     def no_manifests(store: object, object_id: str) -> bytes:
         raise AssertionError(f"an order task read object {object_id} whole")
 
-    def order_job(job: tasks.OrderJob) -> tasks.TaskResult:
+    def order_job(job: ordering.OrderJob) -> tasks.TaskResult:
         jobs.append(job)
         with monkeypatch.context() as patched:
             patched.setattr(cas, "get_bytes", no_manifests)
             return run_order_job(job)
 
-    run_order_job = tasks.run_order_job
+    run_order_job = ordering.run_order_job
     monkeypatch.setattr(ordering, "run_order_job", order_job)
     rebuilt = _in_process(_pipeline(corpus, tokenizer_path, 3), corpus / "store")
     assert rebuilt.snapshot.id == reference.snapshot.id
@@ -174,18 +174,18 @@ def test_shard_jobs_carry_forty_four_bytes_a_part_and_each_source_once(corpus: P
     """A shard job reads from every part, so it is told about every part: packed, 44 bytes a part
     and each file's name once (a tuple of part references took hundreds of bytes a part, in
     every job), with the `.json` members it writes unchanged."""
-    from prep.runner import tasks
+    from prep.runner import sharding, tasks
 
     monkeypatch.setattr(read, "RANGE_BYTES", 2500)
     reference = _in_process(_pipeline(corpus, tokenizer_path, None), corpus / "reference")
-    jobs: list[tasks.AssembleJob] = []
+    jobs: list[sharding.AssembleJob] = []
 
-    def assemble_job(job: tasks.AssembleJob) -> tasks.TaskResult:
+    def assemble_job(job: sharding.AssembleJob) -> tasks.BatchResult:
         jobs.append(job)
         return run_assemble_job(job)
 
-    run_assemble_job = tasks.run_assemble_job
-    monkeypatch.setattr(ordering, "run_assemble_job", assemble_job)
+    run_assemble_job = sharding.run_assemble_job
+    monkeypatch.setattr(sharding, "run_assemble_job", assemble_job)
     rebuilt = _in_process(_pipeline(corpus, tokenizer_path, None), corpus / "store")
     assert rebuilt.snapshot.id == reference.snapshot.id
     parts = rebuilt.stages["tokenize"].ran
@@ -194,4 +194,4 @@ def test_shard_jobs_carry_forty_four_bytes_a_part_and_each_source_once(corpus: P
         table = job.parts
         assert len(table) == parts and len(table.intermediates) + len(table.line_offsets) + len(table.source_of) == 44 * parts
         assert sorted(table.sources) == sorted(f"{index}.jsonl" for index in range(FILES))
-    assert any(unit == "wds" for job in jobs for _, unit in job.units)
+    assert any(unit.unit == "wds" for job in jobs for unit in job.units)

@@ -19,6 +19,7 @@ from prep.manifest.schema import validate
 from prep.progress import Progress
 from prep.runner import publish as publish_module
 from prep.runner.build import BuildResult, PublishOptions, build
+from prep.runner.tokenizing import TokenizedPart
 from prep.storage import LocalStore
 from prep.storage.base import Store
 from prep.store import snapshots as build_module  # the build calls snapshots.publish_manifest
@@ -249,12 +250,17 @@ def test_the_build_log_says_who_ran_what_where_and_what_it_skipped(tmp_path: Pat
     assert log["refs"] == [{"name": "latest", "action": "moved", "generation": 1, "previous": None}]
 
 
+def _part(source: str, bad: list[str]) -> TokenizedPart:
+    """A tokenized part of `source` that skipped the records `bad` names."""
+    return TokenizedPart(source, "0" * 64, "jsonl", 0, 0, 1, "0" * 64, "sha256:" + "1" * 64, "sha256:" + "2" * 64, 0,
+                         0, 0, 0, len(bad), 0, 0, tuple(bad), None)
+
+
 def test_skipped_records_listed_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     from prep.runner import publish
 
     monkeypatch.setattr(publish, "SKIPPED_LISTED", 3)
-    entries = [{"source": "x.jsonl", "bad_records": 5, "bad_record_examples": [f"x.jsonl:{n}: bad" for n in range(5)]},
-               {"source": "y.parquet", "bad_records": 1, "bad_record_examples": ["y.parquet: row 4: null text"]}]
+    entries = [_part("x.jsonl", [f"x.jsonl:{n}: bad" for n in range(5)]), _part("y.parquet", ["y.parquet: row 4: null text"])]
     skipped = publish.skipped_records(entries)
     assert skipped["total"] == 6 and len(skipped["listed"]) == 3
     assert publish.skipped_records(entries[1:])["listed"] == [{"file": "y.parquet", "row": 4, "reason": "null text"}]

@@ -34,7 +34,7 @@ from prep.runner.executors.ray import (
     local_paths,
     unreachable_reason,
 )
-from prep.runner.tasks import TokenizeJob
+from prep.runner.tokenizing import TokenizeJob
 from prep.stages.read import ReadTask
 from prep.stages.specs import TokenizeSettings
 from prep.storage import open_store

@@ -221,19 +221,19 @@ def test_cli_rebuild_over_a_corrupt_intermediate_warns_and_publishes_clean_shard
 def test_an_object_that_cannot_be_recomputed_is_an_integrity_error(corpus: Path, tokenizer_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Recomputing must give the recorded bytes; a task that gives others is refused with exit 3."""
-    from prep.runner import tasks
+    from prep.runner import tasks, tokenizing
 
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"], shard_size="4KB")
     store_dir = corpus / "store"
     build_local(pipeline, store_dir, workers=1)
     flip_byte(object_path(store_dir, task_outputs(store_dir, "tokenize")[0]), 3)
-    real: Callable[[Any], tasks.TaskResult] = tasks.run_tokenize_job
+    real: Callable[[Any], tasks.TaskResult] = tokenizing.run_tokenize_job
 
     def drifting(job: Any) -> tasks.TaskResult:
         result = real(job)
         return tasks.TaskResult({"intermediate": cas.put_bytes(LocalStore(store_dir), b"other").id}, result.summary, {})
 
-    monkeypatch.setattr("prep.runner.build.run_tokenize_job", drifting)
+    monkeypatch.setattr("prep.runner.tokenizing.run_tokenize_job", drifting)
     from prep.config import load_pipeline
     from prep.progress import Progress
     from prep.runner.build import build
@@ -267,7 +267,7 @@ def test_a_driver_failure_leaves_no_intermediate_staged_by_tasks_in_flight(tmp_p
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """When the driver fails while tokenize tasks still run, it waits for them and removes the
     intermediates they leave in the staging folder for it (nothing will ever store them)."""
-    from prep.runner import build as build_module
+    from prep.runner import driver as build_module
 
     for index in range(6):
         write_jsonl(tmp_path / "corpus" / f"f{index}.jsonl", make_records(40, seed=index, prefix=f"f{index}"))

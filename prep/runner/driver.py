@@ -1,0 +1,225 @@
+"""The runner: drives stages behind the stage protocol (prep/runner/stage.py), skips committed
+tasks, runs the rest through the executor, checks what it reuses and commits every task record
+and stage manifest. It knows no stage by name: a build is the list of stages it is given."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import closing
+from typing import Any
+
+from prep.errors import IntegrityError, NotFoundError
+from prep.faults import crash_point
+from prep.progress import Progress
+from prep.runner.executors.base import Executor
+from prep.runner.reuse import Remake, ReuseGuard
+from prep.runner.stage import In, Job, Out, Stage, StageRun, Task, TaskPlan
+from prep.runner.tasks import BatchResult, JobResult, TaskResult, publish_staged
+from prep.storage.base import Store
+from prep.store import cas, records
+
+
+class StoringGuard(ReuseGuard):
+    """The reuse guard, also keeping what this build stored: read back before a publish even
+    when a read-back record says the snapshot passed (the object may have been collected since)."""
+
+    def __init__(self, store: Store, executor: Executor, progress: Progress) -> None:
+        super().__init__(store, executor, progress)
+        self.stored: set[str] = set()
+        self.read_back: dict[str, cas.FileStamp] = {}
+
+    def produced(self, object_ids: Iterable[str]) -> None:
+        listed = list(object_ids)
+        self.stored.update(listed)
+        super().produced(listed)
+
+    def read_back_when_written(self, stamped: Iterable[tuple[str, cas.FileStamp]]) -> None:
+        """Objects whose writer read the store's own file back from the disk (prep.stages.sink),
+        with the stamp that file had once stored."""
+        listed = dict(stamped)
+        self.read_back.update(listed)
+        self.proved(listed)
+
+
+class Runner:
+    """One build's runs of stages: what each stage ran and reused, the tasks' logs, and the guard
+    over reused objects. `read_back` False (`--no-readback`): files are written without a
+    read-back from the disk. Implements prep.runner.stage.StageContext for the stages it runs."""
+
+    def __init__(self, store: Store, executor: Executor, progress: Progress, code: Mapping[str, object],
+                 read_back: bool = True) -> None:
+        self.store, self.executor, self._progress, self._code = store, executor, progress, code
+        self._read_back = read_back
+        self.stages: dict[str, StageRun] = {}
+        self.logs: dict[str, dict[str, Any]] = {}
+        self.guard = StoringGuard(store, executor, progress)
+
+    # -- the context stages see -------------------------------------------------------------
+    @property
+    def store_url(self) -> str:
+        return self.store.url
+
+    @property
+    def code(self) -> Mapping[str, object]:
+        return self._code
+
+    @property
+    def workers(self) -> int:
+        return self.executor.workers
+
+    @property
+    def driver_stores(self) -> bool:
+        # Where workers share this machine's store, the driver stores intermediates (and waits
+        # for their fsync) while the workers go on tokenizing.
+        return self.executor.shares_filesystem and self.store.local_path("objects") is not None
+
+    @property
+    def read_back(self) -> bool:
+        return self._read_back
+
+    @property
+    def progress(self) -> Progress:
+        return self._progress
+
+    def task_key(self, stage: str, settings: Mapping[str, object], *inputs: object) -> str:
+        return records.content_key(stage, settings, self._code, *inputs)
+
+    def committed(self, stage: str, keys: Sequence[str]) -> dict[str, records.TaskRecord | None]:
+        return {key: records.read_task_record(self.store, stage, key) for key in keys}
+
+    def stage_output(self, stage: str) -> str:
+        return self.stages[stage].output
+
+    # -- driving stages ---------------------------------------------------------------------
+    def run_stages(self, stages: Sequence[Stage[Any, Any]], first: object) -> Any:
+        """Run each stage on the result of the one before (the first on `first`); the last result."""
+        result: Any = first
+        for stage in stages:
+            result = self.run_stage(stage, result)
+        return result
+
+    def run_stage(self, stage: Stage[In, Out], previous: In) -> Out:
+        """Plan the stage, run its missing tasks, commit them and its manifest; its result."""
+        plan = stage.plan(previous, self)
+        self._progress.stage(stage.name, plan.describe)
+        run = self.stages.setdefault(stage.name, StageRun(stage.name))
+        ran_before, cached_before = run.ran, run.cached
+        committed = self.run_tasks(plan.tasks)
+        result = stage.result(previous, plan, committed)
+        run.key = records.content_key(stage.name, plan.settings, self._code, plan.key_inputs)
+        manifest = result.manifest()
+        if manifest is not None:
+            self._commit_stage(stage.name, run.key, dict(manifest))
+        this_round = StageRun(stage.name, run.key, run.ran - ran_before, run.cached - cached_before)
+        self._progress.done(stage.name, stage.done(result, this_round, list(self.logs.get(stage.name, {}).values())))
+        return result
+
+    def committed_stages(self) -> list[StageRun]:
+        """The stages that committed a manifest, which the snapshot lists (merge commits none)."""
+        return [run for run in self.stages.values() if run.output]
+
+    # -- tasks ------------------------------------------------------------------------------
+    def run_tasks(self, plan: TaskPlan[Job]) -> dict[str, records.TaskRecord]:
+        """Run every task of `plan` whose record is missing (or, for a final stage, whose outputs
+        fail their check); return every task's record by key. Missing tasks start heaviest first,
+        so the stage ends with small ones."""
+        run = self.stages.setdefault(plan.stage, StageRun(plan.stage))
+        found = plan.found if plan.found is not None else self.committed(plan.stage, [t.key for t in plan.tasks])
+        committed: dict[str, records.TaskRecord] = {}
+        todo: list[Task[Job]] = []
+        spoiled = self._spoiled(plan, found)
+        for task in plan.tasks:
+            record = found.get(task.key)
+            if record is None or task.key in spoiled:
+                todo.append(task)
+                continue
+            committed[task.key] = record
+            if not plan.final:
+                self.guard.reused(record.outputs.values(), Remake(task.what, plan.run, task.job, task.reads))
+        run.cached += len(committed)
+        todo.sort(key=lambda task: -task.weight)
+        for group in plan.reads(todo) if todo else ():
+            self.guard.ensure(group)
+        self._run_missing(plan, todo, committed, len(plan.tasks))
+        return committed
+
+    def _spoiled(self, plan: TaskPlan[Job], found: Mapping[str, records.TaskRecord | None]) -> set[str]:
+        """The keys of a final stage's found records whose outputs are missing or corrupt (noted
+        as recomputed); none for other stages, whose outputs are checked when read."""
+        if not plan.final:
+            return set()
+        bad = set(self.guard.find_bad(oid for record in found.values() if record for oid in record.outputs.values()))
+        spoiled = set()
+        for task in plan.tasks:
+            record = found.get(task.key)
+            for object_id in sorted(bad & set(record.outputs.values())) if record else ():
+                self.guard.discard(object_id, task.what)
+                spoiled.add(task.key)
+        return spoiled
+
+    def _run_missing(self, plan: TaskPlan[Job], todo: list[Task[Job]], committed: dict[str, records.TaskRecord],
+                     total: int) -> None:
+        """Run `todo` (grouped into jobs by the plan's `batch`) and commit each task as it ends."""
+        run = self.stages[plan.stage]
+        jobs: Sequence[Any] = plan.batch(todo, self.executor.workers) if plan.batch and todo else [t.job for t in todo]
+        by_key = {task.key: task for task in todo}
+        done_bytes, cached = 0, run.cached
+        self._progress.tick(plan.stage, len(committed), total, len(committed), force=True)
+        published: set[int] = set()
+        try:
+            with closing(self.executor.run(plan.run, list(jobs))) as results:
+                for index, result in results:
+                    published.add(index)
+                    for key, outcome in _by_task(result, todo[index].key if plan.batch is None else None):
+                        committed[key] = self._commit_task(plan.stage, key, outcome)
+                        run.ran += 1
+                        done_bytes += by_key[key].nbytes
+                    self._progress.tick(plan.stage, len(committed), total, cached, done_bytes, force=bool(plan.batch))
+        except BaseException:
+            for index, job in enumerate(jobs):
+                if index not in published:
+                    plan.discard(job)
+            raise
+
+    def _commit_task(self, stage: str, key: str, result: TaskResult) -> records.TaskRecord:
+        """Store what the task staged, then write its record: nothing is visible before its commit."""
+        result = publish_staged(self.store, result)
+        self.guard.produced(result.outputs.values())
+        self.guard.read_back_when_written(result.read_back)
+        crash_point(f"{stage}.before_commit")
+        record = records.write_task_record(self.store, stage, key, result.outputs, result.summary)
+        if result.log:
+            self.logs.setdefault(stage, {})[key] = result.log
+        return record
+
+    # -- stage manifests --------------------------------------------------------------------
+    def _read_stage(self, stage: str, key: str) -> dict[str, Any] | None:
+        """The committed stage manifest, or None when the stage is not committed or its manifest
+        object is corrupt or missing (then the stage is rebuilt from its task records). An unreadable
+        stage record, or one naming anything but that stage's manifest, is an IntegrityError:
+        create-only, it cannot be replaced by a rebuilt one."""
+        record = records.read_stage_record(self.store, stage, key)
+        if record is None:
+            return None
+        try:
+            raw = cas.get_bytes(self.store, record.output)
+        except (IntegrityError, NotFoundError) as exc:
+            self._progress.info(f"warning: the {stage} stage manifest is unusable ({exc}); rebuilding it from its tasks")
+            self.guard.recomputed.append({"object": record.output, "what": f"{stage} stage manifest"})
+            return None
+        return records.stage_manifest(self.store, record, raw)
+
+    def _commit_stage(self, stage: str, key: str, manifest: dict[str, Any]) -> None:
+        if self._read_stage(stage, key) is None:
+            # Storing the manifest replaces a corrupt stored copy (prep.store.cas checks what it finds).
+            records.commit_stage(self.store, stage, key, manifest)
+        self.stages[stage].output = records.stage_output_id(self.store, stage, key)
+
+
+def _by_task(result: JobResult, key: str | None) -> Iterable[tuple[str, TaskResult]]:
+    """A job's results by task key: a batch's own, or a one-task job's under its task's key."""
+    if isinstance(result, BatchResult):
+        return result.results
+    assert key is not None
+    return [(key, result)]
+
