@@ -88,3 +88,103 @@ def test_no_function_is_longer_than_a_reader_can_hold() -> None:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and (lines := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES}
     assert long == {}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(path: Path, package: str, known: set[str]) -> set[str]:
+    """Every prep module `path` imports anywhere: at the top, in functions, under TYPE_CHECKING."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the prep modules it imports (its own packages' __init__ left out)."""
+    modules = {_module_name(path): path for path in MODULES}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        graph[name] = {target for target in _imported(path, package, set(modules))
+                       if target != name and not name.startswith(target + ".")}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                elif target in stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = stack[stack.index(node):]
+                del stack[stack.index(node):]
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_no_import_cycle_hides_behind_a_guard_or_a_function() -> None:
+    """lint-imports leaves out imports under TYPE_CHECKING; this walks every import statement,
+    guarded, lazy or not, and finds no two modules that reach each other."""
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_cycle_finder_sees_a_type_only_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+STAGE_NAMES = ("tokenize", "merge", "order", "shard", "Tokeniz", "Merg", "Order", "Shard")
+
+
+def test_the_runner_knows_no_stage_by_name() -> None:
+    """prep/runner/driver.py drives any list of stages: it names none, and imports none."""
+    driver = ROOT / "prep" / "runner" / "driver.py"
+    code = "\n".join(line for line in driver.read_text().splitlines() if not line.lstrip().startswith("#"))
+    tree = ast.parse(code)
+    body = [node for node in tree.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    source = "\n".join(ast.unparse(node) for node in body)
+    source = "\n".join(line for line in source.splitlines() if '"""' not in line)
+    named = [name for name in STAGE_NAMES if name in source.replace("BatchResult", "")]
+    assert named == [], f"the runner names stages: {named}"
+    imported = _imported(driver, "prep.runner", {_module_name(path) for path in MODULES})
+    assert not imported & {"prep.runner.tokenizing", "prep.runner.merging", "prep.runner.ordering",
+                            "prep.runner.sharding", "prep.stages"}

@@ -5,14 +5,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from prep.errors import InputError
-
-if TYPE_CHECKING:
-    from prep.transfer.shares import Artifact
 
 PREP_DIR = ".prep"
 TEMP_MARKER = ".prep-tmp-"
@@ -76,28 +72,27 @@ class Resolver:
         return self.entry(path)
 
 
-def check_paths(artifacts: Sequence[Artifact], dest: Path, source: str) -> None:
-    """Refuse (InputError, exit 2) a manifest whose paths are absolute, climb with '..' or repeat,
-    and a DEST whose symlinks make a path resolve outside it or share one file with another path."""
+def check_paths(paths: Iterable[str], dest: Path, source: str) -> None:
+    """Refuse (InputError, exit 2) a manifest whose artifact paths are absolute, climb with '..' or
+    repeat, and a DEST whose symlinks make a path resolve outside it or share one file with another."""
     root = os.path.realpath(dest)
     inside = root.rstrip("/") + "/"
     resolve = Resolver(root)
     seen: set[str] = set()
     entries: dict[str, str] = {}  # where each path's directory entry is -> the path
-    for artifact in artifacts:
-        reason = _unsafe_reason(artifact.path)
-        if reason is None and artifact.path in seen:
+    for path in paths:
+        reason = _unsafe_reason(path)
+        if reason is None and path in seen:
             reason = "is listed twice"
         if reason is not None:
-            raise InputError(f"{source}: artifact path {artifact.path!r} {reason}; manifest refused")
-        real, entry = resolve(artifact.path), resolve.entry(artifact.path)
+            raise InputError(f"{source}: artifact path {path!r} {reason}; manifest refused")
+        real, entry = resolve(path), resolve.entry(path)
         if real != root and not real.startswith(inside):
-            _refuse_dest(dest, artifact.path, f"resolves outside {dest} through a symlink (to {real})")
+            _refuse_dest(dest, path, f"resolves outside {dest} through a symlink (to {real})")
         if entry in entries:
-            _refuse_dest(dest, artifact.path,
-                         f"lands on the same file as {entries[entry]!r} through a symlinked folder (at {entry})")
-        seen.add(artifact.path)
-        entries[entry] = artifact.path
+            _refuse_dest(dest, path, f"lands on the same file as {entries[entry]!r} through a symlinked folder (at {entry})")
+        seen.add(path)
+        entries[entry] = path
 
 
 def _refuse_dest(dest: Path, path: str, reason: str) -> None:

@@ -44,7 +44,7 @@ def previous_paths(dest: Path, snapshot: Snapshot, named: set[str]) -> tuple[set
         artifacts = artifacts_of(read_manifest_content(path))
         for artifact in artifacts:
             artifact.path.encode()  # a lone surrogate: pull never wrote that (UnicodeError)
-        check_paths(artifacts, dest, str(path))
+        check_paths((artifact.path for artifact in artifacts), dest, str(path))
     except PrepError as exc:
         return None, exc.message
     except UnicodeError as exc:

@@ -316,7 +316,7 @@ def pull(
     folder, deletion and both records are durable."""
     started = time.perf_counter()
     everything = artifacts_of(snapshot.manifest)
-    check_paths(everything, dest, snapshot.id)
+    check_paths((artifact.path for artifact in everything), dest, snapshot.id)
     share = share_of(everything, rank, world_size, formats, snapshot.id)
     named = {artifact.path for artifact in everything}
     _check_dest(store, dest)

@@ -346,7 +346,7 @@ def verify(
     counter = ByteTally(on_bytes)
     spec, from_record = planned_share(snapshot, dest, rank, world_size, formats, use_record)
     everything = artifacts_of(snapshot.manifest)
-    check_paths(everything, dest, snapshot.id)
+    check_paths((artifact.path for artifact in everything), dest, snapshot.id)
     share = share_of(everything, spec.rank, spec.world_size, spec.formats, snapshot.id)
     derived = [file.artifact for file in derived_files(snapshot.manifest, share.artifacts)]
     ordered = sorted(share.artifacts, key=lambda a: (-a.size, a.path)) + derived  # big files first: even finish
