@@ -169,11 +169,11 @@ class Runner:
         try:
             with closing(self.executor.run(plan.run, list(jobs))) as results:
                 for index, result in results:
-                    published.add(index)
                     for key, outcome in _by_task(result, todo[index].key if plan.batch is None else None):
                         committed[key] = self._commit_task(plan.stage, key, outcome)
                         run.ran += 1
                         done_bytes += by_key[key].nbytes
+                    published.add(index)
                     self._progress.tick(plan.stage, len(committed), total, cached, done_bytes, force=bool(plan.batch))
         except BaseException:
             for index, job in enumerate(jobs):
