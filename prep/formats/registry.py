@@ -26,7 +26,7 @@ NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 class ShardCounts(Protocol):
-    """What the driver knows of a shard before it is written (prep.stages.cuts.ShardPlan)."""
+    """What the driver knows of a shard before it is written (prep.workfiles.shardplan.ShardPlan)."""
 
     @property
     def documents(self) -> int: ...

@@ -21,9 +21,9 @@ import xxhash
 
 from prep.errors import IntegrityError
 from prep.history.documents import DocumentOrigin, SnapshotRecords, verified_object
-from prep.stages.columns import FALSE, row_of, scalar_of, to_numbers
-from prep.stages.intermediate import Intermediate
 from prep.storage.base import Store
+from prep.workfiles.columns import FALSE, row_of, scalar_of, to_numbers
+from prep.workfiles.intermediate import Intermediate
 
 _COLUMNS = ["row", "text_bytes", "n_tokens", "text_offset", "tokens_offset"]
 

@@ -26,13 +26,13 @@ from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import wds
 from prep.history.specs import is_decimal, is_text
 from prep.manifest import canonical
-from prep.stages.columns import FALSE, row_of, scalar_of, to_numbers
-from prep.stages.docnames import document_id, record_line
-from prep.stages.intermediate import Intermediate
 from prep.storage.base import Store
 from prep.store import cas
 from prep.store.localcopy import verified_local_file
 from prep.store.snapshots import Snapshot
+from prep.workfiles.columns import FALSE, row_of, scalar_of, to_numbers
+from prep.workfiles.docnames import document_id, record_line
+from prep.workfiles.intermediate import Intermediate
 
 LAYOUT_POSITIONAL = 1
 """Stages tokenize, dedup, shuffle, shard; shards named by position (bin/00003.bin)."""

@@ -27,10 +27,10 @@ from prep.history.documents import (
     task_batches,
     verified_object,
 )
-from prep.stages.intermediate import hash_pairs
-from prep.stages.keepmask import MASK_COUNT_DTYPE, MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, unpack_flags
-from prep.stages.keys import bucket_of, order_keys
 from prep.storage.base import Store
+from prep.workfiles.intermediate import hash_pairs
+from prep.workfiles.keepmask import MASK_COUNT_DTYPE, MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, unpack_flags
+from prep.workfiles.keys import bucket_of, order_keys
 
 SCAN_BYTES = 1 << 22
 MAX_PARTITIONS = 512
@@ -67,7 +67,7 @@ class AllKept:
 
 
 class PackedMask:
-    """A keep mask (layout: prep.stages.keepmask), memory-mapped: flag i keeps document i."""
+    """A keep mask (layout: prep.workfiles.keepmask), memory-mapped: flag i keeps document i."""
 
     def __init__(self, path: Path) -> None:
         raw = np.memmap(path, dtype=np.uint8, mode="r")

@@ -27,9 +27,9 @@ from prep.history.naming import AT_EXAMPLES, KEY_HEX_DIGITS
 from prep.history.placement_v1 import PositionalPlacer
 from prep.history.placement_v2 import KeyedPlacer
 from prep.history.specs import is_decimal
-from prep.stages.keepmask import MASK_HEADER_BYTES, mask_bytes_for, mask_count, unpack_flags
 from prep.storage.base import Store
 from prep.store.snapshots import Snapshot
+from prep.workfiles.keepmask import MASK_HEADER_BYTES, mask_bytes_for, mask_count, unpack_flags
 
 __all__ = ["AT_EXAMPLES", "DocumentOrigin", "Placement", "Placer", "Trace", "locate", "locate_at", "locate_key",
            "parse_at", "placer_for", "trace",

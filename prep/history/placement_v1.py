@@ -28,9 +28,9 @@ from prep.history.documents import (
 )
 from prep.history.keep import PackedMask, recorded_mask
 from prep.history.placing import needs, origin_sizes, placed_kinds, placements
-from prep.stages.columns import scalar_of
-from prep.stages.specs import ShardSpec
 from prep.storage.base import Store
+from prep.workfiles.columns import scalar_of
+from prep.workfiles.shardplan import ShardSpec
 
 SCAN_ROWS = 1 << 20
 

@@ -1,6 +1,6 @@
 """Placements in layout-2 snapshots (shards named by key range).
 
-A document's order key is a keyed permutation of its text hash (prep.stages.keys.order_keys),
+A document's order key is a keyed permutation of its text hash (prep.workfiles.keys.order_keys),
 so its bucket (the key's top `bits` bits) follows from the text alone. The bucket object holds
 the bucket's kept entries sorted by (key, part, row): a binary search of it, a few positional
 reads, finds the document, or the copy with its key that the order stage kept instead. The
@@ -32,11 +32,11 @@ from prep.history.documents import (
     verified_object,
 )
 from prep.history.placing import Needs, needs, origin_sizes, placed_kinds, placements
-from prep.stages.cuts import ShardPlan
-from prep.stages.docnames import document_id, record_line
-from prep.stages.entries import ENTRY_DTYPE, NO_ID, EntryFile
-from prep.stages.keys import bucket_of, order_keys
 from prep.storage.base import Store
+from prep.workfiles.docnames import document_id, record_line
+from prep.workfiles.entries import ENTRY_DTYPE, NO_ID, EntryFile
+from prep.workfiles.keys import bucket_of, order_keys
+from prep.workfiles.shardplan import ShardPlan
 
 CHUNK_ENTRIES = 1 << 16
 """Entries read at once when summing the sizes of a shard's documents before a position."""

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from prep.stages.columns import string_bytes
 from prep.stages.jsonblocks import jsonl_chunks, valid_utf8
 from prep.stages.read import BadRecord, ReadTask, batch_documents, read_documents, record_batches, translated
 from prep.stages.textcolumns import TextColumns, chunks_of, rebatch
+from prep.workfiles.columns import string_bytes
 
 _Row = tuple[int, str | None, str, bytes]
 

@@ -12,8 +12,9 @@ driver runs it.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 from typing import Any
+
+from prep.workfiles.shardplan import ShardPlan as ShardPlan  # the runner imports it from here too
 
 MAX_BUCKET_BITS = 20
 
@@ -24,39 +25,6 @@ def bucket_bits(documents: int, per_bucket: int) -> int:
     while documents > per_bucket << bits and bits < MAX_BUCKET_BITS:
         bits += 1
     return bits
-
-
-@dataclass(frozen=True)
-class ShardPlan:
-    """One shard: its key range (start, depth), where its documents are (bucket, first, count)
-    slices in key order, its totals and the digest of everything its bytes depend on."""
-
-    index: int
-    start: int
-    depth: int
-    slices: tuple[tuple[int, int, int], ...]
-    documents: int
-    tokens: int
-    bin_size: int
-    text_bytes: int
-    digest: str
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    @property
-    def name(self) -> str:
-        """The shard's artifact name: its range start, 16 hex digits (sorts in key order)."""
-        return f"{self.start:016x}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "depth": self.depth,
-                "slices": [list(s) for s in self.slices], "documents": self.documents, "tokens": self.tokens,
-                "bin_size": self.bin_size, "text_bytes": self.text_bytes, "digest": self.digest}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ShardPlan:
-        return cls(int(data["index"]), int(data["name"], 16), int(data["depth"]),
-                   tuple((int(b), int(f), int(c)) for b, f, c in data["slices"]), int(data["documents"]),
-                   int(data["tokens"]), int(data["bin_size"]), int(data["text_bytes"]), str(data["digest"]))
 
 
 def plan_shards(buckets: list[dict[str, Any]], bits: int, shard_size: int) -> list[ShardPlan]:

@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 
 from prep.errors import InputError
-from prep.stages.columns import to_strings
 from prep.stages.readtask import utf8
 from prep.stages.textcolumns import TextColumns
 from prep.steps.protocol import DocumentStep, Drop, Outcome, StepDocument
+from prep.workfiles.columns import to_strings
 
 
 @dataclass

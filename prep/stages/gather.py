@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from prep.errors import IntegrityError
+from prep.workfiles.intermediate import pread_into as pread_into  # tests/runner/test_readback.py reads it here
 
 MAX_OPEN_FILES = 256
 MERGE_GAP = 8192
@@ -31,15 +32,6 @@ DIRECT_BYTES = 1 << 10
 """Spans at least this large are read straight to their place, one call each: per-byte index
 arithmetic costs far more than a call for them (long documents)."""
 _PART_SHIFT = 44  # (part << 44) + offset sorts spans by file then offset; intermediates stay below 16 TiB
-
-
-def pread_into(fd: int, view: memoryview, offset: int) -> int:
-    """Fill `view` from `fd` at `offset` (positional reads: the file offset is untouched); the
-    bytes read, fewer only at the end of the file."""
-    done = 0
-    while done < len(view) and (got := os.preadv(fd, [view[done:]], offset + done)):
-        done += got
-    return done
 
 
 class PartReader:

@@ -16,9 +16,9 @@ import numpy as np
 
 from prep.errors import InputError
 from prep.faults import crash_point
-from prep.stages.entries import NO_ID, gather_bytes, pack_id_column
-from prep.stages.intermediate import Intermediate, io_errors
-from prep.stages.keys import splitmix64
+from prep.workfiles.entries import NO_ID, gather_bytes, pack_id_column
+from prep.workfiles.intermediate import Intermediate, io_errors
+from prep.workfiles.keys import splitmix64
 
 IDS_PER_PARTITION = 1 << 20
 """Ids checked in memory at once: about (longest id + 8) bytes each, sorted (18 MB for 1M

@@ -25,9 +25,9 @@ import pyarrow.json as pa_json
 from prep.inputs.lines import LongLine, iter_line_blocks
 from prep.inputs.sources import open_decoded
 from prep.stages import read
-from prep.stages.columns import string_bytes
 from prep.stages.read import BadRecord, ReadTask, line_rows
 from prep.stages.textcolumns import TextColumns, chunks_of
+from prep.workfiles.columns import string_bytes
 
 BLOCK_BYTES = 8 << 20
 # Blocks of lines this long on average go line by line when pysimdjson is installed: it parses long

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from prep.formats import wds
-from prep.stages.columns import join_pieces
-from prep.stages.entries import NO_ID
 from prep.stages.specs import Part, ShardParts
+from prep.workfiles.columns import join_pieces
+from prep.workfiles.entries import NO_ID
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import numpy as np
 
 from prep.errors import IntegrityError
 from prep.hashing import Digest, HashingWriter
-from prep.stages.entries import (
+from prep.workfiles.entries import (
     INDEXED,
     NO_ID,
     EntryFile,
@@ -37,8 +37,8 @@ from prep.stages.entries import (
     regroup_ids,
     take_entries,
 )
-from prep.stages.intermediate import io_errors
-from prep.stages.keys import bucket_of
+from prep.workfiles.intermediate import io_errors
+from prep.workfiles.keys import bucket_of
 
 SLICE_ENTRIES = 1 << 18
 """About how many entries a merge task holds at once (some 50 MB while sorting them)."""

@@ -1,5 +1,5 @@
 """The global order, partitioned: every document has a 128-bit order key (a keyed permutation of
-its text hash), each tokenize task wrote its part's entries sorted by key (prep.stages.entries),
+its text hash), each tokenize task wrote its part's entries sorted by key (prep.workfiles.entries),
 and each key bucket is deduplicated and sorted on its own. Memory of every task depends on its
 own bucket, never on the corpus.
 
@@ -22,7 +22,8 @@ import numpy as np
 
 from prep.errors import IntegrityError
 from prep.hashing import Digest
-from prep.stages.entries import (
+from prep.stages.specs import PartTable
+from prep.workfiles.entries import (
     NO_ID,
     EntryFile,
     concat_numbered,
@@ -33,7 +34,6 @@ from prep.stages.entries import (
     take_entries,
     write_entries,
 )
-from prep.stages.specs import PartTable
 
 
 def gather_bucket(sources: Sequence[tuple[Path, int]], bucket: int, bits: int) -> tuple[np.ndarray, bytes]:

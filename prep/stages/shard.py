@@ -30,12 +30,12 @@ from prep.formats.registry import load, output_format
 from prep.formats.wds_spec import WDS
 from prep.hashing import HashingWriter
 from prep.stages import gather
-from prep.stages.cuts import ShardPlan
-from prep.stages.entries import EntryFile
 from prep.stages.gather import PartReader as PartReader  # the runner opens one per task
 from prep.stages.gather import scatter_blocks
 from prep.stages.members import PartNames, document_ids, sample_jsons
 from prep.stages.sink import CHUNK_BYTES, ChunkSink, Written
+from prep.workfiles.entries import EntryFile
+from prep.workfiles.shardplan import ShardPlan
 
 PAYLOAD_BYTES = 32 << 20
 """Token and text bytes of a window gathered at once (prep.stages.gather), so neighbouring documents

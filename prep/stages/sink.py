@@ -33,7 +33,7 @@ import numpy as np
 from prep.errors import IntegrityError, StorageIOError
 from prep.faults import crash_point
 from prep.hashing import Digest
-from prep.stages.gather import pread_into
+from prep.workfiles.intermediate import pread_into
 from prep.writeback import start_writeback
 
 CHUNK_BYTES = 4 << 20

@@ -26,7 +26,7 @@ class TokenizeSettings:
     backend: str
     on_error: str
     threads: int = 1
-    order_seed: int | None = None  # lays documents out in this seed's key order (prep.stages.intermediate)
+    order_seed: int | None = None  # lays documents out in this seed's key order (prep.workfiles.intermediate)
     tokenizer_cache: int = DEFAULT_TOKENIZER_CACHE  # [build] tokenizer_cache: when a worker reloads its engine
     steps: tuple[DocumentStep, ...] = ()  # [[steps]]: run on each document before it is tokenized
 
@@ -98,26 +98,6 @@ class ShardParts:
         """Every part's intermediate object id, in input order."""
         raw = self.intermediates
         return [f"sha256:{raw[at:at + 32].hex()}" for at in range(0, len(raw), 32)]
-
-
-@dataclass(frozen=True)
-class ShardSpec:
-    """Everything about one output shard that is known before it is written."""
-
-    index: int
-    first_pos: int
-    documents: int
-    tokens: int
-    bin_size: int
-    tar_size: int
-
-    def to_json(self) -> dict[str, int]:
-        return {"index": self.index, "first_pos": self.first_pos, "documents": self.documents,
-                "tokens": self.tokens, "bin_size": self.bin_size, "tar_size": self.tar_size}
-
-    @classmethod
-    def from_json(cls, data: dict[str, int]) -> ShardSpec:
-        return cls(**data)
 
 
 def entries_path(intermediate: Path) -> Path:

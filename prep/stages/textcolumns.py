@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from prep.stages.columns import string_column
 from prep.stages.read import BadRecord
 from prep.tokenizer.spans import SpanTexts
+from prep.workfiles.columns import string_column
 
 Offsets = np.ndarray[Any, np.dtype[np.int64]]
 

@@ -1,5 +1,5 @@
 """The tokenize stage, fused with reading: one pass over a task's records parses, hashes and
-tokenizes every document and writes one intermediate file (prep.stages.intermediate).
+tokenizes every document and writes one intermediate file (prep.workfiles.intermediate).
 
 Tokenization depends only on this task's file, never on others: global dedup decisions are
 applied later, when shards are assembled.
@@ -24,16 +24,16 @@ from prep.hashing import Digest
 from prep.inputs.sources import check_unchanged
 from prep.memory import release_free_memory, resident_bytes, trim_heap
 from prep.stages.batches import read_batches
-from prep.stages.columns import to_strings
 from prep.stages.docsteps import apply_steps, tallies
-from prep.stages.entries import PART_COLUMNS, write_part_entries
-from prep.stages.intermediate import IntermediateWriter, io_errors
 from prep.stages.read import BadRecord, ReadTask
 from prep.stages.specs import TokenizeSettings, entries_path
 from prep.stages.textcolumns import TextColumns
 from prep.tokenizer import TokenizerInfo, load_tokenizer
 from prep.tokenizer.engine import TokenizerEngine
 from prep.tokenizer.spans import LazySequence, documents_containing
+from prep.workfiles.columns import to_strings
+from prep.workfiles.entries import PART_COLUMNS, write_part_entries
+from prep.workfiles.intermediate import IntermediateWriter, io_errors
 
 BATCH_TEXT_BYTES = 8 * 2**20
 BATCH_DOCUMENTS = 65536
@@ -252,7 +252,7 @@ class _UniqueIds:
 def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, durable: bool = True) -> TokenizeResult:
     """Read, hash and tokenize every document of `task` into the new local intermediate file
     `out_path` (fsynced unless `durable` is False, for a file whose store makes it durable when
-    put) and, with an order seed, write the part's entries (prep.stages.entries) beside it."""
+    put) and, with an order seed, write the part's entries (prep.workfiles.entries) beside it."""
     reloads_before = _RELOADS["count"]
     info = _task_engine(settings)  # holding no reference to the engine: a reload must free the old one
     dtype = np.dtype(info.dtype)

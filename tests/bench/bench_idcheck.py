@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from prep.stages.intermediate import IntermediateWriter
+from prep.workfiles.intermediate import IntermediateWriter
 from tests.bench.benchsupport import REPO, measure
 
 PART_IDS = 200_000

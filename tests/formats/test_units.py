@@ -26,8 +26,8 @@ from prep.formats.units import (
 from prep.runner import publish
 from prep.runner.sharding import ShardOut
 from prep.stages import specs
-from prep.stages.cuts import ShardPlan
 from prep.transfer import shares
+from prep.workfiles.shardplan import ShardPlan
 
 
 @settings(max_examples=300, deadline=None)

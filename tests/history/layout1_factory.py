@@ -2,7 +2,7 @@
 
 `synthesize_layout1` takes a layout-2 snapshot and publishes the layout-1 snapshot the old build
 made of the same tokenize outputs: a dedup keep mask (first occurrence of each text hash in
-input order, packed as prep.stages.keepmask defines), a shuffle plan and shard specs (the old
+input order, packed as prep.workfiles.keepmask defines), a shuffle plan and shard specs (the old
 planner, kept here: order by a keyed hash of the text hash, shards cut at `shard_size`), and
 shards named by position whose files hold the documents in plan order, WebDataset keys being
 10-digit global positions. Every stage manifest validates against its schema.
@@ -20,15 +20,16 @@ import pyarrow as pa
 from prep.formats import little_endian, megatron, wds
 from prep.formats.units import BIN, IDX, WDS, artifact_path
 from prep.manifest import canonical
-from prep.stages import docnames
-from prep.stages.intermediate import hash_pairs, read_columns
-from prep.stages.keepmask import pack_mask
-from prep.stages.specs import Part, ShardSpec
+from prep.stages.specs import Part
 from prep.storage.base import Store
 from prep.store import cas, records
 from prep.store.localcopy import local_file
 from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, publish_manifest
+from prep.workfiles import docnames
+from prep.workfiles.intermediate import hash_pairs, read_columns
+from prep.workfiles.keepmask import pack_mask
+from prep.workfiles.shardplan import ShardSpec
 
 PLAN_DTYPE = np.dtype([("shard", "<i4"), ("pos", "<i8"), ("bin_off", "<i8"), ("tar_off", "<i8")])
 """One row per kept document, in input order (the layout-1 shuffle plan)."""

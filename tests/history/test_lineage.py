@@ -26,11 +26,11 @@ from prep.history.documents import LAYOUT_KEYED, LAYOUT_POSITIONAL, Trace, load_
 from prep.history.keep import PackedMask
 from prep.history.lineage import locate, parse_at, placer_for, trace
 from prep.history.placement_v2 import BucketReader, KeyedPlacer
-from prep.stages.entries import ENTRY_DTYPE, EntryFile, write_entries
-from prep.stages.keepmask import pack_mask
 from prep.storage import LocalStore
 from prep.store.localcopy import local_file
 from prep.store.snapshots import Snapshot
+from prep.workfiles.entries import ENTRY_DTYPE, EntryFile, write_entries
+from prep.workfiles.keepmask import pack_mask
 from tests.helpers import make_records, write_jsonl, write_pipeline
 from tests.history.layout1_factory import synthesize_layout1
 from tests.runner.buildsupport import artifact_path, build_local

@@ -17,9 +17,9 @@ from prep.history.content import document_content
 from prep.history.documents import LAYOUT_KEYED, load_records
 from prep.history.lineage import is_sample_key, locate, locate_at, locate_key, placer_for, trace
 from prep.history.placement_v2 import KeyedPlacer
-from prep.stages.keys import bucket_of
 from prep.storage import LocalStore
 from prep.store.snapshots import Snapshot
+from prep.workfiles.keys import bucket_of
 from tests.helpers import make_records, write_jsonl, write_pipeline
 from tests.history.test_lineage import Case, _build, case, fine, keyed, positional  # noqa: F401
 from tests.runner.buildsupport import artifact_path, build_local

@@ -28,9 +28,9 @@ from prep.progress import Progress
 from prep.runner.build import build
 from prep.runner.executors.local import LocalExecutor
 from prep.stages import read
-from prep.stages.intermediate import read_columns
 from prep.storage import LocalStore
 from prep.store import cas, records
+from prep.workfiles.intermediate import read_columns
 from tests.helpers import make_records, write_jsonl, write_pipeline
 from tests.store.layout1 import plant_layout1
 from tests.store.layout2 import plant_layout2

@@ -21,9 +21,9 @@ import prep.stages.jsonblocks as jsonblocks
 import prep.stages.read as read
 from prep.inputs.sources import discover, hash_source
 from prep.stages.batches import read_batches
-from prep.stages.columns import to_strings
 from prep.stages.read import BadRecord, Document, ReadTask, plan_read_tasks, read_documents
 from prep.stages.textcolumns import TextColumns
+from prep.workfiles.columns import to_strings
 from tests.helpers import make_records
 
 RECORDS = make_records(40, seed=11)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from prep.errors import InputError, StorageIOError
 from prep.stages import idcheck
-from prep.stages.intermediate import IntermediateWriter
+from prep.workfiles.intermediate import IntermediateWriter
 from tests.runner.test_disk_full import fill_up, small_tmpfs
 
 

@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 
 from prep.errors import IntegrityError
 from prep.runner.merging import merge_groups
-from prep.stages import entries as entry_objects
-from prep.stages import keys, merge, order
-from prep.stages.intermediate import IntermediateWriter, read_columns
+from prep.stages import merge, order
 from prep.stages.specs import Part, PartTable
+from prep.workfiles import entries as entry_objects
+from prep.workfiles import keys
+from prep.workfiles.intermediate import IntermediateWriter, read_columns
 
 SEED = 5
 DTYPE = np.dtype(np.uint16)

@@ -14,11 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prep.stages import entries as entry_objects
-from prep.stages import keys, order
-from prep.stages.cuts import ShardPlan, bucket_bits, plan_shards
-from prep.stages.intermediate import IntermediateWriter, read_columns
+from prep.stages import order
+from prep.stages.cuts import bucket_bits, plan_shards
 from prep.stages.specs import Part, PartTable
+from prep.workfiles import entries as entry_objects
+from prep.workfiles import keys
+from prep.workfiles.intermediate import IntermediateWriter, read_columns
+from prep.workfiles.shardplan import ShardPlan
 
 DTYPE = np.dtype(np.uint16)
 
@@ -141,7 +143,7 @@ def test_the_id_column_packs_like_its_strings(ids: list[str | None], pieces: int
     """Read from the buffers (nulls, slices, chunks), ids pack to the bytes `_pack_ids` makes."""
     import pyarrow as pa
 
-    from prep.stages.columns import string_column, to_strings
+    from prep.workfiles.columns import string_column, to_strings
 
     column = string_column(ids)
     cut = len(ids) // pieces

@@ -15,13 +15,15 @@ from hypothesis import strategies as st
 from prep import hashing
 from prep.errors import IntegrityError
 from prep.formats import megatron, wds
-from prep.stages import entries as entry_objects
-from prep.stages import gather, keys, order, shard
-from prep.stages.cuts import ShardPlan, plan_shards
-from prep.stages.docnames import document_id, record_line
-from prep.stages.intermediate import IntermediateWriter, read_columns
+from prep.stages import gather, order, shard
+from prep.stages.cuts import plan_shards
 from prep.stages.members import PartNames, document_ids, sample_jsons
 from prep.stages.specs import Part, PartTable
+from prep.workfiles import entries as entry_objects
+from prep.workfiles import keys
+from prep.workfiles.docnames import document_id, record_line
+from prep.workfiles.intermediate import IntermediateWriter, read_columns
+from prep.workfiles.shardplan import ShardPlan
 
 DTYPE = np.dtype(np.uint16)
 EOS = 7

@@ -13,11 +13,11 @@ import prep.stages.tokenize as tokenize
 from prep.config import DEFAULT_TOKENIZER_CACHE
 from prep.errors import InputError
 from prep.inputs.sources import discover, hash_source
-from prep.stages.intermediate import read_columns
 from prep.stages.read import plan_read_tasks
 from prep.stages.specs import TokenizeSettings
 from prep.tokenizer import load_tokenizer
 from prep.tokenizer.engine import TokenizerEngine
+from prep.workfiles.intermediate import read_columns
 
 
 @pytest.fixture(autouse=True)
@@ -81,9 +81,9 @@ def test_every_document_sits_at_its_offsets_with_the_reference_tokens(tmp_path: 
     """Batch after batch, the batch's tokens, then its texts, each in the order of the seed's keys'
     high halves (input order without a seed, ties in input order), wherever batches are cut;
     rows stay in input order."""
-    from prep.stages.intermediate import Intermediate
-    from prep.stages.keys import order_keys
     from prep.tokenizer import reference_encode_batch
+    from prep.workfiles.intermediate import Intermediate
+    from prep.workfiles.keys import order_keys
 
     monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", batch)
     texts = [f"document {i} " + "é" * (i % 5) + " words " * (i % 13) for i in range(40)] + ["", "x", "document 0 "]
@@ -249,7 +249,7 @@ def test_a_parts_entries_are_its_metadata_sorted_by_key(tmp_path: Path, tokenize
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The entries a task writes (sorted from its batches' key runs) hold exactly what sorting
     its metadata from scratch gives, over several batches and repeated texts."""
-    from prep.stages.entries import PART_COLUMNS, EntryFile, part_entries
+    from prep.workfiles.entries import PART_COLUMNS, EntryFile, part_entries
 
     monkeypatch.setattr(tokenize, "BATCH_DOCUMENTS", 7)
     lines: list[dict[str, object]] = [{"id": f"d{i}", "text": f"text {i % 23} here"} for i in range(60)]

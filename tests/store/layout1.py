@@ -5,7 +5,7 @@ and that gc keeps what they need in a store that also holds layout-2 builds.
 Like an older build of the same inputs, the snapshot has tokenize records and a tokenize stage
 manifest of its own (its code identity differed, and so did its keys) that name the same
 intermediates as a layout-2 snapshot already in the store: identical bytes are one object. Its
-keep mask has the real layout (prep/stages/keepmask.py); the plan is a real `.npy` of the old row
+keep mask has the real layout (prep/workfiles/keepmask.py); the plan is a real `.npy` of the old row
 type; shard files are filler bytes, which nothing here reads.
 """
 
@@ -20,11 +20,11 @@ import numpy as np
 
 from prep.formats.units import artifact_path
 from prep.manifest import canonical
-from prep.stages.keepmask import pack_mask
 from prep.storage.base import Store
 from prep.store import cas, records
 from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, load_snapshot, publish_manifest
+from prep.workfiles.keepmask import pack_mask
 
 PLAN_DTYPE = np.dtype([("shard", "<i4"), ("pos", "<i8"), ("bin_off", "<i8"), ("tar_off", "<i8")])
 SHARDS = 2

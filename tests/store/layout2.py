@@ -17,14 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from prep.manifest import canonical
-from prep.stages.entries import PART_COLUMNS, part_entries, write_entries
-from prep.stages.intermediate import read_columns
-from prep.stages.keys import bucket_of
 from prep.storage.base import Store
 from prep.store import cas, records
 from prep.store.localcopy import local_file
 from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, load_snapshot, publish_manifest
+from prep.workfiles.entries import PART_COLUMNS, part_entries, write_entries
+from prep.workfiles.intermediate import read_columns
+from prep.workfiles.keys import bucket_of
 from tests.store.layout1 import commit_stage_entry, plant_tokenize
 
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prep.stages import columns
+from prep.workfiles import columns
 
 _texts = st.text(alphabet=st.characters(exclude_categories=["Cs"]))
 

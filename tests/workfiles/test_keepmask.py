@@ -1,4 +1,4 @@
-"""The keep mask: one definition (prep.stages.keepmask), bytes that round-trip, and every reader using it."""
+"""The keep mask: one definition (prep.workfiles.keepmask), bytes that round-trip, and every reader using it."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from prep.errors import IntegrityError
 from prep.history import lineage
-from prep.stages import keepmask
-from prep.stages.keepmask import MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, pack_mask, unpack_mask
+from prep.workfiles import keepmask
+from prep.workfiles.keepmask import MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, pack_mask, unpack_mask
 
 ROOT = Path(__file__).resolve().parents[2]
 # Bit packing that is not the keep mask: Arrow validity bitmaps and the tokenizer's code point table.
-OTHER_BIT_PACKING = {"prep/stages/columns.py", "prep/tokenizer/unicode.py"}
+OTHER_BIT_PACKING = {"prep/workfiles/columns.py", "prep/tokenizer/unicode.py"}
 
 
 @settings(max_examples=200, deadline=None)
@@ -72,7 +72,7 @@ def _bit_packing_modules() -> set[str]:
 
 
 def test_only_dedup_packs_or_unpacks_the_mask() -> None:
-    assert _bit_packing_modules() - OTHER_BIT_PACKING == {"prep/stages/keepmask.py"}
+    assert _bit_packing_modules() - OTHER_BIT_PACKING == {"prep/workfiles/keepmask.py"}
 
 
 def test_the_mapped_reader_uses_the_one_definition() -> None:
@@ -80,7 +80,7 @@ def test_the_mapped_reader_uses_the_one_definition() -> None:
         assert vars(lineage)[name] is vars(keepmask)[name]
     tasks = ast.parse((ROOT / "prep/runner/tasks.py").read_text())
     imported = {alias.name for node in ast.walk(tasks) if isinstance(node, ast.ImportFrom)
-                and node.module == "prep.stages.keepmask" for alias in node.names}
+                and node.module == "prep.workfiles.keepmask" for alias in node.names}
     assert not {"pack_mask", "unpack_mask"} & imported, "builds no longer write a mask (layout 2)"
 
 

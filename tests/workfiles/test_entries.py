@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prep.errors import IntegrityError
-from prep.stages import entries as entry_objects
-from prep.stages.intermediate import hash_pairs
-from prep.stages.keys import bucket_of, order_keys
+from prep.workfiles import entries as entry_objects
+from prep.workfiles.intermediate import hash_pairs
+from prep.workfiles.keys import bucket_of, order_keys
 
 SEED = 11
 

@@ -1,7 +1,8 @@
-"""Global exact dedup decisions over text hashes only: keep the first occurrence in input order.
+"""The keep mask of store layout 1 (still read for old snapshots): its byte layout, and the exact
+dedup rule it recorded, keep the first occurrence of each text hash in input order.
 
-Works on 16-byte xxh3-128 hashes in numpy arrays (about 40 bytes of memory per document),
-never on texts.
+The rule works on 16-byte xxh3-128 hashes in numpy arrays (about 40 bytes of memory per document),
+never on texts; history applies it again to layout-2 snapshots, which recorded no mask.
 """
 
 from __future__ import annotations

@@ -26,10 +26,9 @@ import pyarrow as pa
 from prep.errors import IntegrityError
 from prep.hashing import Digest, HashingWriter
 from prep.manifest import canonical
-from prep.stages.columns import int_column, to_numbers
-from prep.stages.gather import pread_into
-from prep.stages.intermediate import hash_pairs, io_errors
-from prep.stages.keys import bucket_of, order_keys
+from prep.workfiles.columns import int_column, to_numbers
+from prep.workfiles.intermediate import hash_pairs, io_errors, pread_into
+from prep.workfiles.keys import bucket_of, order_keys
 
 ENTRY_DTYPE = np.dtype([
     ("key_hi", "<u8"), ("key_lo", "<u8"), ("part", "<u4"), ("row", "<u4"), ("text_offset", "<u8"),

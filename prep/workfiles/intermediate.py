@@ -18,6 +18,7 @@ table alone. Chosen by measurement over Parquet and compressed Arrow IPC (docs/p
 from __future__ import annotations
 
 import itertools
+import os
 import struct
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -32,9 +33,9 @@ import pyarrow.ipc as ipc
 from prep.errors import IntegrityError, StorageIOError
 from prep.formats import little_endian
 from prep.hashing import Digest, HashingWriter
-from prep.stages.columns import bool_column, fixed_binary_column_of, int_column, string_column, zero_based_strings
-from prep.stages.keys import order_keys
 from prep.tokenizer.spans import offsets_of
+from prep.workfiles.columns import bool_column, fixed_binary_column_of, int_column, string_column, zero_based_strings
+from prep.workfiles.keys import order_keys
 
 MAGIC = b"PREPINT2"  # the layout of the data region is the offsets' business: readers follow them
 _FOOTER = struct.Struct("<Q8s")
@@ -106,11 +107,20 @@ def io_errors(operation: str, path: Path) -> Iterator[None]:
         raise StorageIOError.from_os_error(operation, path, exc) from exc
 
 
+def pread_into(fd: int, view: memoryview, offset: int) -> int:
+    """Fill `view` from `fd` at `offset` (positional reads: the file offset is untouched); the
+    bytes read, fewer only at the end of the file."""
+    done = 0
+    while done < len(view) and (got := os.preadv(fd, [view[done:]], offset + done)):
+        done += got
+    return done
+
+
 class IntermediateWriter:
     """Writes a new intermediate batch by batch, hashing while writing; `digest` is the file's
     SHA-256 and size once closed (so storing it needs no second read). I/O errors name the file.
 
-    With an `order_seed`, each batch is laid out in order-key order (prep.stages.keys): its
+    With an `order_seed`, each batch is laid out in order-key order (prep.workfiles.keys): its
     documents' tokens, then their texts, each sorted by key. Any key range of the part is then
     one run of tokens and one of text per batch (a part has a few batches), so a shard window
     reads a few large runs per intermediate instead of one span per document; and the writer

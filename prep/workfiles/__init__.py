@@ -1,0 +1,1 @@
+"""The files prep writes between stages and reads back for history: their byte layouts, readers and writers."""
