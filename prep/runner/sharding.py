@@ -18,11 +18,12 @@ from prep.runner.ordering import Ordered
 from prep.runner.planning import contiguous_ranges
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
 from prep.runner.tasks import BatchResult, TaskResult, worker_store
-from prep.stages.cuts import ShardPlan, plan_shards
+from prep.stages.cuts import plan_shards
 from prep.stages.specs import ShardParts, TokenizeSettings
 from prep.store import cas
 from prep.store.localcopy import local_file as fetch_local
 from prep.store.records import TaskRecord
+from prep.workfiles.shardplan import ShardPlan
 
 SHARD_JOBS_PER_WORKER = 4
 """Shard units are grouped into this many jobs per worker (a job carries the parts table, so not

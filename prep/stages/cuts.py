@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from prep.workfiles.shardplan import ShardPlan as ShardPlan  # the runner imports it from here too
+from prep.workfiles.shardplan import ShardPlan
 
 MAX_BUCKET_BITS = 20
 

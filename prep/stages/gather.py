@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from prep.errors import IntegrityError
-from prep.workfiles.intermediate import pread_into as pread_into  # tests/runner/test_readback.py reads it here
+from prep.workfiles.intermediate import pread_into
 
 MAX_OPEN_FILES = 256
 MERGE_GAP = 8192

@@ -411,13 +411,13 @@ MUTATIONS: list[tuple[str, str, Mutation]] = [
 ]
 # Layout-1 and layout-2 records, which old stores still hold, sampled from the planted snapshots.
 OLD_LAYOUT_MUTATIONS: list[tuple[str, str, Mutation]] = [
-    ("task:route", "prep.task/1", lambda d: d.update(stage="publish")),
+    ("task:route", "prep.task/1", lambda d: d.update(stage="tokenize")),  # a known stage, another shape
     ("task:route", "prep.task/1", lambda d: d["outputs"].update(bucket=d["outputs"]["route"])),
     ("task:route", "prep.task/1", lambda d: d["summary"].update(buckets=[d["summary"]["documents"]])),
     ("stage:route", "prep.stage/1", lambda d: d.update(bits=21)),
     ("stage:route", "prep.stage/1", lambda d: d["tasks"][0].update(documents=1)),
     ("stage:route", "prep.stage/1", lambda d: d.update(outputs={"plan": d["tasks"][0]["output"]})),
-    ("task:dedup", "prep.task/1", lambda d: d.update(stage="publish")),
+    ("task:dedup", "prep.task/1", lambda d: d.update(stage="Dedup")),  # not a stage name
     ("task:dedup", "prep.task/1", lambda d: d["outputs"].update(route=d["outputs"]["keep"])),
     ("task:shuffle", "prep.task/1", lambda d: d["summary"]["shards"][0].update(documents=0)),
     ("task:shuffle", "prep.task/1", lambda d: d["summary"]["shards"][0].update(name="0" * 16)),
@@ -543,3 +543,13 @@ NESTED: list[tuple[str, str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
     ("stage:shard", "prep.stage/1", lambda d: d["shards"][0]),
     ("stage:shard", "prep.stage/1", lambda d: d["shards"][0]["outputs"]),
 ]
+
+
+def test_a_task_record_of_a_stage_added_later_is_valid_and_its_outputs_are_object_ids() -> None:
+    """Task records are open to new stages (prep/runner/stage.py): any lower-case name, object ids as outputs."""
+    record = {"schema": "prep.task/1", "stage": "near_dup", "key": "0" * 64,
+              "outputs": {"clusters": "sha256:" + "1" * 64}, "summary": {"pairs": 3}}
+    validate(record, "prep.task/1")
+    for bad in ({"stage": "Near-Dup"}, {"stage": ""}, {"outputs": {"clusters": "clusters.bin"}}):
+        with pytest.raises(IntegrityError, match="prep.task/1"):
+            validate({**record, **bad}, "prep.task/1")

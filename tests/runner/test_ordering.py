@@ -9,7 +9,7 @@ from prep.formats import wds
 from prep.formats.units import BIN, WDS
 from prep.formats.wds_spec import TAR_BYTES_PER_DOCUMENT
 from prep.runner.sharding import SHARD_JOBS_PER_WORKER, Unit, unit_groups, unit_weight
-from prep.stages.cuts import ShardPlan
+from prep.workfiles.shardplan import ShardPlan
 
 
 def _plan(index: int, documents: int, bin_size: int) -> ShardPlan:

@@ -17,7 +17,7 @@ from prep.errors import IntegrityError
 from prep.manifest.schema import validate
 from prep.progress import Progress
 from prep.runner.build import BuildResult, PublishOptions, build
-from prep.stages import gather, sink
+from prep.stages import sink
 from prep.storage import open_store
 from prep.storage.base import Store
 from prep.store import cas, records
@@ -25,6 +25,7 @@ from prep.store import snapshots as build_module  # the build calls snapshots.pu
 from prep.store.layout import readback_key
 from prep.store.refs import read_ref
 from prep.store.snapshots import Snapshot
+from prep.workfiles.intermediate import pread_into
 from tests.helpers import make_records, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor
 from tests.s3support import admin_client, new_bucket
@@ -226,7 +227,7 @@ def test_no_readback_also_skips_the_read_back_of_shard_files_as_written(project:
     """The shard tasks read their files back from the disk as they write them, unless the build was
     asked for no read-back; the bytes, and so the snapshot, are the same either way."""
     reads: list[int] = []
-    real = gather.pread_into
+    real = pread_into
 
     def counted(fd: int, view: memoryview, offset: int) -> int:
         reads.append(offset)

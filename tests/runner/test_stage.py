@@ -125,7 +125,7 @@ class Joining:
 
 
 def _runner(store: LocalStore) -> Runner:
-    return Runner(store, InProcessExecutor(), Progress(quiet=True), CODE)  # type: ignore[arg-type]
+    return Runner(store, InProcessExecutor(), Progress(quiet=True), CODE)
 
 
 TEXTS = ("alpha", "be", "gamma delta", "e")
