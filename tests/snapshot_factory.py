@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from prep.manifest.schema import schema_path
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas
 from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, publish_manifest

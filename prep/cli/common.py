@@ -11,7 +11,7 @@ import click
 from prep import progress
 from prep.project import DEFAULT_STORE, store_url
 from prep.storage import open_store
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.marker import open_existing
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -12,7 +12,7 @@ import click
 from prep.cli.common import open_store_option, resolve_store_url, store_option
 from prep.errors import UsageError
 from prep.progress import human_bytes, plural
-from prep.storage.base import Store
+from prep.storage.backend import Store
 
 if TYPE_CHECKING:  # prep.data loads numpy; import it only when the command runs
     from prep.data.ledger import DocumentQuery, DocumentUse, Ledger

@@ -15,9 +15,9 @@ from prep.cli.common import echo_json, json_option, open_store_option, store_opt
 from prep.cli.render import trace_lines
 from prep.errors import UsageError
 from prep.history.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
-from prep.history.specs import resolve_spec
+from prep.history.selectors import resolve_spec
 from prep.progress import human_bytes, note
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.layout import check_name
 from prep.store.refs import list_refs
 from prep.store.snapshots import Snapshot, is_manifest_path, load_snapshot

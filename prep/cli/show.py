@@ -15,9 +15,9 @@ from prep.errors import NotFoundError, UsageError
 from prep.formats.megatron_spec import BIN
 from prep.formats.units import artifact_format, unit_formats
 from prep.history.naming import AT_EXAMPLES
-from prep.history.specs import resolve_spec
+from prep.history.selectors import resolve_spec
 from prep.progress import human_bytes, plural
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.snapshots import Snapshot, is_manifest_path, read_manifest_file, reencoded_note
 
 if TYPE_CHECKING:  # the lineage modules load pyarrow; import them only when used

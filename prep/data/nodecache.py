@@ -40,7 +40,7 @@ from prep.data.plan import Need, Plan
 from prep.data.pread import TokenFile
 from prep.data.source import open_checked, open_file_budget
 from prep.errors import IntegrityError, StorageIOError, UsageError
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.transfer.fetch import download_verified
 from prep.transfer.shares import discard, temp_name
 from prep.transfer.verify import DEFAULT_JOBS

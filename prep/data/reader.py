@@ -40,7 +40,7 @@ from prep.data.source import SnapshotSource
 from prep.errors import ConfigError, PrepError, UsageError
 from prep.project import store_url
 from prep.storage import open_store
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.marker import open_existing
 
 MODES = ("tokens", "documents")

@@ -20,7 +20,7 @@ from prep.data.pread import Pieces, read_in_groups, read_pieces
 from prep.data.source import SnapshotSource
 from prep.errors import PrepError, UsageError
 from prep.formats.megatron import parse_index
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.snapshots import Snapshot, resolve
 
 

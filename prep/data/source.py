@@ -29,7 +29,7 @@ from prep.errors import IntegrityError, NotFoundError, PrepError, StorageIOError
 from prep.formats.megatron import parse_index
 from prep.hashing import digest_file
 from prep.regular import open_regular
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas
 from prep.store.snapshots import Snapshot, read_manifest_file, resolve
 from prep.transfer.shares import PullRecord, Stamp, stamp

@@ -13,7 +13,7 @@ from typing import Any
 
 from prep.errors import IntegrityError, PrepError
 from prep.manifest.schema import schema_path, validate
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.layout import logs_prefix
 from prep.store.refs import Ref, ref_history
 from prep.store.retention import snapshot_exists

@@ -21,7 +21,7 @@ import xxhash
 
 from prep.errors import IntegrityError
 from prep.history.documents import DocumentOrigin, SnapshotRecords, verified_object
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.workfiles.columns import FALSE, row_of, scalar_of, to_numbers
 from prep.workfiles.intermediate import Intermediate
 

@@ -27,7 +27,7 @@ import xxhash
 from prep.errors import InputError
 from prep.history.documents import RecordedTask, SnapshotRecords, load_records, prove_intermediates, task_batches
 from prep.history.keep import SCAN_BYTES, KeepFlags, keep_flags
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.snapshots import Snapshot
 from prep.workfiles.columns import bool_column, int_column, to_numbers, to_strings
 from prep.workfiles.docnames import document_id, record_line

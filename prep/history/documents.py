@@ -24,9 +24,9 @@ import pyarrow.compute as pc
 
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import wds
-from prep.history.specs import is_decimal, is_text
+from prep.history.selectors import is_decimal, is_text
 from prep.manifest import canonical
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas
 from prep.store.localcopy import verified_local_file
 from prep.store.snapshots import Snapshot

@@ -27,7 +27,7 @@ from prep.history.documents import (
     task_batches,
     verified_object,
 )
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.workfiles.intermediate import hash_pairs
 from prep.workfiles.keepmask import MASK_COUNT_DTYPE, MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, unpack_flags
 from prep.workfiles.keys import bucket_of, order_keys

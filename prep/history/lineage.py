@@ -26,8 +26,8 @@ from prep.history.keep import PackedMask
 from prep.history.naming import AT_EXAMPLES, KEY_HEX_DIGITS
 from prep.history.placement_v1 import PositionalPlacer
 from prep.history.placement_v2 import KeyedPlacer
-from prep.history.specs import is_decimal
-from prep.storage.base import Store
+from prep.history.selectors import is_decimal
+from prep.storage.backend import Store
 from prep.store.snapshots import Snapshot
 from prep.workfiles.keepmask import MASK_HEADER_BYTES, mask_bytes_for, mask_count, unpack_flags
 

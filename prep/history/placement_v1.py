@@ -28,7 +28,7 @@ from prep.history.documents import (
 )
 from prep.history.keep import PackedMask, recorded_mask
 from prep.history.placing import needs, origin_sizes, placed_kinds, placements
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.workfiles.columns import scalar_of
 from prep.workfiles.shardplan import ShardSpec
 

@@ -32,7 +32,7 @@ from prep.history.documents import (
     verified_object,
 )
 from prep.history.placing import Needs, needs, origin_sizes, placed_kinds, placements
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.workfiles.docnames import document_id, record_line
 from prep.workfiles.entries import ENTRY_DTYPE, NO_ID, EntryFile
 from prep.workfiles.keys import bucket_of, order_keys

@@ -22,7 +22,7 @@ from prep.inputs.sources import SourceFile, discover, input_version, release_spo
 from prep.progress import Progress, human_bytes, plural
 from prep.runner.driver import Runner
 from prep.runner.executors.base import Executor, WarmUp, WrappedExecutor
-from prep.runner.executors.local import LocalExecutor
+from prep.runner.executors.pool import LocalExecutor
 from prep.runner.ordering import Ordering
 from prep.runner.planning import describe_inputs, hash_inputs_meanwhile, tokenize_settings, unchanged_latest
 from prep.runner.publish import (
@@ -42,7 +42,7 @@ from prep.runner.stage import Stage, StageRun
 from prep.runner.tasks import CodeChecked, prepare_worker
 from prep.runner.tokenizing import Tokenized, Tokenizing
 from prep.stages.specs import TokenizeSettings
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import snapshots
 from prep.store.leases import Lease, build_lease, waiting_for_gc
 from prep.store.retention import record_policy

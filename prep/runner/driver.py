@@ -8,14 +8,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing
 from typing import Any
 
+from prep import hashing
 from prep.errors import IntegrityError, NotFoundError
 from prep.faults import crash_point
 from prep.progress import Progress
 from prep.runner.executors.base import Executor
 from prep.runner.reuse import Remake, ReuseGuard
 from prep.runner.stage import In, Job, Out, Stage, StageRun, Task, TaskPlan
-from prep.runner.tasks import BatchResult, JobResult, TaskResult, publish_staged
-from prep.storage.base import Store
+from prep.runner.tasks import BatchResult, JobResult, TableJob, TaskResult, publish_staged, run_table_job
+from prep.storage.backend import Store
 from prep.store import cas, records
 
 
@@ -84,6 +85,9 @@ class Runner:
     def task_key(self, stage: str, settings: Mapping[str, object], *inputs: object) -> str:
         return records.content_key(stage, settings, self._code, *inputs)
 
+    def table_id(self, data: bytes) -> str:
+        return hashing.digest_bytes(data).id
+
     def committed(self, stage: str, keys: Sequence[str]) -> dict[str, records.TaskRecord | None]:
         return {key: records.read_task_record(self.store, stage, key) for key in keys}
 
@@ -124,6 +128,8 @@ class Runner:
         fail their check); return every task's record by key. Missing tasks start heaviest first,
         so the stage ends with small ones."""
         run = self.stages.setdefault(plan.stage, StageRun(plan.stage))
+        for object_id, data in plan.tables.items():  # a reused task remade later reads them too
+            self.guard.reused([object_id], Remake(f"{plan.stage} part table", run_table_job, TableJob(self.store_url, data)))
         found = plan.found if plan.found is not None else self.committed(plan.stage, [t.key for t in plan.tasks])
         committed: dict[str, records.TaskRecord] = {}
         todo: list[Task[Job]] = []
@@ -138,10 +144,20 @@ class Runner:
                 self.guard.reused(record.outputs.values(), Remake(task.what, plan.run, task.job, task.reads))
         run.cached += len(committed)
         todo.sort(key=lambda task: -task.weight)
+        if todo:
+            self._store_tables(plan.tables)
         for group in plan.reads(todo) if todo else ():
             self.guard.ensure(group)
         self._run_missing(plan, todo, committed, len(plan.tasks))
         return committed
+
+    def _store_tables(self, tables: Mapping[str, bytes]) -> None:
+        """Store the tables a plan's jobs name where they are missing or corrupt, before its tasks run."""
+        for object_id in self.guard.find_bad(tables):
+            stored = cas.put_bytes(self.store, tables[object_id]).id  # replaces a corrupt copy
+            if stored != object_id:
+                raise IntegrityError(f"a table to store as {object_id} hashes to {stored}")
+            self.guard.produced([stored])
 
     def _spoiled(self, plan: TaskPlan[Job], found: Mapping[str, records.TaskRecord | None]) -> set[str]:
         """The keys of a final stage's found records whose outputs are missing or corrupt (noted

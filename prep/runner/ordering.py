@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from prep.progress import plural
 from prep.runner.merging import Level, Source, merged_sources
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
-from prep.runner.tasks import TaskResult, store_written, worker_store
+from prep.runner.tasks import TaskResult, store_written, stored_table, worker_store
 from prep.runner.tokenizing import Tokenized
 from prep.stages.cuts import bucket_bits
 from prep.stages.specs import PartTable
@@ -37,15 +37,16 @@ class CheckedPart:
 @dataclass(frozen=True)
 class OrderJob:
     """Dedup, sort and cut one key bucket: reads the bucket's entries from `sources`, the parts'
-    entries objects or the runs merged from them, each with its first part's ordinal; `parts`
-    has every part's source and line offset, which leaf digests name. `check_ids` lists files
+    entries objects or the runs merged from them, each with its first part's ordinal;
+    `parts_table` is the object id of the PartTable of every part's source and line offset, which
+    leaf digests name (stored once by the runner, so a job stays small however many parts). `check_ids` lists files
     split into several parts whose ids this task checks across the parts (ids must be unique
     within a file; each tokenize task checked its own part): a file's parts are in the tokenize
     stage manifest, so the task's key covers them. The key does not cover `sources`: runs or
     parts, the bucket's entries are the same."""
 
     store_url: str
-    parts: PartTable
+    parts_table: str
     bucket: int
     bits: int
     exact: bool
@@ -55,8 +56,9 @@ class OrderJob:
     check_ids: tuple[tuple[CheckedPart, ...], ...] = ()
 
     def reads(self) -> tuple[str, ...]:
-        """What the task reads: its sources and the intermediates of the files whose ids it checks."""
-        return (*(object_id for object_id, _ in self.sources),
+        """What the task reads: its sources, the part table and the intermediates of the files whose
+        ids it checks."""
+        return (*(object_id for object_id, _ in self.sources), self.parts_table,
                 *(part.object_id for same in self.check_ids for part in same))
 
 
@@ -71,8 +73,9 @@ def run_order_job(job: OrderJob) -> TaskResult:
         check_unique_ids(same_file[0].source, [fetch_local(store, part.object_id) for part in same_file],
                          store.staging_dir())
     sources = [(fetch_local(store, object_id), first_part) for object_id, first_part in job.sources]
+    parts = PartTable.from_bytes(stored_table(store, job.parts_table))
     stored, summary = store_written(store, "order", lambda staged: order_bucket(
-        sources, job.parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize, staged))
+        sources, parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize, staged))
     return TaskResult({"bucket": stored}, summary, {})
 
 
@@ -130,14 +133,16 @@ class OrderedBucket:
 @dataclass(frozen=True)
 class Ordered:
     """The order stage's result: the key bits and every bucket, in key order, with the parts
-    they were ordered from."""
+    they were ordered from and the part table object its tasks read."""
 
     bits: int
     buckets: tuple[OrderedBucket, ...]
     tokenized: Tokenized
+    parts_table: str  # the PartTable object every order task read
 
     def manifest(self) -> dict[str, object]:
-        return {"bits": self.bits, "buckets": [bucket.to_json() for bucket in self.buckets]}
+        return {"bits": self.bits, "buckets": [bucket.to_json() for bucket in self.buckets],
+                "parts_table": self.parts_table}
 
     @property
     def duplicates_dropped(self) -> int:
@@ -169,22 +174,24 @@ class Ordering:
         sources = merged_sources(context, parts, self.merge_fan_in) if None in found.values() else parts
         listed = tuple((source.object_id, source.first_part) for source in sources.sources)
         checks = _id_checks(previous, 1 << bits)
-        table = PartTable.of([(part.source, part.line_offset) for part in previous.parts])
+        table = PartTable.of([(part.source, part.line_offset) for part in previous.parts]).to_bytes()
+        table_id = context.table_id(table)
         itemsize = 2 if self.dtype == "uint16" else 4
         tasks = []
         for bucket, key in enumerate(keys):
-            job = OrderJob(context.store_url, table, bucket, bits, self.exact, self.shard_size, itemsize, listed,
+            job = OrderJob(context.store_url, table_id, bucket, bits, self.exact, self.shard_size, itemsize, listed,
                            checks.get(bucket, ()))
             tasks.append(Task(key, job, f"bucket {bucket}", order_weight(job), reads=job.reads()))
         merged = f"{plural(len(sources.sources), 'run')} of " if sources is not parts else ""
-        return StagePlan(TaskPlan("order", tuple(tasks), run_order_job, found=found, reads=_reads),
+        return StagePlan(TaskPlan("order", tuple(tasks), run_order_job, found=found, reads=_reads,
+                                  tables={table_id: table}),
                          self.settings(bits), [tokenized],
                          f"{plural(len(tasks), 'bucket')} from {merged}{plural(len(previous.parts), 'part')}")
 
     def result(self, previous: Tokenized, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Ordered:
         jobs = [(task.key, task.job) for task in plan.tasks.tasks]
         return Ordered(jobs[0][1].bits, tuple(OrderedBucket.of(job.bucket, key, committed[key]) for key, job in jobs),
-                       previous)
+                       previous, jobs[0][1].parts_table)
 
     def done(self, result: Ordered, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
         kept = sum(bucket.documents for bucket in result.buckets)

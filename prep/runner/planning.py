@@ -14,7 +14,7 @@ from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import Executor
 from prep.runner.tasks import HashJob, run_hash_job
 from prep.stages.specs import TokenizeSettings
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.refs import read_ref
 from prep.store.snapshots import Snapshot, load_snapshot
 

@@ -20,7 +20,7 @@ from prep.inputs.sources import SourceFile
 from prep.runner.sharding import Sharded, ShardOut
 from prep.runner.stage import StageRun
 from prep.runner.tokenizing import StepCounts, TokenizedPart
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.layout import log_key
 from prep.store.refs import Mover, read_ref, read_ref_value, stale_ref, update_ref
 from prep.store.snapshots import Snapshot

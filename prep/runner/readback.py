@@ -25,7 +25,7 @@ from typing import Any
 from prep import hashing
 from prep.errors import IntegrityError, PrepError
 from prep.progress import human_bytes, plural
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas, proven, records
 from prep.store.snapshots import Snapshot, load_snapshot
 

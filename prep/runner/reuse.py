@@ -19,7 +19,7 @@ from prep.errors import IntegrityError
 from prep.progress import Progress
 from prep.runner.executors.base import Executor
 from prep.runner.tasks import BatchResult, JobResult, publish_staged, worker_store
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas, proven
 
 JOBS_PER_WORKER = 4  # checks are split into this many jobs per worker: parallel, without a task per object

@@ -17,7 +17,7 @@ from prep.progress import plural
 from prep.runner.ordering import Ordered
 from prep.runner.planning import contiguous_ranges
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
-from prep.runner.tasks import BatchResult, TaskResult, worker_store
+from prep.runner.tasks import BatchResult, TaskResult, stored_table, worker_store
 from prep.stages.cuts import plan_shards
 from prep.stages.specs import ShardParts, TokenizeSettings
 from prep.store import cas
@@ -43,12 +43,13 @@ class Unit:
 @dataclass(frozen=True)
 class AssembleJob:
     """Write some units of some shards (see prep.stages.shard) and store their files.
-    `buckets` names the bucket object of every bucket the shards' slices read; `parts` has every
-    part's intermediate, source and line offset, packed; `read_back` False (a build run with
+    `buckets` names the bucket object of every bucket the shards' slices read; `parts_table` is
+    the object id of the ShardParts of every part's intermediate, source and line offset (stored
+    once by the runner); `read_back` False (a build run with
     `--no-readback`) writes the files without reading them back from the disk."""
 
     store_url: str
-    parts: ShardParts
+    parts_table: str
     buckets: tuple[tuple[int, str], ...]
     units: tuple[Unit, ...]
     dtype: str
@@ -66,8 +67,9 @@ def run_assemble_job(job: AssembleJob) -> BatchResult:
 
     drop_engines()
     store = worker_store(job.store_url)
-    names = PartNames.of(job.parts)
-    reader = PartReader([fetch_local(store, object_id) for object_id in job.parts.object_ids()])
+    parts = ShardParts.from_bytes(stored_table(store, job.parts_table))
+    names = PartNames.of(parts)
+    reader = PartReader([fetch_local(store, object_id) for object_id in parts.object_ids()])
     buckets = {bucket: fetch_local(store, object_id) for bucket, object_id in job.buckets}
     work_dir = store.staging_dir() / f"assemble-{uuid.uuid4().hex}"
     work_dir.mkdir(parents=True)
@@ -116,9 +118,10 @@ class Sharded:
 
     shards: tuple[ShardOut, ...]
     ordered: Ordered
+    parts_table: str  # the ShardParts object every shard job read
 
     def manifest(self) -> dict[str, object]:
-        return {"shards": [shard.to_json() for shard in self.shards]}
+        return {"shards": [shard.to_json() for shard in self.shards], "parts_table": self.parts_table}
 
 
 @dataclass(frozen=True)
@@ -146,15 +149,16 @@ class Sharding:
                  for plan in plans for unit in units_for(self.formats)]
         found = context.committed("shard", [unit.key for unit in units])
         parts = previous.tokenized.parts
-        table = ShardParts.of([(part.output, part.source, part.line_offset) for part in parts])
+        table = ShardParts.of([(part.output, part.source, part.line_offset) for part in parts]).to_bytes()
         buckets = {bucket.bucket: bucket.output for bucket in previous.buckets}
         part_ids = tuple(part.output for part in parts)
         tasks = tuple(Task(unit.key, unit, f"shard {unit.plan.name} {unit.unit} file", unit_weight(unit.plan, unit.unit),
                            unit_weight(unit.plan, unit.unit)) for unit in units)
-        batching = Batching(context.store_url, table, buckets, self.dtype, self.eos_id, context.read_back)
+        batching = Batching(context.store_url, context.table_id(table), buckets, self.dtype, self.eos_id, context.read_back)
         committed = sum(record is not None for record in found.values())
         return StagePlan(TaskPlan("shard", tasks, run_assemble_job, found=found, final=True,
-                                  reads=lambda missing: _reads(missing, part_ids, buckets), batch=batching.jobs),
+                                  reads=lambda missing: _reads(missing, part_ids, buckets), batch=batching.jobs,
+                                  tables={batching.parts_table: table}),
                          self.stage_settings(), [context.stage_output("order")],
                          f"{plural(len(plans), 'shard')}, {committed} of {plural(len(units), 'file')} committed")
 
@@ -165,7 +169,8 @@ class Sharding:
             unit: Unit = task.job
             plans[unit.plan.name] = unit.plan
             by_shard.setdefault(unit.plan.name, []).append(committed[task.key])
-        return Sharded(tuple(_shard_out(plans[name], records) for name, records in by_shard.items()), previous)
+        (table,) = plan.tasks.tables
+        return Sharded(tuple(_shard_out(plans[name], records) for name, records in by_shard.items()), previous, table)
 
     def done(self, result: Sharded, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
         return f"{plural(run.ran, 'file')} written, {run.cached} cached"
@@ -191,14 +196,14 @@ class Batching:
     """How the shard stage groups its missing units into jobs (what every job shares)."""
 
     store_url: str
-    parts: ShardParts
+    parts_table: str
     buckets: Mapping[int, str]
     dtype: str
     eos_id: int
     read_back: bool
 
     def jobs(self, missing: Sequence[Task[Unit]], workers: int) -> list[AssembleJob]:
-        return [AssembleJob(self.store_url, self.parts,
+        return [AssembleJob(self.store_url, self.parts_table,
                             tuple(sorted({(b, self.buckets[b]) for unit in group for b, _, _ in unit.plan.slices})),
                             group, self.dtype, self.eos_id, self.read_back)
                 for group in unit_groups([task.job for task in missing], workers)]

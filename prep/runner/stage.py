@@ -12,7 +12,7 @@ task record and the stage manifest, and knows no stage by name.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from prep.progress import Progress, plural
@@ -77,6 +77,10 @@ class TaskPlan(Generic[Job]):
     batch: Callable[[Sequence[Task[Job]], int], Sequence[Any]] | None = None
     discard: Callable[[Any], None] = lambda job: None
     """Remove what a job that will never be committed left behind (its staged files)."""
+    tables: Mapping[str, bytes] = field(default_factory=dict)
+    """Objects the jobs name by id instead of carrying them (packed tables every task reads, whose
+    size follows the corpus), by object id: the runner stores them before any task of the plan
+    can run, and workers read them once per process (prep.runner.tasks.stored_table)."""
 
 
 class StageResult(Protocol):
@@ -113,6 +117,10 @@ class StageContext(Protocol):
 
     def task_key(self, stage: str, settings: Mapping[str, object], *inputs: object) -> str:
         """A task's key: its stage, settings, the code identity and its inputs, hashed."""
+        ...
+
+    def table_id(self, data: bytes) -> str:
+        """The object id a packed table will be stored under (TaskPlan.tables)."""
         ...
 
     def committed(self, stage: str, keys: Sequence[str]) -> dict[str, TaskRecord | None]:

@@ -24,7 +24,7 @@ from prep.runner.tasks import HashJob, run_hash_job
 from prep.stages.cuts import bucket_bits
 from prep.stages.read import plan_read_tasks
 from prep.stages.specs import TokenizeSettings
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import records
 from prep.store.refs import read_ref
 from prep.store.snapshots import Snapshot, load_snapshot

@@ -20,7 +20,7 @@ from prep.faults import crash_point
 from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import WarmUp
 from prep.storage import open_store
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas
 
 # The stage modules (numpy, Arrow, tokenizers) are imported inside the task functions: the
@@ -34,6 +34,32 @@ def worker_store(url: str) -> Store:
     if url not in _STORES:
         _STORES[url] = open_store(url)
     return _STORES[url]
+
+
+_TABLES: dict[str, bytes] = {}
+TABLES_KEPT = 2  # a worker runs one stage's tasks at a time: the tables of the last two suffice
+
+
+def stored_table(store: Store, object_id: str) -> bytes:
+    """A packed table a job names by object id (prep.runner.stage.TaskPlan.tables), read and
+    checked once per process, so a job carries 71 bytes instead of tens of bytes a part."""
+    if object_id not in _TABLES:
+        while len(_TABLES) >= TABLES_KEPT:
+            del _TABLES[next(iter(_TABLES))]
+        _TABLES[object_id] = cas.get_bytes(store, object_id)
+    return _TABLES[object_id]
+
+
+@dataclass(frozen=True)
+class TableJob:
+    """Store a packed table again (a build found it bad while a task it reuses must be remade)."""
+
+    store_url: str
+    data: bytes
+
+
+def run_table_job(job: TableJob) -> TaskResult:
+    return TaskResult({"table": cas.put_bytes(worker_store(job.store_url), job.data).id}, {}, {})
 
 
 def check_code(driver: dict[str, object]) -> None:

@@ -69,6 +69,18 @@ class PartTable:
     def __len__(self) -> int:
         return len(self.line_offsets) // 8
 
+    def to_bytes(self) -> bytes:
+        """The table as one object's bytes: the digests, then the offsets."""
+        return self.source_digests + self.line_offsets
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PartTable:
+        """The table `to_bytes` gave; ValueError for bytes of no table's length."""
+        if len(data) % 40:
+            raise ValueError(f"a part table of {len(data)} bytes (40 a part)")
+        count = len(data) // 40
+        return cls(data[:32 * count], data[32 * count:])
+
 
 @dataclass(frozen=True)
 class ShardParts:
@@ -93,6 +105,31 @@ class ShardParts:
 
     def __len__(self) -> int:
         return len(self.line_offsets) // 8
+
+    def to_bytes(self) -> bytes:
+        """The table as one object's bytes: part and source counts, the three columns, then each
+        source as its UTF-8 length and bytes."""
+        names = [source.encode("utf-8", "surrogatepass") for source in self.sources]
+        return b"".join([struct.pack("<QQ", len(self), len(names)), self.intermediates, self.line_offsets,
+                         self.source_of, *(struct.pack("<I", len(name)) + name for name in names)])
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ShardParts:
+        """The table `to_bytes` gave; ValueError for bytes that are not one."""
+        try:
+            count, named = struct.unpack_from("<QQ", data)
+            at = 16 + 44 * count
+            columns = data[16:16 + 32 * count], data[16 + 32 * count:16 + 40 * count], data[16 + 40 * count:at]
+            sources = []
+            for _ in range(named):
+                (length,) = struct.unpack_from("<I", data, at)
+                sources.append(data[at + 4:at + 4 + length].decode("utf-8", "surrogatepass"))
+                at += 4 + length
+        except (struct.error, UnicodeDecodeError) as exc:
+            raise ValueError(f"not a shard parts table ({exc})") from None
+        if at != len(data) or len(columns[2]) != 4 * count:
+            raise ValueError(f"a shard parts table of {len(data)} bytes does not hold what its header counts")
+        return cls(*columns, tuple(sources))
 
     def object_ids(self) -> list[str]:
         """Every part's intermediate object id, in input order."""

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prep.errors import StoreError
-from prep.storage.base import ObjectInfo, RefValue, Store
+from prep.storage.backend import ObjectInfo, RefValue, Store
 from prep.storage.local import LocalStore
 
 __all__ = ["ObjectInfo", "RefValue", "Store", "LocalStore", "open_store", "register_scheme"]

@@ -26,7 +26,7 @@ from typing import BinaryIO
 from prep.errors import IntegrityError, NotFoundError, StorageIOError, StoreError
 from prep.faults import crash_point
 from prep.regular import open_regular, read_regular
-from prep.storage.base import MAX_BODY_BYTES, MAX_REF_BYTES, ObjectInfo, RefValue, Store, too_large
+from prep.storage.backend import MAX_BODY_BYTES, MAX_REF_BYTES, ObjectInfo, RefValue, Store, too_large
 from prep.writeback import fsync_path
 
 TMP_DIR = "tmp"

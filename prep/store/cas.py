@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from prep.errors import IntegrityError, NotFoundError
 from prep.hashing import CHUNK, Digest, digest_bytes, digest_file, parse_id
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.layout import OBJECTS_PREFIX as OBJECTS_PREFIX
 from prep.store.layout import object_key as object_key
 

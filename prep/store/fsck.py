@@ -35,7 +35,7 @@ from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, PrepError, StoreError
 from prep.faults import crash_point
 from prep.progress import Progress, plural
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas, records
 from prep.store.holds import scan_holds
 from prep.store.layout import (

@@ -38,7 +38,7 @@ from typing import Any
 
 from prep import hashing
 from prep.errors import NotFoundError, StorageIOError, StoreError, UsageError
-from prep.storage.base import ObjectInfo, Store
+from prep.storage.backend import ObjectInfo, Store
 from prep.store import proven, records, retention
 from prep.store.holds import list_holds
 from prep.store.layout import (

@@ -16,7 +16,7 @@ from typing import Any
 from prep.errors import IntegrityError, NotFoundError, StoreError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.layout import HOLDS_PREFIX, RECORD_SUFFIX, hold_key, is_sha_hex
 from prep.store.leases import build_lease
 from prep.store.retention import snapshot_exists

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Self
 
 from prep.errors import NotFoundError, StoreError
-from prep.storage.base import ObjectInfo, Store
+from prep.storage.backend import ObjectInfo, Store
 from prep.store.layout import lease_folder, lease_key, leases_prefix, parse_lease_key
 
 BUILD, GC = "build", "gc"

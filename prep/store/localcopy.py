@@ -14,7 +14,7 @@ from pathlib import Path
 from prep import hashing
 from prep.errors import IntegrityError
 from prep.machinecache import cache_root
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.layout import object_key
 
 DOWNLOAD_CHUNK = 8 << 20

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from prep.errors import PrepError
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.cas import FileStamp, file_stamp
 from prep.store.layout import PROVEN_KEY
 

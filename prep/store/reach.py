@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from prep import hashing
 from prep.errors import IntegrityError, NotFoundError, PrepError
 from prep.manifest import canonical
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas, records
 
 IO_THREADS = 8

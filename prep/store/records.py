@@ -24,7 +24,7 @@ from typing import Any
 from prep.errors import IntegrityError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas
 from prep.store.layout import STAGES_PREFIX as STAGES_PREFIX  # re-exported for callers of records
 from prep.store.layout import TASKS_PREFIX as TASKS_PREFIX
@@ -244,20 +244,27 @@ def stage_output_id(store: Store, stage: str, key: str) -> str:
 
 # ------------------------------------------------------------------ what a manifest names
 
+def _table(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The packed part table a stage's jobs named by id, if its manifest records one."""
+    return (manifest["parts_table"],) if "parts_table" in manifest else ()
+
+
 _STAGE_NAMES: dict[str, Callable[[dict[str, Any]], Iterable[str]]] = {
     "tokenize": lambda manifest: (oid for task in manifest["tasks"] for oid in (task["output"], task.get("entries"))
                                   if oid is not None),
     "dedup": lambda manifest: manifest["outputs"].values(),
     "shuffle": lambda manifest: manifest["outputs"].values(),
     "route": lambda manifest: (task["output"] for task in manifest["tasks"]),
-    "order": lambda manifest: (bucket["output"] for bucket in manifest["buckets"]),
-    "shard": lambda manifest: (oid for shard in manifest["shards"] for oid in shard["outputs"].values()),
+    "order": lambda manifest: (*(bucket["output"] for bucket in manifest["buckets"]), *_table(manifest)),
+    "shard": lambda manifest: (*(oid for shard in manifest["shards"] for oid in shard["outputs"].values()),
+                               *_table(manifest)),
 }
 
 
 def stage_manifest_names(manifest: Any, source: str) -> Names:
     """What a `prep.stage/1` manifest names by stage: tokenize tasks[].output and .entries, route
-    tasks[].output, dedup and shuffle outputs, order buckets[].output, shard shards[].outputs."""
+    tasks[].output, dedup and shuffle outputs, order buckets[].output, shard shards[].outputs,
+    and the parts_table of order and shard."""
     validate(manifest, STAGE_SCHEMA, source)
     names = _STAGE_NAMES.get(manifest["stage"])
     if names is None:

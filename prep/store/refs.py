@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from prep import hashing
 from prep.errors import IntegrityError, RefConflictError, StaleRefError, StoreError, UsageError
 from prep.manifest import canonical
-from prep.storage.base import MAX_REF_BYTES, RefValue, Store
+from prep.storage.backend import MAX_REF_BYTES, RefValue, Store
 from prep.store.layout import HISTORY_PREFIX as HISTORY_PREFIX  # re-exported for callers of refs
 from prep.store.layout import RECORD_SUFFIX, history_key, history_prefix, ref_key, refs_prefix
 from prep.store.layout import check_name as check_name

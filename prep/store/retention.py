@@ -22,7 +22,7 @@ from prep import hashing
 from prep.errors import IntegrityError, UsageError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas
 from prep.store.layout import (
     HISTORY_PREFIX,

@@ -13,7 +13,7 @@ from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.regular import read_regular
-from prep.storage.base import MAX_BODY_BYTES, Store
+from prep.storage.backend import MAX_BODY_BYTES, Store
 from prep.store import cas
 from prep.store.layout import SNAPSHOTS_PREFIX, history_key, is_decimal, is_marker_key, marker_sha, snapshot_marker_key
 from prep.store.refs import Ref, read_history_record, read_ref

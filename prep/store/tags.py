@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prep.errors import NotFoundError, RefConflictError, UsageError
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import leases
 from prep.store.layout import is_decimal
 from prep.store.refs import Mover, Ref, RefMove, check_name, read_ref, update_ref

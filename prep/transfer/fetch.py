@@ -27,7 +27,7 @@ from prep import hashing
 from prep.errors import IntegrityError, NotFoundError
 from prep.faults import crash_point
 from prep.regular import open_regular
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.storage.parallel import in_order
 from prep.store import cas
 from prep.transfer.verify import READ_SIZE, ByteCounter, Cancelled

@@ -24,7 +24,7 @@ from prep import hashing
 from prep.errors import NotFoundError, PrepError, StorageIOError, UsageError
 from prep.faults import crash_point
 from prep.storage import LocalStore
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas
 from prep.store.marker import MARKER_KEY, is_store
 from prep.store.snapshots import Snapshot

@@ -28,7 +28,7 @@ from prep import code
 from prep.config import load_pipeline
 from prep.progress import Progress
 from prep.runner.build import BuildResult, PublishOptions, build
-from prep.runner.executors.local import LocalExecutor
+from prep.runner.executors.pool import LocalExecutor
 from prep.runner.tasks import prepare_worker
 from prep.storage import open_store
 from tests.bench.benchsupport import corpus, pipeline, tokenizer

@@ -20,7 +20,7 @@ import pytest
 from prep.data.reader import Reader
 from prep.errors import IntegrityError, UsageError
 from prep.storage import open_store
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas
 from prep.transfer.pull import pull
 from tests.s3support import RequestHook, admin_client, new_bucket

@@ -21,7 +21,7 @@ from prep.formats import little_endian, megatron, wds
 from prep.formats.units import BIN, IDX, WDS, artifact_path
 from prep.manifest import canonical
 from prep.stages.specs import Part
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas, records
 from prep.store.localcopy import local_file
 from prep.store.refs import move_ref

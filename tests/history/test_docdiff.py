@@ -27,7 +27,7 @@ from prep.history.documents import LAYOUT_KEYED, LAYOUT_POSITIONAL, load_records
 from prep.history.keep import AllKept, PackedMask, first_occurrence_mask, keep_flags
 from prep.progress import Progress
 from prep.runner.build import build
-from prep.runner.executors.local import LocalExecutor
+from prep.runner.executors.pool import LocalExecutor
 from prep.storage import LocalStore
 from prep.store.snapshots import Snapshot
 from tests.helpers import make_records, write_jsonl, write_pipeline

@@ -26,7 +26,7 @@ from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.progress import Progress
 from prep.runner.build import build
-from prep.runner.executors.local import LocalExecutor
+from prep.runner.executors.pool import LocalExecutor
 from prep.stages import read
 from prep.storage import LocalStore
 from prep.store import cas, records
@@ -202,13 +202,18 @@ def test_typed_records_round_trip_byte_for_byte(built: Built) -> None:
         assert read == record, key
 
 
+def _table(body: dict[str, Any]) -> set[str]:
+    """The part table an order or shard manifest names: every one this code writes has one."""
+    return {body["parts_table"]} if "parts_table" in body else set()
+
+
 EXPECTED_NAMES: dict[str, Callable[[dict[str, Any]], set[str]]] = {
     "tokenize": lambda b: {t["output"] for t in b["tasks"]} | {t["entries"] for t in b["tasks"] if "entries" in t},
     "dedup": lambda b: {b["outputs"]["keep"]},  # layout 1
     "shuffle": lambda b: {b["outputs"]["plan"]},  # layout 1
     "route": lambda b: {t["output"] for t in b["tasks"]},  # layout 2
-    "order": lambda b: {bucket["output"] for bucket in b["buckets"]},  # layouts 2 and 3
-    "shard": lambda b: {o for s in b["shards"] for o in s["outputs"].values()},
+    "order": lambda b: {bucket["output"] for bucket in b["buckets"]} | _table(b),  # layouts 2 and 3
+    "shard": lambda b: {o for s in b["shards"] for o in s["outputs"].values()} | _table(b),
 }
 
 

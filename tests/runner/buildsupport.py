@@ -13,7 +13,7 @@ from prep.config import load_pipeline
 from prep.formats import megatron, wds
 from prep.progress import Progress
 from prep.runner.build import BuildResult, build
-from prep.runner.executors.local import LocalExecutor
+from prep.runner.executors.pool import LocalExecutor
 from prep.runner.tasks import prepare_worker
 from prep.storage import LocalStore
 from prep.store import cas

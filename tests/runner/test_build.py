@@ -81,10 +81,10 @@ from pathlib import Path
 from prep.config import load_pipeline
 from prep.progress import Progress
 from prep.runner.build import build, make_executor
-from prep.runner.executors import local
+from prep.runner.executors import pool
 from prep.storage import LocalStore
 if len(sys.argv) > 3:
-    local.RECYCLE_AFTER = int(sys.argv[3])
+    pool.RECYCLE_AFTER = int(sys.argv[3])
 executor = make_executor("local", 2)
 try:
     result = build(load_pipeline(Path(sys.argv[1])), LocalStore(Path(sys.argv[2])), executor, (), Progress(quiet=True))
@@ -98,7 +98,7 @@ def test_a_pool_is_spawned_while_another_thread_runs() -> None:
     """A forked child would inherit the locks that thread holds, held forever."""
     import threading
 
-    from prep.runner.executors.local import LocalExecutor
+    from prep.runner.executors.pool import LocalExecutor
 
     release = threading.Event()
     other = threading.Thread(target=release.wait)

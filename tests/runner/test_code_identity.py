@@ -14,7 +14,7 @@ import pytest
 import prep
 from prep.code import code_identity, describe_code
 from prep.errors import ForeignCodeError
-from prep.runner.executors.local import LocalExecutor
+from prep.runner.executors.pool import LocalExecutor
 from prep.runner.tasks import CodeChecked, check_code
 from tests.helpers import make_records, prep_env, write_jsonl, write_pipeline
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from prep.errors import PrepError, StorageIOError, StoreError
-from prep.runner.executors.local import LocalExecutor
+from prep.runner.executors.pool import LocalExecutor
 from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
 
 IO_EXIT = 4  # StorageIOError.exit_code, as README.md and docs/build.md document it

@@ -15,7 +15,7 @@ import pytest
 
 from prep import memory
 from prep.errors import ExecutorError
-from prep.runner.executors import local, worker
+from prep.runner.executors import pool, worker
 from prep.runner.executors.base import WarmUp
 
 
@@ -75,7 +75,7 @@ def _prepare_slowly(warm: WarmUp | None) -> None:
 
 def test_each_worker_is_replaced_after_its_quota_of_tasks() -> None:
     """No process runs more than `recycle_after` tasks; every task still runs once."""
-    executor = local.LocalExecutor(2, recycle_after=3)
+    executor = pool.LocalExecutor(2, recycle_after=3)
     try:
         results = sorted(executor.run(_pid_of_worker, list(range(20))))
         assert [index for index, _ in results] == list(range(20))
@@ -91,7 +91,7 @@ def test_each_worker_is_replaced_after_its_quota_of_tasks() -> None:
 
 
 def test_a_killed_worker_fails_the_run_and_the_pool_goes_on() -> None:
-    executor = local.LocalExecutor(2)
+    executor = pool.LocalExecutor(2)
     try:
         with pytest.raises(ExecutorError, match="a worker process died"):
             list(executor.run(_kill_self, [0, 1, 2, 3]))
@@ -101,7 +101,7 @@ def test_a_killed_worker_fails_the_run_and_the_pool_goes_on() -> None:
 
 
 def test_a_result_that_cannot_be_sent_back_is_an_error_not_a_dead_pool() -> None:
-    executor = local.LocalExecutor(1)
+    executor = pool.LocalExecutor(1)
     try:
         with pytest.raises(RuntimeError, match="could not be sent back"):
             list(executor.run(_unpicklable, [0]))
@@ -113,7 +113,7 @@ def test_a_result_that_cannot_be_sent_back_is_an_error_not_a_dead_pool() -> None
 def test_items_and_results_larger_than_a_pipe_pass_while_warm_ups_are_queued() -> None:
     """Regression guard: the driver sends a worker a task only when it owes no reply, since a
     large task sent behind a slow warm-up would block the driver while other workers finish."""
-    executor = local.LocalExecutor(2, _prepare_slowly, recycle_after=2)
+    executor = pool.LocalExecutor(2, _prepare_slowly, recycle_after=2)
     try:
         executor.warm(WarmUp("tokenizer.json", "0" * 64, "<eos>", False, "fast"))
         items = [bytes([index]) * (3 << 20) for index in range(7)]
@@ -125,7 +125,7 @@ def test_items_and_results_larger_than_a_pipe_pass_while_warm_ups_are_queued() -
 
 
 def test_closing_reaps_every_worker() -> None:
-    executor = local.LocalExecutor(2, recycle_after=1)
+    executor = pool.LocalExecutor(2, recycle_after=1)
     list(executor.run(str, [1, 2, 3]))
     pids = executor.pids()
     executor.close()
@@ -146,7 +146,7 @@ class _BreaksOnLoad:
 
 
 def test_a_task_the_worker_cannot_unpickle_is_that_tasks_error() -> None:
-    executor = local.LocalExecutor(1)
+    executor = pool.LocalExecutor(1)
     try:
         with pytest.raises(ValueError, match="cannot be rebuilt here"):
             list(executor.run(str, [_BreaksOnLoad()]))
@@ -159,7 +159,7 @@ def test_workers_are_replaced_only_from_the_main_thread() -> None:
     """A worker dies with the thread that started it: one started by a thread that then ends
     (the build hashes inputs on a side thread while it re-checks the latest snapshot on the
     workers) would be killed, and the next run would fail with "a worker process died"."""
-    executor = local.LocalExecutor(2, recycle_after=1)
+    executor = pool.LocalExecutor(2, recycle_after=1)
     try:
         found: list[list[tuple[int, str]]] = []
         side = threading.Thread(target=lambda: found.append(sorted(executor.run(str, list(range(6))))))
@@ -174,7 +174,7 @@ def test_workers_are_replaced_only_from_the_main_thread() -> None:
 
 
 def test_a_dead_worker_is_replaced_by_the_next_run_from_the_main_thread() -> None:
-    executor = local.LocalExecutor(1)
+    executor = pool.LocalExecutor(1)
     try:
         errors: list[BaseException] = []
 
@@ -195,7 +195,7 @@ def test_a_dead_worker_is_replaced_by_the_next_run_from_the_main_thread() -> Non
 
 def test_workers_killed_while_idle_are_replaced_before_the_next_run() -> None:
     """No task was lost: the next run starts new workers instead of failing once per dead worker."""
-    executor = local.LocalExecutor(2)
+    executor = pool.LocalExecutor(2)
     try:
         assert sorted(executor.run(str, [1, 2])) == [(0, "1"), (1, "2")]
         for pid in executor.pids():
@@ -209,7 +209,7 @@ def test_workers_killed_while_idle_are_replaced_before_the_next_run() -> None:
 def test_a_worker_found_dead_only_by_sending_it_a_task_fails_the_run_with_the_one_line_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """It died between the pool's look and the send. Before: a raw BrokenPipeError."""
-    executor = local.LocalExecutor(1)
+    executor = pool.LocalExecutor(1)
     try:
         assert list(executor.run(str, [1])) == [(0, "1")]
         (pid,) = executor.pids()
@@ -238,9 +238,9 @@ def test_a_forked_idle_worker_ends_quietly_on_sigterm() -> None:
 _SIGTERM_IDLE_FORKED_WORKER = """
 import os, signal
 from prep.cli.main import _terminate
-from prep.runner.executors import local
+from prep.runner.executors import pool
 signal.signal(signal.SIGTERM, _terminate)
-executor = local.LocalExecutor(1, fork=True)
+executor = pool.LocalExecutor(1, fork=True)
 try:
     print(executor.start_method)
     assert list(executor.run(str, [1])) == [(0, "1")]
@@ -284,9 +284,9 @@ def test_a_worker_whose_driver_closes_its_pipe_mid_task_ends_quietly(capfd: pyte
     """Regression: a worker stopped while a task ran (the pool closed after Ctrl-C, say) met the
     closed pipe sending the result, tried again with an error and printed two BrokenPipeError
     tracebacks to the user's terminal."""
-    started = local._Worker.start("spawn", 1)  # noqa: SLF001
+    started = pool._Worker.start("spawn", 1)  # noqa: SLF001
     try:
-        started.send(local._started, None, None)  # noqa: SLF001
+        started.send(pool._started, None, None)  # noqa: SLF001
         assert started.receive()[1]
         started.send(time.sleep, 1.5, 0)
         time.sleep(0.5)  # the task is running

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -137,44 +138,58 @@ def test_merge_groups_are_consecutive_even_and_at_most_the_fan_in(count: int, fa
     assert not sizes or max(sizes) - min(sizes) <= 1
 
 
-def test_order_tasks_read_no_stage_manifest_and_carry_forty_bytes_a_part(corpus: Path, tokenizer_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_order_tasks_read_no_stage_manifest_and_name_a_table_of_forty_bytes_a_part(
+        corpus: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """At the target scale the tokenize stage manifest is hundreds of MB: an order task that
-    parsed it would hold memory that follows the corpus. Order tasks get the parts' sources and
-    line offsets packed in their job instead, and read only entries objects."""
+    parsed it would hold memory that follows the corpus. Order tasks read the parts' sources and
+    line offsets from one packed table object instead (40 bytes a part), which the job names by
+    id (it stays the same few hundred bytes however many parts), and otherwise entries objects."""
+    import pickle
+
     from prep.runner import tasks
+    from prep.stages.specs import PartTable
     from prep.store import cas
 
     monkeypatch.setattr(ordering, "DOCUMENTS_PER_BUCKET", 40)
     monkeypatch.setattr(read, "RANGE_BYTES", 2500)
     reference = _in_process(_pipeline(corpus, tokenizer_path, None), corpus / "reference")
     jobs: list[ordering.OrderJob] = []
+    read_whole: list[str] = []
+    real_get = cas.get_bytes
 
-    def no_manifests(store: object, object_id: str) -> bytes:
-        raise AssertionError(f"an order task read object {object_id} whole")
+    def only_the_table(store: Any, object_id: str) -> bytes:
+        read_whole.append(object_id)
+        if object_id != jobs[-1].parts_table:
+            raise AssertionError(f"an order task read object {object_id} whole")
+        return real_get(store, object_id)
 
     def order_job(job: ordering.OrderJob) -> tasks.TaskResult:
         jobs.append(job)
         with monkeypatch.context() as patched:
-            patched.setattr(cas, "get_bytes", no_manifests)
+            patched.setattr(cas, "get_bytes", only_the_table)
             return run_order_job(job)
 
     run_order_job = ordering.run_order_job
+    monkeypatch.setattr(tasks, "_TABLES", {})
     monkeypatch.setattr(ordering, "run_order_job", order_job)
     rebuilt = _in_process(_pipeline(corpus, tokenizer_path, 3), corpus / "store")
     assert rebuilt.snapshot.id == reference.snapshot.id
     parts = rebuilt.stages["tokenize"].ran
     assert len(jobs) > 1 and parts > FILES
-    assert all(len(job.parts) == parts and len(job.parts.source_digests) + len(job.parts.line_offsets) == 40 * parts
-               for job in jobs)
+    assert len({job.parts_table for job in jobs}) == 1 and read_whole == [jobs[0].parts_table]  # once a process
+    table = PartTable.from_bytes(real_get(LocalStore(corpus / "store"), jobs[0].parts_table))
+    assert len(table) == parts and len(table.to_bytes()) == 40 * parts
+    assert max(len(pickle.dumps(job)) for job in jobs) < 1200
 
 
 def test_shard_jobs_carry_forty_four_bytes_a_part_and_each_source_once(corpus: Path, tokenizer_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A shard job reads from every part, so it is told about every part: packed, 44 bytes a part
-    and each file's name once (a tuple of part references took hundreds of bytes a part, in
-    every job), with the `.json` members it writes unchanged."""
+    """A shard job reads from every part, so it is told about every part: in one packed table
+    object it names by id, 44 bytes a part and each file's name once (a tuple of part references
+    took hundreds of bytes a part, in every job), with the `.json` members it writes unchanged."""
     from prep.runner import sharding, tasks
+    from prep.stages.specs import ShardParts
+    from prep.store import cas
 
     monkeypatch.setattr(read, "RANGE_BYTES", 2500)
     reference = _in_process(_pipeline(corpus, tokenizer_path, None), corpus / "reference")
@@ -190,8 +205,59 @@ def test_shard_jobs_carry_forty_four_bytes_a_part_and_each_source_once(corpus: P
     assert rebuilt.snapshot.id == reference.snapshot.id
     parts = rebuilt.stages["tokenize"].ran
     assert jobs and parts > FILES
-    for job in jobs:
-        table = job.parts
-        assert len(table) == parts and len(table.intermediates) + len(table.line_offsets) + len(table.source_of) == 44 * parts
-        assert sorted(table.sources) == sorted(f"{index}.jsonl" for index in range(FILES))
+    assert len({job.parts_table for job in jobs}) == 1
+    table = ShardParts.from_bytes(cas.get_bytes(LocalStore(corpus / "store"), jobs[0].parts_table))
+    assert len(table) == parts and len(table.intermediates) + len(table.line_offsets) + len(table.source_of) == 44 * parts
+    assert sorted(table.sources) == sorted(f"{index}.jsonl" for index in range(FILES))
+    assert ShardParts.from_bytes(table.to_bytes()) == table
     assert any(unit.unit == "wds" for job in jobs for unit in job.units)
+
+
+@pytest.mark.parametrize("damage", ["flip", "delete"])
+def test_a_damaged_part_table_is_stored_again_before_any_task_reads_it(corpus: Path, tokenizer_path: Path,
+                                                                       damage: str) -> None:
+    """The tables jobs name by id are checked like any reused object: a flipped byte or a lost
+    table is replaced from the driver's bytes before the order and shard tasks that read it run
+    (the jobs would otherwise fail on a table that does not hash to its name)."""
+    from prep.store import cas
+
+    store_dir = corpus / "store"
+    first = _in_process(_pipeline(corpus, tokenizer_path, None), store_dir)
+    store = LocalStore(store_dir)
+    tables = []
+    for stage in ("order", "shard"):
+        manifest = json.loads(cas.get_bytes(store, first.stages[stage].output))
+        tables.append(manifest["parts_table"])
+    for object_id in tables:
+        if damage == "flip":
+            flip_byte(object_path(store_dir, object_id), 5)
+        else:
+            object_path(store_dir, object_id).unlink()
+    rebuilt = _in_process(_pipeline(corpus, tokenizer_path, None, shard_size="3KB"), store_dir)
+    assert rebuilt.stages["order"].ran > 0 and rebuilt.stages["shard"].ran > 0
+    assert all(cas.check(store, object_id) for object_id in tables)
+    assert all_objects_intact(store_dir)
+
+
+def test_a_damaged_part_table_is_remade_when_only_a_reused_bucket_remade_reads_it(corpus: Path,
+                                                                                   tokenizer_path: Path) -> None:
+    """Every order task committed, one shard file lost, its bucket and the order part table both
+    flipped: the shard is rewritten from a bucket remade by its order task, which reads a table
+    stored again first (a table is remade like any reused object, with a warning naming it)."""
+    from prep.store import cas
+
+    store_dir = corpus / "store"
+    first = _in_process(_pipeline(corpus, tokenizer_path, None), store_dir)
+    store = LocalStore(store_dir)
+    order = json.loads(cas.get_bytes(store, first.stages["order"].output))
+    shard = json.loads(cas.get_bytes(store, first.stages["shard"].output))["shards"][0]
+    bucket = next(b["output"] for b in order["buckets"] if b["bucket"] == shard["slices"][0][0])
+    flip_byte(object_path(store_dir, order["parts_table"]), 7)
+    flip_byte(object_path(store_dir, bucket), 7)
+    object_path(store_dir, shard["outputs"]["bin"]).unlink()
+    again = _in_process(_pipeline(corpus, tokenizer_path, None), store_dir)
+    assert again.snapshot.id == first.snapshot.id
+    assert again.stages["order"].ran == 0 and again.stages["shard"].ran == 1
+    log = json.loads(store.get_bytes(again.log_key))
+    assert {item["what"] for item in log["recomputed"]} >= {"order part table", "bucket " + str(shard["slices"][0][0])}
+    assert all_objects_intact(store_dir)

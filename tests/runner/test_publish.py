@@ -21,7 +21,7 @@ from prep.runner import publish as publish_module
 from prep.runner.build import BuildResult, PublishOptions, build
 from prep.runner.tokenizing import TokenizedPart
 from prep.storage import LocalStore
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import snapshots as build_module  # the build calls snapshots.publish_manifest
 from prep.store.refs import move_ref, read_ref, ref_history, update_ref
 from prep.store.snapshots import Snapshot, load_snapshot

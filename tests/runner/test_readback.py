@@ -19,7 +19,7 @@ from prep.progress import Progress
 from prep.runner.build import BuildResult, PublishOptions, build
 from prep.stages import sink
 from prep.storage import open_store
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas, records
 from prep.store import snapshots as build_module  # the build calls snapshots.publish_manifest
 from prep.store.layout import readback_key

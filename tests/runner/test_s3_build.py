@@ -27,7 +27,7 @@ from prep.manifest.schema import validate
 from prep.progress import Progress
 from prep.runner.build import BuildResult, build
 from prep.storage import LocalStore, open_store
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas
 from prep.store.refs import HISTORY_PREFIX
 from prep.store.snapshots import load_snapshot, resolve

@@ -22,7 +22,7 @@ from prep.progress import Progress
 from prep.runner.build import build
 from prep.runner.executors import zygote
 from prep.runner.executors.base import WarmUp
-from prep.runner.executors.local import LocalExecutor
+from prep.runner.executors.pool import LocalExecutor
 from prep.runner.tasks import prepare_worker
 from prep.storage import LocalStore
 from prep.tokenizer import load_tokenizer
@@ -182,7 +182,7 @@ _DRIVER = """
 import sys, time
 from pathlib import Path
 from tests.runner.test_zygote import _engines_at_start, _warm_up
-from prep.runner.executors.local import LocalExecutor
+from prep.runner.executors.pool import LocalExecutor
 from prep.runner.tasks import prepare_worker
 executor = LocalExecutor(2, prepare_worker, fresh_after=1)
 executor.warm(_warm_up(Path(sys.argv[1])))
@@ -256,13 +256,13 @@ def test_a_zygote_that_cannot_fork_says_so_and_the_pool_spawns_instead(tokenizer
 _FORKING_DRIVER = """
 import json, os, signal, sys, time
 from pathlib import Path
-from prep.runner.executors import local, zygote
+from prep.runner.executors import pool, zygote
 from prep.runner.tasks import prepare_worker
 from tests.runner.test_zygote import _engines_at_start, _slow_prepare, _warm_up
 mode, tokenizer = sys.argv[1], Path(sys.argv[2])
 zygote.FORK_SECONDS = 0.5  # a zygote slower than this to answer a replacement's fork is given up on
 prepare = _slow_prepare if mode == "slow" else prepare_worker
-executor = local.LocalExecutor(2, prepare, fork=True)
+executor = pool.LocalExecutor(2, prepare, fork=True)
 first = executor._zygote.process.pid if executor._zygote is not None else None
 if mode == "lost":
     os.kill(first, signal.SIGKILL)
@@ -331,9 +331,9 @@ def test_a_forking_pool_whose_zygote_is_lost_at_once_starts_its_workers_itself(t
 
 
 _UNCLOSED = """
-from prep.runner.executors import local
+from prep.runner.executors import pool
 from prep.runner.tasks import prepare_worker
-executor = local.LocalExecutor(2, prepare_worker, fork=True)
+executor = pool.LocalExecutor(2, prepare_worker, fork=True)
 assert sorted(executor.run(str, [1, 2])) == [(0, "1"), (1, "2")]
 print(*executor.pids(), executor._zygote.process.pid, flush=True)
 raise SystemExit("ended without closing its pool")
@@ -374,7 +374,7 @@ def test_a_driver_started_ignoring_ctrl_c_keeps_its_tasks_running_through_one(tm
     script = (
         "import signal, sys\n"
         "signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a background job\n"
-        "from prep.runner.executors.local import LocalExecutor\n"
+        "from prep.runner.executors.pool import LocalExecutor\n"
         "from prep.runner.tasks import prepare_worker\n"
         "from tests.runner.test_zygote import _nap\n"
         f"executor = LocalExecutor(2, {prepare}, fork=True)\n"

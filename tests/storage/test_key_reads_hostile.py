@@ -12,7 +12,7 @@ import pytest
 
 from prep.errors import IntegrityError, NotFoundError
 from prep.storage import LocalStore
-from prep.storage.base import MAX_BODY_BYTES, MAX_REF_BYTES
+from prep.storage.backend import MAX_BODY_BYTES, MAX_REF_BYTES
 from prep.store.refs import read_history_record
 from tests.helpers import within
 

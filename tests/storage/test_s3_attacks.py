@@ -19,7 +19,7 @@ from botocore.exceptions import ConnectionClosedError, IncompleteReadError, Resp
 from urllib3.exceptions import SSLError as BodySSLError
 
 import prep.storage.s3.client as s3_client
-import prep.storage.s3.store as s3_store
+import prep.storage.s3.s3store as s3_store
 from prep.errors import IntegrityError, PrepError, StoreError
 from prep.storage.s3 import MIB, MIN_PART_SIZE, S3Settings, S3Store
 from tests import s3support

@@ -20,7 +20,7 @@ import numpy as np
 
 from prep.formats.units import artifact_path
 from prep.manifest import canonical
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas, records
 from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, load_snapshot, publish_manifest

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prep.manifest import canonical
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas, records
 from prep.store.localcopy import local_file
 from prep.store.refs import move_ref

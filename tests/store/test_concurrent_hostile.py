@@ -17,7 +17,7 @@ from prep import hashing
 from prep.errors import NotFoundError, PrepError, StoreError
 from prep.progress import Progress
 from prep.storage import LocalStore
-from prep.storage.base import ObjectInfo, Store
+from prep.storage.backend import ObjectInfo, Store
 from prep.store import cas, leases
 from prep.store.fsck import fsck
 from prep.store.gc import collect_garbage

@@ -19,7 +19,7 @@ from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.progress import Progress
 from prep.storage import LocalStore
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas, records
 from prep.store.fsck import fsck
 from prep.store.holds import place_hold

@@ -20,7 +20,7 @@ from prep.errors import IntegrityError, StoreError, UsageError
 from prep.history.lineage import trace
 from prep.manifest import canonical
 from prep.storage import LocalStore, open_store
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store import cas, records
 from prep.store.gc import collect_garbage, parse_duration
 from prep.store.layout import lease_key, stage_record_key, task_record_key
@@ -57,6 +57,7 @@ def reachable(store: Store, snapshot_id: str) -> set[str]:
                  "route": lambda b: [t["output"] for t in b["tasks"]],  # layout 2
                  "order": lambda b: [bucket["output"] for bucket in b["buckets"]],  # layouts 2 and 3
                  "shard": lambda b: [o for s in b["shards"] for o in s["outputs"].values()]}[stage["name"]](body)
+        named += [body["parts_table"]] if "parts_table" in body else []  # order and shard, since issue 40
         found |= {hashing.parse_id(object_id) for object_id in named}
     return found
 

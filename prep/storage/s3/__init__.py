@@ -15,7 +15,7 @@ from prep.storage.s3.client import (
     split_url,
 )
 from prep.storage.s3.inputs import S3Object, hash_object, list_objects, open_object
-from prep.storage.s3.store import (
+from prep.storage.s3.s3store import (
     CONTENT_PREFIX,
     OVERWRITABLE_PREFIX,
     SHA256_METADATA,

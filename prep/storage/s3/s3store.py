@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 from botocore.exceptions import BotoCoreError, ClientError
 
 from prep.errors import IntegrityError, NotFoundError, StoreError
-from prep.storage.base import MAX_REF_BYTES, ObjectInfo, RefValue, Store, too_large
+from prep.storage.backend import MAX_REF_BYTES, ObjectInfo, RefValue, Store, too_large
 from prep.storage.s3.client import (
     DEFAULT_JOBS,
     DEFAULT_MAX_ATTEMPTS,

@@ -6,7 +6,7 @@ Light (no numpy, no Arrow): the CLI resolves SNAP specs through it before loadin
 from __future__ import annotations
 
 from prep.errors import IntegrityError, UsageError
-from prep.storage.base import Store
+from prep.storage.backend import Store
 from prep.store.layout import check_name
 from prep.store.layout import is_decimal as is_decimal
 from prep.store.snapshots import MIN_PREFIX, Snapshot, is_manifest_path, resolve
