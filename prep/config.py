@@ -245,20 +245,21 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
     output = _output(root.table("output"), source)
     retention = _retention(root.table("retention"))
     build = _build(root.table("build"))
-    steps = _steps(root.get("steps", list, []), source)
+    steps = _steps(root.get("steps", list, []), source, base_dir)
     root.finish()
     return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output, retention, build,
                     steps)
 
 
-def _steps(tables: list[object], source: str) -> tuple[DocumentStep, ...]:
-    """`[[steps]]`: the document steps in order, each a table naming its kind (`use`) and its settings."""
+def _steps(tables: list[object], source: str, base_dir: Path) -> tuple[DocumentStep, ...]:
+    """`[[steps]]`: the document steps in order, each a table naming its kind (`use`) and its
+    settings, or user code (`use = "module:function"`, found on sys.path or in `base_dir`)."""
     steps = []
     for index, table in enumerate(tables):
         if not isinstance(table, dict):
             raise ConfigError(f"{source}: steps[{index}]: expected a table ([[steps]]), got {table!r}")
         try:
-            steps.append(catalog.parse_step(table))
+            steps.append(catalog.parse_step(table, base_dir))
         except SettingError as exc:
             raise ConfigError(f"{source}: steps[{index}].{exc.key}: {exc.message}") from None
     return tuple(steps)

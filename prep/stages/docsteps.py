@@ -51,7 +51,7 @@ class StepTally:
 
 def tallies(steps: Sequence[DocumentStep]) -> list[StepTally]:
     """Fresh counts for each step, in order."""
-    return [StepTally(step.use) for step in steps]
+    return [StepTally(step.name) for step in steps]
 
 
 def apply_steps(batch: TextColumns, steps: Sequence[DocumentStep], counts: Sequence[StepTally],
@@ -70,7 +70,7 @@ def _apply_one(batch: TextColumns, step: DocumentStep, tally: StepTally, where: 
     try:
         outcomes = step.apply_batch(batch)
     except Exception as exc:  # a step's own code: named, never a traceback
-        raise InputError(f"{where}: step {step.use!r} failed on a batch of {len(batch)} documents from row/line "
+        raise InputError(f"{where}: step {step.name!r} failed on a batch of {len(batch)} documents from row/line "
                          f"{int(batch.rows[0]) + 1}: {type(exc).__name__}: {exc}") from exc
     ids: list[str | None] | None = None
     if outcomes is None:
@@ -86,7 +86,7 @@ def _apply_one(batch: TextColumns, step: DocumentStep, tally: StepTally, where: 
     rows = batch.rows.tolist()
     kept = [index for index, outcome in enumerate(outcomes) if not isinstance(outcome, Drop)]
     texts = [batch.data(index) if outcomes[index] is None
-             else _encoded(ids[index], str(outcomes[index]), f"{where}: step {step.use!r}, row/line {rows[index] + 1}")
+             else _encoded(ids[index], str(outcomes[index]), f"{where}: step {step.name!r}, row/line {rows[index] + 1}")
              for index in kept]
     return TextColumns.from_rows([rows[index] for index in kept], [ids[index] for index in kept], texts)
 
@@ -94,7 +94,7 @@ def _apply_one(batch: TextColumns, step: DocumentStep, tally: StepTally, where: 
 def _decide(step: DocumentStep, document: StepDocument, row: int, where: str) -> Outcome:
     """One document's outcome; InputError naming the step and the document when the step raises
     or answers with anything but None, a Drop or a str."""
-    named = f"{where}: step {step.use!r} on document {document.id or f'at row/line {row + 1}'!r}"
+    named = f"{where}: step {step.name!r} on document {document.id or f'at row/line {row + 1}'!r}"
     try:
         outcome = step.apply(document)
     except Exception as exc:  # a step's own code: named with the document, never a traceback

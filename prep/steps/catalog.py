@@ -9,11 +9,8 @@ import that module. This module loads no numpy: the driver reads it.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib
 import re
-import sys
 import typing
 from collections.abc import Mapping
 from dataclasses import fields
@@ -72,11 +69,17 @@ def step_kind(use: str) -> type[DocumentStep]:
     return found
 
 
-def parse_step(table: Mapping[str, object]) -> DocumentStep:
-    """The step a `[[steps]]` table configures; SettingError names the first bad key."""
+def parse_step(table: Mapping[str, object], base_dir: Path | None = None) -> DocumentStep:
+    """The step a `[[steps]]` table configures; SettingError names the first bad key. A `use` of
+    the form `module:function` is user code (prep.steps.function), found on sys.path or in
+    `base_dir`, the pipeline file's folder."""
     use = table.get("use")
     if not isinstance(use, str):
         raise SettingError("use", f"expected str naming a step, got {use!r}")
+    if ":" in use:
+        from prep.steps.function import function_step
+
+        return function_step(use, table, base_dir)
     kind = step_kind(use)
     hints = typing.get_type_hints(kind)
     known = {field.name for field in fields(kind)}
@@ -103,25 +106,19 @@ def _typed(key: str, value: object, hint: object) -> object:
 
 def settings_of(step: DocumentStep) -> dict[str, object]:
     """The step's settings by name, as the resolved config and its task keys record them."""
-    return {field.name: getattr(step, field.name) for field in fields(step)}
-
-
-@functools.cache
-def _module_sha256(module: str) -> str:
-    """SHA-256 of a module's source file (its code identity)."""
-    return hashlib.sha256(Path(str(sys.modules[module].__file__)).read_bytes()).hexdigest()
+    return step.settings()
 
 
 def code_sha256(step: DocumentStep) -> str:
-    """The code identity of the step's class: its module's source hash."""
-    return _module_sha256(type(step).__module__)
+    """The code identity of the step (its module's source hash; for user code, its whole closure)."""
+    return step.code_identity()
 
 
 def key_fields(steps: tuple[DocumentStep, ...]) -> list[dict[str, object]]:
     """What of the steps a tokenize task key names: each one's kind, code and settings, in order."""
-    return [{"use": step.use, "code": code_sha256(step), "settings": settings_of(step)} for step in steps]
+    return [{"use": step.name, "code": code_sha256(step), "settings": settings_of(step)} for step in steps]
 
 
 def resolved(steps: tuple[DocumentStep, ...]) -> list[dict[str, object]]:
     """The steps as the resolved config records them: each one's kind and settings, in order."""
-    return [{"use": step.use, **settings_of(step)} for step in steps]
+    return [{"use": step.name, **settings_of(step)} for step in steps]

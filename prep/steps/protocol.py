@@ -8,9 +8,13 @@ change its text. It is pure: the same settings and document always give the same
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
@@ -61,6 +65,19 @@ class DocumentStep(ABC):
 
     use: ClassVar[str]
 
+    @property
+    def name(self) -> str:
+        """How counts, messages and the resolved config name the step: its `use`."""
+        return self.use
+
+    def settings(self) -> dict[str, object]:
+        """The step's settings by name, as the resolved config and its task keys record them."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+    def code_identity(self) -> str:
+        """What identifies the step's code in task keys: the SHA-256 of its class's module source."""
+        return _module_sha256(type(self).__module__)
+
     def check(self) -> None:  # noqa: B027 -- a step whose settings need no check keeps this one
         """Raise SettingError naming a setting that is out of range or inconsistent with another."""
 
@@ -72,3 +89,9 @@ class DocumentStep(ABC):
     @abstractmethod
     def apply(self, document: StepDocument) -> Outcome:
         """Keep (None), drop (Drop) or change (the new text) one document."""
+
+
+@functools.cache
+def _module_sha256(module: str) -> str:
+    """SHA-256 of a module's source file."""
+    return hashlib.sha256(Path(str(sys.modules[module].__file__)).read_bytes()).hexdigest()

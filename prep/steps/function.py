@@ -1,0 +1,171 @@
+"""User code as a document step: `use = "module:function"` with `args`, keyed by its code.
+
+The function gets one `StepDocument` (its id and text) and the step's `args` as keyword
+arguments, and answers True or None (keep), False (drop: reason "returned False"), a str (drop,
+with that reason: a short fixed phrase, since each distinct reason is a key of the snapshot's
+stats), or a changed document (a StepDocument, or a mapping with "text") whose text replaces the
+document's. Its module is found on sys.path or in the pipeline file's folder and imported in each
+worker. Its code identity, which enters the tokenize task key, is the SHA-256 of the source of its
+module and of every module of the same top-level package that those import (followed through
+every import statement, guarded or not), and the versions of the installed distributions they
+import: an edit recomputes the step and what follows it. A worker whose copy of that code differs
+from the driver's refuses to run it.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import json
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+from typing import ClassVar
+
+from prep.steps.protocol import DocumentStep, Drop, Outcome, SettingError, StepDocument
+
+SPEC = re.compile(r"(?P<module>[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*):(?P<name>[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*)")
+"""`package.module:function` (a dotted attribute path after the colon)."""
+REJECTED = "returned False"
+
+_LOADED: dict[str, Callable[..., object]] = {}
+
+
+@dataclass(frozen=True)
+class FunctionStep(DocumentStep):
+    """A step that calls a user's function on each document."""
+
+    use: ClassVar[str] = "function"
+    function: str
+    args: tuple[tuple[str, object], ...] = ()
+    code: str = ""
+    search_path: str = field(default="", compare=False)  # the pipeline's folder: where, not what
+
+    @property
+    def name(self) -> str:
+        return self.function
+
+    def settings(self) -> dict[str, object]:
+        return {"args": dict(self.args)} if self.args else {}
+
+    def code_identity(self) -> str:
+        return self.code
+
+    def apply(self, document: StepDocument) -> Outcome:
+        answer = _loaded(self)(document, **dict(self.args))
+        return outcome_of(answer, document.text)
+
+
+def outcome_of(answer: object, text: str) -> Outcome:
+    """A user function's answer as a step outcome; TypeError for an answer of no meaning."""
+    if answer is None or answer is True:
+        return None
+    if answer is False:
+        return Drop(REJECTED)
+    if isinstance(answer, str):
+        return Drop(answer)
+    changed = answer.get("text") if isinstance(answer, Mapping) else getattr(answer, "text", None)
+    if isinstance(changed, str):
+        return None if changed == text else changed
+    raise TypeError(f"answered {type(answer).__name__}: a step function returns True, False, a reason (str) or a "
+                    "changed document (with a str `text`)")
+
+
+def function_step(use: str, table: Mapping[str, object], base_dir: Path | None) -> FunctionStep:
+    """The step a `[[steps]]` table with `use = "module:function"` configures; SettingError names
+    the key (`use` for a function that cannot be imported, `args` for arguments that are not a table)."""
+    if not SPEC.fullmatch(use):
+        raise SettingError("use", f"{use!r} is not module:function")
+    unknown = sorted(set(table) - {"use", "args"})
+    if unknown:
+        raise SettingError(unknown[0], "unknown key (a function step takes `args`, a table of keyword arguments)")
+    args = table.get("args", {})
+    if not isinstance(args, Mapping):
+        raise SettingError("args", f"expected a table of keyword arguments, got {args!r}")
+    search = str(base_dir.resolve()) if base_dir is not None else ""
+    step = FunctionStep(use, tuple(sorted((str(key), value) for key, value in args.items())), "", search)
+    try:
+        _loaded(step, check=False)
+        module = sys.modules[use.partition(":")[0]]
+    except SettingError:
+        raise
+    except Exception as exc:  # the user's module: any error on import is named, never a traceback
+        raise SettingError("use", f"cannot import {use}: {type(exc).__name__}: {exc}") from None
+    return FunctionStep(step.function, step.args, code_identity(module), search)
+
+
+def _loaded(step: FunctionStep, check: bool = True) -> Callable[..., object]:
+    """The step's function, imported once per process; with `check`, its code must be the driver's."""
+    if step.function not in _LOADED:
+        if step.search_path and step.search_path not in sys.path:
+            sys.path.append(step.search_path)
+        module_name, _, attribute = step.function.partition(":")
+        module = importlib.import_module(module_name)
+        found: object = module
+        for part in attribute.split("."):
+            found = getattr(found, part, None)
+        if not callable(found):
+            raise SettingError("use", f"{step.function}: {module_name} has no function {attribute!r}")
+        if check and code_identity(module) != step.code:
+            raise RuntimeError(f"the code of step {step.function} here differs from the driver's (run the same "
+                               f"version of {module_name} on every node)")
+        _LOADED[step.function] = found
+    return _LOADED[step.function]
+
+
+def code_identity(module: ModuleType) -> str:
+    """SHA-256 over the sources of `module` and of the modules of its top-level package it imports
+    (transitively), and the versions of the installed distributions those import."""
+    top = module.__name__.partition(".")[0]
+    sources: dict[str, str] = {}
+    outside: set[str] = set()
+    todo = [module.__name__]
+    while todo:
+        name = todo.pop()
+        found = sys.modules.get(name) or _import_or_none(name)
+        path = getattr(found, "__file__", None)
+        if name in sources or found is None or path is None:
+            continue
+        source = Path(path).read_bytes()
+        sources[name] = hashlib.sha256(source).hexdigest()
+        for imported in _imports(source, name, path.endswith("__init__.py")):
+            root = imported.partition(".")[0]
+            if root == top:
+                todo.append(imported)
+            elif root not in sys.stdlib_module_names:
+                outside.add(root)
+    distributions = metadata.packages_distributions()
+    versions = {dist: metadata.version(dist) for root in outside for dist in distributions.get(root, ())}
+    identity = {"modules": dict(sorted(sources.items())), "distributions": dict(sorted(versions.items()))}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def _import_or_none(name: str) -> ModuleType | None:
+    """The module `name`, or None when it is not one (an attribute imported `from` a module)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _imports(source: bytes, module: str, is_package: bool) -> set[str]:
+    """Every module name an import statement of `source` may name, relative ones resolved."""
+    package = module if is_package else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1] if package else []
+                base = ".".join([*parts, base] if base else parts)
+            if base:
+                names.add(base)
+                names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
