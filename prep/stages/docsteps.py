@@ -49,33 +49,51 @@ class StepTally:
                 "reasons": dict(sorted(self.reasons.items()))}
 
 
+@dataclass
+class Skipping:
+    """`on_error = "skip"`: a document a step's code raised on is dropped (reason `raised <type>`)
+    and counted and listed like a bad record, instead of failing the build."""
+
+    counts: dict[str, int]
+    listed: list[str]
+    most: int
+
+    def skip(self, message: str) -> None:
+        self.counts["bad_records"] += 1
+        if len(self.listed) < self.most:
+            self.listed.append(message)
+
+
 def tallies(steps: Sequence[DocumentStep]) -> list[StepTally]:
     """Fresh counts for each step, in order."""
     return [StepTally(step.name) for step in steps]
 
 
 def apply_steps(batch: TextColumns, steps: Sequence[DocumentStep], counts: Sequence[StepTally],
-                where: str) -> TextColumns:
+                where: str, skipping: Skipping | None = None) -> TextColumns:
     """The batch's documents that every step keeps, with the texts the steps changed."""
     for step, tally in zip(steps, counts):
         if not len(batch):
             break
-        batch = _apply_one(batch, step, tally, where)
+        batch = _apply_one(batch, step, tally, where, skipping)
     return batch
 
 
-def _apply_one(batch: TextColumns, step: DocumentStep, tally: StepTally, where: str) -> TextColumns:
+def _apply_one(batch: TextColumns, step: DocumentStep, tally: StepTally, where: str,
+               skipping: Skipping | None) -> TextColumns:
     """The documents one step keeps (changed where it changes them); the batch itself when it keeps all as they are."""
     changed_before = tally.changed
     try:
         outcomes = step.apply_batch(batch)
     except Exception as exc:  # a step's own code: named, never a traceback
-        raise InputError(f"{where}: step {step.name!r} failed on a batch of {len(batch)} documents from row/line "
-                         f"{int(batch.rows[0]) + 1}: {type(exc).__name__}: {exc}") from exc
+        if skipping is None:
+            raise InputError(f"{where}: step {step.name!r} failed on a batch of {len(batch)} documents from row/line "
+                             f"{int(batch.rows[0]) + 1}: {type(exc).__name__}: {exc}") from exc
+        outcomes = None  # skipping: ask document by document, to skip only those it fails on
     ids: list[str | None] | None = None
     if outcomes is None:
         ids = to_strings(batch.ids)
-        outcomes = [_decide(step, StepDocument(doc_id, text), row, where)
+        outcomes = [_decide(step, StepDocument(doc_id, text), row, where, skipping)
                     for doc_id, text, row in zip(ids, _texts(batch), batch.rows.tolist())]
     tally.count(batch, outcomes)
     if all(outcome is None for outcome in outcomes):
@@ -91,14 +109,18 @@ def _apply_one(batch: TextColumns, step: DocumentStep, tally: StepTally, where: 
     return TextColumns.from_rows([rows[index] for index in kept], [ids[index] for index in kept], texts)
 
 
-def _decide(step: DocumentStep, document: StepDocument, row: int, where: str) -> Outcome:
+def _decide(step: DocumentStep, document: StepDocument, row: int, where: str, skipping: Skipping | None) -> Outcome:
     """One document's outcome; InputError naming the step and the document when the step raises
-    or answers with anything but None, a Drop or a str."""
+    or answers with anything but None, a Drop or a str (skipping: the document is dropped and
+    listed instead)."""
     named = f"{where}: step {step.name!r} on document {document.id or f'at row/line {row + 1}'!r}"
     try:
         outcome = step.apply(document)
     except Exception as exc:  # a step's own code: named with the document, never a traceback
-        raise InputError(f"{named}: {type(exc).__name__}: {exc}") from exc
+        if skipping is None:
+            raise InputError(f"{named}: {type(exc).__name__}: {exc}") from exc
+        skipping.skip(f"{named}: {type(exc).__name__}: {exc}")
+        return Drop(f"raised {type(exc).__name__}")
     if outcome is not None and not isinstance(outcome, Drop | str):
         raise InputError(f"{named}: answered {type(outcome).__name__}; a step returns None (keep), Drop(reason) "
                          "or the new text")

@@ -24,7 +24,7 @@ from prep.hashing import Digest
 from prep.inputs.sources import check_unchanged
 from prep.memory import release_free_memory, resident_bytes, trim_heap
 from prep.stages.batches import read_batches
-from prep.stages.docsteps import apply_steps, tallies
+from prep.stages.docsteps import Skipping, apply_steps, tallies
 from prep.stages.read import BadRecord, ReadTask
 from prep.stages.specs import TokenizeSettings, entries_path
 from prep.stages.textcolumns import TextColumns
@@ -265,12 +265,13 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     watch = _BatchWatch(settings, trimmed=_TASKS["count"] >= UNTRIMMED_TASKS)
     _TASKS["count"] += 1
     steps = tallies(settings.steps)
+    skipping = Skipping(counts, bad, MAX_BAD_RECORDS_LISTED) if settings.on_error == "skip" else None
     try:
         with IntermediateWriter(out_path, dtype, durable, settings.order_seed) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
                 unique_ids.add(batch)  # a document a step drops was read: its id counts
                 if steps:
-                    batch = apply_steps(batch, settings.steps, steps, task.source.rel)
+                    batch = apply_steps(batch, settings.steps, steps, task.source.rel, skipping)
                 if len(batch):
                     _write_batch(batch, task, settings, writer, special_needles, counts)
                 watch.after_batch()

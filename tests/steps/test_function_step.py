@@ -5,6 +5,7 @@ they import), and every way it can fail is one line naming the step."""
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import subprocess
 import sys
@@ -184,3 +185,20 @@ def test_answers_become_outcomes(answer: object, outcome: object) -> None:
 def test_answers_of_no_meaning_are_refused(answer: object) -> None:
     with pytest.raises(TypeError, match="a step function returns True, False"):
         outcome_of(answer, "same")
+
+
+def test_with_on_error_skip_a_raising_function_drops_and_lists_the_document(tmp_path: Path, tokenizer_path: Path,
+                                                                           package: str) -> None:
+    """`on_error = "skip"`: the documents the function raised on are dropped (reason `raised
+    KeyError`), counted as bad records and listed in the build log; the build publishes."""
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", [{"id": key, "text": text} for key, text in TEXTS.items()])
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], extra_input='on_error = "skip"\n',
+                              extra=f'\n[[steps]]\nuse = "{package}.rules:broken"\n')
+    result = _build(pipeline, tmp_path / "store")
+    stats = result.snapshot.manifest["stats"]
+    (counts,) = stats["steps"]
+    assert (counts["dropped"], counts["reasons"], stats["bad_records_skipped"]) == (2, {"raised KeyError": 2}, 2)
+    log = json.loads(LocalStore(tmp_path / "store").get_bytes(result.log_key))
+    assert [entry["reason"] for entry in log["skipped"]["listed"]] == [
+        f"step '{package}.rules:broken' on document '{doc}': KeyError: 'no spam here'" for doc in ("b", "e")]
+    assert stats["documents_read"] == 3
