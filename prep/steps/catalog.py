@@ -96,8 +96,16 @@ def parse_step(table: Mapping[str, object], base_dir: Path | None = None) -> Doc
 
 
 def _typed(key: str, value: object, hint: object) -> object:
-    """`value` when it is of the type `hint` allows (bool is no int here); else SettingError."""
+    """`value` when it is of the type `hint` allows (bool is no int here; an int is a float; a TOML
+    list is a `tuple[X, ...]` of checked items); else SettingError."""
+    if typing.get_origin(hint) is tuple:
+        item = typing.get_args(hint)[0]
+        if not isinstance(value, list):
+            raise SettingError(key, f"expected a list of {getattr(item, '__name__', item)}, got {value!r}")
+        return tuple(_typed(f"{key}[{index}]", element, item) for index, element in enumerate(value))
     allowed = tuple(t for t in typing.get_args(hint) if t is not type(None)) or (hint,)
+    if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
     if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
         names = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
         raise SettingError(key, f"expected {names}, got {type(value).__name__} {value!r}")

@@ -72,7 +72,8 @@ class DocumentStep(ABC):
 
     def settings(self) -> dict[str, object]:
         """The step's settings by name, as the resolved config and its task keys record them."""
-        return {field.name: getattr(self, field.name) for field in fields(self)}
+        values = {field.name: getattr(self, field.name) for field in fields(self)}
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in values.items()}
 
     def code_identity(self) -> str:
         """What identifies the step's code in task keys: the SHA-256 of its class's module source."""

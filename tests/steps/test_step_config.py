@@ -12,6 +12,7 @@ from prep.errors import ConfigError
 from prep.stages.specs import TokenizeSettings
 from prep.steps import catalog, length
 from prep.steps.length import LengthFilter
+from prep.steps.protocol import SettingError
 from tests.helpers import run_prep, write_jsonl, write_pipeline
 
 MINIMAL = {"dataset": "tiny", "input": {"paths": ["a.jsonl"]}, "tokenizer": {"path": "t.json"}}
@@ -66,3 +67,18 @@ def test_the_tokenize_key_names_each_step_its_code_and_settings_only_when_some_a
     assert fields == {**plain.key_fields(), "steps": [{"use": "length", "code": code, "settings": {
         "min_chars": None, "max_chars": None, "min_words": 3, "max_words": None}}]}
     assert code == hashlib.sha256(Path(length.__file__).read_bytes()).hexdigest()
+
+
+def test_list_and_float_settings_are_typed_item_by_item() -> None:
+    """A `tuple[X, ...]` setting takes a TOML list, each item checked and named by its index; a
+    float setting takes an integer too."""
+    from prep.steps.catalog import _typed
+
+    assert _typed("languages", ["en", "fr"], tuple[str, ...]) == ("en", "fr")
+    assert _typed("min_score", 1, float) == 1.0 and isinstance(_typed("min_score", 1, float), float)
+    with pytest.raises(SettingError, match=r"languages\[1\]: expected str, got int 3"):
+        _typed("languages", ["en", 3], tuple[str, ...])
+    with pytest.raises(SettingError, match="languages: expected a list of str, got 'en'"):
+        _typed("languages", "en", tuple[str, ...])
+    with pytest.raises(SettingError, match="min_score: expected float, got bool True"):
+        _typed("min_score", True, float)
