@@ -21,7 +21,7 @@ from prep.steps.protocol import DocumentStep, SettingError
 
 S = TypeVar("S", bound=type[DocumentStep])
 
-BUILTIN = ("prep.steps.length",)
+BUILTIN = ("prep.steps.decontaminate", "prep.steps.length")
 """The modules of the built-in steps (each registers its own)."""
 NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 """What a step's name (`use`) looks like."""
@@ -82,7 +82,7 @@ def parse_step(table: Mapping[str, object], base_dir: Path | None = None) -> Doc
         return function_step(use, table, base_dir)
     kind = step_kind(use)
     hints = typing.get_type_hints(kind)
-    known = {field.name for field in fields(kind)}
+    known = {field.name for field in fields(kind) if field.init and not field.metadata.get("derived")}
     values: dict[str, object] = {}
     for key, value in table.items():
         if key == "use":
@@ -92,7 +92,7 @@ def parse_step(table: Mapping[str, object], base_dir: Path | None = None) -> Doc
         values[key] = _typed(key, value, hints[key])
     step = kind(**values)
     step.check()
-    return step
+    return step.resolve(base_dir)
 
 
 def _typed(key: str, value: object, hint: object) -> object:

@@ -79,6 +79,11 @@ class DocumentStep(ABC):
         """What identifies the step's code in task keys: the SHA-256 of its class's module source."""
         return _module_sha256(type(self).__module__)
 
+    def resolve(self, base_dir: Path | None) -> DocumentStep:
+        """The step with what its settings name read where the pipeline is (`base_dir`: its
+        folder), as fields marked `metadata={"derived": True}` (no pipeline sets those); this one."""
+        return self
+
     def check(self) -> None:  # noqa: B027 -- a step whose settings need no check keeps this one
         """Raise SettingError naming a setting that is out of range or inconsistent with another."""
 
