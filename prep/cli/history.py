@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 import click
 
 from prep.cli.common import echo_json, json_option, open_store_option, store_option
-from prep.cli.render import trace_lines
-from prep.errors import UsageError
+from prep.cli.render import dropped_lines, trace_lines
+from prep.errors import NotFoundError, UsageError
 from prep.history.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
 from prep.history.selectors import resolve_spec
 from prep.progress import human_bytes, note
@@ -234,15 +234,18 @@ def trace(snap: str, doc_id: str, store_url: str | None, as_json: bool) -> None:
     """Which artifacts, at which positions, hold document DOC_ID (an id, SOURCE:ID, or SOURCE:LINE,
     the 1-based line or record of SOURCE, with or without an id field)."""
     from prep.history.lineage import trace as trace_document
+    from prep.history.stepdrops import find_dropped
 
     store = open_store_option(store_url)
     snapshot = resolve_spec(store, snap)
-    found = trace_document(store, snapshot, doc_id)
+    try:
+        found = [(entry.to_json(), trace_lines(entry)) for entry in trace_document(store, snapshot, doc_id)]
+    except NotFoundError:  # not in the snapshot: perhaps a document step dropped it
+        found = [(entry.to_json(), dropped_lines(entry)) for entry in find_dropped(store, snapshot, doc_id)]
+        if not found:
+            raise
     if as_json:
         click.echo(json.dumps({"schema": TRACE_SCHEMA, "snapshot": snapshot.id, "spec": doc_id,
-                               "documents": [entry.to_json() for entry in found]}, ensure_ascii=False))
+                               "documents": [report for report, _ in found]}, ensure_ascii=False))
         return
-    for index, entry in enumerate(found):
-        if index:
-            click.echo("")
-        click.echo("\n".join(trace_lines(entry)))
+    click.echo("\n\n".join("\n".join(lines) for _, lines in found))

@@ -1,4 +1,5 @@
-"""Text shared by commands that show documents: `prep trace` and `prep show --at` print traces."""
+"""Text shared by commands that show documents: `prep trace` and `prep show --at` print traces,
+`prep trace` and `prep show --dropped` documents a step dropped."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from prep.progress import plural
 
 if TYPE_CHECKING:  # lineage loads pyarrow; only the commands that trace import it, when run
     from prep.history.documents import Trace
+    from prep.history.stepdrops import DroppedDocument
 
 
 def trace_lines(found: Trace, indent: str = "") -> list[str]:
@@ -29,4 +31,14 @@ def trace_lines(found: Trace, indent: str = "") -> list[str]:
         span = f"  bytes {place.offset}..{place.offset + place.length}" if place.offset is not None \
             and place.length is not None else ""
         lines.append(f"{indent}  {place.path:<16} sequence {place.sequence}{span}")
+    return lines
+
+
+def dropped_lines(found: DroppedDocument, text: bool = False) -> list[str]:
+    """A document a step dropped: where it was read, the step and its reason (and its text, when asked)."""
+    lines = [f"document  {found.id}  ({found.source} line {found.line})",
+             f"dropped   by step {found.step + 1} ({found.use}): {found.reason}"]
+    if text:
+        lines.append(found.text if found.text is not None else
+                     "(text not kept: a part keeps the texts of the first 16 documents each step dropped)")
     return lines

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prep.cli.common import json_option, open_store_option, store_option
-from prep.cli.render import trace_lines
+from prep.cli.render import dropped_lines, trace_lines
 from prep.errors import NotFoundError, UsageError
 from prep.formats.megatron_spec import BIN
 from prep.formats.units import artifact_format, unit_formats
@@ -23,6 +23,7 @@ from prep.store.snapshots import Snapshot, is_manifest_path, read_manifest_file,
 if TYPE_CHECKING:  # the lineage modules load pyarrow; import them only when used
     from prep.history.builds import BuildRecord, Generation
 
+DROPPED_SCHEMA = "prep.dropped-report/1"  # manifests/dropped-report-1.schema.json
 SHOW_AT_SCHEMA = "prep.show-at/1"  # manifests/show-at-1.schema.json
 PREP_DIR, MANIFEST_NAME, SHARE_NAME = ".prep", "manifest.json", "share.json"  # a pulled folder (prep.transfer)
 
@@ -174,23 +175,46 @@ def _show_at(store: Store, snapshot: Snapshot, at: str, text: bool, tokens: bool
         click.echo(" ".join(map(str, content.tokens)))
 
 
+def _show_dropped(store: Store, snapshot: Snapshot, step: str, limit: int, text: bool, as_json: bool) -> None:
+    """Print the first `limit` documents step `step` dropped (their texts, where kept, with `text`)."""
+    from prep.history.stepdrops import dropped_by
+
+    found = dropped_by(store, snapshot, step, limit)
+    if as_json:
+        click.echo(json.dumps({"schema": DROPPED_SCHEMA, "snapshot": snapshot.id, "step": step,
+                               "documents": [{**entry.to_json(), **({"text": entry.text} if text else {})}
+                                             for entry in found]}, ensure_ascii=False))
+        return
+    if not found:
+        click.echo(f"step {step} of snapshot {snapshot.id[:19]} dropped no document")
+    click.echo("\n\n".join("\n".join(dropped_lines(entry, text)) for entry in found))
+
+
 @click.command()
 @click.argument("snap", metavar="SNAP|DEST")
 @store_option
-@json_option("prep.snapshot/1 (the manifest exactly as stored) or, with --at, " + SHOW_AT_SCHEMA)
+@json_option("prep.snapshot/1 (the manifest exactly as stored), with --at " + SHOW_AT_SCHEMA + ", with --dropped "
+             + DROPPED_SCHEMA)
 @click.option("--at", "at", default=None, metavar="KEY|PATH:N",
               help="Show one document: a WebDataset sample key (as in the .tar), or sequence N (0-based) of "
                    f"artifact PATH, e.g. {AT_EXAMPLES}.")
-@click.option("--text", is_flag=True, help="With --at: print the document's text (instead of where it is).")
+@click.option("--text", is_flag=True, help="With --at: print the document's text (instead of where it is); with "
+                                          "--dropped: each document's text, where kept.")
 @click.option("--tokens", is_flag=True, help="With --at: print its token ids as its .bin holds them (EOS last).")
 @click.option("--megatron-paths", is_flag=True, help="Print each shard's .bin path without .bin, for Megatron's --data-path.")
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="With --megatron-paths: the folder the snapshot is (to be) pulled into.")
+@click.option("--dropped", "dropped_step", default=None, metavar="STEP",
+              help="List documents step STEP (its number in [[steps]], from 1, or its `use`) dropped, and why.")
+@click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True,
+              help="With --dropped: list at most this many.")
 def show(snap: str, store_url: str | None, as_json: bool, at: str | None, text: bool, tokens: bool,
-         megatron_paths: bool, root: Path | None) -> None:
+         megatron_paths: bool, root: Path | None, dropped_step: str | None, limit: int) -> None:
     """Show a snapshot (DATASET@REF, sha256:<hex>, a unique hex prefix, a manifest file) or a pulled folder."""
-    if (text or tokens) and at is None:
-        raise UsageError("--text and --tokens need --at KEY|PATH:N")
+    if tokens and at is None or text and at is None and dropped_step is None:
+        raise UsageError("--text and --tokens need --at KEY|PATH:N (--text also goes with --dropped STEP)")
+    if dropped_step is not None and (at is not None or megatron_paths or tokens):
+        raise UsageError("--dropped lists a step's documents: not with --at, --tokens or --megatron-paths")
     if root is not None and not megatron_paths:
         raise UsageError("--root goes with --megatron-paths")
     if megatron_paths and (at is not None or as_json):
@@ -198,7 +222,7 @@ def show(snap: str, store_url: str | None, as_json: bool, at: str | None, text: 
     manifest_file = pulled_manifest(snap)
     dest = Path(snap) if manifest_file is not None else None
     spec = str(manifest_file) if manifest_file is not None else snap
-    store = None if is_manifest_path(spec) and at is None else open_store_option(store_url)
+    store = None if is_manifest_path(spec) and at is None and dropped_step is None else open_store_option(store_url)
     snapshot = read_manifest_file(manifest_file) if manifest_file else resolve_spec(store, spec)
     note = reencoded_note(spec, snapshot)
     if note is not None:
@@ -208,6 +232,9 @@ def show(snap: str, store_url: str | None, as_json: bool, at: str | None, text: 
     elif at is not None:
         assert store is not None
         _show_at(store, snapshot, at, text, tokens, as_json)
+    elif dropped_step is not None:
+        assert store is not None
+        _show_dropped(store, snapshot, dropped_step, limit, text, as_json)
     elif as_json:
         click.echo(snapshot.raw, nl=False)  # bytes go to stdout's binary buffer untouched
     else:

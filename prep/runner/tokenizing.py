@@ -16,7 +16,7 @@ from prep.progress import human_bytes, plural
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan, stage_counts
 from prep.runner.tasks import TaskResult, worker_store
 from prep.stages.read import ReadTask, plan_read_tasks
-from prep.stages.specs import TokenizeSettings, entries_path
+from prep.stages.specs import TokenizeSettings, dropped_path, entries_path
 from prep.store import cas
 from prep.store.layout import task_record_key
 from prep.store.records import TaskRecord
@@ -50,6 +50,8 @@ def run_tokenize_job(job: TokenizeJob) -> TaskResult:
     files = {"intermediate": (result.path, result.digest)}
     if result.entries is not None:
         files["entries"] = result.entries
+    if result.dropped is not None:
+        files["dropped"] = result.dropped
     if job.driver_stores:
         crash_point("tokenize.after_output")
         staged = {name: (str(path), digest.sha256, digest.size) for name, (path, digest) in files.items()}
@@ -67,7 +69,7 @@ def discard_staged(job: TokenizeJob) -> None:
     """Remove what a job that will never be committed left in the store's staging folder."""
     if job.driver_stores:
         staged = worker_store(job.store_url).staging_dir() / job.staged_name
-        for path in (staged, entries_path(staged)):
+        for path in (staged, entries_path(staged), dropped_path(staged)):
             path.unlink(missing_ok=True)
 
 
@@ -121,6 +123,7 @@ class TokenizedPart:
     output: str
     entries: str
     line_offset: int
+    dropped: str | None  # with [[steps]]: the part's dropped-documents object (prep.workfiles.dropped)
     documents: int
     tokens: int
     text_bytes: int
@@ -134,7 +137,8 @@ class TokenizedPart:
         data: dict[str, object] = {
             "source": self.source, "sha256": self.sha256, "format": self.format, "part": self.part,
             "start": self.start, "end": self.end, "key": self.key, "output": self.output, "entries": self.entries,
-            "line_offset": self.line_offset, "documents": self.documents, "tokens": self.tokens,
+            "line_offset": self.line_offset, **({"dropped": self.dropped} if self.dropped else {}),
+            "documents": self.documents, "tokens": self.tokens,
             "text_bytes": self.text_bytes, "bad_records": self.bad_records,
             "special_token_documents": self.special_token_documents, "lines": self.lines,
             "bad_record_examples": list(self.bad_record_examples)}
@@ -149,7 +153,7 @@ class TokenizedPart:
         steps = summary.get("steps")
         return cls(task.source.rel, task.source.sha256, task.source.format, task.part, task.start, task.end, key,
                    record.outputs["intermediate"], _part_entries(store_url, record), line_offset,
-                   int(summary["documents"]), int(summary["tokens"]), int(summary["text_bytes"]),
+                   record.outputs.get("dropped"), int(summary["documents"]), int(summary["tokens"]), int(summary["text_bytes"]),
                    int(summary["bad_records"]), int(summary["special_token_documents"]), int(summary["lines"]),
                    tuple(str(line) for line in summary["bad_record_examples"]),
                    None if steps is None else tuple(StepCounts.from_json(counts) for counts in steps))

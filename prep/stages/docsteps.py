@@ -14,6 +14,7 @@ from prep.stages.readtask import utf8
 from prep.stages.textcolumns import TextColumns
 from prep.steps.protocol import DocumentStep, Drop, Outcome, StepDocument
 from prep.workfiles.columns import to_strings
+from prep.workfiles.dropped import TEXTS_PER_STEP, DroppedWriter
 
 
 @dataclass
@@ -70,18 +71,34 @@ def tallies(steps: Sequence[DocumentStep]) -> list[StepTally]:
 
 
 def apply_steps(batch: TextColumns, steps: Sequence[DocumentStep], counts: Sequence[StepTally],
-                where: str, skipping: Skipping | None = None) -> TextColumns:
-    """The batch's documents that every step keeps, with the texts the steps changed."""
-    for step, tally in zip(steps, counts):
+                where: str, skipping: Skipping | None = None, dropped: DroppedWriter | None = None) -> TextColumns:
+    """The batch's documents that every step keeps, with the texts the steps changed; those a step
+    drops are written to `dropped`."""
+    for index, (step, tally) in enumerate(zip(steps, counts)):
         if not len(batch):
             break
-        batch = _apply_one(batch, step, tally, where, skipping)
+        before = batch
+        batch, outcomes = _apply_one(batch, step, tally, where, skipping)
+        if dropped is not None and outcomes is not None:
+            _record_dropped(dropped, index, before, outcomes)
     return batch
 
 
+def _record_dropped(dropped: DroppedWriter, step: int, batch: TextColumns, outcomes: Sequence[Outcome]) -> None:
+    """Write the documents of `batch` a step dropped (the texts of the first few)."""
+    lost = [index for index, outcome in enumerate(outcomes) if isinstance(outcome, Drop)]
+    if lost:
+        mask = np.zeros(len(batch), dtype=bool)
+        mask[lost] = True
+        dropped.add(step, batch.rows[mask].tolist(), batch.ids.filter(pa.array(mask)),
+                    [outcome.reason for outcome in outcomes if isinstance(outcome, Drop)],
+                    [batch.data(index) for index in lost[:TEXTS_PER_STEP]])
+
+
 def _apply_one(batch: TextColumns, step: DocumentStep, tally: StepTally, where: str,
-               skipping: Skipping | None) -> TextColumns:
-    """The documents one step keeps (changed where it changes them); the batch itself when it keeps all as they are."""
+               skipping: Skipping | None) -> tuple[TextColumns, Sequence[Outcome] | None]:
+    """The documents one step keeps (changed where it changes them; the batch itself when it keeps
+    all as they are), and its outcomes when it dropped or changed any."""
     changed_before = tally.changed
     try:
         outcomes = step.apply_batch(batch)
@@ -97,16 +114,16 @@ def _apply_one(batch: TextColumns, step: DocumentStep, tally: StepTally, where: 
                     for doc_id, text, row in zip(ids, _texts(batch), batch.rows.tolist())]
     tally.count(batch, outcomes)
     if all(outcome is None for outcome in outcomes):
-        return batch
+        return batch, None
     if tally.changed == changed_before:
-        return _without_dropped(batch, outcomes)
+        return _without_dropped(batch, outcomes), outcomes
     ids = ids if ids is not None else to_strings(batch.ids)
     rows = batch.rows.tolist()
     kept = [index for index, outcome in enumerate(outcomes) if not isinstance(outcome, Drop)]
     texts = [batch.data(index) if outcomes[index] is None
              else _encoded(ids[index], str(outcomes[index]), f"{where}: step {step.name!r}, row/line {rows[index] + 1}")
              for index in kept]
-    return TextColumns.from_rows([rows[index] for index in kept], [ids[index] for index in kept], texts)
+    return TextColumns.from_rows([rows[index] for index in kept], [ids[index] for index in kept], texts), outcomes
 
 
 def _decide(step: DocumentStep, document: StepDocument, row: int, where: str, skipping: Skipping | None) -> Outcome:

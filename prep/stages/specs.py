@@ -140,3 +140,8 @@ class ShardParts:
 def entries_path(intermediate: Path) -> Path:
     """Where a tokenize task writes its part's entries: beside its intermediate at `intermediate`."""
     return intermediate.with_name(intermediate.name + ".entries")
+
+
+def dropped_path(intermediate: Path) -> Path:
+    """Where a tokenize task writes its part's dropped documents (prep.workfiles.dropped): beside its intermediate."""
+    return intermediate.with_name(intermediate.name + ".dropped")

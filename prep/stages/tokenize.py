@@ -26,12 +26,13 @@ from prep.memory import release_free_memory, resident_bytes, trim_heap
 from prep.stages.batches import read_batches
 from prep.stages.docsteps import Skipping, apply_steps, tallies
 from prep.stages.read import BadRecord, ReadTask
-from prep.stages.specs import TokenizeSettings, entries_path
+from prep.stages.specs import TokenizeSettings, dropped_path, entries_path
 from prep.stages.textcolumns import TextColumns
 from prep.tokenizer import TokenizerInfo, load_tokenizer
 from prep.tokenizer.engine import TokenizerEngine
 from prep.tokenizer.spans import LazySequence, documents_containing
 from prep.workfiles.columns import to_strings
+from prep.workfiles.dropped import DroppedWriter
 from prep.workfiles.entries import PART_COLUMNS, write_part_entries
 from prep.workfiles.intermediate import IntermediateWriter, io_errors
 
@@ -49,14 +50,15 @@ cost is the page faults that refill the pages it gave back (docs/build.md, "Memo
 
 @dataclass(frozen=True)
 class TokenizeResult:
-    """A task's intermediate file and, with an order seed, its part's entries file (both local,
-    not yet stored), and its counts."""
+    """A task's intermediate file, with an order seed its part's entries file, with steps its
+    dropped-documents file (all local, not yet stored), and its counts."""
 
     path: Path
     digest: Digest
     summary: dict[str, Any]
     log: dict[str, Any] = field(default_factory=dict)
     entries: tuple[Path, Digest] | None = None
+    dropped: tuple[Path, Digest] | None = None  # with steps: the documents they dropped (prep.workfiles.dropped)
 
 
 # gigatoken keeps a cache of every distinct pre-token it has encoded, with no bound (40M distinct
@@ -266,12 +268,13 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     _TASKS["count"] += 1
     steps = tallies(settings.steps)
     skipping = Skipping(counts, bad, MAX_BAD_RECORDS_LISTED) if settings.on_error == "skip" else None
+    dropped = DroppedWriter(dropped_path(out_path), durable) if steps else None
     try:
         with IntermediateWriter(out_path, dtype, durable, settings.order_seed) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
                 unique_ids.add(batch)  # a document a step drops was read: its id counts
                 if steps:
-                    batch = apply_steps(batch, settings.steps, steps, task.source.rel, skipping)
+                    batch = apply_steps(batch, settings.steps, steps, task.source.rel, skipping, dropped)
                 if len(batch):
                     _write_batch(batch, task, settings, writer, special_needles, counts)
                 watch.after_batch()
@@ -281,8 +284,12 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
         if settings.order_seed is not None:
             staged = entries_path(out_path)
             entries = (staged, _write_entries(staged, writer, settings.order_seed))
+        dropped_file = (dropped.path, dropped.close()) if dropped is not None else None
     except BaseException:  # a bad record, a full disk, an interrupt: leave nothing staged
-        for path in (out_path, entries_path(out_path)):
+        if dropped is not None:
+            with suppress(Exception):
+                dropped.abort()
+        for path in (out_path, entries_path(out_path), dropped_path(out_path)):
             with suppress(OSError):
                 path.unlink(missing_ok=True)
         raise
@@ -293,7 +300,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings)[0].report(),
            "engine_reloads": _RELOADS["count"] - reloads_before}
     assert writer.digest is not None
-    return TokenizeResult(out_path, writer.digest, summary, log, entries)
+    return TokenizeResult(out_path, writer.digest, summary, log, entries, dropped_file)
 
 
 def _write_batch(batch: TextColumns, task: ReadTask, settings: TokenizeSettings, writer: IntermediateWriter,

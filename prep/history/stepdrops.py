@@ -1,0 +1,82 @@
+"""Documents the document steps dropped: finding one by its name (`prep trace`) and listing what
+one step dropped (`prep show --dropped`), from each part's dropped-documents file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prep.errors import UsageError
+from prep.history.documents import stage_manifest, verified_object
+from prep.storage.backend import Store
+from prep.store.layout import is_decimal
+from prep.store.snapshots import Snapshot
+from prep.workfiles.docnames import document_id, record_line
+from prep.workfiles.dropped import read_dropped
+
+
+@dataclass(frozen=True)
+class DroppedDocument:
+    """One document a step dropped: its name, where it was read, which step dropped it and why,
+    and its text when the part kept it (the first few each step dropped)."""
+
+    id: str
+    source: str
+    line: int
+    step: int
+    use: str
+    reason: str
+    text: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The document as reports print it (manifests/trace-report-1.schema.json, `$defs/dropped`)."""
+        return {"id": self.id, "source": self.source, "line": self.line,
+                "dropped_by": {"step": self.step, "use": self.use, "reason": self.reason}}
+
+
+def dropped_documents(store: Store, snapshot: Snapshot) -> Iterator[DroppedDocument]:
+    """Every document a step dropped, in input order (none when the snapshot has no steps)."""
+    uses = [str(step.get("use", "?")) for step in snapshot.manifest.get("config", {}).get("steps", [])]
+    for task in stage_manifest(store, snapshot, "tokenize")["tasks"]:
+        if "dropped" not in task:
+            continue
+        path = verified_object(store, task["dropped"], f"the dropped documents of {task['source']}")
+        for batch in read_dropped(path):
+            for row in batch.to_pylist():
+                line = record_line(task["format"], int(task["line_offset"]), int(row["row"]))
+                step = int(row["step"])
+                yield DroppedDocument(document_id(row["id"], task["source"], line), task["source"], line, step,
+                                      uses[step] if step < len(uses) else "?", row["reason"], row["text"])
+
+
+def find_dropped(store: Store, snapshot: Snapshot, spec: str) -> list[DroppedDocument]:
+    """The dropped documents `spec` names: an id, SOURCE:ID or SOURCE:LINE."""
+    def named(document: DroppedDocument) -> bool:
+        if document.id == spec:
+            return True
+        source, _, rest = spec.rpartition(":")
+        return source == document.source and (rest == document.id or is_decimal(rest) and int(rest) == document.line)
+    return [document for document in dropped_documents(store, snapshot) if named(document)]
+
+
+def dropped_by(store: Store, snapshot: Snapshot, step: str, limit: int) -> list[DroppedDocument]:
+    """The first `limit` documents step `step` (its 1-based number or its `use`) dropped."""
+    uses = [str(entry.get("use", "?")) for entry in snapshot.manifest.get("config", {}).get("steps", [])]
+    if not uses:
+        raise UsageError(f"snapshot {snapshot.id[:19]} was built with no [[steps]]: no step dropped anything")
+    if is_decimal(step) and 1 <= int(step) <= len(uses):
+        index = int(step) - 1
+    elif uses.count(step) == 1:
+        index = uses.index(step)
+    else:
+        listed = ", ".join(f"{number} ({use})" for number, use in enumerate(uses, start=1))
+        reason = "names several steps" if uses.count(step) > 1 else "names no step"
+        raise UsageError(f"--dropped {step!r} {reason} of snapshot {snapshot.id[:19]}: use one of {listed}")
+    found = []
+    for document in dropped_documents(store, snapshot):
+        if document.step == index:
+            found.append(document)
+            if len(found) == limit:
+                break
+    return found
