@@ -51,7 +51,9 @@ class FunctionStep(DocumentStep):
         return self.function
 
     def settings(self) -> dict[str, object]:
-        return {"args": dict(self.args)} if self.args else {}
+        """Its arguments, and its code identity: the resolved config records both, so `prep diff`
+        shows an edit to the function's code as a change of the step."""
+        return {**({"args": dict(self.args)} if self.args else {}), "code": self.code}
 
     def code_identity(self) -> str:
         return self.code

@@ -90,7 +90,9 @@ def test_a_function_beside_the_pipeline_filters_and_maps(tmp_path: Path, tokeniz
     (counts,) = result.snapshot.manifest["stats"]["steps"]
     assert (counts["use"], counts["dropped"], counts["changed"], counts["reasons"]) == \
         (f"{package}.rules:keep", 2, 1, {"has spam": 2})
-    assert result.snapshot.manifest["config"]["steps"] == [{"use": f"{package}.rules:keep", "args": {"word": "spam"}}]
+    (recorded,) = result.snapshot.manifest["config"]["steps"]
+    assert recorded == {"use": f"{package}.rules:keep", "args": {"word": "spam"}, "code": recorded["code"]}
+    assert re.fullmatch(r"[0-9a-f]{64}", recorded["code"])
 
 
 def test_spawned_workers_import_it_from_the_pipeline_folder(tmp_path: Path, tokenizer_path: Path,
@@ -113,6 +115,10 @@ def test_an_edit_to_a_module_it_imports_recomputes_it_and_nothing_else_does(tmp_
     edited = _build(pipeline, tmp_path / "store")
     assert edited.stages["tokenize"].ran == 1 and edited.snapshot.id != first.snapshot.id
     assert edited.snapshot.manifest["artifacts"] == first.snapshot.manifest["artifacts"]
+    diff = subprocess.run([sys.executable, "-m", "prep.cli.main", "diff", first.snapshot.id, edited.snapshot.id,
+                           "--store", str(tmp_path / "store")], capture_output=True, text=True, check=False,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert "settings   1 changed" in diff.stdout and '"code": "' in diff.stdout  # the step's code moved
 
 
 def test_the_code_identity_follows_the_package_and_the_distributions_it_imports(tmp_path: Path,
