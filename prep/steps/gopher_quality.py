@@ -87,11 +87,6 @@ class GopherQuality(DocumentStep):
             if low > high:
                 raise SettingError(f"min_{unit}", f"must be <= max_{unit} ({high}), got {low}")
 
-    def settings(self) -> dict[str, object]:
-        """The settings as the resolved config and the task key record them: a fraction as its
-        shortest decimal string (`repr`: "0.1"), since canonical JSON holds no floats."""
-        return {key: repr(value) if isinstance(value, float) else value for key, value in super().settings().items()}
-
     def apply(self, document: StepDocument) -> Outcome:
         """Drop with the first rule the document breaks ("gopher: too few words" and so on); else keep."""
         text = document.text

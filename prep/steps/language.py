@@ -96,11 +96,6 @@ class LanguageFilter(DocumentStep):
         if not (math.isfinite(self.min_score) and 0 <= self.min_score <= 1):
             raise SettingError("min_score", f"must be within [0, 1], got {self.min_score}")
 
-    def settings(self) -> dict[str, object]:
-        """The settings as the resolved config and the task key record them: `min_score` as its
-        shortest decimal string (`repr`: "0.65"), since canonical JSON holds no floats."""
-        return {"languages": list(self.languages), "min_score": repr(self.min_score)}
-
     def code_identity(self) -> str:
         """The module's source hash and the installed versions of the detector's distributions."""
         versions = ",".join(f"{name}={_version(name)}" for name in DISTRIBUTIONS)

@@ -71,9 +71,12 @@ class DocumentStep(ABC):
         return self.use
 
     def settings(self) -> dict[str, object]:
-        """The step's settings by name, as the resolved config and its task keys record them."""
+        """The step's settings by name, as the resolved config and its task keys record them: a
+        tuple as a list, a float as its shortest decimal string (`repr`: "0.65"; canonical JSON
+        holds no floats)."""
         values = {field.name: getattr(self, field.name) for field in fields(self)}
-        return {name: list(value) if isinstance(value, tuple) else value for name, value in values.items()}
+        return {name: list(value) if isinstance(value, tuple) else repr(value) if isinstance(value, float) else value
+                for name, value in values.items()}
 
     def code_identity(self) -> str:
         """What identifies the step's code in task keys: the SHA-256 of its class's module source."""
