@@ -92,11 +92,6 @@ class GopherRepetition(DocumentStep):
             if not 0 <= value <= 1:
                 raise SettingError(field.name, f"must be within [0, 1], got {value}")
 
-    def settings(self) -> dict[str, object]:
-        """The settings as the resolved config and the task key record them: each fraction as its
-        shortest decimal string (`repr`: "0.3"), since canonical JSON holds no floats."""
-        return {key: repr(value) if isinstance(value, float) else value for key, value in super().settings().items()}
-
     def apply(self, document: StepDocument) -> Outcome:
         """Drop with the first rule broken ("gopher: duplicate lines" and so on); else keep."""
         text = document.text
