@@ -38,6 +38,8 @@ def dropped_lines(found: DroppedDocument, text: bool = False) -> list[str]:
     """A document a step dropped: where it was read, the step and its reason (and its text, when asked)."""
     lines = [f"document  {found.id}  ({found.source} line {found.line})",
              f"dropped   by step {found.step + 1} ({found.use}): {found.reason}"]
+    if found.detail:
+        lines.append(f"          {found.detail}")
     if text:
         lines.append(found.text if found.text is not None else
                      "(text not kept: a part keeps the texts of the first 16 documents each step dropped)")

@@ -27,12 +27,14 @@ class DroppedDocument:
     step: int
     use: str
     reason: str
+    detail: str | None
     text: str | None
 
     def to_json(self) -> dict[str, Any]:
         """The document as reports print it (manifests/trace-report-1.schema.json, `$defs/dropped`)."""
         return {"id": self.id, "source": self.source, "line": self.line,
-                "dropped_by": {"step": self.step, "use": self.use, "reason": self.reason}}
+                "dropped_by": {"step": self.step, "use": self.use, "reason": self.reason,
+                               **({"detail": self.detail} if self.detail else {})}}
 
 
 def dropped_documents(store: Store, snapshot: Snapshot) -> Iterator[DroppedDocument]:
@@ -47,7 +49,8 @@ def dropped_documents(store: Store, snapshot: Snapshot) -> Iterator[DroppedDocum
                 line = record_line(task["format"], int(task["line_offset"]), int(row["row"]))
                 step = int(row["step"])
                 yield DroppedDocument(document_id(row["id"], task["source"], line), task["source"], line, step,
-                                      uses[step] if step < len(uses) else "?", row["reason"], row["text"])
+                                      uses[step] if step < len(uses) else "?", row["reason"], row.get("detail"),
+                                      row["text"])
 
 
 def find_dropped(store: Store, snapshot: Snapshot, spec: str) -> list[DroppedDocument]:

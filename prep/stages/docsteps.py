@@ -90,8 +90,9 @@ def _record_dropped(dropped: DroppedWriter, step: int, batch: TextColumns, outco
     if lost:
         mask = np.zeros(len(batch), dtype=bool)
         mask[lost] = True
+        drops = [outcome for outcome in outcomes if isinstance(outcome, Drop)]
         dropped.add(step, batch.rows[mask].tolist(), batch.ids.filter(pa.array(mask)),
-                    [outcome.reason for outcome in outcomes if isinstance(outcome, Drop)],
+                    [drop.reason for drop in drops], [drop.detail for drop in drops],
                     [batch.data(index) for index in lost[:TEXTS_PER_STEP]])
 
 

@@ -7,7 +7,9 @@ being a maximal run of Unicode letters, digits and underscores (`\\w+`), so whit
 breaks and punctuation never hide a match. Every run of `ngram` consecutive words of an item is
 hashed (each word by xxh3-64, the n-gram as a polynomial over its words' hashes modulo 2**64);
 a document is dropped when one of its n-grams hashes to an item's, with the reason
-`contaminated: <file>` naming the first benchmark file (in path order) holding that n-gram. An
+`contaminated: <file>` naming the first benchmark file (in path order) holding that n-gram, and
+the detail (kept with the dropped document, shown by `prep trace`) naming that file's first line
+holding it and the shared words. An
 item shorter than `ngram` words contributes nothing (a match that short says little). Hashing can
 only add false hits of probability about (document n-grams x benchmark n-grams) / 2**64.
 
@@ -83,7 +85,7 @@ class Decontaminate(DocumentStep):
     def apply(self, document: StepDocument) -> Outcome:
         import numpy as np
 
-        hashes, file_of = _table(self)
+        hashes, file_of, line_of = _table(self)
         grams = ngram_hashes(document.text, self.ngram)
         if not len(grams) or not len(hashes):
             return None
@@ -91,7 +93,10 @@ class Decontaminate(DocumentStep):
         hit = np.flatnonzero(hashes[at] == grams)
         if not len(hit):
             return None
-        return Drop(f"contaminated: {self.files[int(file_of[at[hit]].min())].name}")
+        first = int(hit[np.argmin(file_of[at[hit]] * (1 << 32) + hit)])  # the first file's, first in the text
+        name = self.files[int(file_of[at[first]])].name
+        shared = " ".join(WORD.findall(document.text.lower())[first:first + self.ngram])
+        return Drop(f"contaminated: {name}", f'{name} line {int(line_of[at[first]])}: "{shared}"')
 
 
 def _found(patterns: tuple[str, ...], base_dir: Path) -> Iterator[tuple[str, Path]]:
@@ -156,17 +161,18 @@ def ngram_hashes(text: str, n: int) -> npt.NDArray[np.uint64]:
     return grams
 
 
-_TABLES: dict[tuple[str, ...], tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]] = {}
+Table = tuple["npt.NDArray[np.uint64]", "npt.NDArray[np.int64]", "npt.NDArray[np.int64]"]
+_TABLES: dict[tuple[str, ...], Table] = {}
 
 
-def _table(step: Decontaminate) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
-    """Every benchmark n-gram hash, sorted and unique, with the first file (index) holding it;
-    built once per process from the files, each checked against its recorded SHA-256."""
+def _table(step: Decontaminate) -> Table:
+    """Every benchmark n-gram hash, sorted and unique, with the first file (index) and line holding
+    it; built once per process from the files, each checked against its recorded SHA-256."""
     import numpy as np
 
     key = (str(step.ngram), *step.fields, *(file.sha256 for file in step.files))
     if key not in _TABLES:
-        hashes, owners = [], []
+        hashes, owners, lines = [], [], []
         for index, file in enumerate(step.files):
             data = read_regular(file.path, MAX_FILE_BYTES)
             if hashlib.sha256(data).hexdigest() != file.sha256:
@@ -176,10 +182,12 @@ def _table(step: Decontaminate) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.
                     grams = ngram_hashes(text, step.ngram)
                     hashes.append(grams)
                     owners.append(np.full(len(grams), index, dtype=np.int64))
+                    lines.append(np.full(len(grams), number, dtype=np.int64))
         every = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
         owner = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64)
-        order = np.lexsort((owner, every))  # by hash, then file: the first of a hash is its first file
-        every, owner = every[order], owner[order]
+        numbers = np.concatenate(lines) if lines else np.zeros(0, dtype=np.int64)
+        order = np.lexsort((numbers, owner, every))  # by hash, file, line: a hash's first is its first item
+        every, owner, numbers = every[order], owner[order], numbers[order]
         first = np.concatenate([[True], every[1:] != every[:-1]]) if len(every) else np.zeros(0, dtype=bool)
-        _TABLES[key] = (every[first], owner[first])
+        _TABLES[key] = (every[first], owner[first], numbers[first])
     return _TABLES[key]

@@ -33,9 +33,12 @@ class StepDocument:
 @dataclass(frozen=True)
 class Drop:
     """A step's outcome that drops the document; `reason`, a short fixed phrase (each distinct one
-    is a key of the snapshot's stats: no per-document details), is counted there."""
+    is a key of the snapshot's stats: no per-document details), is counted there; `detail`, what
+    about this document made the step drop it (the benchmark item it shares an n-gram with, say),
+    is only kept with the dropped document, for `prep trace` and `prep show --dropped`."""
 
     reason: str
+    detail: str = ""
 
 
 Outcome = Drop | str | None

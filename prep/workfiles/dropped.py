@@ -4,7 +4,8 @@ why, with the texts of the first few each step dropped (what `prep trace` and `p
 
 An Arrow IPC file, one record batch per tokenize batch that lost documents, columns `row` (the
 document's row in its part: its line is the part's line offset + row + 1), `id` (null without an
-id field), `step` (the step's index in `[[steps]]`), `reason`, and `text`: the document's text for
+id field), `step` (the step's index in `[[steps]]`), `reason`, `detail` (what about the document
+made the step drop it, when the step says; else null) and `text`: the document's text for
 the first TEXTS_PER_STEP documents each step dropped in the part, null for the rest, so the file
 grows by some tens of bytes a dropped document however long the texts (a sample is what a user
 judges a threshold by; the inputs hold the rest). Written batch by batch as the task goes, so
@@ -24,7 +25,7 @@ from prep.workfiles.intermediate import io_errors
 
 TEXTS_PER_STEP = 16
 SCHEMA = pa.schema([("row", pa.int64()), ("id", pa.string()), ("step", pa.int32()), ("reason", pa.string()),
-                    ("text", pa.large_string())])
+                    ("detail", pa.string()), ("text", pa.large_string())])
 
 
 class DroppedWriter:
@@ -37,14 +38,16 @@ class DroppedWriter:
             self._sink = open(path, "wb")  # noqa: SIM115 -- closed by close() or abort()
             self._writer = pa.ipc.new_file(self._sink, SCHEMA)
 
-    def add(self, step: int, rows: Sequence[int], ids: pa.Array, reasons: Sequence[str],
+    def add(self, step: int, rows: Sequence[int], ids: pa.Array, reasons: Sequence[str], details: Sequence[str],
             texts: Sequence[bytes]) -> None:
-        """Documents one step dropped from a batch, in batch order (their texts: the first few kept)."""
+        """Documents one step dropped from a batch, in batch order (their texts: the first few kept;
+        a detail of "" is stored as null)."""
         room = max(0, TEXTS_PER_STEP - self._texts.get(step, 0))
         kept = [text.decode("utf-8", "surrogatepass") for text in texts[:room]]
         self._texts[step] = self._texts.get(step, 0) + len(kept)
         batch = pa.record_batch([pa.array(rows, pa.int64()), ids.cast(pa.string()),
                                  pa.array([step] * len(rows), pa.int32()), pa.array(reasons, pa.string()),
+                                 pa.array([detail or None for detail in details], pa.string()),
                                  pa.array(kept + [None] * (len(rows) - len(kept)), pa.large_string())], schema=SCHEMA)
         with io_errors("writing", self.path):
             self._writer.write_batch(batch)

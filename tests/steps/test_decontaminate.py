@@ -47,7 +47,8 @@ def test_a_planted_ngram_mid_document_is_found_under_any_case_spacing_and_punctu
     assert len(re.findall(r"\w+", planted)) == 13
     step = _step(tmp_path)
     document = StepDocument("d", f"{FILLER} {planted} {FILLER}")
-    assert step.apply(document) == Drop("contaminated: bench/mmlu.jsonl")
+    assert step.apply(document) == Drop("contaminated: bench/mmlu.jsonl",
+                                        f'bench/mmlu.jsonl line 1: "{" ".join(words[:13])}"')
     twelve = " ".join(words[:12])
     assert step.apply(StepDocument("e", f"{FILLER} {twelve} {FILLER} {' '.join(words[1:13])[:-1]}")) is None
 
@@ -137,3 +138,19 @@ def test_a_changed_benchmark_file_recomputes_and_one_changed_under_a_build_is_re
     bench.write_text(json.dumps({"question": QUESTION}) + "\n")  # after the pipeline was read
     with pytest.raises(InputError, match="benchmark file bench/mmlu.jsonl .* changed since the pipeline was read"):
         build(loaded, LocalStore(tmp_path / "store3"), InProcessExecutor(), (), Progress(quiet=True))
+
+
+def test_trace_of_a_contaminated_document_names_the_benchmark_line_and_the_shared_words(
+        tmp_path: Path, tokenizer_path: Path) -> None:
+    from tests.helpers import run_prep
+
+    _bench(tmp_path, "quiz.jsonl", [{"question": "nothing shared here at all"}, {"question": QUESTION}])
+    _corpus(tmp_path)
+    step = '\n[[steps]]\nuse = "decontaminate"\npaths = ["bench/*.jsonl"]\nngram = 8\n'
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], extra=step)
+    run_prep("build", pipeline, "--store", tmp_path / "store", "--workers", "1")
+    trace = run_prep("trace", "tiny@latest", "dirty", "--store", tmp_path / "store").stdout.splitlines()
+    assert trace[1:] == ["dropped   by step 1 (decontaminate): contaminated: bench/quiz.jsonl",
+                         '          bench/quiz.jsonl line 2: "which river flows through the ancient city of"']
+    report = json.loads(run_prep("trace", "tiny@latest", "dirty", "--json", "--store", tmp_path / "store").stdout)
+    assert report["documents"][0]["dropped_by"]["detail"].startswith("bench/quiz.jsonl line 2: ")
