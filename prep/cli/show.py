@@ -39,11 +39,12 @@ def document_counts(stats: dict[str, Any]) -> str:
 
 
 def step_lines(stats: dict[str, Any]) -> list[str]:
-    """One line per document step: documents in, kept, dropped (by reason) and changed."""
+    """One line per document step, numbered from 1 as `prep show --dropped` and `prep trace` number
+    them: documents in, kept, dropped (by reason) and changed."""
     lines = []
-    for index, step in enumerate(stats.get("steps", ())):
+    for index, step in enumerate(stats.get("steps", ()), start=1):
         reasons = ", ".join(f"{reason} {count}" for reason, count in step["reasons"].items())
-        lines.append(f"step       [{index}] {step['use']}: {step['documents']} in ({human_bytes(step['text_bytes'])}), "
+        lines.append(f"step       {index} {step['use']}: {step['documents']} in ({human_bytes(step['text_bytes'])}), "
                      f"{step['kept']} kept, {step['dropped']} dropped" + (f" ({reasons})" if reasons else "")
                      + f", {step['changed']} changed")
     return lines

@@ -267,7 +267,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     watch = _BatchWatch(settings, trimmed=_TASKS["count"] >= UNTRIMMED_TASKS)
     _TASKS["count"] += 1
     steps = tallies(settings.steps)
-    skipping = Skipping(counts, bad, MAX_BAD_RECORDS_LISTED) if settings.on_error == "skip" else None
+    skipping = Skipping(bad, MAX_BAD_RECORDS_LISTED) if settings.on_error == "skip" else None
     dropped = DroppedWriter(dropped_path(out_path), durable) if steps else None
     try:
         with IntermediateWriter(out_path, dtype, durable, settings.order_seed) as writer:

@@ -196,15 +196,19 @@ def test_answers_of_no_meaning_are_refused(answer: object) -> None:
 def test_with_on_error_skip_a_raising_function_drops_and_lists_the_document(tmp_path: Path, tokenizer_path: Path,
                                                                            package: str) -> None:
     """`on_error = "skip"`: the documents the function raised on are dropped (reason `raised
-    KeyError`), counted as bad records and listed in the build log; the build publishes."""
+    KeyError`, counted once: by the step, not again as bad records) and listed in the build log
+    with the bad records; the build publishes, and prep show counts each document once."""
     write_jsonl(tmp_path / "corpus" / "a.jsonl", [{"id": key, "text": text} for key, text in TEXTS.items()])
     pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], extra_input='on_error = "skip"\n',
                               extra=f'\n[[steps]]\nuse = "{package}.rules:broken"\n')
     result = _build(pipeline, tmp_path / "store")
     stats = result.snapshot.manifest["stats"]
     (counts,) = stats["steps"]
-    assert (counts["dropped"], counts["reasons"], stats["bad_records_skipped"]) == (2, {"raised KeyError": 2}, 2)
+    assert (counts["dropped"], counts["reasons"], stats["bad_records_skipped"]) == (2, {"raised KeyError": 2}, 0)
     log = json.loads(LocalStore(tmp_path / "store").get_bytes(result.log_key))
     assert [entry["reason"] for entry in log["skipped"]["listed"]] == [
         f"step '{package}.rules:broken' on document '{doc}': KeyError: 'no spam here'" for doc in ("b", "e")]
     assert stats["documents_read"] == 3
+    shown = subprocess.run([sys.executable, "-m", "prep.cli.main", "show", result.snapshot.id, "--store",
+                            str(tmp_path / "store")], capture_output=True, text=True, check=True).stdout
+    assert "documents  5 read, 0 bad records skipped, 2 dropped by steps, 0 duplicates dropped, 3 written" in shown

@@ -67,7 +67,7 @@ def test_a_build_drops_exactly_the_documents_out_of_bounds(tmp_path: Path, token
     assert manifest["config"]["steps"][0]["min_words"] == 10
     shown = run_prep("show", "tiny@latest", "--store", tmp_path / "store1").stdout
     assert f"{len(dropped)} dropped by steps" in shown
-    assert (f"step       [0] length: {len(texts)} in" in shown
+    assert (f"step       1 length: {len(texts)} in" in shown
             and f"{len(dropped)} dropped (too few words {len(too_few)}, too many chars {len(too_long)})" in shown)
 
 
