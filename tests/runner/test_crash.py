@@ -164,3 +164,42 @@ def test_a_build_killed_while_spilling_ids_reruns_to_the_same_snapshot_and_gc_ta
         os.utime(path, (moment, moment))
     collect_garbage(LocalStore(store), grace_seconds=3600)
     assert not spills[0].exists()
+
+
+STEPS = ('\n[[steps]]\nuse = "length"\nmin_words = 10\n\n[[steps]]\nuse = "gopher_repetition"\n'
+         '\n[[steps]]\nuse = "length"\nmax_chars = 300\n')
+
+
+@pytest.fixture(scope="module")
+def with_steps(project: tuple[Path, str], tokenizer_path: Path) -> tuple[Path, str]:
+    """The crash corpus with document steps: each tokenize task also stores its dropped documents."""
+    pipeline = write_pipeline(project[0].parent, tokenizer_path, shard_size="3KB", extra=STEPS, name="steps.toml")
+    clean = run_prep("build", pipeline, "--store", project[0].parent / "clean-steps", "--workers", "2")
+    return pipeline, clean.stdout.split()[-1]
+
+
+@pytest.mark.parametrize("point", ["tokenize.after_output:2", "tokenize.before_commit:3", "store.before_link:4"])
+def test_a_build_with_steps_killed_in_tokenize_reruns_to_the_same_snapshot(with_steps: tuple[Path, str],
+                                                                           tmp_path: Path, point: str) -> None:
+    """The dropped-documents object is one more output of a tokenize task: a kill while the task
+    stores it, or before its record, leaves nothing visible, and what the kill left staged is a
+    temporary gc takes like the intermediate staged beside it."""
+    pipeline, expected = with_steps
+    store = tmp_path / "store"
+    assert _kill_and_rerun(pipeline, store, point, "1" if "before_commit" in point else "2") == expected
+    run_prep("gc", "--grace", "0s", "--store", store)
+    assert not any(path.name.endswith(".dropped") for path in (store / "tmp").rglob("*"))
+
+
+def test_reordering_steps_changes_the_snapshot(with_steps: tuple[Path, str], tokenizer_path: Path,
+                                               tmp_path: Path) -> None:
+    """The steps' order enters the tokenize key: the same steps in another order are another build,
+    even when they happen to keep the same documents."""
+    pipeline, expected = with_steps
+    swapped = STEPS.split("\n\n[[steps]]")
+    reordered = write_pipeline(pipeline.parent, tokenizer_path, shard_size="3KB", name="reordered.toml",
+                               extra="\n\n[[steps]]".join([swapped[0].replace("min_words = 10", "max_chars = 300"),
+                                                           *swapped[1:-1], swapped[-1].replace("max_chars = 300",
+                                                                                               "min_words = 10")]))
+    other = run_prep("build", reordered, "--store", tmp_path / "store", "--workers", "2").stdout.split()[-1]
+    assert other != expected
