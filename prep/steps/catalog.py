@@ -22,7 +22,7 @@ from prep.steps.protocol import DocumentStep, SettingError
 S = TypeVar("S", bound=type[DocumentStep])
 
 BUILTIN = ("prep.steps.c4", "prep.steps.decontaminate", "prep.steps.gopher_quality", "prep.steps.gopher_repetition",
-           "prep.steps.language", "prep.steps.length")
+           "prep.steps.language", "prep.steps.length", "prep.steps.pii")
 """The modules of the built-in steps (each registers its own)."""
 NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 """What a step's name (`use`) looks like."""

@@ -24,7 +24,7 @@ def _parse(steps: object) -> Pipeline:
 
 @pytest.mark.parametrize(("steps", "message"), [
     ([{"use": "lenght"}], "p.toml: steps[0].use: unknown step 'lenght' "
-     "(use c4, decontaminate, gopher_quality, gopher_repetition, language, length)"),
+     "(use c4, decontaminate, gopher_quality, gopher_repetition, language, length, pii)"),
     ([{"min_words": 3}], "p.toml: steps[0].use: expected str naming a step, got None"),
     ([{"use": "length"}, {"use": "length", "min_word": 3}], "p.toml: steps[1].min_word: unknown key"),
     ([{"use": "length", "min_words": "20"}], "p.toml: steps[0].min_words: expected int, got str '20'"),
