@@ -6,6 +6,7 @@ import json
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -72,23 +73,43 @@ def _change_line(change: DocumentChange) -> str:
     assert version is not None
     where = f"line {change.old.line} -> {change.new.line}" if change.old and change.new else f"line {version.line}"
     copies = f", {change.copies} copies" if change.copies > 1 else ""
-    return f"  {CHANGE_MARKS[change.change]} {change.source}  {version.id}  ({where}{copies})"
+    why = f"  {change.why}" if change.why else ""
+    return f"  {CHANGE_MARKS[change.change]} {change.source}  {version.id}  ({where}{copies}){why}"
 
 
-def document_lines(documents: DocumentDiff) -> Iterator[str]:
+def explained(changes: Iterator[DocumentChange], store: Store, old: Snapshot, new: Snapshot) -> Iterator[DocumentChange]:
+    """The changes, a removed document told why when a step of the new snapshot dropped it, an
+    added one when a step of the old snapshot had (`dropped by step N (use): reason`, and for an
+    added one `was dropped by ...`)."""
+    from prep.history.stepdrops import DropLookup
+
+    lookups = DropLookup(store, old), DropLookup(store, new)
+    for change in changes:
+        if change.change == "removed" and change.old is not None:
+            why = lookups[1].why(change.source, change.old.id)
+        elif change.change == "added" and change.new is not None:
+            found = lookups[0].why(change.source, change.new.id)
+            why = f"was {found}" if found else None
+        else:
+            why = None
+        yield replace(change, why=why) if why else change
+
+
+def document_lines(documents: DocumentDiff, changes: Iterator[DocumentChange]) -> Iterator[str]:
     summary = documents.summary
     yield (f"documents  {summary.added} added, {summary.removed} removed, {summary.changed} changed, "
            f"{summary.unchanged} unchanged (keyed by {summary.keyed_by}; files: {summary.files_compared} compared, "
            f"{summary.files_skipped} skipped as unchanged)")
     total = summary.added + summary.removed + summary.changed
-    for shown, change in enumerate(documents.changes()):
+    for shown, change in enumerate(changes):
         if shown == CHANGES_SHOWN:
             yield f"  ... {total - shown} more (use --json for all)"
             return
         yield _change_line(change)
 
 
-def write_report(report: dict[str, Any], documents: DocumentDiff | None, out: TextIO) -> None:
+def write_report(report: dict[str, Any], documents: DocumentDiff | None, changes: Iterator[DocumentChange],
+                 out: TextIO) -> None:
     """Write a prep.diff-report/1, streaming document changes from their spill file."""
     if documents is None:
         out.write(json.dumps(report, ensure_ascii=False) + "\n")
@@ -97,7 +118,7 @@ def write_report(report: dict[str, Any], documents: DocumentDiff | None, out: Te
     assert text.endswith("[]}}")
     out.write(text[:-4] + "[")
     out.writelines(("," if index else "") + json.dumps(change.to_json(), ensure_ascii=False)
-                   for index, change in enumerate(documents.changes()))
+                   for index, change in enumerate(changes))
     out.write("]}}\n")
 
 
@@ -125,13 +146,14 @@ def diff(old_spec: str, new_spec: str, store_url: str | None, as_json: bool,
 
             assert store is not None
             document_diff = diff_documents(store, old, new, Path(work), labels=(old_spec, new_spec))
+        changes = explained(document_diff.changes(), store, old, new) if document_diff and store else iter(())
         if as_json:
             report = {"schema": REPORT_SCHEMA, "old": _side(old_spec, old), "new": _side(new_spec, new),
                       **snapshot_diff.to_json()}
-            write_report(report, document_diff, sys.stdout)
+            write_report(report, document_diff, changes, sys.stdout)
         else:
             click.echo("\n".join(diff_lines(snapshot_diff, old_spec, new_spec)))
-            for line in document_lines(document_diff) if document_diff else []:
+            for line in document_lines(document_diff, changes) if document_diff else []:
                 click.echo(line)
             if snapshot_diff.identical:
                 click.echo("identical")

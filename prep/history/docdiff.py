@@ -64,18 +64,21 @@ class DocumentChange:
     old: DocumentVersion | None
     new: DocumentVersion | None
     copies: int = 1
+    why: str | None = None  # for a removed (added) document, the step of the new (old) snapshot that dropped it
 
     def to_json(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"change": self.change, "source": self.source, "copies": self.copies}
         for name, version in (("old", self.old), ("new", self.new)):
             if version is not None:
                 entry[name] = version.to_json()
+        if self.why is not None:
+            entry["why"] = self.why
         return entry
 
     @classmethod
     def from_json(cls, entry: dict[str, Any]) -> DocumentChange:
         versions = {name: DocumentVersion(**entry[name]) if name in entry else None for name in ("old", "new")}
-        return cls(entry["change"], entry["source"], versions["old"], versions["new"], entry["copies"])
+        return cls(entry["change"], entry["source"], versions["old"], versions["new"], entry["copies"], entry.get("why"))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Documents the document steps dropped: finding one by its name (`prep trace`) and listing what
-one step dropped (`prep show --dropped`), from each part's dropped-documents file."""
+"""Documents the document steps dropped: finding one by its name (`prep trace`), listing what
+one step dropped (`prep show --dropped`) and saying why a document is missing from a snapshot
+(`prep diff --documents`), from each part's dropped-documents file."""
 
 from __future__ import annotations
 
@@ -37,11 +38,14 @@ class DroppedDocument:
                                **({"detail": self.detail} if self.detail else {})}}
 
 
-def dropped_documents(store: Store, snapshot: Snapshot) -> Iterator[DroppedDocument]:
-    """Every document a step dropped, in input order (none when the snapshot has no steps)."""
+def dropped_documents(store: Store, snapshot: Snapshot, source: str | None = None) -> Iterator[DroppedDocument]:
+    """Every document a step dropped (of input file `source` only, when given), in input order
+    (none when the snapshot has no steps)."""
     uses = [str(step.get("use", "?")) for step in snapshot.manifest.get("config", {}).get("steps", [])]
+    if not uses:
+        return
     for task in stage_manifest(store, snapshot, "tokenize")["tasks"]:
-        if "dropped" not in task:
+        if "dropped" not in task or source is not None and task["source"] != source:
             continue
         path = verified_object(store, task["dropped"], f"the dropped documents of {task['source']}")
         for batch in read_dropped(path):
@@ -83,3 +87,21 @@ def dropped_by(store: Store, snapshot: Snapshot, step: str, limit: int) -> list[
             if len(found) == limit:
                 break
     return found
+
+
+class DropLookup:
+    """Why a snapshot lacks a document of one of its input files: the step that dropped it, if
+    one did. Changes come file by file, so one file's dropped documents are held at a time."""
+
+    def __init__(self, store: Store, snapshot: Snapshot) -> None:
+        self.store, self.snapshot = store, snapshot
+        self._source: str | None = None
+        self._why: dict[str, str] = {}
+
+    def why(self, source: str, doc_id: str) -> str | None:
+        """`dropped by step N (use): reason` for document `doc_id` of `source`, else None."""
+        if source != self._source:
+            self._source = source
+            self._why = {document.id: f"dropped by step {document.step + 1} ({document.use}): {document.reason}"
+                         for document in dropped_documents(self.store, self.snapshot, source)}
+        return self._why.get(doc_id)

@@ -91,3 +91,24 @@ def test_a_flipped_dropped_documents_object_is_refused(built: tuple[Path, str]) 
 
 def _latest(store: Path) -> str:
     return str(json.loads((store / "refs" / "tiny" / "latest.json").read_text())["snapshot"])
+
+
+def test_diff_documents_says_which_step_dropped_a_removed_document(tmp_path: Path, tokenizer_path: Path) -> None:
+    """A stricter step removes documents: `prep diff --documents` names the step and its reason for
+    each, and for the documents a looser step lets back in, which step had dropped them."""
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", [{"id": "two", "text": "two words"},
+                                                  {"id": "four", "text": "four words are here"},
+                                                  {"id": "six", "text": "six words are here and there"}])
+    specs = []
+    for bound in (3, 5, 1):
+        pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], name=f"p{bound}.toml",
+                                  extra=f'\n[[steps]]\nuse = "length"\nmin_words = {bound}\n')
+        specs.append(run_prep("build", pipeline, "--store", tmp_path / "store", "--workers", "1").stdout.split()[-1])
+    code, out, _ = _run(tmp_path / "store", "diff", specs[0], specs[1], "--documents")
+    assert code == 1 and "  - a.jsonl  four  (line 2)  dropped by step 1 (length): too few words" in out
+    code, out, _ = _run(tmp_path / "store", "diff", specs[1], specs[2], "--documents", "--json")
+    report = json.loads(out)
+    validate(report, "prep.diff-report/1")
+    added = {change["new"]["id"]: change.get("why") for change in report["documents"]["changes"]}
+    assert added == {"two": "was dropped by step 1 (length): too few words",
+                     "four": "was dropped by step 1 (length): too few words"}
