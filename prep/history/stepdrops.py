@@ -38,10 +38,15 @@ class DroppedDocument:
                                **({"detail": self.detail} if self.detail else {})}}
 
 
+def step_uses(snapshot: Snapshot) -> list[str]:
+    """The `use` of each of the snapshot's `[[steps]]`, in order (none: [])."""
+    return [str(entry.get("use", "?")) for entry in snapshot.manifest.get("config", {}).get("steps", [])]
+
+
 def dropped_documents(store: Store, snapshot: Snapshot, source: str | None = None) -> Iterator[DroppedDocument]:
     """Every document a step dropped (of input file `source` only, when given), in input order
     (none when the snapshot has no steps)."""
-    uses = [str(step.get("use", "?")) for step in snapshot.manifest.get("config", {}).get("steps", [])]
+    uses = step_uses(snapshot)
     if not uses:
         return
     for task in stage_manifest(store, snapshot, "tokenize")["tasks"]:
@@ -69,7 +74,7 @@ def find_dropped(store: Store, snapshot: Snapshot, spec: str) -> list[DroppedDoc
 
 def dropped_by(store: Store, snapshot: Snapshot, step: str, limit: int) -> list[DroppedDocument]:
     """The first `limit` documents step `step` (its 1-based number or its `use`) dropped."""
-    uses = [str(entry.get("use", "?")) for entry in snapshot.manifest.get("config", {}).get("steps", [])]
+    uses = step_uses(snapshot)
     if not uses:
         raise UsageError(f"snapshot {snapshot.id[:19]} was built with no [[steps]]: no step dropped anything")
     if is_decimal(step) and 1 <= int(step) <= len(uses):

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from prep.steps.catalog import register
-from prep.steps.protocol import DocumentStep, Drop, Outcome, SettingError, StepDocument
+from prep.steps.protocol import DocumentStep, Drop, Outcome, StepDocument
 
 END_MARKS = (".", "?", "!", '"')
 """The terminal punctuation a kept line ends with (C4's list)."""
@@ -75,9 +75,7 @@ class C4(DocumentStep):
 
     def check(self) -> None:
         """The counts are >= 0."""
-        for key in ("max_word_length", "min_words_per_line", "min_sentences"):
-            if getattr(self, key) < 0:
-                raise SettingError(key, f"must be >= 0, got {getattr(self, key)}")
+        self.require_at_least(("max_word_length", "min_words_per_line", "min_sentences"), 0)
 
     def apply(self, document: StepDocument) -> Outcome:
         """The text of the kept lines (None when that is the text as it was), or a Drop."""

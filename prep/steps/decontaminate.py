@@ -69,8 +69,7 @@ class Decontaminate(DocumentStep):
             raise SettingError("paths", "name at least one benchmark file (JSON Lines)")
         if not self.fields:
             raise SettingError("fields", "name at least one field of the benchmark items")
-        if self.ngram < 1:
-            raise SettingError("ngram", f"must be >= 1, got {self.ngram}")
+        self.require_at_least(("ngram",), 1)
 
     def settings(self) -> dict[str, object]:
         return {"paths": list(self.paths), "fields": list(self.fields), "ngram": self.ngram,

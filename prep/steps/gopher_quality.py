@@ -74,18 +74,12 @@ class GopherQuality(DocumentStep):
 
     def check(self) -> None:
         """Counts and lengths are >= 0, each minimum at most its maximum, fractions within [0, 1]."""
-        for key in ("min_words", "max_words", "min_mean_word_length", "max_mean_word_length", "max_symbol_word_ratio"):
-            if getattr(self, key) < 0:
-                raise SettingError(key, f"must be >= 0, got {getattr(self, key)}")
-        for key in ("max_bullet_lines_ratio", "max_ellipsis_lines_ratio", "min_alpha_words_ratio"):
-            if not 0 <= getattr(self, key) <= 1:
-                raise SettingError(key, f"must be within [0, 1], got {getattr(self, key)}")
+        self.require_at_least(("min_words", "max_words", "min_mean_word_length", "max_mean_word_length",
+                               "max_symbol_word_ratio"), 0)
+        self.require_fractions(("max_bullet_lines_ratio", "max_ellipsis_lines_ratio", "min_alpha_words_ratio"))
         if not 0 <= self.min_stop_words <= len(STOP_WORDS):
             raise SettingError("min_stop_words", f"must be within [0, {len(STOP_WORDS)}], got {self.min_stop_words}")
-        for unit in ("words", "mean_word_length"):
-            low, high = getattr(self, f"min_{unit}"), getattr(self, f"max_{unit}")
-            if low > high:
-                raise SettingError(f"min_{unit}", f"must be <= max_{unit} ({high}), got {low}")
+        self.require_ordered(("words", "mean_word_length"))
 
     def apply(self, document: StepDocument) -> Outcome:
         """Drop with the first rule the document breaks ("gopher: too few words" and so on); else keep."""

@@ -52,7 +52,7 @@ from operator import ne
 from typing import ClassVar
 
 from prep.steps.catalog import register
-from prep.steps.protocol import DocumentStep, Drop, Outcome, SettingError, StepDocument
+from prep.steps.protocol import DocumentStep, Drop, Outcome, StepDocument
 
 TOP_NGRAMS = (2, 3, 4)
 DUP_NGRAMS = (5, 6, 7, 8, 9, 10)
@@ -87,10 +87,7 @@ class GopherRepetition(DocumentStep):
 
     def check(self) -> None:
         """Every threshold is a fraction within [0, 1]."""
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if not 0 <= value <= 1:
-                raise SettingError(field.name, f"must be within [0, 1], got {value}")
+        self.require_fractions(field.name for field in fields(self))
 
     def apply(self, document: StepDocument) -> Outcome:
         """Drop with the first rule broken ("gopher: duplicate lines" and so on); else keep."""

@@ -42,7 +42,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-import math
 import re
 from dataclasses import dataclass
 from importlib import metadata
@@ -93,8 +92,7 @@ class LanguageFilter(DocumentStep):
             if code not in DETECTED:
                 raise SettingError(f"languages[{index}]", f"the detector never names {code!r} (ISO 639-1 codes it names: "
                                                           f"{', '.join(sorted(DETECTED))})")
-        if not (math.isfinite(self.min_score) and 0 <= self.min_score <= 1):
-            raise SettingError("min_score", f"must be within [0, 1], got {self.min_score}")
+        self.require_fractions(("min_score",))
 
     def code_identity(self) -> str:
         """The module's source hash and the installed versions of the detector's distributions."""

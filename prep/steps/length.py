@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, ClassVar
 
 from prep.steps.catalog import register
-from prep.steps.protocol import BatchTexts, DocumentStep, Drop, Outcome, SettingError, StepDocument
+from prep.steps.protocol import BatchTexts, DocumentStep, Drop, Outcome, StepDocument
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,14 +38,8 @@ class LengthFilter(DocumentStep):
 
     def check(self) -> None:
         """Every bound is >= 0, and no minimum is above its maximum."""
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if value is not None and value < 0:
-                raise SettingError(field.name, f"must be >= 0, got {value}")
-        for unit in ("chars", "words"):
-            low, high = getattr(self, f"min_{unit}"), getattr(self, f"max_{unit}")
-            if low is not None and high is not None and low > high:
-                raise SettingError(f"min_{unit}", f"must be <= max_{unit} ({high}), got {low}")
+        self.require_at_least((field.name for field in fields(self)), 0)
+        self.require_ordered(("chars", "words"))
 
     def apply_batch(self, batch: BatchTexts) -> Sequence[Outcome] | None:
         """The outcomes from the buffer with numpy: code points are bytes less UTF-8 continuation

@@ -12,7 +12,7 @@ import functools
 import hashlib
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -89,6 +89,27 @@ class DocumentStep(ABC):
         """The step with what its settings name read where the pipeline is (`base_dir`: its
         folder), as fields marked `metadata={"derived": True}` (no pipeline sets those); this one."""
         return self
+
+    def require_at_least(self, keys: Iterable[str], low: int) -> None:
+        """SettingError naming the first setting of `keys` that is set and below `low`."""
+        for key in keys:
+            value = getattr(self, key)
+            if value is not None and value < low:
+                raise SettingError(key, f"must be >= {low}, got {value}")
+
+    def require_fractions(self, keys: Iterable[str]) -> None:
+        """SettingError naming the first setting of `keys` outside [0, 1] (NaN included)."""
+        for key in keys:
+            value = getattr(self, key)
+            if not 0 <= value <= 1:
+                raise SettingError(key, f"must be within [0, 1], got {value}")
+
+    def require_ordered(self, units: Iterable[str]) -> None:
+        """SettingError on `min_<unit>` when it and `max_<unit>` are both set and the minimum is larger."""
+        for unit in units:
+            low, high = getattr(self, f"min_{unit}"), getattr(self, f"max_{unit}")
+            if low is not None and high is not None and low > high:
+                raise SettingError(f"min_{unit}", f"must be <= max_{unit} ({high}), got {low}")
 
     def check(self) -> None:  # noqa: B027 -- a step whose settings need no check keeps this one
         """Raise SettingError naming a setting that is out of range or inconsistent with another."""
