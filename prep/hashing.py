@@ -12,6 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
 
+from prep.regular import open_regular
 from prep.writeback import start_writeback
 
 CHUNK = 1 << 20
@@ -42,18 +43,27 @@ def digest_bytes(data: bytes) -> Digest:
 
 
 def digest_file(path: Path) -> Digest:
-    """Hash a file in large reads (hashlib releases the GIL on big buffers)."""
+    """Hash regular file `path` (OSError, never a block, for a FIFO, a device or a folder)."""
+    fd = open_regular(path)
+    try:
+        return digest_descriptor(fd)
+    finally:
+        os.close(fd)
+
+
+def digest_descriptor(fd: int) -> Digest:
+    """Hash the whole file open on `fd` from its start, in large positional reads (its offset
+    unmoved; hashlib releases the GIL on big buffers): what was opened and checked is what is hashed."""
     hasher = hashlib.sha256()
     size = 0
-    with open(path, "rb", buffering=0) as handle:
-        buffer = bytearray(CHUNK * 4)
-        view = memoryview(buffer)
-        while True:
-            count = handle.readinto(buffer)
-            if not count:
-                break
-            hasher.update(view[:count])
-            size += count
+    buffer = bytearray(CHUNK * 4)
+    view = memoryview(buffer)
+    while True:
+        count = os.preadv(fd, [buffer], size)
+        if not count:
+            break
+        hasher.update(view[:count])
+        size += count
     return Digest(hasher.hexdigest(), size)
 
 

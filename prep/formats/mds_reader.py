@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from prep.errors import IntegrityError, NotFoundError
 from prep.formats.mds import SAMPLE_HEAD, TOKEN_ENCODINGS, UINT32, Sample, ShardEntry, config_bytes, header_size, index_bytes
-from prep.hashing import Digest, digest_file
+from prep.hashing import Digest, digest_descriptor
 from prep.regular import open_regular
 
 _CONFIG_SIZES = frozenset(len(config_bytes(dtype)) for dtype in TOKEN_ENCODINGS)
@@ -102,7 +102,7 @@ def _open(path: Path, digest: Digest | None) -> int:
     except FileNotFoundError:
         raise NotFoundError(f"{path}: no such file") from None
     try:
-        if digest is not None and digest_file(path) != digest:
+        if digest is not None and digest_descriptor(fd) != digest:
             raise IntegrityError(f"{path}: its size or SHA-256 is not those of {digest.id} ({digest.size} bytes)")
     except BaseException:
         os.close(fd)
