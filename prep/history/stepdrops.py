@@ -1,9 +1,11 @@
 """Documents the document steps dropped: finding one by its name (`prep trace`), listing what
 one step dropped (`prep show --dropped`) and saying why a document is missing from a snapshot
-(`prep diff --documents`), from each part's dropped-documents file."""
+(`prep diff --documents`), from each part's step outcomes files."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +16,7 @@ from prep.storage.backend import Store
 from prep.store.layout import is_decimal
 from prep.store.snapshots import Snapshot
 from prep.workfiles.docnames import document_id, record_line
-from prep.workfiles.dropped import read_dropped
+from prep.workfiles.outcomes import read_outcomes
 
 
 @dataclass(frozen=True)
@@ -43,23 +45,32 @@ def step_uses(snapshot: Snapshot) -> list[str]:
     return [str(entry.get("use", "?")) for entry in snapshot.manifest.get("config", {}).get("steps", [])]
 
 
-def dropped_documents(store: Store, snapshot: Snapshot, source: str | None = None) -> Iterator[DroppedDocument]:
-    """Every document a step dropped (of input file `source` only, when given), in input order
-    (none when the snapshot has no steps)."""
+def dropped_documents(store: Store, snapshot: Snapshot, source: str | None = None,
+                      step: int | None = None) -> Iterator[DroppedDocument]:
+    """Every document a step dropped (of input file `source` only, and by step number `step`
+    (0-based) only, when given), in input order (none when the snapshot has no steps; snapshots
+    built before step outcomes were recorded per step list none either)."""
     uses = step_uses(snapshot)
-    if not uses:
-        return
-    for task in stage_manifest(store, snapshot, "tokenize")["tasks"]:
-        if "dropped" not in task or source is not None and task["source"] != source:
+    for task in stage_manifest(store, snapshot, "tokenize")["tasks"] if uses else ():
+        if source is not None and task["source"] != source:
             continue
-        path = verified_object(store, task["dropped"], f"the dropped documents of {task['source']}")
-        for batch in read_dropped(path):
-            for row in batch.to_pylist():
-                line = record_line(task["format"], int(task["line_offset"]), int(row["row"]))
-                step = int(row["step"])
-                yield DroppedDocument(document_id(row["id"], task["source"], line), task["source"], line, step,
-                                      uses[step] if step < len(uses) else "?", row["reason"], row.get("detail"),
-                                      row["text"])
+        outcomes = list(enumerate(task.get("step_outcomes", ())))
+        steps = [_step_drops(store, task, index, object_id, uses) for index, object_id in outcomes
+                 if step is None or index == step]
+        yield from heapq.merge(*steps, key=lambda document: document.line)
+
+
+def _step_drops(store: Store, task: dict[str, Any], step: int, object_id: str,
+                uses: list[str]) -> Iterator[DroppedDocument]:
+    """The documents one step dropped from one part, in input order."""
+    path = verified_object(store, object_id, f"the outcomes of step {step + 1} over {task['source']}")
+    for batch in read_outcomes(path):
+        for row in batch.to_pylist():
+            if row["reason"] is None:  # changed, not dropped
+                continue
+            line = record_line(task["format"], int(task["line_offset"]), int(row["row"]))
+            yield DroppedDocument(document_id(row["id"], task["source"], line), task["source"], line, step,
+                                  uses[step] if step < len(uses) else "?", row["reason"], row["detail"], row["text"])
 
 
 def find_dropped(store: Store, snapshot: Snapshot, spec: str) -> list[DroppedDocument]:
@@ -85,13 +96,7 @@ def dropped_by(store: Store, snapshot: Snapshot, step: str, limit: int) -> list[
         listed = ", ".join(f"{number} ({use})" for number, use in enumerate(uses, start=1))
         reason = "names several steps" if uses.count(step) > 1 else "names no step"
         raise UsageError(f"--dropped {step!r} {reason} of snapshot {snapshot.id[:19]}: use one of {listed}")
-    found = []
-    for document in dropped_documents(store, snapshot):
-        if document.step == index:
-            found.append(document)
-            if len(found) == limit:
-                break
-    return found
+    return list(itertools.islice(dropped_documents(store, snapshot, step=index), limit))
 
 
 class DropLookup:

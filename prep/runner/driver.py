@@ -202,6 +202,10 @@ class Runner:
         result = publish_staged(self.store, result)
         self.guard.produced(result.outputs.values())
         self.guard.read_back_when_written(result.read_back)
+        for alias_stage, alias_key, names in result.aliases:
+            if records.read_task_record(self.store, alias_stage, alias_key) is None:  # create-only: first one stays
+                records.write_task_record(self.store, alias_stage, alias_key,
+                                          {alias: result.outputs[name] for alias, name in names}, {})
         crash_point(f"{stage}.before_commit")
         record = records.write_task_record(self.store, stage, key, result.outputs, result.summary)
         if result.log:

@@ -112,6 +112,9 @@ class TaskResult:
     read_back: tuple[tuple[str, cas.FileStamp], ...] = ()
     """Stored outputs the task read back from the store's own file on disk as it wrote them
     (prep.stages.sink), with that file's stamp once stored."""
+    aliases: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = ()
+    """Other task records its outputs answer: (stage, key, (name there, name of its output) pairs), committed with it
+    (a tokenize task's step outcomes, found again by a build that changes a later step)."""
 
 
 def publish_staged(store: Store, result: TaskResult) -> TaskResult:
@@ -124,7 +127,7 @@ def publish_staged(store: Store, result: TaskResult) -> TaskResult:
     finally:
         for path, _, _ in result.staged.values():
             Path(path).unlink(missing_ok=True)
-    return TaskResult(outputs, result.summary, result.log, read_back=result.read_back)
+    return TaskResult(outputs, result.summary, result.log, read_back=result.read_back, aliases=result.aliases)
 
 
 @dataclass(frozen=True)

@@ -7,19 +7,24 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prep.errors import IntegrityError
+from prep.errors import IntegrityError, NotFoundError, StorageIOError
 from prep.faults import crash_point
 from prep.inputs.sources import SourceFile
 from prep.progress import human_bytes, plural
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan, stage_counts
 from prep.runner.tasks import TaskResult, worker_store
 from prep.stages.read import ReadTask, plan_read_tasks
-from prep.stages.specs import TokenizeSettings, dropped_path, entries_path
+from prep.stages.specs import TokenizeSettings, staged_paths
+from prep.steps import catalog
+from prep.storage.backend import Store
 from prep.store import cas
 from prep.store.layout import task_record_key
 from prep.store.records import TaskRecord
+
+if TYPE_CHECKING:
+    from prep.workfiles.outcomes import OutcomesReplay
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,8 @@ class TokenizeJob:
     settings: TokenizeSettings
     driver_stores: bool = False
     staged_name: str = field(default_factory=lambda: f"tokenize-{uuid.uuid4().hex}.part")
+    outcome_keys: tuple[str, ...] = ()  # each step's outcomes key over this part (Tokenizing.outcome_keys)
+    replay: tuple[str, ...] = ()  # the outcomes objects of the first steps, committed by an earlier build
 
     def input_bytes(self) -> int:
         """Input bytes the task covers, for rates (a Parquet file counts once, at part 0, since
@@ -46,30 +53,54 @@ def run_tokenize_job(job: TokenizeJob) -> TaskResult:
     from prep.stages.tokenize import run_tokenize
 
     store = worker_store(job.store_url)
-    result = run_tokenize(job.task, job.settings, store.staging_dir() / job.staged_name, durable=not job.driver_stores)
+    replays = _replays(store, job)
+    result = run_tokenize(job.task, job.settings, store.staging_dir() / job.staged_name,
+                         durable=not job.driver_stores, replays=replays)
     files = {"intermediate": (result.path, result.digest)}
     if result.entries is not None:
         files["entries"] = result.entries
-    if result.dropped is not None:
-        files["dropped"] = result.dropped
+    ran = range(len(replays), len(job.settings.steps))
+    files.update({_step_output(index): outcome for index, outcome in zip(ran, result.outcomes)})
+    replayed = {_step_output(index): job.replay[index] for index in range(len(replays))}
+    aliases = tuple(("steps", job.outcome_keys[index], (("outcomes", _step_output(index)),)) for index in ran)
     if job.driver_stores:
         crash_point("tokenize.after_output")
         staged = {name: (str(path), digest.sha256, digest.size) for name, (path, digest) in files.items()}
-        return TaskResult({}, result.summary, result.log, staged)
+        return TaskResult(replayed, result.summary, result.log, staged, aliases=aliases)
     try:
         outputs = {name: cas.put_file(store, path, digest).id for name, (path, digest) in files.items()}
     finally:
         for path, _ in files.values():
             path.unlink(missing_ok=True)
     crash_point("tokenize.after_output")
-    return TaskResult(outputs, result.summary, result.log)
+    return TaskResult({**outputs, **replayed}, result.summary, result.log, aliases=aliases)
+
+
+def _step_output(step: int) -> str:
+    """The name a tokenize task record gives the outcomes object of its part's step `step`."""
+    return f"step.{step}"
+
+
+def _replays(store: Store, job: TokenizeJob) -> list[OutcomesReplay]:
+    """The committed outcomes of the job's first steps, read and checked; a missing or corrupt one
+    ends the list there (its step and those after it run again: they are a cache, never needed)."""
+    from prep.workfiles.outcomes import OutcomesReplay
+
+    replays = []
+    for index, object_id in enumerate(job.replay):
+        try:
+            replays.append(OutcomesReplay(cas.get_bytes(store, object_id),
+                                          f"{job.store_url}: outcomes {object_id} of step {index + 1}"))
+        except (IntegrityError, NotFoundError, StorageIOError):
+            break
+    return replays
 
 
 def discard_staged(job: TokenizeJob) -> None:
     """Remove what a job that will never be committed left in the store's staging folder."""
     if job.driver_stores:
         staged = worker_store(job.store_url).staging_dir() / job.staged_name
-        for path in (staged, entries_path(staged), dropped_path(staged)):
+        for path in staged_paths(staged, len(job.settings.steps)):
             path.unlink(missing_ok=True)
 
 
@@ -123,7 +154,7 @@ class TokenizedPart:
     output: str
     entries: str
     line_offset: int
-    dropped: str | None  # with [[steps]]: the part's dropped-documents object (prep.workfiles.dropped)
+    outcomes: tuple[str, ...]  # with [[steps]]: each step's outcomes object over the part (prep.workfiles.outcomes)
     documents: int
     tokens: int
     text_bytes: int
@@ -137,7 +168,7 @@ class TokenizedPart:
         data: dict[str, object] = {
             "source": self.source, "sha256": self.sha256, "format": self.format, "part": self.part,
             "start": self.start, "end": self.end, "key": self.key, "output": self.output, "entries": self.entries,
-            "line_offset": self.line_offset, **({"dropped": self.dropped} if self.dropped else {}),
+            "line_offset": self.line_offset, **({"step_outcomes": list(self.outcomes)} if self.outcomes else {}),
             "documents": self.documents, "tokens": self.tokens,
             "text_bytes": self.text_bytes, "bad_records": self.bad_records,
             "special_token_documents": self.special_token_documents, "lines": self.lines,
@@ -153,10 +184,21 @@ class TokenizedPart:
         steps = summary.get("steps")
         return cls(task.source.rel, task.source.sha256, task.source.format, task.part, task.start, task.end, key,
                    record.outputs["intermediate"], _part_entries(store_url, record), line_offset,
-                   record.outputs.get("dropped"), int(summary["documents"]), int(summary["tokens"]), int(summary["text_bytes"]),
+                   _part_outcomes(record, 0 if steps is None else len(steps)), int(summary["documents"]),
+                   int(summary["tokens"]), int(summary["text_bytes"]),
                    int(summary["bad_records"]), int(summary["special_token_documents"]), int(summary["lines"]),
                    tuple(str(line) for line in summary["bad_record_examples"]),
                    None if steps is None else tuple(StepCounts.from_json(counts) for counts in steps))
+
+
+def _part_outcomes(record: TaskRecord, steps: int) -> tuple[str, ...]:
+    """The outcomes object of each of the part's steps, in step order; IntegrityError for a record
+    that lacks one (no rerun replaces a committed record)."""
+    names = [_step_output(index) for index in range(steps)]
+    if any(name not in record.outputs for name in names):
+        raise IntegrityError(f"task record tokenize/{record.key} names no outcomes of some of its {steps} steps; "
+                             "remove it and rebuild")
+    return tuple(record.outputs[name] for name in names)
 
 
 def _part_entries(store_url: str, record: TaskRecord) -> str:
@@ -200,16 +242,30 @@ class Tokenizing:
                 for task in plan_read_tasks(source, self.text_field, self.id_field, self.max_document_bytes)]
 
     def plan(self, previous: None, context: StageContext) -> StagePlan:
+        reads = self.read_tasks()
+        keys = [context.task_key("tokenize", self.settings.key_fields(), *read.key_parts()) for read in reads]
+        found = context.committed("tokenize", keys)
+        outcome_keys = {key: self.outcome_keys(read, context) for key, read in zip(keys, reads)}
+        replay = _committed_outcomes(context, {key: outcome_keys[key] for key in keys if found.get(key) is None})
         tasks = []
-        for read in self.read_tasks():
-            job = TokenizeJob(context.store_url, read, self.settings, context.driver_stores)
-            key = context.task_key("tokenize", self.settings.key_fields(), *read.key_parts())
+        for key, read in zip(keys, reads):
+            job = TokenizeJob(context.store_url, read, self.settings, context.driver_stores,
+                              outcome_keys=outcome_keys[key], replay=replay.get(key, ()))
             tasks.append(Task(key, job, f"tokenize output of {read.source.rel} part {read.part}",
                               job.input_bytes(), job.input_bytes()))
         total = sum(source.size for source in self.sources)
-        return StagePlan(TaskPlan("tokenize", tuple(tasks), run_tokenize_job, discard=discard_staged),
+        return StagePlan(TaskPlan("tokenize", tuple(tasks), run_tokenize_job, found=found, discard=discard_staged),
                          self.settings.key_fields(), [task.key for task in tasks],
                          f"{plural(len(tasks), 'task')} over {plural(len(self.sources), 'file')}, {human_bytes(total)}")
+
+    def outcome_keys(self, read: ReadTask, context: StageContext) -> tuple[str, ...]:
+        """The key of each step's outcomes over a part: what the step and every step before it
+        are (kind, code, settings), how the part is read and what a raising step does. A step's
+        outcomes depend on nothing else, so a build that changes a step (or adds one after the
+        others) replays those before it from an earlier build's outcomes instead of running them."""
+        steps = catalog.key_fields(self.settings.steps)
+        return tuple(context.task_key("steps", {"steps": steps[:count], "on_error": self.settings.on_error},
+                                      *read.key_parts()) for count in range(1, len(steps) + 1))
 
     def result(self, previous: None, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Tokenized:
         parts = []
@@ -226,6 +282,27 @@ class Tokenizing:
         reloads = sum(_count(log.get("engine_reloads", 0)) for log in logs)
         return stage_counts(run) + (f", tokenizer reloaded {plural(reloads, 'time')} ([build] tokenizer_cache)"
                                     if reloads else "")
+
+
+def _committed_outcomes(context: StageContext, keys: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """For each task to run (by key), the outcomes objects an earlier build committed for its first
+    steps, as far as they go unbroken: one lookup a task for its first step, one more for each
+    step found (a first build pays one lookup a task)."""
+    replay: dict[str, tuple[str, ...]] = {key: () for key in keys}
+    pending = [key for key, steps in keys.items() if steps]
+    for level in range(max((len(steps) for steps in keys.values()), default=0)):
+        found = context.committed("steps", [keys[key][level] for key in pending])
+        reached = []
+        for key in pending:
+            record = found.get(keys[key][level])
+            if record is not None and "outcomes" in record.outputs:
+                replay[key] += (record.outputs["outcomes"],)
+                if level + 1 < len(keys[key]):
+                    reached.append(key)
+        pending = reached
+        if not pending:
+            break
+    return replay
 
 
 def _count(value: object) -> int:

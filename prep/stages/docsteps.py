@@ -3,7 +3,7 @@ document, in pipeline order, before the batch is tokenized; with no steps the ba
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,7 +14,7 @@ from prep.stages.readtask import utf8
 from prep.stages.textcolumns import TextColumns
 from prep.steps.protocol import DocumentStep, Drop, Outcome, StepDocument
 from prep.workfiles.columns import to_strings
-from prep.workfiles.dropped import TEXTS_PER_STEP, DroppedWriter
+from prep.workfiles.outcomes import OutcomesReplay, OutcomesWriter
 
 
 @dataclass
@@ -60,6 +60,7 @@ class Skipping:
     most: int
 
     def skip(self, message: str) -> None:
+        """List the message of a document the step's code raised on (the first `most` of the task)."""
         if len(self.listed) < self.most:
             self.listed.append(message)
 
@@ -69,79 +70,87 @@ def tallies(steps: Sequence[DocumentStep]) -> list[StepTally]:
     return [StepTally(step.name) for step in steps]
 
 
-def apply_steps(batch: TextColumns, steps: Sequence[DocumentStep], counts: Sequence[StepTally],
-                where: str, skipping: Skipping | None = None, dropped: DroppedWriter | None = None) -> TextColumns:
-    """The batch's documents that every step keeps, with the texts the steps changed; those a step
-    drops are written to `dropped`."""
+def apply_steps(batch: TextColumns, steps: Sequence[DocumentStep], counts: Sequence[StepTally], where: str,
+                skipping: Skipping | None = None, writers: Sequence[OutcomesWriter | None] = (),
+                replays: Sequence[OutcomesReplay] = (), lines: Callable[[int], int] | None = None) -> TextColumns:
+    """The batch's documents that every step keeps, with the texts the steps changed. The first
+    `len(replays)` steps are not run: their outcomes are read back from an earlier build's files;
+    what each later step drops or changes is written to its writer in `writers`, when given.
+    `where` is the input file the batch was read from; `lines` gives the file's line of a row."""
     for index, (step, tally) in enumerate(zip(steps, counts)):
         if not len(batch):
             break
-        before = batch
-        batch, outcomes = _apply_one(batch, step, tally, where, skipping)
-        if dropped is not None and outcomes is not None:
-            _record_dropped(dropped, index, before, outcomes)
+        outcomes: Sequence[Outcome]
+        if index < len(replays):
+            outcomes, notes = replays[index].take(batch.rows)
+        else:
+            outcomes, notes = _outcomes(batch, step, where, skipping, lines)
+            writer = writers[index] if index < len(writers) else None
+            if writer is not None:
+                writer.add(batch.rows.tolist(), batch.ids, outcomes, batch.data, notes)
+        if skipping is not None:
+            for at in sorted(notes):
+                skipping.skip(notes[at])
+        tally.count(batch, outcomes)
+        batch = _kept(batch, outcomes, step, where)
     return batch
 
 
-def _record_dropped(dropped: DroppedWriter, step: int, batch: TextColumns, outcomes: Sequence[Outcome]) -> None:
-    """Write the documents of `batch` a step dropped (the texts of the first few)."""
-    lost = [index for index, outcome in enumerate(outcomes) if isinstance(outcome, Drop)]
-    if lost:
-        mask = np.zeros(len(batch), dtype=bool)
-        mask[lost] = True
-        drops = [outcome for outcome in outcomes if isinstance(outcome, Drop)]
-        dropped.add(step, batch.rows[mask].tolist(), batch.ids.filter(pa.array(mask)),
-                    [drop.reason for drop in drops], [drop.detail for drop in drops],
-                    [batch.data(index) for index in lost[:TEXTS_PER_STEP]])
-
-
-def _apply_one(batch: TextColumns, step: DocumentStep, tally: StepTally, where: str,
-               skipping: Skipping | None) -> tuple[TextColumns, Sequence[Outcome] | None]:
-    """The documents one step keeps (changed where it changes them; the batch itself when it keeps
-    all as they are), and its outcomes when it dropped or changed any."""
-    changed_before = tally.changed
+def _outcomes(batch: TextColumns, step: DocumentStep, where: str, skipping: Skipping | None,
+              lines: Callable[[int], int] | None) -> tuple[Sequence[Outcome], dict[int, str]]:
+    """What one step makes of each document of the batch, and the messages of the documents its
+    code raised on (skipping: they are dropped), by index."""
     try:
-        outcomes = step.apply_batch(batch)
+        whole = step.apply_batch(batch)
     except Exception as exc:  # a step's own code: named, never a traceback
         if skipping is None:
             raise InputError(f"{where}: step {step.name!r} failed on a batch of {len(batch)} documents from row/line "
                              f"{int(batch.rows[0]) + 1}: {type(exc).__name__}: {exc}") from exc
-        outcomes = None  # skipping: ask document by document, to skip only those it fails on
-    ids: list[str | None] | None = None
-    if outcomes is None:
-        ids = to_strings(batch.ids)
-        outcomes = [_decide(step, StepDocument(doc_id, text), row, where, skipping)
-                    for doc_id, text, row in zip(ids, _texts(batch), batch.rows.tolist())]
-    tally.count(batch, outcomes)
+        whole = None  # skipping: ask document by document, to skip only those it fails on
+    if whole is not None:
+        return whole, {}
+    outcomes: list[Outcome] = []
+    notes: dict[int, str] = {}
+    for index, (doc_id, text, row) in enumerate(zip(to_strings(batch.ids), _texts(batch), batch.rows.tolist())):
+        outcome, note = _decide(step, StepDocument(doc_id, text, where, row, lines), row, where, skipping)
+        outcomes.append(outcome)
+        if note is not None:
+            notes[index] = note
+    return outcomes, notes
+
+
+def _kept(batch: TextColumns, outcomes: Sequence[Outcome], step: DocumentStep, where: str) -> TextColumns:
+    """The documents a step keeps, changed where it changed them: the batch itself when it kept all
+    as they are."""
     if all(outcome is None for outcome in outcomes):
-        return batch, None
-    if tally.changed == changed_before:
-        return _without_dropped(batch, outcomes), outcomes
-    ids = ids if ids is not None else to_strings(batch.ids)
+        return batch
+    if not any(isinstance(outcome, str) for outcome in outcomes):
+        return _without_dropped(batch, outcomes)
+    ids = to_strings(batch.ids)
     rows = batch.rows.tolist()
     kept = [index for index, outcome in enumerate(outcomes) if not isinstance(outcome, Drop)]
     texts = [batch.data(index) if outcomes[index] is None
              else _encoded(ids[index], str(outcomes[index]), f"{where}: step {step.name!r}, row/line {rows[index] + 1}")
              for index in kept]
-    return TextColumns.from_rows([rows[index] for index in kept], [ids[index] for index in kept], texts), outcomes
+    return TextColumns.from_rows([rows[index] for index in kept], [ids[index] for index in kept], texts)
 
 
-def _decide(step: DocumentStep, document: StepDocument, row: int, where: str, skipping: Skipping | None) -> Outcome:
-    """One document's outcome; InputError naming the step and the document when the step raises
-    or answers with anything but None, a Drop or a str (skipping: the document is dropped and
-    listed instead)."""
+def _decide(step: DocumentStep, document: StepDocument, row: int, where: str,
+            skipping: Skipping | None) -> tuple[Outcome, str | None]:
+    """One document's outcome, with the message of the error it raised when skipping; InputError
+    naming the step and the document when the step raises (not skipping) or answers with anything
+    but None, a Drop or a str."""
     named = f"{where}: step {step.name!r} on document {document.id or f'at row/line {row + 1}'!r}"
     try:
         outcome = step.apply(document)
     except Exception as exc:  # a step's own code: named with the document, never a traceback
         if skipping is None:
             raise InputError(f"{named}: {type(exc).__name__}: {exc}") from exc
-        skipping.skip(f"{named}: {type(exc).__name__}: {exc}")
-        return Drop(f"raised {type(exc).__name__}")
+        return Drop(f"raised {type(exc).__name__}"), f"{named}: {type(exc).__name__}: {exc}"
     if outcome is not None and not isinstance(outcome, Drop | str):
         raise InputError(f"{named}: answered {type(outcome).__name__}; a step returns None (keep), Drop(reason) "
                          "or the new text")
-    return outcome
+    return outcome, None
 
 
 def _without_dropped(batch: TextColumns, outcomes: Sequence[Outcome]) -> TextColumns:

@@ -142,6 +142,12 @@ def entries_path(intermediate: Path) -> Path:
     return intermediate.with_name(intermediate.name + ".entries")
 
 
-def dropped_path(intermediate: Path) -> Path:
-    """Where a tokenize task writes its part's dropped documents (prep.workfiles.dropped): beside its intermediate."""
-    return intermediate.with_name(intermediate.name + ".dropped")
+def outcomes_path(intermediate: Path, step: int) -> Path:
+    """Where a tokenize task writes the outcomes of its part's step number `step` (0-based;
+    prep.workfiles.outcomes): beside its intermediate."""
+    return intermediate.with_name(f"{intermediate.name}.step{step}")
+
+
+def staged_paths(intermediate: Path, steps: int) -> list[Path]:
+    """Every file a tokenize task writing `intermediate` with `steps` document steps may leave staged."""
+    return [intermediate, entries_path(intermediate)] + [outcomes_path(intermediate, index) for index in range(steps)]

@@ -7,6 +7,7 @@ applied later, when shards are assembled.
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from collections.abc import Iterator, Sequence
@@ -25,16 +26,16 @@ from prep.inputs.sources import check_unchanged
 from prep.memory import release_free_memory, resident_bytes, trim_heap
 from prep.stages.batches import read_batches
 from prep.stages.docsteps import Skipping, apply_steps, tallies
-from prep.stages.read import BadRecord, ReadTask
-from prep.stages.specs import TokenizeSettings, dropped_path, entries_path
+from prep.stages.read import BadRecord, ReadTask, line_number
+from prep.stages.specs import TokenizeSettings, entries_path, outcomes_path, staged_paths
 from prep.stages.textcolumns import TextColumns
 from prep.tokenizer import TokenizerInfo, load_tokenizer
 from prep.tokenizer.engine import TokenizerEngine
 from prep.tokenizer.spans import LazySequence, documents_containing
 from prep.workfiles.columns import to_strings
-from prep.workfiles.dropped import DroppedWriter
 from prep.workfiles.entries import PART_COLUMNS, write_part_entries
 from prep.workfiles.intermediate import IntermediateWriter, io_errors
+from prep.workfiles.outcomes import OutcomesReplay, OutcomesWriter
 
 BATCH_TEXT_BYTES = 8 * 2**20
 BATCH_DOCUMENTS = 65536
@@ -50,15 +51,15 @@ cost is the page faults that refill the pages it gave back (docs/build.md, "Memo
 
 @dataclass(frozen=True)
 class TokenizeResult:
-    """A task's intermediate file, with an order seed its part's entries file, with steps its
-    dropped-documents file (all local, not yet stored), and its counts."""
+    """A task's intermediate file, with an order seed its part's entries file, with steps the
+    outcomes file of each step it ran (all local, not yet stored), and its counts."""
 
     path: Path
     digest: Digest
     summary: dict[str, Any]
     log: dict[str, Any] = field(default_factory=dict)
     entries: tuple[Path, Digest] | None = None
-    dropped: tuple[Path, Digest] | None = None  # with steps: the documents they dropped (prep.workfiles.dropped)
+    outcomes: tuple[tuple[Path, Digest], ...] = ()  # of the steps it ran, not replayed (prep.workfiles.outcomes)
 
 
 # gigatoken keeps a cache of every distinct pre-token it has encoded, with no bound (40M distinct
@@ -251,10 +252,13 @@ class _UniqueIds:
                 seen.add(doc_id)
 
 
-def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, durable: bool = True) -> TokenizeResult:
+def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, durable: bool = True,
+                 replays: Sequence[OutcomesReplay] = ()) -> TokenizeResult:
     """Read, hash and tokenize every document of `task` into the new local intermediate file
     `out_path` (fsynced unless `durable` is False, for a file whose store makes it durable when
-    put) and, with an order seed, write the part's entries (prep.workfiles.entries) beside it."""
+    put) and, with an order seed, write the part's entries (prep.workfiles.entries) beside it.
+    The first `len(replays)` steps are replayed from an earlier build's outcomes, not run; each
+    later step's outcomes are written beside `out_path`."""
     reloads_before = _RELOADS["count"]
     info = _task_engine(settings)  # holding no reference to the engine: a reload must free the old one
     dtype = np.dtype(info.dtype)
@@ -268,28 +272,34 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     _TASKS["count"] += 1
     steps = tallies(settings.steps)
     skipping = Skipping(bad, MAX_BAD_RECORDS_LISTED) if settings.on_error == "skip" else None
-    dropped = DroppedWriter(dropped_path(out_path), durable) if steps else None
+    writers: list[OutcomesWriter | None] = [None] * len(replays)
     try:
+        for index in range(len(replays), len(steps)):
+            writers.append(OutcomesWriter(outcomes_path(out_path, index), durable))
         with IntermediateWriter(out_path, dtype, durable, settings.order_seed) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
                 unique_ids.add(batch)  # a document a step drops was read: its id counts
                 if steps:
-                    batch = apply_steps(batch, settings.steps, steps, task.source.rel, skipping, dropped)
+                    batch = apply_steps(batch, settings.steps, steps, task.source.rel, skipping, writers, replays,
+                                        functools.partial(line_number, task))
                 if len(batch):
                     _write_batch(batch, task, settings, writer, special_needles, counts)
                 watch.after_batch()
             unique_ids.finish()
+        for replay in replays:
+            replay.finish()
         check_unchanged(task.source)
         entries = None
         if settings.order_seed is not None:
             staged = entries_path(out_path)
             entries = (staged, _write_entries(staged, writer, settings.order_seed))
-        dropped_file = (dropped.path, dropped.close()) if dropped is not None else None
+        outcomes = tuple((out.path, out.close()) for out in writers if out is not None)
     except BaseException:  # a bad record, a full disk, an interrupt: leave nothing staged
-        if dropped is not None:
-            with suppress(Exception):
-                dropped.abort()
-        for path in (out_path, entries_path(out_path), dropped_path(out_path)):
+        for out in writers:
+            if out is not None:
+                with suppress(Exception):
+                    out.abort()
+        for path in staged_paths(out_path, len(settings.steps)):
             with suppress(OSError):
                 path.unlink(missing_ok=True)
         raise
@@ -300,7 +310,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings)[0].report(),
            "engine_reloads": _RELOADS["count"] - reloads_before}
     assert writer.digest is not None
-    return TokenizeResult(out_path, writer.digest, summary, log, entries, dropped_file)
+    return TokenizeResult(out_path, writer.digest, summary, log, entries, outcomes)
 
 
 def _write_batch(batch: TextColumns, task: ReadTask, settings: TokenizeSettings, writer: IntermediateWriter,

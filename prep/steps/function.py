@@ -1,6 +1,6 @@
 """User code as a document step: `use = "module:function"` with `args`, keyed by its code.
 
-The function gets one `StepDocument` (its id and text) and the step's `args` as keyword
+The function gets one `StepDocument` (its id, text, source file and line) and the step's `args` as keyword
 arguments, and answers True or None (keep), False (drop: reason "returned False"), a str (drop,
 with that reason: a short fixed phrase, since each distinct reason is a key of the snapshot's
 stats), or a changed document (a StepDocument, or a mapping with "text") whose text replaces the

@@ -12,8 +12,8 @@ import functools
 import hashlib
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -24,10 +24,22 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StepDocument:
-    """One document as a step sees it: its id (None when the input names none) and its text."""
+    """One document as a step sees it: its id (None when the input names none), its text, the
+    input file it was read from (relative, as manifests name it) and its row in its part; `line`
+    is its 1-based line (JSON Lines) or row in that file."""
 
     id: str | None
     text: str
+    source: str = ""
+    row: int = 0
+    lines: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
+    """The file's line of a row of the part: counting the lines of earlier parts reads the file up
+    to the part, once per task, so it is asked only when a step reads `line`."""
+
+    @property
+    def line(self) -> int:
+        """The document's 1-based line (JSON Lines) or row in its input file."""
+        return self.lines(self.row) if self.lines is not None else self.row + 1
 
 
 @dataclass(frozen=True)

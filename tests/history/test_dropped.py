@@ -12,7 +12,7 @@ import pytest
 from prep.manifest.schema import validate
 from prep.storage import LocalStore
 from prep.store import cas
-from prep.workfiles.dropped import TEXTS_PER_STEP
+from prep.workfiles.outcomes import TEXTS_PER_STEP
 from tests.helpers import run_prep, write_jsonl, write_pipeline
 from tests.runner.test_reuse import flip_byte, object_path
 
@@ -79,12 +79,12 @@ def test_show_dropped_refuses_what_names_no_step(built: tuple[Path, str], args: 
     assert code == 2 and err.startswith("prep: error: ") and needle in err
 
 
-def test_a_flipped_dropped_documents_object_is_refused(built: tuple[Path, str]) -> None:
+def test_a_flipped_step_outcomes_object_is_refused(built: tuple[Path, str]) -> None:
     store, _ = built
     snapshot = json.loads(cas.get_bytes(LocalStore(store), _latest(store)))
     tokenize = next(stage for stage in snapshot["stages"] if stage["name"] == "tokenize")
     (task,) = json.loads(cas.get_bytes(LocalStore(store), tokenize["output"]))["tasks"]
-    flip_byte(object_path(store, task["dropped"]), 40)
+    flip_byte(object_path(store, task["step_outcomes"][1]), 40)  # step 2 dropped "long"
     code, _, err = _run(store, "trace", "tiny@latest", "long")
     assert code == 3 and err.startswith("prep: error: ") and "Traceback" not in err
 

@@ -4,6 +4,7 @@ uninterrupted build does, and committed tasks are not recomputed."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -172,7 +173,7 @@ STEPS = ('\n[[steps]]\nuse = "length"\nmin_words = 10\n\n[[steps]]\nuse = "gophe
 
 @pytest.fixture(scope="module")
 def with_steps(project: tuple[Path, str], tokenizer_path: Path) -> tuple[Path, str]:
-    """The crash corpus with document steps: each tokenize task also stores its dropped documents."""
+    """The crash corpus with document steps: each tokenize task also stores each step's outcomes."""
     pipeline = write_pipeline(project[0].parent, tokenizer_path, shard_size="3KB", extra=STEPS, name="steps.toml")
     clean = run_prep("build", pipeline, "--store", project[0].parent / "clean-steps", "--workers", "2")
     return pipeline, clean.stdout.split()[-1]
@@ -181,14 +182,14 @@ def with_steps(project: tuple[Path, str], tokenizer_path: Path) -> tuple[Path, s
 @pytest.mark.parametrize("point", ["tokenize.after_output:2", "tokenize.before_commit:3", "store.before_link:4"])
 def test_a_build_with_steps_killed_in_tokenize_reruns_to_the_same_snapshot(with_steps: tuple[Path, str],
                                                                            tmp_path: Path, point: str) -> None:
-    """The dropped-documents object is one more output of a tokenize task: a kill while the task
-    stores it, or before its record, leaves nothing visible, and what the kill left staged is a
+    """Each step's outcomes object is one more output of a tokenize task: a kill while the task
+    stores them, or before its record, leaves nothing visible, and what the kill left staged is a
     temporary gc takes like the intermediate staged beside it."""
     pipeline, expected = with_steps
     store = tmp_path / "store"
     assert _kill_and_rerun(pipeline, store, point, "1" if "before_commit" in point else "2") == expected
     run_prep("gc", "--grace", "0s", "--store", store)
-    assert not any(path.name.endswith(".dropped") for path in (store / "tmp").rglob("*"))
+    assert not any(re.search(r"\.step[0-9]+$", path.name) for path in (store / "tmp").rglob("*"))
 
 
 def test_reordering_steps_changes_the_snapshot(with_steps: tuple[Path, str], tokenizer_path: Path,

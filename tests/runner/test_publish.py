@@ -253,7 +253,7 @@ def test_the_build_log_says_who_ran_what_where_and_what_it_skipped(tmp_path: Pat
 def _part(source: str, bad: list[str]) -> TokenizedPart:
     """A tokenized part of `source` that skipped the records `bad` names."""
     return TokenizedPart(source, "0" * 64, "jsonl", 0, 0, 1, "0" * 64, "sha256:" + "1" * 64, "sha256:" + "2" * 64, 0,
-                         None, 0, 0, 0, len(bad), 0, 0, tuple(bad), None)
+                         (), 0, 0, 0, len(bad), 0, 0, tuple(bad), None)
 
 
 def test_skipped_records_listed_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -49,6 +49,10 @@ def broken(document):
 
 def odd(document):
     return 3
+
+
+def placed(document):
+    return document.source == "a.jsonl" and document.line == int(document.id[1:]) + 1 or "misplaced"
 '''
 HELPERS = '''
 def has(text, word):
@@ -93,6 +97,17 @@ def test_a_function_beside_the_pipeline_filters_and_maps(tmp_path: Path, tokeniz
     (recorded,) = result.snapshot.manifest["config"]["steps"]
     assert recorded == {"use": f"{package}.rules:keep", "args": {"word": "spam"}, "code": recorded["code"]}
     assert re.fullmatch(r"[0-9a-f]{64}", recorded["code"])
+
+
+def test_it_sees_each_documents_source_and_line_in_every_part(tmp_path: Path, tokenizer_path: Path, package: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("prep.stages.read.RANGE_BYTES", 300)  # a file of many parts: lines counted past the first
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", [{"id": f"n{n}", "text": f"document number {n}"} for n in range(60)])
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], extra=f'\n[[steps]]\nuse = "{package}.rules:placed"\n')
+    result = _build(pipeline, tmp_path / "store")
+    assert result.stages["tokenize"].ran > 3
+    (counts,) = result.snapshot.manifest["stats"]["steps"]
+    assert (counts["documents"], counts["dropped"]) == (60, 0)
 
 
 def test_spawned_workers_import_it_from_the_pipeline_folder(tmp_path: Path, tokenizer_path: Path,
