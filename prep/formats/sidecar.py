@@ -3,7 +3,7 @@ only in a build with metadata fields: one row per document in the `.bin`'s order
 
 Columns: `id` (the document's id, or `<source>:<line>` as its `.json` member names it), then one
 per metadata key of the build, in the build's key order, each value the JSON text of the
-document's value for that key (prep.formats.metadata spells it), null when the document has none.
+document's value for that key (prep.formats.jsonspelling spells it), null when the document has none.
 JSON text rather than typed columns: a key's values may have any JSON type, and mixed types in
 one column would need a type chosen from the values a shard happens to hold, so two shards
 (or two builds cutting shards differently) could type one key two ways.
@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prep.formats.metadata import spell
+from prep.formats.jsonspelling import spell
 
 ID_COLUMN = "id"
 ROW_GROUP_ROWS = 1 << 16

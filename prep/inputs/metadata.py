@@ -1,5 +1,5 @@
 """A document's metadata ([input] metadata_fields): the named fields of its record, as one JSON
-object spelled one way (prep.formats.metadata), so equal metadata is equal bytes wherever it came
+object spelled one way (prep.formats.jsonspelling), so equal metadata is equal bytes wherever it came
 from. A field the record lacks, or holds as null, is left out; `{}` when it has none of them. A
 value with no JSON spelling (NaN or an infinity, binary, a date or time from a table, an integer
 too long for `int()`, a string with a lone surrogate) makes the record a bad record naming the field.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prep.formats.metadata import spell
+from prep.formats.jsonspelling import spell
 from prep.inputs.jsonvalues import LongInt
 
 EMPTY = b"{}"

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prep.formats.metadata import spell
+from prep.formats.jsonspelling import spell
 from prep.inputs.jsonvalues import LongInt
 from prep.inputs.metadata import metadata_json, table_metadata
 
