@@ -46,6 +46,7 @@ class InputConfig:
     id_field: str | None = None
     on_error: str = "fail"
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
+    metadata_fields: tuple[str, ...] = ()  # carried into every format's per-document metadata
 
 
 @dataclass(frozen=True)
@@ -96,10 +97,17 @@ class Pipeline:
         path = Path(self.tokenizer.path).expanduser()
         return path if path.is_absolute() else self.base_dir / path
 
+    def metadata_keys(self) -> tuple[str, ...]:
+        """The keys a document's metadata may hold in this build's outputs, in order: the one value
+        every format's metadata columns follow (steps that add keys will extend it)."""
+        return self.input.metadata_fields
+
     def resolved(self) -> dict[str, Any]:
         """Every output-affecting setting, machine-independent, as recorded in manifests (`steps`
-        only when some are configured, so a pipeline without them records what it always did)."""
+        and `input.metadata_fields` only when some are configured, so a pipeline without them
+        records what it always did)."""
         steps = {"steps": catalog.resolved(self.steps)} if self.steps else {}
+        metadata = {"metadata_fields": list(self.input.metadata_fields)} if self.input.metadata_fields else {}
         return {
             "input": {
                 "format": self.input.format,
@@ -107,6 +115,7 @@ class Pipeline:
                 "id_field": self.input.id_field,
                 "on_error": self.input.on_error,
                 "max_document_bytes": self.input.max_document_bytes,
+                **metadata,
             },
             "tokenizer": {
                 "eos": self.tokenizer.eos,
@@ -116,6 +125,13 @@ class Pipeline:
             "output": {"shard_size": self.output.shard_size, "formats": list(self.output.formats)},
             **steps,
         }
+
+
+def recorded_metadata_keys(resolved: Any) -> tuple[str, ...]:
+    """The metadata keys of the build whose resolved config (a manifest's `config`) is `resolved`:
+    what `Pipeline.metadata_keys` was for it."""
+    fields = resolved.get("input", {}).get("metadata_fields", []) if isinstance(resolved, dict) else []
+    return tuple(str(field) for field in fields)
 
 
 def parse_size(value: object, key: str) -> int:
@@ -282,9 +298,25 @@ def _input(inp: _Table, source: str) -> InputConfig:
         id_field=id_field,
         on_error=inp.choice("on_error", ON_ERROR, "fail"),
         max_document_bytes=inp.size("max_document_bytes", DEFAULT_MAX_DOCUMENT_BYTES),
+        metadata_fields=_metadata_fields(inp, text_field, id_field),
     )
     inp.finish()
+    if input_config.metadata_fields and input_config.format == "text":
+        raise inp._fail("metadata_fields", "text input has no fields: leave metadata_fields out, or read JSON Lines, "
+                                           "Parquet or Arrow")
     return input_config
+
+
+def _metadata_fields(inp: _Table, text_field: str, id_field: str | None) -> tuple[str, ...]:
+    """`[input] metadata_fields`: distinct field names, none of them the text or the id field."""
+    fields = _string_list(inp, "metadata_fields", ())
+    for field in fields:
+        if field in (text_field, id_field):
+            which = "text_field" if field == text_field else "id_field"
+            raise inp._fail("metadata_fields", f"{field!r} is input.{which}: a document's metadata holds other fields")
+        if fields.count(field) > 1:
+            raise inp._fail("metadata_fields", f"{field!r} is listed {fields.count(field)} times")
+    return fields
 
 
 def _output(out: _Table, source: str) -> OutputConfig:

@@ -140,3 +140,36 @@ def test_an_id_field_that_is_the_text_field_is_refused(input_table: dict[str, ob
 
 def test_an_empty_id_field_still_means_none() -> None:
     assert parse_pipeline({**MINIMAL, "input": {"paths": ["a"], "id_field": ""}}, Path("."), "p.toml").input.id_field is None
+
+
+def test_metadata_fields_enter_the_resolved_config_only_when_given() -> None:
+    plain = parse_pipeline(MINIMAL, Path("."), "p.toml")
+    assert "metadata_fields" not in plain.resolved()["input"] and plain.metadata_keys() == ()
+    given = parse_pipeline({**MINIMAL, "input": {"paths": ["a"], "id_field": "id",
+                                                 "metadata_fields": ["url", "license", "source"]}}, Path("."), "p.toml")
+    assert given.input.metadata_fields == given.metadata_keys() == ("url", "license", "source")
+    assert given.resolved()["input"]["metadata_fields"] == ["url", "license", "source"]
+
+
+@pytest.mark.parametrize(("fields", "needle"), [
+    (["url", "url"], "'url' is listed 2 times"), (["text"], "'text' is input.text_field"),
+    (["id"], "'id' is input.id_field"), ([""], "input.metadata_fields[0]: expected a non-empty str"),
+    ([3], "input.metadata_fields[0]: expected str"), (7, "input.metadata_fields: expected list or str"),
+])
+def test_bad_metadata_fields_name_the_key(fields: object, needle: str) -> None:
+    table = {"paths": ["a"], "id_field": "id", "metadata_fields": fields}
+    with pytest.raises(ConfigError, match=re.escape(needle)) as caught:
+        parse_pipeline({**MINIMAL, "input": table}, Path("."), "p.toml")
+    assert "input.metadata_fields" in caught.value.message
+
+
+def test_text_input_with_metadata_fields_is_a_config_error_of_one_line_exit_2(tmp_path: Path) -> None:
+    from tests.helpers import prep_env, run_prep
+
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text('dataset = "d"\n[input]\npaths = ["a.txt"]\nformat = "text"\nmetadata_fields = ["url"]\n'
+                        '[tokenizer]\npath = "t.json"\n')
+    result = run_prep("build", pipeline, "--store", tmp_path / "store", env=prep_env(), check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("prep: error: ")
+    assert "input.metadata_fields" in result.stderr

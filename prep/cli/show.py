@@ -13,7 +13,7 @@ from prep.cli.common import json_option, open_store_option, store_option
 from prep.cli.render import dropped_lines, trace_lines
 from prep.errors import NotFoundError, UsageError
 from prep.formats.megatron_spec import BIN
-from prep.formats.units import artifact_format, unit_formats
+from prep.formats.units import artifact_format, required_formats
 from prep.history.naming import AT_EXAMPLES
 from prep.history.selectors import resolve_spec
 from prep.progress import human_bytes, plural
@@ -123,7 +123,7 @@ def megatron_prefixes(snapshot: Snapshot, root: Path, absolute: bool) -> tuple[l
     """Each shard's `.bin` path without `.bin` under `root` (Megatron's --data-path takes these);
     for a pulled folder (`absolute`), only shards whose .bin and .idx are both there, and how many are not."""
     prefixes, missing = [], 0
-    extensions = [f".{artifact_format(fmt).extension}" for fmt in unit_formats(BIN)]
+    extensions = [f".{artifact_format(fmt).extension}" for fmt in required_formats(BIN)]
     for artifact in sorted((a for a in snapshot.artifacts if a["format"] == BIN), key=lambda a: a["path"]):
         prefix = artifact["path"].removesuffix(extensions[0])
         if absolute and not all((root / f"{prefix}{ext}").is_file() for ext in extensions):

@@ -2,9 +2,10 @@
 
 One sample per document with three variable-size columns, in the sorted order MDSWriter uses:
 `id` and `text` ('str', UTF-8) and `tokens` ('ndarray:uint16' or 'ndarray:int32': a 1-D array
-whose shape is stored per sample). Without compression or hashes, and with prep's fixed size
-limit, a shard is byte-equal to what streaming's MDSWriter writes for the same samples
-(docs/formats-mds.md). Every offset is a uint32, so a shard holds at most SIZE_LIMIT bytes.
+whose shape is stored per sample); in a build with metadata fields a fourth, `metadata` ('json').
+Without compression or hashes, and with prep's fixed size limit, a shard is byte-equal to what
+streaming's MDSWriter writes for the same samples (docs/formats-mds.md). Every offset is a uint32,
+so a shard holds at most SIZE_LIMIT bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ VERSION = 2
 FORMAT = "mds"
 COLUMN_NAMES = ("id", "text", "tokens")
 """Sorted, as MDSWriter orders columns: a sample's sizes and data follow this order."""
+METADATA_COLUMN = "metadata"
+"""The column a build with metadata fields adds (between `id` and `text`, sorted): each document's
+metadata object in streaming's `json` encoding (json.dumps with its defaults), which
+StreamingDataset decodes to a dict."""
+METADATA_ENCODING = "json"
 TEXT_ENCODING = "str"
 TOKEN_ENCODINGS: Mapping[np.dtype[Any], str] = MappingProxyType(
     {np.dtype("<u2"): "ndarray:uint16", np.dtype("<i4"): "ndarray:int32"})
@@ -43,7 +49,7 @@ CHUNK_BYTES = 8 << 20
 UINT32 = np.dtype("<u4")
 """Sample count, offsets and column sizes: little-endian uint32."""
 SAMPLE_HEAD = 4 * len(COLUMN_NAMES)
-"""A sample's first bytes: one uint32 size per variable-size column."""
+"""A sample's first bytes: one uint32 size per variable-size column (4 more with metadata)."""
 
 _SHAPE_LIMITS = np.array([1 << 8, 1 << 16, 1 << 32], dtype=np.int64)  # a shape takes the first width it is below
 _BASENAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
@@ -59,10 +65,11 @@ def token_encoding(dtype: npt.DTypeLike) -> str:
     return TOKEN_ENCODINGS[resolved]
 
 
-def shard_config(dtype: npt.DTypeLike) -> dict[str, Any]:
+def shard_config(dtype: npt.DTypeLike, with_metadata: bool = False) -> dict[str, Any]:
     """The writer settings every shard repeats (in its file and in `index.json`)."""
-    return {"column_encodings": [TEXT_ENCODING, TEXT_ENCODING, token_encoding(dtype)],
-            "column_names": list(COLUMN_NAMES), "column_sizes": [None] * len(COLUMN_NAMES),
+    names = ["id", *([METADATA_COLUMN] if with_metadata else []), "text", "tokens"]
+    encodings = [TEXT_ENCODING, *([METADATA_ENCODING] if with_metadata else []), TEXT_ENCODING, token_encoding(dtype)]
+    return {"column_encodings": encodings, "column_names": names, "column_sizes": [None] * len(names),
             "compression": COMPRESSION, "format": FORMAT, "hashes": list(HASHES), "size_limit": SIZE_LIMIT,
             "version": VERSION}
 
@@ -72,15 +79,21 @@ def _streaming_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True).encode("ascii")
 
 
+def metadata_value(metadata: bytes) -> bytes:
+    """A document's metadata (prep.inputs.metadata's spelling) as streaming's `json` encoding
+    spells the object it decodes to: json.dumps with its defaults, keys in their (sorted) order."""
+    return json.dumps(json.loads(metadata)).encode("utf-8")
+
+
 @functools.cache
-def config_bytes(dtype: np.dtype[Any]) -> bytes:
+def config_bytes(dtype: np.dtype[Any], with_metadata: bool = False) -> bytes:
     """The config JSON a shard file carries between its offsets and its samples."""
-    return _streaming_json(shard_config(dtype))
+    return _streaming_json(shard_config(dtype, with_metadata))
 
 
-def header_size(dtype: np.dtype[Any], samples: int) -> int:
+def header_size(dtype: np.dtype[Any], samples: int, with_metadata: bool = False) -> int:
     """Bytes before the first sample: the count, n + 1 offsets and the config."""
-    return 4 + 4 * (samples + 1) + len(config_bytes(dtype))
+    return 4 + 4 * (samples + 1) + len(config_bytes(dtype, with_metadata))
 
 
 def _offsets(offsets: npt.ArrayLike, size: int, what: str) -> Offsets:
@@ -106,26 +119,37 @@ def _check_utf8(blob: bytes, offsets: Offsets, what: str) -> None:
 
 @dataclass(frozen=True, eq=False)
 class Sample:
-    """One document as an MDS sample: its token ids, text and id."""
+    """One document as an MDS sample: its token ids, text and id, and in a shard with metadata
+    its `metadata` column's bytes (streaming's `json` encoding)."""
 
     tokens: npt.NDArray[Any]
     text: str
     id: str
+    metadata: bytes | None = None
 
 
 @dataclass(frozen=True)
 class SampleSizes:
-    """Per document of a window: token count, UTF-8 bytes of the text and of the id."""
+    """Per document of a window: token count, UTF-8 bytes of the text and of the id (and of the
+    metadata column, in a shard with metadata)."""
 
     tokens: npt.NDArray[np.int64]
     texts: npt.NDArray[np.int64]
     ids: npt.NDArray[np.int64]
+    metadata: npt.NDArray[np.int64] | None = None
 
     def sample_bytes(self, dtype: npt.DTypeLike) -> npt.NDArray[np.int64]:
         """Bytes each document's sample takes in a shard of token ids of `dtype`."""
         if len(self.tokens) and self.tokens.min() < 1:
             raise ValueError("an MDS sample needs at least one token (streaming's ndarray encoding refuses 0)")
-        return SAMPLE_HEAD + self.ids + self.texts + _token_column_bytes(self.tokens, little_endian(dtype).itemsize)
+        extra = 0 if self.metadata is None else 4 + self.metadata
+        return SAMPLE_HEAD + extra + self.ids + self.texts + _token_column_bytes(self.tokens,
+                                                                                 little_endian(dtype).itemsize)
+
+    def slice(self, start: int, end: int) -> SampleSizes:
+        """The sizes of documents [start, end)."""
+        return SampleSizes(self.tokens[start:end], self.texts[start:end], self.ids[start:end],
+                           None if self.metadata is None else self.metadata[start:end])
 
 
 def _shape_widths(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -148,6 +172,8 @@ class Documents:
     text_offsets: Offsets
     ids: bytes
     id_offsets: Offsets
+    metadata: bytes | None = None  # the metadata column's values (streaming's json), in a shard with metadata
+    metadata_offsets: Offsets | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", as_tokens(self.tokens))
@@ -157,6 +183,13 @@ class Documents:
             raise ValueError("token, text and id offsets must count the same documents")
         _check_utf8(self.texts, self.text_offsets, "texts")
         _check_utf8(self.ids, self.id_offsets, "ids")
+        if self.metadata is not None:
+            offsets = _offsets(self.metadata_offsets if self.metadata_offsets is not None else [], len(self.metadata),
+                               "metadata")
+            object.__setattr__(self, "metadata_offsets", offsets)
+            if len(offsets) != len(self.id_offsets):
+                raise ValueError("metadata offsets must count the same documents as the ids")
+            _check_utf8(self.metadata, offsets, "metadata")
 
     def __len__(self) -> int:
         return len(self.token_offsets) - 1
@@ -167,12 +200,19 @@ class Documents:
         texts = [sample.text.encode("utf-8") for sample in samples]
         ids = [sample.id.encode("utf-8") for sample in samples]
         tokens = [as_tokens(sample.tokens, dtype) for sample in samples]
+        metadata = [sample.metadata or b"" for sample in samples] if samples and samples[0].metadata is not None else None
         return cls(np.concatenate(tokens) if tokens else np.empty(0, little_endian(dtype)), _ends(map(len, tokens)),
-                   b"".join(texts), _ends(map(len, texts)), b"".join(ids), _ends(map(len, ids)))
+                   b"".join(texts), _ends(map(len, texts)), b"".join(ids), _ends(map(len, ids)),
+                   None if metadata is None else b"".join(metadata), None if metadata is None else _ends(map(len, metadata)))
+
+    @property
+    def with_metadata(self) -> bool:
+        return self.metadata is not None
 
     def sizes(self) -> SampleSizes:
         """What a shard's layout needs of these documents."""
-        return SampleSizes(np.diff(self.token_offsets), np.diff(self.text_offsets), np.diff(self.id_offsets))
+        metadata = None if self.metadata_offsets is None else np.diff(self.metadata_offsets)
+        return SampleSizes(np.diff(self.token_offsets), np.diff(self.text_offsets), np.diff(self.id_offsets), metadata)
 
 
 def _ends(lengths: Iterable[int]) -> Offsets:
@@ -186,12 +226,13 @@ class ShardLayout:
 
     dtype: np.dtype[Any]
     offsets: npt.NDArray[np.uint32]
+    with_metadata: bool = False
 
     @classmethod
-    def plan(cls, dtype: npt.DTypeLike, sizes: Iterable[SampleSizes]) -> ShardLayout:
-        """The layout of a shard of these windows; InputError past SIZE_LIMIT."""
+    def plan(cls, dtype: npt.DTypeLike, sizes: Iterable[SampleSizes], with_metadata: bool = False) -> ShardLayout:
+        """The layout of a shard of these windows (with a metadata column or not); InputError past SIZE_LIMIT."""
         resolved, ends, total = little_endian(dtype), [], 0
-        header = header_size(resolved, 0)
+        header = header_size(resolved, 0, with_metadata)
         for window in sizes:
             window_ends = total + np.cumsum(window.sample_bytes(resolved))
             total = int(window_ends[-1]) if len(window_ends) else total
@@ -199,7 +240,7 @@ class ShardLayout:
             if header + total > SIZE_LIMIT:
                 raise InputError(f"an MDS shard of more than {SIZE_LIMIT} bytes exceeds its uint32 offsets")
             ends.append(window_ends.astype(UINT32))
-        return cls(resolved, np.uint32(header) + np.concatenate([np.zeros(1, UINT32), *ends]))
+        return cls(resolved, np.uint32(header) + np.concatenate([np.zeros(1, UINT32), *ends]), with_metadata)
 
     @property
     def samples(self) -> int:
@@ -212,7 +253,8 @@ class ShardLayout:
 
     def header(self) -> bytes:
         """Sample count, offsets and config: the bytes before the first sample."""
-        return np.array([self.samples], UINT32).tobytes() + self.offsets.tobytes() + config_bytes(self.dtype)
+        return (np.array([self.samples], UINT32).tobytes() + self.offsets.tobytes()
+                + config_bytes(self.dtype, self.with_metadata))
 
 
 def _chunk_ends(sample_bytes: npt.NDArray[np.int64], limit: int) -> list[int]:
@@ -245,18 +287,23 @@ def _place_token_heads(raw: npt.NDArray[np.uint8], at: Offsets, counts: npt.NDAr
 
 
 def _encode_run(docs: Documents, sizes: SampleSizes, first: int) -> bytes:
-    """The sample bytes of the documents of `sizes`, from `first` on: sizes, id, text, tokens."""
+    """The sample bytes of the documents of `sizes`, from `first` on: sizes, id, (metadata,) text, tokens."""
     itemsize = docs.tokens.dtype.itemsize
     spans = sizes.sample_bytes(docs.tokens.dtype)
     starts = np.cumsum(spans) - spans
     buffer = bytearray(int(spans.sum()))
     raw, view = np.frombuffer(buffer, dtype=np.uint8), memoryview(buffer)
-    heads = np.stack([sizes.ids, sizes.texts, _token_column_bytes(sizes.tokens, itemsize)], axis=1).astype(UINT32)
-    _place_rows(raw, starts, heads.view(np.uint8).reshape(-1, SAMPLE_HEAD))
+    metadata = [] if sizes.metadata is None else [sizes.metadata]
+    heads = np.stack([sizes.ids, *metadata, sizes.texts, _token_column_bytes(sizes.tokens, itemsize)],
+                     axis=1).astype(UINT32)
+    _place_rows(raw, starts, heads.view(np.uint8).reshape(-1, heads.shape[1] * 4))
     end = first + len(spans)
-    at = starts + SAMPLE_HEAD
+    at = starts + heads.shape[1] * 4
     _copy_pieces(view, at, memoryview(docs.ids), docs.id_offsets[first:end], sizes.ids)
     at = at + sizes.ids
+    if docs.metadata is not None and docs.metadata_offsets is not None and sizes.metadata is not None:
+        _copy_pieces(view, at, memoryview(docs.metadata), docs.metadata_offsets[first:end], sizes.metadata)
+        at = at + sizes.metadata
     _copy_pieces(view, at, memoryview(docs.texts), docs.text_offsets[first:end], sizes.texts)
     at = at + sizes.texts
     _place_token_heads(raw, at, sizes.tokens)
@@ -269,7 +316,7 @@ def encode_samples(docs: Documents, limit: int = CHUNK_BYTES) -> Iterator[bytes]
     """The window's sample bytes, one after another, in pieces of about `limit` bytes."""
     sizes, start = docs.sizes(), 0
     for end in _chunk_ends(sizes.sample_bytes(docs.tokens.dtype), limit):
-        yield _encode_run(docs, SampleSizes(sizes.tokens[start:end], sizes.texts[start:end], sizes.ids[start:end]), start)
+        yield _encode_run(docs, sizes.slice(start, end), start)
         start = end
 
 
@@ -291,6 +338,8 @@ class ShardWriter:
         """Append the samples of the next window; ValueError if they are not the planned ones."""
         if docs.tokens.dtype != self.layout.dtype:
             raise ValueError(f"{self.path}: tokens of {docs.tokens.dtype}, the shard holds {self.layout.dtype}")
+        if docs.with_metadata != self.layout.with_metadata:
+            raise ValueError(f"{self.path}: documents {'with' if docs.with_metadata else 'without'} metadata")
         planned = np.diff(self.layout.offsets[self._written:self._written + len(docs) + 1].astype(np.int64))
         if not np.array_equal(planned, docs.sizes().sample_bytes(self.layout.dtype)):
             raise ValueError(f"{self.path}: documents {self._written}.. are not the ones the layout was planned for")
@@ -309,7 +358,8 @@ class ShardWriter:
         except BaseException as exc:
             self._discard(exc)
             raise
-        return ShardEntry(self.path.name, digest.size, self.layout.samples, self.layout.dtype), digest
+        return ShardEntry(self.path.name, digest.size, self.layout.samples, self.layout.dtype,
+                          self.layout.with_metadata), digest
 
     def _discard(self, exc: BaseException) -> None:
         """Close and remove the unfinished file."""
@@ -330,7 +380,8 @@ class ShardWriter:
 def write_shard(path: Path, dtype: npt.DTypeLike, windows: Callable[[], Iterable[Documents]],
                 durable: bool = True) -> tuple[ShardEntry, Digest]:
     """A whole shard from a window source read twice (sizes, then bytes); its entry and digest."""
-    layout = ShardLayout.plan(dtype, (docs.sizes() for docs in windows()))
+    first = next(iter(windows()), None)
+    layout = ShardLayout.plan(dtype, (docs.sizes() for docs in windows()), first is not None and first.with_metadata)
     with ShardWriter(path, layout, durable) as writer:
         for docs in windows():
             writer.write(docs)
@@ -350,6 +401,7 @@ class ShardEntry:
     bytes: int
     samples: int
     dtype: np.dtype[Any]
+    with_metadata: bool = False  # whether its samples have the metadata column
 
     def __post_init__(self) -> None:
         _check_basename(self.basename)
@@ -357,13 +409,15 @@ class ShardEntry:
         token_encoding(self.dtype)
         if type(self.bytes) is not int or type(self.samples) is not int:
             raise TypeError(f"{self.basename}: bytes and samples must be integers")
-        if not 0 <= self.samples <= (self.bytes - header_size(self.dtype, 0)) // 4 or self.bytes > SIZE_LIMIT:
+        if (not 0 <= self.samples <= (self.bytes - header_size(self.dtype, 0, self.with_metadata)) // 4
+                or self.bytes > SIZE_LIMIT):
             raise ValueError(f"{self.basename}: {self.bytes} bytes cannot hold {self.samples} MDS samples")
 
     def to_json(self) -> dict[str, Any]:
         """The shard's object in `index.json`: its config, file and sample count."""
-        return {**shard_config(self.dtype), "raw_data": {"basename": self.basename, "bytes": self.bytes, "hashes": {}},
-                "samples": self.samples, "zip_data": None}
+        raw = {"basename": self.basename, "bytes": self.bytes, "hashes": {}}
+        return {**shard_config(self.dtype, self.with_metadata), "raw_data": raw, "samples": self.samples,
+                "zip_data": None}
 
 
 def index_bytes(entries: Sequence[ShardEntry]) -> bytes:

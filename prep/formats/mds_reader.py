@@ -17,11 +17,22 @@ import numpy as np
 import numpy.typing as npt
 
 from prep.errors import IntegrityError, NotFoundError
-from prep.formats.mds import SAMPLE_HEAD, TOKEN_ENCODINGS, UINT32, Sample, ShardEntry, config_bytes, header_size, index_bytes
+from prep.formats.mds import (
+    METADATA_COLUMN,
+    SAMPLE_HEAD,
+    TOKEN_ENCODINGS,
+    UINT32,
+    Sample,
+    ShardEntry,
+    config_bytes,
+    header_size,
+    index_bytes,
+)
 from prep.hashing import Digest, digest_descriptor
 from prep.regular import open_regular
 
-_CONFIG_SIZES = frozenset(len(config_bytes(dtype)) for dtype in TOKEN_ENCODINGS)
+_CONFIGS = tuple((dtype, with_metadata) for dtype in TOKEN_ENCODINGS for with_metadata in (False, True))
+_CONFIG_SIZES = frozenset(len(config_bytes(*config)) for config in _CONFIGS)
 
 
 def _entry_of(shard: Any) -> ShardEntry:
@@ -30,7 +41,7 @@ def _entry_of(shard: Any) -> ShardEntry:
     if dtype is None:
         raise ValueError(f"unknown tokens encoding {encoding!r}")
     raw = shard["raw_data"]
-    return ShardEntry(raw["basename"], raw["bytes"], shard["samples"], dtype)
+    return ShardEntry(raw["basename"], raw["bytes"], shard["samples"], dtype, METADATA_COLUMN in shard["column_names"])
 
 
 def parse_index(data: bytes, name: str) -> tuple[ShardEntry, ...]:
@@ -51,19 +62,20 @@ def _read_at(fd: int, offset: int, size: int, name: str) -> bytes:
     return data
 
 
-def _dtype_of_config(config: bytes, name: str) -> np.dtype[Any]:
-    for dtype in TOKEN_ENCODINGS:
-        if config == config_bytes(dtype):
-            return dtype
+def _dtype_of_config(config: bytes, name: str) -> tuple[np.dtype[Any], bool]:
+    """The token dtype of a shard's config, and whether its samples have the metadata column."""
+    for dtype, with_metadata in _CONFIGS:
+        if config == config_bytes(dtype, with_metadata):
+            return dtype, with_metadata
     raise IntegrityError(f"{name}: not an MDS shard prep writes (its config is {config[:80]!r})")
 
 
-def _check_offsets(offsets: npt.NDArray[np.int64], first: int, size: int, name: str) -> None:
+def _check_offsets(offsets: npt.NDArray[np.int64], first: int, size: int, name: str, head: int) -> None:
     if offsets[0] != first or offsets[-1] != size:
         raise IntegrityError(f"{name}: sample offsets run from {offsets[0]} to {offsets[-1]}, "
                              f"not from {first} to the file's {size} bytes")
-    if np.any(np.diff(offsets) < SAMPLE_HEAD):
-        raise IntegrityError(f"{name}: sample offsets are not {SAMPLE_HEAD} or more bytes apart")
+    if np.any(np.diff(offsets) < head):
+        raise IntegrityError(f"{name}: sample offsets are not {head} or more bytes apart")
 
 
 def _decode_tokens(column: bytes, dtype: np.dtype[Any]) -> npt.NDArray[Any] | None:
@@ -79,18 +91,21 @@ def _decode_tokens(column: bytes, dtype: np.dtype[Any]) -> npt.NDArray[Any] | No
     return np.frombuffer(column, dtype=dtype, offset=1 + width)
 
 
-def decode_sample(data: bytes, dtype: np.dtype[Any], where: str) -> Sample:
+def decode_sample(data: bytes, dtype: np.dtype[Any], where: str, with_metadata: bool = False) -> Sample:
     """One sample's bytes as a Sample; IntegrityError naming `where` on any inconsistency."""
-    sizes = np.frombuffer(data[:SAMPLE_HEAD], dtype=UINT32).astype(np.int64).tolist() if len(data) >= SAMPLE_HEAD else []
-    if not sizes or SAMPLE_HEAD + sum(sizes) != len(data):
+    head = SAMPLE_HEAD + 4 * with_metadata
+    sizes = np.frombuffer(data[:head], dtype=UINT32).astype(np.int64).tolist() if len(data) >= head else []
+    if not sizes or head + sum(sizes) != len(data):
         raise IntegrityError(f"{where}: column sizes {sizes} do not fill its {len(data)} bytes")
-    ends = np.cumsum([SAMPLE_HEAD, *sizes]).tolist()
-    doc_id, text, column = (data[start:end] for start, end in zip(ends, ends[1:]))
+    ends = np.cumsum([head, *sizes]).tolist()
+    columns = [data[start:end] for start, end in zip(ends, ends[1:])]
+    metadata = columns.pop(1) if with_metadata else None
+    doc_id, text, column = columns
     tokens = _decode_tokens(column, dtype)
     if tokens is None:
         raise IntegrityError(f"{where}: its tokens column is not a 1-D {dtype} array")
     try:
-        return Sample(tokens, text.decode("utf-8"), doc_id.decode("utf-8"))
+        return Sample(tokens, text.decode("utf-8"), doc_id.decode("utf-8"), metadata)
     except UnicodeDecodeError:
         raise IntegrityError(f"{where}: its text or id is not UTF-8") from None
 
@@ -118,12 +133,12 @@ class ShardReader:
         self.path, self.name = path, os.fspath(path)
         self._fd = _open(path, digest)
         try:
-            self.dtype, self.offsets = self._read_header(os.fstat(self._fd).st_size)
+            self.dtype, self.with_metadata, self.offsets = self._read_header(os.fstat(self._fd).st_size)
         except BaseException:
             self.close()
             raise
 
-    def _read_header(self, size: int) -> tuple[np.dtype[Any], npt.NDArray[np.int64]]:
+    def _read_header(self, size: int) -> tuple[np.dtype[Any], bool, npt.NDArray[np.int64]]:
         if size < 4:
             raise IntegrityError(f"{self.name}: {size} bytes is shorter than an MDS sample count")
         count = int(np.frombuffer(_read_at(self._fd, 0, 4, self.name), dtype=UINT32)[0])
@@ -133,9 +148,11 @@ class ShardReader:
         config_size = int(offsets[0]) - 4 - 4 * (count + 1)
         if config_size not in _CONFIG_SIZES:
             raise IntegrityError(f"{self.name}: not an MDS shard prep writes (a config of {config_size} bytes)")
-        dtype = _dtype_of_config(_read_at(self._fd, 4 + 4 * (count + 1), config_size, self.name), self.name)
-        _check_offsets(offsets, header_size(dtype, count), size, self.name)
-        return dtype, offsets
+        dtype, with_metadata = _dtype_of_config(_read_at(self._fd, 4 + 4 * (count + 1), config_size, self.name),
+                                                self.name)
+        _check_offsets(offsets, header_size(dtype, count, with_metadata), size, self.name,
+                       SAMPLE_HEAD + 4 * with_metadata)
+        return dtype, with_metadata, offsets
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -147,7 +164,7 @@ class ShardReader:
         index %= len(self)
         start, end = int(self.offsets[index]), int(self.offsets[index + 1])
         return decode_sample(_read_at(self._fd, start, end - start, self.name), self.dtype,
-                             f"{self.name}: sample {index}")
+                             f"{self.name}: sample {index}", self.with_metadata)
 
     def __iter__(self) -> Iterator[Sample]:
         return (self[index] for index in range(len(self)))

@@ -24,17 +24,17 @@ MDS_BYTES_PER_DOCUMENT = 4 + 12 + 3 + 24
 
 
 def sample_spans(sizes: DocumentSizes) -> npt.NDArray[np.int64]:
-    """A document's bytes in the shard: its sample (column sizes, id, text, token column)."""
+    """A document's bytes in the shard: its sample (column sizes, id, metadata, text, token column)."""
     from prep.formats import mds
 
-    return mds.SampleSizes(sizes.tokens, sizes.text_bytes, sizes.id_sizes).sample_bytes(sizes.dtype)
+    return mds.SampleSizes(sizes.tokens, sizes.text_bytes, sizes.id_sizes, sizes.metadata_sizes).sample_bytes(sizes.dtype)
 
 
-def header(documents: int, dtype: np.dtype[Any]) -> int:
+def header(documents: int, dtype: np.dtype[Any], with_metadata: bool = False) -> int:
     """The sample count, offsets and config before the first sample."""
     from prep.formats import mds
 
-    return mds.header_size(dtype, documents)
+    return mds.header_size(dtype, documents, with_metadata)
 
 
 def weight(shard: ShardCounts) -> int:
@@ -42,14 +42,14 @@ def weight(shard: ShardCounts) -> int:
     return shard.bin_size + shard.text_bytes + shard.documents * MDS_BYTES_PER_DOCUMENT
 
 
-def folder_index(shards: tuple[HeldShard, ...], dtype: str) -> dict[str, bytes]:
+def folder_index(shards: tuple[HeldShard, ...], dtype: str, metadata_keys: tuple[str, ...]) -> dict[str, bytes]:
     """`mds/index.json` listing the shards a folder holds, so StreamingDataset(local=DEST/mds) reads them."""
     import numpy as np
 
     from prep.formats import mds
 
-    entries = [mds.ShardEntry(shard.path.rpartition("/")[2], shard.size, shard.documents, np.dtype(dtype))
-               for shard in shards]
+    entries = [mds.ShardEntry(shard.path.rpartition("/")[2], shard.size, shard.documents, np.dtype(dtype),
+                              bool(metadata_keys)) for shard in shards]
     return {f"{FOLDER}/{mds.INDEX_BASENAME}": mds.index_bytes(entries)}
 
 

@@ -1,4 +1,5 @@
-"""The `bin` output format: Megatron `.bin` (token ids) and `.idx` (its index), one family.
+"""The `bin` output format: Megatron `.bin` (token ids) and `.idx` (its index), and in a build
+with metadata fields each shard's `.metadata.parquet` (its documents' metadata), one family.
 
 Registered here; the byte layouts are prep.formats.megatron, the shard writer
 prep.stages.shard.write_bin_unit. Loads no numpy.
@@ -18,6 +19,9 @@ BIN = "bin"
 """The `bin` unit (output format), and the artifact format of its Megatron token file."""
 IDX = "idx"
 """The artifact format of the `bin` unit's Megatron index."""
+BIN_METADATA = "bin_metadata"
+"""The artifact format of the `bin` unit's per-shard metadata file (prep.formats.sidecar),
+`bin/<shard>.metadata.parquet`: written only in a build with metadata fields."""
 FAMILY = "megatron"
 
 
@@ -32,5 +36,6 @@ def weight(shard: ShardCounts) -> int:
 
 
 MEGATRON = register(OutputFormat(
-    BIN, (ArtifactFormat(BIN, "bin", "bin", FAMILY, token_spans, "bin_off"), ArtifactFormat(IDX, "bin", "idx", FAMILY)),
+    BIN, (ArtifactFormat(BIN, "bin", "bin", FAMILY, token_spans, "bin_off"), ArtifactFormat(IDX, "bin", "idx", FAMILY),
+          ArtifactFormat(BIN_METADATA, "bin", "metadata.parquet", FAMILY, with_metadata=True)),
     writer="prep.stages.shard:write_bin_unit", weight=weight))

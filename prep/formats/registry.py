@@ -23,6 +23,8 @@ BUILTIN = ("prep.formats.mds_spec", "prep.formats.megatron_spec", "prep.formats.
 """The modules of the built-in formats (each registers its own)."""
 NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 """What a format or artifact kind name looks like (it is a folder, an extension and a manifest value)."""
+EXTENSION = re.compile(rf"{NAME.pattern}(\.{NAME.pattern})?")
+"""What an artifact's extension looks like: a name, or two joined by a dot (`metadata.parquet`)."""
 
 
 class ShardCounts(Protocol):
@@ -45,6 +47,7 @@ class DocumentSizes:
     json_sizes: npt.NDArray[np.int64]  # `.json` member bytes; zeros unless some format needs them
     id_sizes: npt.NDArray[np.int64]  # UTF-8 bytes of the document ids; zeros unless some format needs them
     dtype: np.dtype[Any]  # the token ids' dtype
+    metadata_sizes: npt.NDArray[np.int64] | None = None  # MDS metadata column bytes, in a build with metadata
 
 
 Spans = Callable[[DocumentSizes], "npt.NDArray[np.int64]"]
@@ -67,16 +70,17 @@ class HeldShard:
     documents: int
 
 
-FolderFiles = Callable[[tuple[HeldShard, ...], str], dict[str, bytes]]
+FolderFiles = Callable[[tuple[HeldShard, ...], str, tuple[str, ...]], dict[str, bytes]]
 """The files a pulled folder holds beside a format's shards (path -> bytes), from the shards it
-holds in path order and the token dtype's name."""
+holds in path order, the token dtype's name and the snapshot's metadata keys (config.recorded_metadata_keys)."""
 
 
 @dataclass(frozen=True)
 class ArtifactFormat:
     """One kind of shard file: its manifest `format`, its path's folder and extension, its family,
     the bytes each document takes in it (None: no byte range of its own, as an index), the bytes
-    before the first one, and the column of a layout-1 shuffle plan that held each document's offset in it."""
+    before the first one, the column of a layout-1 shuffle plan that held each document's offset
+    in it, and whether it is written only in a build with metadata fields (`with_metadata`)."""
 
     name: str
     folder: str
@@ -85,6 +89,7 @@ class ArtifactFormat:
     spans: Spans | None = None
     layout1_offset: str | None = None
     head: Head = no_head
+    with_metadata: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,8 +110,17 @@ class OutputFormat:
 
     @property
     def format_names(self) -> tuple[str, ...]:
-        """The manifest `format` of each file the unit writes, in order."""
+        """The manifest `format` of each file the unit may write, in order."""
         return tuple(kind.name for kind in self.artifacts)
+
+    @property
+    def required_names(self) -> tuple[str, ...]:
+        """The manifest `format` of each file the unit writes in every build (not only with metadata)."""
+        return tuple(kind.name for kind in self.artifacts if not kind.with_metadata)
+
+    def written(self, with_metadata: bool) -> tuple[ArtifactFormat, ...]:
+        """The kinds of file the unit writes in a build with (or without) metadata fields."""
+        return tuple(kind for kind in self.artifacts if with_metadata or not kind.with_metadata)
 
 
 @dataclass(frozen=True)
@@ -186,9 +200,12 @@ def tables() -> Tables:
 def _check_new(fmt: OutputFormat, others: Collection[OutputFormat]) -> None:
     """Refuse a malformed name, or a name, folder or file another format has."""
     kinds = [kind for other in others for kind in other.artifacts]
-    for name in (fmt.name, *(word for k in fmt.artifacts for word in (k.name, k.folder, k.extension))):
+    for name in (fmt.name, *(word for k in fmt.artifacts for word in (k.name, k.folder))):
         if not NAME.fullmatch(name):
             raise ValueError(f"format name {name!r} must match {NAME.pattern}")
+    for kind in fmt.artifacts:
+        if not EXTENSION.fullmatch(kind.extension):
+            raise ValueError(f"extension {kind.extension!r} must match {EXTENSION.pattern}")
     clash = ({fmt.name} | set(fmt.format_names)) & ({k.name for k in kinds} | {o.name for o in others})
     files = {(k.folder, k.extension) for k in kinds}
     if clash or not fmt.artifacts or any((k.folder, k.extension) in files for k in fmt.artifacts):

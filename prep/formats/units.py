@@ -55,8 +55,14 @@ def units_for(formats: Iterable[str]) -> list[str]:
 
 
 def unit_formats(name: str) -> tuple[str, ...]:
-    """The artifact formats unit `name` writes: `bin` -> ("bin", "idx"), `wds` -> ("wds",)."""
+    """The artifact formats unit `name` may write: `bin` -> ("bin", "idx", "bin_metadata"), `wds` -> ("wds",)."""
     return unit(name).format_names
+
+
+def required_formats(name: str) -> tuple[str, ...]:
+    """The artifact formats unit `name` writes in every build (`bin` -> ("bin", "idx"), without
+    the metadata file only a build with metadata fields writes)."""
+    return unit(name).required_names
 
 
 def artifact_format(fmt: str) -> ArtifactFormat:

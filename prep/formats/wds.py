@@ -261,14 +261,17 @@ def npy_bytes(tokens: npt.ArrayLike) -> bytes:
     return npy_header(array.size, array.dtype) + array.tobytes()
 
 
-def sample_json(doc_id: str, source: str, line: int, tokens: int) -> bytes:
-    """The `.json` member: canonical JSON {"id","line","source","tokens"} (sorted, compact, UTF-8).
+def sample_json(doc_id: str, source: str, line: int, tokens: int, metadata: bytes | None = None) -> bytes:
+    """The `.json` member: canonical JSON {"id","line","source","tokens"} (sorted, compact, UTF-8),
+    with `"metadata"` (the document's metadata object, prep.inputs.metadata) in a build with
+    metadata fields.
 
     Spelled out directly, since shard assembly makes one per document: the same bytes as
     canonical.dumps (keys in sorted order, strings escaped as json.dumps does without
-    ensure_ascii, integers in decimal)."""
-    return (f'{{"id":{_json_string(doc_id)},"line":{int(line)},"source":{_json_string(source)},'
-            f'"tokens":{int(tokens)}}}').encode()
+    ensure_ascii, integers in decimal; metadata floats as json.dumps spells them)."""
+    nested = b"" if metadata is None else b',"metadata":' + metadata
+    return (f'{{"id":{_json_string(doc_id)},"line":{int(line)}'.encode() + nested
+            + f',"source":{_json_string(source)},"tokens":{int(tokens)}}}'.encode())
 
 
 _json_string = json.encoder.encode_basestring

@@ -141,7 +141,8 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
     settings = tokenize_settings(pipeline, str(tokenizer_path), info.sha256)
     try:
         tokenized = runner.run_stage(Tokenizing(tuple(sources), settings, pipeline.input.text_field,
-                                                pipeline.input.id_field, pipeline.input.max_document_bytes), None)
+                                                pipeline.input.id_field, pipeline.input.max_document_bytes,
+                                                pipeline.input.metadata_fields), None)
     finally:
         release_spool(sources)  # S3 inputs were read once, into the spool; no later stage reads them
     _check_not_empty(pipeline, sources, tokenized)

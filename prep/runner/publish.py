@@ -15,7 +15,7 @@ from typing import Any
 
 from prep import hashing
 from prep.errors import RefConflictError, StaleRefError
-from prep.formats.units import named_artifact_path, unit_formats, units_for
+from prep.formats.units import artifact_format, named_artifact_path, unit_formats, units_for
 from prep.inputs.sources import SourceFile
 from prep.runner.sharding import Sharded, ShardOut
 from prep.runner.stage import StageRun
@@ -35,6 +35,8 @@ def artifacts(shards: Sequence[ShardOut], formats: tuple[str, ...]) -> list[dict
     for shard in shards:
         outputs, sizes = dict(shard.outputs), dict(shard.sizes)
         for fmt in (fmt for unit in units_for(formats) for fmt in unit_formats(unit)):
+            if fmt not in outputs and artifact_format(fmt).with_metadata:  # a build without metadata fields
+                continue
             listed.append({
                 "path": named_artifact_path(fmt, shard.plan.name), "format": fmt, "shard": shard.plan.index,
                 "size": sizes[fmt], "sha256": hashing.parse_id(outputs[fmt]),

@@ -55,6 +55,7 @@ class AssembleJob:
     dtype: str
     eos_id: int
     read_back: bool = True
+    metadata_keys: tuple[str, ...] = ()  # the build's metadata keys (TokenizeSettings.metadata_keys)
 
 
 def run_assemble_job(job: AssembleJob) -> BatchResult:
@@ -77,7 +78,7 @@ def run_assemble_job(job: AssembleJob) -> BatchResult:
     try:
         for unit in job.units:
             spec = output_format(unit.unit)
-            documents = collect_shard(unit.plan, buckets, names, spec.needs_json, spec.needs_ids)
+            documents = collect_shard(unit.plan, buckets, names, spec.needs_json, spec.needs_ids, job.metadata_keys)
             written = write_unit(unit.unit, unit.plan, documents, reader, np.dtype(job.dtype), job.eos_id, work_dir,
                                  job.read_back)
             crash_point("shard.after_write")
@@ -154,7 +155,8 @@ class Sharding:
         part_ids = tuple(part.output for part in parts)
         tasks = tuple(Task(unit.key, unit, f"shard {unit.plan.name} {unit.unit} file", unit_weight(unit.plan, unit.unit),
                            unit_weight(unit.plan, unit.unit)) for unit in units)
-        batching = Batching(context.store_url, context.table_id(table), buckets, self.dtype, self.eos_id, context.read_back)
+        batching = Batching(context.store_url, context.table_id(table), buckets, self.dtype, self.eos_id, context.read_back,
+                            self.tokenize.metadata_keys)
         committed = sum(record is not None for record in found.values())
         return StagePlan(TaskPlan("shard", tasks, run_assemble_job, found=found, final=True,
                                   reads=lambda missing: _reads(missing, part_ids, buckets), batch=batching.jobs,
@@ -201,11 +203,12 @@ class Batching:
     dtype: str
     eos_id: int
     read_back: bool
+    metadata_keys: tuple[str, ...] = ()
 
     def jobs(self, missing: Sequence[Task[Unit]], workers: int) -> list[AssembleJob]:
         return [AssembleJob(self.store_url, self.parts_table,
                             tuple(sorted({(b, self.buckets[b]) for unit in group for b, _, _ in unit.plan.slices})),
-                            group, self.dtype, self.eos_id, self.read_back)
+                            group, self.dtype, self.eos_id, self.read_back, self.metadata_keys)
                 for group in unit_groups([task.job for task in missing], workers)]
 
 

@@ -148,7 +148,7 @@ def build_status(pipeline: Pipeline, store: Store) -> BuildStatus:
     parts, documents = [], 0
     for source in sources:
         for task in plan_read_tasks(source, pipeline.input.text_field, pipeline.input.id_field,
-                                     pipeline.input.max_document_bytes):
+                                     pipeline.input.max_document_bytes, pipeline.input.metadata_fields):
             key = records.content_key("tokenize", settings.key_fields(), code, *task.key_parts())
             record = records.read_task_record(store, "tokenize", key)
             documents += int(record.summary.get("documents", 0)) if record else 0

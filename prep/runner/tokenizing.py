@@ -234,12 +234,14 @@ class Tokenizing:
     text_field: str
     id_field: str | None
     max_document_bytes: int
+    metadata_fields: tuple[str, ...] = ()
     name: str = "tokenize"
 
     def read_tasks(self) -> list[ReadTask]:
         """Every input part, in input order."""
         return [task for source in self.sources
-                for task in plan_read_tasks(source, self.text_field, self.id_field, self.max_document_bytes)]
+                for task in plan_read_tasks(source, self.text_field, self.id_field, self.max_document_bytes,
+                                            self.metadata_fields)]
 
     def plan(self, previous: None, context: StageContext) -> StagePlan:
         reads = self.read_tasks()

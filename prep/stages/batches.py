@@ -11,16 +11,14 @@ import numpy as np
 import pyarrow as pa
 
 from prep.stages.jsonblocks import jsonl_chunks, valid_utf8
-from prep.stages.read import BadRecord, ReadTask, batch_documents, read_documents, record_batches, translated
+from prep.stages.read import BadRecord, ReadTask, Row, batch_documents, read_documents, record_batches, translated
 from prep.stages.textcolumns import TextColumns, chunks_of, rebatch
 from prep.workfiles.columns import string_bytes
 
-_Row = tuple[int, str | None, str, bytes]
 
-
-def _rows(items: Iterator[Any]) -> Iterator[_Row | BadRecord]:
+def _rows(items: Iterator[Any]) -> Iterator[Row | BadRecord]:
     for item in items:
-        yield item if isinstance(item, BadRecord) else (item.row, item.id, item.text, item.data)
+        yield item if isinstance(item, BadRecord) else (item.row, item.id, item.text, item.data, item.metadata)
 
 
 def _utf8_column(column: pa.Array) -> tuple[bytes, np.ndarray[Any, np.dtype[np.int64]]] | None:
@@ -49,9 +47,10 @@ def _over_the_bound(task: ReadTask, blob: bytes, offsets: np.ndarray[Any, np.dty
 
 
 def _table_chunks(task: ReadTask) -> Iterator[TextColumns | BadRecord]:
-    """Each record batch as columns when every text and id is usable, else document by document."""
+    """Each record batch as columns when every text and id is usable and no metadata is read, else
+    document by document (a document's metadata is spelled from its Python values)."""
     for first_row, batch in record_batches(task):
-        texts = _utf8_column(batch.column(task.text_field))
+        texts = _utf8_column(batch.column(task.text_field)) if not task.metadata_fields else None
         ids = _id_column(task, batch) if texts is not None else None
         if texts is None or ids is None or _over_the_bound(task, *texts):
             yield from chunks_of(_rows(batch_documents(task, batch, first_row)))

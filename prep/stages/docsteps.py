@@ -132,7 +132,8 @@ def _kept(batch: TextColumns, outcomes: Sequence[Outcome], step: DocumentStep, w
     texts = [batch.data(index) if outcomes[index] is None
              else _encoded(ids[index], str(outcomes[index]), f"{where}: step {step.name!r}, row/line {rows[index] + 1}")
              for index in kept]
-    return TextColumns.from_rows([rows[index] for index in kept], [ids[index] for index in kept], texts)
+    return TextColumns.from_rows([rows[index] for index in kept], [ids[index] for index in kept], texts,
+                                 batch.metadata_of(np.asarray(kept, dtype=np.int64)))
 
 
 def _decide(step: DocumentStep, document: StepDocument, row: int, where: str,
@@ -162,7 +163,7 @@ def _without_dropped(batch: TextColumns, outcomes: Sequence[Outcome]) -> TextCol
     blob = b"".join([view[bounds[index]:bounds[index + 1]] for index in np.flatnonzero(keep).tolist()])
     offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
     np.cumsum(np.diff(batch.offsets)[keep], out=offsets[1:])
-    return TextColumns(batch.rows[keep], batch.ids.filter(pa.array(keep)), blob, offsets)
+    return TextColumns(batch.rows[keep], batch.ids.filter(pa.array(keep)), blob, offsets, batch.metadata_of(keep))
 
 
 def _texts(batch: TextColumns) -> Iterator[str]:

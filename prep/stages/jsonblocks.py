@@ -8,7 +8,8 @@ when it surely reads every line as `json.loads` does: the block is valid UTF-8 w
 every line holds an object nested at most MAX_BRACKETS_PER_LINE deep, Arrow reads one row per
 line, and no text or id is missing. Any other block is read line by line (`read.line_rows`), so
 every decision and error message stays the per-line reader's; so is a block of long lines when
-pysimdjson is installed (it is faster there, and a few calls per block cost nothing).
+pysimdjson is installed (it is faster there, and a few calls per block cost nothing), and every
+block of a task that reads metadata fields (their values may be any JSON).
 """
 
 from __future__ import annotations
@@ -164,8 +165,8 @@ def _block_items(task: ReadTask, arrow: _ArrowLines, block: bytes, first_local: 
     """The block's documents and bad records in order, and how many lines it held."""
     bounds = _line_bounds(np.frombuffer(block, dtype=np.uint8))
     lines = max(1, len(bounds) - 1)  # an empty block is one empty line
-    if parse is not None and len(block) >= LONG_LINE_BYTES * lines:
-        return _by_lines(task, parse, block, lines, first_local), lines
+    if task.metadata_fields or parse is not None and len(block) >= LONG_LINE_BYTES * lines:
+        return _by_lines(task, parse, block, lines, first_local), lines  # metadata: any value, spelled by json
     if len(block) > task.max_document_bytes and int(np.diff(bounds).max()) > task.max_document_bytes:
         return _by_lines(task, parse, block, lines, first_local), lines  # it refuses the long lines
     opening = _object_lines(block, bounds)

@@ -12,7 +12,7 @@ import numpy as np
 from prep.formats import wds
 from prep.stages.specs import Part, ShardParts
 from prep.workfiles.columns import join_pieces
-from prep.workfiles.entries import NO_ID
+from prep.workfiles.entries import NO_ID, metadata_spans
 
 
 @dataclass(frozen=True)
@@ -38,17 +38,26 @@ class PartNames:
                    np.asarray(source_of, dtype=np.int64), tuple(numbered))
 
 
-def sample_jsons(entries: np.ndarray, ids: bytes, names: PartNames) -> tuple[bytes, np.ndarray]:
-    """Each document's `.json` member (id or source:line, source, line, tokens with EOS), one
-    after another, and their offsets (one `wds.sample_json` per document, vectorized). Only the
-    sources these documents name are encoded: a corpus may have hundreds of thousands."""
+def sample_jsons(entries: np.ndarray, ids: bytes, names: PartNames,
+                 with_metadata: bool = False) -> tuple[bytes, np.ndarray]:
+    """Each document's `.json` member (id or source:line, source, line, tokens with EOS, and
+    `with_metadata` its metadata), one after another, and their offsets (one `wds.sample_json` per
+    document, vectorized). Only the sources these documents name are encoded: a corpus may have
+    hundreds of thousands."""
     part = entries["part"].astype(np.int64)
     lines = names.line_offsets[part] + entries["row"].astype(np.int64) + 1  # record_line: offset + row + 1
     used, source_of = np.unique(names.source_of[part], return_inverse=True)
     has_id = entries["id_len"] != NO_ID
     return sample_members(ids, entries["id_offset"].astype(np.int64), np.where(has_id, entries["id_len"], 0),
                           has_id, [names.sources[at] for at in used.tolist()], source_of.reshape(-1), lines,
-                          entries["n_tokens"].astype(np.int64) + 1)
+                          entries["n_tokens"].astype(np.int64) + 1,
+                          metadata_spans(entries) if with_metadata else None)
+
+
+def document_metadata(entries: np.ndarray, ids: bytes) -> tuple[bytes, np.ndarray]:
+    """Each document's metadata (compact JSON, UTF-8), one after another, and their n + 1 offsets."""
+    starts, lengths = metadata_spans(entries)
+    return join_pieces(np.frombuffer(ids, dtype=np.uint8), starts[:, None], lengths[:, None])
 
 
 def document_ids(entries: np.ndarray, ids: bytes, names: PartNames) -> tuple[bytes, np.ndarray]:
@@ -87,12 +96,13 @@ def _plain_strings(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
 
 
 def sample_members(ids: bytes, id_starts: np.ndarray, id_lengths: np.ndarray, has_id: np.ndarray,
-                 sources: list[str], source_of: np.ndarray, lines: np.ndarray,
-                 tokens: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """`wds.sample_json(id or f"{source}:{line}", source, line, tokens)` of many documents at once:
-    document i's id is `ids[id_starts[i]:...]` (UTF-8) when `has_id[i]`, its source
-    `sources[source_of[i]]`. Returns the members one after another and their n + 1 offsets.
-    Ids that need escaping are spelled by `_json_string` itself."""
+                   sources: list[str], source_of: np.ndarray, lines: np.ndarray, tokens: np.ndarray,
+                   metadata: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[bytes, np.ndarray]:
+    """`wds.sample_json(id or f"{source}:{line}", source, line, tokens, metadata)` of many documents
+    at once: document i's id is `ids[id_starts[i]:...]` (UTF-8) when `has_id[i]`, its source
+    `sources[source_of[i]]`, its metadata (when given as (starts, lengths)) `ids[starts[i]:...]`.
+    Returns the members one after another and their n + 1 offsets. Ids that need escaping are
+    spelled by `_json_string` itself."""
     count = len(np.asarray(lines))
     starts, lengths = np.asarray(id_starts, dtype=np.int64), np.asarray(id_lengths, dtype=np.int64)
     present, part = np.asarray(has_id, dtype=bool), np.asarray(source_of, dtype=np.int64)
@@ -101,7 +111,7 @@ def sample_members(ids: bytes, id_starts: np.ndarray, id_lengths: np.ndarray, ha
     escaped = np.flatnonzero(present & ~plain)
     extra = [_json_string(ids[int(starts[i]):int(starts[i] + lengths[i])].decode("utf-8")).encode() for i in escaped]
     quoted = [_json_string(source).encode() for source in sources]
-    consts = [b'{"id":', b'"', b":", b',"line":', b',"source":', b',"tokens":', b"}"]
+    consts = [b'{"id":', b'"', b":", b',"line":', b',"source":', b',"tokens":', b"}", b',"metadata":']
     line_digits, line_widths = wds.decimal_digits(lines)
     token_digits, token_widths = wds.decimal_digits(tokens)
     pieces = [b"".join(consts), b"".join(quoted), ids, b"".join(extra), line_digits.tobytes(), token_digits.tobytes()]
@@ -129,6 +139,8 @@ def sample_members(ids: bytes, id_starts: np.ndarray, id_lengths: np.ndarray, ha
         (np.full(count, at[5]), np.full(count, len(consts[5]))), (token_at, token_widths),
         (np.full(count, at[6]), np.ones(count, np.int64)),
     ]
+    if metadata is not None:  # ,"metadata":  M  between the line and the source
+        table[7:7] = [(np.full(count, at[7]), np.full(count, len(consts[7]))), (bases[2] + metadata[0], metadata[1])]
     pool = np.frombuffer(b"".join(pieces), dtype=np.uint8)
     return join_pieces(pool, np.stack([s for s, _ in table], axis=1).astype(np.int64),
                        np.stack([n for _, n in table], axis=1).astype(np.int64))

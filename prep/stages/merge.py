@@ -27,7 +27,6 @@ from prep.errors import IntegrityError
 from prep.hashing import Digest, HashingWriter
 from prep.workfiles.entries import (
     INDEXED,
-    NO_ID,
     EntryFile,
     concat_numbered,
     descriptor,
@@ -35,6 +34,7 @@ from prep.workfiles.entries import (
     index_bits_for,
     key_order,
     regroup_ids,
+    spanned,
     take_entries,
 )
 from prep.workfiles.intermediate import io_errors
@@ -106,7 +106,7 @@ def _write_slices(opened: Sequence[tuple[EntryFile, int, int]], bits: int, slice
         entries, ids = read_slice(opened, prefix, slice_bits)
         if not len(entries):
             continue
-        entries["id_offset"][entries["id_len"] != NO_ID] += np.uint64(written_ids)
+        entries["id_offset"][spanned(entries)] += np.uint64(written_ids)
         out.write(entries.view(np.uint8).data)
         spool.write(ids)
         written_ids += len(ids)

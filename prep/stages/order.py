@@ -30,6 +30,7 @@ from prep.workfiles.entries import (
     descriptor,
     gather_bytes,
     key_order,
+    metadata_spans,
     regroup_ids,
     take_entries,
     write_entries,
@@ -95,6 +96,10 @@ def _range_digest(chunk: np.ndarray, blob: np.ndarray, line_offsets: np.ndarray,
     hasher.update((line_offsets[chunk["part"]] + chunk["row"].astype(np.int64) + 1).astype("<i8").tobytes())
     with_id = chunk["id_len"] != NO_ID
     hasher.update(gather_bytes(blob, chunk["id_offset"][with_id], chunk["id_len"][with_id]))
+    if chunk["meta_len"].any():  # a build with metadata fields: the documents' metadata too
+        starts, lengths = metadata_spans(chunk)
+        hasher.update(np.ascontiguousarray(chunk["meta_len"]).tobytes())
+        hasher.update(gather_bytes(blob, starts, lengths))
     return hasher.hexdigest()
 
 

@@ -14,9 +14,10 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from prep.config import DEFAULT_MAX_DOCUMENT_BYTES
-from prep.errors import InputError, PrepError
+from prep.errors import ConfigError, InputError, PrepError
 from prep.inputs import jsonvalues
 from prep.inputs.lines import LongLine, iter_lines_in_range
+from prep.inputs.metadata import metadata_json, table_metadata
 from prep.inputs.sources import SourceFile, local_copy, open_decoded, open_raw
 from prep.inputs.tables import InvalidUTF8, arrow_batches, column_values
 from prep.stages.readtask import BadRecord as BadRecord
@@ -28,11 +29,16 @@ RANGE_BYTES = 32 * 2**20
 
 
 def plan_read_tasks(source: SourceFile, text_field: str, id_field: str | None,
-                    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> list[ReadTask]:
+                    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+                    metadata_fields: tuple[str, ...] = ()) -> list[ReadTask]:
     """Split a file into tasks of about RANGE_BYTES so one huge file is not one task."""
     range_bytes = RANGE_BYTES
+    if metadata_fields and source.format == "text":
+        raise ConfigError(f"{source.location}: input.metadata_fields: a text file has no fields to read metadata "
+                          "from; leave metadata_fields out, or read JSON Lines, Parquet or Arrow")
+
     def task(part: int, start: int, end: int) -> ReadTask:
-        return ReadTask(source, part, start, end, text_field, id_field, max_document_bytes)
+        return ReadTask(source, part, start, end, text_field, id_field, max_document_bytes, metadata_fields)
 
     if source.format == "jsonl" and not source.compressed and source.size > range_bytes:
         starts = list(range(0, source.size, range_bytes))
@@ -150,8 +156,16 @@ def _shallow(record: dict[str, Any]) -> bool:
     return False
 
 
-def _fast_fields(parse: Callable[[bytes], object], raw: bytes, task: ReadTask) -> tuple[str | None, str] | None:
-    """The line's (id, text) when `parse` surely reads it as json.loads does, else None (ask json).
+_Fields = tuple[str | None, str, bytes | None]  # a record's id, text and metadata
+
+
+def _metadata(record: dict[str, Any], task: ReadTask) -> bytes | None:
+    """The record's metadata when the task reads some; ValueError names a field it cannot spell."""
+    return metadata_json(record, task.metadata_fields) if task.metadata_fields else None
+
+
+def _fast_fields(parse: Callable[[bytes], object], raw: bytes, task: ReadTask) -> _Fields | None:
+    """The line's (id, text, metadata) when `parse` surely reads it as json.loads does, else None (ask json).
 
     Only clean successes are taken, so every error message stays json's. simdjson rejects all
     that json rejects and more (lone surrogate escapes, NaN, integers beyond 64 bits), and keeps
@@ -171,11 +185,11 @@ def _fast_fields(parse: Callable[[bytes], object], raw: bytes, task: ReadTask) -
     if type(text) is not str:
         return None
     if task.id_field is None:
-        return None, text
+        return None, text, _metadata(record, task)
     value = record.get(task.id_field)
     if type(value) is not str and type(value) is not int:  # floats and the rest: as json reads them
         return None
-    return str(value), text
+    return str(value), text, _metadata(record, task)
 
 
 def _fast_document(parse: Callable[[bytes], object], raw: bytes, local: int, task: ReadTask) -> Document | None:
@@ -184,8 +198,8 @@ def _fast_document(parse: Callable[[bytes], object], raw: bytes, local: int, tas
     return None if fields is None else document(local, *fields)
 
 
-def _json_fields(raw: bytes, task: ReadTask) -> tuple[str | None, str]:
-    """The line's (id, text) as json.loads reads it; ValueError says why the line is bad."""
+def _json_fields(raw: bytes, task: ReadTask) -> _Fields:
+    """The line's (id, text, metadata) as json.loads reads it; ValueError says why the line is bad."""
     try:
         text_line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -198,7 +212,7 @@ def _json_fields(raw: bytes, task: ReadTask) -> tuple[str | None, str]:
     except RecursionError:  # json recurses per level of nesting
         raise ValueError("malformed JSON: nested too deeply to read") from None
     text = _field_text(record, task.text_field)
-    return _field_id(record, task.id_field), text
+    return _field_id(record, task.id_field), text, _metadata(record, task)
 
 
 def _json_document(raw: bytes, local: int, task: ReadTask) -> Document:
@@ -212,7 +226,7 @@ def _line_document(parse: Callable[[bytes], object] | None, raw: bytes, local: i
     return found if found is not None else _json_document(raw, local, task)
 
 
-_Row = tuple[int, str | None, str, bytes]  # a Document's fields
+Row = tuple[int, str | None, str, bytes, bytes | None]  # a Document's fields
 
 
 def long_line(task: ReadTask, local: int, length: int) -> BadRecord:
@@ -221,7 +235,7 @@ def long_line(task: ReadTask, local: int, length: int) -> BadRecord:
 
 
 def line_rows(task: ReadTask, parse: Callable[[bytes], object] | None, lines: Iterable[bytes | LongLine],
-              first_local: int = 0) -> Iterator[_Row | BadRecord]:
+              first_local: int = 0) -> Iterator[Row | BadRecord]:
     """The Document fields (or BadRecord) of each non-blank line; the first is local line `first_local`."""
     for local, raw in enumerate(lines, first_local):
         if isinstance(raw, LongLine) or len(raw) > task.max_document_bytes:
@@ -231,15 +245,15 @@ def line_rows(task: ReadTask, parse: Callable[[bytes], object] | None, lines: It
             continue
         try:
             fields = _fast_fields(parse, raw, task) if parse is not None else None
-            doc_id, text = fields if fields is not None else _json_fields(raw, task)
+            doc_id, text, metadata = fields if fields is not None else _json_fields(raw, task)
             data = utf8(doc_id, text)
         except ValueError as exc:
             yield BadRecord(local, str(exc), line=line_number(task, local))
             continue
-        yield local, doc_id, text, data
+        yield local, doc_id, text, data, metadata
 
 
-def _jsonl_rows(task: ReadTask, stats: dict[str, int]) -> Iterator[_Row | BadRecord]:
+def _jsonl_rows(task: ReadTask, stats: dict[str, int]) -> Iterator[Row | BadRecord]:
     """Every line's Document fields (one function call per line on the fast parser's path)."""
     counted = [0]
 
@@ -289,17 +303,27 @@ def _row_problem(task: ReadTask, text: Any, doc_id: Any) -> str | None:
     return None
 
 
+def _table_metadata(task: ReadTask, batch: Any) -> list[bytes | ValueError] | list[None]:
+    """Each row's metadata (or why it has none) when the task reads some, from the batch's columns."""
+    if not task.metadata_fields:
+        return [None] * batch.num_rows
+    names = batch.schema.names
+    columns = {field: column_values(batch.column(field)) for field in task.metadata_fields if field in names}
+    return table_metadata(columns, task.metadata_fields, batch.num_rows)
+
+
 def batch_documents(task: ReadTask, batch: Any, first_row: int) -> Iterator[Document | BadRecord]:
     """The Documents (or BadRecords) of one Arrow record batch whose first row is `first_row`."""
     texts = column_values(batch.column(task.text_field))
     ids = column_values(batch.column(task.id_field)) if task.id_field else [None] * len(texts)
-    for row, (text, doc_id) in enumerate(zip(texts, ids), first_row):
+    metadata = _table_metadata(task, batch)
+    for row, (text, doc_id, found_metadata) in enumerate(zip(texts, ids, metadata), first_row):
         problem = _row_problem(task, text, doc_id)
-        if problem is not None:
-            yield BadRecord(row, problem)
+        if problem is not None or isinstance(found_metadata, ValueError):
+            yield BadRecord(row, problem or str(found_metadata))  # the text's and id's problems first
             continue
         try:
-            found = document(row, None if doc_id is None else str(doc_id), text)
+            found = document(row, None if doc_id is None else str(doc_id), text, found_metadata)
         except ValueError as exc:
             yield BadRecord(row, str(exc))
             continue
@@ -308,13 +332,15 @@ def batch_documents(task: ReadTask, batch: Any, first_row: int) -> Iterator[Docu
 
 
 def _require_columns(task: ReadTask, names: list[str]) -> list[str]:
+    """The columns the task reads: its text and id columns (which must be there, once each), then
+    the metadata fields the file has (a field it lacks is left out of every row's metadata)."""
     wanted = [task.text_field] + ([task.id_field] if task.id_field else [])
-    for column in wanted:
+    for column in wanted + [field for field in task.metadata_fields if field in names]:
         if column not in names:
             raise InputError(f"{task.source.location}: no column {column!r} (columns: {', '.join(names)})")
         if names.count(column) > 1:
             raise InputError(f"{task.source.location}: column {column!r} appears {names.count(column)} times")
-    return wanted
+    return wanted + [field for field in task.metadata_fields if field in names]
 
 
 def _numbered(batches: Iterator[Any], first_row: int) -> Iterator[tuple[int, Any]]:

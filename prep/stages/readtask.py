@@ -20,14 +20,17 @@ class ReadTask:
     text_field: str
     id_field: str | None
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
+    metadata_fields: tuple[str, ...] = ()  # the record's fields its document's metadata holds
 
     def describe(self) -> dict[str, object]:
         return {"source": self.source.rel, "sha256": self.source.sha256, "format": self.source.format,
                 "part": self.part, "start": self.start, "end": self.end}
 
     def key_parts(self) -> tuple[object, ...]:
-        """What of the task a tokenize key names: its input range and how its records are read."""
-        return self.describe(), self.text_field, self.id_field, self.max_document_bytes
+        """What of the task a tokenize key names: its input range and how its records are read (the
+        metadata fields only when some are read, so a task without them keeps its key)."""
+        metadata = (list(self.metadata_fields),) if self.metadata_fields else ()
+        return self.describe(), self.text_field, self.id_field, self.max_document_bytes, *metadata
 
     def too_long(self, length: int, at_least: bool = False) -> str:
         """The bad-record reason of a record of `length` (or, `at_least`, more) bytes over the bound, else ''."""
@@ -43,6 +46,7 @@ class Document:
     id: str | None
     text: str
     data: bytes  # the text as UTF-8
+    metadata: bytes | None = None  # with metadata fields: the document's metadata (prep.inputs.metadata)
 
 
 def utf8(doc_id: str | None, text: str) -> bytes:
@@ -58,9 +62,9 @@ def utf8(doc_id: str | None, text: str) -> bytes:
         raise ValueError(f"text has an unpaired surrogate at character {exc.start}") from None
 
 
-def document(row: int, doc_id: str | None, text: str) -> Document:
+def document(row: int, doc_id: str | None, text: str, metadata: bytes | None = None) -> Document:
     """A Document, its text encoded once (ValueError naming an unpaired surrogate)."""
-    return Document(row, doc_id, text, utf8(doc_id, text))
+    return Document(row, doc_id, text, utf8(doc_id, text), metadata)
 
 
 @dataclass(frozen=True)

@@ -23,16 +23,16 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
-from prep.errors import IntegrityError, StorageIOError
-from prep.formats import little_endian, megatron, wds
-from prep.formats.megatron_spec import BIN, IDX
+from prep.errors import InputError, IntegrityError, StorageIOError
+from prep.formats import little_endian, megatron, sidecar, wds
+from prep.formats.megatron_spec import BIN, BIN_METADATA, IDX
 from prep.formats.registry import load, output_format
 from prep.formats.wds_spec import WDS
-from prep.hashing import HashingWriter
+from prep.hashing import HashingWriter, digest_file
 from prep.stages import gather
 from prep.stages.gather import PartReader as PartReader  # the runner opens one per task
 from prep.stages.gather import scatter_blocks
-from prep.stages.members import PartNames, document_ids, sample_jsons
+from prep.stages.members import PartNames, document_ids, document_metadata, sample_jsons
 from prep.stages.sink import CHUNK_BYTES, ChunkSink, Written
 from prep.workfiles.entries import EntryFile
 from prep.workfiles.shardplan import ShardPlan
@@ -57,6 +57,8 @@ class ShardDocuments:
     json_offsets: np.ndarray  # n + 1 offsets into `jsons` (just [0] without them)
     ids: bytes = b""  # every document id (UTF-8), one after another; empty unless the unit's format needs them
     id_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    metadata: bytes = b""  # every document's metadata (compact JSON), one after another; empty without metadata
+    metadata_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
 
 
 JSON_BLOCK = 1 << 16  # documents per vectorized `.json` batch: bounds its index arrays
@@ -75,36 +77,42 @@ class ShardSource:
     names: PartNames
     with_json: bool
     with_ids: bool = False
+    metadata_keys: tuple[str, ...] = ()  # the build's metadata keys (Pipeline.metadata_keys); () without metadata
 
     def windows(self) -> Iterator[ShardDocuments]:
-        """The shard's documents in key order, at most WINDOW_DOCUMENTS at a time."""
+        """The shard's documents in key order, at most WINDOW_DOCUMENTS at a time (with their ids
+        when `with_ids`, their metadata in a build with metadata keys)."""
         carry: _Carry | None = None
         for bucket, first, count in self.plan.slices:
             entry_file = EntryFile.open(self.buckets[bucket])
             for low in range(first, first + count, WINDOW_DOCUMENTS):
                 entries, ids = entry_file.read(low, min(WINDOW_DOCUMENTS, first + count - low))
                 key_lo, carry = _sample_key_lo(entries, carry)
-                docs = _window(entries, ids, key_lo, self.names, self.with_json)
+                docs = _window(entries, ids, key_lo, self.names, self.with_json, bool(self.metadata_keys))
                 if self.with_ids:
                     doc_ids, id_offsets = document_ids(entries, ids, self.names)
                     docs = replace(docs, ids=doc_ids, id_offsets=id_offsets)
+                if self.metadata_keys:
+                    metadata, metadata_offsets = document_metadata(entries, ids)
+                    docs = replace(docs, metadata=metadata, metadata_offsets=metadata_offsets)
                 yield docs
 
 
 def collect_shard(plan: ShardPlan, buckets: dict[int, Path], names: PartNames, with_json: bool,
-                  with_ids: bool = False) -> ShardSource:
+                  with_ids: bool = False, metadata_keys: tuple[str, ...] = ()) -> ShardSource:
     """The documents of one shard, read lazily from its slices of the bucket objects (in key order)."""
     found = sum(count for _, _, count in plan.slices)
     if found != plan.documents:
         raise IntegrityError(f"shard {plan.name}: found {found} documents, the plan has {plan.documents}")
-    return ShardSource(plan, buckets, names, with_json, with_ids)
+    return ShardSource(plan, buckets, names, with_json, with_ids, metadata_keys)
 
 
-def _window(entries: np.ndarray, ids: bytes, key_lo: np.ndarray, names: PartNames, with_json: bool) -> ShardDocuments:
+def _window(entries: np.ndarray, ids: bytes, key_lo: np.ndarray, names: PartNames, with_json: bool,
+            with_metadata: bool) -> ShardDocuments:
     jsons: list[bytes] = []
     sizes: list[np.ndarray] = []
     for low in range(0, len(entries), JSON_BLOCK) if with_json else ():
-        blob, offsets = sample_jsons(entries[low:low + JSON_BLOCK], ids, names)
+        blob, offsets = sample_jsons(entries[low:low + JSON_BLOCK], ids, names, with_metadata)
         jsons.append(blob)
         sizes.append(np.diff(offsets))
     json_offsets = np.zeros(len(entries) + 1 if with_json else 1, dtype=np.int64)
@@ -335,10 +343,42 @@ class UnitWriter(Protocol):
                  paths: Mapping[str, Path], read_back: bool) -> dict[str, Written]: ...
 
 
+def write_metadata_file(source: ShardSource, path: Path) -> Written:
+    """The shard's metadata file (prep.formats.sidecar): each document's id and metadata, in order."""
+    try:
+        writer = sidecar.SidecarWriter(path, source.metadata_keys)
+        try:
+            for docs in replace(source, with_json=False, with_ids=True).windows():
+                writer.write(_pieces(docs.ids, docs.id_offsets, str), _pieces(docs.metadata, docs.metadata_offsets, bytes))
+            writer.close()
+        except BaseException:
+            with suppress(Exception):
+                writer.abort()
+            raise
+        return Written(path, digest_file(path), read_back=False)
+    except BaseException as exc:
+        with suppress(OSError):
+            path.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise StorageIOError.from_os_error("writing", path, exc) from exc
+        if isinstance(exc, ValueError):  # an id that is not UTF-8; metadata with an undeclared key
+            raise InputError(f"the shard metadata file {path.name}: {exc}") from None
+        raise
+
+
+def _pieces(blob: bytes, offsets: np.ndarray, kind: type[Any]) -> list[Any]:
+    """`blob` cut at `offsets`, each piece as bytes or (`kind` str) decoded from strict UTF-8."""
+    view, bounds = memoryview(blob), offsets.tolist()
+    pieces = [bytes(view[start:end]) for start, end in zip(bounds[:-1], bounds[1:])]
+    return [piece.decode("utf-8") for piece in pieces] if kind is str else pieces
+
+
 def write_bin_unit(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
                    paths: Mapping[str, Path], read_back: bool) -> dict[str, Written]:
-    """The `bin` unit: the .bin and .idx (a failed .idx removes both)."""
+    """The `bin` unit: the .bin and .idx (a failed .idx removes both), and in a build with metadata
+    fields the shard's metadata file."""
     bin_path, idx_path = paths[BIN], paths[IDX]
+    metadata = {BIN_METADATA: write_metadata_file(source, paths[BIN_METADATA])} if source.metadata_keys else {}
     try:
         bin_file, idx_file = write_bin(source, reader, dtype, eos_id, bin_path, idx_path, read_back)
     except OSError as exc:  # the .bin's own errors are StorageIOErrors already: this is the .idx
@@ -349,7 +389,7 @@ def write_bin_unit(source: ShardSource, reader: PartReader, dtype: np.dtype[Any]
     plan = source.plan
     if bin_file.digest.size != plan.bin_size:
         raise IntegrityError(f"shard {plan.name}: wrote {bin_file.digest.size} .bin bytes, planned {plan.bin_size}")
-    return {BIN: bin_file, IDX: idx_file}
+    return {BIN: bin_file, IDX: idx_file, **metadata}
 
 
 def write_tar_unit(source: ShardSource, reader: PartReader, dtype: np.dtype[Any], eos_id: int,
@@ -364,5 +404,5 @@ def write_unit(unit: str, plan: ShardPlan, docs: ShardSource, reader: PartReader
     unless not `read_back`); returns each file by its format."""
     fmt = output_format(unit)
     stem = work_dir / f"shard-{plan.name}"
-    paths = {kind.name: Path(f"{stem}.{kind.extension}") for kind in fmt.artifacts}
+    paths = {kind.name: Path(f"{stem}.{kind.extension}") for kind in fmt.written(bool(docs.metadata_keys))}
     return cast(UnitWriter, load(fmt.writer))(docs, reader, dtype, eos_id, paths, read_back)

@@ -29,14 +29,16 @@ class TokenizeSettings:
     order_seed: int | None = None  # lays documents out in this seed's key order (prep.workfiles.intermediate)
     tokenizer_cache: int = DEFAULT_TOKENIZER_CACHE  # [build] tokenizer_cache: when a worker reloads its engine
     steps: tuple[DocumentStep, ...] = ()  # [[steps]]: run on each document before it is tokenized
+    metadata_keys: tuple[str, ...] = ()  # Pipeline.metadata_keys: what each document's metadata may hold
 
     def key_fields(self) -> dict[str, object]:
         """The settings that change a task's output (the backend and the cache bound never do); the
-        document steps' kinds, code and settings only when some are configured."""
+        document steps' kinds, code and settings, and the metadata keys, only when some are configured."""
         steps: dict[str, object] = {"steps": catalog.key_fields(self.steps)} if self.steps else {}
+        metadata: dict[str, object] = {"metadata_keys": list(self.metadata_keys)} if self.metadata_keys else {}
         return {"tokenizer": self.tokenizer_sha256, "eos": self.eos,
                 "encode_special_tokens": self.encode_special_tokens, "on_error": self.on_error,
-                "order_seed": self.order_seed, **steps}
+                "order_seed": self.order_seed, **steps, **metadata}
 
 
 @dataclass(frozen=True)

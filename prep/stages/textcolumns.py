@@ -15,31 +15,34 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from prep.stages.read import BadRecord
+from prep.stages.read import BadRecord, Row
 from prep.tokenizer.spans import SpanTexts
-from prep.workfiles.columns import string_column
+from prep.workfiles.columns import metadata_column, string_column
 
 Offsets = np.ndarray[Any, np.dtype[np.int64]]
 
 
 @dataclass(frozen=True)
 class TextColumns:
-    """Documents `rows[i]` (line or row of the task), `ids[i]`, UTF-8 text `blob[offsets[i]:offsets[i + 1]]`."""
+    """Documents `rows[i]` (line or row of the task), `ids[i]`, UTF-8 text `blob[offsets[i]:offsets[i + 1]]`,
+    and with metadata fields configured `metadata[i]`, the document's metadata (prep.inputs.metadata)."""
 
     rows: np.ndarray[Any, np.dtype[np.int64]]
     ids: pa.Array  # strings, all null when the task reads no ids
     blob: bytes
     offsets: Offsets
+    metadata: pa.Array | None = None  # large strings, never null; None when the build carries no metadata
 
     def __len__(self) -> int:
         return len(self.rows)
 
     @classmethod
-    def from_rows(cls, rows: Sequence[int], ids: list[str | None], texts: Sequence[bytes]) -> TextColumns:
+    def from_rows(cls, rows: Sequence[int], ids: list[str | None], texts: Sequence[bytes],
+                  metadata: pa.Array | None = None) -> TextColumns:
         """Columns of documents given one by one (their texts as UTF-8)."""
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)
         np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=offsets[1:])
-        return cls(np.asarray(rows, dtype=np.int64), string_column(ids), b"".join(texts), offsets)
+        return cls(np.asarray(rows, dtype=np.int64), string_column(ids), b"".join(texts), offsets, metadata)
 
     @classmethod
     def concat(cls, parts: Sequence[TextColumns]) -> TextColumns:
@@ -48,16 +51,25 @@ class TextColumns:
             return parts[0]
         bases = np.cumsum([0] + [len(part.blob) for part in parts[:-1]])
         offsets = np.concatenate([[0]] + [part.offsets[1:] + base for part, base in zip(parts, bases)])
+        metadata = [part.metadata for part in parts if part.metadata is not None]
         return cls(np.concatenate([part.rows for part in parts]), pa.concat_arrays([part.ids for part in parts]),
-                   b"".join(part.blob for part in parts), offsets.astype(np.int64))
+                   b"".join(part.blob for part in parts), offsets.astype(np.int64),
+                   pa.concat_arrays(metadata) if metadata else None)
 
     def slice(self, start: int, end: int) -> TextColumns:
         """Documents [start, end) as columns of their own."""
         if start == 0 and end == len(self):
             return self
         first, last = int(self.offsets[start]), int(self.offsets[end])
+        metadata = self.metadata.slice(start, end - start) if self.metadata is not None else None
         return TextColumns(self.rows[start:end], self.ids.slice(start, end - start), self.blob[first:last],
-                           self.offsets[start:end + 1] - first)
+                           self.offsets[start:end + 1] - first, metadata)
+
+    def metadata_of(self, kept: np.ndarray[Any, Any]) -> pa.Array | None:
+        """The metadata of the documents `kept` (a mask, or indices in order); None without metadata."""
+        if self.metadata is None:
+            return None
+        return self.metadata.filter(pa.array(kept)) if kept.dtype == bool else self.metadata.take(pa.array(kept))
 
     def data(self, index: int) -> bytes:
         """Document `index`'s text as UTF-8."""
@@ -73,14 +85,15 @@ class TextColumns:
         return b"".join([xxhash.xxh3_128_digest(view[start:end]) for start, end in zip(bounds[:-1], bounds[1:])])
 
 
-def chunks_of(items: Iterable[tuple[int, str | None, str, bytes] | BadRecord],
-              most: int = 4096) -> Iterator[TextColumns | BadRecord]:
+def chunks_of(items: Iterable[Row | BadRecord], most: int = 4096) -> Iterator[TextColumns | BadRecord]:
     """Documents given one by one (a Document's fields) as chunks of at most `most`, bad records
     passed on in their place."""
-    def columns(rows: list[tuple[int, str | None, str, bytes]]) -> TextColumns:
-        return TextColumns.from_rows([row[0] for row in rows], [row[1] for row in rows], [row[3] for row in rows])
+    def columns(rows: list[Row]) -> TextColumns:
+        metadata = [row[4] for row in rows if row[4] is not None]
+        return TextColumns.from_rows([row[0] for row in rows], [row[1] for row in rows], [row[3] for row in rows],
+                                     metadata_column(metadata) if metadata else None)
 
-    rows: list[tuple[int, str | None, str, bytes]] = []
+    rows: list[Row] = []
     for item in items:
         if rows and (isinstance(item, BadRecord) or len(rows) >= most):
             yield columns(rows)

@@ -34,7 +34,7 @@ from prep.tokenizer.engine import TokenizerEngine
 from prep.tokenizer.spans import LazySequence, documents_containing
 from prep.workfiles.columns import to_strings
 from prep.workfiles.entries import PART_COLUMNS, write_part_entries
-from prep.workfiles.intermediate import IntermediateWriter, io_errors
+from prep.workfiles.intermediate import METADATA, IntermediateWriter, io_errors
 from prep.workfiles.outcomes import OutcomesReplay, OutcomesWriter
 
 BATCH_TEXT_BYTES = 8 * 2**20
@@ -276,7 +276,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     try:
         for index in range(len(replays), len(steps)):
             writers.append(OutcomesWriter(outcomes_path(out_path, index), durable))
-        with IntermediateWriter(out_path, dtype, durable, settings.order_seed) as writer:
+        with IntermediateWriter(out_path, dtype, durable, settings.order_seed, bool(task.metadata_fields)) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
                 unique_ids.add(batch)  # a document a step drops was read: its id counts
                 if steps:
@@ -321,7 +321,7 @@ def _write_batch(batch: TextColumns, task: ReadTask, settings: TokenizeSettings,
                                                                 _DocumentNames(task, batch.rows))
     specials = documents_containing(batch.blob, batch.offsets, special_needles)
     writer.write_columns(batch.rows, batch.ids, batch.blob, batch.offsets, batch.text_hashes(), specials,
-                         tokens, token_offsets)
+                         tokens, token_offsets, batch.metadata)
     counts["documents"] += len(batch)
     counts["tokens"] += int(token_offsets[-1])
     counts["text_bytes"] += len(batch.blob)
@@ -331,5 +331,7 @@ def _write_batch(batch: TextColumns, task: ReadTask, settings: TokenizeSettings,
 def _write_entries(path: Path, writer: IntermediateWriter, seed: int) -> Digest:
     """The part's entries, from the metadata the writer holds: no second read of the part."""
     with io_errors("writing", path):
-        return write_part_entries(path, writer.metadata().select(list(PART_COLUMNS)), seed, writer.key_runs())
+        table = writer.metadata()
+        columns = [*PART_COLUMNS, *([METADATA] if METADATA in table.schema.names else [])]
+        return write_part_entries(path, table.select(columns), seed, writer.key_runs())
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from prep.config import recorded_metadata_keys
 from prep.formats.registry import FolderFiles, HeldShard, load
 from prep.formats.units import units
 from prep.transfer.held import install_bytes
@@ -28,13 +29,14 @@ def derived_files(manifest: Mapping[str, Any], held: Iterable[Artifact]) -> list
     """The derived files of the artifacts `held` (a share of the snapshot `manifest` lists)."""
     documents = {str(entry["path"]): int(entry["documents"]) for entry in manifest["artifacts"]}
     dtype = str(manifest["tokenizer"]["dtype"])
+    keys = recorded_metadata_keys(manifest["config"])
     ordered = sorted(held, key=lambda artifact: artifact.path)
     found = []
     for fmt in units():
         shards = tuple(HeldShard(a.path, a.size, documents[a.path]) for a in ordered if a.format in fmt.format_names)
         if fmt.folder_files is None or not shards:
             continue
-        for path, raw in cast(FolderFiles, load(fmt.folder_files))(shards, dtype).items():
+        for path, raw in cast(FolderFiles, load(fmt.folder_files))(shards, dtype, keys).items():
             found.append(DerivedFile(Artifact(path, fmt.name, -1, len(raw), hashlib.sha256(raw).hexdigest()), raw))
     return found
 

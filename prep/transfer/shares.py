@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any, Self
 
 from prep.errors import StorageIOError, UsageError
-from prep.formats.units import unit_formats, unit_names
+from prep.formats.units import required_formats, unit_formats, unit_names
 from prep.regular import open_regular
 from prep.transfer.paths import PREP_DIR as PREP_DIR
 from prep.transfer.paths import TEMP_MARKER as TEMP_MARKER
@@ -337,9 +337,9 @@ def select_formats(artifacts: Sequence[Artifact], formats: tuple[str, ...] | Non
         return list(artifacts)
     wanted = {fmt for name in formats for fmt in unit_formats(name)}
     present = {artifact.format for artifact in artifacts}
-    lacking = [name for name in formats if not set(unit_formats(name)) <= present]
+    lacking = [name for name in formats if not set(required_formats(name)) <= present]
     if lacking:
-        has = ", ".join(name for name in unit_names() if set(unit_formats(name)) <= present) or "none"
+        has = ", ".join(name for name in unit_names() if set(required_formats(name)) <= present) or "none"
         raise UsageError(f"--formats {lacking[0]}: {source} has no {lacking[0]} artifacts (it has: {has})")
     return [artifact for artifact in artifacts if artifact.format in wanted]
 

@@ -59,6 +59,22 @@ def string_column(values: Sequence[str | None]) -> pa.Array:
                                  null_count=int(len(values) - valid.sum()))
 
 
+def metadata_column(values: Sequence[bytes]) -> pa.Array:
+    """A large-string column without nulls of these UTF-8 values (documents' metadata), laid out
+    from 0 so that equal columns serialize to equal bytes however they were cut or joined."""
+    offsets = np.zeros(len(values) + 1, dtype="<i8")
+    np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), out=offsets[1:])
+    return pa.Array.from_buffers(pa.large_string(), len(values), [None, pa.py_buffer(offsets),
+                                                                  pa.py_buffer(b"".join(values))])
+
+
+def zero_based_metadata(column: pa.Array) -> pa.Array:
+    """A metadata column (large strings, no nulls) laid out as `metadata_column` lays it out."""
+    values, offsets = string_bytes(column)
+    return pa.Array.from_buffers(pa.large_string(), len(column), [None, pa.py_buffer(offsets.astype("<i8")),
+                                                                  pa.py_buffer(values)])
+
+
 def string_bytes(column: pa.Array) -> tuple[bytes, np.ndarray[Any, np.dtype[np.int64]]]:
     """A string or large-string column's value bytes (from its first value to its last) and its
     n + 1 offsets into them, from 0; a null's value is empty."""

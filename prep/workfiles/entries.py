@@ -26,16 +26,19 @@ import pyarrow as pa
 from prep.errors import IntegrityError
 from prep.hashing import Digest, HashingWriter
 from prep.manifest import canonical
-from prep.workfiles.columns import int_column, to_numbers
+from prep.workfiles.columns import int_column, join_pieces, string_bytes, to_numbers
 from prep.workfiles.intermediate import hash_pairs, io_errors, pread_into
 from prep.workfiles.keys import bucket_of, order_keys
 
 ENTRY_DTYPE = np.dtype([
     ("key_hi", "<u8"), ("key_lo", "<u8"), ("part", "<u4"), ("row", "<u4"), ("text_offset", "<u8"),
     ("text_bytes", "<u8"), ("tokens_offset", "<u8"), ("n_tokens", "<u8"), ("id_offset", "<u8"),
-    ("id_len", "<u4"), ("flags", "<u4"),
+    ("id_len", "<u4"), ("meta_len", "<u4"),
 ])
-"""One document of an entries object: 72 bytes, little-endian (docs/manifests.md)."""
+"""One document of an entries object: 72 bytes, little-endian (docs/manifests.md). A document's
+span of the ids blob, from `id_offset`, is its id (`id_len` bytes, none for NO_ID), then its
+metadata (`meta_len` bytes; 0 in a build without metadata fields, whose objects are as they were
+before metadata existed)."""
 NO_ID = 0xFFFFFFFF  # id_len of a document without a recorded id
 MAGIC = b"PREPENT1"
 _HEAD = struct.Struct("<8sQ")
@@ -45,7 +48,25 @@ INDEXED = {"part": 4, "run": 8}
 """The kinds of entries object with a prefix index, and the bytes of each of its counts (a run
 may hold more than 2**32 entries)."""
 PART_COLUMNS = ("row", "id", "text_hash", "text_bytes", "n_tokens", "text_offset", "tokens_offset")
-"""The intermediate metadata columns a part's entries are made of."""
+"""The intermediate metadata columns a part's entries are made of (and `metadata` when it has it)."""
+
+
+def span_lengths(entries: np.ndarray) -> np.ndarray:
+    """Each entry's bytes in the ids blob: its id's (none for NO_ID) and its metadata's."""
+    lengths: np.ndarray = np.where(entries["id_len"] != NO_ID, entries["id_len"], 0).astype(np.int64)
+    lengths += entries["meta_len"]
+    return lengths
+
+
+def spanned(entries: np.ndarray) -> np.ndarray:
+    """Which entries own a span of the ids blob (an id, perhaps empty, or metadata)."""
+    return np.asarray((entries["id_len"] != NO_ID) | (entries["meta_len"] > 0))
+
+
+def metadata_spans(entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each entry's metadata is in the ids blob (after its id) and its length."""
+    starts = entries["id_offset"].astype(np.int64) + np.where(entries["id_len"] != NO_ID, entries["id_len"], 0)
+    return starts, entries["meta_len"].astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -94,11 +115,11 @@ class EntryFile:
             if pread_into(opened, entries.view(np.uint8).data, self.entries_at + first * ENTRY_DTYPE.itemsize) \
                     != entries.nbytes:  # cut short, perhaps mid-entry
                 raise IntegrityError(f"{self.path}: shorter than its header says")
-            with_id = entries["id_len"] != NO_ID
+            with_id = spanned(entries)
             if not with_id.any():
                 return entries, b""
             start = int(entries["id_offset"][with_id].min())
-            end = int((entries["id_offset"][with_id] + entries["id_len"][with_id]).max())
+            end = int((entries["id_offset"][with_id] + span_lengths(entries)[with_id].astype(np.uint64)).max())
             ids = os.pread(opened, end - start, self.ids_at + start)
             if len(ids) != end - start:
                 raise IntegrityError(f"{self.path}: its ids are shorter than its entries say")
@@ -170,7 +191,7 @@ def concat_numbered(pieces: Iterable[tuple[int, EntryFile, np.ndarray, bytes]]) 
     for first_part, source, entries, ids in pieces:
         if not len(entries):
             continue
-        entries["id_offset"][entries["id_len"] != NO_ID] += np.uint64(base)
+        entries["id_offset"][spanned(entries)] += np.uint64(base)
         if source.header["kind"] == "run":
             entries["part"] += np.uint32(first_part)
         else:
@@ -279,13 +300,12 @@ def regroup_ids(entries: np.ndarray, blob: bytes) -> tuple[np.ndarray, bytes]:
     """Rewrite the id blob in entry order, so a run of entries has a contiguous run of ids, and
     every id offset as the sum of the ids before it (the same whatever blob the entries came
     from: a part's or a run's)."""
-    with_id = entries["id_len"] != NO_ID
+    with_id = spanned(entries)
     if not with_id.any():
         entries["id_offset"] = 0
         return entries, b""
-    regrouped = gather_bytes(np.frombuffer(blob, dtype=np.uint8), entries["id_offset"][with_id],
-                             entries["id_len"][with_id])
-    lengths = np.where(with_id, entries["id_len"], 0).astype(np.int64)
+    lengths = span_lengths(entries)
+    regrouped = gather_bytes(np.frombuffer(blob, dtype=np.uint8), entries["id_offset"][with_id], lengths[with_id])
     entries["id_offset"] = (np.cumsum(lengths) - lengths).astype(np.uint64)
     return entries, regrouped
 
@@ -341,8 +361,25 @@ def part_entries(table: pa.Table, seed: int, runs: np.ndarray | None = None) -> 
     for name in ("text_offset", "text_bytes", "tokens_offset", "n_tokens"):
         entries[name] = to_numbers(table.column(name))[order]
     # Arrow's take puts the ids in entry order, string by string: no regrouping of a packed blob.
-    entries["id_offset"], entries["id_len"], blob = pack_id_column(table.column("id").take(int_column(order, pa.int64())))
+    taken = int_column(order, pa.int64())
+    entries["id_offset"], entries["id_len"], blob = pack_id_column(table.column("id").take(taken))
+    if "metadata" in table.schema.names:
+        blob = _with_metadata(entries, blob, table.column("metadata").take(taken))
     return entries, blob
+
+
+def _with_metadata(entries: np.ndarray, ids: bytes, metadata: pa.ChunkedArray | pa.Array) -> bytes:
+    """The ids blob of `entries` (whose ids are packed in `ids`) with each entry's metadata after
+    its id; sets their `meta_len` and `id_offset`."""
+    column = metadata.combine_chunks() if isinstance(metadata, pa.ChunkedArray) else metadata
+    values, offsets = string_bytes(column)
+    id_lengths = np.where(entries["id_len"] != NO_ID, entries["id_len"], 0).astype(np.int64)
+    starts = np.stack([entries["id_offset"].astype(np.int64), len(ids) + offsets[:-1]], axis=1)
+    blob, spans = join_pieces(np.frombuffer(ids + values, dtype=np.uint8), starts,
+                              np.stack([id_lengths, np.diff(offsets)], axis=1))
+    entries["meta_len"] = np.diff(offsets)
+    entries["id_offset"] = spans[:-1]
+    return blob
 
 
 def write_part_entries(path: Path, table: pa.Table, seed: int, runs: np.ndarray | None = None) -> Digest:

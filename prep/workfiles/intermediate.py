@@ -6,7 +6,8 @@ Layout (little-endian):
   then its UTF-8 texts back to back, both in the same document order: order-key order for the
   tokenize stage (any key range is one run of each per batch), else input order;
 - metadata: an uncompressed Arrow IPC file, one record batch per tokenize batch, rows in input
-  order, with the columns of METADATA_COLUMNS; `text_offset` and `tokens_offset` are absolute
+  order, with the columns of METADATA_COLUMNS, then in a build with metadata fields the
+  documents' metadata (`metadata`, large strings); `text_offset` and `tokens_offset` are absolute
   file offsets, so readers never depend on the data region's order;
 - footer: the metadata's offset (u64), then the magic `PREPINT2`.
 
@@ -34,17 +35,28 @@ from prep.errors import IntegrityError, StorageIOError
 from prep.formats import little_endian
 from prep.hashing import Digest, HashingWriter
 from prep.tokenizer.spans import offsets_of
-from prep.workfiles.columns import bool_column, fixed_binary_column_of, int_column, string_column, zero_based_strings
+from prep.workfiles.columns import (
+    bool_column,
+    fixed_binary_column_of,
+    int_column,
+    string_column,
+    zero_based_metadata,
+    zero_based_strings,
+)
 from prep.workfiles.keys import order_keys
 
 MAGIC = b"PREPINT2"  # the layout of the data region is the offsets' business: readers follow them
 _FOOTER = struct.Struct("<Q8s")
 METADATA_COLUMNS = ("row", "id", "text_hash", "text_bytes", "n_tokens", "special", "text_offset", "tokens_offset")
-COLUMNS = METADATA_COLUMNS  # every column a reader can ask for
+METADATA = "metadata"
+"""The optional last column: each document's metadata (prep.inputs.metadata), only in the
+intermediates of a build with metadata fields (the others keep the layout they always had)."""
+COLUMNS = (*METADATA_COLUMNS, METADATA)  # every column a reader can ask for
 
 
-def schema(dtype: np.dtype[Any]) -> pa.Schema:
+def schema(dtype: np.dtype[Any], with_metadata: bool = False) -> pa.Schema:
     """The metadata table's schema; its metadata names the token dtype of the data region."""
+    documents = [(METADATA, pa.large_string())] if with_metadata else []
     return pa.schema([
         ("row", pa.int64()),
         ("id", pa.string()),
@@ -54,6 +66,7 @@ def schema(dtype: np.dtype[Any]) -> pa.Schema:
         ("special", pa.bool_()),
         ("text_offset", pa.int64()),
         ("tokens_offset", pa.int64()),
+        *documents,
     ], metadata={"token_dtype": little_endian(dtype).str})
 
 
@@ -126,10 +139,11 @@ class IntermediateWriter:
     reads a few large runs per intermediate instead of one span per document; and the writer
     never holds more than one batch. Without one, batches keep their documents in input order."""
 
-    def __init__(self, path: Path, dtype: np.dtype[Any], durable: bool = True, order_seed: int | None = None) -> None:
+    def __init__(self, path: Path, dtype: np.dtype[Any], durable: bool = True, order_seed: int | None = None,
+                 with_metadata: bool = False) -> None:
         self.path = path
         self.dtype = little_endian(dtype)
-        self.schema = schema(dtype)
+        self.schema = schema(dtype, with_metadata)
         self.order_seed = order_seed
         with io_errors("writing", path):
             self._file = HashingWriter(path, durable)
@@ -157,9 +171,13 @@ class IntermediateWriter:
     def write_columns(self, rows: Sequence[int] | np.ndarray[Any, Any], ids: pa.Array, blob: bytes,
                       text_offsets: np.ndarray[Any, Any], text_hashes: bytes,
                       specials: Sequence[bool] | np.ndarray[Any, Any], tokens: np.ndarray[Any, Any],
-                      token_offsets: np.ndarray[Any, Any]) -> None:
+                      token_offsets: np.ndarray[Any, Any], metadata: pa.Array | None = None) -> None:
         """Append one batch of documents: texts `blob[text_offsets[i]:text_offsets[i + 1]]`, token
-        ids `tokens[token_offsets[i]:token_offsets[i + 1]]`, 16-byte text hashes end to end."""
+        ids `tokens[token_offsets[i]:token_offsets[i + 1]]`, 16-byte text hashes end to end, and
+        `metadata` (large strings) when the writer was made `with_metadata`."""
+        if (metadata is not None) != (METADATA in self.schema.names):
+            raise ValueError(f"{self.path}: a batch {'with' if metadata is not None else 'without'} metadata, "
+                             f"for an intermediate {'with' if metadata is None else 'without'} it")
         text_lengths = np.diff(text_offsets).astype(np.int64)
         token_counts = np.diff(token_offsets).astype(np.int64)
         token_sizes = token_counts * self.dtype.itemsize
@@ -182,6 +200,7 @@ class IntermediateWriter:
             bool_column(specials),
             int_column(text_at, pa.int64()),
             int_column(tokens_at, pa.int64()),
+            *([zero_based_metadata(metadata)] if metadata is not None else []),
         ], schema=self.schema))
 
     def key_runs(self) -> np.ndarray[Any, Any]:
@@ -222,7 +241,7 @@ class Intermediate:
     """Read access to one intermediate's metadata: column projection, batch by batch."""
 
     def __init__(self, path: Path, columns: Sequence[str] = METADATA_COLUMNS) -> None:
-        unknown = set(columns) - set(METADATA_COLUMNS)
+        unknown = set(columns) - set(COLUMNS)
         if unknown:
             raise ValueError(f"unknown intermediate columns: {sorted(unknown)}")
         with io_errors("reading", path):
@@ -236,7 +255,9 @@ class Intermediate:
                 raise IntegrityError(f"{path}: not a prep intermediate (bad footer)")
             mapped.seek(metadata_offset)
             table = mapped.read_buffer(size - _FOOTER.size - metadata_offset)
-        fields = [METADATA_COLUMNS.index(name) for name in columns]
+        fields = [COLUMNS.index(name) for name in columns]
+        if METADATA in columns and METADATA not in ipc.open_file(table).schema.names:
+            raise IntegrityError(f"{path}: an intermediate without documents' metadata")
         self._reader = ipc.open_file(table, options=ipc.IpcReadOptions(included_fields=fields))
 
     @property

@@ -1,10 +1,12 @@
 """Run by tests/formats/test_mds.py with mosaicml-streaming's own python (PREP_MDS_PYTHON), never by pytest.
 
 One run (torch loads once) does a JOB file's work: for each of its `write` specs (dtype, size_limit,
-shards of samples, out), streaming's `MDSWriter` writes each shard into out/<k>/ (shard.00000.mds
-and index.json), to compare bytes with; then, for each folder DIR of `read`, it prints what
-`StreamingDataset(local=DIR, remote=None, shuffle=False, batch_size=1)` yields, in order: per sample
-the `tokens` array's values and dtype, the `text` and the `id`, each with its Python type, as JSON.
+shards of samples, out, and `metadata`: whether samples have a `json` metadata column), streaming's
+`MDSWriter` writes each shard into out/<k>/ (shard.00000.mds and index.json), to compare bytes
+with; then, for each folder DIR of `read`, it prints what `StreamingDataset(local=DIR, remote=None,
+shuffle=False, batch_size=1)` yields, in order: per sample the `tokens` array's values and dtype,
+the `text` and the `id`, each with its Python type, and the `metadata` object of a shard that has
+the column, as JSON.
 
 Imports nothing of prep. It loads `streaming.base`, where StreamingDataset, MDSWriter and the MDS
 encodings live, without running `streaming/__init__.py`: that one imports `streaming.vision` and so
@@ -42,18 +44,22 @@ def read(folder: str) -> list[dict[str, Any]]:
     dataset = _streaming_base().StreamingDataset(local=folder, remote=None, shuffle=False, batch_size=1)
     return [{"dtype": sample["tokens"].dtype.str, "id": sample["id"], "text": sample["text"],
              "tokens": sample["tokens"].tolist(),
-             "types": [type(sample[column]).__name__ for column in ("tokens", "text", "id")]} for sample in dataset]
+             "types": [type(sample[column]).__name__ for column in ("tokens", "text", "id")],
+             **({"metadata": sample["metadata"]} if "metadata" in sample else {})} for sample in dataset]
 
 
 def write(spec: dict[str, Any]) -> None:
     """Write each shard of `spec` with MDSWriter into its own folder `spec["out"]/<k>`."""
     columns = {"id": "str", "text": "str", "tokens": f"ndarray:{spec['dtype']}"}
+    if spec.get("metadata"):
+        columns["metadata"] = "json"
     for number, samples in enumerate(spec["shards"]):
         with _streaming_base().MDSWriter(out=str(Path(spec["out"]) / str(number)), columns=columns,
                                          compression=None, hashes=[], size_limit=spec["size_limit"]) as writer:
             for sample in samples:
+                extra = {"metadata": sample["metadata"]} if spec.get("metadata") else {}
                 writer.write({"id": sample["id"], "text": sample["text"],
-                              "tokens": np.array(sample["tokens"], dtype=spec["dtype"])})
+                              "tokens": np.array(sample["tokens"], dtype=spec["dtype"]), **extra})
 
 
 if __name__ == "__main__":

@@ -290,3 +290,42 @@ def test_streaming_reads_the_shards_and_its_writer_writes_the_same_bytes(tmp_pat
 def test_the_checker_imports_nothing_of_prep() -> None:
     text = CHECKER.read_text(encoding="utf-8")
     assert "import prep" not in text and "from prep" not in text
+
+
+METADATA = [{"url": "https://x/\"q\"\\", "license": {"n": 1, "ü": [1.5, None, True]}}, {}, {"source": "日本 😀"}]
+
+
+def _with_metadata(docs: Sequence[Sample]) -> list[Sample]:
+    return [replace(doc, metadata=mds.metadata_value(json.dumps(METADATA[k % len(METADATA)]).encode()))
+            for k, doc in enumerate(docs)]
+
+
+def test_a_metadata_column_round_trips_in_any_windows(tmp_path: Path) -> None:
+    docs = _with_metadata([doc for shard in SHARD_DOCUMENTS for doc in shard])
+    entry, digest = write(tmp_path / "a.mds", np.dtype("<u2"), docs, cuts=[1, 3])
+    _, again = write(tmp_path / "b.mds", np.dtype("<u2"), docs)
+    assert digest == again and entry.with_metadata
+    assert json.loads(mds.index_bytes([entry]))["shards"][0]["column_names"] == ["id", "metadata", "text", "tokens"]
+    with ShardReader(tmp_path / "a.mds", digest) as reader:
+        assert [(s.id, s.metadata) for s in reader] == [(d.id, d.metadata) for d in docs]
+    assert parse_index(mds.index_bytes([entry]), "index.json") == (entry,)
+
+
+def test_streaming_writes_the_same_metadata_shards_and_reads_them(tmp_path: Path) -> None:
+    python = _streaming_python()
+    dtype = np.dtype("<u2")
+    folder = tmp_path / "ours"
+    folder.mkdir()
+    shards = [_with_metadata(docs) for docs in SHARD_DOCUMENTS]
+    entries = [write(folder / f"{number << 60:016x}.mds", dtype, docs)[0] for number, docs in enumerate(shards)]
+    (folder / mds.INDEX_BASENAME).write_bytes(mds.index_bytes(entries))
+    spec = {**_writer_spec(dtype, tmp_path / "theirs"), "metadata": True,
+            "shards": [[{"id": d.id, "text": d.text, "tokens": d.tokens.tolist(), "metadata": json.loads(d.metadata or b"")}
+                        for d in docs] for docs in shards]}
+    read = _run_checker(python, {"read": [str(folder)], "write": [spec]}, tmp_path)
+    assert [line["metadata"] for line in read[str(folder)]] == [json.loads(d.metadata or b"") for docs in shards
+                                                                 for d in docs]
+    for number, entry in enumerate(entries):
+        theirs = tmp_path / "theirs" / str(number)
+        assert (theirs / "shard.00000.mds").read_bytes() == (folder / entry.basename).read_bytes()
+        assert (theirs / "index.json").read_bytes() == mds.index_bytes([replace(entry, basename="shard.00000.mds")])

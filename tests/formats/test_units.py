@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prep.formats import megatron
+from prep.formats.megatron_spec import BIN_METADATA
 from prep.formats.units import (
     BIN,
     IDX,
@@ -17,6 +18,7 @@ from prep.formats.units import (
     family_of,
     named_artifact_path,
     parse_artifact_path,
+    required_formats,
     unit,
     unit_formats,
     unit_names,
@@ -84,14 +86,16 @@ def test_the_units_are_exactly_the_registered_output_formats() -> None:
 
 
 def test_every_artifact_format_belongs_to_one_unit_and_one_family() -> None:
-    assert {name: unit_formats(name) for name in unit_names()} == {BIN: (BIN, IDX), "mds": ("mds",), WDS: (WDS,)}
+    assert {name: unit_formats(name) for name in unit_names()} == {BIN: (BIN, IDX, BIN_METADATA), "mds": ("mds",),
+                                                                   WDS: (WDS,)}
+    assert {name: required_formats(name) for name in unit_names()} == {BIN: (BIN, IDX), "mds": ("mds",), WDS: (WDS,)}
     owners = [fmt.name for item in units() for fmt in item.artifacts]
     assert sorted(owners) == sorted(artifact_formats())  # no format in two units
     families = {item.name: {fmt.family for fmt in item.artifacts} for item in units()}
     assert all(len(found) == 1 for found in families.values())  # a unit's files travel together
     assert len({next(iter(found)) for found in families.values()}) == len(units())
-    assert {fmt: family_of(fmt) for fmt in artifact_formats()} == {BIN: "megatron", IDX: "megatron", "mds": "mds",
-                                                                   WDS: "wds"}
+    assert {fmt: family_of(fmt) for fmt in artifact_formats()} == {BIN: "megatron", IDX: "megatron",
+                                                                   BIN_METADATA: "megatron", "mds": "mds", WDS: "wds"}
     assert family_of("future") == "future"
     files = {(fmt.folder, fmt.extension) for fmt in artifact_formats().values()}
     assert len(files) == len(artifact_formats())  # every path names one format

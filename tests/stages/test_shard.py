@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from prep import hashing
 from prep.errors import IntegrityError
 from prep.formats import megatron, wds
+from prep.inputs.metadata import metadata_json
 from prep.stages import gather, order, shard
 from prep.stages.cuts import plan_shards
-from prep.stages.members import PartNames, document_ids, sample_jsons
+from prep.stages.members import PartNames, document_ids, document_metadata, sample_jsons
 from prep.stages.specs import Part, PartTable
 from prep.workfiles import entries as entry_objects
 from prep.workfiles import keys
@@ -327,3 +328,43 @@ def test_place_copies_spans_in_the_widest_common_unit(sizes: list[int], align: i
         expected[target:target + length] = source[start:start + length]
     gather.place(out, targets, source, sources, np.asarray(lengths, dtype=np.int64))
     assert out.tobytes() == expected.tobytes()
+
+
+_json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False,
+                                                                                                allow_infinity=False)
+                            | st.text(st.characters(blacklist_categories=["Cs"]), max_size=6),
+                            lambda inner: st.lists(inner, max_size=3)
+                            | st.dictionaries(st.text(st.characters(blacklist_categories=["Cs"]), max_size=4), inner,
+                                              max_size=3), max_leaves=8)
+_records = st.lists(st.dictionaries(st.sampled_from(["url", "license", "source", "other"]), _json_values, max_size=4),
+                    min_size=1, max_size=20)
+
+
+@given(_records, st.data())
+@settings(max_examples=80, deadline=None)
+def test_json_members_carry_each_documents_metadata(records: list[dict[str, object]], data: st.DataObject) -> None:
+    """With metadata, each `.json` member is `wds.sample_json` with the document's metadata
+    nested under "metadata" (quotes, backslashes, non-ASCII, nesting, numbers, nulls), still
+    canonical: its bytes are json.dumps of what it reads as, keys sorted, compact, UTF-8; the
+    metadata read back from the entries is the documents' own."""
+    fields = ("url", "license", "source")
+    metadata = [metadata_json(record, fields) for record in records]
+    ids = data.draw(st.lists(st.one_of(st.none(), st.text(st.characters(blacklist_categories=["Cs"]), max_size=5)),
+                             min_size=len(records), max_size=len(records)))
+    spans = [(b"" if doc_id is None else doc_id.encode()) + meta for doc_id, meta in zip(ids, metadata)]
+    entries = np.zeros(len(records), dtype=entry_objects.ENTRY_DTYPE)
+    entries["id_offset"] = np.cumsum([0] + [len(span) for span in spans])[:-1]
+    entries["id_len"] = [entry_objects.NO_ID if doc_id is None else len(doc_id.encode()) for doc_id in ids]
+    entries["meta_len"] = [len(meta) for meta in metadata]
+    entries["n_tokens"] = np.arange(len(records))
+    blob, parts = b"".join(spans), [Part(Path("unused"), "a.jsonl", "jsonl", 0, len(records))]
+    members, offsets = sample_jsons(entries, blob, PartNames.of_parts(parts), with_metadata=True)
+    got = [members[offsets[k]:offsets[k + 1]] for k in range(len(records))]
+    for k, (member, record, doc_id, meta) in enumerate(zip(got, records, ids, metadata)):
+        line = record_line("jsonl", 0, 0)
+        assert member == wds.sample_json(document_id(doc_id, "a.jsonl", line), "a.jsonl", line, k + 1, meta)
+        read = json.loads(member)
+        assert read["metadata"] == {key: value for key, value in record.items() if key in fields and value is not None}
+        assert member == json.dumps(read, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    found, bounds = document_metadata(entries, blob)
+    assert [found[bounds[k]:bounds[k + 1]] for k in range(len(records))] == metadata

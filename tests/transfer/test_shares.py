@@ -85,4 +85,4 @@ def test_every_file_of_a_shard_is_one_group_even_formats_this_version_does_not_k
     artifacts.append(Artifact("extra/00003.x", "future", 3, 1, "1" * 64))
     artifacts.append(Artifact("wds/00004.tar", "wds", 4, 1, "2" * 64))
     groups = sorted((group.shard, tuple(a.format for a in group.artifacts)) for group in group_units(artifacts))
-    assert groups == [(3, ("bin", "idx", "future", "mds", "wds")), (4, ("wds",))]  # members sorted by path
+    assert groups == [(3, ("bin", "idx", "bin_metadata", "future", "mds", "wds")), (4, ("wds",))]  # sorted by path
