@@ -99,8 +99,8 @@ class Pipeline:
 
     def metadata_keys(self) -> tuple[str, ...]:
         """The keys a document's metadata may hold in this build's outputs, in order: the one value
-        every format's metadata columns follow (steps that add keys will extend it)."""
-        return self.input.metadata_fields
+        every format's metadata columns follow: `input.metadata_fields`, then the keys each step sets."""
+        return self.input.metadata_fields + tuple(key for step in self.steps for key in step.metadata_keys())
 
     def resolved(self) -> dict[str, Any]:
         """Every output-affecting setting, machine-independent, as recorded in manifests (`steps`
@@ -108,6 +108,8 @@ class Pipeline:
         records what it always did)."""
         steps = {"steps": catalog.resolved(self.steps)} if self.steps else {}
         metadata = {"metadata_fields": list(self.input.metadata_fields)} if self.input.metadata_fields else {}
+        keys = self.metadata_keys()
+        steps_set = {"metadata_keys": list(keys)} if keys != self.input.metadata_fields else {}
         return {
             "input": {
                 "format": self.input.format,
@@ -124,14 +126,17 @@ class Pipeline:
             "dedup": {"exact": self.dedup.exact},
             "output": {"shard_size": self.output.shard_size, "formats": list(self.output.formats)},
             **steps,
+            **steps_set,
         }
 
 
 def recorded_metadata_keys(resolved: Any) -> tuple[str, ...]:
     """The metadata keys of the build whose resolved config (a manifest's `config`) is `resolved`:
-    what `Pipeline.metadata_keys` was for it."""
-    fields = resolved.get("input", {}).get("metadata_fields", []) if isinstance(resolved, dict) else []
-    return tuple(str(field) for field in fields)
+    what `Pipeline.metadata_keys` was for it (recorded whole when steps set some)."""
+    if not isinstance(resolved, dict):
+        return ()
+    keys = resolved.get("metadata_keys", resolved.get("input", {}).get("metadata_fields", []))
+    return tuple(str(key) for key in keys)
 
 
 def parse_size(value: object, key: str) -> int:
@@ -263,8 +268,20 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
     build = _build(root.table("build"))
     steps = _steps(root.get("steps", list, []), source, base_dir)
     root.finish()
+    _check_metadata_keys(input_config.metadata_fields, steps, source)
     return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output, retention, build,
                     steps)
+
+
+def _check_metadata_keys(fields: tuple[str, ...], steps: tuple[DocumentStep, ...], source: str) -> None:
+    """ConfigError naming the step that sets a metadata key the input or an earlier step provides."""
+    seen = {field: "input.metadata_fields" for field in fields}
+    for index, step in enumerate(steps):
+        for key in step.metadata_keys():
+            if key in seen:
+                raise ConfigError(f"{source}: steps[{index}]: sets metadata {key!r}, which {seen[key]} provides "
+                                  "already: each metadata key has one source")
+            seen[key] = f"steps[{index}] ({step.name})"
 
 
 def _steps(tables: list[object], source: str, base_dir: Path) -> tuple[DocumentStep, ...]:

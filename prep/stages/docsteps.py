@@ -3,17 +3,20 @@ document, in pipeline order, before the batch is tokenized; with no steps the ba
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from prep.errors import InputError
+from prep.formats.jsonspelling import spell
 from prep.stages.readtask import utf8
 from prep.stages.textcolumns import TextColumns
-from prep.steps.protocol import DocumentStep, Drop, Outcome, StepDocument
-from prep.workfiles.columns import to_strings
+from prep.steps.protocol import Change, DocumentStep, Drop, Outcome, StepDocument
+from prep.workfiles.columns import metadata_column, to_strings
 from prep.workfiles.outcomes import OutcomesReplay, OutcomesWriter
 
 
@@ -39,7 +42,7 @@ class StepTally:
                 self.dropped += 1
                 self.dropped_bytes += int(batch.offsets[index + 1] - batch.offsets[index])
                 self.reasons[outcome.reason] = self.reasons.get(outcome.reason, 0) + 1
-            elif outcome is not None:
+            elif changed_text(outcome) is not None:
                 self.changed += 1
         self.kept = self.documents - self.dropped
 
@@ -111,8 +114,10 @@ def _outcomes(batch: TextColumns, step: DocumentStep, where: str, skipping: Skip
         return whole, {}
     outcomes: list[Outcome] = []
     notes: dict[int, str] = {}
+    metadata = batch.metadata.to_pylist() if batch.metadata is not None else None
     for index, (doc_id, text, row) in enumerate(zip(to_strings(batch.ids), _texts(batch), batch.rows.tolist())):
-        outcome, note = _decide(step, StepDocument(doc_id, text, where, row, lines), row, where, skipping)
+        document = StepDocument(doc_id, text, where, row, json.loads(metadata[index]) if metadata else {}, lines)
+        outcome, note = _decide(step, document, row, where, skipping)
         outcomes.append(outcome)
         if note is not None:
             notes[index] = note
@@ -120,20 +125,56 @@ def _outcomes(batch: TextColumns, step: DocumentStep, where: str, skipping: Skip
 
 
 def _kept(batch: TextColumns, outcomes: Sequence[Outcome], step: DocumentStep, where: str) -> TextColumns:
-    """The documents a step keeps, changed where it changed them: the batch itself when it kept all
-    as they are."""
+    """The documents a step keeps, changed where it changed them (text, metadata): the batch
+    itself when it kept all as they are."""
     if all(outcome is None for outcome in outcomes):
         return batch
-    if not any(isinstance(outcome, str) for outcome in outcomes):
+    if not any(isinstance(outcome, str | Change) for outcome in outcomes):
         return _without_dropped(batch, outcomes)
     ids = to_strings(batch.ids)
     rows = batch.rows.tolist()
     kept = [index for index, outcome in enumerate(outcomes) if not isinstance(outcome, Drop)]
-    texts = [batch.data(index) if outcomes[index] is None
-             else _encoded(ids[index], str(outcomes[index]), f"{where}: step {step.name!r}, row/line {rows[index] + 1}")
-             for index in kept]
-    return TextColumns.from_rows([rows[index] for index in kept], [ids[index] for index in kept], texts,
-                                 batch.metadata_of(np.asarray(kept, dtype=np.int64)))
+    texts = []
+    for index in kept:
+        text = changed_text(outcomes[index])
+        texts.append(batch.data(index) if text is None
+                     else _encoded(ids[index], text, f"{where}: step {step.name!r}, row/line {rows[index] + 1}"))
+    metadata = _metadata_kept(batch, [outcomes[index] for index in kept], np.asarray(kept, dtype=np.int64),
+                              step, f"{where}: step {step.name!r}", [ids[index] for index in kept])
+    return TextColumns.from_rows([rows[index] for index in kept], [ids[index] for index in kept], texts, metadata)
+
+
+def changed_text(outcome: Outcome) -> str | None:
+    """The new text an outcome gives its document; None when it keeps the text (or drops it)."""
+    if isinstance(outcome, str):
+        return outcome
+    return outcome.text if isinstance(outcome, Change) else None
+
+
+def _metadata_kept(batch: TextColumns, outcomes: Sequence[Outcome], kept: np.ndarray[Any, Any], step: DocumentStep,
+                   where: str, ids: Sequence[str | None]) -> pa.Array | None:
+    """The metadata of the documents `kept` (their outcomes in `outcomes`), with the keys the step
+    set merged in; InputError naming the step and the document for a key it does not declare or a
+    value with no JSON spelling."""
+    base = batch.metadata_of(kept)
+    if not any(isinstance(outcome, Change) and outcome.metadata for outcome in outcomes):
+        return base
+    values = base.to_pylist() if base is not None else ["{}"] * len(outcomes)
+    declared = set(step.metadata_keys())
+    for at, outcome in enumerate(outcomes):
+        if not isinstance(outcome, Change) or not outcome.metadata:
+            continue
+        named = f"{where} on document {ids[at] or f'at row/line {int(batch.rows[kept[at]]) + 1}'!r}"
+        unknown = sorted({key for key, _ in outcome.metadata} - declared)
+        if unknown:
+            raise InputError(f"{named}: sets metadata {unknown[0]!r}, which the step does not declare "
+                             f"(it declares {sorted(declared)})")
+        merged = {**json.loads(values[at]), **dict(outcome.metadata)}
+        try:
+            values[at] = spell(merged)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"{named}: sets metadata JSON cannot spell ({exc})") from None
+    return metadata_column([value.encode("utf-8", "surrogatepass") for value in values])
 
 
 def _decide(step: DocumentStep, document: StepDocument, row: int, where: str,
@@ -148,9 +189,9 @@ def _decide(step: DocumentStep, document: StepDocument, row: int, where: str,
         if skipping is None:
             raise InputError(f"{named}: {type(exc).__name__}: {exc}") from exc
         return Drop(f"raised {type(exc).__name__}"), f"{named}: {type(exc).__name__}: {exc}"
-    if outcome is not None and not isinstance(outcome, Drop | str):
-        raise InputError(f"{named}: answered {type(outcome).__name__}; a step returns None (keep), Drop(reason) "
-                         "or the new text")
+    if outcome is not None and not isinstance(outcome, Drop | str | Change):
+        raise InputError(f"{named}: answered {type(outcome).__name__}; a step returns None (keep), Drop(reason), "
+                         "the new text or a Change")
     return outcome, None
 
 

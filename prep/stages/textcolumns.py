@@ -7,6 +7,7 @@ when something asks for it (an error message, the tokenizer cross-check's sample
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,10 @@ class TextColumns:
         metadata = self.metadata.slice(start, end - start) if self.metadata is not None else None
         return TextColumns(self.rows[start:end], self.ids.slice(start, end - start), self.blob[first:last],
                            self.offsets[start:end + 1] - first, metadata)
+
+    def with_empty_metadata(self) -> TextColumns:
+        """These documents, each with metadata `{}` (a build whose steps set the only metadata keys)."""
+        return dataclasses.replace(self, metadata=metadata_column([b"{}"] * len(self)))
 
     def metadata_of(self, kept: np.ndarray[Any, Any]) -> pa.Array | None:
         """The metadata of the documents `kept` (a mask, or indices in order); None without metadata."""

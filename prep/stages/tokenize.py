@@ -276,9 +276,11 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     try:
         for index in range(len(replays), len(steps)):
             writers.append(OutcomesWriter(outcomes_path(out_path, index), durable))
-        with IntermediateWriter(out_path, dtype, durable, settings.order_seed, bool(task.metadata_fields)) as writer:
+        with IntermediateWriter(out_path, dtype, durable, settings.order_seed, bool(settings.metadata_keys)) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
                 unique_ids.add(batch)  # a document a step drops was read: its id counts
+                if settings.metadata_keys and batch.metadata is None:  # keys only steps set: each starts empty
+                    batch = batch.with_empty_metadata()
                 if steps:
                     batch = apply_steps(batch, settings.steps, steps, task.source.rel, skipping, writers, replays,
                                         functools.partial(line_number, task))

@@ -4,7 +4,8 @@ The function gets one `StepDocument` (its id, text, source file and line) and th
 arguments, and answers True or None (keep), False (drop: reason "returned False"), a str (drop,
 with that reason: a short fixed phrase, since each distinct reason is a key of the snapshot's
 stats), or a changed document (a StepDocument, or a mapping with "text") whose text replaces the
-document's. Its module is found on sys.path or in the pipeline file's folder and imported in each
+document's; a mapping's "metadata" (a mapping) sets those metadata keys, each one listed in the
+step's `metadata` setting. Its module is found on sys.path or in the pipeline file's folder and imported in each
 worker. Its code identity, which enters the tokenize task key, is the SHA-256 of the source of its
 module and of every module of the same top-level package that those import (followed through
 every import statement, guarded or not), and the versions of the installed distributions they
@@ -27,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import ClassVar
 
-from prep.steps.protocol import DocumentStep, Drop, Outcome, SettingError, StepDocument
+from prep.steps.protocol import Change, DocumentStep, Drop, Outcome, SettingError, StepDocument
 
 SPEC = re.compile(r"(?P<module>[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*):(?P<name>[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*)")
 """`package.module:function` (a dotted attribute path after the colon)."""
@@ -44,6 +45,7 @@ class FunctionStep(DocumentStep):
     function: str
     args: tuple[tuple[str, object], ...] = ()
     code: str = ""
+    metadata: tuple[str, ...] = ()  # the metadata keys the function may set
     search_path: str = field(default="", compare=False)  # the pipeline's folder: where, not what
 
     @property
@@ -53,10 +55,14 @@ class FunctionStep(DocumentStep):
     def settings(self) -> dict[str, object]:
         """Its arguments, and its code identity: the resolved config records both, so `prep diff`
         shows an edit to the function's code as a change of the step."""
-        return {**({"args": dict(self.args)} if self.args else {}), "code": self.code}
+        return {**({"args": dict(self.args)} if self.args else {}),
+                **({"metadata": list(self.metadata)} if self.metadata else {}), "code": self.code}
 
     def code_identity(self) -> str:
         return self.code
+
+    def metadata_keys(self) -> tuple[str, ...]:
+        return self.metadata
 
     def apply(self, document: StepDocument) -> Outcome:
         answer = _loaded(self)(document, **dict(self.args))
@@ -71,11 +77,21 @@ def outcome_of(answer: object, text: str) -> Outcome:
         return Drop(REJECTED)
     if isinstance(answer, str):
         return Drop(answer)
-    changed = answer.get("text") if isinstance(answer, Mapping) else getattr(answer, "text", None)
-    if isinstance(changed, str):
+    if isinstance(answer, Mapping):
+        changed, metadata = answer.get("text", text), answer.get("metadata", {})
+        if answer and set(answer) <= {"text", "metadata"} and isinstance(changed, str) and isinstance(metadata, Mapping):
+            return _changed(None if changed == text else changed, metadata)
+    elif isinstance(changed := getattr(answer, "text", None), str):
         return None if changed == text else changed
     raise TypeError(f"answered {type(answer).__name__}: a step function returns True, False, a reason (str) or a "
-                    "changed document (with a str `text`)")
+                    "changed document (with a str `text`, or a mapping with `text` and/or a `metadata` mapping)")
+
+
+def _changed(text: str | None, metadata: Mapping[object, object]) -> Outcome:
+    """A mapping answer's outcome: its new text (None: the same), with the metadata it sets."""
+    if not metadata:
+        return text
+    return Change.of(text, **{str(key): value for key, value in metadata.items()})
 
 
 def function_step(use: str, table: Mapping[str, object], base_dir: Path | None) -> FunctionStep:
@@ -83,14 +99,16 @@ def function_step(use: str, table: Mapping[str, object], base_dir: Path | None) 
     the key (`use` for a function that cannot be imported, `args` for arguments that are not a table)."""
     if not SPEC.fullmatch(use):
         raise SettingError("use", f"{use!r} is not module:function")
-    unknown = sorted(set(table) - {"use", "args"})
+    unknown = sorted(set(table) - {"use", "args", "metadata"})
     if unknown:
-        raise SettingError(unknown[0], "unknown key (a function step takes `args`, a table of keyword arguments)")
+        raise SettingError(unknown[0], "unknown key (a function step takes `args`, a table of keyword arguments, "
+                                       "and `metadata`, the keys it sets)")
     args = table.get("args", {})
     if not isinstance(args, Mapping):
         raise SettingError("args", f"expected a table of keyword arguments, got {args!r}")
+    keys = _metadata_keys(table.get("metadata", []))
     search = str(base_dir.resolve()) if base_dir is not None else ""
-    step = FunctionStep(use, tuple(sorted((str(key), value) for key, value in args.items())), "", search)
+    step = FunctionStep(use, tuple(sorted((str(key), value) for key, value in args.items())), "", keys, search)
     try:
         _loaded(step, check=False)
         module = sys.modules[use.partition(":")[0]]
@@ -98,7 +116,16 @@ def function_step(use: str, table: Mapping[str, object], base_dir: Path | None) 
         raise
     except Exception as exc:  # the user's module: any error on import is named, never a traceback
         raise SettingError("use", f"cannot import {use}: {type(exc).__name__}: {exc}") from None
-    return FunctionStep(step.function, step.args, code_identity(module), search)
+    return FunctionStep(step.function, step.args, code_identity(module), keys, search)
+
+
+def _metadata_keys(value: object) -> tuple[str, ...]:
+    """`metadata`: the distinct metadata keys (non-empty strings) the function may set."""
+    if not isinstance(value, list) or not all(isinstance(key, str) and key for key in value):
+        raise SettingError("metadata", f"expected a list of metadata keys (non-empty strings), got {value!r}")
+    if len(set(value)) != len(value):
+        raise SettingError("metadata", f"lists a key twice: {value!r}")
+    return tuple(value)
 
 
 def _loaded(step: FunctionStep, check: bool = True) -> Callable[..., object]:

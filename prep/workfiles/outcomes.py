@@ -9,12 +9,15 @@ part's line offset + row + 1), `id` (null without an id field), `reason` (why it
 null: changed), `detail` (what about the document made the step drop it, when the step says),
 `text` (changed: the new text; dropped: the text for the first TEXTS_PER_STEP documents the step
 dropped in the part, null for the rest, so the file grows by some tens of bytes a dropped document)
-and `note` (with on_error = "skip": the message of a document the step's code raised on). Written
-batch by batch as the task goes, so its memory is one batch's.
+`note` (with on_error = "skip": the message of a document the step's code raised on) and
+`metadata` (the metadata keys the step set on a document it kept, as one JSON object in the
+metadata spelling, prep.formats.jsonspelling; null when it set none). Written batch by batch as
+the task goes, so its memory is one batch's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,13 +27,14 @@ import numpy as np
 import pyarrow as pa
 
 from prep.errors import IntegrityError
+from prep.formats.jsonspelling import spell
 from prep.hashing import Digest, digest_file
-from prep.steps.protocol import Drop, Outcome
+from prep.steps.protocol import Change, Drop, Outcome
 from prep.workfiles.intermediate import io_errors
 
 TEXTS_PER_STEP = 16
 SCHEMA = pa.schema([("row", pa.int64()), ("id", pa.string()), ("reason", pa.string()), ("detail", pa.string()),
-                    ("text", pa.large_string()), ("note", pa.string())])
+                    ("text", pa.large_string()), ("note", pa.string()), ("metadata", pa.large_string())])
 
 
 class OutcomesWriter:
@@ -53,6 +57,7 @@ class OutcomesWriter:
         reasons: list[str | None] = []
         details: list[str | None] = []
         texts: list[str | None] = []
+        metadata: list[str | None] = []
         for index in touched:
             outcome = outcomes[index]
             if isinstance(outcome, Drop):
@@ -61,15 +66,18 @@ class OutcomesWriter:
                 sampled = self._samples < TEXTS_PER_STEP
                 self._samples += sampled
                 texts.append(text(index).decode("utf-8", "surrogatepass") if sampled else None)
+                metadata.append(None)
             else:
                 reasons.append(None)
                 details.append(None)
-                texts.append(outcome)
+                texts.append(outcome.text if isinstance(outcome, Change) else outcome)
+                metadata.append(spell(dict(outcome.metadata)) if isinstance(outcome, Change) else None)
         batch = pa.record_batch([pa.array([rows[index] for index in touched], pa.int64()),
                                  ids.take(pa.array(touched, pa.int64())).cast(pa.string()),
                                  pa.array(reasons, pa.string()), pa.array(details, pa.string()),
                                  pa.array(texts, pa.large_string()),
-                                 pa.array([notes.get(index) for index in touched], pa.string())], schema=SCHEMA)
+                                 pa.array([notes.get(index) for index in touched], pa.string()),
+                                 pa.array(metadata, pa.large_string())], schema=SCHEMA)
         with io_errors("writing", self.path):
             self._writer.write_batch(batch)
 
@@ -125,7 +133,7 @@ class OutcomesReplay:
             index = int(np.searchsorted(rows, entry.row))
             if index == len(rows) or int(rows[index]) != entry.row:
                 raise IntegrityError(f"{self.where}: names row {entry.row}, which this part's steps do not reach")
-            outcomes[index] = entry.text if entry.reason is None else Drop(entry.reason, entry.detail or "")
+            outcomes[index] = entry.outcome()
             if entry.note is not None:
                 notes[index] = entry.note
             self._next = next(self._rows, None)
@@ -146,14 +154,23 @@ class _Entry:
     detail: str | None
     text: str | None
     note: str | None
+    metadata: str | None
+
+    def outcome(self) -> Outcome:
+        """The step's outcome for this document, as the step made it."""
+        if self.reason is not None:
+            return Drop(self.reason, self.detail or "")
+        if self.metadata is None:
+            return self.text
+        return Change(self.text, tuple(sorted(json.loads(self.metadata).items())))
 
 
 def _entries(reader: pa.ipc.RecordBatchFileReader) -> Iterator[_Entry]:
     """The file's rows one by one, a record batch made Python objects at a time."""
     for index in range(reader.num_record_batches):
         batch = reader.get_batch(index)
-        columns = [batch.column(name).to_pylist() for name in ("row", "reason", "detail", "text", "note")]
-        for row, reason, detail, text, note in zip(*columns):
-            if reason is None and text is None:
-                raise IntegrityError("a step outcomes file names a changed document without its text")
-            yield _Entry(row, reason, detail, text, note)
+        columns = [batch.column(name).to_pylist() for name in ("row", "reason", "detail", "text", "note", "metadata")]
+        for row, reason, detail, text, note, metadata in zip(*columns):
+            if reason is None and text is None and metadata is None:
+                raise IntegrityError("a step outcomes file names a changed document without its change")
+            yield _Entry(row, reason, detail, text, note, metadata)

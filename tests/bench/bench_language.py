@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from prep.steps.language import LanguageFilter, _detector
-from prep.steps.protocol import StepDocument
+from prep.steps.protocol import Drop, StepDocument
 from tests.bench.benchsupport import corpus
 
 
@@ -43,7 +43,7 @@ def _time(step: LanguageFilter, documents: list[StepDocument], runs: int) -> tup
         start = time.perf_counter()
         for document in documents:
             outcome = step.apply(document)
-            reasons[outcome.reason if outcome is not None and not isinstance(outcome, str) else "kept"] += 1
+            reasons[outcome.reason if isinstance(outcome, Drop) else "kept"] += 1
         seconds.append(time.perf_counter() - start)
     return statistics.median(seconds), reasons
 

@@ -189,7 +189,7 @@ def test_the_cli_reports_a_raising_function_in_one_line_with_exit_2(tmp_path: Pa
 
 
 def test_a_worker_with_other_code_refuses_the_step(tmp_path: Path, package: str) -> None:
-    step = FunctionStep(f"{package}.rules:keep", (), "0" * 64, str(tmp_path.resolve()))
+    step = FunctionStep(f"{package}.rules:keep", (), "0" * 64, search_path=str(tmp_path.resolve()))
     with pytest.raises(RuntimeError, match="differs from the driver's"):
         step.apply(StepDocument("a", "text"))
 

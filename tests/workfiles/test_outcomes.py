@@ -1,5 +1,5 @@
 """prep.workfiles.outcomes: a step's outcomes over a part, written batch by batch, read back as the
-same outcomes and notes batch by batch (what a later build replays), refused when they name a
+same outcomes (texts and metadata) and notes batch by batch (what a later build replays), refused when they name a
 document the part does not reach."""
 
 from __future__ import annotations
@@ -9,15 +9,20 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prep.errors import IntegrityError
-from prep.steps.protocol import Drop, Outcome
+from prep.steps.protocol import Change, Drop, Outcome
 from prep.workfiles.outcomes import TEXTS_PER_STEP, OutcomesReplay, OutcomesWriter, read_outcomes
 
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                           | st.text(max_size=6), lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
+changes = st.builds(lambda text, metadata: Change.of(text, **metadata), st.none() | st.text(max_size=12),
+                    st.dictionaries(st.text(min_size=1, max_size=6), json_values, min_size=1, max_size=3))
 outcomes = st.one_of(st.none(), st.builds(Drop, st.text(min_size=1, max_size=8), st.text(max_size=8)),
-                     st.text(max_size=12))
+                     st.text(max_size=12), changes)
 batches = st.lists(st.lists(st.tuples(outcomes, st.one_of(st.none(), st.text(min_size=1, max_size=8))), max_size=6),
                    max_size=5)
 
@@ -38,6 +43,7 @@ def _write(path: Path, plan: list[list[tuple[Outcome, str | None]]]) -> list[np.
     return rows
 
 
+@settings(deadline=None)
 @given(plan=batches)
 def test_replayed_outcomes_are_those_written(tmp_path_factory: pytest.TempPathFactory,
                                              plan: list[list[tuple[Outcome, str | None]]]) -> None:
