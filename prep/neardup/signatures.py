@@ -42,11 +42,11 @@ MIX1, MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + \
     "\u2028\u2029\u202f\u205f\u3000"
 """What separates words: the characters for which `str.isspace()` is true (Unicode 6.3 to 15.1)."""
-ASCII_WHITESPACE = np.zeros(256, dtype=bool)
-ASCII_WHITESPACE[[ord(char) for char in WHITESPACE if char.isascii()]] = True
 WIDE_WHITESPACE = {lead: tuple(code for char in WHITESPACE if (code := char.encode("utf-8"))[0] == lead)
                    for lead in sorted({char.encode("utf-8")[0] for char in WHITESPACE if not char.isascii()})}
-"""The UTF-8 of the non-ASCII whitespace characters, by their first byte."""
+"""The UTF-8 of the non-ASCII whitespace characters, by their first byte (0xC2, 0xE1, 0xE2, 0xE3)."""
+assert sorted(ord(char) for char in WHITESPACE if char.isascii()) == [*range(9, 14), *range(28, 33)]
+assert set(WIDE_WHITESPACE) == {0xC2, 0xE1, 0xE2, 0xE3}
 LANE_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [2**64 - 1], dtype=np.uint64)
 CHUNK_ELEMENTS = 1 << 17
 """MinHash products computed at once (1 MiB of uint64): a batch's memory does not grow with its shingles."""
@@ -115,11 +115,14 @@ def words(text: bytes, offsets: Array) -> tuple[Array, Array, Array]:
     """Every word's start and byte length (int64) in `text` (normalized), and where each
     document's words start (documents + 1): words never cross a document's end."""
     codes = np.frombuffer(text, dtype=np.uint8)
-    solid = ~ASCII_WHITESPACE[codes]
+    # ASCII whitespace is 9-13 and 28-32: two wrapping subtractions find both ranges
+    solid = ((codes - np.uint8(9)) > 4) & ((codes - np.uint8(28)) > 4)
     if not text.isascii():
         _clear_wide_whitespace(codes, solid)
-    edges = np.diff(solid.view(np.int8), prepend=np.int8(0), append=np.int8(0))
-    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    bordered = np.zeros(len(solid) + 2, dtype=bool)
+    bordered[1:-1] = solid
+    edges = np.flatnonzero(bordered[1:] != bordered[:-1])  # (on bools: numpy's fast nonzero)
+    starts, ends = edges[0::2], edges[1::2]  # a run of solid bytes starts, then ends, in turn
     inner = offsets[1:-1]
     inner = np.unique(inner[(inner > 0) & (inner < len(text))])  # empty documents repeat an offset
     joined = inner[solid[inner - 1] & solid[inner]]  # a word running on into the next document
@@ -132,8 +135,9 @@ def words(text: bytes, offsets: Array) -> tuple[Array, Array, Array]:
 def _clear_wide_whitespace(codes: Array, solid: Array) -> None:
     """Mark the bytes of every non-ASCII whitespace character in `solid` as not solid."""
     padded = np.concatenate([codes, np.zeros(3, dtype=np.uint8)])
+    candidates = np.flatnonzero((codes == 0xC2) | ((codes - np.uint8(0xE1)) <= 2))  # every lead of WIDE_WHITESPACE
     for lead, encodings in WIDE_WHITESPACE.items():
-        leads = np.flatnonzero(codes == lead)
+        leads = candidates[codes[candidates] == lead]
         for encoded in encodings:
             found = leads
             for offset in range(1, len(encoded)):
@@ -182,13 +186,32 @@ def shingles(hashes: Array, bounds: Array, ngram: int) -> tuple[Array, Array]:
     np.cumsum(per_document, out=shingle_bounds[1:])
     owner = np.repeat(np.arange(len(counts)), per_document)
     first = bounds[:-1][owner] + np.arange(shingle_bounds[-1], dtype=np.int64) - shingle_bounds[:-1][owner]
-    size = np.minimum(counts, ngram)[owner]
-    result = size.astype(np.uint64)
-    short = bool((size < ngram).any())
-    for j in range(ngram):
-        step = result * GOLDEN + hashes[np.minimum(first + j, len(hashes) - 1)]
-        result = np.where(j < size, step, result) if short else step
+    short = np.flatnonzero(counts[owner] < ngram)
+    result = _runs(hashes, ngram)[np.minimum(first, max(len(hashes) - ngram, 0))] if len(hashes) >= ngram else \
+        np.zeros(len(first), dtype=np.uint64)
+    if len(short):
+        result[short] = _short_runs(hashes, first[short], counts[owner[short]])
     return mix64(result), shingle_bounds
+
+
+def _runs(hashes: Array, ngram: int) -> Array:
+    """The unmixed hash of every run of `ngram` consecutive words of the batch (those crossing a
+    document's end are computed and never used): slices, no gathers."""
+    count = len(hashes) - ngram + 1
+    result = np.full(count, ngram, dtype=np.uint64)
+    for j in range(ngram):
+        result *= GOLDEN
+        result += hashes[j:j + count]
+    return result
+
+
+def _short_runs(hashes: Array, first: Array, size: Array) -> Array:
+    """The unmixed hash of the one shingle of each document with fewer words than a shingle."""
+    result = size.astype(np.uint64)
+    for j in range(int(size.max())):
+        grown = result * GOLDEN + hashes[np.minimum(first + j, len(hashes) - 1)]
+        result = np.where(j < size, grown, result)
+    return result
 
 
 def minhash(shingle_hashes: Array, bounds: Array, family: HashFamily) -> Array:
