@@ -50,7 +50,8 @@ assert set(WIDE_WHITESPACE) == {0xC2, 0xE1, 0xE2, 0xE3}
 LANE_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [2**64 - 1], dtype=np.uint64)
 CHUNK_ELEMENTS = 1 << 17
 """MinHash products computed at once (1 MiB of uint64): a batch's memory does not grow with its shingles."""
-EMPTY = np.uint32(0xFFFFFFFF)
+SLICE_BYTES = 8 * 2**20
+"""Text signed at once: the words, word and shingle hashes of a slice take about 11 times its bytes."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,9 +71,28 @@ def hash_family(seed: int, permutations: int) -> HashFamily:
 
 def signatures(blob: bytes, offsets: Array, ngram: int, permutations: int, seed: int) -> Array:
     """The MinHash signature of every document `blob[offsets[i]:offsets[i + 1]]` (UTF-8): shape
-    (documents, permutations), uint32."""
-    shingles, bounds = shingle_hashes(blob, offsets, ngram)
-    return minhash(shingles, bounds, hash_family(seed, permutations))
+    (documents, permutations), uint32. Documents go through in slices of about `SLICE_BYTES`
+    (one document at least), so memory is that of a slice whatever the batch's size."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    family = hash_family(seed, permutations)
+    result = np.empty((len(offsets) - 1, permutations), dtype=np.uint32)
+    view = memoryview(blob)
+    for first, last in _slices(offsets):
+        base, end = int(offsets[first]), int(offsets[last])
+        text = blob if base == 0 and end == len(blob) else bytes(view[base:end])
+        shingles, bounds = shingle_hashes(text, offsets[first:last + 1] - base, ngram)
+        result[first:last] = minhash(shingles, bounds, family)
+    return result
+
+
+def _slices(offsets: Array) -> Iterator[tuple[int, int]]:
+    """Consecutive ranges of documents holding at most `SLICE_BYTES` of text, or one document."""
+    first, count = 0, len(offsets) - 1
+    while first < count:
+        last = int(np.searchsorted(offsets, offsets[first] + SLICE_BYTES, "right")) - 1
+        last = min(max(last, first + 1), count)
+        yield first, last
+        first = last
 
 
 def shingle_hashes(blob: bytes, offsets: Array, ngram: int) -> tuple[Array, Array]:

@@ -8,9 +8,11 @@ import random
 import unicodedata
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import prep.neardup.signatures as signatures_module
 from prep.neardup.lsh import estimated_similarity, jaccard
 from prep.neardup.settings import NearDupSettings
 from prep.neardup.signatures import WHITESPACE, hash_family, shingle_sets, signatures
@@ -147,3 +149,10 @@ def test_golden_signatures() -> None:
 
 GOLDEN_FIRST = [22797725, 528218482, 822655729, 311952737]
 GOLDEN_SHA256 = "93a5e5101c61b4cc2b5dc66644ec90fac88a7c371308a1a74c4893113d34b8e8"
+
+
+def test_slices_of_a_batch_give_the_same_signatures(monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = [" ".join(f"w{i * j % 97}" for i in range(j * 3)) for j in range(40)] + ["", "last one"]
+    whole = signatures_of(texts)
+    monkeypatch.setattr(signatures_module, "SLICE_BYTES", 50)
+    assert np.array_equal(signatures_of(texts), whole)
