@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import prep.neardup.signatures as signatures_module
 from prep.neardup.lsh import estimated_similarity, jaccard
 from prep.neardup.settings import NearDupSettings
-from prep.neardup.signatures import WHITESPACE, hash_family, shingle_sets, signatures
+from prep.neardup.signatures import WHITESPACE, WIDE_WHITESPACE, hash_family, shingle_sets, signatures
 from tests.neardup.neardupsupport import batch, document, edited, signatures_of, true_jaccard
 
 MASK = 2**64 - 1
@@ -87,6 +87,9 @@ def test_normalization_gives_equal_signatures() -> None:
 
 def test_whitespace_is_what_str_split_splits_on() -> None:
     assert sorted(WHITESPACE) == sorted(chr(c) for c in range(0x110000) if chr(c).isspace())
+    # what `words` relies on: ASCII whitespace is 9-13 and 28-32, the others start with these bytes
+    assert sorted(ord(char) for char in WHITESPACE if char.isascii()) == [*range(9, 14), *range(28, 33)]
+    assert set(WIDE_WHITESPACE) == {0xC2, 0xE1, 0xE2, 0xE3}
 
 
 def test_short_and_empty_documents() -> None:
