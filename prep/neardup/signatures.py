@@ -16,11 +16,13 @@ The definitions (docs/build.md, "Near-duplicate removal"), each deciding snapsho
 * Shingles: each run of `ngram` consecutive words; a document of 1 to ngram - 1 words has one
   shingle of all its words; an empty one has none. Shingle hash: h = m, then h = h·G + w_j
   (mod 2^64) for each of its m words in order, then mix64(h).
-* MinHash: permutation i is h_i(x) = ((a_i·x + b_i) mod 2^64) >> 32 (multiply-add-shift), a_i odd;
-  (a_0, b_0, a_1, b_1, ...) are the first 2·permutations outputs of numpy's PCG64 bit generator
-  seeded with `seed` (`random_raw`: the bit generator's stream, fixed across numpy versions), a_i
-  with its lowest bit set. Signature[i] = min over the document's shingles of h_i, as uint32; a
-  document with no shingle has 0xFFFFFFFF everywhere.
+* MinHash: permutation i is h_i(x) = (a_i·x mod 2^64) >> 32 (multiply-shift, Dietzfelbinger et
+  al. 1997: a universal family, and a bijection before the shift, so it adds no collision of its
+  own); a_0, a_1, ... are the first `permutations` outputs of numpy's PCG64 bit generator seeded
+  with `seed` (`random_raw`: the bit generator's stream, fixed across numpy versions), each with
+  its lowest bit set. Signature[i] = min over the document's shingles of h_i, as uint32; a
+  document with no shingle has 0xFFFFFFFF everywhere. (The shift is taken after the minimum over
+  64-bit products, which is the same, as the shift keeps order.)
 
 Every step is per document, so a signature does not depend on the batch the document is in.
 """
@@ -53,17 +55,15 @@ SLICE_BYTES = 8 * 2**20
 
 @dataclass(frozen=True, eq=False)
 class HashFamily:
-    """The permutations' multipliers (odd) and addends, uint64 each."""
+    """The permutations' multipliers: odd uint64s, one per permutation."""
 
-    a: Array
-    b: Array
+    multipliers: Array
 
 
 @functools.cache
 def hash_family(seed: int, permutations: int) -> HashFamily:
-    """The `permutations` hash functions of `seed`: PCG64's raw outputs, in pairs (a_i | 1, b_i)."""
-    raw = np.random.PCG64(seed).random_raw(2 * permutations).astype(np.uint64).reshape(permutations, 2)
-    return HashFamily(np.ascontiguousarray(raw[:, 0] | np.uint64(1)), np.ascontiguousarray(raw[:, 1]))
+    """The `permutations` hash functions of `seed`: PCG64's raw outputs, each made odd."""
+    return HashFamily(np.random.PCG64(seed).random_raw(permutations).astype(np.uint64) | np.uint64(1))
 
 
 def signatures(blob: bytes, offsets: Array, ngram: int, permutations: int, seed: int) -> Array:
@@ -235,18 +235,17 @@ def _short_runs(hashes: Array, first: Array, size: Array) -> Array:
 def minhash(shingle_hashes: Array, bounds: Array, family: HashFamily) -> Array:
     """Signatures (documents x permutations, uint32) of documents whose shingle hashes are
     `shingle_hashes[bounds[d]:bounds[d + 1]]`, computed `CHUNK_ELEMENTS` products at a time."""
-    permutations = len(family.a)
+    permutations = len(family.multipliers)
     lows = np.full((permutations, len(bounds) - 1), np.iinfo(np.uint64).max, dtype=np.uint64)
     present = np.flatnonzero(np.diff(bounds) > 0)
     firsts = bounds[:-1][present]
     step = max(1, CHUNK_ELEMENTS // permutations)
     buffer = np.empty((permutations, step), dtype=np.uint64)
-    a, b = family.a[:, None], family.b[:, None]
+    multipliers = family.multipliers[:, None]
     for start in range(0, len(shingle_hashes), step):
         stop = min(start + step, len(shingle_hashes))
         products = buffer[:, :stop - start]
-        np.multiply(a, shingle_hashes[None, start:stop], out=products)
-        products += b
+        np.multiply(multipliers, shingle_hashes[None, start:stop], out=products)
         first, last = np.searchsorted(firsts, start, "right") - 1, np.searchsorted(firsts, stop, "left")
         documents = present[first:last]
         segment_starts = np.maximum(firsts[first:last], start) - start

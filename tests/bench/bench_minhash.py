@@ -24,8 +24,8 @@ The sides, each over every batch, their CPU seconds (one process, single-threade
   lowercased, split, and its `ngram`-word shingles joined as strings (prep's definitions).
 * rensa: `RMinHash.digest_matrix_from_token_sets` over those shingle strings, per batch (rensa
   hashes the strings itself, in Rust).
-* rensa core: `RMinHash.digest_matrix_from_flat_token_hashes` on prep's shingle hashes: the same
-  multiply-add-shift permutations as prep, in Rust (SIMD).
+* rensa core: `RMinHash.digest_matrix_from_flat_token_hashes` on prep's shingle hashes: 64-bit
+  multiply-add-shift permutations (prep's are multiply-shift: one operation fewer), in Rust (SIMD).
 * datasketch: `MinHash.bulk` over the shingles as UTF-8 bytes (SHA-1 per shingle, numpy per
   document), on a seeded sample of whole documents of --datasketch-mb MB (it is slow).
 
