@@ -39,15 +39,27 @@ def candidate_pairs(hashes: Array, documents: Array) -> tuple[Array, Array]:
     smallest document number of that bucket (a star: it joins a bucket as a clique would), each
     pair once, sorted. `hashes` is `band_hashes` of `documents` (int64 document numbers)."""
     keys = hashes.ravel()
-    members = np.repeat(np.asarray(documents, dtype=np.int64), hashes.shape[1])
-    order = np.lexsort((members, keys))
-    keys, members = keys[order], members[order]
+    order = np.argsort(keys)
+    keys, members = keys[order], np.repeat(np.asarray(documents, dtype=np.int64), hashes.shape[1])[order]
     starts = np.ones(len(keys), dtype=bool)
     starts[1:] = keys[1:] != keys[:-1]
-    leaders = members[np.flatnonzero(starts)][np.cumsum(starts) - 1]
-    joined = ~starts & (members != leaders)
-    pairs = np.unique(np.stack([leaders[joined], members[joined]], axis=1), axis=0)
-    return pairs[:, 0].copy(), pairs[:, 1].copy()
+    firsts = np.flatnonzero(starts)
+    leaders = np.minimum.reduceat(members, firsts)[np.cumsum(starts) - 1] if len(keys) else members
+    joined = members != leaders
+    return distinct_pairs(leaders[joined], members[joined])
+
+
+def distinct_pairs(left: Array, right: Array) -> tuple[Array, Array]:
+    """The pairs (left[i], right[i]) of non-negative document numbers, sorted, each once."""
+    if len(left) and max(int(left.max()), int(right.max())) < 2**32:  # both in one uint64: one plain sort
+        joined = np.sort((left.astype(np.uint64) << np.uint64(32)) | right.astype(np.uint64))
+        joined = joined[np.concatenate([[True], joined[1:] != joined[:-1]])]  # (np.unique hashes first: slower)
+        return (joined >> np.uint64(32)).astype(np.int64), (joined & np.uint64(2**32 - 1)).astype(np.int64)
+    order = np.lexsort((right, left))
+    left, right = left[order], right[order]
+    new = np.ones(len(left), dtype=bool)
+    new[1:] = (left[1:] != left[:-1]) | (right[1:] != right[:-1])
+    return left[new], right[new]
 
 
 def jaccard(a_shingles: Array, b_shingles: Array) -> float:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prep.neardup.lsh import band_hashes, candidate_pairs, estimated_similarity, jaccard
+from prep.neardup.lsh import band_hashes, candidate_pairs, distinct_pairs, estimated_similarity, jaccard
 from tests.neardup.neardupsupport import Array
 
 
@@ -43,6 +43,15 @@ def test_candidate_pairs_are_stars_to_each_buckets_first_document() -> None:
     assert list(zip(left.tolist(), right.tolist())) == [(10, 11), (10, 12), (11, 14)]
     reversed_left, reversed_right = candidate_pairs(hashes[::-1], documents[::-1])
     assert np.array_equal(reversed_left, left) and np.array_equal(reversed_right, right)
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=30), st.sampled_from([0, 2**31, 2**40]))
+def test_distinct_pairs_sorts_and_drops_repeats(pairs: list[tuple[int, int]], base: int) -> None:
+    left = np.array([base + a for a, _ in pairs], dtype=np.int64)
+    right = np.array([base + b for _, b in pairs], dtype=np.int64)
+    got_left, got_right = distinct_pairs(left, right)
+    assert list(zip(got_left.tolist(), got_right.tolist())) == sorted({(base + a, base + b) for a, b in pairs})
+    assert got_left.dtype == got_right.dtype == np.int64
 
 
 @given(st.sets(st.integers(0, 50)), st.sets(st.integers(0, 50)))
