@@ -30,6 +30,7 @@ Every step is per document, so a signature does not depend on the batch the docu
 from __future__ import annotations
 
 import functools
+import re
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,11 +47,13 @@ WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, 
 WIDE_WHITESPACE = {lead: tuple(code for char in WHITESPACE if (code := char.encode("utf-8"))[0] == lead)
                    for lead in sorted({char.encode("utf-8")[0] for char in WHITESPACE if not char.isascii()})}
 """The UTF-8 of the non-ASCII whitespace characters, by their first byte (0xC2, 0xE1, 0xE2, 0xE3)."""
+ASCII_WHITESPACE_BYTE = re.compile(rb"[\t-\r\x1c- ]")
 LANE_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [2**64 - 1], dtype=np.uint64)
 CHUNK_ELEMENTS = 1 << 17
 """MinHash products computed at once (1 MiB of uint64): a batch's memory does not grow with its shingles."""
 SLICE_BYTES = 8 * 2**20
-"""Text signed at once: the words, word and shingle hashes of a slice take about 11 times its bytes."""
+"""Text signed at once: the words, word and shingle hashes of a slice take about 11 times its bytes
+(a larger document goes in pieces: a 41 MB one peaked at 146 MB, its normalized copy included)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,8 +71,8 @@ def hash_family(seed: int, permutations: int) -> HashFamily:
 
 def signatures(blob: bytes, offsets: Array, ngram: int, permutations: int, seed: int) -> Array:
     """The MinHash signature of every document `blob[offsets[i]:offsets[i + 1]]` (UTF-8): shape
-    (documents, permutations), uint32. Documents go through in slices of about `SLICE_BYTES`
-    (one document at least), so memory is that of a slice whatever the batch's size."""
+    (documents, permutations), uint32. Documents go through in slices of about `SLICE_BYTES`, a
+    larger document in pieces of about that, so memory is that of a slice whatever the batch."""
     offsets = np.asarray(offsets, dtype=np.int64)
     family = hash_family(seed, permutations)
     result = np.empty((len(offsets) - 1, permutations), dtype=np.uint32)
@@ -77,9 +80,44 @@ def signatures(blob: bytes, offsets: Array, ngram: int, permutations: int, seed:
     for first, last in _slices(offsets):
         base, end = int(offsets[first]), int(offsets[last])
         text = blob if base == 0 and end == len(blob) else bytes(view[base:end])
+        if end - base > SLICE_BYTES:  # one document
+            result[first] = _large_signature(text, ngram, family)
+            continue
         shingles, bounds = shingle_hashes(text, offsets[first:last + 1] - base, ngram)
         result[first:last] = minhash(shingles, bounds, family)
     return result
+
+
+def _large_signature(data: bytes, ngram: int, family: HashFamily) -> Array:
+    """One document's signature, its normalized text taken in pieces cut at whitespace: each
+    piece's words follow the last ngram - 1 words before it, so every shingle is seen."""
+    text, _ = normalized(data, np.array([0, len(data)], dtype=np.int64))
+    lows = np.full(len(family.multipliers), 0xFFFFFFFF, dtype=np.uint32)
+    carried, count = np.zeros(0, dtype=np.uint64), 0
+    for start, end in _pieces(text):
+        piece = text[start:end]
+        starts, lengths, _ = words(piece, np.array([0, len(piece)], dtype=np.int64))
+        hashes = np.concatenate([carried, word_hashes(piece, starts, lengths)])
+        count += len(starts)
+        if len(hashes) >= ngram:
+            runs = mix64(_runs(hashes, ngram))
+            np.minimum(lows, minhash(runs, np.array([0, len(runs)]), family)[0], out=lows)
+        carried = hashes[len(hashes) - min(ngram - 1, len(hashes)):]
+    if 0 < count < ngram:  # fewer words than a shingle: they are all carried
+        shingle = mix64(_short_runs(carried, np.zeros(1, dtype=np.int64), np.array([count])))
+        lows = minhash(shingle, np.array([0, 1]), family)[0]
+    return lows
+
+
+def _pieces(text: bytes) -> Iterator[tuple[int, int]]:
+    """Consecutive ranges of about `SLICE_BYTES` of `text`, each cut at an ASCII whitespace byte
+    (which no word and no UTF-8 sequence holds), or at the end."""
+    start = 0
+    while start < len(text):
+        found = ASCII_WHITESPACE_BYTE.search(text, start + SLICE_BYTES)
+        end = found.start() if found else len(text)
+        yield start, end
+        start = end
 
 
 def _slices(offsets: Array) -> Iterator[tuple[int, int]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import random
 import unicodedata
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -159,3 +160,12 @@ def test_slices_of_a_batch_give_the_same_signatures(monkeypatch: pytest.MonkeyPa
     whole = signatures_of(texts)
     monkeypatch.setattr(signatures_module, "SLICE_BYTES", 50)
     assert np.array_equal(signatures_of(texts), whole)
+
+
+@given(st.lists(st.lists(st.sampled_from(["ab", "c", "x" * 20, "é", "日本", "\u3000", " ", "\n"]), max_size=60).map("".join),
+                max_size=4), st.integers(1, 6))
+def test_a_document_larger_than_a_slice_goes_in_pieces_with_the_same_signature(texts: list[str], ngram: int) -> None:
+    settings = NearDupSettings(ngram=ngram, permutations=8, bands=2, rows=4, seed=5)
+    whole = signatures_of(texts, settings)
+    with patch.object(signatures_module, "SLICE_BYTES", 7):
+        assert np.array_equal(signatures_of(texts, settings), whole)
