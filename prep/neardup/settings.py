@@ -3,23 +3,25 @@
 Imported by the build driver (it checks a pipeline before any task runs), so it loads no numpy.
 Bands and rows, when the table gives neither, are the (b, r) with b * r == permutations that
 minimise the LSH S-curve's false positive plus false negative areas around the threshold (the
-published method of datasketch's `_optimal_param`, with equal weights), integrated exactly.
+published method of datasketch's `_optimal_param`, with equal weights), integrated in decimal
+arithmetic precise enough that every machine makes the same choice.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
+from decimal import Decimal, localcontext
 
 from prep.errors import ConfigError
 
 PREFIX = "dedup.near."
 """Where the settings live in a pipeline file: every error names its key under it."""
 SEED_LIMIT = 2**64
+MAX_PERMUTATIONS = 16_384
+"""More would take the band choice over 10 s and a signature over 64 KiB a document."""
 UNICODE_VERSION = unicodedata.unidata_version
 """The Unicode version of the running Python's NFC and lowercasing, which `signatures` applies: a
 task key records it, since another version may normalize some text differently."""
@@ -65,6 +67,8 @@ def parse_settings(table: Mapping[str, object], source: str = "pipeline") -> Nea
         raise read.fail("threshold", f"must be within (0, 1), got {threshold}")
     ngram = read.at_least("ngram", 5, 1)
     permutations = read.at_least("permutations", 128, 1)
+    if permutations > MAX_PERMUTATIONS:
+        raise read.fail("permutations", f"must be <= {MAX_PERMUTATIONS}, got {permutations}")
     seed = read.at_least("seed", 0, 0)
     if seed >= SEED_LIMIT:
         raise read.fail("seed", f"must be an integer in [0, 2**64), got {seed}")
@@ -128,10 +132,10 @@ def _bands_and_rows(read: _Reader, threshold: float, permutations: int) -> tuple
 def optimal_bands(threshold: float, permutations: int) -> tuple[int, int]:
     """The (bands, rows) with bands * rows == permutations (every permutation is used; datasketch
     also allows fewer) minimising (false positive area + false negative area) / 2 of the S-curve
-    1 - (1 - s^rows)^bands around `threshold`; the fewest bands wins a tie. Exact rationals (the
-    threshold as its shortest decimal), so the choice is the same on every machine."""
-    t = Fraction(repr(threshold))
-    best: tuple[Fraction, int, int] | None = None
+    1 - (1 - s^rows)^bands around `threshold`; the fewest bands wins a tie. Decimal arithmetic (the
+    threshold as its shortest decimal), exactly specified, so the choice is the same everywhere."""
+    t = Decimal(repr(threshold))
+    best: tuple[Decimal, int, int] | None = None
     for bands in range(1, permutations + 1):
         if permutations % bands == 0:
             rows = permutations // bands
@@ -142,18 +146,23 @@ def optimal_bands(threshold: float, permutations: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
-def weighted_error(t: Fraction, bands: int, rows: int) -> Fraction:
+def weighted_error(t: Decimal, bands: int, rows: int) -> Decimal:
     """(∫_0^t P(s) ds + ∫_t^1 (1 - P(s)) ds) / 2 for P(s) = 1 - (1 - s^rows)^bands, the probability
-    that two documents of Jaccard s share a band: the false positive and false negative areas."""
-    false_positive = t - _integral(t, bands, rows)
-    false_negative = _integral(Fraction(1), bands, rows) - _integral(t, bands, rows)
-    return (false_positive + false_negative) / 2
+    that two documents of Jaccard s share a band: the false positive and false negative areas.
+    The integrals' binomial terms reach 2^bands and cancel, so the precision is 0.302 x bands
+    digits (log10 2 of them per band) plus 40 beyond the result's."""
+    with localcontext() as context:
+        context.prec = int(bands * 0.302) + 60
+        below, whole = _integral(t, bands, rows), _integral(Decimal(1), bands, rows)
+        return +((t - below + whole - below) / 2)
 
 
-def _integral(x: Fraction, bands: int, rows: int) -> Fraction:
-    """∫_0^x (1 - s^rows)^bands ds, by the binomial expansion, term by term."""
-    total = Fraction(0)
+def _integral(x: Decimal, bands: int, rows: int) -> Decimal:
+    """∫_0^x (1 - s^rows)^bands ds = Σ_k (-1)^k C(bands, k) x^(rows k + 1) / (rows k + 1)."""
+    total, power, step, binomial = Decimal(0), x, x**rows, Decimal(1)
     for k in range(bands + 1):
-        power = rows * k + 1
-        total += Fraction((-1) ** k * math.comb(bands, k) * x.numerator ** power, power * x.denominator ** power)
+        term = binomial * power / (rows * k + 1)
+        total += -term if k % 2 else term
+        power *= step
+        binomial = binomial * (bands - k) / (k + 1)  # C(bands, k + 1), exact: it has fewer digits than the precision
     return total

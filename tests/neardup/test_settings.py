@@ -56,6 +56,7 @@ def test_given_bands_rows_and_one_of_them() -> None:
     ({"ngram": 0}, "ngram", ">= 1"),
     ({"ngram": True}, "ngram", "expected int"),
     ({"permutations": 0}, "permutations", ">= 1"),
+    ({"permutations": 16_385}, "permutations", "<= 16384"),
     ({"bands": 16, "rows": 4}, "bands", "bands x rows must equal permutations (128), got 16 x 4"),
     ({"bands": 3}, "bands", "must divide permutations"),
     ({"rows": 0}, "rows", ">= 1"),
