@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +15,9 @@ import pyarrow as pa
 
 from prep.errors import InputError
 from prep.formats.jsonspelling import spell
+from prep.hashing import Digest
 from prep.stages.readtask import utf8
+from prep.stages.specs import outcomes_path
 from prep.stages.textcolumns import TextColumns
 from prep.steps.protocol import Change, DocumentStep, Drop, Outcome, StepDocument
 from prep.workfiles.columns import metadata_column, to_strings
@@ -71,6 +75,41 @@ class Skipping:
 def tallies(steps: Sequence[DocumentStep]) -> list[StepTally]:
     """Fresh counts for each step, in order."""
     return [StepTally(step.name) for step in steps]
+
+
+class PartSteps:
+    """The document steps over one tokenize part: their counts, the outcomes of the first ones
+    replayed from an earlier build, and a writer of each later one's outcomes (beside `out_path`)."""
+
+    def __init__(self, steps: Sequence[DocumentStep], where: str, lines: Callable[[int], int],
+                 skipping: Skipping | None, replays: Sequence[OutcomesReplay], out_path: Path, durable: bool) -> None:
+        self.steps, self.where, self.lines, self.skipping, self.replays = steps, where, lines, skipping, replays
+        self.counts = tallies(steps)
+        self.writers: list[OutcomesWriter | None] = [None] * len(replays)
+        try:
+            for index in range(len(replays), len(steps)):
+                self.writers.append(OutcomesWriter(outcomes_path(out_path, index), durable))
+        except BaseException:
+            self.abort()
+            raise
+
+    def apply(self, batch: TextColumns) -> TextColumns:
+        """The batch's documents every step keeps, changed as the steps changed them."""
+        return apply_steps(batch, self.steps, self.counts, self.where, self.skipping, self.writers, self.replays,
+                           self.lines)
+
+    def close(self) -> tuple[tuple[Path, Digest], ...]:
+        """Check the replays were read to their end; finish the outcomes files of the steps that ran."""
+        for replay in self.replays:
+            replay.finish()
+        return tuple((out.path, out.close()) for out in self.writers if out is not None)
+
+    def abort(self) -> None:
+        """Close the outcomes files without finishing them (the task failed; its caller removes them)."""
+        for out in self.writers:
+            if out is not None:
+                with suppress(Exception):
+                    out.abort()
 
 
 def apply_steps(batch: TextColumns, steps: Sequence[DocumentStep], counts: Sequence[StepTally], where: str,

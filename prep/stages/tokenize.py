@@ -25,9 +25,9 @@ from prep.hashing import Digest
 from prep.inputs.sources import check_unchanged
 from prep.memory import release_free_memory, resident_bytes, trim_heap
 from prep.stages.batches import read_batches
-from prep.stages.docsteps import Skipping, apply_steps, tallies
+from prep.stages.docsteps import PartSteps, Skipping
 from prep.stages.read import BadRecord, ReadTask, line_number
-from prep.stages.specs import TokenizeSettings, entries_path, outcomes_path, staged_paths
+from prep.stages.specs import TokenizeSettings, entries_path, staged_paths
 from prep.stages.textcolumns import TextColumns
 from prep.tokenizer import TokenizerInfo, load_tokenizer
 from prep.tokenizer.engine import TokenizerEngine
@@ -35,7 +35,7 @@ from prep.tokenizer.spans import LazySequence, documents_containing
 from prep.workfiles.columns import to_strings
 from prep.workfiles.entries import PART_COLUMNS, write_part_entries
 from prep.workfiles.intermediate import METADATA, IntermediateWriter, io_errors
-from prep.workfiles.outcomes import OutcomesReplay, OutcomesWriter
+from prep.workfiles.outcomes import OutcomesReplay
 
 BATCH_TEXT_BYTES = 8 * 2**20
 BATCH_DOCUMENTS = 65536
@@ -270,45 +270,38 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     started = time.perf_counter()
     watch = _BatchWatch(settings, trimmed=_TASKS["count"] >= UNTRIMMED_TASKS)
     _TASKS["count"] += 1
-    steps = tallies(settings.steps)
     skipping = Skipping(bad, MAX_BAD_RECORDS_LISTED) if settings.on_error == "skip" else None
-    writers: list[OutcomesWriter | None] = [None] * len(replays)
+    steps = PartSteps(settings.steps, task.source.rel, functools.partial(line_number, task), skipping, replays,
+                      out_path, durable) if settings.steps else None
     try:
-        for index in range(len(replays), len(steps)):
-            writers.append(OutcomesWriter(outcomes_path(out_path, index), durable))
         with IntermediateWriter(out_path, dtype, durable, settings.order_seed, bool(settings.metadata_keys)) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
                 unique_ids.add(batch)  # a document a step drops was read: its id counts
                 if settings.metadata_keys and batch.metadata is None:  # keys only steps set: each starts empty
                     batch = batch.with_empty_metadata()
-                if steps:
-                    batch = apply_steps(batch, settings.steps, steps, task.source.rel, skipping, writers, replays,
-                                        functools.partial(line_number, task))
+                if steps is not None:
+                    batch = steps.apply(batch)
                 if len(batch):
                     _write_batch(batch, task, settings, writer, special_needles, counts)
                 watch.after_batch()
             unique_ids.finish()
-        for replay in replays:
-            replay.finish()
+        outcomes = steps.close() if steps is not None else ()
         check_unchanged(task.source)
         entries = None
         if settings.order_seed is not None:
             staged = entries_path(out_path)
             entries = (staged, _write_entries(staged, writer, settings.order_seed))
-        outcomes = tuple((out.path, out.close()) for out in writers if out is not None)
     except BaseException:  # a bad record, a full disk, an interrupt: leave nothing staged
-        for out in writers:
-            if out is not None:
-                with suppress(Exception):
-                    out.abort()
+        if steps is not None:
+            steps.abort()
         for path in staged_paths(out_path, len(settings.steps)):
             with suppress(OSError):
                 path.unlink(missing_ok=True)
         raise
     summary: dict[str, Any] = dict(counts)
     summary["bad_record_examples"] = bad
-    if steps:
-        summary["steps"] = [tally.to_json() for tally in steps]
+    if steps is not None:
+        summary["steps"] = [tally.to_json() for tally in steps.counts]
     log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings)[0].report(),
            "engine_reloads": _RELOADS["count"] - reloads_before}
     assert writer.digest is not None
