@@ -2,8 +2,8 @@
 bin, mds and wds (JSON Lines; ids and metadata values that need escaping, non-ASCII), the ranges
 `trace` and `locate` report (and `prep trace --json`, `prep show --at`) hold exactly its tokens
 (.bin), its three members (the .tar range read as an archive of its own) and its MDS sample
-(decoded, metadata included); and the sizes placing adds up are the bytes the writers write, for
-any documents (hypothesis)."""
+(decoded, metadata included, by prep's reader and by mosaicml-streaming's); and the sizes placing
+adds up are the bytes the writers write, for any documents (hypothesis)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from prep.history.placing import Named, document_sizes, needs
 from prep.stages.members import sample_members
 from prep.storage import LocalStore
 from prep.store.snapshots import Snapshot
+from tests.formats.test_mds import _run_checker, _streaming_python
 from tests.formats.test_metadata_build import FIELDS, expected_metadata, records
 from tests.helpers import write_jsonl
 from tests.history.test_lineage import _build
@@ -144,6 +145,27 @@ def test_trace_json_and_show_at_report_those_ranges(
             found = locate(store, snapshot, files[fmt]["path"], sequence)
             report = _prep("trace", snapshot.id, _spec(found), "--store", store.root, "--json")
             assert [one["placements"] for one in report["documents"]] == [at["trace"]["placements"]]
+
+
+def test_streaming_decodes_each_reported_mds_range_to_its_sample(
+        built: tuple[LocalStore, Snapshot, dict[str, dict[str, Any]]], tmp_path: Path) -> None:
+    """mosaicml-streaming's own MDSReader, given the shard's index.json object, decodes each range."""
+    python = _streaming_python()
+    store, snapshot, _ = built
+    with_metadata = "metadata_fields" in snapshot.manifest["config"]["input"]
+    specs, expected = [], []
+    for files in _shards(snapshot):
+        path, documents = artifact_path(store.root, files["mds"]), files["mds"]["documents"]
+        places = [next(p for p in locate(store, snapshot, files["mds"]["path"], sequence).placements
+                       if p.format == "mds") for sequence in range(documents)]
+        entry = mds.ShardEntry(path.name, files["mds"]["size"], documents, np.dtype(snapshot.manifest["tokenizer"]["dtype"]),
+                               with_metadata)
+        specs.append({"file": str(path), "shard": entry.to_json(), "ranges": [[p.offset, p.length] for p in places]})
+        with ShardReader(path) as reader:
+            expected.append([(s.id, s.text, s.tokens.tolist(), json.loads(s.metadata) if s.metadata else None)
+                             for s in reader])
+    decoded = _run_checker(python, {"read": [], "write": [], "decode": specs}, tmp_path)["decoded"]
+    assert [[(d["id"], d["text"], d["tokens"], d.get("metadata")) for d in shard] for shard in decoded] == expected
 
 
 _TEXT = st.text(st.characters(blacklist_categories=["Cs"]), max_size=12)
