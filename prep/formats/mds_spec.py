@@ -30,8 +30,8 @@ def sample_spans(sizes: DocumentSizes) -> npt.NDArray[np.int64]:
     return mds.SampleSizes(sizes.tokens, sizes.text_bytes, sizes.id_sizes, sizes.metadata_sizes).sample_bytes(sizes.dtype)
 
 
-def header(documents: int, dtype: np.dtype[Any], with_metadata: bool = False) -> int:
-    """The sample count, offsets and config before the first sample."""
+def header(documents: int, dtype: np.dtype[Any], with_metadata: bool) -> int:
+    """The sample count, offsets and config (its columns: with metadata or not) before the first sample."""
     from prep.formats import mds
 
     return mds.header_size(dtype, documents, with_metadata)

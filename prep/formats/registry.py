@@ -52,11 +52,12 @@ class DocumentSizes:
 
 Spans = Callable[[DocumentSizes], "npt.NDArray[np.int64]"]
 """Bytes each document takes in an artifact kind, front to back (a document's offset is the sum before it)."""
-Head = Callable[[int, "np.dtype[Any]"], int]
-"""Bytes before the first document in an artifact of a shard of n documents (a header)."""
+Head = Callable[[int, "np.dtype[Any]", bool], int]
+"""Bytes before the first document in an artifact of a shard of n documents (a header), in a
+build with metadata fields or not."""
 
 
-def no_head(documents: int, dtype: np.dtype[Any]) -> int:
+def no_head(documents: int, dtype: np.dtype[Any], with_metadata: bool) -> int:
     """Documents start at the first byte."""
     return 0
 

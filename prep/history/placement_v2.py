@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from prep.config import recorded_metadata_keys
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import wds
 from prep.formats.registry import ArtifactFormat, DocumentSizes
@@ -31,10 +32,10 @@ from prep.history.documents import (
     stage_manifest,
     verified_object,
 )
-from prep.history.placing import Needs, needs, origin_sizes, placed_kinds, placements
+from prep.history.placing import Named, Needs, document_sizes, needs, placed_kinds, placements
 from prep.storage.backend import Store
 from prep.workfiles.docnames import document_id, record_line
-from prep.workfiles.entries import ENTRY_DTYPE, NO_ID, EntryFile
+from prep.workfiles.entries import ENTRY_DTYPE, NO_ID, EntryFile, metadata_spans
 from prep.workfiles.keys import bucket_of, order_keys
 from prep.workfiles.shardplan import ShardPlan
 
@@ -185,11 +186,20 @@ class KeyedPlacer:
         copy = index - max(first, self._slice_of(bucket, index).first)
         artifacts = artifacts_of_shard(self.records.snapshot, plan.index)
         kinds = placed_kinds(artifacts)
-        need = needs(kinds)
+        need = needs(kinds, self.with_metadata)
         offsets = self._offsets(plan, sequence, kinds, need)
-        dtype = np.dtype(self.records.snapshot.manifest["tokenizer"]["dtype"])
-        found = placements(artifacts, plan.index, sequence, offsets, origin_sizes(origin, dtype, need))
+        found = placements(artifacts, plan.index, sequence, offsets, self._sizes(*self._bucket(bucket).read(index, 1), need))
         return Trace(origin, sequence, found, order_key=wds.order_key_name(*key), copy=copy)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The snapshot's token dtype."""
+        return np.dtype(str(self.records.snapshot.manifest["tokenizer"]["dtype"]))
+
+    @property
+    def with_metadata(self) -> bool:
+        """Whether the build had metadata fields (its `.json` members and MDS samples carry metadata)."""
+        return bool(recorded_metadata_keys(self.records.snapshot.manifest["config"]))
 
     def _entries_before(self, plan: ShardPlan, sequence: int) -> Iterator[tuple[np.ndarray, bytes]]:
         """The shard's first `sequence` entries (and their ids), in chunks of CHUNK_ENTRIES."""
@@ -204,29 +214,32 @@ class KeyedPlacer:
 
     def _offsets(self, plan: ShardPlan, sequence: int, kinds: list[ArtifactFormat], need: Needs) -> dict[str, int]:
         """Where sequence `sequence` of `plan` starts in each artifact kind of `kinds`."""
-        dtype = np.dtype(self.records.snapshot.manifest["tokenizer"]["dtype"])
-        offsets = {kind.name: kind.head(plan.documents, dtype) for kind in kinds}
+        offsets = {kind.name: kind.head(plan.documents, self.dtype, need.metadata) for kind in kinds}
         for entries, ids in self._entries_before(plan, sequence):
-            documents = list(self._documents(entries, ids)) if need.json or need.ids else []
-            json_sizes = [len(wds.sample_json(*doc)) for doc in documents] if need.json else [0] * len(entries)
-            id_sizes = [len(doc[0].encode("utf-8", "surrogatepass")) for doc in documents] if need.ids else [0] * len(entries)
-            sizes = DocumentSizes(entries["n_tokens"].astype(np.int64) + 1, entries["text_bytes"].astype(np.int64),
-                                  np.asarray(json_sizes, dtype=np.int64), np.asarray(id_sizes, dtype=np.int64), dtype)
+            sizes = self._sizes(entries, ids, need)
             for kind in kinds:
                 assert kind.spans is not None
                 offsets[kind.name] += int(kind.spans(sizes).sum())
         return offsets
 
-    def _documents(self, entries: np.ndarray, ids: bytes) -> Iterator[tuple[str, str, int, int]]:
-        """Each entry's id, source, line and tokens (EOS included), as its `.json` member names them."""
+    def _sizes(self, entries: np.ndarray, ids: bytes, need: Needs) -> DocumentSizes:
+        """The sizes of these entries' documents in the shard's artifacts."""
+        named = list(self._documents(entries, ids, need.metadata)) if need.json or need.ids else []
+        return document_sizes(entries["n_tokens"].astype(np.int64) + 1, entries["text_bytes"], named, self.dtype, need)
+
+    def _documents(self, entries: np.ndarray, ids: bytes, with_metadata: bool) -> Iterator[Named]:
+        """Each entry's document as its `.json` member and MDS sample name it (its metadata too
+        `with_metadata`: after its id in the ids blob)."""
         view = memoryview(ids)
-        for part, row, id_offset, id_len, tokens in zip(entries["part"].tolist(), entries["row"].tolist(),
-                                                       entries["id_offset"].tolist(), entries["id_len"].tolist(),
-                                                       entries["n_tokens"].tolist()):
+        starts, lengths = metadata_spans(entries)
+        for part, row, id_offset, id_len, tokens, start, length in zip(
+                entries["part"].tolist(), entries["row"].tolist(), entries["id_offset"].tolist(),
+                entries["id_len"].tolist(), entries["n_tokens"].tolist(), starts.tolist(), lengths.tolist()):
             task = self.records.tasks[part]
             line = record_line(task.format, task.line_offset, row)
             doc_id = None if id_len == NO_ID else bytes(view[id_offset:id_offset + id_len]).decode("utf-8", "surrogatepass")
-            yield document_id(doc_id, task.source, line), task.source, line, tokens + 1
+            metadata = bytes(view[start:start + length]) if with_metadata else None
+            yield Named(document_id(doc_id, task.source, line), task.source, line, tokens + 1, metadata)
 
     def locate(self, artifact: dict[str, Any], sequence: int) -> Trace:
         """The document stored as sequence `sequence` of `artifact`'s shard."""

@@ -6,7 +6,8 @@ shards of samples, out, and `metadata`: whether samples have a `json` metadata c
 with; then, for each folder DIR of `read`, it prints what `StreamingDataset(local=DIR, remote=None,
 shuffle=False, batch_size=1)` yields, in order: per sample the `tokens` array's values and dtype,
 the `text` and the `id`, each with its Python type, and the `metadata` object of a shard that has
-the column, as JSON.
+the column, as JSON; and for each `decode` spec (a shard file, its `index.json` object and byte
+ranges of it), what streaming's MDSReader decodes each range to, under `decoded`.
 
 Imports nothing of prep. It loads `streaming.base`, where StreamingDataset, MDSWriter and the MDS
 encodings live, without running `streaming/__init__.py`: that one imports `streaming.vision` and so
@@ -39,13 +40,29 @@ def _streaming_base() -> Any:
     return streaming.base
 
 
+def _values(sample: dict[str, Any]) -> dict[str, Any]:
+    """A decoded sample as JSON values."""
+    return {"dtype": sample["tokens"].dtype.str, "id": sample["id"], "text": sample["text"],
+            "tokens": sample["tokens"].tolist(),
+            "types": [type(sample[column]).__name__ for column in ("tokens", "text", "id")],
+            **({"metadata": sample["metadata"]} if "metadata" in sample else {})}
+
+
 def read(folder: str) -> list[dict[str, Any]]:
     """Every sample StreamingDataset gives for `folder`, in order, as JSON values."""
     dataset = _streaming_base().StreamingDataset(local=folder, remote=None, shuffle=False, batch_size=1)
-    return [{"dtype": sample["tokens"].dtype.str, "id": sample["id"], "text": sample["text"],
-             "tokens": sample["tokens"].tolist(),
-             "types": [type(sample[column]).__name__ for column in ("tokens", "text", "id")],
-             **({"metadata": sample["metadata"]} if "metadata" in sample else {})} for sample in dataset]
+    return [_values(sample) for sample in dataset]
+
+
+def decode(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The samples of byte ranges of one shard file, each decoded on its own by streaming's
+    MDSReader made from the shard's `index.json` object (`spec`: file, shard, ranges)."""
+    _streaming_base()
+    from streaming.base.format.mds.reader import MDSReader
+
+    reader = MDSReader.from_json(str(Path(spec["file"]).parent), None, spec["shard"])
+    data = Path(spec["file"]).read_bytes()
+    return [_values(reader.decode_sample(data[offset:offset + length])) for offset, length in spec["ranges"]]
 
 
 def write(spec: dict[str, Any]) -> None:
@@ -68,4 +85,5 @@ if __name__ == "__main__":
     job = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
     for spec in job["write"]:
         write(spec)
-    print(json.dumps({folder: read(folder) for folder in job["read"]}))
+    decoded = {"decoded": [decode(spec) for spec in job["decode"]]} if "decode" in job else {}
+    print(json.dumps({**{folder: read(folder) for folder in job["read"]}, **decoded}))
