@@ -5,6 +5,7 @@ that carries it writes these bytes (or, for MDS, streaming's own spelling of the
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -13,5 +14,12 @@ from typing import Any
 def spell(value: Any, default: Callable[[Any], Any] | None = None) -> str:
     """`value` in the metadata spelling; `default` as json.dumps takes it (TypeError without one
     for a value JSON has no type for; ValueError for NaN or an infinity)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-                      default=default)
+    return _encoder(default).encode(value)
+
+
+@functools.cache
+def _encoder(default: Callable[[Any], Any] | None) -> json.JSONEncoder:
+    """One encoder per `default`, made once: json.dumps with options builds one a call, which costs
+    more than spelling a small object."""
+    return json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                            default=default)

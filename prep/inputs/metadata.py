@@ -34,17 +34,18 @@ def value_json(value: Any) -> str:
 def metadata_json(record: Mapping[str, Any], fields: Sequence[str]) -> bytes:
     """The metadata of a record (a JSON object, or a table row by column): its non-null `fields`
     as a compact JSON object with sorted keys, UTF-8; ValueError names the field it cannot spell."""
-    members = []
-    for field in sorted(fields):
-        value = record.get(field)
-        if value is None:
-            continue
+    present = {field: value for field in fields if (value := record.get(field)) is not None}
+    try:
+        return spell(present, _refuse).encode()  # one encode for the object: the spelling of its members joined
+    except (TypeError, ValueError, UnicodeEncodeError):
+        pass
+    for field in sorted(present):  # name the field that has no spelling
         try:
-            members.append(f"{value_json(field)}:{value_json(value)}".encode())
+            value_json(present[field]).encode()
         except (ValueError, UnicodeEncodeError) as exc:
             reason = "has an unpaired surrogate" if isinstance(exc, UnicodeEncodeError) else str(exc)
             raise ValueError(f"metadata field {field!r} {reason}") from None
-    return b"{" + b",".join(members) + b"}"
+    raise AssertionError("a metadata object with no spelling whose every field has one")
 
 
 def table_metadata(columns: Mapping[str, Sequence[Any]], fields: Sequence[str], rows: int) -> list[bytes | ValueError]:

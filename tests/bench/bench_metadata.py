@@ -1,6 +1,7 @@
 """Benchmark (not a test): what carrying `[input] metadata_fields` costs a build, side by side in
 one run: the real-text corpus of ../shared/bench/make_corpus.py with three metadata fields added to
-every record (a URL, a license string and a small nested object), built from the same files with
+every record (a URL, a license string and a small nested object), as whole documents and cut into
+paragraphs (many short documents), built from the same files with
 and without `metadata_fields = ["url", "license", "crawl"]`, rounds alternated, each in an empty
 store, the median of --runs rounds. Prints wall seconds, CPU seconds of the whole process tree
 (what the work cost, less moved by a shared machine), input MB/s and the ratios.
@@ -26,19 +27,30 @@ from tests.bench.benchsupport import Setup, corpus_bytes, measure_tree, setup
 FIELDS = ["url", "license", "crawl"]
 
 
-def with_fields(source: Path, out: Path) -> Path:
-    """`source`'s records, each with the metadata fields added (made once, reused)."""
+def with_fields(source: Path, out: Path, paragraphs: bool) -> Path:
+    """`source`'s records (or, with `paragraphs`, each paragraph of 40 characters or more as a
+    record: many short documents, where a per-document cost weighs), each with the metadata fields
+    added (made once, reused)."""
     if any(out.glob("*.jsonl")):
         return out
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(source.glob("*.jsonl")):
         with open(path, encoding="utf-8") as reader, open(out / path.name, "w", encoding="utf-8") as writer:
-            for number, line in enumerate(reader):
+            number = 0
+            for line in reader:
                 record = json.loads(line)
-                record.update(url=f"https://example.org/{path.stem}/{number}", license=["MIT", "CC-BY-4.0"][number % 2],
-                              crawl={"name": f"crawl-{number % 7}", "score": round(number % 97 / 97, 3)})
-                writer.write(json.dumps(record, ensure_ascii=False) + "\n")
+                texts = [part for part in record["text"].split("\n\n") if len(part.strip()) >= 40] if paragraphs \
+                    else [record["text"]]
+                for text in texts:
+                    writer.write(json.dumps({"id": f"{path.stem}/{number}", "text": text, **_fields(path, number)},
+                                            ensure_ascii=False) + "\n")
+                    number += 1
     return out
+
+
+def _fields(path: Path, number: int) -> dict[str, object]:
+    return {"url": f"https://example.org/{path.stem}/{number}", "license": ["MIT", "CC-BY-4.0"][number % 2],
+            "crawl": {"name": f"crawl-{number % 7}", "score": round(number % 97 / 97, 3)}}
 
 
 def pipeline(folder: Path, corpus_dir: Path, bench: Setup, metadata: bool) -> Path:
@@ -52,9 +64,10 @@ def pipeline(folder: Path, corpus_dir: Path, bench: Setup, metadata: bool) -> Pa
 
 def main() -> None:
     bench = setup(__doc__, "100")
-    for source in bench.corpora:
-        corpus_dir = with_fields(source, bench.workdir / f"{source.name}-metadata")
+    for source, shape in [(source, shape) for source in bench.corpora for shape in ("documents", "paragraphs")]:
+        corpus_dir = with_fields(source, bench.workdir / f"{source.name}-metadata-{shape}", shape == "paragraphs")
         megabytes = corpus_bytes(corpus_dir) / 1e6
+        documents = sum(1 for path in corpus_dir.glob("*.jsonl") for _ in path.open(encoding="utf-8"))
         seconds: dict[bool, list[float]] = {False: [], True: []}
         cpu: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(bench.runs):
@@ -66,7 +79,8 @@ def main() -> None:
                                     "--workers", str(bench.workers)])
                 seconds[metadata].append(run.seconds)
                 cpu[metadata].append(run.cpu_seconds)
-        print(f"{source.name}: {megabytes:.0f} MB of text, {bench.workers} workers, medians of {bench.runs}")
+        print(f"{source.name} as {shape}: {documents:,} documents, {megabytes:.0f} MB of text, {bench.workers} workers, "
+              f"medians of {bench.runs}")
         for metadata in (False, True):
             wall, work = statistics.median(seconds[metadata]), statistics.median(cpu[metadata])
             print(f"  metadata {'on ' if metadata else 'off'}: {wall:6.1f} s wall ({megabytes / wall:5.1f} MB/s), "
