@@ -7,12 +7,9 @@ Configuration (endpoint, credentials, region) comes from the standard AWS enviro
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import io
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -24,6 +21,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from prep.errors import IntegrityError, NotFoundError, StoreError
 from prep.storage.backend import MAX_REF_BYTES, ObjectInfo, RefValue, Store, too_large
+from prep.storage.s3 import staging
 from prep.storage.s3.client import (
     DEFAULT_JOBS,
     DEFAULT_MAX_ATTEMPTS,
@@ -101,7 +99,6 @@ class S3Store(Store):
         self.settings = settings
         self._clients = ClientCache(settings.max_attempts, max(10, 2 * settings.jobs))
         self._bucket_checked = False
-        self._staging: tuple[int, Path] | None = None
 
     @classmethod
     def from_url(cls, url: str) -> S3Store:
@@ -286,20 +283,6 @@ class S3Store(Store):
         return put_ref(Upload(self._client(), self.bucket, self._full(key), {}, condition), body)
 
     def staging_dir(self) -> Path:
-        """A private temporary folder of this process, removed when the process exits."""
-        staging = self._staging
-        if staging is None or staging[0] != os.getpid():
-            folder = Path(tempfile.mkdtemp(prefix="prep-s3-staging-"))
-            staging = self._staging = (os.getpid(), folder)
-            _STAGING_DIRS.append(staging)
-        return staging[1]
-
-
-_STAGING_DIRS: list[tuple[int, Path]] = []
-
-
-@atexit.register
-def _remove_staging_dirs() -> None:
-    for pid, folder in _STAGING_DIRS:
-        if pid == os.getpid():  # a forked child must not remove its parent's folders
-            shutil.rmtree(folder, ignore_errors=True)
+        """A private temporary folder of this process, removed when the process exits (or, if it
+        never gets to, by a later process of this host: prep.storage.s3.staging)."""
+        return staging.process_folder()
