@@ -28,8 +28,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prep.formats.jsonspelling import spell
-
 ID_COLUMN = "id"
 ROW_GROUP_ROWS = 1 << 16
 WRITER_OPTIONS: MappingProxyType[str, Any] = MappingProxyType({
@@ -63,13 +61,32 @@ def columns(ids: list[str], metadata: Iterable[bytes], keys: tuple[str, ...]) ->
     ValueError for metadata holding a key the build does not declare."""
     values: dict[str, list[str | None]] = {key: [] for key in keys}
     for document in metadata:
-        found = json.loads(document)
+        found = dict(members(document.decode("utf-8", "surrogatepass")))
         unknown = set(found) - set(values)
         if unknown:
             raise ValueError(f"a document's metadata has key {sorted(unknown)[0]!r}, which the build does not declare")
         for key, column in values.items():
-            column.append(spell(found[key]) if key in found else None)
+            column.append(found.get(key))
     return {ID_COLUMN: list(ids), **values}
+
+
+_DECODER = json.JSONDecoder()
+
+
+def members(spelled: str) -> Iterator[tuple[str, str]]:
+    """Each key of a metadata object in the metadata spelling, with its value's text as it is spelled
+    there: the spelling of the value itself, since the object's is the spelling of its members
+    joined (no parse and spell again)."""
+    at = 1
+    if spelled[at:] == "}":
+        return
+    while True:
+        key, end = _DECODER.raw_decode(spelled, at)
+        _, after = _DECODER.raw_decode(spelled, end + 1)  # past the ":"
+        yield str(key), spelled[end + 1:after]
+        if spelled[after] == "}":
+            return
+        at = after + 1  # past the ","
 
 
 class SidecarWriter:
