@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prep.hashing import Digest
 from prep.manifest.schema import schema_path
 from prep.storage.backend import Store
 from prep.store import cas
@@ -49,8 +50,11 @@ def _code_section() -> dict[str, Any]:
     return code
 
 
-def manifest_for(dataset: str, artifacts: Sequence[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
-    """A schema-valid snapshot manifest listing `artifacts` (entries of the manifest's artifacts)."""
+def manifest_for(dataset: str, artifacts: Sequence[dict[str, Any]], seed: int = 0,
+                 tokenizer: Digest | None = None) -> dict[str, Any]:
+    """A schema-valid snapshot manifest listing `artifacts` (entries of the manifest's artifacts),
+    carrying the stored `tokenizer` file (None: one built before snapshots carried it)."""
+    carried = {"sha256": tokenizer.sha256, "object": tokenizer.id, "bytes": tokenizer.size} if tokenizer else {}
     documents = sum(a["documents"] for a in artifacts if a["format"] != "idx")
     tokens = sum(a["tokens"] for a in artifacts if a["format"] == "bin")
     return {
@@ -61,7 +65,7 @@ def manifest_for(dataset: str, artifacts: Sequence[dict[str, Any]], seed: int = 
                    "files": [{"path": "corpus/part-0.jsonl", "size": 1234, "sha256": _fake_hex("part-0")}]},
         "code": _code_section(),
         "tokenizer": {"sha256": _fake_hex("tokenizer"), "vocab_size": 50257, "eos": "<|endoftext|>",
-                      "eos_id": 50256, "dtype": "uint16", "encode_special_tokens": False},
+                      "eos_id": 50256, "dtype": "uint16", "encode_special_tokens": False, **carried},
         "config": {"seq_len": 2048},
         "stages": [{"name": "tokenize", "key": _fake_hex("tokenize"), "output": f"sha256:{_fake_hex('out')}"}],
         "artifacts": list(artifacts),
@@ -97,7 +101,8 @@ def build_snapshot(
             files[path] = data
             entries.append({"path": path, "format": fmt, "shard": shard, "size": digest.size,
                             "sha256": digest.sha256, "documents": 10 + shard, "tokens": size // 2})
-    snapshot = publish_manifest(store, manifest_for(dataset, entries, seed))
+    tokenizer = cas.put_bytes(store, json.dumps({"fake tokenizer of": dataset}).encode())  # carried, as builds do
+    snapshot = publish_manifest(store, manifest_for(dataset, entries, seed, tokenizer))
     if ref is not None:
         move_ref(store, dataset, ref, snapshot.id)
     return Built(snapshot, files)
@@ -170,7 +175,9 @@ def derive_snapshot(
             files[path] = base.files[path]
     for path, fmt, shard in added:
         store_entry({"path": path, "format": fmt, "shard": shard, "documents": 3, "tokens": 100}, rng.randbytes(700))
-    snapshot = publish_manifest(store, manifest_for(base.snapshot.dataset, entries, seed))
+    carried = base.snapshot.manifest["tokenizer"]
+    tokenizer = Digest(carried["sha256"], carried["bytes"]) if "object" in carried else None
+    snapshot = publish_manifest(store, manifest_for(base.snapshot.dataset, entries, seed, tokenizer))
     if ref is not None:
         move_ref(store, base.snapshot.dataset, ref, snapshot.id)
     return Built(snapshot, files)

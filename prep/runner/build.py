@@ -9,15 +9,18 @@ compare-and-swap from the generations seen when the build started; see prep/runn
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from prep.code import code_identity
 from prep.config import Pipeline
 from prep.errors import InputError, StoreError, UsageError
 from prep.faults import crash_point
+from prep.hashing import Digest
 from prep.inputs.sources import SourceFile, discover, input_version, release_spool
 from prep.progress import Progress, human_bytes, plural
 from prep.runner.driver import Runner
@@ -43,12 +46,12 @@ from prep.runner.tasks import CodeChecked, prepare_worker
 from prep.runner.tokenizing import Tokenized, Tokenizing
 from prep.stages.specs import TokenizeSettings
 from prep.storage.backend import Store
-from prep.store import snapshots
+from prep.store import cas, snapshots
 from prep.store.leases import Lease, build_lease, waiting_for_gc
 from prep.store.retention import record_policy
 from prep.store.snapshots import Snapshot
 from prep.store.tags import check_tag_name
-from prep.tokenizer import TokenizerInfo, describe_tokenizer
+from prep.tokenizer import TokenizerInfo, describe_tokenizer, read_tokenizer_file
 
 
 @dataclass
@@ -119,6 +122,18 @@ class Publishing:
     backend: str
 
 
+def store_tokenizer(store: Store, path: Path, sha256: str) -> Digest:
+    """Store the tokenizer file the build used as an object, so a snapshot carries what decodes
+    its tokens (prep pull puts it beside the shards); InputError if it is no longer that file."""
+    try:
+        data = read_tokenizer_file(path)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the tokenizer file again: {exc.strerror or exc}") from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise InputError(f"{path}: tokenizer file changed during the build")
+    return cas.put_bytes(store, data)
+
+
 def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progress, lease: Lease,
            publishing: Publishing) -> BuildResult:
     code = code_identity()
@@ -147,9 +162,11 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
         release_spool(sources)  # S3 inputs were read once, into the spool; no later stage reads them
     _check_not_empty(pipeline, sources, tokenized)
     sharded: Sharded = runner.run_stages(global_stages(pipeline, info, settings), tokenized)
+    stored = store_tokenizer(store, tokenizer_path, info.sha256)
+    tokenizer = {**info.to_json(), "object": stored.id, "bytes": stored.size}
     manifest = snapshot_manifest(
         dataset=pipeline.dataset, seed=pipeline.seed, version=version, sources=sources, code=code,
-        tokenizer=info.to_json(), config=pipeline.resolved(), stages=runner.committed_stages(), shards=sharded.shards,
+        tokenizer=tokenizer, config=pipeline.resolved(), stages=runner.committed_stages(), shards=sharded.shards,
         formats=pipeline.output.formats, stats=build_stats(sharded))
     if lease.lapsed:
         raise StoreError(f"{store.url}: this build's lease lapsed (the store was unreachable too long); "

@@ -312,10 +312,12 @@ def snapshot_layout(manifest: dict[str, Any], source: str) -> int:
 
 
 def snapshot_names(manifest: Any, source: str) -> Names:
-    """What a `prep.snapshot/1` manifest names: its artifacts' sha256 and, as manifests of its
-    layout's stages, its stages' outputs."""
+    """What a `prep.snapshot/1` manifest names: its artifacts' sha256, its tokenizer file's object
+    (snapshots built since it is stored) and, as manifests of its layout's stages, its stages' outputs."""
     validate(manifest, SNAPSHOT_SCHEMA, source)
     layout = snapshot_layout(manifest, source)
-    return Names(objects=frozenset(f"sha256:{artifact['sha256']}" for artifact in manifest["artifacts"]),
+    tokenizer = manifest["tokenizer"].get("object")
+    return Names(objects=frozenset([f"sha256:{artifact['sha256']}" for artifact in manifest["artifacts"]]
+                                   + ([str(tokenizer)] if tokenizer else [])),
                  manifests=frozenset(ManifestRef(str(stage["output"]), str(stage["name"]), layout)
                                      for stage in manifest["stages"]))

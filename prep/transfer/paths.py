@@ -11,6 +11,7 @@ from pathlib import Path
 from prep.errors import InputError
 
 PREP_DIR = ".prep"
+TOKENIZER_NAME = "tokenizer.json"  # DEST/.prep/tokenizer.json: the snapshot's tokenizer file
 TEMP_MARKER = ".prep-tmp-"
 
 

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from prep import hashing
-from prep.errors import NotFoundError, PrepError, StorageIOError, UsageError
+from prep.errors import IntegrityError, NotFoundError, PrepError, StorageIOError, UsageError
 from prep.faults import crash_point
+from prep.hashing import parse_id
 from prep.storage import LocalStore
 from prep.storage.backend import Store
 from prep.store import cas
@@ -31,6 +32,7 @@ from prep.store.snapshots import Snapshot
 from prep.transfer.derived import derived_files, install_derived
 from prep.transfer.fetch import download_verified
 from prep.transfer.held import ShareRecord, ShareSpec, install_bytes, write_share_record
+from prep.transfer.paths import TOKENIZER_NAME
 from prep.transfer.prune import MANIFEST_NAME, ancestors, previous_paths, prune
 from prep.transfer.shares import (
     IO_ERRNOS,
@@ -84,6 +86,7 @@ class PullResult:
     ranked: bool = False  # --rank/--world-size were given
     files_resumed: int = 0  # copied files that continued a partial a killed run left
     bytes_resumed: int = 0  # bytes of those partials kept (re-hashed, not fetched again)
+    tokenizer: str | None = None  # DEST's copy of the tokenizer file (None: the snapshot does not carry it)
 
     @property
     def bytes_fetched(self) -> int:
@@ -94,6 +97,9 @@ class PullResult:
     def warnings(self) -> list[str]:
         """An empty share, and why --prune deleted nothing."""
         found = [self.share.warning] if self.share.warning else []
+        if self.tokenizer is None:
+            found.append(f"snapshot {self.snapshot_id[:19]} was built before snapshots carried their tokenizer file: "
+                         f"no {PREP_DIR}/{TOKENIZER_NAME} (decode with the tokenizer whose sha256 its manifest names)")
         return found + ([f"--prune deleted nothing: {self.prune_warning}"] if self.prune_warning else [])
 
     def to_json(self) -> dict[str, Any]:
@@ -111,7 +117,7 @@ class PullResult:
             "reused": tally(self.files_reused, self.bytes_reused), "rehashed_files": self.files_rehashed,
             "pruned": tally(self.files_pruned, self.bytes_pruned), "left_files": self.files_left,
             "temporaries_removed": self.temporaries_removed, "seconds": round(self.seconds, 6),
-            "warnings": self.warnings,
+            "tokenizer": self.tokenizer, "warnings": self.warnings,
         }
 
 
@@ -231,6 +237,21 @@ def folders_to_sync(dest: Path, artifacts: Iterable[Artifact]) -> list[Path]:
     return [dest / folder for folder in sorted(folders, key=lambda folder: (-folder.count("/") - bool(folder), folder))]
 
 
+def install_tokenizer(store: Store, dest: Path, manifest: Mapping[str, Any]) -> str | None:
+    """Put the snapshot's tokenizer file at DEST/.prep/tokenizer.json (checked against its object
+    id and the manifest's sha256 before it is written), so training and evaluation can decode the
+    tokens with no access to the build machine; None for a snapshot that does not carry it."""
+    tokenizer = manifest["tokenizer"]
+    object_id = tokenizer.get("object")
+    if object_id is None:
+        return None
+    if parse_id(str(object_id)) != tokenizer["sha256"]:
+        raise IntegrityError(f"snapshot manifest: tokenizer object {object_id} is not the file of sha256 "
+                             f"{tokenizer['sha256']}")
+    install_bytes(dest / PREP_DIR / TOKENIZER_NAME, cas.get_bytes(store, str(object_id)))
+    return f"{PREP_DIR}/{TOKENIZER_NAME}"
+
+
 def write_manifest(dest: Path, raw: bytes) -> Path:
     """Store the manifest bytes at DEST/.prep/manifest.json atomically, so verification
     needs no store."""
@@ -332,6 +353,7 @@ def pull(
             for folder in folders_to_sync(dest, share.artifacts):
                 fsync_path(folder)
             install_derived(dest, derived_files(snapshot.manifest, share.artifacts))
+            tokenizer = install_tokenizer(store, dest, snapshot.manifest)
             leftover = sorted(previous - named) if previous is not None else []
             pruned = prune(dest, leftover, named) if prune_old else (0, 0)  # only once all of it is in place
             left = 0 if prune_old else sum(1 for path in leftover if os.path.lexists(os.path.join(dest, path)))
@@ -348,5 +370,5 @@ def pull(
         files_pruned=pruned[0], bytes_pruned=pruned[1], files_left=left,
         prune_warning=problem if prune_old and previous is None else None,
         temporaries_removed=removed, seconds=time.perf_counter() - started,
-        ranked=rank is not None, files_resumed=moved.resumed[0], bytes_resumed=moved.resumed[1],
+        ranked=rank is not None, files_resumed=moved.resumed[0], bytes_resumed=moved.resumed[1], tokenizer=tokenizer,
     )

@@ -13,7 +13,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +22,7 @@ from prep.hashing import Digest
 from prep.store.snapshots import Snapshot
 from prep.transfer.derived import derived_files
 from prep.transfer.held import ShareSpec, choose_share, read_share_record
+from prep.transfer.paths import TOKENIZER_NAME
 from prep.transfer.shares import PREP_DIR as PREP_DIR
 from prep.transfer.shares import TEMP_MARKER as TEMP_MARKER
 from prep.transfer.shares import Artifact, Share, artifact_folders, artifacts_of, check_paths, share_of, stamp
@@ -349,10 +350,10 @@ def verify(
     check_paths((artifact.path for artifact in everything), dest, snapshot.id)
     share = share_of(everything, spec.rank, spec.world_size, spec.formats, snapshot.id)
     derived = [file.artifact for file in derived_files(snapshot.manifest, share.artifacts)]
-    ordered = sorted(share.artifacts, key=lambda a: (-a.size, a.path)) + derived  # big files first: even finish
+    ordered = sorted(share.artifacts, key=lambda a: (-a.size, a.path)) + derived + carried(snapshot.manifest)
     found = run_parallel(lambda a, stop: _check_artifact(dest, a, quick, counter.add, stop), ordered, jobs, on_file)
     problems = [problem for problem in found if problem is not None]
-    problems += find_extras(dest, {artifact.path for artifact in everything + derived})
+    problems += find_extras(dest, {artifact.path for artifact in everything + derived})  # never in DEST/.prep/
     if not quick:
         problems = _pair_renames(dest, problems, share)
     return VerifyResult(
@@ -366,6 +367,16 @@ def verify(
         seconds=time.perf_counter() - started,
         from_record=from_record,
     )
+
+
+def carried(manifest: Mapping[str, Any]) -> list[Artifact]:
+    """DEST's copy of the files a snapshot carries besides its shards (its tokenizer file, where the
+    snapshot names it), checked like its artifacts."""
+    tokenizer = manifest["tokenizer"]
+    if "object" not in tokenizer:
+        return []
+    size = tokenizer.get("bytes", -1)  # a manifest naming the object without its size matches no copy
+    return [Artifact(f"{PREP_DIR}/{TOKENIZER_NAME}", "tokenizer", -1, int(size), str(tokenizer["sha256"]))]
 
 
 def planned_share(snapshot: Snapshot, dest: Path, rank: int | None, world_size: int | None,

@@ -208,7 +208,8 @@ def _table(body: dict[str, Any]) -> set[str]:
 
 
 EXPECTED_NAMES: dict[str, Callable[[dict[str, Any]], set[str]]] = {
-    "tokenize": lambda b: {t["output"] for t in b["tasks"]} | {t["entries"] for t in b["tasks"] if "entries" in t},
+    "tokenize": lambda b: {t["output"] for t in b["tasks"]} | {t["entries"] for t in b["tasks"] if "entries" in t}
+    | {oid for t in b["tasks"] for oid in t.get("step_outcomes", ())},
     "dedup": lambda b: {b["outputs"]["keep"]},  # layout 1
     "shuffle": lambda b: {b["outputs"]["plan"]},  # layout 1
     "route": lambda b: {t["output"] for t in b["tasks"]},  # layout 2
@@ -221,7 +222,8 @@ def _check_typed_names(store: LocalStore, layouts: dict[str, int]) -> None:
     for snapshot_id, layout in layouts.items():
         manifest = canonical.loads(cas.get_bytes(store, snapshot_id))
         names = records.snapshot_names(manifest, snapshot_id)
-        assert names.objects == {f"sha256:{artifact['sha256']}" for artifact in manifest["artifacts"]}
+        carried = {manifest["tokenizer"]["object"]} if "object" in manifest["tokenizer"] else set()
+        assert names.objects == {f"sha256:{artifact['sha256']}" for artifact in manifest["artifacts"]} | carried
         assert names.manifests == {records.ManifestRef(stage["output"], stage["name"], layout) for stage in manifest["stages"]}
         assert [stage["name"] for stage in manifest["stages"]] == list(records.LAYOUTS[layout])
         for stage in manifest["stages"]:

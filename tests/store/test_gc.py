@@ -48,6 +48,8 @@ def reachable(store: Store, snapshot_id: str) -> set[str]:
     """Every object a snapshot needs, enumerated from the stage manifests' structure."""
     snapshot = load_snapshot(store, snapshot_id)
     found = {hashing.parse_id(snapshot.id)} | {a["sha256"] for a in snapshot.artifacts}
+    if "object" in snapshot.manifest["tokenizer"]:  # the tokenizer file, carried since issue 43
+        found.add(hashing.parse_id(snapshot.manifest["tokenizer"]["object"]))
     for stage in snapshot.manifest["stages"]:
         found.add(hashing.parse_id(stage["output"]))
         body: dict[str, Any] = canonical.loads(cas.get_bytes(store, stage["output"]))

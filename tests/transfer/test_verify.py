@@ -71,7 +71,8 @@ def test_a_clean_pull_verifies_with_a_digest(pulled: Pulled) -> None:
     result = verify(pulled.snapshot, pulled.dest)
     assert result.ok and result.problems == ()
     assert len(result.matched) == len(pulled.built.files)
-    assert result.bytes_read == sum(len(data) for data in pulled.built.files.values())
+    carried = pulled.snapshot.manifest["tokenizer"]["bytes"]  # DEST/.prep/tokenizer.json is checked too
+    assert result.bytes_read == sum(len(data) for data in pulled.built.files.values()) + carried
     check_report(result)
     assert result.to_json()["digest"] == result.digest
 
