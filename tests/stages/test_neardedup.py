@@ -205,3 +205,11 @@ def test_the_order_filter_refuses_drops_that_do_not_name_its_documents() -> None
     wrong_key = drop_records(np.array([1 << 32]), np.array([0]), np.array([99], dtype=np.uint64))
     with pytest.raises(IntegrityError, match="order key"):
         drop_near_duplicates(gathered, wrong_key, numbers)
+
+
+def test_clusters_folded_in_small_rounds_are_the_same(corpus: tuple[list[str], list[Array]], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    texts, _ = corpus
+    whole = run(Split(texts, (300,)), tmp_path / "whole", bits=4, verify=False)[1]
+    monkeypatch.setattr("prep.stages.neardedup.FOLD_PAIRS", 3)  # a fold after nearly every bucket
+    assert run(Split(texts, (300,)), tmp_path / "folded", bits=4, verify=False)[1] == whole
