@@ -84,21 +84,12 @@ class EntryFile:
     def open(cls, path: Path, fd: int | None = None) -> EntryFile:
         """Read the header of an entries object (through `fd`, an open descriptor of it, if
         given); IntegrityError when it is not one."""
-        with descriptor(path, fd) as opened, io_errors("reading", path):
-            head = os.pread(opened, _HEAD.size, 0)
-            if len(head) != _HEAD.size or _HEAD.unpack(head)[0] != MAGIC:
-                raise IntegrityError(f"{path}: not a prep entries object")
-            length = _HEAD.unpack(head)[1]
-            header = canonical.loads(os.pread(opened, length, _HEAD.size))
-        if not isinstance(header, dict) or not isinstance(header.get("count"), int):
-            raise IntegrityError(f"{path}: entries object header is malformed")
+        header, start = read_head(path, MAGIC, "entries object", fd)
         kind = header.get("kind")
-        start, entries_bytes = _HEAD.size + length, header["count"] * ENTRY_DTYPE.itemsize
+        entries_bytes = header["count"] * ENTRY_DTYPE.itemsize
         if kind not in INDEXED:
             return cls(path, header, start, start, start + entries_bytes)
-        bits = header.get("index_bits")
-        if not (isinstance(bits, int) and 0 <= bits <= MAX_INDEX_BITS):
-            raise IntegrityError(f"{path}: {kind} entries without a valid index_bits")
+        bits = valid_index_bits(header, path, f"{kind} entries")
         width = INDEXED[kind]
         if kind == "part":  # the index, then the entries
             return cls(path, header, start, start + index_length(bits, width),
@@ -129,15 +120,7 @@ class EntryFile:
     def prefix_range(self, low: int, high: int, fd: int | None = None) -> tuple[int, int]:
         """(first, end) of the entries whose key's top `index_bits` bits are in [low, high), from
         the index of a part's entries (two positional reads)."""
-        width = self.index_width
-        with descriptor(self.path, fd) as opened, io_errors("reading", self.path):
-            counts = [os.pread(opened, width, self.index_at + width * at) for at in (low, high)]
-        if any(len(count) != width for count in counts):
-            raise IntegrityError(f"{self.path}: its index is cut short")
-        first, end = (int.from_bytes(count, "little") for count in counts)
-        if not 0 <= first <= end <= self.header["count"]:
-            raise IntegrityError(f"{self.path}: its index is out of order")
-        return first, end
+        return read_prefix_range(self.path, self.index_at, self.index_width, self.header["count"], (low, high), fd)
 
     def bucket_range(self, bucket: int, bits: int, fd: int | None = None) -> tuple[int, int]:
         """(first, count) of the entries a part's or run's entries object holds in key bucket
@@ -145,13 +128,7 @@ class EntryFile:
         coarser prefix holding the bucket (`read_bucket` keeps the bucket's own entries)."""
         if self.header.get("kind") not in INDEXED:
             raise IntegrityError(f"{self.path}: a {self.header.get('kind')} entries object, not a part's or a run's")
-        index_bits = int(self.header["index_bits"])
-        if bits <= index_bits:
-            shift = index_bits - bits
-            first, end = self.prefix_range(bucket << shift, (bucket + 1) << shift, fd)
-        else:
-            prefix = bucket >> (bits - index_bits)
-            first, end = self.prefix_range(prefix, prefix + 1, fd)
+        first, end = self.prefix_range(*bucket_prefixes(bucket, bits, int(self.header["index_bits"])), fd)
         return first, end - first
 
     def read_bucket(self, bucket: int, bits: int, fd: int | None = None) -> tuple[np.ndarray, bytes]:
@@ -209,8 +186,73 @@ def index_length(bits: int, width: int = 4) -> int:
 
 def entries_head(header: dict[str, Any]) -> bytes:
     """The start of an entries object: magic, header length, the header as canonical JSON."""
+    return object_head(MAGIC, header)
+
+
+def object_head(magic: bytes, header: dict[str, Any]) -> bytes:
+    """The start of a work file of this layout (entries, bands, drops objects): its 8-byte magic,
+    the header's length (u64), the header as canonical JSON."""
     body = canonical.dumps(header)
-    return _HEAD.pack(MAGIC, len(body)) + body
+    return _HEAD.pack(magic, len(body)) + body
+
+
+def read_head(path: Path, magic: bytes, what: str, fd: int | None = None) -> tuple[dict[str, Any], int]:
+    """The header of a work file that `object_head` began, and where its body starts;
+    IntegrityError when the file is not a `what` or its header has no integer `count`."""
+    with descriptor(path, fd) as opened, io_errors("reading", path):
+        head = os.pread(opened, _HEAD.size, 0)
+        if len(head) != _HEAD.size or _HEAD.unpack(head)[0] != magic:
+            raise IntegrityError(f"{path}: not a prep {what}")
+        length = _HEAD.unpack(head)[1]
+        body = os.pread(opened, length, _HEAD.size)
+    try:
+        header = canonical.loads(body)
+    except ValueError as exc:  # cut short or damaged
+        raise IntegrityError(f"{path}: {what} header is malformed") from exc
+    if not isinstance(header, dict) or not isinstance(header.get("count"), int) or header["count"] < 0:
+        raise IntegrityError(f"{path}: {what} header is malformed")
+    return header, _HEAD.size + length
+
+
+def valid_index_bits(header: dict[str, Any], path: Path, what: str) -> int:
+    """The header's `index_bits`; IntegrityError unless it is an integer in [0, MAX_INDEX_BITS]."""
+    bits = header.get("index_bits")
+    if not (isinstance(bits, int) and not isinstance(bits, bool) and 0 <= bits <= MAX_INDEX_BITS):
+        raise IntegrityError(f"{path}: {what} without a valid index_bits")
+    return bits
+
+
+def prefix_index(values: np.ndarray, bits: int, width: int = 4) -> np.ndarray:
+    """The index of sorted u64 `values` by their top `bits` bits: 2**bits + 1 cumulative counts
+    (`width`-byte little-endian), count `i` the number of values whose prefix is less than `i`."""
+    prefixes = bucket_of(values, bits) if len(values) else np.zeros(0, dtype=np.int64)
+    index = np.zeros((1 << bits) + 1, dtype=f"<u{width}")
+    np.cumsum(np.bincount(prefixes, minlength=1 << bits), out=index[1:])
+    return index
+
+
+def bucket_prefixes(bucket: int, bits: int, index_bits: int) -> tuple[int, int]:
+    """The prefixes [low, high) of an `index_bits` index that hold bucket `bucket` of `2**bits`:
+    the bucket's own when the index is as fine or finer, else the one coarser prefix holding it."""
+    if bits <= index_bits:
+        shift = index_bits - bits
+        return bucket << shift, (bucket + 1) << shift
+    prefix = bucket >> (bits - index_bits)
+    return prefix, prefix + 1
+
+
+def read_prefix_range(path: Path, index_at: int, width: int, count: int, prefixes: tuple[int, int],
+                      fd: int | None = None) -> tuple[int, int]:
+    """(first, end) of the records whose prefix is in [low, high) of `prefixes`, from the index
+    of `width`-byte counts at `index_at` of a file of `count` records (two positional reads)."""
+    with descriptor(path, fd) as opened, io_errors("reading", path):
+        counts = [os.pread(opened, width, index_at + width * at) for at in prefixes]
+    if any(len(found) != width for found in counts):
+        raise IntegrityError(f"{path}: its index is cut short")
+    first, end = (int.from_bytes(found, "little") for found in counts)
+    if not 0 <= first <= end <= count:
+        raise IntegrityError(f"{path}: its index is out of order")
+    return first, end
 
 
 def write_entries(path: Path, header: dict[str, Any], entries: np.ndarray, ids: bytes, index: bytes = b"") -> Digest:
@@ -386,8 +428,6 @@ def write_part_entries(path: Path, table: pa.Table, seed: int, runs: np.ndarray 
     """Write a part's entries object: its entries in key order and the index of their key prefixes."""
     entries, ids = part_entries(table, seed, runs)
     bits = index_bits_for(len(entries))
-    prefixes = bucket_of(entries["key_hi"], bits) if len(entries) else np.zeros(0, dtype=np.int64)
-    index = np.zeros((1 << bits) + 1, dtype="<u4")
-    np.cumsum(np.bincount(prefixes, minlength=1 << bits), out=index[1:])
+    index = prefix_index(entries["key_hi"], bits)
     return write_entries(path, {"schema": "prep.entries/1", "kind": "part", "index_bits": bits}, entries, ids,
                          index.tobytes())

@@ -136,3 +136,25 @@ def test_entries_sorted_from_the_writers_key_runs_are_the_same_bytes(
     plain, plain_ids = entry_objects.part_entries(table, SEED)
     merged, merged_ids = entry_objects.part_entries(table, SEED, runs)
     assert merged.tobytes() == plain.tobytes() and merged_ids == plain_ids
+
+
+@settings(max_examples=40, deadline=None)
+@given(values=st.lists(st.integers(0, 2**64 - 1), max_size=50), index_bits=st.integers(0, 8), bits=st.integers(0, 10))
+def test_a_prefix_index_finds_every_bucket(values: list[int], index_bits: int, bits: int) -> None:
+    """The shared index helpers: the prefixes holding a bucket, read from the index, hold exactly
+    the bucket's values (and, for a bucket finer than the index, its coarser prefix's)."""
+    keys = np.sort(np.array(values, dtype=np.uint64))
+    index = entry_objects.prefix_index(keys, index_bits)
+    for bucket in range(1 << bits):
+        low, high = entry_objects.bucket_prefixes(bucket, bits, index_bits)
+        held = keys[int(index[low]):int(index[high])]
+        assert np.array_equal(held[bucket_of(held, bits) == bucket], keys[bucket_of(keys, bits) == bucket])
+        assert (bucket_of(held, min(bits, index_bits)) == bucket >> max(0, bits - index_bits)).all()
+
+
+def test_an_unreadable_header_is_an_integrity_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, 5)
+    raw = path.read_bytes()
+    path.write_bytes(raw[:16] + b"x" + raw[17:])
+    with pytest.raises(IntegrityError, match="header is malformed"):
+        entry_objects.EntryFile.open(path)

@@ -1,0 +1,187 @@
+"""Near-duplicate removal's task bodies (issue 42), pure of stores and runners: a tokenize batch's
+band hashes, a band bucket's candidate pairs, the clusters of every bucket's pairs as drops, and
+the order task's filter of its bucket by them.
+
+A document is named by its global number `part ordinal << 32 | row`, `row` being the record's row
+in its part, as entries and intermediates name it: numbers follow input order, so a cluster's
+smallest is its first document, the one kept, whatever the split into parts or buckets.
+
+Clusters are joined in one task (`cluster_drops`) whose memory is O(documents some pair names),
+about 100 bytes each (the running clusters, their order keys, the pairs not yet folded in, and
+union-find's working arrays), never O(corpus): on a web crawl a tenth of the documents or so.
+Beyond one machine, partitioned rounds would lift it: route every pair (a, b) to the task of a's
+number range and of b's, and run the large-star / small-star rounds of Kiveris et al. ("Connected
+components in MapReduce and beyond", 2014): each round, each range task links every document of
+its range to the smallest neighbour it sees, so each task holds its range's edges only, the rounds
+are O(log² n), and the fixpoint is the same star (document, smallest of its component) that
+`clusters` makes, whatever the partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prep.errors import IntegrityError
+from prep.neardup.clusters import Clusters, clusters, merge
+from prep.neardup.lsh import band_hashes, distinct_pairs, jaccard
+from prep.neardup.settings import NearDupSettings
+from prep.neardup.signatures import shingle_sets, signatures
+from prep.workfiles.bands import BAND_DTYPE, open_bands
+from prep.workfiles.drops import DROP_DTYPE, drop_records
+from prep.workfiles.entries import descriptor, take_entries
+from prep.workfiles.pairs import CandidatePairs
+
+Array = np.ndarray[Any, Any]
+Similar = Callable[[Array, Array], Array]
+"""Whether each pair (left[i], right[i]) of global numbers is truly similar: a bool mask."""
+FOLD_PAIRS = 1 << 20
+"""Pairs held before they are folded into the running clusters (at least; as many as it holds, if more)."""
+
+
+def global_numbers(parts: Array, rows: Array) -> Array:
+    """Each document's global number, `part ordinal << 32 | row` (int64: ordinals stay below 2**31)."""
+    return (np.asarray(parts, dtype=np.int64) << 32) | np.asarray(rows, dtype=np.int64)
+
+
+def batch_bands(blob: bytes, offsets: Array, settings: NearDupSettings) -> Array:
+    """The band hashes (documents x bands, uint64) of a tokenize batch's texts `blob[offsets[i]:offsets[i + 1]]`."""
+    sigs = signatures(blob, offsets, settings.ngram, settings.permutations, settings.seed)
+    return band_hashes(sigs, settings.bands, settings.rows)
+
+
+def gather_bands(sources: Sequence[tuple[Path, int]], bucket: int, bits: int) -> list[tuple[int, Array]]:
+    """Bucket `bucket` of `2**bits` of every part's bands object, with its part's ordinal (one read each)."""
+    def read(path: Path) -> Array:
+        with descriptor(path) as fd:
+            return open_bands(path, fd).read_bucket(bucket, bits, fd)
+
+    return [(ordinal, read(path)) for path, ordinal in sources]
+
+
+def bucket_pairs(pieces: Iterable[tuple[int, Array]], similar: Similar | None = None) -> CandidatePairs:
+    """The candidate pairs of one band bucket: band records (BAND_DTYPE) of each part, with its
+    ordinal. Documents sharing a hash are paired with the first of them (a star joins them as a
+    clique would); with `similar`, a member it rejects is paired among the rejected ones instead,
+    first with the first of them, round after round."""
+    hashes, documents, keys = _numbered(pieces)
+    order = np.lexsort((documents, hashes))
+    hashes, documents = hashes[order], documents[order]
+    fresh = np.ones(len(order), dtype=bool)
+    fresh[1:] = (hashes[1:] != hashes[:-1]) | (documents[1:] != documents[:-1])  # a hash twice in one document
+    hashes, documents = hashes[fresh], documents[fresh]
+    group = np.cumsum(np.concatenate([[True], hashes[1:] != hashes[:-1]])) - 1 if len(hashes) else hashes
+    left, right = _stars(documents, np.asarray(group, dtype=np.int64), similar)
+    return _with_keys(*distinct_pairs(left, right), documents=documents, keys=keys[order][fresh])
+
+
+def _numbered(pieces: Iterable[tuple[int, Array]]) -> tuple[Array, Array, Array]:
+    """The hashes, global numbers and order key high words of every part's band records."""
+    kept = [(ordinal, records) for ordinal, records in pieces if len(records)]
+    if not kept:
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64)
+    records = np.concatenate([records.astype(BAND_DTYPE) for _, records in kept])
+    parts = np.concatenate([np.full(len(records), ordinal, dtype=np.int64) for ordinal, records in kept])
+    return records["hash"], global_numbers(parts, records["row"]), records["key_hi"]
+
+
+def _stars(documents: Array, group: Array, similar: Similar | None) -> tuple[Array, Array]:
+    """Pairs (first pending member of its group, each other pending member), round by round: a
+    member paired (or a first) leaves; without `similar` every member is paired in one round."""
+    pending = np.ones(len(documents), dtype=bool)
+    lefts, rights = [], []
+    while True:
+        at = np.flatnonzero(pending)
+        first = np.concatenate([[True], group[at][1:] != group[at][:-1]]) if len(at) else np.zeros(0, dtype=bool)
+        leader = at[first][np.cumsum(first) - 1]
+        members = at[~first]
+        if not len(members):
+            break
+        left, right = documents[leader[~first]], documents[members]
+        accepted = np.ones(len(members), dtype=bool) if similar is None else np.asarray(similar(left, right), dtype=bool)
+        lefts.append(left[accepted])
+        rights.append(right[accepted])
+        pending[at[first]] = False
+        pending[members[accepted]] = False
+    empty = np.zeros(0, dtype=np.int64)
+    return np.concatenate(lefts or [empty]), np.concatenate(rights or [empty])
+
+
+def _with_keys(left: Array, right: Array, documents: Array, keys: Array) -> CandidatePairs:
+    """The pairs with the documents they name and those documents' order key high words."""
+    named, at = np.unique(documents, return_index=True)
+    used = np.isin(named, np.concatenate([left, right]))
+    return CandidatePairs(left.astype(np.uint64), right.astype(np.uint64), named[used].astype(np.uint64),
+                          keys[at][used].astype(np.uint64))
+
+
+def jaccard_filter(texts_of: Callable[[Array], Sequence[bytes]], ngram: int, threshold: float) -> Similar:
+    """`verify`'s test of candidate pairs: their true Jaccard on shingles (`lsh.jaccard` of
+    `signatures.shingle_sets`) is at least `threshold`. `texts_of` gives the UTF-8 texts of
+    distinct, sorted global numbers (the wiring reads them from the intermediates)."""
+    def similar(left: Array, right: Array) -> Array:
+        named = np.unique(np.concatenate([left, right]))
+        texts = list(texts_of(named))
+        lengths = np.fromiter((len(text) for text in texts), dtype=np.int64, count=len(texts))
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        sets = shingle_sets(b"".join(texts), offsets, ngram)
+        at_left, at_right = np.searchsorted(named, left), np.searchsorted(named, right)
+        return np.array([jaccard(sets[a], sets[b]) >= threshold for a, b in zip(at_left.tolist(), at_right.tolist())],
+                        dtype=bool)
+
+    return similar
+
+
+def cluster_drops(pair_sets: Iterable[CandidatePairs]) -> Array:
+    """The drop records (DROP_DTYPE, sorted by key then number) of the clusters every bucket's
+    pairs join: each document but its cluster's first, with that first. Pairs are folded into
+    the running clusters once they outnumber them (module docstring: the memory bound)."""
+    joined = Clusters(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    named = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64))
+    held: list[CandidatePairs] = []
+    for pairs in pair_sets:
+        held.append(pairs)
+        if sum(len(item.left) for item in held) >= max(FOLD_PAIRS, len(joined.documents)):
+            joined, named = _fold(joined, named, held)
+            held = []
+    joined, named = _fold(joined, named, held)
+    dropped = joined.duplicates()
+    keys = named[1][np.searchsorted(named[0], dropped)]
+    return drop_records(dropped, joined.representative_of(dropped), keys)
+
+
+def _fold(joined: Clusters, named: tuple[Array, Array], held: list[CandidatePairs]) -> tuple[Clusters, tuple[Array, Array]]:
+    """The running clusters and named documents (numbers, key high words) with `held`'s added."""
+    if not held:
+        return joined, named
+    left = np.concatenate([pairs.left for pairs in held]).astype(np.int64)
+    right = np.concatenate([pairs.right for pairs in held]).astype(np.int64)
+    documents = np.concatenate([named[0], *(pairs.documents.astype(np.int64) for pairs in held)])
+    keys = np.concatenate([named[1], *(pairs.key_hi for pairs in held)])
+    order = np.lexsort((keys, documents))
+    documents, keys = documents[order], keys[order]
+    first = np.concatenate([[True], documents[1:] != documents[:-1]]) if len(documents) else np.zeros(0, dtype=bool)
+    if bool((keys[1:][~first[1:]] != keys[:-1][~first[1:]]).any()):
+        raise IntegrityError("one document is named with two different order keys by the buckets' pairs")
+    return merge(joined, clusters(left, right)), (documents[first], keys[first])
+
+
+def drop_near_duplicates(kept: Array, drops: Array, gathered: Array | None = None) -> tuple[Array, int]:
+    """An order bucket's entries kept by exact dedup (ENTRY_DTYPE, `part` the part's ordinal)
+    without the bucket's near-duplicate drops (DROP_DTYPE), and how many that removed: a drop
+    exact dedup removed already is not counted again. With `gathered` (the global numbers of
+    every entry the bucket gathered), a drop naming none of them is an IntegrityError."""
+    drops = np.asarray(drops, dtype=DROP_DTYPE)
+    named = np.sort(drops["document"].astype(np.int64))
+    if gathered is not None and len(named) and not np.isin(named, gathered).all():
+        raise IntegrityError("a near-duplicate drop names a document this bucket never gathered")
+    numbers = global_numbers(kept["part"], kept["row"])
+    hit = np.isin(numbers, named)
+    by_number = drops[np.argsort(drops["document"], kind="stable")]
+    keys = by_number["key_hi"][np.searchsorted(named, numbers[hit])]
+    if not np.array_equal(keys, kept["key_hi"][hit]):
+        raise IntegrityError("a near-duplicate drop's order key is not its document's")
+    return take_entries(kept, np.flatnonzero(~hit)), int(hit.sum())
