@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import suppress
@@ -149,7 +150,9 @@ def _engine(settings: TokenizeSettings, grown_since: int | None = None) -> tuple
         path = Path(settings.tokenizer_path)
         tokenizer, info = load_tokenizer(path, settings.eos, settings.encode_special_tokens)
         if info.sha256 != settings.tokenizer_sha256:
-            raise InputError(f"{path}: tokenizer file changed during the build")
+            raise InputError(f"{path}: tokenizer file changed during the build, or differs on host "
+                             f"{socket.gethostname()} (sha256 {info.sha256[:12]} there, {settings.tokenizer_sha256[:12]} "
+                             "where the build hashed it): every node must hold the same file")
         engine = TokenizerEngine.create(settings.backend, path, tokenizer, info, settings.threads)
         if checked is not None:
             engine.checked = checked

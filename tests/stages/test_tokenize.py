@@ -337,3 +337,20 @@ def test_a_warm_up_loads_the_tokenizer_once_and_only_the_file_the_driver_hashed(
         assert len(loads) == 2 and not tokenize._ENGINES  # loaded, found other bytes, kept nothing
     finally:
         tokenize.drop_engines()
+
+
+
+def test_a_tokenizer_that_differs_on_a_worker_names_its_host(tmp_path: Path, tokenizer_path: Path) -> None:
+    """A worker whose copy of the tokenizer file is not the one the driver hashed (another node's
+    file, or one edited meanwhile) names its host and both hashes, so the node can be found."""
+    import re
+    import socket
+
+    (tmp_path / "a.jsonl").write_text(json.dumps({"id": "d", "text": "some text"}) + "\n", encoding="utf-8")
+    task = plan_read_tasks(hash_source(discover(("a.jsonl",), tmp_path, "auto")[0]), "text", "id")[0]
+    settings = TokenizeSettings(str(tokenizer_path), "ab" * 32, "<|endoftext|>", True, "auto", "fail")
+    with pytest.raises(InputError, match=rf"tokenizer file changed during the build, or differs on host "
+                                         rf"{re.escape(socket.gethostname())} \(sha256 [0-9a-f]{{12}} there, "
+                                         r"abababababab where the build hashed it\)"):
+        tokenize.run_tokenize(task, settings, tmp_path / "part.int", durable=False)
+    assert not (tmp_path / "part.int").exists()
