@@ -68,7 +68,7 @@ def manifest_without_code(manifest: dict[str, Any]) -> str:
 
 GOLDEN: dict[tuple[int, str], tuple[str, dict[str, str]]] = {
     (1000, '["bin", "wds"]'): (
-        "691ffdf3c087a18becd10c39450d0cfd0d5e005ed147ab4e236d949233fc89ef", {
+        "428db27efdcdb03a4d9cd95878b77b18dbaa7b319d2b819fdb36bb969bd60f51", {
             "bin/0000000000000000.bin": "5cd323c9dd1ea8a1afa32ed709ea924d1462359ca01f03880ac5620e1d35d4c3",
             "bin/0000000000000000.idx": "9f07e20c47a8a598e1f19bbb9e7476305d0bb5601e6d7df82725b1a72f1b8a9c",
             "bin/8000000000000000.bin": "b0e14e756dda37a72ed3efa53e2166a7254cb46226b30fcad54f6fcd4859571a",
@@ -77,19 +77,19 @@ GOLDEN: dict[tuple[int, str], tuple[str, dict[str, str]]] = {
             "wds/8000000000000000.tar": "833633520c59c9e9bf1fcda42a8ad462927dc320cd88080a84711cbb0301aae7",
         }),
     (1000, '["wds"]'): (
-        "ef1f1fb33a26a6aeae13dc93fd6c59556a126b5091a0158e7245a4f0fcf8aaa2", {
+        "2610b03a200524603af33c546e55cde0cefc7dd4c4f73fdd87dd61ec386eb63c", {
             "wds/0000000000000000.tar": "7cc67606cda5fae376d518be936ef10efc2f136e7f93826859dd5b42a7413922",
             "wds/8000000000000000.tar": "833633520c59c9e9bf1fcda42a8ad462927dc320cd88080a84711cbb0301aae7",
         }),
     (1000, '["bin"]'): (
-        "d5891e5203deb7787c73bdfa30f08b1e5eabe2b440408a46cc2b77e9226feec9", {
+        "927577388e24be00f7459f6d091998d2bdca661bcbb67c78e29470eeb7c14d8a", {
             "bin/0000000000000000.bin": "5cd323c9dd1ea8a1afa32ed709ea924d1462359ca01f03880ac5620e1d35d4c3",
             "bin/0000000000000000.idx": "9f07e20c47a8a598e1f19bbb9e7476305d0bb5601e6d7df82725b1a72f1b8a9c",
             "bin/8000000000000000.bin": "b0e14e756dda37a72ed3efa53e2166a7254cb46226b30fcad54f6fcd4859571a",
             "bin/8000000000000000.idx": "b44aa6e559e1e9b1efa4e641c4359d6efea12bdc9b9eab37feffc17191e86801",
         }),
     (70000, '["bin", "wds"]'): (
-        "3e528285e941c491517aa6b454dbaa65aa109b7bb2bf74d3fecdfabeccf80619", {
+        "526a910b057258e00b4c78bd3e353cbd00ac507b050396bdb8f3b88aba83cadf", {
             "bin/0000000000000000.bin": "a5d0b1839db94021dc6c2eb3f61f30e2a67a8dd0d0f517613ea22340fe63e65d",
             "bin/0000000000000000.idx": "7aacad57e185eae9dca357eb1a7aa57dc8851f995e6b9f718f3283778559ce05",
             "bin/4000000000000000.bin": "80cd680ecc6ac62e2250a5dd1a75a918d84331647e8a8e9f26b5c894525d9735",
@@ -104,14 +104,14 @@ GOLDEN: dict[tuple[int, str], tuple[str, dict[str, str]]] = {
             "wds/c000000000000000.tar": "97d2ad3b180bd8d85a0cd4207fed0d1233b50a9a9dcdbe5bc4bc1b0e41b4a3bc",
         }),
     (70000, '["wds"]'): (
-        "eaf201daa6c906ce185f75e5328aca890e098470ec11a15358e69c19021cc14c", {
+        "cb0ef19a58c145d04d31fe8c48b7e1c05e6bc80101a181aee9785c780b24e5be", {
             "wds/0000000000000000.tar": "6f9f954efbf5ed18d1a54bed429bde028fb3ddeb7e4d91ddff79308416d9cdfb",
             "wds/4000000000000000.tar": "58781d193fd2c8099b73239da6d1ec31855bc43eab7a7345041597de47079db6",
             "wds/8000000000000000.tar": "12d3257e657da7d9b47002c7d8d166d30eed383c1ed8700cc8d8af99334f19cd",
             "wds/c000000000000000.tar": "97d2ad3b180bd8d85a0cd4207fed0d1233b50a9a9dcdbe5bc4bc1b0e41b4a3bc",
         }),
     (70000, '["bin"]'): (
-        "01b681579e8755ed5576f2acecb418d9050aff041f1735056eb1943de47db843", {
+        "5a31164fdc704596c29bdfc4a975c525cc320c3e172df729a45b0cd0b01bf51a", {
             "bin/0000000000000000.bin": "a5d0b1839db94021dc6c2eb3f61f30e2a67a8dd0d0f517613ea22340fe63e65d",
             "bin/0000000000000000.idx": "7aacad57e185eae9dca357eb1a7aa57dc8851f995e6b9f718f3283778559ce05",
             "bin/4000000000000000.bin": "80cd680ecc6ac62e2250a5dd1a75a918d84331647e8a8e9f26b5c894525d9735",
