@@ -1,4 +1,4 @@
-"""`prep show SNAP|DEST` (summary, --json, --at, --megatron-paths) and `prep log DATASET`."""
+"""`prep show SNAP|DEST` (summary, --json, --at, --megatron-paths, --pipeline) and `prep log DATASET`."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ from prep.errors import NotFoundError, UsageError
 from prep.formats.megatron_spec import BIN
 from prep.formats.units import artifact_format, required_formats
 from prep.history.naming import AT_EXAMPLES
+from prep.history.pipelinefile import pipeline_text
 from prep.history.selectors import resolve_spec
+from prep.manifest.canonical import dumps
 from prep.progress import human_bytes, plural
 from prep.storage.backend import Store
 from prep.store.snapshots import Snapshot, is_manifest_path, read_manifest_file, reencoded_note
+from prep.transfer.paths import TOKENIZER_NAME
 
 if TYPE_CHECKING:  # the lineage modules load pyarrow; import them only when used
     from prep.history.builds import BuildRecord, Generation
@@ -154,6 +157,29 @@ def _print_megatron_paths(snapshot: Snapshot, dest: Path | None, root: Path | No
     click.echo("\n".join(prefixes))
 
 
+def _show_pipeline(snapshot: Snapshot, as_json: bool) -> None:
+    """Print the pipeline the snapshot was built from: a TOML pipeline file, or with `as_json` its `config`."""
+    if as_json:
+        click.echo(dumps(snapshot.manifest["config"]).decode())
+    else:
+        click.echo(pipeline_text(snapshot.id, snapshot.manifest, f"{PREP_DIR}/{TOKENIZER_NAME}"), nl=False)
+
+
+def _check_options(text: bool, tokens: bool, at: str | None, dropped_step: str | None, megatron_paths: bool,
+                   root: Path | None, as_json: bool, pipeline: bool) -> None:
+    """UsageError for options that do not go together."""
+    if tokens and at is None or text and at is None and dropped_step is None:
+        raise UsageError("--text and --tokens need --at KEY|PATH:N (--text also goes with --dropped STEP)")
+    if dropped_step is not None and (at is not None or megatron_paths or tokens):
+        raise UsageError("--dropped lists a step's documents: not with --at, --tokens or --megatron-paths")
+    if root is not None and not megatron_paths:
+        raise UsageError("--root goes with --megatron-paths")
+    if megatron_paths and (at is not None or as_json):
+        raise UsageError("--megatron-paths prints paths only: not with --at or --json")
+    if pipeline and (at is not None or dropped_step is not None or megatron_paths):
+        raise UsageError("--pipeline prints the pipeline file: not with --at, --dropped or --megatron-paths")
+
+
 def _show_at(store: Store, snapshot: Snapshot, at: str, text: bool, tokens: bool, as_json: bool) -> None:
     """Print the document `--at` names: its trace, and its text and tokens when asked."""
     from prep.history.content import document_content
@@ -195,7 +221,7 @@ def _show_dropped(store: Store, snapshot: Snapshot, step: str, limit: int, text:
 @click.argument("snap", metavar="SNAP|DEST")
 @store_option
 @json_option("prep.snapshot/1 (the manifest exactly as stored), with --at " + SHOW_AT_SCHEMA + ", with --dropped "
-             + DROPPED_SCHEMA)
+             + DROPPED_SCHEMA + ", with --pipeline the manifest's config (part of prep.snapshot/1)")
 @click.option("--at", "at", default=None, metavar="KEY|PATH:N",
               help="Show one document: a WebDataset sample key (as in the .tar), or sequence N (0-based) of "
                    f"artifact PATH, e.g. {AT_EXAMPLES}.")
@@ -209,17 +235,13 @@ def _show_dropped(store: Store, snapshot: Snapshot, step: str, limit: int, text:
               help="List documents step STEP (its number in [[steps]], from 1, or its `use`) dropped, and why.")
 @click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True,
               help="With --dropped: list at most this many.")
+@click.option("--pipeline", is_flag=True,
+              help="Print the pipeline the snapshot was built from, as a TOML pipeline file (its input files and "
+                   "tokenizer as a pull places them).")
 def show(snap: str, store_url: str | None, as_json: bool, at: str | None, text: bool, tokens: bool,
-         megatron_paths: bool, root: Path | None, dropped_step: str | None, limit: int) -> None:
+         megatron_paths: bool, root: Path | None, dropped_step: str | None, limit: int, pipeline: bool) -> None:
     """Show a snapshot (DATASET@REF, sha256:<hex>, a unique hex prefix, a manifest file) or a pulled folder."""
-    if tokens and at is None or text and at is None and dropped_step is None:
-        raise UsageError("--text and --tokens need --at KEY|PATH:N (--text also goes with --dropped STEP)")
-    if dropped_step is not None and (at is not None or megatron_paths or tokens):
-        raise UsageError("--dropped lists a step's documents: not with --at, --tokens or --megatron-paths")
-    if root is not None and not megatron_paths:
-        raise UsageError("--root goes with --megatron-paths")
-    if megatron_paths and (at is not None or as_json):
-        raise UsageError("--megatron-paths prints paths only: not with --at or --json")
+    _check_options(text, tokens, at, dropped_step, megatron_paths, root, as_json, pipeline)
     manifest_file = pulled_manifest(snap)
     dest = Path(snap) if manifest_file is not None else None
     spec = str(manifest_file) if manifest_file is not None else snap
@@ -230,6 +252,8 @@ def show(snap: str, store_url: str | None, as_json: bool, at: str | None, text: 
         click.echo(note, err=True)
     if megatron_paths:
         _print_megatron_paths(snapshot, dest, root)
+    elif pipeline:
+        _show_pipeline(snapshot, as_json)
     elif at is not None:
         assert store is not None
         _show_at(store, snapshot, at, text, tokens, as_json)

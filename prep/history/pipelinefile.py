@@ -1,0 +1,106 @@
+"""A snapshot's pipeline as it was built, written back as a TOML pipeline file (`prep show --pipeline`).
+
+The manifest's `config` (`Pipeline.resolved()`) holds every setting that shaped the output; it
+holds no paths as written, so the file names the input files the manifest lists and the tokenizer
+file a pull puts beside the shards. Step settings go back to the types their step class declares
+(a float is recorded as its decimal string). A snapshot older than a piece of `config` gets what
+it records, and a comment for what it does not.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+from prep.config import DedupConfig, InputConfig, OutputConfig, TokenizerConfig
+from prep.manifest.tomltext import toml_line, toml_value
+from prep.steps import catalog
+from prep.steps.protocol import SettingError
+
+FUNCTION_SETTINGS = ("args", "metadata")
+"""What a `module:function` step's table sets; its `code` is computed when the pipeline is read."""
+
+
+def pipeline_text(snapshot_id: str, manifest: Mapping[str, Any], tokenizer_path: str) -> str:
+    """The pipeline file of the snapshot: `dataset`, `seed`, then one table per section, each step last."""
+    config = manifest.get("config")
+    config = config if isinstance(config, dict) else {}
+    head = [f"# The pipeline snapshot {snapshot_id} was built from (prep show --pipeline).",
+            toml_line("dataset", manifest["dataset"]), toml_line("seed", manifest["seed"])]
+    sections = [input_lines(manifest, config.get("input")), tokenizer_lines(manifest, config, tokenizer_path),
+                table_lines("dedup", config.get("dedup"), DedupConfig),
+                table_lines("output", config.get("output"), OutputConfig),
+                *(step_lines(step) for step in config.get("steps", ()))]
+    return "\n".join(head + [line for section in sections for line in ("", *section)]) + "\n"
+
+
+def _settings(table: Mapping[str, Any], kind: type | None = None, skip: tuple[str, ...] = ()) -> list[str]:
+    """`key = value` for each recorded setting, in the order `kind` declares its fields (the rest
+    after); an unset (null) one is left out: its default is unset."""
+    order = {field.name: index for index, field in enumerate(fields(kind))} if kind is not None else {}
+    keys = sorted(table, key=lambda key: order.get(key, len(order)))
+    return [toml_line(key, table[key]) for key in keys if table[key] is not None and key not in skip]
+
+
+def table_lines(name: str, recorded: object, kind: type) -> list[str]:
+    """`[name]` with its recorded settings, or a comment when the snapshot records none."""
+    if not isinstance(recorded, dict):
+        return [f"[{name}]", f"# not recorded by this snapshot (built before its manifest held [{name}])"]
+    return [f"[{name}]", *_settings(recorded, kind)]
+
+
+def input_lines(manifest: Mapping[str, Any], recorded: object) -> list[str]:
+    """`[input]`: the input files the manifest lists, then the recorded settings."""
+    files = [entry["path"] for entry in manifest["inputs"]["files"]]
+    lines = table_lines("input", recorded, InputConfig)
+    return [lines[0], "# The files the snapshot read (sha256 in its manifest), relative to the folder that held them",
+            "# all: write them relative to this file's folder, or absolute, to build from them.",
+            toml_line("paths", files), *lines[1:]]
+
+
+def tokenizer_lines(manifest: Mapping[str, Any], config: Mapping[str, Any], path: str) -> list[str]:
+    """`[tokenizer]`: `path` where a pull puts the carried file (its sha256 in a comment), eos and
+    encode_special_tokens (from the manifest's tokenizer where `config` lacks them)."""
+    tokenizer = manifest["tokenizer"]
+    sha256 = f"sha256:{tokenizer['sha256']}"
+    comment = (f"# {sha256}: the snapshot carries it, `prep pull` puts it here" if tokenizer.get("object")
+               else f"# must be the tokenizer file of {sha256} (the snapshot does not carry it)")
+    recorded = config.get("tokenizer")
+    settings = {key: tokenizer.get(key) for key in ("eos", "encode_special_tokens")}
+    settings.update(recorded if isinstance(recorded, dict) else {})
+    return ["[tokenizer]", comment, toml_line("path", path), *_settings(settings, TokenizerConfig)]
+
+
+def step_lines(step: Mapping[str, Any]) -> list[str]:
+    """`[[steps]]` as its table would set it: a built-in step's settings typed as its class declares
+    them; a function step's `args` and `metadata`, its recorded code identity in a comment."""
+    use = str(step.get("use"))
+    settings = {key: value for key, value in step.items() if key != "use"}
+    lines = ["[[steps]]", toml_line("use", use)]
+    if ":" in use:
+        return [*lines, *_settings(settings, skip=("code",)),
+                f"# code sha256 {settings.get('code')} (its module, the package modules it imports, their distributions)"]
+    try:
+        kind = catalog.step_kind(use)
+    except SettingError:
+        return [*lines, f"# no step {use!r} here: its settings as recorded", *_settings(settings)]
+    hints = typing.get_type_hints(kind)
+    settable = {field.name for field in fields(kind) if field.init and not field.metadata.get("derived")}
+    derived = [f"# found when the pipeline was read: {key} = {toml_value(value)}"
+               for key, value in settings.items() if key not in settable]
+    typed = {key: typed_back(value, hints[key]) for key, value in settings.items() if key in settable}
+    return [*lines, *_settings(typed, kind), *derived]
+
+
+def typed_back(value: object, hint: object) -> object:
+    """A recorded setting as its field's type holds it: a float's decimal string as the float,
+    a tuple's list with its items typed back."""
+    if typing.get_origin(hint) is tuple and isinstance(value, list):
+        item = typing.get_args(hint)[0]
+        return [typed_back(element, item) for element in value]
+    allowed = typing.get_args(hint) or (hint,)
+    if float in allowed and str not in allowed and isinstance(value, str):
+        return float(value)
+    return value
