@@ -16,6 +16,7 @@ from typing import Any
 
 from prep.errors import ConfigError, UsageError
 from prep.formats import registry
+from prep.neardup.settings import NearDupSettings, parse_settings
 from prep.steps import catalog
 from prep.steps.protocol import DocumentStep, SettingError
 from prep.store.layout import MAX_NAME_CHARS, valid_name
@@ -57,9 +58,13 @@ class TokenizerConfig:
     backend: str = "auto"
 
 
+NEAR_WIRED = False  # [dedup.near] is refused until the build runs it end to end (issue 42)
+
+
 @dataclass(frozen=True)
 class DedupConfig:
     exact: bool = True
+    near: NearDupSettings | None = None  # [dedup.near]: near-duplicate removal (docs/build.md)
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,12 @@ class Pipeline:
         every format's metadata columns follow: `input.metadata_fields`, then the keys each step sets."""
         return self.input.metadata_fields + tuple(key for step in self.steps for key in step.metadata_keys())
 
+    def _near(self) -> dict[str, Any]:
+        """`[dedup.near]` as resolved (its key fields), only when set: other pipelines keep their ids."""
+        if self.dedup.near is None:
+            return {}
+        return {"near": {key: value for key, value in self.dedup.near.key_fields().items() if key != "unicode"}}
+
     def resolved(self) -> dict[str, Any]:
         """Every output-affecting setting, machine-independent, as recorded in manifests (`steps`
         and `input.metadata_fields` only when some are configured, so a pipeline without them
@@ -123,7 +134,7 @@ class Pipeline:
                 "eos": self.tokenizer.eos,
                 "encode_special_tokens": self.tokenizer.encode_special_tokens,
             },
-            "dedup": {"exact": self.dedup.exact},
+            "dedup": {"exact": self.dedup.exact, **self._near()},
             "output": {"shard_size": self.output.shard_size, "formats": list(self.output.formats)},
             **steps,
             **steps_set,
@@ -260,7 +271,7 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
     tok.finish()
 
     dd = root.table("dedup")
-    dedup = DedupConfig(exact=dd.get("exact", bool, True))
+    dedup = DedupConfig(exact=dd.get("exact", bool, True), near=_near(dd.get("near", dict, None), source))
     dd.finish()
 
     output = _output(root.table("output"), source)
@@ -271,6 +282,16 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
     _check_metadata_keys(input_config.metadata_fields, steps, source)
     return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output, retention, build,
                     steps)
+
+
+def _near(table: dict[str, Any] | None, source: str) -> NearDupSettings | None:
+    """The `[dedup.near]` settings, checked (NearDupSettingError names the key); None when absent."""
+    if table is None:
+        return None
+    settings = parse_settings(table, source)
+    if not NEAR_WIRED:
+        raise ConfigError(f"{source}: dedup.near: unknown key")
+    return settings
 
 
 def _check_metadata_keys(fields: tuple[str, ...], steps: tuple[DocumentStep, ...], source: str) -> None:

@@ -38,7 +38,15 @@ def document_counts(stats: dict[str, Any]) -> str:
     read = int(stats["documents_read"]) + skipped + by_steps
     steps = f"{by_steps} dropped by steps, " if "steps" in stats else ""
     return (f"documents  {read} read, {plural(skipped, 'bad record')} skipped, {steps}"
-            f"{plural(int(stats['duplicates_dropped']), 'duplicate')} dropped, {stats['documents_written']} written")
+            f"{plural(int(stats['duplicates_dropped']), 'duplicate')} dropped, {_near(stats)}"
+            f"{stats['documents_written']} written")
+
+
+def _near(stats: dict[str, Any]) -> str:
+    """`N near duplicates dropped, ` for a build with [dedup.near], else nothing."""
+    if "near_duplicates_dropped" not in stats:
+        return ""
+    return f"{plural(int(stats['near_duplicates_dropped']), 'near duplicate')} dropped, "
 
 
 def step_lines(stats: dict[str, Any]) -> list[str]:

@@ -26,6 +26,8 @@ from prep.progress import Progress, human_bytes, plural
 from prep.runner.driver import Runner
 from prep.runner.executors.base import Executor, WarmUp, WrappedExecutor
 from prep.runner.executors.pool import LocalExecutor
+from prep.runner.nearbuckets import NearBuckets
+from prep.runner.nearclusters import NearClusters
 from prep.runner.ordering import Ordering
 from prep.runner.planning import describe_inputs, hash_inputs_meanwhile, tokenize_settings, unchanged_latest
 from prep.runner.publish import (
@@ -185,8 +187,12 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
 
 
 def global_stages(pipeline: Pipeline, info: TokenizerInfo, settings: TokenizeSettings) -> list[Stage[Any, Any]]:
-    """The stages after tokenize, in order: each partitioned, so no task holds the corpus."""
-    return [Ordering(pipeline.dedup.exact, pipeline.output.shard_size, info.dtype, pipeline.build.merge_fan_in),
+    """The stages after tokenize, in order: each partitioned, so no task holds the corpus; with
+    [dedup.near], the near-duplicate bucket and cluster stages before order."""
+    near: list[Stage[Any, Any]] = []
+    if pipeline.dedup.near is not None:
+        near = [NearBuckets(pipeline.dedup.near), NearClusters()]
+    return [*near, Ordering(pipeline.dedup.exact, pipeline.output.shard_size, info.dtype, pipeline.build.merge_fan_in),
             Sharding(pipeline.output.formats, pipeline.output.shard_size, info.dtype, info.eos_id, settings)]
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from prep.progress import plural
 from prep.runner.merging import Level, Source, merged_sources
+from prep.runner.nearclusters import Clustered
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
 from prep.runner.tasks import TaskResult, store_written, stored_table, worker_store
 from prep.runner.tokenizing import Tokenized
@@ -54,12 +55,14 @@ class OrderJob:
     itemsize: int
     sources: tuple[tuple[str, int], ...]
     check_ids: tuple[tuple[CheckedPart, ...], ...] = ()
+    drops: str | None = None  # with [dedup.near]: the drops object, whose bucket this task removes too
 
     def reads(self) -> tuple[str, ...]:
-        """What the task reads: its sources, the part table and the intermediates of the files whose
-        ids it checks."""
+        """What the task reads: its sources, the part table, the intermediates of the files whose
+        ids it checks and the near-duplicate drops."""
         return (*(object_id for object_id, _ in self.sources), self.parts_table,
-                *(part.object_id for same in self.check_ids for part in same))
+                *(part.object_id for same in self.check_ids for part in same),
+                *((self.drops,) if self.drops is not None else ()))
 
 
 def run_order_job(job: OrderJob) -> TaskResult:
@@ -74,8 +77,9 @@ def run_order_job(job: OrderJob) -> TaskResult:
                          store.staging_dir())
     sources = [(fetch_local(store, object_id), first_part) for object_id, first_part in job.sources]
     parts = PartTable.from_bytes(stored_table(store, job.parts_table))
+    drops = fetch_local(store, job.drops) if job.drops is not None else None
     stored, summary = store_written(store, "order", lambda staged: order_bucket(
-        sources, parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize, staged))
+        sources, parts, job.bucket, job.bits, job.exact, job.shard_size, job.itemsize, staged, drops))
     return TaskResult({"bucket": stored}, summary, {})
 
 
@@ -112,10 +116,12 @@ class OrderedBucket:
     text_bytes: int
     digest: str
     leaves: tuple[Leaf, ...]
+    near_duplicates_dropped: int | None = None  # with [dedup.near]
 
     def to_json(self) -> dict[str, object]:
+        near = {"near_duplicates_dropped": self.near_duplicates_dropped} if self.near_duplicates_dropped is not None else {}
         return {"bucket": self.bucket, "key": self.key, "output": self.output, "documents_read": self.documents_read,
-                "duplicates_dropped": self.duplicates_dropped, "documents": self.documents,
+                "duplicates_dropped": self.duplicates_dropped, **near, "documents": self.documents,
                 "bin_size": self.bin_size, "text_bytes": self.text_bytes, "digest": self.digest,
                 "leaves": [leaf.to_json() for leaf in self.leaves]}
 
@@ -127,7 +133,8 @@ class OrderedBucket:
                        for leaf in summary["leaves"])
         return cls(bucket, key, record.outputs["bucket"], int(summary["documents_read"]),
                    int(summary["duplicates_dropped"]), int(summary["documents"]), int(summary["bin_size"]),
-                   int(summary["text_bytes"]), str(summary["digest"]), leaves)
+                   int(summary["text_bytes"]), str(summary["digest"]), leaves,
+                   None if "near_duplicates_dropped" not in summary else int(summary["near_duplicates_dropped"]))
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,12 @@ class Ordered:
     def duplicates_dropped(self) -> int:
         return sum(bucket.duplicates_dropped for bucket in self.buckets)
 
+    @property
+    def near_duplicates_dropped(self) -> int | None:
+        """Documents near-duplicate removal dropped; None when the build removes none."""
+        counts = [bucket.near_duplicates_dropped for bucket in self.buckets]
+        return None if None in counts else sum(count or 0 for count in counts)
+
 
 @dataclass(frozen=True)
 class Ordering:
@@ -164,10 +177,18 @@ class Ordering:
         """What the order stage's keys hash besides its input: dedup, shard size, token dtype, buckets."""
         return {"exact": self.exact, "shard_size": self.shard_size, "dtype": self.dtype, "bits": bits}
 
-    def plan(self, previous: Tokenized, context: StageContext) -> StagePlan:
+    def plan(self, previous: Tokenized | Clustered, context: StageContext) -> StagePlan:
+        """The order tasks over the parts; with near-duplicate removal, each reads the drops too."""
+        if isinstance(previous, Clustered):
+            return self._plan(previous.tokenized, previous.drops, context)
+        return self._plan(previous, None, context)
+
+    def _plan(self, previous: Tokenized, drops: str | None, context: StageContext) -> StagePlan:
         bits = bucket_bits(previous.documents, DOCUMENTS_PER_BUCKET)
         tokenized = context.stage_output("tokenize")
-        keys = [context.task_key("order", self.settings(bits), [tokenized, bucket]) for bucket in range(1 << bits)]
+        near = [drops] if drops is not None else []
+        keys = [context.task_key("order", self.settings(bits), [tokenized, bucket, *near])
+                for bucket in range(1 << bits)]
         found = context.committed("order", keys)
         parts = Level(tuple(Source(part.entries, ordinal, part.documents) for ordinal, part in enumerate(previous.parts)))
         # Every bucket committed: nothing is merged, and a bucket found bad is remade from the parts.
@@ -180,7 +201,7 @@ class Ordering:
         tasks = []
         for bucket, key in enumerate(keys):
             job = OrderJob(context.store_url, table_id, bucket, bits, self.exact, self.shard_size, itemsize, listed,
-                           checks.get(bucket, ()))
+                           checks.get(bucket, ()), drops)
             tasks.append(Task(key, job, f"bucket {bucket}", order_weight(job), reads=job.reads()))
         merged = f"{plural(len(sources.sources), 'run')} of " if sources is not parts else ""
         return StagePlan(TaskPlan("order", tuple(tasks), run_order_job, found=found, reads=_reads,
@@ -188,10 +209,11 @@ class Ordering:
                          self.settings(bits), [tokenized],
                          f"{plural(len(tasks), 'bucket')} from {merged}{plural(len(previous.parts), 'part')}")
 
-    def result(self, previous: Tokenized, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Ordered:
+    def result(self, previous: Tokenized | Clustered, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Ordered:
         jobs = [(task.key, task.job) for task in plan.tasks.tasks]
+        tokenized = previous.tokenized if isinstance(previous, Clustered) else previous
         return Ordered(jobs[0][1].bits, tuple(OrderedBucket.of(job.bucket, key, committed[key]) for key, job in jobs),
-                       previous, jobs[0][1].parts_table)
+                       tokenized, jobs[0][1].parts_table)
 
     def done(self, result: Ordered, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
         kept = sum(bucket.documents for bucket in result.buckets)

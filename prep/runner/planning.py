@@ -111,4 +111,4 @@ def tokenize_settings(pipeline: Pipeline, tokenizer_path: str, tokenizer_sha256:
                             pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend,
                             pipeline.input.on_error, order_seed=pipeline.seed,
                             tokenizer_cache=pipeline.build.tokenizer_cache, steps=pipeline.steps,
-                            metadata_keys=pipeline.metadata_keys())
+                            metadata_keys=pipeline.metadata_keys(), near=pipeline.dedup.near)

@@ -52,12 +52,19 @@ def build_stats(sharded: Sharded) -> dict[str, Any]:
     return {
         "documents_read": sum(part.documents for part in parts),
         "duplicates_dropped": sharded.ordered.duplicates_dropped,
+        **_near_stats(sharded),
         "documents_written": sum(shard.plan.documents for shard in sharded.shards),
         "tokens_written": sum(shard.plan.tokens for shard in sharded.shards),
         "bad_records_skipped": sum(part.bad_records for part in parts),
         "special_token_documents": sum(part.special_token_documents for part in parts),
         **({"steps": [counts.to_json() for counts in steps]} if steps else {}),
     }
+
+
+def _near_stats(sharded: Sharded) -> dict[str, int]:
+    """`near_duplicates_dropped`, only for a build with [dedup.near] (others keep their ids)."""
+    near = sharded.ordered.near_duplicates_dropped
+    return {} if near is None else {"near_duplicates_dropped": near}
 
 
 def step_stats(parts: Sequence[TokenizedPart]) -> list[StepCounts]:

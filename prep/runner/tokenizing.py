@@ -59,6 +59,8 @@ def run_tokenize_job(job: TokenizeJob) -> TaskResult:
     files = {"intermediate": (result.path, result.digest)}
     if result.entries is not None:
         files["entries"] = result.entries
+    if result.bands is not None:
+        files["bands"] = result.bands
     ran = range(len(replays), len(job.settings.steps))
     files.update({_step_output(index): outcome for index, outcome in zip(ran, result.outcomes)})
     replayed = {_step_output(index): job.replay[index] for index in range(len(replays))}
@@ -163,6 +165,7 @@ class TokenizedPart:
     lines: int
     bad_record_examples: tuple[str, ...]
     steps: tuple[StepCounts, ...] | None
+    bands: str | None = None  # with [dedup.near]: the part's bands object (prep.workfiles.bands)
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -172,7 +175,7 @@ class TokenizedPart:
             "documents": self.documents, "tokens": self.tokens,
             "text_bytes": self.text_bytes, "bad_records": self.bad_records,
             "special_token_documents": self.special_token_documents, "lines": self.lines,
-            "bad_record_examples": list(self.bad_record_examples)}
+            "bad_record_examples": list(self.bad_record_examples), **({"bands": self.bands} if self.bands else {})}
         if self.steps is not None:
             data["steps"] = [counts.to_json() for counts in self.steps]
         return data
@@ -188,7 +191,8 @@ class TokenizedPart:
                    int(summary["tokens"]), int(summary["text_bytes"]),
                    int(summary["bad_records"]), int(summary["special_token_documents"]), int(summary["lines"]),
                    tuple(str(line) for line in summary["bad_record_examples"]),
-                   None if steps is None else tuple(StepCounts.from_json(counts) for counts in steps))
+                   None if steps is None else tuple(StepCounts.from_json(counts) for counts in steps),
+                   record.outputs.get("bands"))
 
 
 def _part_outcomes(record: TaskRecord, steps: int) -> tuple[str, ...]:

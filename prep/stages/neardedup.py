@@ -33,6 +33,7 @@ from prep.neardup.signatures import shingle_sets, signatures
 from prep.workfiles.bands import BAND_DTYPE, open_bands
 from prep.workfiles.drops import DROP_DTYPE, drop_records
 from prep.workfiles.entries import descriptor, take_entries
+from prep.workfiles.intermediate import read_texts
 from prep.workfiles.pairs import CandidatePairs
 
 Array = np.ndarray[Any, Any]
@@ -133,6 +134,17 @@ def jaccard_filter(texts_of: Callable[[Array], Sequence[bytes]], ngram: int, thr
                         dtype=bool)
 
     return similar
+
+
+def texts_by_number(intermediate_of: Callable[[int], Path], numbers: Array) -> list[bytes]:
+    """The texts of sorted global numbers, read part by part from the intermediates
+    (`intermediate_of(ordinal)`): what `jaccard_filter` compares, held for one bucket's pairs only."""
+    numbers = np.asarray(numbers, dtype=np.int64)
+    parts = numbers >> 32
+    texts: list[bytes] = []
+    for ordinal in np.unique(parts).tolist():
+        texts.extend(read_texts(intermediate_of(ordinal), numbers[parts == ordinal] & 0xFFFFFFFF))
+    return texts
 
 
 def cluster_drops(pair_sets: Iterable[CandidatePairs]) -> Array:

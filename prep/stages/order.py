@@ -22,7 +22,9 @@ import numpy as np
 
 from prep.errors import IntegrityError
 from prep.hashing import Digest
+from prep.stages.neardedup import drop_near_duplicates, global_numbers
 from prep.stages.specs import PartTable
+from prep.workfiles.drops import open_drops
 from prep.workfiles.entries import (
     NO_ID,
     EntryFile,
@@ -127,16 +129,19 @@ def split_leaves(key_hi: np.ndarray, weights: np.ndarray, start: int, depth: int
 
 
 def order_bucket(sources: Sequence[tuple[Path, int]], parts: PartTable, bucket: int, bits: int,
-                 exact: bool, shard_size: int, itemsize: int, out_path: Path) -> tuple[Digest, dict[str, Any]]:
+                 exact: bool, shard_size: int, itemsize: int, out_path: Path,
+                 drops: Path | None = None) -> tuple[Digest, dict[str, Any]]:
     """Dedup and sort one bucket, cut it into leaves, and write its kept entries. `sources` are
     the parts' entries objects (or the runs merged from them) with their first part's ordinal,
-    `parts` the parts' sources and line offsets in input order."""
+    `parts` the parts' sources and line offsets in input order; with `drops` (a drops object),
+    the bucket's near duplicates are removed after exact dedup."""
     gathered, blob = gather_bucket(sources, bucket, bits)
     documents_read = len(gathered)
     if documents_read and int(gathered["part"].max()) >= len(parts):  # fail closed, not an IndexError
         raise IntegrityError(f"bucket {bucket}: an entry names part {int(gathered['part'].max())}, "
                              f"but the corpus has {len(parts)} parts")
     entries, dropped = sort_and_dedup(gathered, exact)
+    entries, near = _without_near(entries, gathered, drops, bucket, bits)
     del gathered  # a bucket's entries are held once, plus the kept copy while sorting
     entries, ids = regroup_ids(entries, blob)  # entries is sort_and_dedup's own copy
     weights = (entries["n_tokens"].astype(np.int64) + 1) * itemsize
@@ -155,4 +160,17 @@ def order_bucket(sources: Sequence[tuple[Path, int]], parts: PartTable, bucket: 
     summary = {"documents_read": documents_read, "duplicates_dropped": dropped, "documents": len(entries),
                "bin_size": int(weights.sum()), "text_bytes": int(entries["text_bytes"].sum()),
                "digest": digests[0, len(entries)], "leaves": leaves}
+    if near is not None:
+        summary["near_duplicates_dropped"] = near
     return digest, summary
+
+
+def _without_near(entries: np.ndarray, gathered: np.ndarray, drops: Path | None, bucket: int,
+                  bits: int) -> tuple[np.ndarray, int | None]:
+    """The kept entries without the bucket's near-duplicate drops, and how many those removed
+    (None without a drops object)."""
+    if drops is None:
+        return entries, None
+    with descriptor(drops) as fd:
+        records = open_drops(drops, fd).read_bucket(bucket, bits, fd)
+    return drop_near_duplicates(entries, records, global_numbers(gathered["part"], gathered["row"]))

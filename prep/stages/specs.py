@@ -11,6 +11,7 @@ from pathlib import Path
 
 from prep.config import DEFAULT_TOKENIZER_CACHE
 from prep.hashing import parse_id
+from prep.neardup.settings import NearDupSettings
 from prep.steps import catalog
 from prep.steps.protocol import DocumentStep
 
@@ -30,15 +31,18 @@ class TokenizeSettings:
     tokenizer_cache: int = DEFAULT_TOKENIZER_CACHE  # [build] tokenizer_cache: when a worker reloads its engine
     steps: tuple[DocumentStep, ...] = ()  # [[steps]]: run on each document before it is tokenized
     metadata_keys: tuple[str, ...] = ()  # Pipeline.metadata_keys: what each document's metadata may hold
+    near: NearDupSettings | None = None  # [dedup.near]: each task writes its part's band hashes too
 
     def key_fields(self) -> dict[str, object]:
         """The settings that change a task's output (the backend and the cache bound never do); the
-        document steps' kinds, code and settings, and the metadata keys, only when some are configured."""
+        document steps' kinds, code and settings, the metadata keys and the near-duplicate settings,
+        only when some are configured."""
         steps: dict[str, object] = {"steps": catalog.key_fields(self.steps)} if self.steps else {}
         metadata: dict[str, object] = {"metadata_keys": list(self.metadata_keys)} if self.metadata_keys else {}
+        near: dict[str, object] = {"near": self.near.key_fields()} if self.near is not None else {}
         return {"tokenizer": self.tokenizer_sha256, "eos": self.eos,
                 "encode_special_tokens": self.encode_special_tokens, "on_error": self.on_error,
-                "order_seed": self.order_seed, **steps, **metadata}
+                "order_seed": self.order_seed, **steps, **metadata, **near}
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,11 @@ def entries_path(intermediate: Path) -> Path:
     return intermediate.with_name(intermediate.name + ".entries")
 
 
+def bands_path(intermediate: Path) -> Path:
+    """Where a tokenize task writes its part's band hashes (with [dedup.near]): beside its intermediate."""
+    return intermediate.with_name(intermediate.name + ".bands")
+
+
 def outcomes_path(intermediate: Path, step: int) -> Path:
     """Where a tokenize task writes the outcomes of its part's step number `step` (0-based;
     prep.workfiles.outcomes): beside its intermediate."""
@@ -152,4 +161,5 @@ def outcomes_path(intermediate: Path, step: int) -> Path:
 
 def staged_paths(intermediate: Path, steps: int) -> list[Path]:
     """Every file a tokenize task writing `intermediate` with `steps` document steps may leave staged."""
-    return [intermediate, entries_path(intermediate)] + [outcomes_path(intermediate, index) for index in range(steps)]
+    return [intermediate, entries_path(intermediate), bands_path(intermediate),
+            *(outcomes_path(intermediate, index) for index in range(steps))]

@@ -27,15 +27,18 @@ from prep.inputs.sources import check_unchanged
 from prep.memory import release_free_memory, resident_bytes, trim_heap
 from prep.stages.batches import read_batches
 from prep.stages.docsteps import PartSteps, Skipping
+from prep.stages.neardedup import batch_bands
 from prep.stages.read import BadRecord, ReadTask, line_number
-from prep.stages.specs import TokenizeSettings, entries_path, staged_paths
+from prep.stages.specs import TokenizeSettings, bands_path, entries_path, staged_paths
 from prep.stages.textcolumns import TextColumns
 from prep.tokenizer import TokenizerInfo, load_tokenizer
 from prep.tokenizer.engine import TokenizerEngine
 from prep.tokenizer.spans import LazySequence, documents_containing
+from prep.workfiles.bands import BandsWriter
 from prep.workfiles.columns import to_strings
 from prep.workfiles.entries import PART_COLUMNS, write_part_entries
 from prep.workfiles.intermediate import METADATA, IntermediateWriter, io_errors
+from prep.workfiles.keys import order_keys
 from prep.workfiles.outcomes import OutcomesReplay
 
 BATCH_TEXT_BYTES = 8 * 2**20
@@ -61,6 +64,7 @@ class TokenizeResult:
     log: dict[str, Any] = field(default_factory=dict)
     entries: tuple[Path, Digest] | None = None
     outcomes: tuple[tuple[Path, Digest], ...] = ()  # of the steps it ran, not replayed (prep.workfiles.outcomes)
+    bands: tuple[Path, Digest] | None = None  # with [dedup.near]: the part's band hashes (prep.workfiles.bands)
 
 
 # gigatoken keeps a cache of every distinct pre-token it has encoded, with no bound (40M distinct
@@ -276,6 +280,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     skipping = Skipping(bad, MAX_BAD_RECORDS_LISTED) if settings.on_error == "skip" else None
     steps = PartSteps(settings.steps, task.source.rel, functools.partial(line_number, task), skipping, replays,
                       out_path, durable) if settings.steps else None
+    bands = _bands_writer(out_path, settings)
     try:
         with IntermediateWriter(out_path, dtype, durable, settings.order_seed, bool(settings.metadata_keys)) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
@@ -285,7 +290,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
                 if steps is not None:
                     batch = steps.apply(batch)
                 if len(batch):
-                    _write_batch(batch, task, settings, writer, special_needles, counts)
+                    _write_batch(batch, task, settings, writer, special_needles, counts, bands)
                 watch.after_batch()
             unique_ids.finish()
         outcomes = steps.close() if steps is not None else ()
@@ -294,6 +299,7 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
         if settings.order_seed is not None:
             staged = entries_path(out_path)
             entries = (staged, _write_entries(staged, writer, settings.order_seed))
+        banded = (bands.path, bands.close()) if bands is not None else None
     except BaseException:  # a bad record, a full disk, an interrupt: leave nothing staged
         if steps is not None:
             steps.abort()
@@ -308,22 +314,44 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
     log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings)[0].report(),
            "engine_reloads": _RELOADS["count"] - reloads_before}
     assert writer.digest is not None
-    return TokenizeResult(out_path, writer.digest, summary, log, entries, outcomes)
+    return TokenizeResult(out_path, writer.digest, summary, log, entries, outcomes, banded)
 
 
 def _write_batch(batch: TextColumns, task: ReadTask, settings: TokenizeSettings, writer: IntermediateWriter,
-                 special_needles: list[bytes], counts: dict[str, int]) -> None:
-    """Encode one batch and write it to the task's intermediate; its buffers are freed on return."""
+                 special_needles: list[bytes], counts: dict[str, int], bands: BandsWriter | None) -> None:
+    """Encode one batch and write it to the task's intermediate (and its band hashes to `bands`);
+    its buffers are freed on return."""
     # The engine is looked up afresh for each batch (a reload must free the old one), never held.
     tokens, token_offsets = _engine(settings)[0].encode_columns(batch.blob, batch.offsets,
                                                                 _DocumentNames(task, batch.rows))
     specials = documents_containing(batch.blob, batch.offsets, special_needles)
-    writer.write_columns(batch.rows, batch.ids, batch.blob, batch.offsets, batch.text_hashes(), specials,
+    text_hashes = batch.text_hashes()
+    writer.write_columns(batch.rows, batch.ids, batch.blob, batch.offsets, text_hashes, specials,
                          tokens, token_offsets, batch.metadata)
+    if bands is not None:
+        _add_bands(bands, batch, text_hashes, settings)
     counts["documents"] += len(batch)
     counts["tokens"] += int(token_offsets[-1])
     counts["text_bytes"] += len(batch.blob)
     counts["special_token_documents"] += int(np.count_nonzero(specials))
+
+
+def _bands_writer(out_path: Path, settings: TokenizeSettings) -> BandsWriter | None:
+    """With [dedup.near] (which needs the order seed: bands name each document's order bucket), the
+    writer of the part's band hashes beside its intermediate."""
+    if settings.near is None:
+        return None
+    if settings.order_seed is None:
+        raise ValueError("near-duplicate bands need an order seed")
+    return BandsWriter(bands_path(out_path), settings.near.bands)
+
+
+def _add_bands(bands: BandsWriter, batch: TextColumns, text_hashes: bytes, settings: TokenizeSettings) -> None:
+    """A batch's band hashes, with each document's row and order key high word."""
+    assert settings.near is not None and settings.order_seed is not None
+    pairs = np.frombuffer(text_hashes, dtype="<u8", count=2 * len(batch)).reshape(-1, 2)
+    key_hi, _ = order_keys(pairs, settings.order_seed)
+    bands.add(np.asarray(batch.rows), key_hi, batch_bands(batch.blob, batch.offsets, settings.near))
 
 
 def _write_entries(path: Path, writer: IntermediateWriter, seed: int) -> Digest:

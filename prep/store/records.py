@@ -252,7 +252,10 @@ def _table(manifest: dict[str, Any]) -> tuple[str, ...]:
 _STAGE_NAMES: dict[str, Callable[[dict[str, Any]], Iterable[str]]] = {
     "tokenize": lambda manifest: (oid for task in manifest["tasks"]
                                   for oid in (task["output"], task.get("entries"), task.get("dropped"),
+                                              task.get("bands"),
                                               *task.get("step_outcomes", ())) if oid is not None),
+    "near_buckets": lambda manifest: (manifest["table"], *(bucket["pairs"] for bucket in manifest["buckets"])),
+    "near_clusters": lambda manifest: (manifest["drops"],),
     "dedup": lambda manifest: manifest["outputs"].values(),
     "shuffle": lambda manifest: manifest["outputs"].values(),
     "route": lambda manifest: (task["output"] for task in manifest["tasks"]),

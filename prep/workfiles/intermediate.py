@@ -293,3 +293,17 @@ def hash_pairs(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if buffer is None or len(array) == 0:
         return np.zeros((0, 2), dtype="<u8")
     return np.frombuffer(buffer, dtype="<u8", count=2 * len(array), offset=array.offset * 16).reshape(-1, 2)
+
+
+def read_texts(path: Path, rows: np.ndarray) -> list[bytes]:
+    """The UTF-8 texts of the documents at these rows of the part (each row must be in it), in the
+    order given: the part's row and text spans are read (24 bytes a document), then each text."""
+    spans = read_columns(path, ["row", "text_offset", "text_bytes"])
+    held = spans.column("row").to_numpy()
+    order = np.argsort(held, kind="stable")
+    at = order[np.minimum(np.searchsorted(held, rows, sorter=order), len(held) - 1)] if len(held) else order
+    if not len(held) or bool((held[at] != rows).any()):
+        raise IntegrityError(f"{path}: the intermediate holds no document at some of rows {rows[:5].tolist()}")
+    starts, sizes = spans.column("text_offset").to_numpy()[at], spans.column("text_bytes").to_numpy()[at]
+    with io_errors("reading", path), open(path, "rb") as handle:
+        return [os.pread(handle.fileno(), int(size), int(start)) for start, size in zip(starts, sizes)]
