@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +37,16 @@ def parse_id(object_id: str) -> str:
     if len(hexpart) != 64 or any(c not in "0123456789abcdef" for c in hexpart):
         raise ValueError(f"not a sha256 object id: {object_id!r}")
     return hexpart
+
+
+def pack_ids(object_ids: Sequence[str]) -> bytes:
+    """Object ids as their raw SHA-256s, 32 bytes each, one after another (job tables name many)."""
+    return b"".join(bytes.fromhex(parse_id(object_id)) for object_id in object_ids)
+
+
+def unpack_ids(data: bytes) -> list[str]:
+    """The object ids `pack_ids` packed, in order."""
+    return [f"sha256:{data[at:at + 32].hex()}" for at in range(0, len(data), 32)]
 
 
 def digest_bytes(data: bytes) -> Digest:

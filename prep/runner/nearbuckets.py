@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prep.hashing import parse_id
+from prep.hashing import pack_ids, unpack_ids
 from prep.neardup.settings import NearDupSettings
 from prep.progress import plural
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan, stage_counts
@@ -21,16 +21,6 @@ from prep.store.records import TaskRecord
 
 RECORDS_PER_BUCKET = 2_000_000
 """Target band records per bucket task (20 bytes each, twice while sorting): about 80 MB."""
-
-
-def pack_ids(object_ids: Sequence[str]) -> bytes:
-    """Object ids as one table's bytes: their raw SHA-256s, in order."""
-    return b"".join(bytes.fromhex(parse_id(object_id)) for object_id in object_ids)
-
-
-def unpack_ids(data: bytes) -> list[str]:
-    """The object ids `pack_ids` packed."""
-    return [f"sha256:{data[at:at + 32].hex()}" for at in range(0, len(data), 32)]
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prep.hashing import pack_ids, unpack_ids
 from prep.progress import plural
-from prep.runner.nearbuckets import Paired, pack_ids, unpack_ids
+from prep.runner.nearbuckets import Paired
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan, stage_counts
 from prep.runner.tasks import TaskResult, store_written, stored_table, worker_store
 from prep.runner.tokenizing import Tokenized

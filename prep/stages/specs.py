@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prep.config import DEFAULT_TOKENIZER_CACHE
-from prep.hashing import parse_id
+from prep.hashing import pack_ids, unpack_ids
 from prep.neardup.settings import NearDupSettings
 from prep.steps import catalog
 from prep.steps.protocol import DocumentStep
@@ -105,7 +105,7 @@ class ShardParts:
         """The table of (intermediate object id, source, line offset) triples, in input order."""
         numbered: dict[str, int] = {}
         source_of = [numbered.setdefault(source, len(numbered)) for _, source, _ in parts]
-        return cls(b"".join(bytes.fromhex(parse_id(object_id)) for object_id, _, _ in parts),
+        return cls(pack_ids([object_id for object_id, _, _ in parts]),
                    struct.pack(f"<{len(parts)}q", *(offset for _, _, offset in parts)),
                    struct.pack(f"<{len(parts)}I", *source_of), tuple(numbered))
 
@@ -139,8 +139,7 @@ class ShardParts:
 
     def object_ids(self) -> list[str]:
         """Every part's intermediate object id, in input order."""
-        raw = self.intermediates
-        return [f"sha256:{raw[at:at + 32].hex()}" for at in range(0, len(raw), 32)]
+        return unpack_ids(self.intermediates)
 
 
 def entries_path(intermediate: Path) -> Path:
