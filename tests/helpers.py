@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -80,3 +81,29 @@ def within(seconds: int) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+_PACKAGES = itertools.count()
+
+
+@contextmanager
+def user_package(folder: Path, prefix: str, modules: Mapping[str, str]) -> Iterator[str]:
+    """A fresh package of user step modules (file name -> source) in `folder`, beside the pipeline:
+    a new name each time, since imported modules stay imported; they are forgotten on exit (the
+    imports, the step loader's cache, the folder on sys.path) so no later test sees them."""
+    name = f"{prefix}{next(_PACKAGES)}_{abs(hash(folder)) % 10**6}"
+    (folder / name).mkdir()
+    (folder / name / "__init__.py").write_text("")
+    for file_name, source in modules.items():
+        (folder / name / file_name).write_text(source)
+    try:
+        yield name
+    finally:
+        from prep.steps import function
+
+        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[module]
+        for key in [k for k in function._LOADED if k.startswith(name + ".")]:
+            del function._LOADED[key]
+        if str(folder.resolve()) in sys.path:
+            sys.path.remove(str(folder.resolve()))

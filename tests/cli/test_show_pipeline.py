@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-import itertools
 import json
-import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,12 +15,10 @@ import pytest
 from prep.config import load_pipeline, parse_pipeline
 from prep.progress import Progress
 from prep.runner.build import build
-from prep.steps import function
 from prep.storage import LocalStore
-from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+from tests.helpers import make_records, run_prep, user_package, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor
 
-_PACKAGES = itertools.count()
 RULES = '''
 from . import helpers
 
@@ -47,19 +43,10 @@ PIPELINES = {
 
 @pytest.fixture
 def package(tmp_path: Path) -> Iterator[str]:
-    """A fresh user package beside the pipeline (a new name per test: modules stay imported)."""
-    name = f"showsteps{next(_PACKAGES)}_{abs(hash(tmp_path)) % 10**6}"
-    (tmp_path / name).mkdir()
-    (tmp_path / name / "__init__.py").write_text("")
-    (tmp_path / name / "rules.py").write_text(RULES)
-    (tmp_path / name / "helpers.py").write_text("def count(text, word):\n    return text.count(word)\n")
-    yield name
-    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-        del sys.modules[module]
-    for key in [k for k in function._LOADED if k.startswith(name + ".")]:
-        del function._LOADED[key]
-    if str(tmp_path.resolve()) in sys.path:
-        sys.path.remove(str(tmp_path.resolve()))
+    """A fresh user package beside the pipeline."""
+    helpers = "def count(text, word):\n    return text.count(word)\n"
+    with user_package(tmp_path, "showsteps", {"rules.py": RULES, "helpers.py": helpers}) as name:
+        yield name
 
 
 def _built(root: Path, tokenizer: Path, kind: str, package: str) -> dict[str, Any]:

@@ -4,7 +4,6 @@ they import), and every way it can fail is one line naming the step."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import subprocess
@@ -22,11 +21,10 @@ from prep.steps import function
 from prep.steps.function import FunctionStep, outcome_of
 from prep.steps.protocol import Drop, StepDocument
 from prep.storage import LocalStore
-from tests.helpers import write_jsonl, write_pipeline
+from tests.helpers import user_package, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor, build_local, read_samples
 
 TEXTS = {"a": "keep me please", "b": "spam spam spam", "c": "loud words here", "d": "a quiet one", "e": "spam again"}
-_PACKAGES = itertools.count()
 
 RULES = '''
 from . import helpers
@@ -62,19 +60,9 @@ def has(text, word):
 
 @pytest.fixture
 def package(tmp_path: Path) -> Iterator[str]:
-    """A fresh user package beside the pipeline (a new name per test: modules stay imported)."""
-    name = f"userfilters{next(_PACKAGES)}_{abs(hash(tmp_path)) % 10**6}"
-    (tmp_path / name).mkdir()
-    (tmp_path / name / "__init__.py").write_text("")
-    (tmp_path / name / "rules.py").write_text(RULES)
-    (tmp_path / name / "helpers.py").write_text(HELPERS)
-    yield name
-    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-        del sys.modules[module]
-    for key in [k for k in function._LOADED if k.startswith(name + ".")]:
-        del function._LOADED[key]
-    if str(tmp_path.resolve()) in sys.path:
-        sys.path.remove(str(tmp_path.resolve()))
+    """A fresh user package beside the pipeline."""
+    with user_package(tmp_path, "userfilters", {"rules.py": RULES, "helpers.py": HELPERS}) as name:
+        yield name
 
 
 def _pipeline(tmp_path: Path, tokenizer_path: Path, step: str) -> Path:

@@ -6,9 +6,7 @@ key the step does not declare, or one the input provides already, is one line na
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +19,9 @@ from prep.errors import ConfigError, InputError
 from prep.formats.mds_reader import ShardReader
 from prep.progress import Progress
 from prep.runner.build import BuildResult, build
-from prep.steps import function
 from prep.storage import LocalStore
 from tests.formats.test_golden import WORDS, word_tokenizer
-from tests.helpers import write_jsonl, write_pipeline
+from tests.helpers import user_package, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor, artifact_path, build_local, read_samples
 
 TAGS = '''
@@ -40,20 +37,13 @@ def topic(document, word="alpha"):
 def shout(document):
     return {"text": document.text.upper()} if "beta" in document.text else True
 '''
-_PACKAGES = itertools.count()
 
 
 @pytest.fixture
 def package(tmp_path: Path) -> Iterator[str]:
-    name = f"metasteps{next(_PACKAGES)}_{abs(hash(tmp_path)) % 10**6}"
-    (tmp_path / name).mkdir()
-    (tmp_path / name / "__init__.py").write_text("")
-    (tmp_path / name / "tags.py").write_text(TAGS)
-    yield name
-    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-        del sys.modules[module]
-    for key in [k for k in function._LOADED if k.startswith(name + ".")]:
-        del function._LOADED[key]
+    """A user module of tagging steps beside the pipelines."""
+    with user_package(tmp_path, "metasteps", {"tags.py": TAGS}) as name:
+        yield name
 
 
 def _records(count: int, bad: bool = False) -> list[dict[str, Any]]:

@@ -4,10 +4,8 @@ byte for byte what a build that ran every step makes (same snapshot id)."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +14,8 @@ import pytest
 from prep.config import load_pipeline
 from prep.progress import Progress
 from prep.runner.build import BuildResult, build
-from prep.steps import function
 from prep.storage import LocalStore
-from tests.helpers import prep_env, run_prep, write_jsonl, write_pipeline
+from tests.helpers import prep_env, run_prep, user_package, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor, build_local
 from tests.runner.test_reuse import flip_byte, object_path
 
@@ -49,23 +46,13 @@ def banned(document, word="spam"):
 '''
 TEXTS = [f"document {n} is loud" if n % 3 == 0 else f"document {n} has spam" if n % 4 == 0
          else f"document {n} " + "long " * 20 if n % 5 == 0 else f"document {n} is quiet" for n in range(40)]
-_PACKAGES = itertools.count()
 
 
 @pytest.fixture
 def package(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    """A user module of three logged steps beside the pipelines (a new name per test)."""
-    name = f"reusesteps{next(_PACKAGES)}_{abs(hash(tmp_path)) % 10**6}"
-    (tmp_path / name).mkdir()
-    (tmp_path / name / "__init__.py").write_text("")
-    (tmp_path / name / "logged.py").write_text(LOGGED)
-    yield tmp_path / name, name
-    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-        del sys.modules[module]
-    for key in [k for k in function._LOADED if k.startswith(name + ".")]:
-        del function._LOADED[key]
-    if str(tmp_path.resolve()) in sys.path:
-        sys.path.remove(str(tmp_path.resolve()))
+    """A user module of three logged steps beside the pipelines."""
+    with user_package(tmp_path, "reusesteps", {"logged.py": LOGGED}) as name:
+        yield tmp_path / name, name
 
 
 def _pipeline(root: Path, tokenizer_path: Path, package: str, steps: list[str], name: str,
