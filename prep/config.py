@@ -58,9 +58,6 @@ class TokenizerConfig:
     backend: str = "auto"
 
 
-NEAR_WIRED = False  # [dedup.near] is refused until the build runs it end to end (issue 42)
-
-
 @dataclass(frozen=True)
 class DedupConfig:
     exact: bool = True
@@ -288,10 +285,7 @@ def _near(table: dict[str, Any] | None, source: str) -> NearDupSettings | None:
     """The `[dedup.near]` settings, checked (NearDupSettingError names the key); None when absent."""
     if table is None:
         return None
-    settings = parse_settings(table, source)
-    if not NEAR_WIRED:
-        raise ConfigError(f"{source}: dedup.near: unknown key")
-    return settings
+    return parse_settings(table, source)
 
 
 def _check_metadata_keys(fields: tuple[str, ...], steps: tuple[DocumentStep, ...], source: str) -> None:

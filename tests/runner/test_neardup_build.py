@@ -28,13 +28,6 @@ FILES = 3
 NEAR = '\n[dedup.near]\nthreshold = 0.7\nngram = 5\npermutations = 128\nbands = 32\nrows = 4\nverify = true\n'
 
 
-GATED = pytest.mark.skip(reason="runs the CLI, which refuses [dedup.near] until prep trace names the kept document")
-
-
-@pytest.fixture(autouse=True)
-def _near_wired(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("prep.config.NEAR_WIRED", True)  # in-process builds only: the CLI still refuses it
-
 
 def planted(rng: random.Random) -> list[list[str]]:
     """Unrelated documents and originals each followed by copies edited at 0 to 12% of words, in input order."""
@@ -107,7 +100,6 @@ def test_bad_settings_exit_2_naming_the_key(tmp_path: Path, tokenizer_path: Path
     assert not (tmp_path / "store" / "tasks").exists()
 
 
-@GATED
 @pytest.mark.parametrize("point", ["near_buckets.before_commit:1", "near_buckets.after_write:1",
                                    "near_clusters.before_commit:1"])
 def test_a_build_killed_in_the_near_stages_replays_to_the_same_snapshot(corpus: tuple[Path, list[list[str]]],
