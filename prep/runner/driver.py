@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing
+from functools import partial
 from typing import Any
 
 from prep import hashing
@@ -17,7 +18,11 @@ from prep.runner.reuse import Remake, ReuseGuard
 from prep.runner.stage import In, Job, Out, Stage, StageRun, Task, TaskPlan
 from prep.runner.tasks import BatchResult, JobResult, TableJob, TaskResult, publish_staged, run_table_job
 from prep.storage.backend import Store
+from prep.storage.parallel import in_order
 from prep.store import cas, records
+
+LOOKUP_JOBS = 32
+"""Task record lookups in flight at once while planning (threads: each is a GET)."""
 
 
 class StoringGuard(ReuseGuard):
@@ -89,7 +94,9 @@ class Runner:
         return hashing.digest_bytes(data).id
 
     def committed(self, stage: str, keys: Sequence[str]) -> dict[str, records.TaskRecord | None]:
-        return {key: records.read_task_record(self.store, stage, key) for key in keys}
+        """Each key's record, looked up LOOKUP_JOBS at a time: on S3 a lookup is a round trip."""
+        lookups = (partial(records.read_task_record, self.store, stage, key) for key in keys)
+        return dict(zip(keys, in_order(lookups, LOOKUP_JOBS, "prep-lookup")))
 
     def stage_output(self, stage: str) -> str:
         return self.stages[stage].output
@@ -203,9 +210,8 @@ class Runner:
         self.guard.produced(result.outputs.values())
         self.guard.read_back_when_written(result.read_back)
         for alias_stage, alias_key, names in result.aliases:
-            if records.read_task_record(self.store, alias_stage, alias_key) is None:  # create-only: first one stays
-                records.write_task_record(self.store, alias_stage, alias_key,
-                                          {alias: result.outputs[name] for alias, name in names}, {})
+            records.write_alias_record(self.store, alias_stage, alias_key,
+                                       {alias: result.outputs[name] for alias, name in names})
         crash_point(f"{stage}.before_commit")
         record = records.write_task_record(self.store, stage, key, result.outputs, result.summary)
         if result.log:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from prep.errors import IntegrityError
+from prep.errors import IntegrityError, NotFoundError
 from prep.manifest import canonical
 from prep.manifest.schema import validate
 from prep.storage.backend import Store
@@ -176,9 +176,12 @@ def parse_record(key: str, raw: bytes, source: str) -> TaskRecord | StageRecord:
 
 
 def _read(store: Store, key: str) -> TaskRecord | StageRecord | None:
-    if store.head(key) is None:
+    """The record at `key`, None when there is none: one GET (a missing key is the store's NotFoundError)."""
+    try:
+        raw = store.get_bytes(key)
+    except NotFoundError:
         return None
-    return parse_record(key, store.get_bytes(key), f"{store.url}/{key}")
+    return parse_record(key, raw, f"{store.url}/{key}")
 
 
 def read_task_record(store: Store, stage: str, key: str) -> TaskRecord | None:
@@ -195,15 +198,25 @@ def read_stage_record(store: Store, stage: str, key: str) -> StageRecord | None:
 
 def write_task_record(store: Store, stage: str, key: str, outputs: dict[str, str],
                       summary: dict[str, Any]) -> TaskRecord:
-    """Commit a task: its outputs (object ids, already stored) and summary become reachable."""
+    """Commit a task: its outputs (object ids, already stored) and summary become reachable. One
+    create-only PUT; only when another writer committed the key first is its record read back."""
     record = TaskRecord(stage, key, outputs, summary)
     TaskRecord.from_json(record.to_json(), f"new task record {stage}/{key}")  # never store an invalid one
-    store.put_bytes(task_record_key(stage, key), canonical.dumps(record.to_json()))
-    # Another writer may have committed first: its record must name the same outputs.
+    if store.put_bytes(task_record_key(stage, key), canonical.dumps(record.to_json())):
+        return record
+    # Another writer committed first: its record must name the same outputs.
     existing = read_task_record(store, stage, key)
     if existing is None or existing.outputs != outputs:
         raise IntegrityError(f"{store.url}: task {stage}/{key} was committed with different outputs")
     return existing
+
+
+def write_alias_record(store: Store, stage: str, key: str, outputs: dict[str, str]) -> None:
+    """Commit a record naming objects another task stored (a step's outcomes under its own key):
+    create-only, so when one exists already the first one stays; one PUT."""
+    record = TaskRecord(stage, key, outputs, {})
+    TaskRecord.from_json(record.to_json(), f"new task record {stage}/{key}")
+    store.put_bytes(task_record_key(stage, key), canonical.dumps(record.to_json()))
 
 
 def read_stage(store: Store, stage: str, key: str) -> dict[str, Any] | None:

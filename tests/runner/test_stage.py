@@ -7,6 +7,8 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from prep.runner.driver import Runner
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
 from prep.runner.tasks import BatchResult, TaskResult, worker_store
 from prep.storage import LocalStore
+from prep.storage.backend import MAX_BODY_BYTES
 from prep.store import cas, records
 from tests.runner.buildsupport import InProcessExecutor
 from tests.runner.test_reuse import flip_byte, object_path
@@ -175,6 +178,7 @@ TOY_RUN = """
 import sys
 from pathlib import Path
 from prep.storage import LocalStore
+from prep.storage.backend import MAX_BODY_BYTES
 from tests.runner.test_stage import TEXTS, Joining, Uppering, _runner
 result = _runner(LocalStore(Path(sys.argv[1]))).run_stages([Uppering(), Joining()], TEXTS)
 print(" ".join(result.objects))
@@ -197,3 +201,35 @@ def test_a_kill_before_any_commit_replays_to_the_same_result(tmp_path: Path, poi
     fresh = subprocess.run([sys.executable, "-c", TOY_RUN, str(tmp_path / "fresh")], cwd=root, capture_output=True,
                            text=True, check=True)
     assert rerun.stdout == fresh.stdout
+
+
+class SlowStore(LocalStore):
+    """A local store whose reads take a round trip's time, noting how many run at once."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.in_flight = self.most = 0
+        self._lock = threading.Lock()
+
+    def get_bytes(self, key: str, limit: int = MAX_BODY_BYTES) -> bytes:
+        with self._lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        try:
+            time.sleep(0.02)
+            return super().get_bytes(key, limit)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+
+def test_planning_looks_records_up_many_at_a_time_and_keeps_each_keys_answer(tmp_path: Path) -> None:
+    store = SlowStore(tmp_path / "store")
+    keys = [f"{index:064x}" for index in range(200)]
+    for key in keys[::3]:
+        records.write_task_record(store, "toy", key, {"out": f"sha256:{key}"}, {})
+    found = Runner(store, InProcessExecutor(), Progress(quiet=True), CODE).committed("toy", keys)
+    assert list(found) == keys
+    assert all((record is not None) == (index % 3 == 0) for index, record in enumerate(found.values()))
+    assert all(record.key == key for key, record in found.items() if record is not None)
+    assert store.most > 1
