@@ -12,6 +12,12 @@ from collections import Counter
 _hits: Counter[str] = Counter()
 
 
+def armed(point: str) -> bool:
+    """Whether PREP_CRASH_AT names `point`: a caller that overlaps work may settle it first, so an
+    injected kill finds what came before it done, as the crash tests count on."""
+    return os.environ.get("PREP_CRASH_AT", "").partition(":")[0] == point
+
+
 def crash_point(point: str) -> None:
     spec = os.environ.get("PREP_CRASH_AT")
     if not spec:

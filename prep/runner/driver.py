@@ -4,14 +4,17 @@ and stage manifest. It knows no stage by name: a build is the list of stages it 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from functools import partial
 from typing import Any
 
 from prep import hashing
 from prep.errors import IntegrityError, NotFoundError
-from prep.faults import crash_point
+from prep.faults import armed, crash_point
 from prep.progress import Progress
 from prep.runner.executors.base import Executor
 from prep.runner.reuse import Remake, ReuseGuard
@@ -23,6 +26,8 @@ from prep.store import cas, records
 
 LOOKUP_JOBS = 32
 """Task record lookups in flight at once while planning (threads: each is a GET)."""
+COMMIT_JOBS = 16
+"""Task commits in flight at once (threads: each stores staged files, then PUTs its record)."""
 
 
 class StoringGuard(ReuseGuard):
@@ -59,6 +64,7 @@ class Runner:
         self.stages: dict[str, StageRun] = {}
         self.logs: dict[str, dict[str, Any]] = {}
         self.guard = StoringGuard(store, executor, progress)
+        self._commit_lock = threading.Lock()  # the guard's books and crash-point counts, shared by commit threads
 
     # -- the context stages see -------------------------------------------------------------
     @property
@@ -182,41 +188,53 @@ class Runner:
 
     def _run_missing(self, plan: TaskPlan[Job], todo: list[Task[Job]], committed: dict[str, records.TaskRecord],
                      total: int) -> None:
-        """Run `todo` (grouped into jobs by the plan's `batch`) and commit each task as it ends."""
+        """Run `todo` (grouped into jobs by the plan's `batch`) and commit each task as it ends:
+        commits go to COMMIT_JOBS threads, so the driver takes the next result meanwhile."""
         run = self.stages[plan.stage]
         jobs: Sequence[Any] = plan.batch(todo, self.executor.workers) if plan.batch and todo else [t.job for t in todo]
         by_key = {task.key: task for task in todo}
         done_bytes, cached = 0, run.cached
         self._progress.tick(plan.stage, len(committed), total, len(committed), force=True)
-        published: set[int] = set()
-        try:
-            with closing(self.executor.run(plan.run, list(jobs))) as results:
-                for index, result in results:
-                    for key, outcome in _by_task(result, todo[index].key if plan.batch is None else None):
-                        committed[key] = self._commit_task(plan.stage, key, outcome)
-                        run.ran += 1
-                        done_bytes += by_key[key].nbytes
-                    published.add(index)
-                    self._progress.tick(plan.stage, len(committed), total, cached, done_bytes, force=bool(plan.batch))
-        except BaseException:
-            for index, job in enumerate(jobs):
-                if index not in published:
-                    plan.discard(job)
-            raise
+        published: set[int] = set()  # jobs whose staged files a commit took over
 
-    def _commit_task(self, stage: str, key: str, result: TaskResult) -> records.TaskRecord:
-        """Store what the task staged, then write its record: nothing is visible before its commit."""
+        def landed(key: str, record: records.TaskRecord, log: Any) -> None:
+            nonlocal done_bytes
+            committed[key] = record
+            if log:
+                self.logs.setdefault(plan.stage, {})[key] = log
+            run.ran += 1
+            done_bytes += by_key[key].nbytes
+
+        with _Commits(landed, serial=armed(f"{plan.stage}.before_commit")) as commits:
+            try:
+                with closing(self.executor.run(plan.run, list(jobs))) as results:
+                    for index, result in results:
+                        for key, outcome in _by_task(result, todo[index].key if plan.batch is None else None):
+                            commits.submit(key, self._commit_task, plan.stage, key, outcome)
+                        published.add(index)
+                        commits.settle(block=False)
+                        self._progress.tick(plan.stage, len(committed), total, cached, done_bytes, force=bool(plan.batch))
+                commits.settle(block=True)
+            except BaseException:
+                for index, job in enumerate(jobs):
+                    if index not in published:
+                        plan.discard(job)
+                raise
+        self._progress.tick(plan.stage, len(committed), total, cached, done_bytes)
+
+    def _commit_task(self, stage: str, key: str, result: TaskResult) -> tuple[records.TaskRecord, Any]:
+        """Store what the task staged, then write its record: nothing is visible before its commit.
+        Runs in a commit thread; returns the record and the task's log."""
         result = publish_staged(self.store, result)
-        self.guard.produced(result.outputs.values())
-        self.guard.read_back_when_written(result.read_back)
+        with self._commit_lock:
+            self.guard.produced(result.outputs.values())
+            self.guard.read_back_when_written(result.read_back)
         for alias_stage, alias_key, names in result.aliases:
             records.write_alias_record(self.store, alias_stage, alias_key,
                                        {alias: result.outputs[name] for alias, name in names})
-        crash_point(f"{stage}.before_commit")
-        record = records.write_task_record(self.store, stage, key, result.outputs, result.summary)
-        if result.log:
-            self.logs.setdefault(stage, {})[key] = result.log
-        return record
+        with self._commit_lock:
+            crash_point(f"{stage}.before_commit")
+        return records.write_task_record(self.store, stage, key, result.outputs, result.summary), result.log
 
     # -- stage manifests --------------------------------------------------------------------
     def _read_stage(self, stage: str, key: str) -> dict[str, Any] | None:
@@ -240,6 +258,36 @@ class Runner:
             # Storing the manifest replaces a corrupt stored copy (prep.store.cas checks what it finds).
             records.commit_stage(self.store, stage, key, manifest)
         self.stages[stage].output = records.stage_output_id(self.store, stage, key)
+
+
+class _Commits:
+    """Task commits in flight in COMMIT_JOBS threads, settled in submission order: `landed` gets
+    each record (and the task's log) on the driver's thread. `serial` (a crash point armed before
+    commits) settles each at once, so an injected kill finds exactly the commits before it done."""
+
+    def __init__(self, landed: Callable[[str, records.TaskRecord, Any], None], serial: bool) -> None:
+        self._landed, self._serial = landed, serial
+        self._pool = ThreadPoolExecutor(COMMIT_JOBS, thread_name_prefix="prep-commit")
+        self._in_flight: deque[tuple[str, Future[tuple[records.TaskRecord, Any]]]] = deque()
+
+    def __enter__(self) -> _Commits:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._pool.shutdown(wait=True)  # a commit under way finishes: its staged files are its own
+
+    def submit(self, key: str, commit: Callable[..., tuple[records.TaskRecord, Any]], *args: Any) -> None:
+        """Start `commit(*args)`, the commit of task `key`."""
+        self._in_flight.append((key, self._pool.submit(commit, *args)))
+        if self._serial:
+            self.settle(block=True)
+
+    def settle(self, block: bool) -> None:
+        """Hand over the commits done at the head of the line (all of them when `block`, and the
+        oldest whenever more than twice COMMIT_JOBS are in flight); a failed one raises here."""
+        while self._in_flight and (block or self._in_flight[0][1].done() or len(self._in_flight) > 2 * COMMIT_JOBS):
+            key, future = self._in_flight.popleft()
+            self._landed(key, *future.result())
 
 
 def _by_task(result: JobResult, key: str | None) -> Iterable[tuple[str, TaskResult]]:

@@ -253,16 +253,23 @@ class RayExecutor:
         pending: dict[Any, int] = {}  # ObjectRef -> item index
         try:
             while queue or pending:
-                while queue and len(pending) < self.workers:
-                    index, item = queue.popleft()
-                    pending[self._remote.remote(fn, item, env)] = index
+                self._top_up(fn, env, queue, pending)
                 ready, _ = self._ray.wait(list(pending), num_returns=1)
                 for ref in ready:
                     index = pending.pop(ref)
-                    yield index, self._result(ref)
+                    result = self._result(ref)
+                    self._top_up(fn, env, queue, pending)  # the free slot's next task runs while the driver commits
+                    yield index, result
         finally:
             for ref in pending:
                 self._ray.cancel(ref)
+
+    def _top_up(self, fn: Callable[[Any], Any], env: dict[str, str], queue: deque[tuple[int, Any]],
+                pending: dict[Any, int]) -> None:
+        """Submit queued tasks until `workers` are in flight."""
+        while queue and len(pending) < self.workers:
+            index, item = queue.popleft()
+            pending[self._remote.remote(fn, item, env)] = index
 
     def _result(self, ref: Any) -> Any:
         try:
