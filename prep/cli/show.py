@@ -272,7 +272,8 @@ def _show_dropped(store: Store, snapshot: Snapshot, step: str, limit: int, text:
 @click.argument("snap", metavar="SNAP|DEST")
 @store_option
 @json_option("prep.snapshot/1 (the manifest exactly as stored), with --at " + SHOW_AT_SCHEMA + ", with --dropped "
-             + DROPPED_SCHEMA + ", with --pipeline the manifest's config (part of prep.snapshot/1)")
+             + DROPPED_SCHEMA + " (--dropped near: " + NEAR_DROPPED_SCHEMA + "), with --pipeline the manifest's config "
+             "(part of prep.snapshot/1)")
 @click.option("--at", "at", default=None, metavar="KEY|PATH:N",
               help="Show one document: a WebDataset sample key (as in the .tar), or sequence N (0-based) of "
                    f"artifact PATH, e.g. {AT_EXAMPLES}.")
@@ -283,7 +284,8 @@ def _show_dropped(store: Store, snapshot: Snapshot, step: str, limit: int, text:
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="With --megatron-paths: the folder the snapshot is (to be) pulled into.")
 @click.option("--dropped", "dropped_step", default=None, metavar="STEP",
-              help="List documents step STEP (its number in [[steps]], from 1, or its `use`) dropped, and why.")
+              help="List documents step STEP (its number in [[steps]], from 1, or its `use`) dropped, and why; "
+                   "`near`: those near-duplicate removal dropped, each with the kept document it duplicates.")
 @click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True,
               help="With --dropped: list at most this many.")
 @click.option("--pipeline", is_flag=True,
