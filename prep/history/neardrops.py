@@ -13,21 +13,29 @@ running Python's Unicode version (a task key records the build's).
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from prep.errors import ConfigError, IntegrityError, UsageError
 from prep.history.content import document_text
 from prep.history.documents import (
     DocumentOrigin,
     NearDuplicate,
+    Predicate,
+    RecordedTask,
     Similarity,
     SnapshotRecords,
     Trace,
+    load_records,
     origin_of_row,
+    scan,
     stage_manifest,
     verified_object,
 )
@@ -46,6 +54,8 @@ NEAR_STAGE = "near_clusters"
 CHUNK_DROPS = 1 << 16
 """Drop records read at once when listing (24 bytes each)."""
 ROW_BITS = 32
+MAX_SPILLS = 512
+DROP_PAIR = np.dtype([("document", "<u8"), ("representative", "<u8")])
 Array = np.ndarray[Any, Any]
 
 
@@ -181,3 +191,89 @@ def near_dropped(drops: NearDrops, with_text: bool) -> Iterator[NearDropped]:
             texts = drops.texts(origin, kept)
             shown = [text.decode("utf-8", "surrogateescape") for text in texts] if with_text else [None, None]
             yield NearDropped(origin, kept, similarity(drops.settings, *texts), copy, *shown)
+
+
+def rows_in(rows: Array) -> Predicate:
+    """Rows of a part whose `row` is one of `rows`."""
+    wanted = pa.array(np.asarray(rows, dtype=np.int64))
+
+    def predicate(batch: pa.RecordBatch, task: RecordedTask) -> pa.Array:
+        """The matching rows of `batch`."""
+        return pc.is_in(batch.column("row"), value_set=wanted)
+    return predicate
+
+
+class NearLookup:
+    """Why a snapshot lacks a document of one of its input files when near-duplicate removal
+    dropped it: `dropped as a near duplicate of ID (SOURCE line N)`. On first use the drops
+    object is spilled into `work_dir` by part (one pass); changes come file by file, so one
+    file's drops are held at a time, their documents and representatives found by one scan of
+    each part they are in."""
+
+    def __init__(self, store: Store, snapshot: Snapshot, work_dir: Path) -> None:
+        self.store, self.snapshot, self.work_dir = store, snapshot, work_dir
+        self._spills: list[Path] | None = None
+        self._drops: NearDrops | None = None
+        self._source: str | None = None
+        self._why: dict[str, str] = {}
+
+    def why(self, source: str, doc_id: str) -> str | None:
+        """`dropped as a near duplicate of ...` for document `doc_id` of `source`, else None."""
+        if not has_near_dedup(self.snapshot):
+            return None
+        if source != self._source:
+            self._source, self._why = source, self._file_whys(source)
+        return self._why.get(doc_id)
+
+    def _file_whys(self, source: str) -> dict[str, str]:
+        """Why each document of `source` that near-duplicate removal dropped is missing, by id."""
+        drops, spills = self._spilled()
+        records = drops.records
+        ordinals = [ordinal for ordinal, task in enumerate(records.tasks) if task.source == source]
+        found = [np.fromfile(spills[ordinal % len(spills)], dtype=DROP_PAIR) for ordinal in dict.fromkeys(
+            ordinal % len(spills) for ordinal in ordinals)]
+        pairs = np.concatenate(found or [np.zeros(0, dtype=DROP_PAIR)])
+        pairs = pairs[np.isin(pairs["document"] >> np.uint64(ROW_BITS), np.array(ordinals, dtype=np.uint64))]
+        named = self._origins(records, np.concatenate([pairs["document"], pairs["representative"]]))
+        why = {}
+        for number, representative in zip(pairs["document"].tolist(), pairs["representative"].tolist()):
+            dropped, kept = named[number], named[representative]
+            how = "an exact" if dropped.text_hash == kept.text_hash else "a near"
+            why[dropped.id] = f"dropped as {how} duplicate of {kept.id} ({kept.source} line {kept.line})"
+        return why
+
+    def _origins(self, records: SnapshotRecords, numbers: Array) -> dict[int, DocumentOrigin]:
+        """The documents with these global numbers, by number: one scan of each part they are in."""
+        numbers = np.unique(numbers)
+        found = {}
+        for ordinal in np.unique(numbers >> np.uint64(ROW_BITS)).tolist():
+            rows = numbers[(numbers >> np.uint64(ROW_BITS)) == ordinal] & np.uint64((1 << ROW_BITS) - 1)
+            for origin in scan(self.store, records, [ordinal], rows_in(rows)):
+                found[number_of(origin)] = origin
+        missing = set(numbers.tolist()) - set(found)
+        if missing:
+            raise IntegrityError(f"drops object {self._spilled()[0].object_id} names document {min(missing)}, "
+                                 "which no intermediate of the snapshot holds")
+        return found
+
+    def _spilled(self) -> tuple[NearDrops, list[Path]]:
+        """The drops, and their (document, representative) pairs spilled by part ordinal modulo the spill count."""
+        if self._drops is None or self._spills is None:
+            drops = NearDrops.load(self.store, load_records(self.store, self.snapshot))
+            assert drops is not None  # has_near_dedup
+            count = min(MAX_SPILLS, len(drops.records.tasks))
+            folder = Path(tempfile.mkdtemp(prefix="near-", dir=self.work_dir))
+            spills = [folder / f"{index}.spill" for index in range(count)]
+            handles = [open(spill, "wb") for spill in spills]
+            try:
+                for chunk in drops.chunks():
+                    pairs = np.empty(len(chunk), dtype=DROP_PAIR)
+                    pairs["document"], pairs["representative"] = chunk["document"], chunk["representative"]
+                    spill = ((pairs["document"] >> np.uint64(ROW_BITS)) % np.uint64(count)).astype(np.int64)
+                    for index in np.unique(spill).tolist():
+                        handles[index].write(pairs[spill == index].tobytes())
+            finally:
+                for handle in handles:
+                    handle.close()
+            self._drops, self._spills = drops, spills
+        return self._drops, self._spills

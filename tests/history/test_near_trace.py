@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from prep.history.neardrops import no_near_dedup
 from prep.manifest.schema import validate
 from prep.neardup.settings import NearDupSettings
 from prep.storage import LocalStore
 from prep.store import cas
 from prep.store.localcopy import local_file
+from prep.store.snapshots import Snapshot
 from prep.workfiles.drops import open_drops
 from tests.cli.test_main_cli import run_main
 from tests.helpers import run_prep, write_jsonl, write_pipeline
@@ -181,6 +183,32 @@ def test_show_dropped_near_with_texts(built: Built, capsys: pytest.CaptureFixtur
     assert " ".join(built.docs[dropped]) in first and " ".join(built.docs[kept]) in first
 
 
+def located(built: Built, at: int) -> str:
+    """`d<at> (part-<file>.jsonl line <line>)`: where document `at` was read."""
+    bounds = [len(built.docs) * index // FILES for index in range(FILES + 1)]
+    file = next(index for index in range(FILES) if at < bounds[index + 1])
+    return f"d{at} (part-{file}.jsonl line {at - bounds[file] + 1})"
+
+
+def test_diff_documents_says_which_documents_near_duplicate_removal_dropped(
+        built: Built, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plain = write_pipeline(built.store.parent, tokenizer_path, dataset="plain", shard_size="8KB", name="plain.toml")
+    run_prep("build", plain, "--store", built.store, "--workers", "1")
+    near = {at: kept for at, kept in built.drops.items() if earlier_copy(built.docs, at) is None}
+    code, out, err = run_main(capsys, "diff", "plain@latest", built.snapshot, "--documents", "--json",
+                              "--store", built.store)
+    report = json.loads(out)
+    validate(report, "prep.diff-report/1", "diff --json")
+    assert code == 1 and report["documents"]["removed"] == len(near) and report["documents"]["added"] == 0
+    assert {change["old"]["id"]: change["why"] for change in report["documents"]["changes"]} == \
+        {f"d{at}": f"dropped as a near duplicate of {located(built, kept)}" for at, kept in near.items()}
+    code, out, _ = run_main(capsys, "diff", built.snapshot, "plain@latest", "--documents", "--store", built.store)
+    added = [line for line in out.splitlines() if line.startswith("  + ")]
+    assert code == 1 and len(added) == len(near)
+    assert all(line.endswith(f"  was dropped as a near duplicate of {located(built, near[int(line.split()[2][1:])])}")
+               for line in added)
+
+
 def test_a_corrupt_drops_object_is_refused(built: Built, tmp_path: Path) -> None:
     store = tmp_path / "store"
     shutil.copytree(built.store, store)
@@ -191,6 +219,12 @@ def test_a_corrupt_drops_object_is_refused(built: Built, tmp_path: Path) -> None
         assert run.returncode == 3 and run.stdout == ""
         assert run.stderr.count("\n") == 1 and run.stderr.startswith("prep: error: ")
         assert "near-duplicate drops object" in run.stderr and built.drops_id in run.stderr
+
+
+def test_a_step_named_near_is_named_by_its_number() -> None:
+    snapshot = Snapshot("sha256:" + "0" * 64, {}, b"")
+    assert str(no_near_dedup(snapshot, ["length", "near"])).endswith(
+        "no near-duplicate removal to list (its step 2 has use 'near': name it by its number)")
 
 
 def test_dropped_near_of_a_snapshot_without_near_dedup_is_one_line(tmp_path: Path, tokenizer_path: Path) -> None:
