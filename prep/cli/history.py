@@ -77,18 +77,26 @@ def _change_line(change: DocumentChange) -> str:
     return f"  {CHANGE_MARKS[change.change]} {change.source}  {version.id}  ({where}{copies}){why}"
 
 
-def explained(changes: Iterator[DocumentChange], store: Store, old: Snapshot, new: Snapshot) -> Iterator[DocumentChange]:
-    """The changes, a removed document told why when a step of the new snapshot dropped it, an
-    added one when a step of the old snapshot had (`dropped by step N (use): reason`, and for an
-    added one `was dropped by ...`)."""
+def explained(changes: Iterator[DocumentChange], store: Store, old: Snapshot, new: Snapshot,
+              work_dir: Path) -> Iterator[DocumentChange]:
+    """The changes, a removed document told why when a step or near-duplicate removal of the new
+    snapshot dropped it, an added one when one of the old snapshot had (`dropped by step N (use):
+    reason` or `dropped as a near duplicate of ID (SOURCE line N)`, and for an added one `was
+    dropped ...`)."""
+    from prep.history.neardrops import NearLookup
     from prep.history.stepdrops import DropLookup
 
-    lookups = DropLookup(store, old), DropLookup(store, new)
+    steps, near = (DropLookup(store, old), DropLookup(store, new)), (NearLookup(store, old, work_dir),
+                                                                      NearLookup(store, new, work_dir))
+
+    def why_missing(side: int, source: str, doc_id: str) -> str | None:
+        return steps[side].why(source, doc_id) or near[side].why(source, doc_id)
+
     for change in changes:
         if change.change == "removed" and change.old is not None:
-            why = lookups[1].why(change.source, change.old.id)
+            why = why_missing(1, change.source, change.old.id)
         elif change.change == "added" and change.new is not None:
-            found = lookups[0].why(change.source, change.new.id)
+            found = why_missing(0, change.source, change.new.id)
             why = f"was {found}" if found else None
         else:
             why = None
@@ -146,7 +154,8 @@ def diff(old_spec: str, new_spec: str, store_url: str | None, as_json: bool,
 
             assert store is not None
             document_diff = diff_documents(store, old, new, Path(work), labels=(old_spec, new_spec))
-        changes = explained(document_diff.changes(), store, old, new) if document_diff and store else iter(())
+        changes = explained(document_diff.changes(), store, old, new, Path(work)) if document_diff and store \
+            else iter(())
         if as_json:
             report = {"schema": REPORT_SCHEMA, "old": _side(old_spec, old), "new": _side(new_spec, new),
                       **snapshot_diff.to_json()}

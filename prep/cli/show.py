@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from prep.cli.common import json_option, open_store_option, store_option
-from prep.cli.render import dropped_lines, trace_lines
+from prep.cli.render import dropped_lines, near_dropped_lines, trace_lines
 from prep.errors import NotFoundError, UsageError
 from prep.formats.megatron_spec import BIN
 from prep.formats.units import artifact_format, required_formats
@@ -25,8 +27,11 @@ from prep.transfer.paths import TOKENIZER_NAME
 
 if TYPE_CHECKING:  # the lineage modules load pyarrow; import them only when used
     from prep.history.builds import BuildRecord, Generation
+    from prep.history.neardrops import NearDropped
+    from prep.neardup.settings import NearDupSettings
 
 DROPPED_SCHEMA = "prep.dropped-report/1"  # manifests/dropped-report-1.schema.json
+NEAR_DROPPED_SCHEMA = "prep.near-dropped-report/1"  # manifests/near-dropped-report-1.schema.json
 SHOW_AT_SCHEMA = "prep.show-at/1"  # manifests/show-at-1.schema.json
 PREP_DIR, MANIFEST_NAME, SHARE_NAME = ".prep", "manifest.json", "share.json"  # a pulled folder (prep.transfer)
 
@@ -210,10 +215,48 @@ def _show_at(store: Store, snapshot: Snapshot, at: str, text: bool, tokens: bool
         click.echo(" ".join(map(str, content.tokens)))
 
 
+def write_near_report(snapshot_id: str, settings: NearDupSettings, found: Iterable[NearDropped]) -> None:
+    """Print a prep.near-dropped-report/1, its documents one by one as they are found."""
+    recorded = {key: value for key, value in settings.key_fields().items() if key != "unicode"}
+    head = {"schema": NEAR_DROPPED_SCHEMA, "snapshot": snapshot_id, "step": "near",
+            "settings": {**recorded, "threshold": settings.threshold}, "documents": []}
+    text = json.dumps(head, ensure_ascii=False)
+    click.echo(text[:-2], nl=False)  # without the closing `]}`
+    for index, entry in enumerate(found):
+        click.echo(("," if index else "") + json.dumps(entry.to_json(), ensure_ascii=False), nl=False)
+    click.echo("]}")
+
+
+def _show_near_dropped(store: Store, snapshot: Snapshot, limit: int, text: bool, as_json: bool) -> None:
+    """Print the first `limit` documents near-duplicate removal dropped, in the drops object's
+    order, each with the kept document it duplicates and their similarity (both texts with `text`)."""
+    from prep.history.documents import load_records
+    from prep.history.neardrops import NearDrops, near_dropped, no_near_dedup
+    from prep.history.stepdrops import step_uses
+
+    drops = NearDrops.load(store, load_records(store, snapshot))
+    if drops is None:
+        raise no_near_dedup(snapshot, step_uses(snapshot))
+    found = near_dropped(drops, text)
+    if as_json:
+        write_near_report(snapshot.id, drops.settings, itertools.islice(found, limit))
+        return
+    shown = 0
+    for shown, entry in enumerate(itertools.islice(found, limit), start=1):
+        click.echo(("\n" if shown > 1 else "") + "\n".join(near_dropped_lines(entry, text)))
+    if not shown:
+        click.echo(f"near-duplicate removal dropped no document of snapshot {snapshot.id[:19]}")
+
+
 def _show_dropped(store: Store, snapshot: Snapshot, step: str, limit: int, text: bool, as_json: bool) -> None:
-    """Print the first `limit` documents step `step` dropped (their texts, where kept, with `text`)."""
+    """Print the first `limit` documents step `step` dropped (their texts, where kept, with `text`);
+    `near` names near-duplicate removal (a step whose `use` is `near` is named by its number)."""
+    from prep.history.neardrops import NEAR
     from prep.history.stepdrops import dropped_by
 
+    if step == NEAR:
+        _show_near_dropped(store, snapshot, limit, text, as_json)
+        return
     found = dropped_by(store, snapshot, step, limit)
     if as_json:
         click.echo(json.dumps({"schema": DROPPED_SCHEMA, "snapshot": snapshot.id, "step": step,
@@ -229,7 +272,8 @@ def _show_dropped(store: Store, snapshot: Snapshot, step: str, limit: int, text:
 @click.argument("snap", metavar="SNAP|DEST")
 @store_option
 @json_option("prep.snapshot/1 (the manifest exactly as stored), with --at " + SHOW_AT_SCHEMA + ", with --dropped "
-             + DROPPED_SCHEMA + ", with --pipeline the manifest's config (part of prep.snapshot/1)")
+             + DROPPED_SCHEMA + " (--dropped near: " + NEAR_DROPPED_SCHEMA + "), with --pipeline the manifest's config "
+             "(part of prep.snapshot/1)")
 @click.option("--at", "at", default=None, metavar="KEY|PATH:N",
               help="Show one document: a WebDataset sample key (as in the .tar), or sequence N (0-based) of "
                    f"artifact PATH, e.g. {AT_EXAMPLES}.")
@@ -240,7 +284,8 @@ def _show_dropped(store: Store, snapshot: Snapshot, step: str, limit: int, text:
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="With --megatron-paths: the folder the snapshot is (to be) pulled into.")
 @click.option("--dropped", "dropped_step", default=None, metavar="STEP",
-              help="List documents step STEP (its number in [[steps]], from 1, or its `use`) dropped, and why.")
+              help="List documents step STEP (its number in [[steps]], from 1, or its `use`) dropped, and why; "
+                   "`near`: those near-duplicate removal dropped, each with the kept document it duplicates.")
 @click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True,
               help="With --dropped: list at most this many.")
 @click.option("--pipeline", is_flag=True,

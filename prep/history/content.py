@@ -23,7 +23,7 @@ from prep.errors import IntegrityError
 from prep.history.documents import DocumentOrigin, SnapshotRecords, verified_object
 from prep.storage.backend import Store
 from prep.workfiles.columns import FALSE, row_of, scalar_of, to_numbers
-from prep.workfiles.intermediate import Intermediate
+from prep.workfiles.intermediate import Intermediate, read_texts
 
 _COLUMNS = ["row", "text_bytes", "n_tokens", "text_offset", "tokens_offset"]
 
@@ -71,3 +71,14 @@ def document_content(store: Store, records: SnapshotRecords, origin: DocumentOri
     eos = int(records.snapshot.manifest["tokenizer"]["eos_id"])
     tokens = tuple(int(t) for t in np.frombuffer(raw, dtype=dtype)) + (eos,)
     return Content(text.decode("utf-8", "surrogateescape"), tokens)
+
+
+def document_text(store: Store, records: SnapshotRecords, origin: DocumentOrigin) -> bytes:
+    """The UTF-8 text of `origin`, read from its tokenize intermediate (proven, and the text checked
+    against its recorded xxh3-128), without its tokens."""
+    task = records.tasks[origin.part]
+    path = verified_object(store, task.output, f"the tokenize intermediate of {task.source}")
+    (text,) = read_texts(path, np.array([origin.row], dtype=np.int64))
+    if xxhash.xxh3_128_digest(text).hex() != origin.text_hash:
+        raise IntegrityError(f"{task.output}: the text of {origin.id!r} does not match its recorded xxh3-128 hash")
+    return text

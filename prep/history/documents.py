@@ -191,8 +191,40 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Similarity:
+    """How alike a near duplicate is to the kept document: the MinHash estimate (the share of equal
+    signature values) and the exact Jaccard of their shingle sets, computed again with the
+    snapshot's `[dedup.near]` settings (a member can be below `threshold`: clusters join pair by pair)."""
+
+    estimated: float
+    jaccard: float
+    threshold: float
+    ngram: int
+    permutations: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The similarity as reports print it, beside the documents it relates."""
+        return {"estimated_similarity": self.estimated, "jaccard": self.jaccard, "threshold": self.threshold,
+                "ngram": self.ngram, "permutations": self.permutations}
+
+
+@dataclass(frozen=True)
+class NearDuplicate:
+    """What near-duplicate removal dropped a document for: the trace of its cluster's kept first
+    document, and how similar the two are."""
+
+    kept: Trace
+    similarity: Similarity
+
+    def to_json(self) -> dict[str, Any]:
+        """The near duplicate as reports print it (manifests/trace-report-1.schema.json, `$defs/near`)."""
+        return {"trace": self.kept.to_json(), **self.similarity.to_json()}
+
+
+@dataclass(frozen=True)
 class Trace:
-    """A document's journey: its origin, and either its placements or the copy kept instead.
+    """A document's journey: its origin, and either its placements, the copy kept instead (exact
+    dedup) or the near duplicate kept instead (near-duplicate removal).
 
     `position` is the global position in the shuffled order (layout 1) or the sequence within
     its shard (keyed layouts); `order_key` (keyed layouts only) is its 128-bit order key in 32 hex digits."""
@@ -203,6 +235,7 @@ class Trace:
     duplicate_of: Trace | None = None
     order_key: str | None = None
     copy: int = 0  # keyed layouts, dedup off: the document's number among equal texts in its shard
+    near_duplicate_of: NearDuplicate | None = None
 
     @property
     def sample_key(self) -> str | None:
@@ -217,7 +250,8 @@ class Trace:
         """The trace as reports print it (manifests/trace-report-1.schema.json, `$defs/trace`)."""
         return {"document": self.document.to_json(), "sample_key": self.sample_key, "order_key": self.order_key,
                 "position": self.position, "placements": [place.to_json() for place in self.placements],
-                "duplicate_of": None if self.duplicate_of is None else self.duplicate_of.to_json()}
+                "duplicate_of": None if self.duplicate_of is None else self.duplicate_of.to_json(),
+                **({} if self.near_duplicate_of is None else {"near_duplicate_of": self.near_duplicate_of.to_json()})}
 
 
 _ORIGIN_COLUMNS = ["row", "id", "text_hash", "text_bytes", "n_tokens"]

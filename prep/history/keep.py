@@ -6,6 +6,8 @@ applies (keep the first occurrence of each text hash in input order) and written
 into a work folder: the text hashes of the documents in buckets that dropped any are
 hash-partitioned into spill files (duplicates share a hash, so they share a partition), and
 each partition is decided on its own, so memory holds about `memory_rows` hashes at a time.
+With near-duplicate removal, the documents its drops object names are cleared too (spilled by
+part, so memory holds one part's).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -27,6 +29,7 @@ from prep.history.documents import (
     task_batches,
     verified_object,
 )
+from prep.history.neardrops import NearDrops
 from prep.storage.backend import Store
 from prep.workfiles.intermediate import hash_pairs
 from prep.workfiles.keepmask import MASK_COUNT_DTYPE, MASK_HEADER_BYTES, keep_mask, mask_bytes_for, mask_count, unpack_flags
@@ -70,6 +73,7 @@ class PackedMask:
     """A keep mask (layout: prep.workfiles.keepmask), memory-mapped: flag i keeps document i."""
 
     def __init__(self, path: Path) -> None:
+        self.path = path
         raw = np.memmap(path, dtype=np.uint8, mode="r")
         if len(raw) < MASK_HEADER_BYTES:
             raise IntegrityError(f"{path}: keep mask of {len(raw)} bytes has no {MASK_HEADER_BYTES}-byte header")
@@ -125,26 +129,101 @@ def recorded_mask(store: Store, records: SnapshotRecords) -> PackedMask:
 
 
 def keep_flags(store: Store, records: SnapshotRecords, work_dir: Path, memory_rows: int) -> KeepFlags:
-    """The snapshot's keep flags: recorded (layout 1), or computed into `work_dir` (keyed layouts 2 and 3)."""
+    """The snapshot's keep flags: recorded (layout 1), or computed into `work_dir` (keyed layouts 2
+    and 3: exact dedup's rule applied again, then near-duplicate removal's drops cleared)."""
     if records.layout == LAYOUT_POSITIONAL:
         return recorded_mask(store, records)
     ordered = stage_manifest(store, records.snapshot, "order")
     buckets = ordered["buckets"]
-    dropped = sum(int(bucket["duplicates_dropped"]) for bucket in buckets)
-    if dropped == 0:
+    near = NearDrops.load(store, records)
+    if sum(int(bucket["duplicates_dropped"]) for bucket in buckets) == 0 and near is None:
         return AllKept(records.documents)
-    bits = int(ordered["bits"])
+    folder = Path(tempfile.mkdtemp(prefix=f"keep-{records.snapshot.id.removeprefix('sha256:')[:12]}-", dir=work_dir))
+    mask = _exact_mask(store, records, ordered, folder, memory_rows)
+    if near is None:
+        return mask
+    expected = sum(int(bucket.get("near_duplicates_dropped", 0)) for bucket in buckets)
+    cleared = clear_near_drops(records, near, mask.path, folder)
+    if cleared != expected:
+        raise IntegrityError(f"snapshot {records.snapshot.id[:19]}: its order stage dropped {expected} near "
+                             f"duplicates, its drops object names {cleared} documents exact dedup kept")
+    return PackedMask(mask.path)
+
+
+def _exact_mask(store: Store, records: SnapshotRecords, ordered: dict[str, Any], folder: Path,
+                memory_rows: int) -> PackedMask:
+    """The keep mask of exact dedup's rule (the order stage manifest `ordered` counts what it
+    dropped), written into `folder`; all kept when it dropped none."""
+    buckets = ordered["buckets"]
+    dropped = sum(int(bucket["duplicates_dropped"]) for bucket in buckets)
     affected = np.array([int(bucket["duplicates_dropped"]) > 0 for bucket in buckets], dtype=bool)
     candidates = sum(int(bucket["documents_read"]) for bucket in buckets if int(bucket["duplicates_dropped"]))
     parts = min(MAX_PARTITIONS, max(1, math.ceil(candidates / max(1, memory_rows))))
-    folder = Path(tempfile.mkdtemp(prefix=f"keep-{records.snapshot.id.removeprefix('sha256:')[:12]}-", dir=work_dir))
     prove_intermediates(store, records.tasks)  # all of them are read: prove them in parallel first
-    chunks = _candidates(store, records, int(records.snapshot.manifest["seed"]), bits, affected)
+    chunks = _candidates(store, records, int(records.snapshot.manifest["seed"]), int(ordered["bits"]), affected) \
+        if dropped else iter(())
     mask, found = first_occurrence_mask(chunks, records.documents, parts, folder)
     if found != dropped:
         raise IntegrityError(f"snapshot {records.snapshot.id[:19]}: its order stage dropped {dropped} duplicates, "
                              f"the first-occurrence rule over its tokenize records drops {found}")
     return mask
+
+
+def clear_near_drops(records: SnapshotRecords, near: NearDrops, path: Path, folder: Path) -> int:
+    """Clear the keep flags (the mask at `path`) of every document the drops object names;
+    returns how many were set (a drop exact dedup made already is not counted again, as the
+    order stage counts). The drops' numbers are spilled into `folder` by part, then each part's
+    rows are read once to turn its drops' rows into input indexes: memory holds one part's."""
+    if records.documents == 0:
+        return 0
+    parts = min(MAX_PARTITIONS, len(records.tasks))
+    spills = [folder / f"near-{part}.spill" for part in range(parts)]
+    handles = [open(spill, "wb") for spill in spills]
+    try:
+        for chunk in near.chunks():
+            numbers = chunk["document"].astype("<u8")
+            partition = ((numbers >> np.uint64(32)) % np.uint64(parts)).astype(np.int64)
+            for part in np.unique(partition).tolist():
+                handles[part].write(numbers[partition == part].tobytes())
+    finally:
+        for handle in handles:
+            handle.close()
+    bits = np.memmap(path, dtype=np.uint8, mode="r+", offset=MASK_HEADER_BYTES, shape=(mask_bytes_for(records.documents),))
+    try:
+        return sum(_clear(bits, _near_indexes(near, records, np.unique(np.fromfile(spill, dtype="<u8"))))
+                   for spill in spills)
+    finally:
+        bits.flush()
+        del bits
+        for spill in spills:
+            spill.unlink(missing_ok=True)
+
+
+def _near_indexes(near: NearDrops, records: SnapshotRecords, numbers: np.ndarray) -> np.ndarray:
+    """The input indexes of documents with these sorted global numbers (their parts' rows read)."""
+    found = []
+    for ordinal in np.unique(numbers >> np.uint64(32)).tolist():
+        if ordinal >= len(records.tasks):
+            raise IntegrityError(f"drops object {near.object_id} names part {ordinal}, the snapshot has "
+                                 f"{len(records.tasks)}")
+        task = records.tasks[ordinal]
+        rows = np.concatenate([batch.column("row").to_numpy() for batch in task_batches(near.store, task, ["row"])]
+                              or [np.zeros(0, dtype=np.int64)])
+        wanted = (numbers[(numbers >> np.uint64(32)) == ordinal] & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        at = np.searchsorted(rows, wanted)
+        if bool((np.diff(rows) <= 0).any()) or bool((at >= len(rows)).any()) or bool((rows[at] != wanted).any()):
+            raise IntegrityError(f"drops object {near.object_id} names rows of {task.source} its intermediate "
+                                 "does not hold")
+        found.append(task.first + at)
+    return np.concatenate(found or [np.zeros(0, dtype=np.int64)])
+
+
+def _clear(bits: np.ndarray, indexes: np.ndarray) -> int:
+    """Clear the keep flags of distinct `indexes`; returns how many were set."""
+    masks = np.uint8(0x80) >> (indexes & 7).astype(np.uint8)
+    were = int(np.count_nonzero(bits[indexes >> 3] & masks))
+    np.bitwise_and.at(bits, indexes >> 3, ~masks)
+    return were
 
 
 HashChunks = Iterable[tuple[np.ndarray, np.ndarray]]
@@ -212,8 +291,7 @@ def _write_mask(path: Path, count: int, spills: list[Path]) -> int:
             continue
         entries = entries[np.argsort(entries["index"], kind="stable")]  # input order: the rule's tie-break
         indexes = entries["index"][~keep_mask([np.stack([entries["hi"], entries["lo"]], axis=1)], exact=True)]
-        np.bitwise_and.at(bits, indexes >> 3, ~(np.uint8(0x80) >> (indexes & 7).astype(np.uint8)))
-        dropped += len(indexes)
+        dropped += _clear(bits, indexes)
     bits.flush()
     del bits
     return dropped

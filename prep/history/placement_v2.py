@@ -6,7 +6,9 @@ the bucket's kept entries sorted by (key, part, row): a binary search of it, a f
 reads, finds the document, or the copy with its key that the order stage kept instead. The
 shard whose slices cover that entry holds it, at the entry's index within the shard's slices.
 Byte offsets come from the sizes of the entries before it in the shard, read in chunks, so
-memory depends on neither the corpus nor the shard.
+memory depends on neither the corpus nor the shard. A document in no bucket, with no earlier
+copy there, was dropped by near-duplicate removal: the drops object's records of its bucket
+name its cluster's kept first document (prep.history.neardrops).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from prep.history.documents import (
     stage_manifest,
     verified_object,
 )
+from prep.history.neardrops import NearDrops, number_of, origin_of_number
 from prep.history.placing import Named, Needs, document_sizes, needs, placed_kinds, placements
 from prep.storage.backend import Store
 from prep.workfiles.docnames import document_id, record_line
@@ -114,6 +117,7 @@ class KeyedPlacer:
     shards: dict[int, ShardPlan]
     slices: tuple[_SliceRef, ...]
     starts: tuple[tuple[int, int], ...]  # (bucket, first) of each of `slices`
+    near: NearDrops | None = None  # with [dedup.near]: the drops of near-duplicate removal
 
     @classmethod
     def load(cls, store: Store, records: SnapshotRecords) -> KeyedPlacer:
@@ -132,7 +136,7 @@ class KeyedPlacer:
                 before += count
         slices.sort(key=lambda ref: (ref.bucket, ref.first))
         return cls(store, records, int(snapshot.manifest["seed"]), bits, buckets, shards, tuple(slices),
-                   tuple((ref.bucket, ref.first) for ref in slices))
+                   tuple((ref.bucket, ref.first) for ref in slices), NearDrops.load(store, records))
 
     def _bucket(self, bucket: int) -> EntryFile:
         recorded = self.buckets[bucket]
@@ -150,7 +154,8 @@ class KeyedPlacer:
             return reader.at(index)
 
     def trace_origin(self, origin: DocumentOrigin) -> Trace:
-        """Where `origin` went: its shard placements, or the trace of the copy kept instead."""
+        """Where `origin` went: its shard placements, the trace of the copy kept instead, or the
+        near duplicate kept instead."""
         hi, lo = order_key(origin.text_hash, self.seed)
         bucket = int(bucket_of(np.array([hi], dtype=np.uint64), self.bits)[0])
         with BucketReader(self._bucket(bucket)) as reader:
@@ -160,10 +165,36 @@ class KeyedPlacer:
                 return self._kept(origin, (hi, lo), bucket, index, first)
             kept = reader.at(first) if first < reader.count else None
         if kept is None or _probe(kept)[:2] != (hi, lo) or _probe(kept)[2:] > (origin.part, origin.row):
-            raise IntegrityError(f"snapshot {self.records.snapshot.id[:19]}: document {origin.id!r} is not in "
-                                 f"bucket {bucket}, and no earlier copy of its text is")
+            return self._near_dropped(origin, hi, bucket)
         copy = origin_of_row(self.store, self.records, int(kept["part"]), int(kept["row"]))
         return Trace(origin, None, (), self.trace_origin(copy))
+
+    def _near_dropped(self, origin: DocumentOrigin, hi: int, bucket: int) -> Trace:
+        """The trace of a document in no bucket: near-duplicate removal dropped it, or the earlier
+        copy of its text that exact dedup kept before dropping it too (whose trace follows); the
+        drops of the document's order bucket say which (one read of the drops object)."""
+        number = number_of(origin)
+        lost = f"snapshot {self.records.snapshot.id[:19]}: document {origin.id!r} is not in bucket {bucket}, " \
+            "and no earlier copy of its text is"
+        if self.near is None:
+            raise IntegrityError(lost)
+        drops = self.near.in_bucket(bucket, self.bits)
+        mine = drops[drops["document"] == number]
+        if len(mine) != 1:
+            raise IntegrityError(f"{lost}, nor do the drops of near-duplicate removal name it")
+        for earlier in drops["document"][(drops["key_hi"] == hi) & (drops["document"] < number)].tolist():
+            copy = origin_of_number(self.store, self.records, int(earlier))
+            if copy.text_hash == origin.text_hash:
+                return Trace(origin, None, (), self.trace_origin(copy))
+        representative = int(mine["representative"][0])
+        if not representative < number:
+            raise IntegrityError(f"snapshot {self.records.snapshot.id[:19]}: the near-duplicate drop of "
+                                 f"{origin.id!r} names a representative that is not an earlier document")
+        kept = self.trace_origin(origin_of_number(self.store, self.records, representative))
+        if kept.position is None:
+            raise IntegrityError(f"snapshot {self.records.snapshot.id[:19]}: {origin.id!r} was dropped as a near "
+                                 f"duplicate of {kept.document.id!r}, which the snapshot does not hold")
+        return Trace(origin, None, (), near_duplicate_of=self.near.near_duplicate(origin, kept))
 
     def _slice_of(self, bucket: int, index: int) -> _SliceRef:
         """The shard slice holding entry `index` of `bucket`."""

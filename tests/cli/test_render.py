@@ -6,7 +6,10 @@ import ast
 from pathlib import Path
 
 from prep.cli import history, render, show
+from prep.cli.render import SHOWN_CHARACTERS
+from prep.history.documents import Similarity
 from prep.history.lineage import DocumentOrigin, Placement, Trace
+from prep.history.neardrops import NearDropped
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,3 +54,17 @@ def test_trace_lines_of_a_layout2_snapshot_show_the_order_key() -> None:
         "  bin/3a00000000000000.bin sequence 2  bytes 16..24",
         "  wds/3a00000000000000.tar sequence 2  bytes 6144..9216",
     ]
+
+
+def test_near_dropped_lines_cut_long_texts_and_say_when_below_the_threshold() -> None:
+    dropped = DocumentOrigin(3, "b-1", "b.jsonl", 4, "11" * 16, 9000, 3, 0, 3)
+    kept = DocumentOrigin(0, "a-1", "a.jsonl", 1, "00" * 16, 12, 3, 0, 0)
+    found = NearDropped(dropped, kept, Similarity(0.6875, 0.625, 0.7, 5, 128), None, "x" * (SHOWN_CHARACTERS + 7), "kept")
+    assert render.near_dropped_lines(found, text=True) == [
+        "document  b-1  (b.jsonl line 4)",
+        "dropped   as a near duplicate: estimated similarity 0.688 (MinHash, 128 permutations), Jaccard 0.625 on "
+        "5-word shingles; threshold 0.7",
+        "          below the threshold: clusters join pair by pair (A~B, B~C) on estimates, so a member can be less "
+        "alike to its first",
+        "kept      a-1  (a.jsonl line 1)  (its cluster's first document)",
+        "--- dropped b-1", "x" * SHOWN_CHARACTERS + "... (7 more characters)", "+++ kept a-1", "kept"]

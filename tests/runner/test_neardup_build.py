@@ -21,22 +21,11 @@ from prep.store import cas
 from prep.store.localcopy import local_file
 from prep.workfiles.drops import open_drops
 from tests.helpers import prep_env, run_prep, write_jsonl, write_pipeline
-from tests.neardup.neardupsupport import document, edited, true_jaccard
+from tests.neardup.neardupsupport import planted, true_jaccard
 from tests.runner.buildsupport import InProcessExecutor, all_objects_intact, build_local
 
 FILES = 3
 NEAR = '\n[dedup.near]\nthreshold = 0.7\nngram = 5\npermutations = 128\nbands = 32\nrows = 4\nverify = true\n'
-
-
-
-def planted(rng: random.Random) -> list[list[str]]:
-    """Unrelated documents and originals each followed by copies edited at 0 to 12% of words, in input order."""
-    docs = [document(rng, rng.randint(40, 120)) for _ in range(60)]
-    for _ in range(40):
-        words = document(rng, rng.randint(80, 200))
-        docs.append(words)
-        docs.extend(edited(rng, words, rng.choice([0.0, 0.01, 0.03, 0.08, 0.12])) for _ in range(rng.randint(1, 2)))
-    return docs
 
 
 @pytest.fixture(scope="module")
