@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 
 from prep.config import load_pipeline
+from prep.hashing import parse_id
 from prep.progress import Progress
 from prep.runner import nearbuckets
 from prep.runner.build import BuildResult, build
 from prep.storage.local import LocalStore
+from prep.store.layout import object_key
 from tests.helpers import prep_env, run_prep, write_jsonl, write_pipeline
 from tests.neardup.neardupsupport import (
     chain_drops,
@@ -208,6 +210,11 @@ def chained_snapshot(chained: tuple[Path, list[list[list[str]]], list[list[int]]
     return str(report["snapshot"])
 
 
+def committed_bands(store: Path) -> set[str]:
+    """The bands objects the store's committed tokenize task records name."""
+    return {json.loads(path.read_text())["outputs"]["bands"] for path in (store / "tasks" / "tokenize").rglob("*.json")}
+
+
 @pytest.mark.parametrize(("point", "reused"), [
     ("tokenize.after_output:1", {}),  # the signature stage: a part's bands made, not stored
     ("tokenize.before_commit:2", {"tokenize": 1}),  # the second part's bands stored, its task not committed
@@ -226,6 +233,9 @@ def test_a_build_killed_in_the_near_stages_replays_to_the_same_snapshot(
     crashed = build_in_buckets(pipeline, store, prep_env(PREP_CRASH_AT=point))
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     assert not (store / "refs").exists() and all_objects_intact(store)
+    if point.startswith("tokenize.before_commit"):  # killed after a part's bands object was stored
+        uncommitted = committed_bands(pipeline.parent / "clean") - committed_bands(store)
+        assert any((store / object_key(parse_id(object_id))).exists() for object_id in uncommitted)
     rerun = build_in_buckets(pipeline, store)
     assert rerun.returncode == 0, rerun.stderr
     report = json.loads(rerun.stdout)
