@@ -55,7 +55,7 @@ def write_chains(folder: Path, tokenizer: Path) -> tuple[Path, list[list[list[st
     (the appended one too) and each chain's positions in link order."""
     files, chains = chained_files(random.Random(5), [*CHAINS, APPENDED])
     write_files(folder, files[:len(CHAINS)])
-    return write_pipeline(folder, tokenizer, shard_size="8KB", extra=NEAR), files, chains
+    return write_pipeline(folder, tokenizer, shard_size="64KB", extra=NEAR), files, chains
 
 
 def sizes_of(files: list[list[list[str]]]) -> list[int]:
