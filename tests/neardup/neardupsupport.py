@@ -16,6 +16,7 @@ from prep.storage.local import LocalStore
 from prep.store import cas
 from prep.store.localcopy import local_file
 from prep.workfiles.drops import open_drops
+from prep.workfiles.pairs import read_pairs
 from tests.helpers import write_jsonl
 
 Array = np.ndarray[Any, Any]
@@ -106,15 +107,31 @@ def write_files(folder: Path, files: Sequence[Sequence[list[str]]], first: int =
 def snapshot_drops(store: Path, manifest: Mapping[str, Any], sizes: Sequence[int]) -> dict[int, int]:
     """A snapshot's near-duplicate drops as corpus positions (`sizes`: documents a part, in input
     order): dropped -> kept representative."""
-    stage = next(run for run in manifest["stages"] if run["name"] == "near_clusters")
-    drops_id = json.loads(cas.get_bytes(LocalStore(store), stage["output"]))["drops"]
+    drops_id = json.loads(cas.get_bytes(LocalStore(store), stage_output(manifest, "near_clusters")))["drops"]
     records = open_drops(local_file(LocalStore(store), drops_id)).read_all()
-    starts = np.concatenate([[0], np.cumsum(sizes)])
+    return dict(zip(corpus_positions(records["document"], sizes), corpus_positions(records["representative"], sizes)))
 
-    def position(number: Any) -> int:
-        return int(starts[int(number) >> 32] + (int(number) & 0xFFFFFFFF))
 
-    return {position(d): position(r) for d, r in zip(records["document"], records["representative"])}
+def snapshot_pairs(store: Path, manifest: Mapping[str, Any], sizes: Sequence[int]) -> set[tuple[int, int]]:
+    """Every band bucket's (verified) candidate pairs of a snapshot, as corpus positions."""
+    buckets = json.loads(cas.get_bytes(LocalStore(store), stage_output(manifest, "near_buckets")))["buckets"]
+    found: set[tuple[int, int]] = set()
+    for bucket in buckets:
+        pairs = read_pairs(local_file(LocalStore(store), bucket["pairs"]))
+        found.update(zip(corpus_positions(pairs.left, sizes), corpus_positions(pairs.right, sizes)))
+    return found
+
+
+def stage_output(manifest: Mapping[str, Any], name: str) -> str:
+    """The manifest object id of a snapshot's stage `name`."""
+    return str(next(run for run in manifest["stages"] if run["name"] == name)["output"])
+
+
+def corpus_positions(numbers: Array, sizes: Sequence[int]) -> list[int]:
+    """Global document numbers (`part ordinal << 32 | row`) as positions in the corpus."""
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    numbers = np.asarray(numbers, dtype=np.int64)
+    return [int(at) for at in starts[numbers >> 32] + (numbers & 0xFFFFFFFF)]
 
 
 def is_chain(docs: Sequence[list[str]], links: Sequence[int], threshold: float) -> bool:

@@ -33,6 +33,7 @@ from tests.neardup.neardupsupport import (
     edited,
     is_chain,
     snapshot_drops,
+    snapshot_pairs,
     true_jaccard,
     write_files,
 )
@@ -152,6 +153,10 @@ def test_transitive_chains_join_whole_keeping_the_first_on_one_two_and_three_wor
         assert result.stages["near_buckets"].ran == 8
         assert drops_of(tmp_path / f"store-{workers}", result, sizes) == expected
         assert result.snapshot.manifest["stats"]["near_duplicates_dropped"] == len(expected)
+    docs = [words for file in files for words in file]
+    pairs = snapshot_pairs(tmp_path / "store-1", results[1].snapshot.manifest, sizes)
+    assert all(true_jaccard(docs[a], docs[b]) >= THRESHOLD for a, b in pairs)  # verify let no A~C pair in
+    assert all((links[0], links[2]) not in pairs for links in chains)  # so each chain is joined through B
     monkeypatch.setattr(nearbuckets, "RECORDS_PER_BUCKET", 1 << 30)
     one = build_local(pipeline, tmp_path / "one-bucket", 2)
     assert one.stages["near_buckets"].ran == 1 and drops_of(tmp_path / "one-bucket", one, sizes) == expected

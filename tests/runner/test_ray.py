@@ -284,7 +284,7 @@ def test_near_dup_chains_on_ray_match_the_local_build_on_one_two_and_three_worke
         monkeypatch.setenv("PREP_CRASH_AT", point)
         monkeypatch.setenv("PREP_CRASH_ONCE", str(tmp_path / f"crashed-{workers}"))
         store = tmp_path / f"ray-{workers}"
-        executor = RayExecutor(workers)
+        executor = RayExecutor(workers, verify_paths=True)  # the near-dup jobs' paths probed too
         try:
             result = build(load_pipeline(pipeline), open_store(store), executor, progress=Progress(quiet=True))
         finally:
