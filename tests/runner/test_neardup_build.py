@@ -41,27 +41,7 @@ from tests.runner.buildsupport import InProcessExecutor, all_objects_intact, bui
 
 FILES = 3
 NEAR = '\n[dedup.near]\nthreshold = 0.7\nngram = 5\npermutations = 128\nbands = 32\nrows = 4\nverify = true\n'
-THRESHOLD = 0.7
-# Three chains over three files (`chained_files`): chain 0 in input order, chain 1 with its middle
-# link last (its third link joins the first only through a later document), chain 2 of four links
-# with three in files after the first's. A fourth file appended later adds a fourth link to chain 0.
-CHAINS = ("a0 . a1 . a2 .", ". b0 c1 . c2 d2 .", ". c0 . b1 b2 .")
-APPENDED = ". d0 ."
-BAND_RECORDS = 600
-"""Band records a bucket task for the chain and crash tests: several band buckets, so that a
-chain's pairs come from different bucket tasks."""
 
-def write_chains(folder: Path, tokenizer: Path) -> tuple[Path, list[list[list[str]]], list[list[int]]]:
-    """The chain corpus's first three files (CHAINS) and its pipeline under `folder`; every file
-    (the appended one too) and each chain's positions in link order."""
-    files, chains = chained_files(random.Random(5), [*CHAINS, APPENDED])
-    write_files(folder, files[:len(CHAINS)])
-    return write_pipeline(folder, tokenizer, shard_size="64KB", extra=NEAR), files, chains
-
-
-def sizes_of(files: list[list[list[str]]]) -> list[int]:
-    """Documents a file (each file is one part here), in input order."""
-    return [len(docs) for docs in files]
 
 
 def planted(rng: random.Random) -> list[list[str]]:
@@ -125,9 +105,38 @@ def test_bad_settings_exit_2_naming_the_key(tmp_path: Path, tokenizer_path: Path
     assert not (tmp_path / "store" / "tasks").exists()
 
 
+THRESHOLD = 0.7
+# Three chains over three files (`chained_files`): chain 0 in input order, chain 1 with its middle
+# link last (its third link joins the first only through a later document), chain 2 of four links
+# with three in files after the first's. A fourth file appended later adds a fourth link to chain 0.
+CHAINS = ("a0 . a1 . a2 .", ". b0 c1 . c2 d2 .", ". c0 . b1 b2 .")
+APPENDED = ". d0 ."
+BAND_RECORDS = 600
+"""Band records a bucket task for the chain and crash tests: several band buckets, so that a
+chain's pairs come from different bucket tasks."""
+
+
+Chained = tuple[Path, list[list[list[str]]], list[list[int]]]
+"""The chain corpus: its pipeline, every file's documents (the appended one's too), each chain's
+positions in link order."""
+
+
+def write_chains(folder: Path, tokenizer: Path) -> Chained:
+    """The chain corpus's first three files (CHAINS) and its pipeline under `folder`; every file
+    (the appended one too) and each chain's positions in link order."""
+    files, chains = chained_files(random.Random(5), [*CHAINS, APPENDED])
+    write_files(folder, files[:len(CHAINS)])
+    return write_pipeline(folder, tokenizer, shard_size="64KB", extra=NEAR), files, chains
+
+
+def sizes_of(files: list[list[list[str]]]) -> list[int]:
+    """Documents a file (each file is one part here), in input order."""
+    return [len(docs) for docs in files]
+
+
 @pytest.fixture(scope="module")
 def chained(tmp_path_factory: pytest.TempPathFactory,
-            tokenizer_path: Path) -> tuple[Path, list[list[list[str]]], list[list[int]]]:
+            tokenizer_path: Path) -> Chained:
     """The chain corpus (write_chains): its pipeline, files and chains, after checking that every
     chain is one by the true Jaccard of its documents."""
     pipeline, files, chains = write_chains(tmp_path_factory.mktemp("chains"), tokenizer_path)
@@ -137,7 +146,7 @@ def chained(tmp_path_factory: pytest.TempPathFactory,
 
 
 def test_transitive_chains_join_whole_keeping_the_first_on_one_two_and_three_workers(
-        chained: tuple[Path, list[list[list[str]]], list[list[int]]], tmp_path: Path,
+        chained: Chained, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each chain (A~B, B~C, A!~C), its links in different files and its pairs in different band
     buckets, is one cluster that keeps its first link and drops the rest; the same snapshot on
@@ -163,7 +172,7 @@ def test_transitive_chains_join_whole_keeping_the_first_on_one_two_and_three_wor
 
 
 def test_an_appended_file_computes_its_own_signatures_only_and_equals_a_fresh_build(
-        chained: tuple[Path, list[list[list[str]]], list[list[int]]], tmp_path: Path,
+        chained: Chained, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The rebuild after appending a file (one with a fourth link of a chain) runs the new part's
     tokenize task (its signatures) only, every band bucket and the cluster task again, and ends
@@ -205,7 +214,7 @@ def build_in_buckets(pipeline: Path, store: Path, env: Mapping[str, str] | None 
 
 
 @pytest.fixture(scope="module")
-def chained_snapshot(chained: tuple[Path, list[list[list[str]]], list[list[int]]]) -> str:
+def chained_snapshot(chained: Chained) -> str:
     """The snapshot id of an uninterrupted build of the chain corpus in band buckets (build_in_buckets)."""
     pipeline, _, _ = chained
     clean = build_in_buckets(pipeline, pipeline.parent / "clean")
@@ -229,7 +238,7 @@ def committed_bands(store: Path) -> set[str]:
     ("near_clusters.before_commit:1", {"tokenize": FILES, "near_buckets": 8}),
 ])
 def test_a_build_killed_in_the_near_stages_replays_to_the_same_snapshot(
-        chained: tuple[Path, list[list[list[str]]], list[list[int]]], chained_snapshot: str, tmp_path: Path,
+        chained: Chained, chained_snapshot: str, tmp_path: Path,
         point: str, reused: dict[str, int]) -> None:
     """kill -9 in the signature (tokenize), bucket and cluster stages: nothing published, every
     stored object intact, and the rerun reuses what was committed and ends at the clean snapshot."""
