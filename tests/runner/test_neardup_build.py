@@ -1,27 +1,41 @@
 """Near-duplicate removal wired into the build (issue 42): planted near duplicates are removed,
-the first of each cluster kept, verify joins no dissimilar documents, and the snapshot id is the
-same on any worker count; bad settings stop the build before any task."""
+the first of each cluster kept, verify joins no dissimilar documents, transitive chains spread
+over several files and band buckets join whole, and the snapshot id is the same on any worker
+count; a build killed in the signature, bucket or cluster stage replays to the same snapshot; an
+appended file's signatures are the only ones computed again; bad settings stop the build before
+any task."""
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
+import subprocess
+import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 
 from prep.config import load_pipeline
+from prep.hashing import parse_id
 from prep.progress import Progress
+from prep.runner import nearbuckets
 from prep.runner.build import BuildResult, build
 from prep.storage.local import LocalStore
-from prep.store import cas
-from prep.store.localcopy import local_file
-from prep.workfiles.drops import open_drops
+from prep.store.layout import object_key
 from tests.helpers import prep_env, run_prep, write_jsonl, write_pipeline
-from tests.neardup.neardupsupport import planted, true_jaccard
+from tests.neardup.neardupsupport import (
+    chain_drops,
+    chained_files,
+    is_chain,
+    planted,
+    snapshot_drops,
+    snapshot_pairs,
+    true_jaccard,
+    write_files,
+)
 from tests.runner.buildsupport import InProcessExecutor, all_objects_intact, build_local
 
 FILES = 3
@@ -33,24 +47,14 @@ def corpus(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> tu
     root = tmp_path_factory.mktemp("near")
     docs = planted(random.Random(11))
     bounds = [len(docs) * index // FILES for index in range(FILES + 1)]
-    for index in range(FILES):
-        write_jsonl(root / "corpus" / f"part-{index}.jsonl",
-                    [{"id": f"d{at}", "text": " ".join(docs[at])} for at in range(bounds[index], bounds[index + 1])])
+    write_files(root, [docs[bounds[index]:bounds[index + 1]] for index in range(FILES)])
     write_pipeline(root, tokenizer_path, shard_size="8KB", extra=NEAR)
     return root, docs
 
 
 def drops_of(store: Path, result: BuildResult, sizes: list[int]) -> dict[int, int]:
     """The snapshot's near-duplicate drops as corpus positions: dropped -> kept representative."""
-    stage = next(run for run in result.snapshot.manifest["stages"] if run["name"] == "near_clusters")
-    drops_id = json.loads(cas.get_bytes(LocalStore(store), stage["output"]))["drops"]
-    records = open_drops(local_file(LocalStore(store), drops_id)).read_all()
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-
-    def position(number: Any) -> int:
-        return int(starts[int(number) >> 32] + (int(number) & 0xFFFFFFFF))
-
-    return {position(d): position(r) for d, r in zip(records["document"], records["representative"])}
+    return snapshot_drops(store, result.snapshot.manifest, sizes)
 
 
 def test_planted_near_duplicates_are_removed_keeping_the_first(corpus: tuple[Path, list[list[str]]]) -> None:
@@ -89,15 +93,154 @@ def test_bad_settings_exit_2_naming_the_key(tmp_path: Path, tokenizer_path: Path
     assert not (tmp_path / "store" / "tasks").exists()
 
 
-@pytest.mark.parametrize("point", ["near_buckets.before_commit:1", "near_buckets.after_write:1",
-                                   "near_clusters.before_commit:1"])
-def test_a_build_killed_in_the_near_stages_replays_to_the_same_snapshot(corpus: tuple[Path, list[list[str]]],
-                                                                       tmp_path: Path, point: str) -> None:
-    root, _ = corpus
-    pipeline = root / "pipeline.toml"
-    clean = run_prep("build", pipeline, "--store", tmp_path / "clean", "--workers", "2").stdout.split()[-1]
-    crashed = run_prep("build", pipeline, "--store", tmp_path / "store", "--workers", "2", check=False,
-                       env=prep_env(PREP_CRASH_AT=point), new_session=True)
+THRESHOLD = 0.7
+# Three chains over three files (`chained_files`): chain 0 in input order, chain 1 with its middle
+# link last (its third link joins the first only through a later document), chain 2 of four links
+# with three in files after the first's. A fourth file appended later adds a fourth link to chain 0.
+CHAINS = ("a0 . a1 . a2 .", ". b0 c1 . c2 d2 .", ". c0 . b1 b2 .")
+APPENDED = ". d0 ."
+BAND_RECORDS = 600
+"""Band records a bucket task for the chain and crash tests: several band buckets, so that a
+chain's pairs come from different bucket tasks."""
+
+
+Chained = tuple[Path, list[list[list[str]]], list[list[int]]]
+"""The chain corpus: its pipeline, every file's documents (the appended one's too), each chain's
+positions in link order."""
+
+
+def write_chains(folder: Path, tokenizer: Path) -> Chained:
+    """The chain corpus's first three files (CHAINS) and its pipeline under `folder`; every file
+    (the appended one too) and each chain's positions in link order."""
+    files, chains = chained_files(random.Random(5), [*CHAINS, APPENDED])
+    write_files(folder, files[:len(CHAINS)])
+    return write_pipeline(folder, tokenizer, shard_size="64KB", extra=NEAR), files, chains
+
+
+def sizes_of(files: list[list[list[str]]]) -> list[int]:
+    """Documents a file (each file is one part here), in input order."""
+    return [len(docs) for docs in files]
+
+
+@pytest.fixture(scope="module")
+def chained(tmp_path_factory: pytest.TempPathFactory,
+            tokenizer_path: Path) -> Chained:
+    """The chain corpus (write_chains): its pipeline, files and chains, after checking that every
+    chain is one by the true Jaccard of its documents."""
+    pipeline, files, chains = write_chains(tmp_path_factory.mktemp("chains"), tokenizer_path)
+    docs = [words for file in files for words in file]
+    assert all(is_chain(docs, links, THRESHOLD) for links in chains) and len(chains) == 3
+    return pipeline, files, chains
+
+
+def test_transitive_chains_join_whole_keeping_the_first_on_one_two_and_three_workers(
+        chained: Chained, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each chain (A~B, B~C, A!~C), its links in different files and its pairs in different band
+    buckets, is one cluster that keeps its first link and drops the rest; the same snapshot on
+    1, 2 and 3 workers, and the same drops with all bands in one bucket."""
+    pipeline, files, chains = chained
+    sizes = sizes_of(files[:len(CHAINS)])
+    expected = chain_drops(chains, sum(sizes))
+    assert len(expected) == 7
+    monkeypatch.setattr(nearbuckets, "RECORDS_PER_BUCKET", BAND_RECORDS)
+    results = {workers: build_local(pipeline, tmp_path / f"store-{workers}", workers) for workers in (1, 2, 3)}
+    assert len({result.snapshot.id for result in results.values()}) == 1
+    for workers, result in results.items():
+        assert result.stages["near_buckets"].ran == 8
+        assert drops_of(tmp_path / f"store-{workers}", result, sizes) == expected
+        assert result.snapshot.manifest["stats"]["near_duplicates_dropped"] == len(expected)
+    docs = [words for file in files for words in file]
+    pairs = snapshot_pairs(tmp_path / "store-1", results[1].snapshot.manifest, sizes)
+    assert all(true_jaccard(docs[a], docs[b]) >= THRESHOLD for a, b in pairs)  # verify let no A~C pair in
+    assert all((links[0], links[2]) not in pairs for links in chains)  # so each chain is joined through B
+    monkeypatch.setattr(nearbuckets, "RECORDS_PER_BUCKET", 1 << 30)
+    one = build_local(pipeline, tmp_path / "one-bucket", 2)
+    assert one.stages["near_buckets"].ran == 1 and drops_of(tmp_path / "one-bucket", one, sizes) == expected
+
+
+def test_an_appended_file_computes_its_own_signatures_only_and_equals_a_fresh_build(
+        chained: Chained, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rebuild after appending a file (one with a fourth link of a chain) runs the new part's
+    tokenize task (its signatures) only, every band bucket and the cluster task again, and ends
+    at the snapshot a fresh build of the grown corpus makes."""
+    pipeline, files, chains = chained
+    shutil.copytree(pipeline.parent / "corpus", tmp_path / "corpus")
+    grown = Path(shutil.copy(pipeline, tmp_path / pipeline.name))
+    monkeypatch.setattr(nearbuckets, "RECORDS_PER_BUCKET", BAND_RECORDS)
+    first = build_local(grown, tmp_path / "store")
+    write_files(tmp_path, files, first=len(CHAINS))
+    again = build_local(grown, tmp_path / "store")
+    assert (again.stages["tokenize"].ran, again.stages["tokenize"].cached) == (1, len(CHAINS))
+    assert (again.stages["near_buckets"].ran, again.stages["near_buckets"].cached) == (8, 0)
+    assert (again.stages["near_clusters"].ran, again.stages["near_clusters"].cached) == (1, 0)
+    fresh = build_local(grown, tmp_path / "fresh")
+    assert fresh.snapshot.id == again.snapshot.id != first.snapshot.id
+    assert fresh.stages["tokenize"].ran == len(CHAINS) + 1
+    sizes = sizes_of(files)
+    expected = chain_drops(chains, sum(sizes))
+    assert len(expected) == 8 and drops_of(tmp_path / "store", again, sizes) == expected
+
+
+BUCKETS_DRIVER = """
+import sys
+from prep.runner import nearbuckets
+nearbuckets.RECORDS_PER_BUCKET = int(sys.argv[1])
+sys.argv = ["prep", *sys.argv[2:]]
+from prep.cli.main import main
+main()
+"""
+
+
+def build_in_buckets(pipeline: Path, store: Path, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`prep build --workers 2 --json` as the CLI runs it, with band buckets of BAND_RECORDS
+    records, in a session of its own (a crash point kills its whole process group)."""
+    return subprocess.run([sys.executable, "-c", BUCKETS_DRIVER, str(BAND_RECORDS), "build", str(pipeline),
+                           "--store", str(store), "--workers", "2", "--json"], capture_output=True, text=True,
+                          env=dict(env or prep_env()), timeout=300, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def chained_snapshot(chained: Chained) -> str:
+    """The snapshot id of an uninterrupted build of the chain corpus in band buckets (build_in_buckets)."""
+    pipeline, _, _ = chained
+    clean = build_in_buckets(pipeline, pipeline.parent / "clean")
+    assert clean.returncode == 0, clean.stderr
+    report = json.loads(clean.stdout)
+    assert {stage["name"]: stage["ran"] for stage in report["stages"]}["near_buckets"] == 8
+    return str(report["snapshot"])
+
+
+def committed_bands(store: Path) -> set[str]:
+    """The bands objects the store's committed tokenize task records name."""
+    return {json.loads(path.read_text())["outputs"]["bands"] for path in (store / "tasks" / "tokenize").rglob("*.json")}
+
+
+@pytest.mark.parametrize(("point", "reused"), [
+    ("tokenize.after_output:1", {}),  # the signature stage: a part's bands made, not stored
+    ("tokenize.before_commit:2", {"tokenize": 1}),  # the second part's bands stored, its task not committed
+    ("near_buckets.after_write:1", {"tokenize": FILES}),
+    ("near_buckets.before_commit:2", {"tokenize": FILES, "near_buckets": 1}),  # at the second band bucket
+    ("near_clusters.after_write:1", {"tokenize": FILES, "near_buckets": 8}),
+    ("near_clusters.before_commit:1", {"tokenize": FILES, "near_buckets": 8}),
+])
+def test_a_build_killed_in_the_near_stages_replays_to_the_same_snapshot(
+        chained: Chained, chained_snapshot: str, tmp_path: Path,
+        point: str, reused: dict[str, int]) -> None:
+    """kill -9 in the signature (tokenize), bucket and cluster stages: nothing published, every
+    stored object intact, and the rerun reuses what was committed and ends at the clean snapshot."""
+    pipeline, _, _ = chained
+    store = tmp_path / "store"
+    crashed = build_in_buckets(pipeline, store, prep_env(PREP_CRASH_AT=point))
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    assert all_objects_intact(tmp_path / "store")
-    assert run_prep("build", pipeline, "--store", tmp_path / "store", "--workers", "2").stdout.split()[-1] == clean
+    assert not (store / "refs").exists() and all_objects_intact(store)
+    if point.startswith("tokenize.before_commit"):  # killed after a part's bands object was stored
+        uncommitted = committed_bands(pipeline.parent / "clean") - committed_bands(store)
+        assert any((store / object_key(parse_id(object_id))).exists() for object_id in uncommitted)
+    rerun = build_in_buckets(pipeline, store)
+    assert rerun.returncode == 0, rerun.stderr
+    report = json.loads(rerun.stdout)
+    assert report["snapshot"] == chained_snapshot and all_objects_intact(store)
+    cached = {stage["name"]: stage["cached"] for stage in report["stages"]}
+    assert {name: cached[name] for name in reused} == reused

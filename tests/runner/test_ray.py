@@ -24,6 +24,7 @@ from prep.config import load_pipeline
 from prep.errors import InputError, StoreError, UsageError
 from prep.inputs.sources import SourceFile
 from prep.progress import Progress
+from prep.runner import nearbuckets
 from prep.runner.build import build, make_executor
 from prep.runner.executors.base import RECYCLE_AFTER
 from prep.runner.executors.ray import (
@@ -39,6 +40,8 @@ from prep.stages.read import ReadTask
 from prep.stages.specs import TokenizeSettings
 from prep.storage import open_store
 from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
+from tests.neardup.neardupsupport import chain_drops
+from tests.runner.buildsupport import all_objects_intact, build_local
 
 REPO = Path(__file__).resolve().parents[2]
 # The tests that need no cluster come first: in a serial run, Ray is then imported (and its
@@ -260,6 +263,37 @@ def test_worker_killed_mid_task_is_retried_to_the_same_snapshot(ray_address: str
     pipeline = load_pipeline(corpus)
     inputs = {str(path) for path in (corpus.parent / "corpus").glob("*.jsonl")}
     assert seen == {str(tmp_path / "store"), str(pipeline.tokenizer_path()), *inputs}
+
+
+def test_near_dup_chains_on_ray_match_the_local_build_on_one_two_and_three_workers(
+        ray_address: str, tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42 on Ray: the chain corpus's signatures, band buckets (eight) and clusters as Ray
+    tasks give the local executor's snapshot, objects and drops (each chain one cluster keeping
+    its first link) on 1, 2 and 3 workers, though a worker is killed (kill -9) after storing the
+    drops (1 worker), a part's bands (2) or a bucket's pairs (3): Ray's retry changes nothing."""
+    from tests.runner.test_neardup_build import BAND_RECORDS, CHAINS, drops_of, sizes_of, write_chains
+
+    pipeline, files, chains = write_chains(tmp_path, tokenizer_path)
+    sizes = sizes_of(files[:len(CHAINS)])
+    expected = chain_drops(chains, sum(sizes))
+    monkeypatch.setattr(nearbuckets, "RECORDS_PER_BUCKET", BAND_RECORDS)
+    local = build_local(pipeline, tmp_path / "local", 2)
+    assert drops_of(tmp_path / "local", local, sizes) == expected
+    crashes = {1: "near_clusters.after_write:1:self", 2: "tokenize.after_output:1:self",
+               3: "near_buckets.after_write:1:self"}
+    for workers, point in crashes.items():
+        monkeypatch.setenv("PREP_CRASH_AT", point)
+        monkeypatch.setenv("PREP_CRASH_ONCE", str(tmp_path / f"crashed-{workers}"))
+        store = tmp_path / f"ray-{workers}"
+        executor = RayExecutor(workers, verify_paths=True)  # the near-dup jobs' paths probed too
+        try:
+            result = build(load_pipeline(pipeline), open_store(store), executor, progress=Progress(quiet=True))
+        finally:
+            executor.close()
+        assert result.snapshot.id == local.snapshot.id and result.stages["near_buckets"].ran == 8
+        assert drops_of(store, result, sizes) == expected
+        assert object_keys(store) == object_keys(tmp_path / "local") and all_objects_intact(store)
+        assert (tmp_path / f"crashed-{workers}").exists(), f"no worker reached {point}"
 
 
 @dataclass(frozen=True)
