@@ -85,6 +85,9 @@ def test_local_to_s3_and_back_gives_the_same_bytes_and_id(project: Project, s3_b
     assert (returned.id, returned.raw) == (snapshot.id, snapshot.raw)
     assert run_prep("fsck", "--store", back.root).returncode == 0
     assert "copied " + snapshot.id in result.stderr
+    again = copy_snapshot(s3, open_store(f"{s3_bucket}/again"), returned, label="tiny@latest")  # S3 to S3
+    assert again.copied == again.objects
+    assert_copy_of(open_store(f"{s3_bucket}/again"), source, snapshot)
 
 
 def test_a_killed_copy_reruns_and_copies_only_what_is_missing(project: Project, tmp_path: Path) -> None:  # noqa: F811
@@ -121,13 +124,27 @@ def test_a_corrupt_source_object_is_refused_and_nothing_of_it_reaches_the_target
     assert not [path for path in (target / "tmp").rglob("*") if path.is_file()], "no temporary left behind"
 
 
-def test_a_corrupt_stage_manifest_stops_the_copy_before_anything_is_written(project: Project,  # noqa: F811
-                                                                           tmp_path: Path) -> None:
+def test_a_corrupt_or_missing_source_manifest_or_object_stops_the_copy_before_anything_is_written(
+        project: Project, tmp_path: Path) -> None:  # noqa: F811
     source, snapshot = source_of(project)
+    target = LocalStore(tmp_path / "second")
     stage = str(snapshot.manifest["stages"][0]["output"])
     flip(source, stage)
+    with pytest.raises(IntegrityError, match=f"stage manifest \\(tokenize\\) {stage}, .* does not hash to its name"):
+        copy_snapshot(source, target, snapshot, label="tiny@latest")
+    source.delete(cas.object_key(hashing.parse_id(stage)))
+    with pytest.raises(IntegrityError, match=f"stage manifest \\(tokenize\\) {stage}, .* is missing"):
+        copy_snapshot(source, target, snapshot, label="tiny@latest")
+    assert stored(target) == set()
+
+
+def test_a_missing_source_object_stops_the_copy_before_anything_is_written(project: Project,  # noqa: F811
+                                                                          tmp_path: Path) -> None:
+    source, snapshot = source_of(project)
     target = LocalStore(tmp_path / "second")
-    with pytest.raises(IntegrityError, match=f"stage manifest .*{hashing.parse_id(stage)}.*does not hash"):
+    victim = first_intermediate(source, snapshot)
+    source.delete(cas.object_key(hashing.parse_id(victim)))
+    with pytest.raises(IntegrityError, match=f"intermediate \\(tokenize output\\) {victim}, .* is missing"):
         copy_snapshot(source, target, snapshot, label="tiny@latest")
     assert stored(target) == set()
 
@@ -139,7 +156,6 @@ def test_an_object_on_the_target_with_other_bytes_is_reported_not_overwritten(pr
     copy_snapshot(source, target, snapshot, label="tiny@latest")
     artifact = f"sha256:{snapshot.artifacts[0]['sha256']}"
     flip(target, artifact)
-    target.local_path("proven/objects.jsonl").unlink(missing_ok=True)  # type: ignore[union-attr]
     damaged = target.get_bytes(cas.object_key(hashing.parse_id(artifact)))
     result = run_prep("copy", snapshot.id, "--store", project["store"], "--to", target.root, check=False)
     assert result.returncode == IntegrityError.exit_code
