@@ -24,7 +24,7 @@ from prep.store.refs import move_ref, read_ref, update_ref
 from prep.store.snapshots import Snapshot, resolve
 from prep.transfer.copy import Item, copy_snapshot
 from tests.helpers import prep_env, run_prep
-from tests.store.test_fsck import flip, first_intermediate
+from tests.store.test_fsck import first_intermediate, flip
 from tests.store.test_gc import project, reachable, template  # noqa: F401  (module fixtures)
 
 Project = dict[str, Path]
