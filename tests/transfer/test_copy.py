@@ -128,25 +128,18 @@ def test_a_corrupt_or_missing_source_manifest_or_object_stops_the_copy_before_an
         project: Project, tmp_path: Path) -> None:  # noqa: F811
     source, snapshot = source_of(project)
     target = LocalStore(tmp_path / "second")
-    stage = str(snapshot.manifest["stages"][0]["output"])
-    flip(source, stage)
-    with pytest.raises(IntegrityError, match=f"stage manifest \\(tokenize\\) {stage}, .* does not hash to its name"):
-        copy_snapshot(source, target, snapshot, label="tiny@latest")
-    source.delete(cas.object_key(hashing.parse_id(stage)))
-    with pytest.raises(IntegrityError, match=f"stage manifest \\(tokenize\\) {stage}, .* is missing"):
-        copy_snapshot(source, target, snapshot, label="tiny@latest")
-    assert stored(target) == set()
-
-
-def test_a_missing_source_object_stops_the_copy_before_anything_is_written(project: Project,  # noqa: F811
-                                                                          tmp_path: Path) -> None:
-    source, snapshot = source_of(project)
-    target = LocalStore(tmp_path / "second")
     victim = first_intermediate(source, snapshot)
-    source.delete(cas.object_key(hashing.parse_id(victim)))
-    with pytest.raises(IntegrityError, match=f"intermediate \\(tokenize output\\) {victim}, .* is missing"):
-        copy_snapshot(source, target, snapshot, label="tiny@latest")
-    assert stored(target) == set()
+    stage = str(snapshot.manifest["stages"][0]["output"])
+    damages = ((lambda: source.delete(cas.object_key(hashing.parse_id(victim))),
+                f"intermediate \\(tokenize output\\) {victim}, .* is missing"),
+               (lambda: flip(source, stage), f"stage manifest \\(tokenize\\) {stage}, .* does not hash to its name"),
+               (lambda: source.delete(cas.object_key(hashing.parse_id(stage))),
+                f"stage manifest \\(tokenize\\) {stage}, .* is missing"))
+    for damage, message in damages:
+        damage()
+        with pytest.raises(IntegrityError, match=message):
+            copy_snapshot(source, target, snapshot, label="tiny@latest")
+        assert stored(target) == set()
 
 
 def test_an_object_on_the_target_with_other_bytes_is_reported_not_overwritten(project: Project,  # noqa: F811
