@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,8 @@ from prep.store.gc import collect_garbage
 from prep.store.layout import OBJECTS_PREFIX, object_sha, snapshot_marker_key
 from prep.store.refs import move_ref, read_ref, update_ref
 from prep.store.snapshots import Snapshot, resolve
-from prep.transfer.copy import Item, copy_snapshot
+from prep.transfer.copy import Item, copy_item, copy_snapshot
+from prep.transfer.fetch import COPY_SIZE
 from tests.helpers import prep_env, run_prep
 from tests.store.test_fsck import first_intermediate, flip
 from tests.store.test_gc import project, reachable, template  # noqa: F401  (module fixtures)
@@ -192,3 +195,22 @@ def test_tags_stay_put_on_the_target_and_refs_need_a_ref(project: Project, tmp_p
         update_ref(source, "tiny", name, snapshot.id, delete=True)
     with pytest.raises(UsageError, match="--refs: no ref of tiny"):
         copy_snapshot(source, LocalStore(tmp_path / "third"), snapshot, label=snapshot.id, refs=True)
+
+
+def test_an_object_is_streamed_not_read_whole(tmp_path: Path) -> None:
+    """A 64 MiB object goes through the copy holding about one 8 MiB chunk, never the object."""
+    source, target = LocalStore(tmp_path / "source"), LocalStore(tmp_path / "target")
+    big = tmp_path / "big"
+    with open(big, "wb") as out:
+        for index in range(64):
+            out.write(index.to_bytes(4, "little") * (1 << 18))
+    digest = cas.put_file(source, big)
+    item = Item(digest.sha256, digest.size, "artifact bin/00000.bin", "a test")
+    tracemalloc.start()
+    try:
+        assert copy_item(source, target, item, lambda size: None, threading.Event())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < COPY_SIZE + (1 << 20) and digest.size == 8 * COPY_SIZE, f"held {peak} bytes copying {digest.size}"
+    assert cas.check(target, digest.id) and not list((target.root / "tmp").iterdir())
