@@ -9,6 +9,7 @@ import json
 import signal
 import threading
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -133,7 +134,7 @@ def test_a_corrupt_or_missing_source_manifest_or_object_stops_the_copy_before_an
     target = LocalStore(tmp_path / "second")
     victim = first_intermediate(source, snapshot)
     stage = str(snapshot.manifest["stages"][0]["output"])
-    damages = ((lambda: source.delete(cas.object_key(hashing.parse_id(victim))),
+    damages: tuple[tuple[Callable[[], object], str], ...] = ((lambda: source.delete(cas.object_key(hashing.parse_id(victim))),
                 f"intermediate \\(tokenize output\\) {victim}, .* is missing"),
                (lambda: flip(source, stage), f"stage manifest \\(tokenize\\) {stage}, .* does not hash to its name"),
                (lambda: source.delete(cas.object_key(hashing.parse_id(stage))),
