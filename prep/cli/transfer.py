@@ -1,4 +1,4 @@
-"""`prep pull SNAP DEST` and `prep verify SNAP DEST`."""
+"""`prep pull SNAP DEST`, `prep verify SNAP DEST` and `prep copy SNAP --to URL`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from prep.cli.common import echo_json, open_store_option, store_option
+from prep.cli.common import echo_json, json_option, open_store_option, store_option
 from prep.errors import IntegrityError, UsageError, VerificationFailed
 from prep.formats.units import unit_names
 from prep.progress import Progress, human_bytes, note, plural, rate
@@ -17,6 +17,7 @@ from prep.transfer.shares import Share, check_rank, parse_formats
 from prep.transfer.verify import DEFAULT_JOBS, VerifyResult
 
 if TYPE_CHECKING:
+    from prep.transfer.copy import CopyResult
     from prep.transfer.pull import PullResult
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -171,3 +172,41 @@ def verify(snap: str, dest: Path, store_url: str | None, rank: int | None, world
         click.echo("\n".join(_human_report(result)))
     if not result.ok:
         raise VerificationFailed(f"{dest}: {plural(len(result.problems), 'problem')} against {result.snapshot_id}")
+
+
+@click.command("copy")
+@click.argument("snap")
+@click.option("--to", "target_url", required=True, metavar="URL",
+              help="The store to copy to: a path or s3://bucket/prefix (a new one is created).")
+@store_option
+@click.option("--refs", is_flag=True,
+              help="Then move the refs that name SNAP on the source the same way on the target (compare-and-swap).")
+@click.option("--jobs", type=click.IntRange(min=1), default=DEFAULT_JOBS, show_default=True,
+              help="Objects copied in parallel.")
+@json_option("prep.copy-report/1")
+def copy_command(snap: str, target_url: str, store_url: str | None, refs: bool, jobs: int, as_json: bool) -> None:
+    """Copy snapshot SNAP (its manifest, artifacts, tokenizer, stage manifests and what they name)
+    to another store, create-only, every object hashed on arrival; rerun to resume."""
+    from prep.storage import open_store
+    from prep.store.leases import waiting_for_gc
+    from prep.store.snapshots import load_snapshot
+    from prep.transfer.copy import copy_snapshot
+
+    source = open_store_option(store_url)
+    snapshot = load_snapshot(source, resolve(source, snap).id)  # a manifest file must be in the store too
+    result = copy_snapshot(source, open_store(target_url), snapshot, label=snap, refs=refs, jobs=jobs,
+                           progress=Progress(),
+                           on_wait=lambda key: click.echo(f"prep: {waiting_for_gc(key)}", err=True))
+    if as_json:
+        echo_json(result.to_json(), indent=2, sort_keys=True)
+    note(_copy_line(result))
+
+
+def _copy_line(result: CopyResult) -> str:
+    """The one summary line of a copy."""
+    refs = "".join(f", {ref.dataset}@{ref.name} {'moved to' if ref.moved else 'already at'} generation "
+                   f"{ref.generation}" for ref in result.refs)
+    return (f"copied {result.snapshot_id} ({result.dataset}) from {result.source} to {result.target}: "
+            f"{plural(result.copied, 'object')} copied ({human_bytes(result.bytes_copied)}), {result.present} already "
+            f"there ({human_bytes(result.bytes_present)}; {result.rehashed} of them re-hashed){refs}, "
+            f"{result.seconds:.2f} s, {rate(result.bytes_copied, result.seconds, 1e6, 'MB/s')}")

@@ -1,5 +1,6 @@
 """Reachability: the objects that snapshots, stage manifests and commit records declare, grown
-from roots. One walk shared by garbage collection (what to keep) and fsck (what to check).
+from roots. One walk shared by garbage collection (what to keep), fsck (what to check) and
+`prep copy` (what to copy).
 
 What a record or manifest names is what its type declares (`prep.store.records`), never an id
 that merely appears in its text. Each object is noted with what reached it first (`Via`), so a

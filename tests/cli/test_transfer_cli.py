@@ -1,4 +1,4 @@
-"""`prep pull` and `prep verify` as users run them: output, JSON report and exit codes."""
+"""`prep pull`, `prep verify` and `prep copy` as users run them: output, JSON report and exit codes."""
 
 from __future__ import annotations
 
@@ -272,3 +272,22 @@ def test_bad_formats_are_one_line_errors(pulled: tuple[LocalStore, Built, Path],
     for command in ("pull", "verify"):
         result = prep(command, "demo@latest", tmp_path, "--store", store.root, "--formats", formats)
         assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_copy_refuses_a_snapshot_the_source_cannot_prove(pulled: tuple[LocalStore, Built, Path], tmp_path: Path) -> None:
+    """The factory's snapshot lists only a tokenize stage, no layout gc knows (and a stage manifest
+    its store never held): gc refuses to guess what such a snapshot keeps, so copy refuses it,
+    naming the object, before writing anything."""
+    store, built, _ = pulled
+    target = tmp_path / "second"
+    result = prep("copy", "demo@latest", "--store", store.root, "--to", target, "--json")
+    assert result.returncode == 3
+    error = json.loads(result.stdout)
+    validate(error, "prep.error/1", "stdout")
+    assert result.stderr == f"prep: error: {error['error']}\n"
+    assert f"snapshot manifest {built.snapshot.id}, reached from demo@latest, is invalid" in error["error"]
+    assert error["error"].endswith("copy refused, nothing was copied")
+    assert not list(LocalStore(target).list("objects/"))
+    same = prep("copy", "demo@latest", "--store", store.root, "--to", store.root)
+    assert same.returncode == 2 and same.stderr.startswith("prep: error: ") and "is the same" in same.stderr
+    assert prep("copy", "demo@latest", "--store", store.root).returncode == 2  # --to is required
