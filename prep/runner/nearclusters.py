@@ -17,6 +17,7 @@ from prep.runner.nearbuckets import Paired
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan, stage_counts
 from prep.runner.tasks import TaskResult, store_written, stored_table, worker_store
 from prep.runner.tokenizing import Tokenized
+from prep.store.layout import task_record_key
 from prep.store.localcopy import local_file as fetch_local
 from prep.store.records import TaskRecord
 
@@ -99,9 +100,10 @@ class NearClusters:
                          settings, [table_id], f"clusters of {plural(len(previous.pairs), 'pairs object')}")
 
     def result(self, previous: Paired, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Clustered:
-        record = committed[plan.tasks.tasks[0].key]
+        task = plan.tasks.tasks[0]
+        record = committed[task.key]
         counts = NearCounts(sum(previous.counts), previous.pairs_rejected, int(record.summary["dropped"]),
-                            _recorded_sizes(record))
+                            _recorded_sizes(task.job.store_url, record))
         return Clustered(previous.tokenized, record.outputs["drops"], counts)
 
     def done(self, result: Clustered, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
@@ -110,13 +112,14 @@ class NearClusters:
                 f"(largest {counts.sizes.largest}), " + stage_counts(run))
 
 
-def _recorded_sizes(record: TaskRecord) -> ClusterSizes:
+def _recorded_sizes(store_url: str, record: TaskRecord) -> ClusterSizes:
     """The cluster sizes a committed cluster task recorded; IntegrityError when they are not log2
     bins up to the largest size's or do not add up to its clusters (the schema cannot say either)."""
+    where = f"{store_url}/{task_record_key('near_clusters', record.key)}"
     try:
         sizes = ClusterSizes.from_json(record.summary)
     except ValueError as exc:
-        raise IntegrityError(f"near_clusters task {record.key}: {exc}") from None
+        raise IntegrityError(f"{where}: {exc}; remove it and rebuild") from None
     if sizes.clusters != int(record.summary["clusters"]):
-        raise IntegrityError(f"near_clusters task {record.key}: its size bins do not add up to its clusters")
+        raise IntegrityError(f"{where}: its cluster size bins do not add up to its clusters; remove it and rebuild")
     return sizes

@@ -1,11 +1,12 @@
 """A corpus of near-duplicate clusters of planted sizes (2 to 17 documents) for the tests of what
-near-duplicate removal records: the cluster task's size distribution, the snapshot's stats and
-what `prep show` and `prep diff` print of them."""
+near-duplicate removal records (the cluster task's size distribution, the snapshot's stats and
+what `prep show` and `prep diff` print of them), and that distribution counted in plain Python."""
 
 from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 from tests.helpers import write_jsonl, write_pipeline
@@ -29,9 +30,19 @@ def sized_clusters(rng: random.Random) -> list[list[str]]:
     return docs
 
 
-def planted_bins() -> dict[int, int]:
-    """The planted clusters by log2 size bin (bit length of size - 1): what a build must record."""
-    return dict(Counter((size - 1).bit_length() for size in PLANTED_SIZES))
+def plain_distribution(sizes: Iterable[int]) -> dict[str, object]:
+    """Clusters of these sizes as `stats.near_clusters` records them (docs/manifests.md), counted
+    one cluster at a time: bin k holds 2**(k-1) + 1 .. 2**k, bins 1 to the largest size's."""
+    sizes = list(sizes)
+    by_bin = Counter((size - 1).bit_length() for size in sizes)
+    return {"largest": max(sizes, default=0),
+            "sizes": [{"min": 2 ** (k - 1) + 1, "max": 2**k, "clusters": by_bin[k]}
+                      for k in range(1, max(by_bin, default=0) + 1)]}
+
+
+def sizes_of_drops(representatives: Iterable[int]) -> list[int]:
+    """Each cluster's size from its drops' representatives: 1 kept + the documents dropped for it."""
+    return [dropped + 1 for dropped in Counter(int(number) for number in representatives).values()]
 
 
 def write_sized_corpus(root: Path, tokenizer: Path, verify: bool = True, near: bool = True,
