@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from prep.config import load_pipeline
+from prep.errors import IntegrityError
 from prep.manifest.schema import validate
 from prep.progress import Progress
 from prep.runner.build import BuildResult, build
@@ -132,3 +133,18 @@ def test_a_cluster_record_whose_sizes_do_not_add_up_stops_the_build_that_reuses_
     failed = run_prep("build", tmp_path / "other.toml", "--store", copy, check=False)
     assert failed.returncode == 3, failed.stderr
     assert path.stem in failed.stderr and "prep: error:" in failed.stderr
+
+
+@pytest.mark.parametrize("name", ["verify", "plain"])
+def test_the_near_task_records_validate_and_the_schema_refuses_a_summary_without_sizes(built: Built, name: str) -> None:
+    store, _ = built[name]
+    paths = sorted((store / "tasks").glob("near_*/*.json"))
+    assert {path.parent.name for path in paths} == {"near_buckets", "near_clusters"}
+    for path in paths:
+        record = json.loads(path.read_text())
+        validate(record, "prep.task/1", str(path))
+        assert ("rejected" in record["summary"]) == (record["stage"] == "near_buckets" and name == "verify")
+        if record["stage"] == "near_clusters":
+            del record["summary"]["sizes"]
+            with pytest.raises(IntegrityError):
+                validate(record, "prep.task/1", str(path))
