@@ -127,7 +127,8 @@ class NearBuckets:
                       tuple(int(record.summary["pairs"]) for record in records), rejected)
 
     def done(self, result: Paired, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
-        return f"{plural(sum(result.counts), 'candidate pair')}, " + stage_counts(run)
+        rejected = f" ({result.pairs_rejected} rejected by verify)" if result.pairs_rejected is not None else ""
+        return f"{plural(sum(result.counts), 'candidate pair')}{rejected}, " + stage_counts(run)
 
 
 def _reads(missing: Sequence[Task[BucketJob]]) -> list[list[str]]:
