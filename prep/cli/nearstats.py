@@ -46,8 +46,8 @@ def diff_size_lines(stats: Sequence[StatDelta]) -> list[str]:
     side has no near-duplicate removal); none otherwise."""
     sizes = [delta for delta in stats if delta.key.startswith(NEAR_SIZES)]
     present = [delta for delta in stats if delta.key == f"{NEAR_CLUSTERS}.clusters"]
-    if not present or not any(delta.delta or delta.old is None or delta.new is None for delta in sizes + present):
-        return []
+    if not present or not sizes or not any(delta.delta or None in (delta.old, delta.new) for delta in sizes + present):
+        return []  # no near-dup, no cluster on either side, or the same sizes
     sides: list[tuple[str, SizeCounts | None]] = []
     for name, had in (("old", present[0].old is not None), ("new", present[0].new is not None)):
         values = ((_bin_of(delta.key), delta.old if name == "old" else delta.new) for delta in sizes)
