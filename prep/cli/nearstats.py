@@ -56,5 +56,5 @@ def diff_size_lines(stats: Sequence[StatDelta]) -> list[str]:
 
 
 def _bin_of(key: str) -> int:
-    """The largest size of the bin a `near_clusters.sizes.<label>` key names (`3-4`: 4)."""
-    return int(key.removeprefix(NEAR_SIZES).rsplit("-", 1)[-1])
+    """The largest size of the bin a `near_clusters.sizes[min-max]` key names (`[3-4]`: 4)."""
+    return int(key.removeprefix(NEAR_SIZES).removesuffix("]").rsplit("-", 1)[-1])

@@ -125,9 +125,9 @@ def test_diff_json_carries_every_near_count_and_size(tagged: Tagged, old: str, n
     for side, name in (("old", old), ("new", new)):
         near = manifests[name]["stats"].get("near_clusters")
         found = {key: entry[side] for key, entry in entries.items()
-                 if key.startswith("near_clusters.sizes.") and side in entry}
-        expected = {} if near is None else {f"near_clusters.sizes.{label}": item["clusters"]
-                                            for label, item in zip(labels(near), near["sizes"])}
+                 if key.startswith("near_clusters.sizes[") and side in entry}
+        expected = {} if near is None else {f"near_clusters.sizes[{item['min']}-{item['max']}]": item["clusters"]
+                                            for item in near["sizes"]}
         assert found == expected
         assert entries["near_clusters.clusters"].get(side) == (None if near is None else near["clusters"])
         assert entries["near_clusters.largest"].get(side) == (None if near is None else near["largest"])
