@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 import click
 
 from prep.cli.common import echo_json, json_option, open_store_option, store_option
+from prep.cli.nearstats import diff_size_lines
 from prep.cli.render import dropped_lines, trace_lines
 from prep.errors import NotFoundError, UsageError
-from prep.history.diff import ABSENT, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
+from prep.history.diff import ABSENT, NEAR_SIZES, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
 from prep.history.selectors import resolve_spec
 from prep.progress import human_bytes, note
 from prep.storage.backend import Store
@@ -63,9 +64,15 @@ def diff_lines(diff: SnapshotDiff, old_spec: str, new_spec: str) -> list[str]:
                                                     ("unchanged", diff.artifacts_unchanged))]
     lines.append("artifacts  " + ", ".join(f"{len(matches)} {name} ({human_bytes(sum(m.size for m in matches))})"
                                            for name, matches in parts))
-    moved = [delta for delta in diff.stats if delta.delta or delta.old is None or delta.new is None]
-    lines.append("stats      " + ("; ".join(f"{d.key} {d.old} -> {d.new} ({d.delta:+d})" for d in moved) or "unchanged"))
-    return lines
+    moved = [delta for delta in diff.stats if (delta.delta or delta.old is None or delta.new is None)
+             and not delta.key.startswith(NEAR_SIZES)]  # cluster sizes: their table below
+    lines.append("stats      " + ("; ".join(f"{d.key} {_count(d.old)} -> {_count(d.new)} ({d.delta:+d})" for d in moved)
+                                 or "unchanged"))
+    return lines + diff_size_lines(diff.stats)
+
+
+def _count(value: int | None) -> str:
+    return "(absent)" if value is None else str(value)
 
 
 def _change_line(change: DocumentChange) -> str:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prep.cli.common import json_option, open_store_option, store_option
+from prep.cli.nearstats import near_lines
 from prep.cli.render import dropped_lines, near_dropped_lines, trace_lines
 from prep.errors import NotFoundError, UsageError
 from prep.formats.megatron_spec import BIN
@@ -82,6 +83,7 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
         f"tokenizer  sha256:{tok['sha256'][:16]}  vocab {tok['vocab_size']}  eos {tok['eos']!r}={tok['eos_id']}  {tok['dtype']}",
         f"code       prep {manifest['code']['version']}  sha256:{manifest['code']['sha256'][:16]}",
         document_counts(stats),
+        *near_lines(stats),
         *step_lines(stats),
         f"tokens     {stats['tokens_written']}",
     ]

@@ -14,6 +14,8 @@ from typing import Any
 from prep.store.snapshots import Snapshot
 
 REPORT_SCHEMA = "prep.diff-report/1"
+NEAR_CLUSTERS = "near_clusters"  # the stats object of a build with [dedup.near] (manifests/snapshot-1.schema.json)
+NEAR_SIZES = f"{NEAR_CLUSTERS}.sizes["  # its size bins' stats keys, `near_clusters.sizes[3-4]` (min-max, as histograms' keys)
 SETTING_SECTIONS = ("schema", "dataset", "seed", "code", "tokenizer", "config")
 
 
@@ -225,18 +227,24 @@ def match_artifacts(old: list[dict[str, Any]], new: list[dict[str, Any]]
 
 
 def diff_stats(old: dict[str, Any], new: dict[str, Any]) -> list[StatDelta]:
-    """Every stats count of either side, sorted; each document step's counts as `steps[i].use.count`."""
+    """Every stats count of either side, sorted; each document step's counts as `steps[i].use.count`,
+    near-duplicate counts as `near_clusters.count` and `near_clusters.sizes[min-max]`."""
     flat_old, flat_new = _stat_counts(old), _stat_counts(new)
     return [StatDelta(key, flat_old.get(key), flat_new.get(key)) for key in sorted(set(flat_old) | set(flat_new))]
 
 
 def _stat_counts(stats: dict[str, Any]) -> dict[str, int]:
-    """A manifest's stats as counts by key: `steps[0].length.dropped`, `steps[0].length.reasons.too few words`."""
-    counts = {key: int(value) for key, value in stats.items() if key != "steps"}
+    """A manifest's stats as counts by key: `steps[0].length.dropped`, `steps[0].length.reasons.too few words`,
+    `near_clusters.clusters`, `near_clusters.sizes[3-4]`."""
+    counts = {key: int(value) for key, value in stats.items() if key not in ("steps", NEAR_CLUSTERS)}
     for index, step in enumerate(stats.get("steps", ())):
         prefix = f"steps[{index}].{step['use']}"
         counts.update({f"{prefix}.{name}": int(value) for name, value in step.items() if name not in ("use", "reasons")})
         counts.update({f"{prefix}.reasons.{reason}": int(value) for reason, value in step["reasons"].items()})
+    near = stats.get(NEAR_CLUSTERS, {})
+    counts.update({f"{NEAR_CLUSTERS}.{name}": int(value) for name, value in near.items() if name != "sizes"})
+    counts.update({f"{NEAR_SIZES}{int(item['min'])}-{int(item['max'])}]": int(item["clusters"])
+                   for item in near.get("sizes", ())})
     return counts
 
 

@@ -45,17 +45,24 @@ def run_bucket_job(job: BucketJob) -> TaskResult:
     ids = unpack_ids(stored_table(store, job.table))
     parts = len(ids) // 2 if job.settings.verify else len(ids)
     sources = [(fetch_local(store, object_id), ordinal) for ordinal, object_id in enumerate(ids[:parts])]
-    similar = None
+    similar, rejected = None, 0
     if job.settings.verify:
         def texts_of(numbers: Any) -> list[bytes]:
             return texts_by_number(lambda ordinal: fetch_local(store, ids[parts + ordinal]), numbers)
 
-        similar = jaccard_filter(texts_of, job.settings.ngram, job.settings.threshold)
+        verify = jaccard_filter(texts_of, job.settings.ngram, job.settings.threshold)
+
+        def similar(left: Any, right: Any) -> Any:
+            nonlocal rejected
+            accepted = verify(left, right)
+            rejected += len(accepted) - int(accepted.sum())
+            return accepted
 
     def write(staged: Any) -> Any:
         pairs = bucket_pairs(gather_bands(sources, job.bucket, job.bits), similar)
         digest = write_pairs(staged, pairs, {"bucket": job.bucket, "bits": job.bits})
-        return digest, {"pairs": len(pairs.left), "documents": len(pairs.documents)}
+        verified = {"rejected": rejected} if job.settings.verify else {}
+        return digest, {"pairs": len(pairs.left), "documents": len(pairs.documents), **verified}
 
     stored, summary = store_written(store, "near_buckets", write)
     return TaskResult({"pairs": stored}, summary, {})
@@ -71,11 +78,20 @@ class Paired:
     table: str
     pairs: tuple[str, ...]
     counts: tuple[int, ...]
+    rejected: tuple[int, ...] | None = None  # with `verify`: each bucket's candidate pairs it rejected
 
     def manifest(self) -> dict[str, object]:
         return {"bits": self.bits, "table": self.table,
-                "buckets": [{"bucket": bucket, "pairs": pairs, "count": count}
+                "buckets": [{"bucket": bucket, "pairs": pairs, "count": count, **self._rejected(bucket)}
                             for bucket, (pairs, count) in enumerate(zip(self.pairs, self.counts))]}
+
+    def _rejected(self, bucket: int) -> dict[str, int]:
+        return {} if self.rejected is None else {"rejected": self.rejected[bucket]}
+
+    @property
+    def pairs_rejected(self) -> int | None:
+        """Candidate pairs `verify` rejected over all buckets; None without `verify`."""
+        return None if self.rejected is None else sum(self.rejected)
 
 
 @dataclass(frozen=True)
@@ -105,12 +121,14 @@ class NearBuckets:
     def result(self, previous: Tokenized, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Paired:
         job: BucketJob = plan.tasks.tasks[0].job
         records = [committed[task.key] for task in plan.tasks.tasks]
+        rejected = tuple(int(record.summary["rejected"]) for record in records) if self.settings.verify else None
         return Paired(previous, self.settings, job.bits, job.table,
                       tuple(record.outputs["pairs"] for record in records),
-                      tuple(int(record.summary["pairs"]) for record in records))
+                      tuple(int(record.summary["pairs"]) for record in records), rejected)
 
     def done(self, result: Paired, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
-        return f"{plural(sum(result.counts), 'candidate pair')}, " + stage_counts(run)
+        rejected = f" ({result.pairs_rejected} rejected by verify)" if result.pairs_rejected is not None else ""
+        return f"{plural(sum(result.counts), 'candidate pair')}{rejected}, " + stage_counts(run)
 
 
 def _reads(missing: Sequence[Task[BucketJob]]) -> list[list[str]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from prep.progress import plural
 from prep.runner.merging import Level, Source, merged_sources
-from prep.runner.nearclusters import Clustered
+from prep.runner.nearclusters import Clustered, NearCounts
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
 from prep.runner.tasks import TaskResult, store_written, stored_table, worker_store
 from prep.runner.tokenizing import Tokenized
@@ -146,6 +146,7 @@ class Ordered:
     buckets: tuple[OrderedBucket, ...]
     tokenized: Tokenized
     parts_table: str  # the PartTable object every order task read
+    near: NearCounts | None = None  # with [dedup.near]: what its stages counted (not in the order manifest)
 
     def manifest(self) -> dict[str, object]:
         return {"bits": self.bits, "buckets": [bucket.to_json() for bucket in self.buckets],
@@ -211,9 +212,9 @@ class Ordering:
 
     def result(self, previous: Tokenized | Clustered, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Ordered:
         jobs = [(task.key, task.job) for task in plan.tasks.tasks]
-        tokenized = previous.tokenized if isinstance(previous, Clustered) else previous
+        tokenized, near = (previous.tokenized, previous.counts) if isinstance(previous, Clustered) else (previous, None)
         return Ordered(jobs[0][1].bits, tuple(OrderedBucket.of(job.bucket, key, committed[key]) for key, job in jobs),
-                       tokenized, jobs[0][1].parts_table)
+                       tokenized, jobs[0][1].parts_table, near)
 
     def done(self, result: Ordered, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
         kept = sum(bucket.documents for bucket in result.buckets)

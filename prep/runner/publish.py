@@ -61,10 +61,13 @@ def build_stats(sharded: Sharded) -> dict[str, Any]:
     }
 
 
-def _near_stats(sharded: Sharded) -> dict[str, int]:
-    """`near_duplicates_dropped`, only for a build with [dedup.near] (others keep their ids)."""
-    near = sharded.ordered.near_duplicates_dropped
-    return {} if near is None else {"near_duplicates_dropped": near}
+def _near_stats(sharded: Sharded) -> dict[str, object]:
+    """`near_duplicates_dropped` and `near_clusters`, only for a build with [dedup.near] (others
+    keep their manifests, and so their ids)."""
+    ordered = sharded.ordered
+    near = ordered.near_duplicates_dropped
+    counts = {} if ordered.near is None else {"near_clusters": ordered.near.to_json()}
+    return {} if near is None else {"near_duplicates_dropped": near, **counts}
 
 
 def step_stats(parts: Sequence[TokenizedPart]) -> list[StepCounts]:
