@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from prep.progress import plural
 from prep.runner.merging import Level, Source, merged_sources
 from prep.runner.nearclusters import Clustered
+from prep.runner.quality import OrderQuality, order_quality
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
 from prep.runner.tasks import TaskResult, store_written, stored_table, worker_store
 from prep.runner.tokenizing import Tokenized
@@ -146,6 +147,7 @@ class Ordered:
     buckets: tuple[OrderedBucket, ...]
     tokenized: Tokenized
     parts_table: str  # the PartTable object every order task read
+    quality: OrderQuality  # the buckets' token lengths and per-part counts, summed
 
     def manifest(self) -> dict[str, object]:
         return {"bits": self.bits, "buckets": [bucket.to_json() for bucket in self.buckets],
@@ -212,8 +214,9 @@ class Ordering:
     def result(self, previous: Tokenized | Clustered, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Ordered:
         jobs = [(task.key, task.job) for task in plan.tasks.tasks]
         tokenized = previous.tokenized if isinstance(previous, Clustered) else previous
+        quality = order_quality(len(tokenized.parts), [(key, committed[key].summary) for key, _ in jobs])
         return Ordered(jobs[0][1].bits, tuple(OrderedBucket.of(job.bucket, key, committed[key]) for key, job in jobs),
-                       tokenized, jobs[0][1].parts_table)
+                       tokenized, jobs[0][1].parts_table, quality)
 
     def done(self, result: Ordered, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
         kept = sum(bucket.documents for bucket in result.buckets)
