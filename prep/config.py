@@ -17,7 +17,7 @@ from typing import Any
 from prep.errors import ConfigError, UsageError
 from prep.formats import registry
 from prep.neardup.settings import NearDupSettings, parse_settings
-from prep.quality.checks import Checks, parse_checks
+from prep.quality.gate import Checks, parse_checks
 from prep.steps import catalog
 from prep.steps.protocol import DocumentStep, SettingError
 from prep.store.layout import MAX_NAME_CHARS, valid_name

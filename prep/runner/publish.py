@@ -17,7 +17,7 @@ from prep import hashing
 from prep.errors import RefConflictError, StaleRefError
 from prep.formats.units import artifact_format, named_artifact_path, unit_formats, units_for
 from prep.inputs.sources import SourceFile
-from prep.runner.quality import distribution_stats
+from prep.runner.distributions import distribution_stats
 from prep.runner.sharding import Sharded, ShardOut
 from prep.runner.stage import StageRun
 from prep.runner.tokenizing import StepCounts, TokenizedPart
@@ -64,7 +64,7 @@ def build_stats(sharded: Sharded) -> dict[str, Any]:
 
 
 def _distributions(sharded: Sharded) -> dict[str, Any]:
-    """`tokens_per_document` and `files` (prep/runner/quality.py)."""
+    """`tokens_per_document` and `files` (prep/runner/distributions.py)."""
     ordered = sharded.ordered
     return distribution_stats(ordered.quality, ordered.tokenized.parts, ordered.near_duplicates_dropped is not None)
 

@@ -11,7 +11,7 @@ import pytest
 
 from prep.config import parse_pipeline
 from prep.errors import ConfigError
-from prep.quality.checks import Check, Checks, Measures, failure, judge
+from prep.quality.gate import Check, Checks, Measures, failure, judge
 
 MINIMAL = {"dataset": "tiny", "input": {"paths": ["a.jsonl"]}, "tokenizer": {"path": "t.json"}}
 STEPS = [{"use": "length", "min_words": 3}, {"use": "language", "languages": ["en"]}, {"use": "length", "max_chars": 9}]

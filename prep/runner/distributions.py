@@ -1,5 +1,5 @@
 """A snapshot's distributions: the order tasks' token lengths and per-part counts summed (memory
-follows the parts and a few thousand lengths, never the documents), the stats fields made of them
+follows the parts and a thousand lengths, never the documents), the stats fields made of them
 (`tokens_per_document`, `files`), and the measures [checks] are judged on."""
 
 from __future__ import annotations
@@ -8,10 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from prep.errors import IntegrityError
-from prep.quality.checks import Measures
+from prep.quality.gate import Measures
 from prep.quality.lengths import SHORT_BELOW, TokenLengths
 from prep.runner.tokenizing import TokenizedPart
 
@@ -28,24 +26,33 @@ class OrderQuality:
 
 
 def order_quality(parts: int, summaries: Sequence[tuple[str, Mapping[str, Any]]]) -> OrderQuality:
-    """The sum of the order tasks' (key, summary) over a corpus of `parts` parts; IntegrityError
-    for a summary without them or naming a part the corpus lacks (a record of other code)."""
+    """The sum of the order tasks' (key, summary) over a corpus of `parts` parts, in plain Python
+    (the driver loads no numpy); IntegrityError for a summary without them or naming a part the
+    corpus lacks (a record of other code)."""
     lengths = TokenLengths()
-    totals = {name: np.zeros(parts, dtype=np.int64) for name in PART_COLUMNS}
+    totals = {name: [0] * parts for name in PART_COLUMNS}
     for key, summary in summaries:
         try:
             lengths += TokenLengths.from_json(summary["token_lengths"])
-            counts = summary["parts"]
-            ordinals = np.asarray(counts["part"], dtype=np.int64)
-            if len(ordinals) and (ordinals.min() < 0 or ordinals.max() >= parts):
-                raise ValueError("a part ordinal out of range")
-            for name in PART_COLUMNS:
-                if name in counts:
-                    np.add.at(totals[name], ordinals, np.asarray(counts[name], dtype=np.int64))
+            _add_parts(totals, summary["parts"], parts)
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"task record order/{key}: no usable token lengths or part counts ({exc}); "
                                  "remove it and rebuild") from None
-    return OrderQuality(lengths, {name: tuple(column.tolist()) for name, column in totals.items()})
+    return OrderQuality(lengths, {name: tuple(column) for name, column in totals.items()})
+
+
+def _add_parts(totals: dict[str, list[int]], counts: Mapping[str, Any], parts: int) -> None:
+    """Add one bucket's per-part columns to `totals`; ValueError for a part out of range or a
+    column of another length."""
+    ordinals = [int(ordinal) for ordinal in counts["part"]]
+    if any(not 0 <= ordinal < parts for ordinal in ordinals):
+        raise ValueError("a part ordinal out of range")
+    for name, column in totals.items():
+        values = counts.get(name, [0] * len(ordinals) if name == "near_duplicates" else None)
+        if values is None or len(values) != len(ordinals):
+            raise ValueError(f"parts.{name} does not list every part")
+        for ordinal, value in zip(ordinals, values):
+            column[ordinal] += int(value)
 
 
 def distribution_stats(quality: OrderQuality, parts: Sequence[TokenizedPart], near: bool) -> dict[str, Any]:
