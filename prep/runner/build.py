@@ -24,6 +24,7 @@ from prep.hashing import Digest
 from prep.inputs.sources import SourceFile, discover, input_version, release_spool
 from prep.progress import Progress, human_bytes, plural
 from prep.quality.gate import CheckResult, failure, judge
+from prep.runner.distributions import measures
 from prep.runner.driver import Runner
 from prep.runner.executors.base import Executor, WarmUp, WrappedExecutor
 from prep.runner.executors.pool import LocalExecutor
@@ -41,7 +42,6 @@ from prep.runner.publish import (
     step_stats,
     write_log,
 )
-from prep.runner.distributions import measures
 from prep.runner.readback import Readback, passed_before, read_back
 from prep.runner.reuse import executor_checker
 from prep.runner.sharding import Sharded, Sharding

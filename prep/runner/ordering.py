@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from prep.progress import plural
+from prep.runner.distributions import OrderQuality, order_quality
 from prep.runner.merging import Level, Source, merged_sources
 from prep.runner.nearclusters import Clustered
-from prep.runner.distributions import OrderQuality, order_quality
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
 from prep.runner.tasks import TaskResult, store_written, stored_table, worker_store
 from prep.runner.tokenizing import Tokenized

@@ -14,7 +14,7 @@ from prep.errors import ConfigError
 from prep.quality.gate import Check, Checks, Measures, failure, judge
 
 MINIMAL = {"dataset": "tiny", "input": {"paths": ["a.jsonl"]}, "tokenizer": {"path": "t.json"}}
-STEPS = [{"use": "length", "min_words": 3}, {"use": "language", "languages": ["en"]}, {"use": "length", "max_chars": 9}]
+STEPS: list[dict[str, Any]] = [{"use": "length", "min_words": 3}, {"use": "language", "languages": ["en"]}, {"use": "length", "max_chars": 9}]
 
 
 def parsed(checks: dict[str, Any], steps: list[dict[str, Any]] | None = None) -> Checks:
