@@ -174,12 +174,13 @@ def _step_index(step: str, uses: Sequence[str]) -> int | None:
 
 
 def _decimal(source: str, key: str, value: object) -> str:
-    """A fraction in [0, 1], as its shortest decimal text."""
+    """A fraction in [0, 1], as the shortest decimal text of its float (what `prep show --pipeline`
+    writes back and reads as the same)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(source, key, f"expected a fraction from 0 to 1, got {type(value).__name__} {value!r}")
     if not math.isfinite(value) or not 0 <= value <= 1:
         raise _fail(source, key, f"must be from 0 to 1, got {value!r}")
-    return repr(float(value)) if isinstance(value, float) else str(value)
+    return repr(float(value))  # an integer 0 or 1 too: "1.0", as the float it equals
 
 
 def _count(source: str, key: str, value: object) -> int:

@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from prep.cli.statsview import bar
+from prep.history.pipelinefile import checks_lines
 from prep.manifest.schema import validate
+from prep.quality.gate import parse_checks
 from prep.storage.local import LocalStore
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
 from tests.snapshot_factory import build_snapshot
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> tuple[Path, dict[str, object]]:
+def built(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> tuple[Path, dict[str, Any]]:
     """A store with tiny@latest built from two files (the second repeating 3 texts of the first), a
     length step and [checks]; and its manifest."""
     root = tmp_path_factory.mktemp("stats-view")
@@ -31,10 +35,9 @@ def built(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> tup
     return root / "store", json.loads(shown.stdout)
 
 
-def test_the_terminal_view_draws_one_bar_per_octave_and_a_row_per_file(built: tuple[Path, dict[str, object]]) -> None:
+def test_the_terminal_view_draws_one_bar_per_octave_and_a_row_per_file(built: tuple[Path, dict[str, Any]]) -> None:
     store, manifest = built
     stats = manifest["stats"]
-    assert isinstance(stats, dict)
     out = run_prep("show", "tiny@latest", "--store", store, "--stats").stdout.splitlines()
     octaves = stats["tokens_per_document"]["histogram"]
     drawn = [line for line in out if "│" in line]
@@ -55,7 +58,7 @@ def test_the_terminal_view_draws_one_bar_per_octave_and_a_row_per_file(built: tu
     assert f"  min_documents = 10: measured {stats['documents_written']}, passed" in out
 
 
-def test_the_json_report_is_the_manifests_stats_and_checks(built: tuple[Path, dict[str, object]]) -> None:
+def test_the_json_report_is_the_manifests_stats_and_checks(built: tuple[Path, dict[str, Any]]) -> None:
     store, manifest = built
     report = json.loads(run_prep("show", "tiny@latest", "--store", store, "--stats", "--json").stdout)
     validate(report, "prep.stats-report/1")
@@ -63,7 +66,7 @@ def test_the_json_report_is_the_manifests_stats_and_checks(built: tuple[Path, di
     assert [check["name"] for check in report["checks"]] == ["max_duplicate_fraction", "min_documents"]
 
 
-def test_the_html_page_is_self_contained(built: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
+def test_the_html_page_is_self_contained(built: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     store, manifest = built
     page_file = tmp_path / "stats.html"
     ran = run_prep("show", "tiny@latest", "--store", store, "--stats", "--html", page_file)
@@ -72,13 +75,12 @@ def test_the_html_page_is_self_contained(built: tuple[Path, dict[str, object]], 
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert not re.search(r"<script|<link|<img|src=|href=|url\(|@import|https?:", page, re.I)
     stats = manifest["stats"]
-    assert isinstance(stats, dict)
     assert page.count('<td class="bar">') == len(stats["tokens_per_document"]["histogram"])
     assert "width:100.00%" in page and "a.jsonl" in page and "min_documents = 10" in page
 
 
 def test_bad_stats_options_and_a_snapshot_without_distributions_exit_2(tmp_path: Path,
-                                                                       built: tuple[Path, dict[str, object]]) -> None:
+                                                                       built: tuple[Path, dict[str, Any]]) -> None:
     store, _ = built
     for args, message in ((["--html", str(tmp_path / "x.html")], "--html FILE goes with --stats"),
                           (["--stats", "--pipeline"], "--stats shows the snapshot's distributions: not with --pipeline")):
@@ -95,3 +97,18 @@ def test_bad_stats_options_and_a_snapshot_without_distributions_exit_2(tmp_path:
                                                       (3, 64, "█▉"), (7, 0, "")])
 def test_bars_are_drawn_in_eighths_and_any_document_shows(count: int, most: int, drawn: str) -> None:
     assert bar(count, most) == drawn
+
+
+def test_show_pipeline_writes_the_checks_back_as_they_parse(built: tuple[Path, dict[str, Any]]) -> None:
+    """The printed pipeline's [checks] parse to the checks the manifest judged (so a rebuild from it
+    records the same), a per-step one as its dotted key."""
+    store, manifest = built
+    text = run_prep("show", "tiny@latest", "--store", store, "--pipeline").stdout
+    assert "[checks]\nmax_duplicate_fraction = 0.5\nmin_documents = 10\n" in text
+    table = tomllib.loads(text)["checks"]
+    checks = parse_checks(table, ["length"], "printed")
+    assert [check.to_json() for check in checks.checks] == [
+        {key: value for key, value in check.items() if key in ("name", "limit", "step")}
+        for check in manifest["checks"]]
+    per_step = checks_lines([{"name": "max_dropped_fraction.my.step:fn", "limit": "1.0"}])
+    assert parse_checks(tomllib.loads("\n".join(per_step))["checks"], ["my.step:fn"]).checks[0].step == 0

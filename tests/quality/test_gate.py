@@ -14,7 +14,8 @@ from prep.errors import ConfigError
 from prep.quality.gate import Check, Checks, Measures, failure, judge
 
 MINIMAL = {"dataset": "tiny", "input": {"paths": ["a.jsonl"]}, "tokenizer": {"path": "t.json"}}
-STEPS: list[dict[str, Any]] = [{"use": "length", "min_words": 3}, {"use": "language", "languages": ["en"]}, {"use": "length", "max_chars": 9}]
+STEPS: list[dict[str, Any]] = [{"use": "length", "min_words": 3}, {"use": "language", "languages": ["en"]},
+                               {"use": "length", "max_chars": 9}]
 
 
 def parsed(checks: dict[str, Any], steps: list[dict[str, Any]] | None = None) -> Checks:
@@ -52,7 +53,7 @@ def test_checks_parse_in_a_fixed_order_with_steps_by_number_or_use() -> None:
     checks = parsed({"max_dropped_fraction": {"3": 0.25, "language": 1}, "min_documents": 5,
                      "max_skipped_fraction": 0.001}, STEPS)
     assert checks.checks == (Check("max_skipped_fraction", "0.001"), Check("min_documents", 5),
-                             Check("max_dropped_fraction.language", "1", 1), Check("max_dropped_fraction.3", "0.25", 2))
+                             Check("max_dropped_fraction.language", "1.0", 1), Check("max_dropped_fraction.3", "0.25", 2))
     assert not parsed({}) and not parse_pipeline(dict(MINIMAL), Path("/p"), "p.toml").checks
 
 
