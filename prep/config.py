@@ -17,6 +17,7 @@ from typing import Any
 from prep.errors import ConfigError, UsageError
 from prep.formats import registry
 from prep.neardup.settings import NearDupSettings, parse_settings
+from prep.quality.gate import Checks, parse_checks
 from prep.steps import catalog
 from prep.steps.protocol import DocumentStep, SettingError
 from prep.store.layout import MAX_NAME_CHARS, valid_name
@@ -94,6 +95,7 @@ class Pipeline:
     retention: Policy = Policy()  # not output-affecting: kept out of `resolved()`
     build: BuildConfig = BuildConfig()  # nor is this
     steps: tuple[DocumentStep, ...] = ()  # [[steps]], in order: run on each document before tokenizing
+    checks: Checks = Checks()  # [checks]: what must hold to publish; no output depends on it (no task key)
 
     def tokenizer_path(self) -> Path:
         path = Path(self.tokenizer.path).expanduser()
@@ -275,10 +277,11 @@ def parse_pipeline(data: dict[str, Any], base_dir: Path, source: str = "pipeline
     retention = _retention(root.table("retention"))
     build = _build(root.table("build"))
     steps = _steps(root.get("steps", list, []), source, base_dir)
+    checks = parse_checks(root.get("checks", dict, {}), [step.name for step in steps], source)
     root.finish()
     _check_metadata_keys(input_config.metadata_fields, steps, source)
     return Pipeline(source, base_dir, dataset, seed, store, input_config, tokenizer, dedup, output, retention, build,
-                    steps)
+                    steps, checks)
 
 
 def _near(table: dict[str, Any] | None, source: str) -> NearDupSettings | None:

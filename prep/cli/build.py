@@ -68,7 +68,8 @@ def build(pipeline: Path, store_url: str | None, workers: int | None, tags: tupl
                    "up_to_date": all(ref.action == "unchanged" for ref in result.refs),
                    "refs": [ref.to_json() for ref in result.refs],
                    "stages": [{"name": run.name, "ran": run.ran, "cached": run.cached} for run in result.stages.values()],
-                   "readback": result.readback.to_json(), "log": result.log_key})
+                   "readback": result.readback.to_json(), "log": result.log_key,
+                   **({"checks": [check.to_json() for check in result.checks]} if config.checks else {})})
     else:
         click.echo(result.snapshot.id)
     if (declined := declined_tags(config.dataset, result.snapshot.id, result.refs)) is not None:

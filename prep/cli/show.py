@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from prep.cli import statsview
 from prep.cli.common import json_option, open_store_option, store_option
 from prep.cli.nearstats import near_lines
 from prep.cli.render import dropped_lines, near_dropped_lines, trace_lines
+from prep.cli.statsview import STATS_SCHEMA
 from prep.errors import NotFoundError, UsageError
 from prep.formats.megatron_spec import BIN
 from prep.formats.units import artifact_format, required_formats
@@ -275,7 +277,7 @@ def _show_dropped(store: Store, snapshot: Snapshot, step: str, limit: int, text:
 @store_option
 @json_option("prep.snapshot/1 (the manifest exactly as stored), with --at " + SHOW_AT_SCHEMA + ", with --dropped "
              + DROPPED_SCHEMA + " (--dropped near: " + NEAR_DROPPED_SCHEMA + "), with --pipeline the manifest's config "
-             "(part of prep.snapshot/1)")
+             "(part of prep.snapshot/1), with --stats " + STATS_SCHEMA)
 @click.option("--at", "at", default=None, metavar="KEY|PATH:N",
               help="Show one document: a WebDataset sample key (as in the .tar), or sequence N (0-based) of "
                    f"artifact PATH, e.g. {AT_EXAMPLES}.")
@@ -293,10 +295,18 @@ def _show_dropped(store: Store, snapshot: Snapshot, step: str, limit: int, text:
 @click.option("--pipeline", is_flag=True,
               help="Print the pipeline the snapshot was built from, as a TOML pipeline file (its input files and "
                    "tokenizer as a pull places them).")
+@click.option("--stats", "show_stats", is_flag=True,
+              help="Draw the snapshot's distributions: tokens per document (octave bars), per input file counts, "
+                   "checks; with --json the " + STATS_SCHEMA + " report.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="With --stats: write them to FILE as one self-contained HTML page.")
 def show(snap: str, store_url: str | None, as_json: bool, at: str | None, text: bool, tokens: bool,
-         megatron_paths: bool, root: Path | None, dropped_step: str | None, limit: int, pipeline: bool) -> None:
+         megatron_paths: bool, root: Path | None, dropped_step: str | None, limit: int, pipeline: bool,
+         show_stats: bool, html_file: Path | None) -> None:
     """Show a snapshot (DATASET@REF, sha256:<hex>, a unique hex prefix, a manifest file) or a pulled folder."""
     _check_options(text, tokens, at, dropped_step, megatron_paths, root, as_json, pipeline)
+    statsview.check_stats_options(show_stats, html_file, {"--at": at is not None, "--dropped": dropped_step is not None,
+                                                          "--megatron-paths": megatron_paths, "--pipeline": pipeline})
     manifest_file = pulled_manifest(snap)
     dest = Path(snap) if manifest_file is not None else None
     spec = str(manifest_file) if manifest_file is not None else snap
@@ -307,6 +317,8 @@ def show(snap: str, store_url: str | None, as_json: bool, at: str | None, text: 
         click.echo(note, err=True)
     if megatron_paths:
         _print_megatron_paths(snapshot, dest, root)
+    elif show_stats:
+        statsview.show_stats(snapshot.id, snapshot.manifest, as_json, html_file)
     elif pipeline:
         _show_pipeline(snapshot, as_json)
     elif at is not None:

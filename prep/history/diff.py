@@ -235,8 +235,9 @@ def diff_stats(old: dict[str, Any], new: dict[str, Any]) -> list[StatDelta]:
 
 def _stat_counts(stats: dict[str, Any]) -> dict[str, int]:
     """A manifest's stats as counts by key: `steps[0].length.dropped`, `steps[0].length.reasons.too few words`,
-    `near_clusters.clusters`, `near_clusters.sizes[3-4]`."""
-    counts = {key: int(value) for key, value in stats.items() if key not in ("steps", NEAR_CLUSTERS)}
+    `near_clusters.clusters`, `near_clusters.sizes[3-4]`, and the distributions' (`_distribution_counts`);
+    a stat of another shape is left out."""
+    counts = {key: value for key, value in stats.items() if isinstance(value, int) and not isinstance(value, bool)}
     for index, step in enumerate(stats.get("steps", ())):
         prefix = f"steps[{index}].{step['use']}"
         counts.update({f"{prefix}.{name}": int(value) for name, value in step.items() if name not in ("use", "reasons")})
@@ -245,6 +246,26 @@ def _stat_counts(stats: dict[str, Any]) -> dict[str, int]:
     counts.update({f"{NEAR_CLUSTERS}.{name}": int(value) for name, value in near.items() if name != "sizes"})
     counts.update({f"{NEAR_SIZES}{int(item['min'])}-{int(item['max'])}]": int(item["clusters"])
                    for item in near.get("sizes", ())})
+    return counts | _distribution_counts(stats)
+
+
+def _distribution_counts(stats: dict[str, Any]) -> dict[str, int]:
+    """`tokens_per_document.median.min`, `.empty`, `.short`, `.histogram[4-7]` (documents of the
+    octave), and per input file `files[a.jsonl].documents_written`, `files[a.jsonl].dropped_by_steps[0]`."""
+    counts: dict[str, int] = {}
+    tokens = stats.get("tokens_per_document")
+    if isinstance(tokens, dict):
+        counts.update({f"tokens_per_document.median.{end}": int(tokens["median"][end]) for end in ("min", "max")})
+        counts.update({f"tokens_per_document.{name}": int(tokens[name]) for name in ("empty", "short")})
+        counts.update({f"tokens_per_document.histogram[{o['min']}-{o['max']}]": int(o["documents"])
+                       for o in tokens["histogram"]})
+    for entry in stats.get("files", ()):
+        prefix = f"files[{entry['path']}]"
+        for name, value in entry.items():
+            if isinstance(value, list):
+                counts.update({f"{prefix}.{name}[{index}]": int(item) for index, item in enumerate(value)})
+            elif name != "path":
+                counts[f"{prefix}.{name}"] = int(value)
     return counts
 
 

@@ -15,7 +15,7 @@ from dataclasses import fields
 from typing import Any
 
 from prep.config import DedupConfig, InputConfig, OutputConfig, TokenizerConfig
-from prep.manifest.tomltext import toml_line, toml_value
+from prep.manifest.tomltext import toml_key, toml_line, toml_value
 from prep.steps import catalog
 from prep.steps.protocol import SettingError
 
@@ -32,7 +32,8 @@ def pipeline_text(snapshot_id: str, manifest: Mapping[str, Any], tokenizer_path:
     sections = [input_lines(manifest, config.get("input")), tokenizer_lines(manifest, config, tokenizer_path),
                 table_lines("dedup", config.get("dedup"), DedupConfig),
                 table_lines("output", config.get("output"), OutputConfig),
-                *(step_lines(step) for step in config.get("steps", ()))]
+                *(step_lines(step) for step in config.get("steps", ())),
+                *([checks_lines(manifest["checks"])] if isinstance(manifest.get("checks"), list) else [])]
     return "\n".join(head + [line for section in sections for line in ("", *section)]) + "\n"
 
 
@@ -92,6 +93,18 @@ def step_lines(step: Mapping[str, Any]) -> list[str]:
                for key, value in settings.items() if key not in settable]
     typed = {key: typed_back(value, hints[key]) for key, value in settings.items() if key in settable}
     return [*lines, *_settings(typed, kind), *derived]
+
+
+def checks_lines(checks: list[Mapping[str, Any]]) -> list[str]:
+    """`[checks]` as the manifest's judged checks record them: each limit back as the TOML float of
+    its decimal (or its integer), a per-step check as the dotted key it was given."""
+    lines = ["[checks]"]
+    for check in checks:
+        name, limit = str(check["name"]), check["limit"]
+        head, dot, step = name.partition(".")
+        key = f"{toml_key(head)}.{toml_key(step)}" if dot else toml_key(name)
+        lines.append(f"{key} = {toml_value(float(limit) if isinstance(limit, str) else limit)}")
+    return lines
 
 
 def typed_back(value: object, hint: object) -> object:

@@ -23,6 +23,8 @@ from prep.faults import crash_point
 from prep.hashing import Digest
 from prep.inputs.sources import SourceFile, discover, input_version, release_spool
 from prep.progress import Progress, human_bytes, plural
+from prep.quality.gate import CheckResult, failure, judge
+from prep.runner.distributions import measures
 from prep.runner.driver import Runner
 from prep.runner.executors.base import Executor, WarmUp, WrappedExecutor
 from prep.runner.executors.pool import LocalExecutor
@@ -65,6 +67,7 @@ class BuildResult:
     stages: dict[str, StageRun] = field(default_factory=dict)
     log_key: str = ""
     readback: Readback = field(default_factory=lambda: Readback(False))
+    checks: list[CheckResult] = field(default_factory=list)  # [checks] judged (all passed), none when not declared
 
 
 def make_executor(kind: str, workers: int, ray_address: str | None = None) -> Executor:
@@ -164,12 +167,15 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
         release_spool(sources)  # S3 inputs were read once, into the spool; no later stage reads them
     _check_not_empty(pipeline, sources, tokenized)
     sharded: Sharded = runner.run_stages(global_stages(pipeline, info, settings), tokenized)
+    stats = build_stats(sharded)
+    checked = judge_checks(pipeline, stats, progress)
     stored = store_tokenizer(store, tokenizer_path, info.sha256)
     tokenizer = {**info.to_json(), "object": stored.id, "bytes": stored.size}
     manifest = snapshot_manifest(
         dataset=pipeline.dataset, seed=pipeline.seed, version=version, sources=sources, code=code,
         tokenizer=tokenizer, config=pipeline.resolved(), stages=runner.committed_stages(), shards=sharded.shards,
-        formats=pipeline.output.formats, stats=build_stats(sharded))
+        formats=pipeline.output.formats, stats=stats,
+        checks=[result.to_json() for result in checked] if pipeline.checks else None)
     if lease.lapsed:
         raise StoreError(f"{store.url}: this build's lease lapsed (the store was unreachable too long); "
                          "rerun to publish from the committed work")
@@ -183,7 +189,21 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
     except StoreError as exc:  # the refs moved already: the build did publish, only its log is lost
         progress.info(f"warning: the build log could not be stored ({exc}); the snapshot is published")
         log_key = ""
-    return BuildResult(snapshot, outcomes, runner.stages, log_key, readback)
+    return BuildResult(snapshot, outcomes, runner.stages, log_key, readback, checked)
+
+
+def judge_checks(pipeline: Pipeline, stats: dict[str, Any], progress: Progress) -> list[CheckResult]:
+    """The pipeline's [checks] judged on the build's stats; ChecksFailedError (exit 2) naming
+    every one that failed, before anything is published: the stages' task records and objects stay
+    committed, so a rerun with the limits or the corpus fixed reuses them."""
+    if not pipeline.checks:
+        return []
+    results = judge(pipeline.checks, measures(stats))
+    error = failure(pipeline.source, results)
+    if error is not None:
+        raise error
+    progress.info(f"checks: all {len(results)} passed")
+    return results
 
 
 def global_stages(pipeline: Pipeline, info: TokenizerInfo, settings: TokenizeSettings) -> list[Stage[Any, Any]]:

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from prep.progress import plural
+from prep.runner.distributions import OrderQuality, order_quality
 from prep.runner.merging import Level, Source, merged_sources
 from prep.runner.nearclusters import Clustered, NearCounts
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
@@ -146,6 +147,7 @@ class Ordered:
     buckets: tuple[OrderedBucket, ...]
     tokenized: Tokenized
     parts_table: str  # the PartTable object every order task read
+    quality: OrderQuality  # the buckets' token lengths and per-part counts, summed
     near: NearCounts | None = None  # with [dedup.near]: what its stages counted (not in the order manifest)
 
     def manifest(self) -> dict[str, object]:
@@ -213,8 +215,9 @@ class Ordering:
     def result(self, previous: Tokenized | Clustered, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Ordered:
         jobs = [(task.key, task.job) for task in plan.tasks.tasks]
         tokenized, near = (previous.tokenized, previous.counts) if isinstance(previous, Clustered) else (previous, None)
+        quality = order_quality(len(tokenized.parts), [(key, committed[key].summary) for key, _ in jobs])
         return Ordered(jobs[0][1].bits, tuple(OrderedBucket.of(job.bucket, key, committed[key]) for key, job in jobs),
-                       tokenized, jobs[0][1].parts_table, near)
+                       tokenized, jobs[0][1].parts_table, quality, near)
 
     def done(self, result: Ordered, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
         kept = sum(bucket.documents for bucket in result.buckets)

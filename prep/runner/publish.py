@@ -17,6 +17,7 @@ from prep import hashing
 from prep.errors import RefConflictError, StaleRefError
 from prep.formats.units import artifact_format, named_artifact_path, unit_formats, units_for
 from prep.inputs.sources import SourceFile
+from prep.runner.distributions import distribution_stats
 from prep.runner.sharding import Sharded, ShardOut
 from prep.runner.stage import StageRun
 from prep.runner.tokenizing import StepCounts, TokenizedPart
@@ -58,7 +59,14 @@ def build_stats(sharded: Sharded) -> dict[str, Any]:
         "bad_records_skipped": sum(part.bad_records for part in parts),
         "special_token_documents": sum(part.special_token_documents for part in parts),
         **({"steps": [counts.to_json() for counts in steps]} if steps else {}),
+        **_distributions(sharded),
     }
+
+
+def _distributions(sharded: Sharded) -> dict[str, Any]:
+    """`tokens_per_document` and `files` (prep/runner/distributions.py)."""
+    ordered = sharded.ordered
+    return distribution_stats(ordered.quality, ordered.tokenized.parts, ordered.near_duplicates_dropped is not None)
 
 
 def _near_stats(sharded: Sharded) -> dict[str, object]:
@@ -84,8 +92,10 @@ def step_stats(parts: Sequence[TokenizedPart]) -> list[StepCounts]:
 
 def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[SourceFile], code: dict[str, Any],
                       tokenizer: dict[str, Any], config: dict[str, Any], stages: list[StageRun],
-                      shards: Sequence[ShardOut], formats: tuple[str, ...], stats: dict[str, Any]) -> dict[str, Any]:
-    """The `prep.snapshot/1` manifest of a build (schema: manifests/snapshot-1.schema.json)."""
+                      shards: Sequence[ShardOut], formats: tuple[str, ...], stats: dict[str, Any],
+                      checks: list[dict[str, object]] | None = None) -> dict[str, Any]:
+    """The `prep.snapshot/1` manifest of a build (schema: manifests/snapshot-1.schema.json); `checks`
+    (the [checks] judged) only for a pipeline that declares some, so others keep their ids."""
     return {
         "schema": SNAPSHOT_SCHEMA,
         "dataset": dataset,
@@ -97,6 +107,7 @@ def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[So
         "stages": [{"name": run.name, "key": run.key, "output": run.output} for run in stages],
         "artifacts": artifacts(shards, formats),
         "stats": stats,
+        **({"checks": checks} if checks is not None else {}),
     }
 
 

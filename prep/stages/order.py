@@ -22,6 +22,7 @@ import numpy as np
 
 from prep.errors import IntegrityError
 from prep.hashing import Digest
+from prep.quality.lengths import measure
 from prep.stages.neardedup import drop_near_duplicates, global_numbers
 from prep.stages.specs import PartTable
 from prep.workfiles.drops import open_drops
@@ -141,8 +142,11 @@ def order_bucket(sources: Sequence[tuple[Path, int]], parts: PartTable, bucket: 
         raise IntegrityError(f"bucket {bucket}: an entry names part {int(gathered['part'].max())}, "
                              f"but the corpus has {len(parts)} parts")
     entries, dropped = sort_and_dedup(gathered, exact)
+    after_exact = entries["part"].copy()  # not a view: the exact-kept copy is freed below
     entries, near = _without_near(entries, gathered, drops, bucket, bits)
-    del gathered  # a bucket's entries are held once, plus the kept copy while sorting
+    quality = {"token_lengths": measure(entries["n_tokens"]).to_json(),
+               "parts": part_counts(gathered["part"], after_exact, entries, near is not None)}
+    del gathered, after_exact  # a bucket's entries are held once, plus the kept copy while sorting
     entries, ids = regroup_ids(entries, blob)  # entries is sort_and_dedup's own copy
     weights = (entries["n_tokens"].astype(np.int64) + 1) * itemsize
     root = bucket << (64 - bits) if bits else 0
@@ -159,10 +163,27 @@ def order_bucket(sources: Sequence[tuple[Path, int]], parts: PartTable, bucket: 
                            entries, ids)
     summary = {"documents_read": documents_read, "duplicates_dropped": dropped, "documents": len(entries),
                "bin_size": int(weights.sum()), "text_bytes": int(entries["text_bytes"].sum()),
-               "digest": digests[0, len(entries)], "leaves": leaves}
+               "digest": digests[0, len(entries)], "leaves": leaves, **quality}
     if near is not None:
         summary["near_duplicates_dropped"] = near
     return digest, summary
+
+
+def part_counts(gathered: np.ndarray, after_exact: np.ndarray, kept: np.ndarray, near: bool) -> dict[str, list[int]]:
+    """Per part (by ordinal) with documents in the bucket: duplicates exact dedup dropped, near
+    duplicates dropped (with `near`), and the documents and tokens (EOS included) kept; from the
+    part ordinals of the gathered entries, of those exact dedup kept, and the kept entries."""
+    size = int(gathered.max()) + 1 if len(gathered) else 0
+    arrived, exact_kept, written = (np.bincount(parts.astype(np.int64), minlength=size)
+                                    for parts in (gathered, after_exact, kept["part"]))
+    tokens = np.zeros(size, dtype=np.int64)
+    np.add.at(tokens, kept["part"].astype(np.int64), kept["n_tokens"].astype(np.int64) + 1)
+    present = np.flatnonzero(arrived)
+    counts = {"part": present.tolist(), "duplicates": (arrived - exact_kept)[present].tolist(),
+              "documents": written[present].tolist(), "tokens": tokens[present].tolist()}
+    if near:
+        counts["near_duplicates"] = (exact_kept - written)[present].tolist()
+    return counts
 
 
 def _without_near(entries: np.ndarray, gathered: np.ndarray, drops: Path | None, bucket: int,

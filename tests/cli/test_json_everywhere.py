@@ -56,7 +56,8 @@ def successes(p: Project) -> dict[str, list[tuple[list[str | Path], str]]]:
     s: list[str | Path] = ["--store", p.store]
     return {
         "build": [(["build", p.pipeline, *s, "--workers", "1"], "prep.build-report/1")],
-        "show": [(["show", "tiny@latest", *s], "prep.snapshot/1"), (["show", p.dest], "prep.snapshot/1")],
+        "show": [(["show", "tiny@latest", *s], "prep.snapshot/1"), (["show", p.dest], "prep.snapshot/1"),
+                 (["show", "tiny@latest", "--stats", *s], "prep.stats-report/1")],
         "log": [(["log", "tiny", *s], "prep.log-report/1"), (["log", "tiny", "--builds", *s], "prep.log-report/1")],
         "pull": [(["pull", "tiny@latest", p.dest, *s], "prep.pull-report/1")],
         "verify": [(["verify", "tiny@latest", p.dest, *s], "prep.verify-report/2")],

@@ -1,5 +1,10 @@
 """Golden artifacts: a fixed corpus builds to the same bytes, path for path, as recorded (bin and
-wds, uint16 and int32 token ids, duplicates dropped across files). A change here is a format change."""
+wds, uint16 and int32 token ids, duplicates dropped across files). A change here is a format change.
+
+The manifest's distributions (stats.tokens_per_document and stats.files) are pinned apart, as
+values one can read (GOLDEN_DISTRIBUTIONS), and left out of the manifest digest: the digests
+recorded before the distributions existed still hold, which proves they added fields and changed
+nothing else."""
 
 from __future__ import annotations
 
@@ -46,7 +51,8 @@ def golden_corpus(root: Path) -> None:
 
 def golden_build(root: Path, vocab_size: int, formats: str) -> tuple[str, dict[str, str]]:
     """Build the golden corpus: its manifest's digest without the code identity, and every
-    artifact's SHA-256 by path (checked against the store's object)."""
+    artifact's SHA-256 by path (checked against the store's object); its distributions must be
+    GOLDEN_DISTRIBUTIONS."""
     golden_corpus(root)
     pipeline = write_pipeline(root, word_tokenizer(root / "tokenizer.json", vocab_size), ["corpus"],
                               shard_size="2KB", formats=formats)
@@ -56,14 +62,41 @@ def golden_build(root: Path, vocab_size: int, formats: str) -> tuple[str, dict[s
         data = artifact_path(root / "store", artifact).read_bytes()
         digests[artifact["path"]] = hashlib.sha256(data).hexdigest()
         assert digests[artifact["path"]] == artifact["sha256"]
+    stats = result.snapshot.manifest["stats"]
+    assert {name: stats[name] for name in DISTRIBUTIONS} == GOLDEN_DISTRIBUTIONS
     return manifest_without_code(result.snapshot.manifest), digests
 
 
+DISTRIBUTIONS = ("tokens_per_document", "files")
+
+
 def manifest_without_code(manifest: dict[str, Any]) -> str:
-    """The manifest's SHA-256 with the code identity and the stage keys and outputs it enters blanked."""
+    """The manifest's SHA-256 with the code identity and the stage keys and outputs it enters
+    blanked, and without the distributions (pinned in GOLDEN_DISTRIBUTIONS)."""
     stages = [{**stage, "key": "-", "output": "-"} for stage in manifest["stages"]]
-    blanked = {**manifest, "code": "-", "stages": stages}
+    stats = {name: value for name, value in manifest["stats"].items() if name not in DISTRIBUTIONS}
+    blanked = {**manifest, "code": "-", "stages": stages, "stats": stats}
     return hashlib.sha256(json.dumps(blanked, sort_keys=True).encode()).hexdigest()
+
+
+def _octave(low: int, high: int, documents: int) -> dict[str, int]:
+    return {"min": low, "max": high, "documents": documents}
+
+
+def _file(path: str, read: int, duplicates: int, tokens: int) -> dict[str, object]:
+    return {"path": path, "documents_read": read, "bad_records_skipped": 0, "duplicates_dropped": duplicates,
+            "documents_written": read - duplicates, "tokens_written": tokens}
+
+
+GOLDEN_DISTRIBUTIONS: dict[str, Any] = {
+    # one empty text (a-0; a-69 repeats it), 77 documents of fewer than 16 tokens, the median 12
+    "tokens_per_document": {
+        "histogram": [_octave(0, 0, 1), _octave(1, 1, 2), _octave(2, 3, 10), _octave(4, 7, 21), _octave(8, 15, 43),
+                      _octave(16, 31, 41)],
+        "median": {"min": 12, "max": 12}, "empty": 1, "short": 77, "short_below": 16},
+    # sub/c.jsonl repeats 13 texts of the first two files: one document of it is written (c-new)
+    "files": [_file("a.jsonl", 70, 1, 897), _file("b.jsonl", 50, 2, 654), _file("sub/c.jsonl", 14, 13, 5)],
+}
 
 
 GOLDEN: dict[tuple[int, str], tuple[str, dict[str, str]]] = {

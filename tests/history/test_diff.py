@@ -144,3 +144,24 @@ def test_identical_manifests() -> None:
     diff = diff_snapshots(snapshot_of(base_manifest()), snapshot_of(base_manifest()))
     assert diff.identical and diff.files == () and diff.settings == () and diff.artifacts_added == ()
     assert all(delta.delta == 0 for delta in diff.stats)
+
+
+def test_the_distributions_diff_as_counts_and_an_older_side_shows_them_absent() -> None:
+    """Regression: the distributions (tokens_per_document, files) crashed diff_stats, which read
+    every stat as an integer (`prep diff` of any two new snapshots: TypeError)."""
+    old, new = base_manifest(), base_manifest()
+    octave = {"min": 4, "max": 7, "documents": 3}
+    new["stats"]["tokens_per_document"] = {"histogram": [{"min": 0, "max": 0, "documents": 0}, octave],
+                                           "median": {"min": 5, "max": 5}, "empty": 0, "short": 3, "short_below": 16}
+    new["stats"]["files"] = [{"path": "a.jsonl", "documents_read": 3, "bad_records_skipped": 0,
+                              "dropped_by_steps": [2], "duplicates_dropped": 0, "documents_written": 3,
+                              "tokens_written": 18}]
+    newer = copy.deepcopy(new)
+    newer["stats"]["files"][0]["dropped_by_steps"] = [5]
+    newer["stats"]["tokens_per_document"]["histogram"][1]["documents"] = 4
+    deltas = {d.key: (d.old, d.new) for d in diff_snapshots(snapshot_of(new), snapshot_of(newer)).stats
+              if d.old != d.new}
+    assert deltas == {"files[a.jsonl].dropped_by_steps[0]": (2, 5), "tokens_per_document.histogram[4-7]": (3, 4)}
+    against_old = {d.key: (d.old, d.new) for d in diff_snapshots(snapshot_of(old), snapshot_of(new)).stats}
+    assert against_old["tokens_per_document.median.min"] == (None, 5)
+    assert against_old["files[a.jsonl].tokens_written"] == (None, 18)

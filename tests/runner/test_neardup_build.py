@@ -16,6 +16,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from prep.config import load_pipeline
@@ -73,6 +74,10 @@ def test_planted_near_duplicates_are_removed_keeping_the_first(corpus: tuple[Pat
     stats = result.snapshot.manifest["stats"]
     assert stats["near_duplicates_dropped"] + stats["duplicates_dropped"] == len(drops)
     assert stats["documents_written"] == len(docs) - len(drops)
+    starts = np.cumsum([0, *sizes])
+    assert [entry["duplicates_dropped"] + entry["near_duplicates_dropped"] for entry in stats["files"]] == \
+        [sum(start <= dropped < end for dropped in drops) for start, end in zip(starts, starts[1:])]
+    assert sum(entry["near_duplicates_dropped"] for entry in stats["files"]) == stats["near_duplicates_dropped"]
 
 
 def test_the_same_snapshot_on_one_two_and_three_workers(corpus: tuple[Path, list[list[str]]]) -> None:
