@@ -81,8 +81,10 @@ def step_stats(parts: Sequence[TokenizedPart]) -> list[StepCounts]:
 
 def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[SourceFile], code: dict[str, Any],
                       tokenizer: dict[str, Any], config: dict[str, Any], stages: list[StageRun],
-                      shards: Sequence[ShardOut], formats: tuple[str, ...], stats: dict[str, Any]) -> dict[str, Any]:
-    """The `prep.snapshot/1` manifest of a build (schema: manifests/snapshot-1.schema.json)."""
+                      shards: Sequence[ShardOut], formats: tuple[str, ...], stats: dict[str, Any],
+                      step_sources: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The `prep.snapshot/1` manifest of a build (schema: manifests/snapshot-1.schema.json); `step_sources`
+    only when it has some (a pipeline without function steps keeps its id)."""
     return {
         "schema": SNAPSHOT_SCHEMA,
         "dataset": dataset,
@@ -94,6 +96,7 @@ def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[So
         "stages": [{"name": run.name, "key": run.key, "output": run.output} for run in stages],
         "artifacts": artifacts(shards, formats),
         "stats": stats,
+        **({"step_sources": list(step_sources)} if step_sources else {}),
     }
 
 
