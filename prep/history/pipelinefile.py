@@ -35,7 +35,7 @@ def pipeline_text(snapshot_id: str, manifest: Mapping[str, Any], tokenizer_path:
     sections = [input_lines(manifest, config.get("input")), tokenizer_lines(manifest, config, tokenizer_path),
                 table_lines("dedup", config.get("dedup"), DedupConfig),
                 table_lines("output", config.get("output"), OutputConfig),
-                *(step_lines(step) for step in config.get("steps", ()))]
+                *(step_lines(step, bool(manifest.get("step_sources"))) for step in config.get("steps", ()))]
     return "\n".join(head + [line for section in sections for line in ("", *section)]) + "\n"
 
 
@@ -84,15 +84,20 @@ def tokenizer_lines(manifest: Mapping[str, Any], config: Mapping[str, Any], path
     return ["[tokenizer]", comment, toml_line("path", path), *_settings(settings, TokenizerConfig)]
 
 
-def step_lines(step: Mapping[str, Any]) -> list[str]:
+def step_lines(step: Mapping[str, Any], carried: bool = False) -> list[str]:
     """`[[steps]]` as its table would set it: a built-in step's settings typed as its class declares
-    them; a function step's `args` and `metadata`, its recorded code identity in a comment."""
+    them; a function step's `args` and `metadata`, its recorded code identity and whether the
+    snapshot carries its package's sources (`carried`) in comments."""
     use = str(step.get("use"))
     settings = {key: value for key, value in step.items() if key != "use"}
     lines = ["[[steps]]", toml_line("use", use)]
     if ":" in use:
+        where = ("# the snapshot carries its package's sources (step_sources): `prep rebuild` imports them from the store"
+                 if carried else "# the snapshot does not carry its package's sources (built before snapshots stored "
+                                 "them): the module must be importable where this file is built")
         return [*lines, *_settings(settings, skip=("code",)),
-                f"# code sha256 {settings.get('code')} (its module, the package modules it imports, their distributions)"]
+                f"# code sha256 {settings.get('code')} (its module, the package modules it imports, their distributions)",
+                where]
     try:
         kind = catalog.step_kind(use)
     except SettingError:
