@@ -18,6 +18,7 @@ import pytest
 from prep import hashing
 from prep.manifest import canonical
 from prep.manifest.schema import validate
+from prep.runner.rebuild import first_difference
 from prep.storage import LocalStore
 from prep.store import records
 from prep.store.layout import object_key, snapshot_marker_key
@@ -215,3 +216,26 @@ def test_a_rebuild_that_differs_exits_1_naming_the_first_artifact(copied: tuple[
     assert report["difference"].startswith(f"artifact {artifact['path']}: sha256 ")
     line = result.stderr.strip().splitlines()[-1]  # after the build's progress lines
     assert line.startswith(f"prep: error: rebuilt {snapshot.id}, not sha256:") and artifact["path"] in line
+
+
+def test_the_first_difference_is_an_artifact_then_a_manifest_field(built: tuple[Path, str]) -> None:
+    root, _ = built
+    recorded = json.loads(resolve(LocalStore(root / "store"), "tiny@latest").raw)
+    other = json.loads(json.dumps(recorded))
+    other["code"]["version"] = "9.9"
+    other["stats"]["documents_read"] += 1
+    assert first_difference(recorded, other) == f'manifest.code.version: "9.9" here, recorded "{recorded["code"]["version"]}"'
+    other["artifacts"] = other["artifacts"][:-1]
+    assert first_difference(recorded, other) == f"artifact {recorded['artifacts'][-1]['path']}: not made by the rebuild"
+    assert first_difference(other, recorded) == f"artifact {recorded['artifacts'][-1]['path']}: made by the rebuild, " \
+                                                "not in the snapshot"
+
+
+def test_a_rebuild_in_the_store_that_built_it_reuses_its_tasks_and_moves_no_ref(built: tuple[Path, str]) -> None:
+    root, _ = built
+    ref = root / "store" / "refs" / "tiny" / "latest.json"
+    before = ref.read_bytes()
+    report = json.loads(run_prep("rebuild", "tiny@latest", "--inputs", root / "corpus", "--store", root / "store",
+                                 "--json").stdout)
+    assert report["same"] and all(stage["ran"] == 0 for stage in report["stages"])
+    assert ref.read_bytes() == before
