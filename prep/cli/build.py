@@ -1,4 +1,4 @@
-"""`prep build PIPELINE`."""
+"""`prep build PIPELINE` and `prep rebuild SNAP --inputs DIR`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import click
 
-from prep.cli.common import echo_json, json_option, resolve_store_url, store_option
+from prep.cli.common import echo_json, json_option, open_store_option, resolve_store_url, store_option
 from prep.config import load_pipeline
-from prep.progress import note, plural
+from prep.errors import VerificationFailed
+from prep.progress import Progress, note, plural
 from prep.runner.build import PublishOptions, make_executor
 from prep.storage import open_store
 from prep.store.tags import check_tag_name, parse_expect
@@ -82,3 +83,37 @@ def _note_skipped(dataset: str, url: str, count: int) -> None:
         store = "" if url == resolve_store_url(None) else f" --store {shlex.quote(url)}"
         note(f"prep: skipped {plural(count, 'bad record')} (input.on_error = \"skip\"): "
              f"`prep log {dataset} --builds{store}` lists them")
+
+
+@click.command()
+@click.argument("snap")
+@click.option("--inputs", required=True, type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="The folder holding the snapshot's input files, by the names its manifest records "
+                   "(`prep show SNAP --pipeline` lists them); each is checked against its recorded hash first.")
+@store_option
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes running tasks (default: the number of cores).")
+@json_option("prep.rebuild-report/1")
+def rebuild(snap: str, inputs: Path, store_url: str | None, workers: int | None, as_json: bool) -> None:
+    """Build SNAP again from what the store carries, and prove the same snapshot id; prints it.
+
+    The pipeline is the one SNAP's manifest records, the tokenizer file and the step modules are
+    the ones it carries (each checked by hash), the inputs are DIR's files. No ref moves. A
+    different result exits 1 naming the first artifact (or manifest field) that differs; an
+    input file that is missing or differs, or a snapshot built before it carried its tokenizer and
+    step sources, exits 2 naming it."""
+    from prep.history.pipelinefile import rebuilt_pipeline
+    from prep.history.selectors import resolve_spec
+    from prep.runner.rebuild import rebuild as run_rebuild
+
+    store = open_store_option(store_url)
+    snapshot = resolve_spec(store, snap)
+    result = run_rebuild(store, snapshot, inputs,
+                         lambda target, folder, tokenizer: rebuilt_pipeline(target.id, target.manifest, folder, tokenizer),
+                         lambda: make_executor("local", workers or os.cpu_count() or 1), Progress())
+    if as_json:
+        echo_json(result.to_json())
+    else:
+        click.echo(result.rebuilt)
+    if result.difference is not None:
+        raise VerificationFailed(f"rebuilt {result.rebuilt}, not {snapshot.id}: {result.difference}")

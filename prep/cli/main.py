@@ -24,6 +24,7 @@ from prep.errors import PrepError, StorageIOError
 # command name -> "module:attribute"; modules are imported only when their command runs.
 COMMANDS: dict[str, str] = {
     "build": "prep.cli.build:build",
+    "rebuild": "prep.cli.build:rebuild",
     "show": "prep.cli.show:show",
     "log": "prep.cli.show:log",
     "pull": "prep.cli.transfer:pull",
@@ -50,6 +51,7 @@ COMMANDS: dict[str, str] = {
 # command missing here is imported for its own short help.
 SUMMARIES: dict[str, str] = {
     "build": "Build a pipeline into the store and publish a snapshot.",
+    "rebuild": "Build a snapshot again from its store and prove the same id.",
     "show": "Summarize a snapshot, or print its manifest.",
     "log": "The snapshots a dataset's refs pointed to, newest first.",
     "pull": "Copy a snapshot's files to a folder, verifying them.",

@@ -4,17 +4,20 @@ The manifest's `config` (`Pipeline.resolved()`) holds every setting that shaped 
 holds no paths as written, so the file names the input files the manifest lists and the tokenizer
 file a pull puts beside the shards. Step settings go back to the types their step class declares
 (a float is recorded as its decimal string). A snapshot older than a piece of `config` gets what
-it records, and a comment for what it does not.
+it records, and a comment for what it does not. `prep rebuild` reads that file back
+(`rebuilt_pipeline`), its input files and tokenizer re-pointed.
 """
 
 from __future__ import annotations
 
+import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
-from prep.config import DedupConfig, InputConfig, OutputConfig, TokenizerConfig
+from prep.config import DedupConfig, InputConfig, OutputConfig, Pipeline, TokenizerConfig, parse_pipeline
 from prep.manifest.tomltext import toml_key, toml_line, toml_value
 from prep.steps import catalog
 from prep.steps.protocol import SettingError
@@ -32,9 +35,17 @@ def pipeline_text(snapshot_id: str, manifest: Mapping[str, Any], tokenizer_path:
     sections = [input_lines(manifest, config.get("input")), tokenizer_lines(manifest, config, tokenizer_path),
                 table_lines("dedup", config.get("dedup"), DedupConfig),
                 table_lines("output", config.get("output"), OutputConfig),
-                *(step_lines(step) for step in config.get("steps", ())),
+                *(step_lines(step, bool(manifest.get("step_sources"))) for step in config.get("steps", ())),
                 *([checks_lines(manifest["checks"])] if isinstance(manifest.get("checks"), list) else [])]
     return "\n".join(head + [line for section in sections for line in ("", *section)]) + "\n"
+
+
+def rebuilt_pipeline(snapshot_id: str, manifest: Mapping[str, Any], inputs: Path, tokenizer: Path) -> Pipeline:
+    """The snapshot's pipeline, parsed back from the file `pipeline_text` writes: its input files
+    by their recorded names under `inputs` (the pipeline's folder, so a function step's module is
+    also looked for there, after the import path), its tokenizer file at `tokenizer`."""
+    text = pipeline_text(snapshot_id, manifest, str(tokenizer))
+    return parse_pipeline(tomllib.loads(text), inputs.absolute(), f"the pipeline of {snapshot_id}")
 
 
 def _settings(table: Mapping[str, Any], kind: type | None = None, skip: tuple[str, ...] = ()) -> list[str]:
@@ -74,15 +85,20 @@ def tokenizer_lines(manifest: Mapping[str, Any], config: Mapping[str, Any], path
     return ["[tokenizer]", comment, toml_line("path", path), *_settings(settings, TokenizerConfig)]
 
 
-def step_lines(step: Mapping[str, Any]) -> list[str]:
+def step_lines(step: Mapping[str, Any], carried: bool = False) -> list[str]:
     """`[[steps]]` as its table would set it: a built-in step's settings typed as its class declares
-    them; a function step's `args` and `metadata`, its recorded code identity in a comment."""
+    them; a function step's `args` and `metadata`, its recorded code identity and whether the
+    snapshot carries its package's sources (`carried`) in comments."""
     use = str(step.get("use"))
     settings = {key: value for key, value in step.items() if key != "use"}
     lines = ["[[steps]]", toml_line("use", use)]
     if ":" in use:
+        where = ("# the snapshot carries its package's sources (step_sources): `prep rebuild` imports them from the store"
+                 if carried else "# the snapshot does not carry its package's sources (built before snapshots stored "
+                                 "them): the module must be importable where this file is built")
         return [*lines, *_settings(settings, skip=("code",)),
-                f"# code sha256 {settings.get('code')} (its module, the package modules it imports, their distributions)"]
+                f"# code sha256 {settings.get('code')} (its module, the package modules it imports, their distributions)",
+                where]
     try:
         kind = catalog.step_kind(use)
     except SettingError:

@@ -49,6 +49,8 @@ from prep.runner.stage import Stage, StageRun
 from prep.runner.tasks import CodeChecked, prepare_worker
 from prep.runner.tokenizing import Tokenized, Tokenizing
 from prep.stages.specs import TokenizeSettings
+from prep.steps.protocol import DocumentStep
+from prep.steps.stepsources import step_sources
 from prep.storage.backend import Store
 from prep.store import cas, snapshots
 from prep.store.leases import Lease, build_lease, waiting_for_gc
@@ -139,18 +141,37 @@ def store_tokenizer(store: Store, path: Path, sha256: str) -> Digest:
     return cas.put_bytes(store, data)
 
 
-def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progress, lease: Lease,
-           publishing: Publishing) -> BuildResult:
-    code = code_identity()
-    runner = Runner(store, executor, progress, code, publishing.options.readback)
-    started = time.time()
+def store_step_sources(store: Store, steps: Sequence[DocumentStep]) -> list[dict[str, Any]]:
+    """Store the files of the function steps' packages as objects, so a snapshot carries the code
+    `prep rebuild` imports again; the manifest's `step_sources` entries, by path (none: [])."""
+    entries = []
+    for source in step_sources(steps):
+        stored = cas.put_bytes(store, source.data)
+        entries.append({"module": source.module, "path": source.path, "object": stored.id, "bytes": stored.size})
+    return entries
+
+
+@dataclass(frozen=True)
+class Built:
+    """A build's snapshot manifest before it is published, with the inputs and tokenize result its log records."""
+
+    manifest: dict[str, Any]
+    sources: list[SourceFile]
+    tokenized: Tokenized
+    checks: list[CheckResult]  # the pipeline's [checks], all passed (none without [checks])
+
+
+def run_pipeline(pipeline: Pipeline, runner: Runner, on_latest: Callable[[bool], None] = lambda found: None) -> Built:
+    """Hash the inputs, run every stage, store what the snapshot carries and make its manifest; publishes
+    nothing. `on_latest` hears whether `latest` looks unchanged, before any task runs."""
+    store, executor, progress, code = runner.store, runner.executor, runner.progress, dict(runner.code)
     tokenizer_path = pipeline.tokenizer_path()
     info = describe_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)
 
     progress.stage("inputs", "discovering and hashing")
     discovered = discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format)
     latest = unchanged_latest(store, pipeline, discovered, code, info.sha256)
-    publishing.plan.check_expect(latest is not None)
+    on_latest(latest is not None)
     if latest is None:
         executor.warm(WarmUp(str(tokenizer_path), info.sha256, pipeline.tokenizer.eos,
                              pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend))
@@ -175,21 +196,36 @@ def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progr
         dataset=pipeline.dataset, seed=pipeline.seed, version=version, sources=sources, code=code,
         tokenizer=tokenizer, config=pipeline.resolved(), stages=runner.committed_stages(), shards=sharded.shards,
         formats=pipeline.output.formats, stats=stats,
-        checks=[result.to_json() for result in checked] if pipeline.checks else None)
+        checks=[result.to_json() for result in checked] if pipeline.checks else None,
+        step_sources=store_step_sources(store, pipeline.steps))
+    return Built(manifest, sources, tokenized, checked)
+
+
+def check_lease(store: Store, lease: Lease) -> None:
+    """StoreError when the build's lease lapsed: gc may have run, so nothing it made may be published."""
     if lease.lapsed:
         raise StoreError(f"{store.url}: this build's lease lapsed (the store was unreachable too long); "
                          "rerun to publish from the committed work")
-    snapshot = snapshots.publish_manifest(store, manifest)
+
+
+def _build(pipeline: Pipeline, store: Store, executor: Executor, progress: Progress, lease: Lease,
+           publishing: Publishing) -> BuildResult:
+    runner = Runner(store, executor, progress, code_identity(), publishing.options.readback)
+    started = time.time()
+    built = run_pipeline(pipeline, runner, publishing.plan.check_expect)
+    check_lease(store, lease)
+    snapshot = snapshots.publish_manifest(store, built.manifest)
     crash_point("publish.before_refs")
     readback, outcomes = _publish(runner, snapshot, publishing)
     extra = {"tasks": runner.logs, **({"recomputed": runner.guard.recomputed} if runner.guard.recomputed else {})}
     facts = BuildFacts(started, publishing.backend, executor.workers, readback.to_json(), outcomes)
     try:
-        log_key = write_log(store, pipeline.dataset, snapshot, runner.stages, sources, tokenized.parts, facts, extra)
+        log_key = write_log(store, pipeline.dataset, snapshot, runner.stages, built.sources, built.tokenized.parts,
+                            facts, extra)
     except StoreError as exc:  # the refs moved already: the build did publish, only its log is lost
         progress.info(f"warning: the build log could not be stored ({exc}); the snapshot is published")
         log_key = ""
-    return BuildResult(snapshot, outcomes, runner.stages, log_key, readback, checked)
+    return BuildResult(snapshot, outcomes, runner.stages, log_key, readback, built.checks)
 
 
 def judge_checks(pipeline: Pipeline, stats: dict[str, Any], progress: Progress) -> list[CheckResult]:

@@ -93,9 +93,11 @@ def step_stats(parts: Sequence[TokenizedPart]) -> list[StepCounts]:
 def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[SourceFile], code: dict[str, Any],
                       tokenizer: dict[str, Any], config: dict[str, Any], stages: list[StageRun],
                       shards: Sequence[ShardOut], formats: tuple[str, ...], stats: dict[str, Any],
-                      checks: list[dict[str, object]] | None = None) -> dict[str, Any]:
+                      checks: list[dict[str, object]] | None = None,
+                      step_sources: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The `prep.snapshot/1` manifest of a build (schema: manifests/snapshot-1.schema.json); `checks`
-    (the [checks] judged) only for a pipeline that declares some, so others keep their ids."""
+    (the [checks] judged) only for a pipeline that declares some, `step_sources` only when it has
+    some (a pipeline without function steps keeps its id), so other pipelines keep their ids."""
     return {
         "schema": SNAPSHOT_SCHEMA,
         "dataset": dataset,
@@ -108,6 +110,7 @@ def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[So
         "artifacts": artifacts(shards, formats),
         "stats": stats,
         **({"checks": checks} if checks is not None else {}),
+        **({"step_sources": list(step_sources)} if step_sources else {}),
     }
 
 

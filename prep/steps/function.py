@@ -150,8 +150,23 @@ def _loaded(step: FunctionStep, check: bool = True) -> Callable[..., object]:
 def code_identity(module: ModuleType) -> str:
     """SHA-256 over the sources of `module` and of the modules of its top-level package it imports
     (transitively), and the versions of the installed distributions those import."""
+    found = closure(module)
+    return identity_of({name: data for name, (_, data) in found.modules.items()}, found.outside)
+
+
+@dataclass(frozen=True)
+class Closure:
+    """The modules of a step's top-level package its module imports (itself included), each with
+    its file and source bytes; and the top-level names it imports from outside that package."""
+
+    modules: dict[str, tuple[Path, bytes]]
+    outside: frozenset[str]
+
+
+def closure(module: ModuleType) -> Closure:
+    """The import closure of `module` within its top-level package (every import statement followed)."""
     top = module.__name__.partition(".")[0]
-    sources: dict[str, str] = {}
+    sources: dict[str, tuple[Path, bytes]] = {}
     outside: set[str] = set()
     todo = [module.__name__]
     while todo:
@@ -161,16 +176,23 @@ def code_identity(module: ModuleType) -> str:
         if name in sources or found is None or path is None:
             continue
         source = Path(path).read_bytes()
-        sources[name] = hashlib.sha256(source).hexdigest()
+        sources[name] = (Path(path), source)
         for imported in _imports(source, name, path.endswith("__init__.py")):
             root = imported.partition(".")[0]
             if root == top:
                 todo.append(imported)
             elif root not in sys.stdlib_module_names:
                 outside.add(root)
+    return Closure(sources, frozenset(outside))
+
+
+def identity_of(sources: Mapping[str, bytes], outside: frozenset[str]) -> str:
+    """The code identity of these module sources (by module name) and the installed versions of
+    the distributions that provide the `outside` top-level names."""
     distributions = metadata.packages_distributions()
     versions = {dist: metadata.version(dist) for root in outside for dist in distributions.get(root, ())}
-    identity = {"modules": dict(sorted(sources.items())), "distributions": dict(sorted(versions.items()))}
+    modules = {name: hashlib.sha256(data).hexdigest() for name, data in sorted(sources.items())}
+    identity = {"modules": modules, "distributions": dict(sorted(versions.items()))}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 

@@ -187,4 +187,9 @@ class Reach:
         label = f"snapshot sha256:{sha[:12]} ({by})"
         for artifact in manifest["artifacts"]:
             self.note(str(artifact["sha256"]), f"artifact {artifact['path']}", label)
+        tokenizer = manifest["tokenizer"].get("object")
+        if tokenizer:
+            self.note(hashing.parse_id(str(tokenizer)), "tokenizer file", label)
+        for entry in manifest.get("step_sources", ()):
+            self.note(hashing.parse_id(str(entry["object"])), f"step source {entry['path']}", label)
         self.names(names, label, required)

@@ -328,12 +328,19 @@ def snapshot_layout(manifest: dict[str, Any], source: str) -> int:
 
 
 def snapshot_names(manifest: Any, source: str) -> Names:
-    """What a `prep.snapshot/1` manifest names: its artifacts' sha256, its tokenizer file's object
-    (snapshots built since it is stored) and, as manifests of its layout's stages, its stages' outputs."""
+    """What a `prep.snapshot/1` manifest names: its artifacts' sha256, the files it carries (its
+    tokenizer file's object and its step sources', in snapshots built since they are stored) and,
+    as manifests of its layout's stages, its stages' outputs."""
     validate(manifest, SNAPSHOT_SCHEMA, source)
     layout = snapshot_layout(manifest, source)
-    tokenizer = manifest["tokenizer"].get("object")
     return Names(objects=frozenset([f"sha256:{artifact['sha256']}" for artifact in manifest["artifacts"]]
-                                   + ([str(tokenizer)] if tokenizer else [])),
+                                   + carried_objects(manifest)),
                  manifests=frozenset(ManifestRef(str(stage["output"]), str(stage["name"]), layout)
                                      for stage in manifest["stages"]))
+
+
+def carried_objects(manifest: dict[str, Any]) -> list[str]:
+    """The objects of the files a snapshot manifest carries besides its artifacts: its tokenizer
+    file and its step sources (each absent in snapshots built before it was stored)."""
+    tokenizer = manifest["tokenizer"].get("object")
+    return ([str(tokenizer)] if tokenizer else []) + [str(entry["object"]) for entry in manifest.get("step_sources", ())]

@@ -56,6 +56,8 @@ def successes(p: Project) -> dict[str, list[tuple[list[str | Path], str]]]:
     s: list[str | Path] = ["--store", p.store]
     return {
         "build": [(["build", p.pipeline, *s, "--workers", "1"], "prep.build-report/1")],
+        "rebuild": [(["rebuild", "tiny@latest", "--inputs", p.root / "corpus", *s, "--workers", "1"],
+                     "prep.rebuild-report/1")],
         "show": [(["show", "tiny@latest", *s], "prep.snapshot/1"), (["show", p.dest], "prep.snapshot/1"),
                  (["show", "tiny@latest", "--stats", *s], "prep.stats-report/1")],
         "log": [(["log", "tiny", *s], "prep.log-report/1"), (["log", "tiny", "--builds", *s], "prep.log-report/1")],
@@ -87,6 +89,7 @@ def failures(p: Project) -> dict[str, list[str | Path]]:
     absent: list[str | Path] = ["--store", p.root / "absent"]
     return {
         "build": ["build", p.root / "no-such-pipeline.toml"],
+        "rebuild": ["rebuild", "tiny@latest", "--inputs", p.root / "no-such-folder", "--store", p.store],
         "show": ["show", "tiny@latest", *absent],
         "log": ["log", "tiny", *absent],
         "pull": ["pull", "tiny@latest", p.root / "pulled-again", *absent],

@@ -97,6 +97,10 @@ def test_a_function_steps_code_identity_is_a_comment(tmp_path: Path, tokenizer_p
     shown = run_prep("show", manifest["dataset"] + "@latest", "--store", tmp_path / "store", "--pipeline").stdout
     (step,) = manifest["config"]["steps"]
     assert f"# code sha256 {step['code']} (" in shown
+    assert "# the snapshot carries its package's sources (step_sources)" in shown
+    del manifest["step_sources"]
+    (old := tmp_path / "old.json").write_text(json.dumps(manifest))
+    assert "# the snapshot does not carry its package's sources (built before" in run_prep("show", old, "--pipeline").stdout
     assert 'args = {loud = true, note = "tab\\there \\"quoted\\" é", times = 3, word = "beta"}' in shown
     assert "code =" not in shown
 

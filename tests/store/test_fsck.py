@@ -27,6 +27,7 @@ from prep.store.layout import hold_key, object_key, task_record_key
 from prep.store.leases import BUILD, Lease
 from prep.store.snapshots import Snapshot, resolve
 from tests.helpers import prep_env, run_prep, write_pipeline
+from tests.runner.test_rebuild import user_step_project
 from tests.s3support import admin_client
 from tests.store.layout1 import plant_layout1
 from tests.store.test_gc import EMPTY_TOKENIZE, copy_to_s3, project, template  # noqa: F401  (module fixtures)
@@ -291,3 +292,15 @@ def test_a_stage_record_naming_what_is_not_its_manifest_is_removed_alone(
     assert sorted(info.key for info in store.list("tasks/")) == tasks, "task records are not the stage record's fault"
     assert run_prep("build", project["v1"], "--store", project["store"], "--workers", "1").stdout.split()[-1] == clean.id
     assert fsck(store).clean
+
+
+def test_a_corrupt_step_source_is_found_and_named(tmp_path: Path, tokenizer_path: Path) -> None:
+    _, name = user_step_project(tmp_path, tokenizer_path)
+    store = LocalStore(tmp_path / "store")
+    snapshot = resolve(store, "tiny@latest")
+    entry = next(e for e in snapshot.manifest["step_sources"] if e["path"] == f"{name}/rules.py")
+    assert fsck(store).clean
+    flip(store, entry["object"])
+    report = fsck(store)
+    assert [(f.problem, f.kind) for f in report.findings] == [("corrupt", f"step source {name}/rules.py")]
+    assert "tiny@latest" in report.findings[0].by

@@ -27,8 +27,9 @@ from prep.store.layout import lease_key, stage_record_key, task_record_key
 from prep.store.leases import BUILD, GC, Lease, build_lease, process_scope, read_leases
 from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, load_snapshot, publish_manifest, resolve
-from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
+from tests.helpers import make_records, prep_env, run_prep, user_package, write_jsonl, write_pipeline
 from tests.runner.test_disk_full import fill_up, small_tmpfs
+from tests.runner.test_rebuild import HELPERS, RULES
 from tests.store.layout1 import plant_layout1
 from tests.store.layout2 import plant_layout2
 
@@ -50,10 +51,12 @@ def reachable(store: Store, snapshot_id: str) -> set[str]:
     found = {hashing.parse_id(snapshot.id)} | {a["sha256"] for a in snapshot.artifacts}
     if "object" in snapshot.manifest["tokenizer"]:  # the tokenizer file, carried since issue 43
         found.add(hashing.parse_id(snapshot.manifest["tokenizer"]["object"]))
+    found |= {hashing.parse_id(entry["object"]) for entry in snapshot.manifest.get("step_sources", ())}  # and step code
     for stage in snapshot.manifest["stages"]:
         found.add(hashing.parse_id(stage["output"]))
         body: dict[str, Any] = canonical.loads(cas.get_bytes(store, stage["output"]))
-        named = {"tokenize": lambda b: [oid for t in b["tasks"] for oid in (t["output"], t.get("entries")) if oid],
+        named = {"tokenize": lambda b: [oid for t in b["tasks"]  # step outcomes: a pipeline with [[steps]]
+                                        for oid in (t["output"], t.get("entries"), *t.get("step_outcomes", ())) if oid],
                  "dedup": lambda b: [b["outputs"]["keep"]],  # layout 1
                  "shuffle": lambda b: [b["outputs"]["plan"]],  # layout 1
                  "route": lambda b: [t["output"] for t in b["tasks"]],  # layout 2
@@ -544,3 +547,29 @@ def test_parse_duration(text: str, seconds: int) -> None:
 def test_parse_duration_refuses(text: str) -> None:
     with pytest.raises(UsageError, match="invalid duration"):
         parse_duration(text)
+
+
+def test_gc_keeps_the_step_sources_a_kept_snapshot_carries_and_frees_the_others(tmp_path: Path,
+                                                                                tokenizer_path: Path) -> None:
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(30, seed=4))
+    with user_package(tmp_path, "gcsteps", {"rules.py": RULES, "helpers.py": HELPERS}) as name:
+        pipeline = write_pipeline(tmp_path, tokenizer_path, shard_size="2KB",
+                                  extra=f'\n[[steps]]\nuse = "{name}.rules:mark"\n\n[retention]\nkeep_last = 1\n')
+        store_path = tmp_path / "store"
+        first = run_prep("build", pipeline, "--store", store_path, "--workers", "1").stdout.split()[-1]
+        (tmp_path / name / "helpers.py").write_text(HELPERS + "# an edit: a new helpers.py, the same outputs\n")
+        second = run_prep("build", pipeline, "--store", store_path, "--workers", "1").stdout.split()[-1]
+    store = LocalStore(store_path)
+    carried = {snapshot: {entry["path"]: hashing.parse_id(entry["object"])
+                          for entry in load_snapshot(store, snapshot).manifest["step_sources"]}
+               for snapshot in (first, second)}
+    assert sorted(carried[second]) == [f"{name}/__init__.py", f"{name}/helpers.py", f"{name}/rules.py"]
+    assert carried[first][f"{name}/rules.py"] == carried[second][f"{name}/rules.py"]
+    assert carried[first][f"{name}/helpers.py"] != carried[second][f"{name}/helpers.py"]
+
+    age(store_path, 2 * HOUR)
+    collect_garbage(store, grace_seconds=HOUR)
+    assert stored_objects(store) == reachable(store, second)
+    assert set(carried[second].values()) <= stored_objects(store), "the kept snapshot's step sources stay"
+    assert carried[first][f"{name}/helpers.py"] not in stored_objects(store), "the old snapshot's edited one went"
+    assert all(cas.check(store, f"sha256:{sha}") for sha in carried[second].values())
