@@ -1,0 +1,222 @@
+"""Benchmark (not a test): how many tasks a second the build driver plans, runs and commits
+against S3 with a round trip's latency on every request (issue 44).
+
+    python -m tests.bench.bench_driver [--tasks 2000] [--latency-ms 20] [--workers 64] [--runs 1]
+
+moto's S3 server on loopback, each request held `--latency-ms` before moto answers it (nearer
+real S3 than loopback's fraction of a millisecond; requests overlap, as on S3). A toy stage of
+`--tasks` near-empty tasks: each stores one small object (its worker's PUT), and the driver commits
+its record. The workers are `--workers` threads of this process (standing in for that many cores
+elsewhere: a task costs the driver only its result and its commit). Measured, for the driver as
+it is and with its lookups and commits one at a time (`LOOKUP_JOBS = COMMIT_JOBS = 1`: the driver
+before issue 44, less the HEAD before each GET and the HEAD and GET after each PUT it also made then):
+
+* first build: tasks planned (N lookups, all missing), run and committed per second of wall time;
+* resume: the same stage again in a new runner, every record found: tasks planned per second;
+* CPU seconds per 1,000 tasks of this process: the driver and the worker threads' requests
+  (moto serves from a process of its own), so an upper bound on the driver's;
+* moto's own ceiling: the same number of bare PUTs from `--workers` threads, no prep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from moto.server import ThreadedMotoServer
+
+from prep.progress import Progress
+from prep.runner import driver
+from prep.runner.driver import Runner
+from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
+from prep.runner.tasks import TaskResult, worker_store
+from prep.storage.backend import Store
+from prep.storage.s3.s3store import S3Store
+from prep.store import cas, records
+from tests.s3support import admin_client, s3_env
+
+CODE = {"bench": "driver"}
+
+
+class Delayed:
+    """A WSGI app answering each request `latency` seconds late (in the request's own thread)."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]], latency: float) -> None:
+        self.app, self.latency = app, latency
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        time.sleep(self.latency)
+        return self.app(environ, start_response)
+
+
+class ThreadExecutor:
+    """`workers` threads running task functions, yielding results as they complete (for the bench:
+    the driver's view of a cluster of that many cores)."""
+
+    shares_filesystem = False
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def run(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Generator[tuple[int, Any], None, None]:
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="bench-worker") as pool:
+            queue = list(enumerate(items))[::-1]
+            pending: dict[Future[Any], int] = {}
+            while queue or pending:
+                while queue and len(pending) < self.workers:
+                    index, item = queue.pop()
+                    pending[pool.submit(fn, item)] = index
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    yield pending.pop(future), future.result()
+
+    def warm(self, warm_up: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class StoreJob:
+    """One near-empty task: store `payload` as an object."""
+
+    store_url: str
+    payload: bytes
+
+
+def run_store_job(job: StoreJob) -> TaskResult:
+    return TaskResult({"out": cas.put_bytes(worker_store(job.store_url), job.payload).id}, {}, {})
+
+
+@dataclass(frozen=True)
+class Stored:
+    objects: tuple[str, ...]
+
+    def manifest(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class ManyTasks:
+    """A stage of `count` near-empty tasks."""
+
+    count: int
+    name: str = "bench"
+
+    def plan(self, previous: None, context: StageContext) -> StagePlan:
+        payloads = [f"task {index}".encode() for index in range(self.count)]
+        tasks = tuple(Task(context.task_key(self.name, {}, hashlib.sha256(payload).hexdigest()),
+                           StoreJob(context.store_url, payload), f"task {index}")
+                      for index, payload in enumerate(payloads))
+        return StagePlan(TaskPlan(self.name, tasks, run_store_job), {}, [], f"{self.count} tasks")
+
+    def result(self, previous: None, plan: StagePlan, committed: Mapping[str, records.TaskRecord]) -> Stored:
+        return Stored(tuple(committed[task.key].outputs["out"] for task in plan.tasks.tasks))
+
+    def done(self, result: Stored, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
+        return f"{run.ran} ran, {run.cached} cached"
+
+
+@dataclass(frozen=True)
+class Timing:
+    wall: float
+    cpu: float
+
+
+def timed(action: Callable[[], object]) -> Timing:
+    wall, cpu = time.perf_counter(), time.process_time()
+    action()
+    return Timing(time.perf_counter() - wall, time.process_time() - cpu)
+
+
+def stage_run(store: Store, tasks: int, workers: int) -> Timing:
+    runner = Runner(store, ThreadExecutor(workers), Progress(quiet=True), CODE)
+    return timed(lambda: runner.run_stage(ManyTasks(tasks), None))
+
+
+def bare_puts(store: Store, tasks: int, workers: int) -> Timing:
+    payloads = [f"bare {index} {time.time_ns()}".encode() for index in range(tasks)]
+    with ThreadPoolExecutor(workers) as pool:
+        return timed(lambda: list(pool.map(lambda data: cas.put_bytes(store, data), payloads)))
+
+
+def new_store(name: str) -> S3Store:
+    admin_client().create_bucket(Bucket=name)
+    return S3Store(f"s3://{name}/store")
+
+
+def measure(mode: str, tasks: int, workers: int, run: int) -> tuple[Timing, Timing]:
+    lookups, commits = driver.LOOKUP_JOBS, driver.COMMIT_JOBS
+    if mode == "one at a time":
+        driver.LOOKUP_JOBS = driver.COMMIT_JOBS = 1
+    try:
+        store = new_store(f"bench-{run}-{mode.replace(' ', '-')}")
+        return stage_run(store, tasks, workers), stage_run(store, tasks, workers)
+    finally:
+        driver.LOOKUP_JOBS, driver.COMMIT_JOBS = lookups, commits
+
+
+def serve(latency: float, ports: Any) -> None:
+    """moto's server with every answer `latency` seconds late, in a process of its own (so this
+    process's CPU is the driver's and its workers'); puts its port on `ports`, then serves."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    assert server._server is not None
+    server._server.app = Delayed(server._server.app, latency)
+    ports.put(server.get_host_and_port()[1])
+    threading.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=1)
+    args = parser.parse_args()
+    context = multiprocessing.get_context("spawn")
+    ports = context.Queue()
+    server = context.Process(target=serve, args=(args.latency_ms / 1000, ports), daemon=True)
+    server.start()
+    os.environ.update(s3_env(f"http://127.0.0.1:{ports.get(timeout=60)}"))
+    print(f"{args.tasks} tasks, {args.workers} worker threads, {args.latency_ms:g} ms per request, "
+          f"LOOKUP_JOBS={driver.LOOKUP_JOBS}, COMMIT_JOBS={driver.COMMIT_JOBS}, {os.cpu_count()} cores")
+    try:
+        ceiling = bare_puts(new_store("bench-ceiling"), args.tasks, args.workers)
+        print(f"moto's ceiling: {args.tasks / ceiling.wall:,.0f} bare PUTs/s from {args.workers} threads")
+        rows: dict[str, list[tuple[Timing, Timing]]] = {"one at a time": [], "as built": []}
+        for run in range(args.runs):
+            for mode in rows:
+                rows[mode].append(measure(mode, args.tasks, args.workers, run))
+        report(rows, args.tasks)
+    finally:
+        server.terminate()
+
+
+def report(rows: dict[str, list[tuple[Timing, Timing]]], tasks: int) -> None:
+    """The table: each mode's best first build and resume, tasks/s and CPU seconds per 1,000 tasks."""
+    print(f"{'driver':<14} {'first build tasks/s':>20} {'CPU s/1k tasks':>15} {'resume plans/s':>15} "
+          f"{'CPU s/1k tasks':>15}")
+    for mode, timings in rows.items():
+        first = min(timings, key=lambda timing: timing[0].wall)[0]
+        resume = min(timings, key=lambda timing: timing[1].wall)[1]
+        print(f"{mode:<14} {tasks / first.wall:>20,.0f} {first.cpu * 1000 / tasks:>15.2f} "
+              f"{tasks / resume.wall:>15,.0f} {resume.cpu * 1000 / tasks:>15.2f}")
+    built, serial = rows["as built"][0], rows["one at a time"][0]
+    print(f"ratio as built / one at a time: first build {serial[0].wall / built[0].wall:.1f}x, "
+          f"resume {serial[1].wall / built[1].wall:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
