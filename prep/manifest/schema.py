@@ -102,12 +102,52 @@ def _keyword(name: str, value: Any, schema: dict[str, Any], root: dict[str, Any]
         return lambda instance: type(instance) is not dict or all(key in instance for key in keys)
     if name in ("properties", "additionalProperties"):
         return _object_check(schema, root) if name == "properties" or "properties" not in schema else _always
+    if name == "patternProperties" and "properties" not in schema and "additionalProperties" not in schema:
+        return _object_check(schema, root)
     if name == "items":
         item = _compile(value, root)
         return lambda instance: type(instance) is not list or all(item(entry) for entry in instance)
     if name == "$ref" and isinstance(value, str) and value.startswith("#/$defs/"):
         return _compile(root["$defs"][value.removeprefix("#/$defs/")], root)
+    if name == "maximum":
+        return lambda instance: type(instance) not in (int, float) or instance <= value
+    if name == "dependentRequired":
+        needs = {key: list(required) for key, required in value.items()}
+        return lambda instance: type(instance) is not dict or all(
+            all(other in instance for other in required) for key, required in needs.items() if key in instance)
+    if name == "minProperties":
+        return lambda instance: type(instance) is not dict or len(instance) >= value
+    if name == "maxItems":
+        return lambda instance: type(instance) is not list or len(instance) <= value
+    if name == "allOf":
+        parts = [_compile(sub, root) for sub in value]
+        return lambda instance: all(part(instance) for part in parts)
+    if name == "if":
+        return _conditional(value, schema, root)
+    if name in ("then", "else", "patternProperties"):
+        return _always  # `if` checks its branches; `properties` (or `_object_check`) the patterns
     raise _Unsupported(name)
+
+
+def _conditional(condition: Any, schema: dict[str, Any], root: dict[str, Any]) -> Check:
+    """`if`/`then`/`else`. Its condition must be answered exactly (a stricter answer would take the
+    wrong branch), so only the form the schemas use is compiled: properties whose values are string
+    constants (an absent property, or an instance not an object, meets the condition)."""
+    if not isinstance(condition, dict) or condition.keys() != {"properties"}:
+        raise _Unsupported("if")
+    wanted = {}
+    for key, sub in condition["properties"].items():
+        if not isinstance(sub, dict) or sub.keys() != {"const"} or type(sub["const"]) is not str:
+            raise _Unsupported("if")
+        wanted[key] = sub["const"]
+    then = _compile(schema.get("then", True), root)
+    otherwise = _compile(schema.get("else", True), root)
+
+    def met(instance: Any) -> bool:
+        return type(instance) is not dict or all(key not in instance or instance[key] == const
+                                                 for key, const in wanted.items())
+
+    return lambda instance: then(instance) if met(instance) else otherwise(instance)
 
 
 def _always(_instance: Any) -> bool:
@@ -117,6 +157,8 @@ def _always(_instance: Any) -> bool:
 def _object_check(schema: dict[str, Any], root: dict[str, Any]) -> Check:
     """`properties` with `additionalProperties` (False, True or a schema) as one check."""
     known = {key: _compile(sub, root) for key, sub in schema.get("properties", {}).items()}
+    patterns = [(re.compile(pattern).search, _compile(sub, root))
+                for pattern, sub in schema.get("patternProperties", {}).items()]
     extra = schema.get("additionalProperties", True)
     other: Check | None = None if extra is False else _compile(extra, root)
 
@@ -124,8 +166,13 @@ def _object_check(schema: dict[str, Any], root: dict[str, Any]) -> Check:
         if type(instance) is not dict:
             return True
         for key, item in instance.items():
-            sub = known.get(key, other)
-            if sub is None or not sub(item):
+            matched = [sub for search, sub in patterns if search(key)] if patterns else []
+            sub = known.get(key)
+            if sub is None and not matched:
+                sub = other  # additionalProperties: keys neither named nor matched by a pattern
+                if sub is None:
+                    return False
+            if sub is not None and not sub(item) or not all(each(item) for each in matched):
                 return False
         return True
 
