@@ -136,7 +136,7 @@ def edited(rng: np.random.Generator, text: str, rate: float) -> str:
 def near_pipeline(workdir: Path, folder: Path, tok: Path, near: str | None) -> Path:
     """bench_scale's gigatoken pipeline (formats ["bin"]) over `folder`, with a `[dedup.near]` table
     of the settings `near` (TOML lines; "" for the defaults) unless it is None."""
-    spec_dir = workdir / ("spec-plain" if near is None else "spec-near")
+    spec_dir = workdir / f"spec-{folder.name}-{'plain' if near is None else 'near'}"  # one a corpus: runs may overlap
     spec_dir.mkdir(parents=True, exist_ok=True)
     spec = write_pipeline(spec_dir, folder, tok, ["bin"])
     if near is not None:
@@ -155,10 +155,11 @@ def megabytes(value: int) -> str:
     return f"{value / 2**20:.0f}"
 
 
-def row(label: str, what: str, run: TreeRun, documents: int, nbytes: int, workers: int) -> None:
-    """One printed result line: wall, CPU, documents/s per core, MB/s, peaks by role."""
-    print(f"{label:>6} {what:<24} {run.seconds:8.1f} {run.cpu_seconds:8.1f} {documents / run.seconds / 1e3:9.1f}k "
-          f"{documents / run.seconds / workers / 1e3:9.1f}k {nbytes / run.seconds / 1e6:6.2f} "
+def row(label: str, what: str, run: TreeRun, documents: int, nbytes: int) -> None:
+    """One printed result line: wall and CPU seconds, documents per wall second and per CPU second
+    (per core: what a shared machine moves least), MB/s, peaks by role."""
+    print(f"{label:>6} {what:<24} {run.seconds:8.1f} {run.cpu_seconds:8.1f} {documents / run.seconds / 1e3:9.2f}k "
+          f"{documents / run.cpu_seconds / 1e3:9.2f}k {nbytes / run.seconds / 1e6:6.2f} "
           f"{megabytes(run.driver_rss):>7}M {megabytes(run.worker_rss):>7}M {megabytes(run.peak_rss):>7}M "
           f"{run.processes:>4}", flush=True)
 
@@ -175,23 +176,23 @@ def compare(args: argparse.Namespace, label: str, folder: Path, tok: Path, dt_py
     """The plain build (when `plain`), the near build and (when asked) datatrove on one corpus, printed."""
     documents, nbytes = text_bytes(folder)
     runs: dict[str, TreeRun] = {}
-    store = args.workdir / "store-neardup"
+    store = args.workdir / f"store-neardup-{folder.name}"
     for with_near in (False, True)[0 if plain else 1:]:
         shutil.rmtree(store, ignore_errors=True)
         run = build(near_pipeline(args.workdir, folder, tok, "" if with_near else None), store, args.workers)
         runs["near" if with_near else "plain"] = run
-        row(label, "prep build + near" if with_near else "prep build", run, documents, nbytes, args.workers)
+        row(label, "prep build + near" if with_near else "prep build", run, documents, nbytes)
         print(f"       stages (s): {json.dumps(stage_seconds(run.stderr))}", flush=True)
         if with_near:
             print(f"       {near_summary(run.stderr)}", flush=True)
     shutil.rmtree(store, ignore_errors=True)
     if dt_python is not None:
-        run, reply = datatrove(dt_python, folder, args.workdir / "datatrove-neardup", args.workers)
+        run, reply = datatrove(dt_python, folder, args.workdir / f"datatrove-{folder.name}", args.workers)
         runs["datatrove"] = run
-        row(label, "datatrove minhash", run, documents, nbytes, args.workers)
+        row(label, "datatrove minhash", run, documents, nbytes)
         print(f"       stages (s): {json.dumps({k: round(v, 1) for k, v in reply['seconds'].items()})}; "
               f"filter {json.dumps(reply['stats'])}; {json.dumps(reply['versions'])}", flush=True)
-        shutil.rmtree(args.workdir / "datatrove-neardup", ignore_errors=True)
+        shutil.rmtree(args.workdir / f"datatrove-{folder.name}", ignore_errors=True)
     ratios(runs)
     return runs
 
@@ -208,10 +209,14 @@ def ratios(runs: dict[str, TreeRun]) -> None:
         peer = runs["datatrove"]
         line = (f"datatrove / prep near build: wall {peer.seconds / near.seconds:.2f}, "
                 f"CPU {peer.cpu_seconds / near.cpu_seconds:.2f}")
-        if "plain" in runs:
-            line += (f"; datatrove / prep's added cost: wall {peer.seconds / max(added, 1e-9):.2f}, "
-                     f"CPU {peer.cpu_seconds / max(added_cpu, 1e-9):.2f}")
+        if "plain" in runs:  # the added cost is a difference: noise can make it small or negative
+            line += (f"; datatrove / prep's added cost: wall {_ratio(peer.seconds, added)}, "
+                     f"CPU {_ratio(peer.cpu_seconds, added_cpu)}")
         print(f"       {line}", flush=True)
+
+
+def _ratio(peer: float, prep: float) -> str:
+    return f"{peer / prep:.2f}" if prep > 0 else "n/a (no added cost measured)"
 
 
 def ceiling(args: argparse.Namespace, label: str, folder: Path) -> None:
@@ -344,7 +349,7 @@ def main() -> None:
     corpora = [(f"{size}M", near_corpus(args.workdir, int(float(size) * 1e6)), size) for size in args.docs.split(",") if size]
     if args.real_mb:
         corpora.append((f"{args.real_mb}MB", corpus(args.workdir, args.real_mb), "real"))
-    print(f"{'corpus':>6} {'what':<24} {'wall s':>8} {'CPU s':>8} {'docs/s':>10} {'per core':>10} {'MB/s':>6} "
+    print(f"{'corpus':>6} {'what':<24} {'wall s':>8} {'CPU s':>8} {'docs/s':>10} {'docs/CPUs':>10} {'MB/s':>6} "
           f"{'driver':>8} {'worker':>8} {'tree':>8} {'procs':>4}")
     near_runs: dict[str, TreeRun] = {}
     for label, folder, key in corpora:

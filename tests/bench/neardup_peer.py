@@ -10,9 +10,11 @@ run one after another: signatures (a JsonlReader over CORPUS_DIR's `*.jsonl`, on
 then `MinhashDedupSignature`), buckets (`MinhashDedupBuckets`, one task a bucket), clusters
 (`MinhashDedupCluster`, one task, with `save_cluster_id` so the benchmark can read the clusters)
 and filter (the reader again, `MinhashDedupFilter`, a `JsonlWriter` without compression), every
-executor with `--workers` workers. Prints one JSON line on stdout: each stage's wall seconds, the
-documents the filter read and dropped, the versions. WORK_DIR is emptied first; the clusters stay
-in WORK_DIR/remove_ids (`{rank:06d}.clusters`: (document index, cluster id) uint32 pairs).
+executor with `--workers` workers, started by fork (its default, forkserver, leaves the workers
+outside the process's reaped children, so the benchmark's CPU seconds would miss them). Prints one
+JSON line on stdout: each stage's wall seconds, the documents the filter read and dropped, the
+versions. WORK_DIR is emptied first; the clusters stay in WORK_DIR/remove_ids
+(`{rank:06d}.clusters`: (document index, cluster id) uint32 pairs).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, int]]:
     seconds: dict[str, float] = {}
     for name, (pipeline, tasks) in stages.items():
         executor = LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=min(args.workers, tasks),
-                                         logging_dir=str(work / "logs" / name))
+                                         logging_dir=str(work / "logs" / name), start_method="fork")
         started = time.perf_counter()
         executor.run()
         seconds[name] = time.perf_counter() - started
