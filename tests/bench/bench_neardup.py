@@ -2,7 +2,7 @@
 MinHash pipeline and rensa's signatures, side by side in one run, and its clusters against the
 exact all-pairs Jaccard.
 
-    python -m tests.bench.bench_neardup [--docs 1,4] [--real-mb 300] [--datatrove real,1]
+    python -m tests.bench.bench_neardup [--docs 1,4] [--real-mb 300] [--datatrove real,1] [--plain all]
         [--sample 20000] [--ceiling-mb 20] [--workers 2] [--workdir /tmp/prep-bench]
         [--venv /tmp/dtenv] [--minhash-venv /tmp/minhash-venv]
 
@@ -15,15 +15,16 @@ a fresh one with probability 0 to 1.1% for half of them and 1.1 to 12% for the o
 (../shared/bench/make_corpus.py).
 
 For each corpus, in this order: `prep build` without near-dup (gigatoken backend, formats
-["bin"], exact dedup on, --workers, fresh store), the same with `[dedup.near]` at its defaults
+["bin"], exact dedup on, --workers, fresh store; for the corpora `--plain` names), the same with `[dedup.near]` at its defaults
 (threshold 0.8, 5-word shingles, 128 permutations as 8 bands of 16 rows, seed 0), and, for the
 corpora `--datatrove` names, datatrove's four MinHash stages (tests/bench/neardup_peer.py in
 --venv: signatures, buckets, clusters, filter; 5-word shingles, its default 14 buckets of 8
-hashes = 112 permutations, 64-bit, xxhash; same --workers). Each is one process tree sampled every
-50 ms: wall and CPU seconds (every process), documents/s, peak RSS (VmHWM) of the driver and of the
-largest other process (a worker), each stage's seconds. The ratios that count: datatrove's wall
-(and CPU) over prep's near build, and over prep's near-dup cost alone (near build minus plain
-build); the 4M / 1M peaks of each role.
+hashes = 112 permutations, 64-bit, xxhash; same --workers; a run of datatrove on a million short
+documents takes about an hour of CPU). Each is one process tree sampled every 50 ms: wall and CPU
+seconds (every process), documents per wall second and per CPU second (the per-core figure), peak
+RSS (VmHWM) of the driver and of the largest other process (a worker), each stage's seconds. The
+ratios that count: datatrove's CPU (and wall) over prep's near build, and over prep's near-dup cost
+alone (near build minus plain build); the 4M / 1M peaks of each role.
 
 Ceiling (`--ceiling-mb` MB of each corpus): tests/bench/bench_minhash.py on the same corpus
 (`--corpus`): prep's signatures against rensa's and datasketch's from the same text.
@@ -31,7 +32,8 @@ Ceiling (`--ceiling-mb` MB of each corpus): tests/bench/bench_minhash.py on the 
 Quality (`--sample` documents, made like the short corpus, one file): the exact Jaccard of every
 pair of documents that share a 5-gram shingle (prep's shingle hashes, an inverted index) defines
 the true pairs (Jaccard >= 0.8); prep's clusters (the build's drops object: each dropped document
-with its kept one) and datatrove's (its `.clusters` file) are compared with them pair by pair
+with its kept one), at the defaults and with datatrove's banding (112 permutations as 14 bands of
+8 rows, without and with `verify`), and datatrove's (its `.clusters` file) are compared with them pair by pair
 (every pair in one cluster), and with the connected components of the true pairs.
 """
 
@@ -311,7 +313,8 @@ def quality(args: argparse.Namespace, tok: Path, dt_python: Path | None) -> None
     print(f"quality: {n:,} documents, {len(pairs):,} pairs share a shingle, {len(truth):,} at Jaccard >= {THRESHOLD} "
           f"({int((jaccard >= 0.9).sum()):,} >= 0.9), {len(closure):,} pairs in their connected components "
           f"(exact all-pairs in {time.perf_counter() - started:.1f} s)", flush=True)
-    sides = {"prep": prep_labels(args, folder, tok, n, ""), "prep 14x8": prep_labels(args, folder, tok, n, MATCHED)}
+    sides = {"prep": prep_labels(args, folder, tok, n, ""), "prep 14x8": prep_labels(args, folder, tok, n, MATCHED),
+             "prep 14x8 verify": prep_labels(args, folder, tok, n, MATCHED + "verify = true\n")}
     if dt_python is not None:
         sides["datatrove"] = datatrove_labels(dt_python, folder, args.workdir / "datatrove-quality", args.workers, n)
     high = pairs[jaccard >= 0.9]
@@ -321,7 +324,7 @@ def quality(args: argparse.Namespace, tok: Path, dt_python: Path | None) -> None
         hits = np.intersect1d(found, truth).size
         closed = np.intersect1d(found, closure).size
         dissimilar = found.size - np.intersect1d(found, np.fromiter(low, dtype=np.int64)).size
-        print(f"  {name:<10} {found.size:,} pairs in {len(np.unique(labels[labels != np.arange(n)])):,} clusters; "
+        print(f"  {name:<16} {found.size:,} pairs in {len(np.unique(labels[labels != np.arange(n)])):,} clusters; "
               f"pairs at >= {THRESHOLD}: precision {hits / max(found.size, 1):.4f}, recall {hits / max(truth.size, 1):.4f}; "
               f"against the components: precision {closed / max(found.size, 1):.4f}, recall {closed / max(closure.size, 1):.4f}; "
               f"recall at >= 0.9 {np.intersect1d(found, high).size / max(high.size, 1):.4f}; "
