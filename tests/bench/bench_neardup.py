@@ -3,7 +3,7 @@ MinHash pipeline and rensa's signatures, side by side in one run, and its cluste
 exact all-pairs Jaccard.
 
     python -m tests.bench.bench_neardup [--docs 1,4] [--real-mb 300] [--datatrove real,1] [--plain all]
-        [--sample 20000] [--ceiling-mb 20] [--workers 2] [--workdir /tmp/prep-bench]
+        [--near "key = value; ..."] [--sample 20000] [--ceiling-mb 20] [--workers 2] [--workdir /tmp/prep-bench]
         [--venv /tmp/dtenv] [--minhash-venv /tmp/minhash-venv]
 
 Corpora: `--docs` millions of short documents (50-200 words each, words drawn independently from
@@ -181,7 +181,8 @@ def compare(args: argparse.Namespace, label: str, folder: Path, tok: Path, dt_py
     store = args.workdir / f"store-neardup-{folder.name}"
     for with_near in (False, True)[0 if plain else 1:]:
         shutil.rmtree(store, ignore_errors=True)
-        run = build(near_pipeline(args.workdir, folder, tok, "" if with_near else None), store, args.workers)
+        settings = "".join(f"{item.strip()}\n" for item in args.near.split(";") if item.strip())
+        run = build(near_pipeline(args.workdir, folder, tok, settings if with_near else None), store, args.workers)
         runs["near" if with_near else "plain"] = run
         row(label, "prep build + near" if with_near else "prep build", run, documents, nbytes)
         print(f"       stages (s): {json.dumps(stage_seconds(run.stderr))}", flush=True)
@@ -337,6 +338,8 @@ def main() -> None:
     parser.add_argument("--real-mb", type=int, default=300, help="the real-text corpus in MB (0: none)")
     parser.add_argument("--datatrove", default="real,1", help="corpora datatrove runs on too: real and/or --docs sizes")
     parser.add_argument("--plain", default="all", help="corpora also built without near-dup: all, or as --datatrove")
+    parser.add_argument("--near", default="", help='the near builds\' [dedup.near] settings, "key = value; ..." '
+                        '(default: none, the defaults; the quality sample always uses its own)')
     parser.add_argument("--sample", type=int, default=20_000, help="documents of the quality sample (0: none)")
     parser.add_argument("--ceiling-mb", type=float, default=20, help="MB of each corpus bench_minhash signs (0: none)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
