@@ -3,9 +3,10 @@ the same shingles of the same real text, in one run, rounds alternated (issue 42
 
     python -m tests.bench.bench_minhash --mb 20 --rounds 3
         [--permutations 128] [--ngram 5] [--workdir /tmp/prep-bench] [--venv /tmp/minhash-venv]
+        [--corpus DIR]
 
 The corpus is bench_fast's real text (../shared/bench/make_corpus.py: Python sources, Debian
-changelogs and manual pages), 100 MB made once under --workdir, of which --mb MB of whole
+changelogs and manual pages), 100 MB made once under --workdir (or the JSON Lines of --corpus), of which --mb MB of whole
 documents drawn with a fixed seed (in corpus order: code and prose alike) are put into batches as
 the tokenize stage holds them (at most 65,536 documents or 8 MiB of text, one UTF-8 buffer with
 offsets). datasketch and rensa run in a
@@ -80,13 +81,14 @@ def main() -> None:
     parser.add_argument("--permutations", type=int, default=128)
     parser.add_argument("--ngram", type=int, default=5)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench"))
+    parser.add_argument("--corpus", type=Path, help="a folder of JSON Lines to draw from instead (bench_neardup's)")
     parser.add_argument("--venv", type=Path, default=Path("/tmp/minhash-venv"))
     args = parser.parse_args()
     if not _peers_importable():
         _rerun_in(args.venv)
         return
     os.environ["RENSA_THREADS"] = "1"
-    texts = draw(read_texts(corpus(args.workdir, 100)), int(args.mb * 1e6))
+    texts = draw(read_texts(args.corpus or corpus(args.workdir, 100)), int(args.mb * 1e6))
     batches = make_batches(texts, args.ngram)
     check_same_shingles(batches)
     sample = make_batches(draw(texts, int(args.datasketch_mb * 1e6)), args.ngram)

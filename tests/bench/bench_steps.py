@@ -220,14 +220,15 @@ def main() -> None:
            (sample_bytes, sample_documents, len(sample_batches)), rounds)
 
 
-def ensure_venv(venv: Path, requirement: str) -> Path:
-    """The Python of `venv` with `requirement` and spaCy installed (made and installed when missing)."""
+def ensure_venv(venv: Path, requirement: str, extra: tuple[str, ...] = ()) -> Path:
+    """The Python of `venv` with `requirement`, spaCy and the `extra` packages (each importable by
+    its name) installed (made and installed when missing)."""
     if venv.resolve() == Path(sys.prefix).resolve():
         raise SystemExit(f"--venv {venv} is prep's own environment: datatrove needs one of its own")
     python = venv / "bin" / "python"
     wanted = requirement.split("==")[1] if "==" in requirement else None
-    probe = ("import datatrove.pipeline.filters, spacy, fasttext; from importlib.metadata import version; "
-             "print(version('datatrove'))")
+    probe = (f"import datatrove.pipeline.filters, spacy, fasttext{''.join(', ' + name for name in extra)}; "
+             "from importlib.metadata import version; print(version('datatrove'))")
     if python.exists():
         found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
         if found.returncode == 0 and (wanted is None or found.stdout.strip() == wanted):
@@ -235,7 +236,7 @@ def ensure_venv(venv: Path, requirement: str) -> Path:
     else:
         print(f"making {venv} for datatrove", file=sys.stderr, flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", requirement, "spacy"], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", requirement, "spacy", *extra], check=True)
     return python
 
 

@@ -132,6 +132,12 @@ class TreeRun:
     """User and system seconds of the process and of every descendant reaped below it (its workers,
     the zygote and the zygote's forks): what the work cost, less moved than wall seconds by a
     machine whose cores are shared."""
+    driver_rss: int = 0
+    """Bytes, the VmHWM of the process started (the driver)."""
+    worker_rss: int = 0
+    """Bytes, the largest VmHWM of any process below it (workers, a zygote and its forks)."""
+    processes: int = 0
+    """Processes of the tree seen by the sampler, the driver included."""
 
 
 _STAGE_LINE = re.compile(r"\] (\w+): ")
@@ -180,7 +186,8 @@ def measure_tree(command: list[str], env: dict[str, str] | None = None, cwd: Pat
     if process.returncode != 0:
         raise SystemExit(f"{' '.join(command)} exited {process.returncode}: {stderr[-2000:]}")
     return TreeRun(seconds, peak, max(peaks.values(), default=0), stdout, stderr, stage_rss,
-                   usage.ru_utime + usage.ru_stime)
+                   usage.ru_utime + usage.ru_stime, peaks.get(process.pid, 0),
+                   max((hwm for pid, hwm in peaks.items() if pid != process.pid), default=0), len(peaks))
 
 
 def stage_megabytes(run: TreeRun) -> str:
