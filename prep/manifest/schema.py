@@ -117,16 +117,32 @@ def _keyword(name: str, value: Any, schema: dict[str, Any], root: dict[str, Any]
             all(other in instance for other in required) for key, required in needs.items() if key in instance)
     if name == "minProperties":
         return lambda instance: type(instance) is not dict or len(instance) >= value
+    if name == "minItems":
+        return lambda instance: type(instance) is not list or len(instance) >= value
     if name == "maxItems":
         return lambda instance: type(instance) is not list or len(instance) <= value
     if name == "allOf":
         parts = [_compile(sub, root) for sub in value]
         return lambda instance: all(part(instance) for part in parts)
+    if name == "oneOf":
+        return _one_of(value, root)
     if name == "if":
         return _conditional(value, schema, root)
     if name in ("then", "else", "patternProperties"):
         return _always  # `if` checks its branches; `properties` (or `_object_check`) the patterns
     raise _Unsupported(name)
+
+
+def _one_of(branches: Any, root: dict[str, Any]) -> Check:
+    """`oneOf` whose branches each declare one type, no two of which overlap: then at most one can
+    match, and "exactly one" is "any" (a stricter branch can only make the answer stricter)."""
+    kinds = [branch.get("type") if isinstance(branch, dict) else None for branch in branches]
+    python = [_TYPES.get(kind, ()) if isinstance(kind, str) else () for kind in kinds]
+    if not all(python) or any(set(a) & set(b) for at, a in enumerate(python) for b in python[at + 1:]) \
+            or "number" in kinds and "integer" in kinds:
+        raise _Unsupported("oneOf")
+    checks = [_compile(branch, root) for branch in branches]
+    return lambda instance: any(check(instance) for check in checks)
 
 
 def _conditional(condition: Any, schema: dict[str, Any], root: dict[str, Any]) -> Check:
