@@ -22,23 +22,24 @@ from tests.helpers import make_records, write_jsonl, write_pipeline
 from tests.manifest.jsonmutation import mutated
 from tests.runner.buildsupport import InProcessExecutor
 
-STEPS = '\n[[steps]]\nuse = "length"\nmin_words = 3\n'
+STEPS = '\n[[steps]]\nuse = "length"\nmin_words = 3\n\n[checks]\nmin_documents = 1\nmax_skipped_fraction = 0.5\n'
 RECORDS = {"task": "prep.task/1", "stage": "prep.stage-record/1"}
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> list[tuple[str, Any]]:
-    """Every commit record of a build with a document step, both exact dedup's and the shard
-    stage's formats, and a copy of a text in two files: (schema, record)."""
+    """The snapshot manifest and every commit record of a build with a document step, `[checks]`,
+    every format, and a copy of a text in two files: (schema, record)."""
     root = tmp_path_factory.mktemp("records")
     for index in range(2):
         write_jsonl(root / "corpus" / f"p{index}.jsonl",
                     [*make_records(30, seed=index, prefix=f"p{index}"), {"id": f"same{index}", "text": "one two three four"}])
     pipeline = write_pipeline(root, tokenizer_path, shard_size="2KB", extra=STEPS, formats='["bin", "wds", "mds"]')
-    build(load_pipeline(pipeline), LocalStore(root / "store"), InProcessExecutor(), (), Progress(quiet=True))
-    found = [(RECORDS[folder.rstrip("s")], json.loads(path.read_text()))
+    result = build(load_pipeline(pipeline), LocalStore(root / "store"), InProcessExecutor(), (), Progress(quiet=True))
+    found = [("prep.snapshot/1", result.snapshot.manifest)] + [(RECORDS[folder.rstrip("s")], json.loads(path.read_text()))
              for folder in ("tasks", "stages") for path in sorted((root / "store" / folder).rglob("*.json"))]
-    assert {record["stage"] for _, record in found} >= {"tokenize", "steps", "order", "shard"}
+    assert {record.get("stage") for _, record in found} >= {"tokenize", "steps", "order", "shard"}
+    assert "checks" in result.snapshot.manifest
     return found
 
 
@@ -56,7 +57,7 @@ def test_the_fast_path_accepts_no_record_jsonschema_refuses(records: list[tuple[
 
 
 def _first(records: list[tuple[str, Any]], stage: str, has: str) -> dict[str, Any]:
-    return copy.deepcopy(next(record for _, record in records if record["stage"] == stage and has in record["outputs"]))
+    return copy.deepcopy(next(record for _, record in records if record.get("stage") == stage and has in record["outputs"]))
 
 
 def test_the_stage_condition_and_paired_outputs_are_checked_as_jsonschema_does(records: list[tuple[str, Any]]) -> None:
