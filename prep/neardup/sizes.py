@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
-Array = np.ndarray[Any, Any]
+    Array = np.ndarray[Any, Any]
 
 
 @dataclass(frozen=True)
@@ -81,12 +82,16 @@ def size_label(smallest: int, largest: int) -> str:
 def size_bin(sizes: Array) -> Array:
     """Each cluster size's log2 bin (sizes >= 2): the bit length of size - 1, which float64's
     exponent gives exactly for sizes below 2**53."""
+    import numpy as np  # the cluster task's; the driver, which reads recorded sizes, loads no numpy
+
     return np.frexp(np.asarray(sizes, dtype=np.float64) - 1)[1].astype(np.int64)
 
 
 def cluster_sizes(representatives: Array) -> ClusterSizes:
     """The distribution of the clusters drop records name: each representative once per document
     dropped for it (its cluster's size is that count + 1). O(len(representatives)) memory."""
+    import numpy as np
+
     _, dropped = np.unique(np.asarray(representatives, dtype=np.uint64), return_counts=True)
     if not len(dropped):
         return ClusterSizes((), 0)

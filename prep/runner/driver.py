@@ -21,7 +21,7 @@ from prep.runner.reuse import Remake, ReuseGuard
 from prep.runner.stage import In, Job, Out, Stage, StageRun, Task, TaskPlan
 from prep.runner.tasks import BatchResult, JobResult, TableJob, TaskResult, publish_staged, run_table_job
 from prep.storage.backend import Store
-from prep.storage.parallel import in_order
+from prep.storage.parallel import in_sequence
 from prep.store import cas, records
 
 LOOKUP_JOBS = 32
@@ -102,7 +102,7 @@ class Runner:
     def committed(self, stage: str, keys: Sequence[str]) -> dict[str, records.TaskRecord | None]:
         """Each key's record, looked up LOOKUP_JOBS at a time: on S3 a lookup is a round trip."""
         lookups = (partial(records.read_task_record, self.store, stage, key) for key in keys)
-        return dict(zip(keys, in_order(lookups, LOOKUP_JOBS, "prep-lookup")))
+        return dict(zip(keys, in_sequence(lookups, LOOKUP_JOBS, "prep-lookup")))
 
     def stage_output(self, stage: str) -> str:
         return self.stages[stage].output
@@ -261,7 +261,7 @@ class Runner:
 
 
 class _Commits:
-    """Task commits in flight in COMMIT_JOBS threads, settled in submission order: `landed` gets
+    """Task commits in flight in COMMIT_JOBS threads, settled first in, first out: `landed` gets
     each record (and the task's log) on the driver's thread. `serial` (a crash point armed before
     commits) settles each at once, so an injected kill finds exactly the commits before it done."""
 

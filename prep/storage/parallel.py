@@ -11,7 +11,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def in_order(tasks: Iterator[Callable[[], T]], jobs: int, thread_name: str = "prep-io",
+def in_sequence(tasks: Iterator[Callable[[], T]], jobs: int, thread_name: str = "prep-io",
              check: Callable[[], None] | None = None) -> Iterator[T]:
     """Run up to `jobs` tasks at once in threads, yielding their results in task order (memory:
     `jobs` results); `check` runs after each submission and may raise to stop early."""

@@ -28,7 +28,7 @@ from prep.errors import IntegrityError, NotFoundError
 from prep.faults import crash_point
 from prep.regular import open_regular
 from prep.storage.backend import Store
-from prep.storage.parallel import in_order
+from prep.storage.parallel import in_sequence
 from prep.store import cas
 from prep.transfer.verify import READ_SIZE, ByteCounter, Cancelled
 from prep.writeback import start_writeback
@@ -84,7 +84,7 @@ def _ranged_chunks(store: Store, key: str, start: int, size: int, stop: threadin
         if stop.is_set():
             raise Cancelled()
 
-    for chunk in in_order((read(offset) for offset in offsets), jobs, "prep-range", check):
+    for chunk in in_sequence((read(offset) for offset in offsets), jobs, "prep-range", check):
         if not chunk:
             return
         yield chunk

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO, TypeVar
 from botocore.exceptions import ClientError, IncompleteReadError
 
 from prep.errors import StoreError
-from prep.storage.parallel import in_order
+from prep.storage.parallel import in_sequence
 from prep.storage.s3.client import (
     DEFAULT_MAX_ATTEMPTS,
     MIB,
@@ -208,7 +208,7 @@ def download(client: Any, bucket: str, key: str, size: int, pinned: dict[str, st
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         with open(temp, "wb") as out:
-            for chunk in in_order(fetches, jobs, "prep-s3"):
+            for chunk in in_sequence(fetches, jobs, "prep-s3"):
                 out.write(chunk)
                 hasher.update(chunk)
                 written += len(chunk)

@@ -14,7 +14,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from prep.errors import StoreError
 from prep.faults import crash_point
-from prep.storage.parallel import in_order
+from prep.storage.parallel import in_sequence
 from prep.storage.s3.client import (
     LOST_RACE,
     MISSING_KEY,
@@ -178,7 +178,7 @@ def _upload_parts(upload: Upload, upload_id: str, source: BinaryIO, part_size: i
             number += 1
             yield partial(send, number, chunk)
 
-    parts = list(in_order(tasks(), jobs, "prep-s3"))
+    parts = list(in_sequence(tasks(), jobs, "prep-s3"))
     return parts, hasher.hexdigest()
 
 
