@@ -16,6 +16,7 @@ from typing import Any
 from prep import hashing
 from prep.errors import RefConflictError, StaleRefError
 from prep.formats.units import artifact_format, named_artifact_path, unit_formats, units_for
+from prep.inputs.exclusions import Exclusions
 from prep.inputs.sources import SourceFile
 from prep.runner.distributions import distribution_stats
 from prep.runner.sharding import Sharded, ShardOut
@@ -57,10 +58,17 @@ def build_stats(sharded: Sharded) -> dict[str, Any]:
         "documents_written": sum(shard.plan.documents for shard in sharded.shards),
         "tokens_written": sum(shard.plan.tokens for shard in sharded.shards),
         "bad_records_skipped": sum(part.bad_records for part in parts),
+        **_excluded_stats(parts),
         "special_token_documents": sum(part.special_token_documents for part in parts),
         **({"steps": [counts.to_json() for counts in steps]} if steps else {}),
         **_distributions(sharded),
     }
+
+
+def _excluded_stats(parts: Sequence[TokenizedPart]) -> dict[str, int]:
+    """`excluded`: the documents deletion requests dropped, only for a build with [input] exclude."""
+    counts = [part.excluded for part in parts if part.excluded is not None]
+    return {"excluded": sum(counts)} if counts else {}
 
 
 def _distributions(sharded: Sharded) -> dict[str, Any]:
@@ -93,9 +101,11 @@ def step_stats(parts: Sequence[TokenizedPart]) -> list[StepCounts]:
 def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[SourceFile], code: dict[str, Any],
                       tokenizer: dict[str, Any], config: dict[str, Any], stages: list[StageRun],
                       shards: Sequence[ShardOut], formats: tuple[str, ...], stats: dict[str, Any],
-                      checks: list[dict[str, object]] | None = None) -> dict[str, Any]:
+                      checks: list[dict[str, object]] | None = None,
+                      exclusions: Exclusions | None = None) -> dict[str, Any]:
     """The `prep.snapshot/1` manifest of a build (schema: manifests/snapshot-1.schema.json); `checks`
-    (the [checks] judged) only for a pipeline that declares some, so others keep their ids."""
+    (the [checks] judged) only for a pipeline that declares some, `exclude` (the deletion requests'
+    SHA-256s, never their entries) only for one with [input] exclude, so others keep their ids."""
     return {
         "schema": SNAPSHOT_SCHEMA,
         "dataset": dataset,
@@ -108,6 +118,7 @@ def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[So
         "artifacts": artifacts(shards, formats),
         "stats": stats,
         **({"checks": checks} if checks is not None else {}),
+        **({"exclude": exclusions.to_json()} if exclusions is not None else {}),
     }
 
 
