@@ -35,7 +35,7 @@ def _text(seed: int) -> str:
 def _scan_store(store: Path, needles: list[bytes]) -> list[tuple[str, int]]:
     """Every (file, needle index) where a file of the store, decompressed when zstd or gzip,
     holds a needle."""
-    found = []
+    found: list[tuple[str, int]] = []
     for path in sorted(p for p in store.rglob("*") if p.is_file()):
         data = path.read_bytes()
         if data.startswith(b"\x28\xb5\x2f\xfd"):
