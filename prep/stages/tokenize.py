@@ -311,16 +311,23 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
             with suppress(OSError):
                 path.unlink(missing_ok=True)
         raise
-    summary: dict[str, Any] = dict(counts)
-    summary["bad_record_examples"] = bad
-    if excluder is not None:
-        summary["excluded"] = excluder.excluded
-    if steps is not None:
-        summary["steps"] = [tally.to_json() for tally in steps.counts]
+    summary = _summary(counts, bad, steps, excluder)
     log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings)[0].report(),
            "engine_reloads": _RELOADS["count"] - reloads_before}
     assert writer.digest is not None
     return TokenizeResult(out_path, writer.digest, summary, log, entries, outcomes, banded)
+
+
+def _summary(counts: dict[str, int], bad: list[str], steps: PartSteps | None,
+             excluder: Excluder | None) -> dict[str, Any]:
+    """What the task counted, as its record's summary: documents and tokens written, bad records,
+    and with steps each one's counts, with a deletion request the documents it excluded."""
+    summary: dict[str, Any] = {**counts, "bad_record_examples": bad}
+    if excluder is not None:
+        summary["excluded"] = excluder.excluded
+    if steps is not None:
+        summary["steps"] = [tally.to_json() for tally in steps.counts]
+    return summary
 
 
 def _write_batch(batch: TextColumns, task: ReadTask, settings: TokenizeSettings, writer: IntermediateWriter,

@@ -120,6 +120,9 @@ def test_a_request_is_traced_in_every_version_excluded_and_collected(project: di
                                                                              "c.jsonl": 0}
     assert three["stats"]["documents_written"] == two["stats"]["documents_written"] - 3  # one and its copy: one kept
     assert _held(_json("trace", "--all", TARGETS[0], "--store", store))[three["id"]] == set()
+    pipeline = project["root"] / "pipeline.toml"
+    status = _json("status", pipeline, "--store", store)  # the table's id is in the keys status computes
+    assert [stage["key"] for stage in status["stages"]] == [stage["key"] for stage in three["stages"]]
 
     # only the shards that held the documents were rewritten (a merge with a sibling at most)
     old, new = _bin_shards(two), _bin_shards(three)
