@@ -292,8 +292,11 @@ def trace(args: tuple[str, ...], store_url: str | None, everywhere: bool, as_jso
     snapshot = resolve_spec(store, snap)
     try:
         found = [(entry.to_json(), trace_lines(entry)) for entry in trace_document(store, snapshot, doc_id)]
-    except NotFoundError:  # not in the snapshot: perhaps a document step dropped it
+    except NotFoundError as missing:  # not in the snapshot: perhaps a document step dropped it
         found = [(entry.to_json(), dropped_lines(entry)) for entry in find_dropped(store, snapshot, doc_id)]
+        if not found and "exclude" in snapshot.manifest:  # no record names what a deletion request dropped
+            raise NotFoundError(f"{missing}; it was built with deletion requests ([input] exclude), which leave "
+                                "no trace of the documents they drop (docs/deletion.md)") from None
         if not found:
             raise
     if as_json:
@@ -310,7 +313,7 @@ def _trace_all(spec: str, store_url: str | None, as_json: bool) -> None:
     try:
         query = Query.parse(spec)
     except ValueError as exc:
-        raise UsageError(f"{spec!r}: {exc}") from None
+        raise UsageError(f"trace --all: {exc}") from None
     store = open_store_option(store_url)
     found = sweep(store, query)
     if as_json:

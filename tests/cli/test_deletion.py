@@ -120,6 +120,8 @@ def test_a_request_is_traced_in_every_version_excluded_and_collected(project: di
                                                                              "c.jsonl": 0}
     assert three["stats"]["documents_written"] == two["stats"]["documents_written"] - 3  # one and its copy: one kept
     assert _held(_json("trace", "--all", TARGETS[0], "--store", store))[three["id"]] == set()
+    gone = run_prep("trace", "tiny@latest", TARGETS[1], "--store", store, check=False)
+    assert gone.returncode == 2 and "built with deletion requests ([input] exclude)" in gone.stderr
     pipeline = project["root"] / "pipeline.toml"
     status = _json("status", pipeline, "--store", store)  # the table's id is in the keys status computes
     assert [stage["key"] for stage in status["stages"]] == [stage["key"] for stage in three["stages"]]
