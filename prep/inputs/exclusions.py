@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,15 +73,17 @@ class ReadList:
     sha256: str
 
 
-def read_entries(path: Path, shown: str) -> ReadList:
-    """Every entry of the list file at `path` (named `shown` in errors), with its line number;
-    InputError `shown:LINE: why` for a line that is no entry, or `shown: why` for a file that
-    cannot be read."""
+def _read(path: Path, shown: str) -> bytes:
+    """The list file's bytes; InputError `shown: why` when it cannot be read."""
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise InputError(f"{shown}: cannot read the exclude list: {exc.strerror or exc}") from None
-    entries = []
+
+
+def _entries(data: bytes, shown: str) -> Iterator[tuple[int, Entry]]:
+    """The entries of a list file's bytes with their line numbers, one at a time; InputError
+    `shown:LINE: why` for a line that is no entry."""
     for number, raw in enumerate(data.splitlines(), start=1):
         try:
             entry = parse_entry(raw.decode("utf-8"))
@@ -90,8 +92,14 @@ def read_entries(path: Path, shown: str) -> ReadList:
         except ValueError as exc:
             raise InputError(f"{shown}:{number}: {exc}") from None
         if entry is not None:
-            entries.append((number, entry))
-    return ReadList(tuple(entries), hashlib.sha256(data).hexdigest())
+            yield number, entry
+
+
+def read_entries(path: Path, shown: str) -> ReadList:
+    """Every entry of the list file at `path` (named `shown` in errors), with its line number
+    (for a request, which is small: a build's lists are hashed as they are read, load_exclusions)."""
+    data = _read(path, shown)
+    return ReadList(tuple(_entries(data, shown)), hashlib.sha256(data).hexdigest())
 
 
 @dataclass(frozen=True)
@@ -128,9 +136,22 @@ class Exclusions:
 def pack(entries: Iterable[Entry]) -> bytes:
     """The table of `entries`: header (magic, id count, text count), sorted id hashes, sorted
     text hashes, each distinct."""
-    ids = sorted({id_hash(entry.value) for entry in entries if entry.kind == "id"})
-    texts = sorted({bytes.fromhex(entry.value) for entry in entries if entry.kind == "text"})
-    return b"".join([_HEADER.pack(MAGIC, len(ids), len(texts)), *ids, *texts])
+    hashes: tuple[set[bytes], set[bytes]] = (set(), set())
+    for entry in entries:
+        _add(hashes, entry)
+    return _packed(*hashes)
+
+
+def _add(hashes: tuple[set[bytes], set[bytes]], entry: Entry) -> None:
+    """Add an entry's 16 bytes to the id hashes or the text hashes."""
+    if entry.kind == "id":
+        hashes[0].add(id_hash(entry.value))
+    else:
+        hashes[1].add(bytes.fromhex(entry.value))
+
+
+def _packed(ids: set[bytes], texts: set[bytes]) -> bytes:
+    return b"".join([_HEADER.pack(MAGIC, len(ids), len(texts)), *sorted(ids), *sorted(texts)])
 
 
 def unpack(table: bytes) -> tuple[memoryview, memoryview]:
@@ -146,20 +167,22 @@ def unpack(table: bytes) -> tuple[memoryview, memoryview]:
 
 def load_exclusions(paths: Sequence[str], base_dir: Path, has_ids: bool) -> Exclusions | None:
     """The exclusions of the lists at `paths` (relative to `base_dir`, the pipeline's folder); None
-    without lists. InputError naming FILE:LINE for a bad line, and for an `id:` entry when the
-    input has no id field (its documents have no id to match)."""
+    without lists. Each entry is hashed as it is read (16 bytes kept, never its line), so a list of
+    millions costs the driver a set of short bytes. InputError naming FILE:LINE for a bad line, and
+    for an `id:` entry when the input has no id field (its documents have no id to match)."""
     if not paths:
         return None
-    entries: list[Entry] = []
+    hashes: tuple[set[bytes], set[bytes]] = (set(), set())
     files = []
     for shown in paths:
         path = Path(shown).expanduser()
-        read = read_entries(path if path.is_absolute() else base_dir / path, shown)
-        if not has_ids:
-            at = next((number for number, entry in read.entries if entry.kind == "id"), None)
-            if at is not None:
-                raise InputError(f"{shown}:{at}: an id entry, but the pipeline names no input.id_field: "
+        data = _read(path if path.is_absolute() else base_dir / path, shown)
+        count = 0
+        for number, entry in _entries(data, shown):
+            if entry.kind == "id" and not has_ids:
+                raise InputError(f"{shown}:{number}: an id entry, but the pipeline names no input.id_field: "
                                  "exclude such documents by text:<hash>")
-        entries.extend(entry for _, entry in read.entries)
-        files.append(ListFile(shown, read.sha256, len(read.entries)))
-    return Exclusions(pack(entries), tuple(files))
+            _add(hashes, entry)
+            count += 1
+        files.append(ListFile(shown, hashlib.sha256(data).hexdigest(), count))
+    return Exclusions(_packed(*hashes), tuple(files))
