@@ -151,8 +151,13 @@ def sweep(store: Store, query: Query, dataset: str | None = None, snapshot_ids: 
     ids = list(snapshot_ids) if snapshot_ids is not None else list_snapshot_ids(store)
     refs = _refs_by_snapshot(store)
     loaded: list[tuple[Snapshot, Placer | None, str | None]] = []
+    unreadable: list[SnapshotHits] = []
     for snapshot_id in ids:
-        snapshot = load_snapshot(store, snapshot_id)
+        try:
+            snapshot = load_snapshot(store, snapshot_id)
+        except PrepError as exc:  # a marker whose manifest is gone or corrupt: named, never guessed at
+            unreadable.append(SnapshotHits(snapshot_id, "", (), (), f"its manifest cannot be read: {exc}"))
+            continue
         if dataset is not None and snapshot.dataset != dataset:
             continue
         try:
@@ -170,7 +175,7 @@ def sweep(store: Store, query: Query, dataset: str | None = None, snapshot_ids: 
             if placer is not None:
                 seen = {origin.index for origin in found[snapshot.id]}
                 found[snapshot.id] += [o for o in _search(store, placer, extra) if o.index not in seen]
-    result = Sweep(grown)
+    result = Sweep(grown, unreadable)
     for snapshot, placer, skipped in loaded:
         origins = sorted(found.get(snapshot.id, []), key=lambda origin: origin.index)
         hits = tuple(Hit(placer.trace_origin(origin), _matched(origin, query),

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 
 from prep.inputs.exclusions import pack, parse_entry
 from prep.manifest.schema import validate
+from prep.store.layout import snapshot_marker_key
 from tests.helpers import make_records, random_text, run_prep, write_jsonl, write_pipeline
 
 TARGETS = ("erase-me-one", "erase-me-two")  # listed by id; a third document is listed by its text hash
@@ -150,6 +151,12 @@ def test_a_request_is_traced_in_every_version_excluded_and_collected(project: di
     assert _scan_store(store, needles) == []
     assert _latest(store) == three["id"]
     run_prep("fsck", "--store", store, "-q")
+
+    lost = "sha256:" + "0" * 64  # a marker whose manifest is not stored: named as not searched, the rest searched
+    (store / snapshot_marker_key(lost)).write_bytes(b"")
+    report = _json("trace", "--all", TARGETS[0], "--store", store)
+    assert [(entry["snapshot"], "skipped" in entry) for entry in report["snapshots"]] == [(lost, True),
+                                                                                         (three["id"], False)]
 
 
 def test_a_bad_exclude_line_fails_before_any_task_naming_file_and_line(project: dict[str, Any]) -> None:
