@@ -49,6 +49,7 @@ class InputConfig:
     on_error: str = "fail"
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
     metadata_fields: tuple[str, ...] = ()  # carried into every format's per-document metadata
+    exclude: tuple[str, ...] = ()  # deletion requests: lists of ids and text hashes a build drops (prep.inputs.exclusions)
 
 
 @dataclass(frozen=True)
@@ -317,7 +318,8 @@ def _steps(tables: list[object], source: str, base_dir: Path) -> tuple[DocumentS
 
 
 def _input(inp: _Table, source: str) -> InputConfig:
-    """`[input]`: paths (at least one), format, text and id fields, on_error, max_document_bytes."""
+    """`[input]`: paths (at least one), format, text and id fields, on_error, max_document_bytes,
+    metadata fields, exclude lists (read by the build, not here)."""
     paths = _string_list(inp, "paths", None)
     if not paths:
         raise ConfigError(f"{source}: input.paths: at least one path is required")
@@ -334,6 +336,7 @@ def _input(inp: _Table, source: str) -> InputConfig:
         on_error=inp.choice("on_error", ON_ERROR, "fail"),
         max_document_bytes=inp.size("max_document_bytes", DEFAULT_MAX_DOCUMENT_BYTES),
         metadata_fields=_metadata_fields(inp, text_field, id_field),
+        exclude=_string_list(inp, "exclude", ()),
     )
     inp.finish()
     if input_config.metadata_fields and input_config.format == "text":

@@ -173,3 +173,16 @@ def test_text_input_with_metadata_fields_is_a_config_error_of_one_line_exit_2(tm
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("prep: error: ")
     assert "input.metadata_fields" in result.stderr
+
+
+def test_exclude_lists_are_paths_kept_out_of_the_resolved_config() -> None:
+    """`[input] exclude` names files (read by the build, not here); the manifest records their
+    hashes under `exclude`, so the resolved config is the one a pipeline without them has."""
+    given = parse_pipeline({**MINIMAL, "input": {"paths": ["a"], "exclude": ["req/1.txt", "req/2.txt"]}},
+                           Path("."), "p.toml")
+    assert given.input.exclude == ("req/1.txt", "req/2.txt")
+    assert given.resolved() == parse_pipeline(MINIMAL, Path("."), "p.toml").resolved()
+    one = parse_pipeline({**MINIMAL, "input": {"paths": ["a"], "exclude": "req.txt"}}, Path("."), "p.toml")
+    assert one.input.exclude == ("req.txt",)
+    with pytest.raises(ConfigError, match=r"^p\.toml: input\.exclude\[0\]: expected str, got 3$"):
+        parse_pipeline({**MINIMAL, "input": {"paths": ["a"], "exclude": [3]}}, Path("."), "p.toml")

@@ -14,7 +14,7 @@ import click
 
 from prep.cli.common import echo_json, json_option, open_store_option, store_option
 from prep.cli.nearstats import diff_size_lines
-from prep.cli.render import dropped_lines, trace_lines
+from prep.cli.render import dropped_lines, sweep_json, sweep_lines, trace_lines
 from prep.errors import NotFoundError, UsageError
 from prep.history.diff import ABSENT, NEAR_SIZES, REPORT_SCHEMA, SnapshotDiff, diff_snapshots
 from prep.history.selectors import resolve_spec
@@ -261,16 +261,30 @@ def ls(dataset: str | None, store_url: str | None, as_json: bool) -> None:
 
 
 TRACE_SCHEMA = "prep.trace-report/1"  # manifests/trace-report-1.schema.json
+ALL_SCHEMA = "prep.trace-all-report/1"  # manifests/trace-all-report-1.schema.json
 
 
 @click.command()
-@click.argument("snap")
-@click.argument("doc_id")
+@click.argument("args", nargs=-1, metavar="SNAP DOC_ID | --all DOC_ID_OR_TEXT_HASH")
 @store_option
-@click.option("--json", "as_json", is_flag=True, help=f"Print a {TRACE_SCHEMA} JSON document.")
-def trace(snap: str, doc_id: str, store_url: str | None, as_json: bool) -> None:
+@click.option("--all", "everywhere", is_flag=True,
+              help="Search every snapshot of the store for the document or a copy of its text.")
+@click.option("--json", "as_json", is_flag=True, help=f"Print a {TRACE_SCHEMA} (--all: {ALL_SCHEMA}) JSON document.")
+def trace(args: tuple[str, ...], store_url: str | None, everywhere: bool, as_json: bool) -> None:
     """Which artifacts, at which positions, hold document DOC_ID (an id, SOURCE:ID, or SOURCE:LINE,
-    the 1-based line or record of SOURCE, with or without an id field)."""
+    the 1-based line or record of SOURCE, with or without an id field) in snapshot SNAP.
+
+    With --all: every snapshot of the store (all datasets) holding the document named by
+    `id:ID`, `text:HASH` (its text's xxh3-128, 32 hex digits) or a bare id (also read as a text
+    hash when it is 32 hex digits), or any copy of its text; and the intermediates holding it."""
+    if everywhere:
+        if len(args) != 1:
+            raise UsageError("usage: prep trace --all DOC_ID_OR_TEXT_HASH")
+        _trace_all(args[0], store_url, as_json)
+        return
+    if len(args) != 2:
+        raise UsageError("usage: prep trace SNAP DOC_ID, or prep trace --all DOC_ID_OR_TEXT_HASH")
+    snap, doc_id = args
     from prep.history.lineage import trace as trace_document
     from prep.history.stepdrops import find_dropped
 
@@ -278,8 +292,11 @@ def trace(snap: str, doc_id: str, store_url: str | None, as_json: bool) -> None:
     snapshot = resolve_spec(store, snap)
     try:
         found = [(entry.to_json(), trace_lines(entry)) for entry in trace_document(store, snapshot, doc_id)]
-    except NotFoundError:  # not in the snapshot: perhaps a document step dropped it
+    except NotFoundError as missing:  # not in the snapshot: perhaps a document step dropped it
         found = [(entry.to_json(), dropped_lines(entry)) for entry in find_dropped(store, snapshot, doc_id)]
+        if not found and "exclude" in snapshot.manifest:  # no record names what a deletion request dropped
+            raise NotFoundError(f"{missing}; it was built with deletion requests ([input] exclude), which leave "
+                                "no trace of the documents they drop (docs/deletion.md)") from None
         if not found:
             raise
     if as_json:
@@ -287,3 +304,19 @@ def trace(snap: str, doc_id: str, store_url: str | None, as_json: bool) -> None:
                                "documents": [report for report, _ in found]}, ensure_ascii=False))
         return
     click.echo("\n\n".join("\n".join(lines) for _, lines in found))
+
+
+def _trace_all(spec: str, store_url: str | None, as_json: bool) -> None:
+    """`prep trace --all`: the report of every snapshot holding the document or a copy of its text."""
+    from prep.history.everywhere import Query, sweep
+
+    try:
+        query = Query.parse(spec)
+    except ValueError as exc:
+        raise UsageError(f"trace --all: {exc}") from None
+    store = open_store_option(store_url)
+    found = sweep(store, query)
+    if as_json:
+        echo_json({"schema": ALL_SCHEMA, "store": store.url, "spec": spec, **sweep_json(found)})
+        return
+    click.echo("\n".join(sweep_lines(found)))

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prep.progress import plural
 
 if TYPE_CHECKING:  # lineage loads pyarrow; only the commands that trace import it, when run
     from prep.history.documents import DocumentOrigin, Similarity, Trace
+    from prep.history.everywhere import Sweep
     from prep.history.neardrops import NearDropped
     from prep.history.stepdrops import DroppedDocument
 
@@ -93,4 +94,30 @@ def near_dropped_lines(found: NearDropped, text: bool = False) -> list[str]:
     if text:
         lines += [f"--- dropped {found.document.id}", _shown(found.text), f"+++ kept {found.kept.id}",
                   _shown(found.kept_text)]
+    return lines
+
+
+def sweep_json(found: Sweep) -> dict[str, Any]:
+    """A store-wide search as `prep trace --all --json` and `prep redact --json` report it: the
+    query as it grew (the text hashes of documents found by id join it) and every snapshot searched."""
+    return {"query": {"ids": sorted(found.query.ids), "text_hashes": sorted(found.query.texts)},
+            "snapshots": [entry.to_json() for entry in found.snapshots],
+            "holding": len(found.holding)}
+
+
+def sweep_lines(found: Sweep) -> list[str]:
+    """A store-wide search for people: each snapshot holding a match, its refs, and each match's
+    trace with the intermediate that holds its text; then how many of the snapshots hold one."""
+    lines: list[str] = []
+    for entry in found.snapshots:
+        if entry.skipped:
+            lines.append(f"snapshot  {entry.snapshot}  ({entry.dataset})  not searched: {entry.skipped}")
+        if not entry.hits:
+            continue
+        refs = f"; refs {', '.join(entry.refs)}" if entry.refs else "; no ref names it"
+        lines.append(f"snapshot  {entry.snapshot}  ({entry.dataset}{refs})")
+        for hit in entry.hits:
+            lines.extend(trace_lines(hit.trace, "  "))
+            lines.append(f"    matched by {hit.matched}; its text is in intermediate {hit.intermediate}")
+    lines.append(f"{plural(len(found.holding), 'snapshot')} of {len(found.snapshots)} hold it")
     return lines

@@ -31,7 +31,13 @@ from prep.runner.executors.pool import LocalExecutor
 from prep.runner.nearbuckets import NearBuckets
 from prep.runner.nearclusters import NearClusters
 from prep.runner.ordering import Ordering
-from prep.runner.planning import describe_inputs, hash_inputs_meanwhile, tokenize_settings, unchanged_latest
+from prep.runner.planning import (
+    describe_inputs,
+    hash_inputs_meanwhile,
+    read_exclusions,
+    tokenize_settings,
+    unchanged_latest,
+)
 from prep.runner.publish import (
     BuildFacts,
     RefOutcome,
@@ -167,6 +173,7 @@ def run_pipeline(pipeline: Pipeline, runner: Runner, on_latest: Callable[[bool],
     store, executor, progress, code = runner.store, runner.executor, runner.progress, dict(runner.code)
     tokenizer_path = pipeline.tokenizer_path()
     info = describe_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)
+    exclusions = read_exclusions(pipeline)
 
     progress.stage("inputs", "discovering and hashing")
     discovered = discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format)
@@ -179,11 +186,12 @@ def run_pipeline(pipeline: Pipeline, runner: Runner, on_latest: Callable[[bool],
     version = input_version(sources)
     progress.done("inputs", f"{plural(len(sources), 'file')}, {human_bytes(sum(s.size for s in sources))}, {version[:19]}")
 
-    settings = tokenize_settings(pipeline, str(tokenizer_path), info.sha256)
+    settings = tokenize_settings(pipeline, str(tokenizer_path), info.sha256, exclusions)
     try:
         tokenized = runner.run_stage(Tokenizing(tuple(sources), settings, pipeline.input.text_field,
                                                 pipeline.input.id_field, pipeline.input.max_document_bytes,
-                                                pipeline.input.metadata_fields), None)
+                                                pipeline.input.metadata_fields,
+                                                exclusion_table=exclusions.table if exclusions else None), None)
     finally:
         release_spool(sources)  # S3 inputs were read once, into the spool; no later stage reads them
     _check_not_empty(pipeline, sources, tokenized)
@@ -197,7 +205,7 @@ def run_pipeline(pipeline: Pipeline, runner: Runner, on_latest: Callable[[bool],
         tokenizer=tokenizer, config=pipeline.resolved(), stages=runner.committed_stages(), shards=sharded.shards,
         formats=pipeline.output.formats, stats=stats,
         checks=[result.to_json() for result in checked] if pipeline.checks else None,
-        step_sources=store_step_sources(store, pipeline.steps))
+        step_sources=store_step_sources(store, pipeline.steps), exclusions=exclusions)
     return Built(manifest, sources, tokenized, checked)
 
 

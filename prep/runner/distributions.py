@@ -73,7 +73,8 @@ def distribution_stats(quality: OrderQuality, parts: Sequence[TokenizedPart], ne
 
 def file_stats(quality: OrderQuality, parts: Sequence[TokenizedPart], near: bool) -> list[dict[str, Any]]:
     """Per input file (its parts summed): as the stats' totals, documents read (those the steps
-    kept), bad records skipped, documents each step dropped, duplicates and near duplicates
+    kept), bad records skipped, documents a deletion request excluded (with [input] exclude), documents
+    each step dropped, duplicates and near duplicates
     dropped, documents and tokens written."""
     files: dict[str, dict[str, Any]] = {}
     for ordinal, part in enumerate(parts):
@@ -84,6 +85,8 @@ def file_stats(quality: OrderQuality, parts: Sequence[TokenizedPart], near: bool
                                                "documents_written": 0, "tokens_written": 0})
         entry["documents_read"] += part.documents
         entry["bad_records_skipped"] += part.bad_records
+        if part.excluded is not None:
+            entry["excluded"] = entry.get("excluded", 0) + part.excluded
         for index, counts in enumerate(part.steps or ()):
             entry["dropped_by_steps"][index] += counts.dropped
         entry["duplicates_dropped"] += quality.parts["duplicates"][ordinal]

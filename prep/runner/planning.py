@@ -10,6 +10,7 @@ from typing import Any
 
 from prep.config import Pipeline
 from prep.errors import PrepError
+from prep.inputs.exclusions import Exclusions, load_exclusions
 from prep.inputs.sources import SourceFile, hash_source
 from prep.runner.executors.base import Executor
 from prep.runner.tasks import HashJob, run_hash_job
@@ -104,11 +105,19 @@ def describe_inputs(sources: list[SourceFile], most: int = 5) -> str:
     return ", ".join(names) + more
 
 
-def tokenize_settings(pipeline: Pipeline, tokenizer_path: str, tokenizer_sha256: str) -> TokenizeSettings:
-    """The tokenize tasks' settings for `pipeline`: its tokenizer file, pinned by hash, and its
-    seed, whose key order the intermediates are laid out in."""
+def tokenize_settings(pipeline: Pipeline, tokenizer_path: str, tokenizer_sha256: str,
+                      exclusions: Exclusions | None = None) -> TokenizeSettings:
+    """The tokenize tasks' settings for `pipeline`: its tokenizer file, pinned by hash, its
+    seed, whose key order the intermediates are laid out in, and its exclusion table's object id."""
     return TokenizeSettings(tokenizer_path, tokenizer_sha256, pipeline.tokenizer.eos,
                             pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend,
                             pipeline.input.on_error, order_seed=pipeline.seed,
                             tokenizer_cache=pipeline.build.tokenizer_cache, steps=pipeline.steps,
-                            metadata_keys=pipeline.metadata_keys(), near=pipeline.dedup.near)
+                            metadata_keys=pipeline.metadata_keys(), near=pipeline.dedup.near,
+                            exclude=f"sha256:{exclusions.sha256}" if exclusions is not None else None)
+
+
+def read_exclusions(pipeline: Pipeline) -> Exclusions | None:
+    """The pipeline's deletion requests (`[input] exclude`), read and checked before any task runs:
+    InputError naming FILE:LINE for a bad line, FILE for a list that cannot be read."""
+    return load_exclusions(pipeline.input.exclude, pipeline.base_dir, pipeline.input.id_field is not None)

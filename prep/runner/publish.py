@@ -16,6 +16,7 @@ from typing import Any
 from prep import hashing
 from prep.errors import RefConflictError, StaleRefError
 from prep.formats.units import artifact_format, named_artifact_path, unit_formats, units_for
+from prep.inputs.exclusions import Exclusions
 from prep.inputs.sources import SourceFile
 from prep.runner.distributions import distribution_stats
 from prep.runner.sharding import Sharded, ShardOut
@@ -57,10 +58,17 @@ def build_stats(sharded: Sharded) -> dict[str, Any]:
         "documents_written": sum(shard.plan.documents for shard in sharded.shards),
         "tokens_written": sum(shard.plan.tokens for shard in sharded.shards),
         "bad_records_skipped": sum(part.bad_records for part in parts),
+        **_excluded_stats(parts),
         "special_token_documents": sum(part.special_token_documents for part in parts),
         **({"steps": [counts.to_json() for counts in steps]} if steps else {}),
         **_distributions(sharded),
     }
+
+
+def _excluded_stats(parts: Sequence[TokenizedPart]) -> dict[str, int]:
+    """`excluded`: the documents deletion requests dropped, only for a build with [input] exclude."""
+    counts = [part.excluded for part in parts if part.excluded is not None]
+    return {"excluded": sum(counts)} if counts else {}
 
 
 def _distributions(sharded: Sharded) -> dict[str, Any]:
@@ -94,10 +102,12 @@ def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[So
                       tokenizer: dict[str, Any], config: dict[str, Any], stages: list[StageRun],
                       shards: Sequence[ShardOut], formats: tuple[str, ...], stats: dict[str, Any],
                       checks: list[dict[str, object]] | None = None,
-                      step_sources: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+                      step_sources: Sequence[dict[str, Any]] = (),
+                      exclusions: Exclusions | None = None) -> dict[str, Any]:
     """The `prep.snapshot/1` manifest of a build (schema: manifests/snapshot-1.schema.json); `checks`
     (the [checks] judged) only for a pipeline that declares some, `step_sources` only when it has
-    some (a pipeline without function steps keeps its id), so other pipelines keep their ids."""
+    some (a pipeline without function steps), `exclude` (the deletion requests' SHA-256s, never
+    their entries) only for one with [input] exclude, so other pipelines keep their ids."""
     return {
         "schema": SNAPSHOT_SCHEMA,
         "dataset": dataset,
@@ -111,6 +121,7 @@ def snapshot_manifest(*, dataset: str, seed: int, version: str, sources: list[So
         "stats": stats,
         **({"checks": checks} if checks is not None else {}),
         **({"step_sources": list(step_sources)} if step_sources else {}),
+        **({"exclude": exclusions.to_json()} if exclusions is not None else {}),
     }
 
 

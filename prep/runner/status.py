@@ -18,7 +18,7 @@ from prep.config import Pipeline
 from prep.errors import PrepError
 from prep.inputs.sources import SourceFile, discover, input_version
 from prep.runner.ordering import DOCUMENTS_PER_BUCKET, Ordering
-from prep.runner.planning import tokenize_settings
+from prep.runner.planning import read_exclusions, tokenize_settings
 from prep.runner.sharding import Sharding
 from prep.runner.tasks import HashJob, run_hash_job
 from prep.stages.cuts import bucket_bits
@@ -144,7 +144,7 @@ def build_status(pipeline: Pipeline, store: Store) -> BuildStatus:
     info = describe_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)
     discovered = discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format)
     sources = run_hash_job(HashJob(tuple(discovered), spool=False)) if discovered else []
-    settings = tokenize_settings(pipeline, str(tokenizer_path), info.sha256)
+    settings = tokenize_settings(pipeline, str(tokenizer_path), info.sha256, read_exclusions(pipeline))
     parts, documents = [], 0
     for source in sources:
         for task in plan_read_tasks(source, pipeline.input.text_field, pipeline.input.id_field,

@@ -14,7 +14,7 @@ from prep.faults import crash_point
 from prep.inputs.sources import SourceFile
 from prep.progress import human_bytes, plural
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan, stage_counts
-from prep.runner.tasks import TaskResult, worker_store
+from prep.runner.tasks import TaskResult, stored_table, worker_store
 from prep.stages.read import ReadTask, plan_read_tasks
 from prep.stages.specs import TokenizeSettings, staged_paths
 from prep.steps import catalog
@@ -50,12 +50,15 @@ class TokenizeJob:
 
 
 def run_tokenize_job(job: TokenizeJob) -> TaskResult:
+    from prep.stages.exclude import Excluder
     from prep.stages.tokenize import run_tokenize
 
     store = worker_store(job.store_url)
     replays = _replays(store, job)
+    exclude = job.settings.exclude
     result = run_tokenize(job.task, job.settings, store.staging_dir() / job.staged_name,
-                         durable=not job.driver_stores, replays=replays)
+                         durable=not job.driver_stores, replays=replays,
+                         excluder=Excluder(stored_table(store, exclude)) if exclude is not None else None)
     files = {"intermediate": (result.path, result.digest)}
     if result.entries is not None:
         files["entries"] = result.entries
@@ -166,6 +169,7 @@ class TokenizedPart:
     bad_record_examples: tuple[str, ...]
     steps: tuple[StepCounts, ...] | None
     bands: str | None = None  # with [dedup.near]: the part's bands object (prep.workfiles.bands)
+    excluded: int | None = None  # with [input] exclude: the documents a deletion request dropped
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -175,7 +179,8 @@ class TokenizedPart:
             "documents": self.documents, "tokens": self.tokens,
             "text_bytes": self.text_bytes, "bad_records": self.bad_records,
             "special_token_documents": self.special_token_documents, "lines": self.lines,
-            "bad_record_examples": list(self.bad_record_examples), **({"bands": self.bands} if self.bands else {})}
+            "bad_record_examples": list(self.bad_record_examples), **({"bands": self.bands} if self.bands else {}),
+            **({"excluded": self.excluded} if self.excluded is not None else {})}
         if self.steps is not None:
             data["steps"] = [counts.to_json() for counts in self.steps]
         return data
@@ -192,7 +197,13 @@ class TokenizedPart:
                    int(summary["bad_records"]), int(summary["special_token_documents"]), int(summary["lines"]),
                    tuple(str(line) for line in summary["bad_record_examples"]),
                    None if steps is None else tuple(StepCounts.from_json(counts) for counts in steps),
-                   record.outputs.get("bands"))
+                   record.outputs.get("bands"), _excluded(summary))
+
+
+def _excluded(summary: Mapping[str, Any]) -> int | None:
+    """The documents a deletion request dropped from the part, None for a build without one."""
+    value = summary.get("excluded")
+    return None if value is None else int(value)
 
 
 def _part_outcomes(record: TaskRecord, steps: int) -> tuple[str, ...]:
@@ -240,6 +251,7 @@ class Tokenizing:
     max_document_bytes: int
     metadata_fields: tuple[str, ...] = ()
     name: str = "tokenize"
+    exclusion_table: bytes | None = None  # [input] exclude: stored once, named by settings.exclude
 
     def read_tasks(self) -> list[ReadTask]:
         """Every input part, in input order."""
@@ -260,17 +272,29 @@ class Tokenizing:
             tasks.append(Task(key, job, f"tokenize output of {read.source.rel} part {read.part}",
                               job.input_bytes(), job.input_bytes()))
         total = sum(source.size for source in self.sources)
-        return StagePlan(TaskPlan("tokenize", tuple(tasks), run_tokenize_job, found=found, discard=discard_staged),
+        return StagePlan(TaskPlan("tokenize", tuple(tasks), run_tokenize_job, found=found, discard=discard_staged,
+                                  tables=self._tables(context)),
                          self.settings.key_fields(), [task.key for task in tasks],
                          f"{plural(len(tasks), 'task')} over {plural(len(self.sources), 'file')}, {human_bytes(total)}")
 
+    def _tables(self, context: StageContext) -> dict[str, bytes]:
+        """The exclusion table the tasks read by id, checked to be the one their settings name."""
+        if self.exclusion_table is None:
+            return {}
+        table_id = context.table_id(self.exclusion_table)
+        if table_id != self.settings.exclude:
+            raise ValueError(f"the exclusion table is {table_id}, the tokenize settings name {self.settings.exclude}")
+        return {table_id: self.exclusion_table}
+
     def outcome_keys(self, read: ReadTask, context: StageContext) -> tuple[str, ...]:
         """The key of each step's outcomes over a part: what the step and every step before it
-        are (kind, code, settings), how the part is read and what a raising step does. A step's
+        are (kind, code, settings), how the part is read, what a raising step does and the exclusion
+        table (the documents it drops reach no step). A step's
         outcomes depend on nothing else, so a build that changes a step (or adds one after the
         others) replays those before it from an earlier build's outcomes instead of running them."""
         steps = catalog.key_fields(self.settings.steps)
-        return tuple(context.task_key("steps", {"steps": steps[:count], "on_error": self.settings.on_error},
+        exclude = {"exclude": self.settings.exclude} if self.settings.exclude is not None else {}
+        return tuple(context.task_key("steps", {"steps": steps[:count], "on_error": self.settings.on_error, **exclude},
                                       *read.key_parts()) for count in range(1, len(steps) + 1))
 
     def result(self, previous: None, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Tokenized:

@@ -32,17 +32,19 @@ class TokenizeSettings:
     steps: tuple[DocumentStep, ...] = ()  # [[steps]]: run on each document before it is tokenized
     metadata_keys: tuple[str, ...] = ()  # Pipeline.metadata_keys: what each document's metadata may hold
     near: NearDupSettings | None = None  # [dedup.near]: each task writes its part's band hashes too
+    exclude: str | None = None  # [input] exclude: the object id of the exclusion table (prep.inputs.exclusions)
 
     def key_fields(self) -> dict[str, object]:
         """The settings that change a task's output (the backend and the cache bound never do); the
-        document steps' kinds, code and settings, the metadata keys and the near-duplicate settings,
-        only when some are configured."""
+        document steps' kinds, code and settings, the metadata keys, the near-duplicate settings and
+        the exclusion table (so a changed deletion request re-tokenizes), only when some are configured."""
         steps: dict[str, object] = {"steps": catalog.key_fields(self.steps)} if self.steps else {}
         metadata: dict[str, object] = {"metadata_keys": list(self.metadata_keys)} if self.metadata_keys else {}
         near: dict[str, object] = {"near": self.near.key_fields()} if self.near is not None else {}
+        exclude: dict[str, object] = {"exclude": self.exclude} if self.exclude is not None else {}
         return {"tokenizer": self.tokenizer_sha256, "eos": self.eos,
                 "encode_special_tokens": self.encode_special_tokens, "on_error": self.on_error,
-                "order_seed": self.order_seed, **steps, **metadata, **near}
+                "order_seed": self.order_seed, **steps, **metadata, **near, **exclude}
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,15 @@ class TextColumns:
             return None
         return self.metadata.filter(pa.array(kept)) if kept.dtype == bool else self.metadata.take(pa.array(kept))
 
+    def masked(self, keep: np.ndarray[Any, np.dtype[np.bool_]]) -> TextColumns:
+        """The documents where `keep` is True: the columns masked, the buffer joined from the texts kept."""
+        bounds = self.offsets.tolist()
+        view = memoryview(self.blob)
+        blob = b"".join([view[bounds[index]:bounds[index + 1]] for index in np.flatnonzero(keep).tolist()])
+        offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+        np.cumsum(np.diff(self.offsets)[keep], out=offsets[1:])
+        return TextColumns(self.rows[keep], self.ids.filter(pa.array(keep)), blob, offsets, self.metadata_of(keep))
+
     def data(self, index: int) -> bytes:
         """Document `index`'s text as UTF-8."""
         return self.blob[int(self.offsets[index]):int(self.offsets[index + 1])]

@@ -27,6 +27,7 @@ from prep.inputs.sources import check_unchanged
 from prep.memory import release_free_memory, resident_bytes, trim_heap
 from prep.stages.batches import read_batches
 from prep.stages.docsteps import PartSteps, Skipping
+from prep.stages.exclude import Excluder
 from prep.stages.neardedup import batch_bands
 from prep.stages.read import BadRecord, ReadTask, line_number
 from prep.stages.specs import TokenizeSettings, bands_path, entries_path, staged_paths
@@ -260,12 +261,13 @@ class _UniqueIds:
 
 
 def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, durable: bool = True,
-                 replays: Sequence[OutcomesReplay] = ()) -> TokenizeResult:
+                 replays: Sequence[OutcomesReplay] = (), excluder: Excluder | None = None) -> TokenizeResult:
     """Read, hash and tokenize every document of `task` into the new local intermediate file
     `out_path` (fsynced unless `durable` is False, for a file whose store makes it durable when
     put) and, with an order seed, write the part's entries (prep.workfiles.entries) beside it.
     The first `len(replays)` steps are replayed from an earlier build's outcomes, not run; each
-    later step's outcomes are written beside `out_path`."""
+    later step's outcomes are written beside `out_path`. With an `excluder` (a deletion request),
+    the documents it names are dropped before the steps: no file of the task holds them."""
     reloads_before = _RELOADS["count"]
     info = _task_engine(settings)  # holding no reference to the engine: a reload must free the old one
     dtype = np.dtype(info.dtype)
@@ -285,6 +287,8 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
         with IntermediateWriter(out_path, dtype, durable, settings.order_seed, bool(settings.metadata_keys)) as writer:
             for batch in _batches(task, settings.on_error, bad, counts):
                 unique_ids.add(batch)  # a document a step drops was read: its id counts
+                if excluder is not None:
+                    batch = excluder.apply(batch)
                 if settings.metadata_keys and batch.metadata is None:  # keys only steps set: each starts empty
                     batch = batch.with_empty_metadata()
                 if steps is not None:
@@ -307,14 +311,23 @@ def run_tokenize(task: ReadTask, settings: TokenizeSettings, out_path: Path, dur
             with suppress(OSError):
                 path.unlink(missing_ok=True)
         raise
-    summary: dict[str, Any] = dict(counts)
-    summary["bad_record_examples"] = bad
-    if steps is not None:
-        summary["steps"] = [tally.to_json() for tally in steps.counts]
+    summary = _summary(counts, bad, steps, excluder)
     log = {"seconds": round(time.perf_counter() - started, 3), **_engine(settings)[0].report(),
            "engine_reloads": _RELOADS["count"] - reloads_before}
     assert writer.digest is not None
     return TokenizeResult(out_path, writer.digest, summary, log, entries, outcomes, banded)
+
+
+def _summary(counts: dict[str, int], bad: list[str], steps: PartSteps | None,
+             excluder: Excluder | None) -> dict[str, Any]:
+    """What the task counted, as its record's summary: documents and tokens written, bad records,
+    and with steps each one's counts, with a deletion request the documents it excluded."""
+    summary: dict[str, Any] = {**counts, "bad_record_examples": bad}
+    if excluder is not None:
+        summary["excluded"] = excluder.excluded
+    if steps is not None:
+        summary["steps"] = [tally.to_json() for tally in steps.counts]
+    return summary
 
 
 def _write_batch(batch: TextColumns, task: ReadTask, settings: TokenizeSettings, writer: IntermediateWriter,

@@ -138,7 +138,7 @@ class _Plan:
     rules: tuple[Kept, ...]
 
 
-def _roots(store: Store, override: Override | None, now: float) -> tuple[dict[str, Policy], list[Kept]]:
+def retention_roots(store: Store, override: Override | None, now: float) -> tuple[dict[str, Policy], list[Kept]]:
     """Each dataset's policy, and every snapshot a retention rule keeps (refs first)."""
     chosen = retention.policies(store, override)
     holds = [Kept("holds", hold.snapshot, hold.dataset, f"hold: {hold.reason}" if hold.reason else "hold")
@@ -165,7 +165,7 @@ def _plan(store: Store, cutoff: float, now: float, override: Override | None, st
     found = list(store.list(TASKS_PREFIX)) + list(store.list(STAGES_PREFIX))
     markers = list(store.list(SNAPSHOTS_PREFIX))
     named = dict(zip((info.key for info in found), parallel(lambda info: _record_names(store, info.key), found)))
-    chosen, rules = _roots(store, override, now)
+    chosen, rules = retention_roots(store, override, now)
     reach = _reach(store, cutoff, markers, named, [info for info in found if info.mtime > cutoff], rules)
     dead_records = [info for info in found if info.mtime <= cutoff and not _shas(named[info.key]) <= reach.kept]
     # A read-back record vouches for a snapshot's objects: it goes with the snapshot, or a

@@ -51,6 +51,13 @@ def project(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> P
     return Project(root, pipeline, store, dest, "doc-7")
 
 
+def _request(p: Project, line: str) -> Path:
+    """A deletion request file of one line."""
+    path = p.root / f"request-{len(line)}.txt"
+    path.write_text(f"# a request\n{line}\n")
+    return path
+
+
 def successes(p: Project) -> dict[str, list[tuple[list[str | Path], str]]]:
     """For each command, invocations that succeed and the schema of what they print."""
     s: list[str | Path] = ["--store", p.store]
@@ -67,7 +74,9 @@ def successes(p: Project) -> dict[str, list[tuple[list[str | Path], str]]]:
         "diff": [(["diff", "tiny@latest", "tiny@latest", *s], "prep.diff-report/1")],
         "tag": [(["tag", "tiny@latest", "v1", *s], "prep.tag-report/1")],
         "ls": [(["ls", *s], "prep.ls-report/1"), (["ls", "tiny", *s], "prep.ls-report/1")],
-        "trace": [(["trace", "tiny@latest", p.document, *s], "prep.trace-report/1")],
+        "trace": [(["trace", "tiny@latest", p.document, *s], "prep.trace-report/1"),
+                  (["trace", "--all", p.document, *s], "prep.trace-all-report/1")],
+        "redact": [(["redact", _request(p, "id:no-such-document"), "--dataset", "tiny", *s], "prep.redact-report/1")],
         "status": [(["status", p.pipeline, *s], "prep.status-report/1")],
         "gc": [(["gc", "--dry-run", *s], "prep.gc-report/2")],
         "fsck": [(["fsck", *s], "prep.fsck-report/1")],
@@ -99,6 +108,7 @@ def failures(p: Project) -> dict[str, list[str | Path]]:
         "tag": ["tag", "tiny@latest", "latest", "--store", p.store],
         "ls": ["ls", *absent],
         "trace": ["trace", "tiny@latest", "no-such-document", "--store", p.store],
+        "redact": ["redact", _request(p, "no-prefix"), "--dataset", "tiny", "--store", p.store],
         "status": ["status", p.root / "no-such-pipeline.toml"],
         "gc": ["gc", *absent],
         "fsck": ["fsck", *absent],

@@ -22,7 +22,7 @@ import prep.runner.ordering as ordering
 from prep.errors import IntegrityError, NotFoundError, UsageError
 from prep.formats import megatron, wds
 from prep.history import keep, placement_v2
-from prep.history.documents import LAYOUT_KEYED, LAYOUT_POSITIONAL, Trace, load_records, snapshot_layout
+from prep.history.documents import LAYOUT_KEYED, LAYOUT_POSITIONAL, Trace, load_records, snapshot_layout, stage_manifest
 from prep.history.keep import PackedMask
 from prep.history.lineage import locate, parse_at, placer_for, trace
 from prep.history.placement_v2 import BucketReader, KeyedPlacer
@@ -315,3 +315,19 @@ def test_without_dedup_every_copy_has_its_own_place(tmp_path: Path, tokenizer_pa
     for copy in copies:
         assert locate(store, snapshot, copy.placements[0].path, copy.placements[0].sequence) == copy
     assert load_records(store, snapshot).layout == LAYOUT_KEYED
+
+
+def test_a_search_of_every_snapshot_finds_a_document_and_every_copy_of_its_text(case: Case) -> None:
+    """`prep trace --all`'s search, in snapshots of every layout: b-copy by id, and by its text the
+    copy exact dedup kept (a-4), each traced as `prep trace` traces it, with its intermediate."""
+    from prep.history.everywhere import Query, sweep
+
+    found = sweep(case.store, Query.parse("b-copy"), snapshot_ids=[case.snapshot.id])
+    [entry] = found.snapshots
+    assert [(hit.trace.document.id, hit.matched) for hit in entry.hits] == [("a-4", "text"), ("b-copy", "id")]
+    assert [hit.trace for hit in entry.hits] == [trace(case.store, case.snapshot, "a-4")[0],
+                                                 trace(case.store, case.snapshot, "b-copy")[0]]
+    tasks = {task["source"]: task["output"] for task in stage_manifest(case.store, case.snapshot, "tokenize")["tasks"]}
+    assert [hit.intermediate for hit in entry.hits] == [tasks["a.jsonl"], tasks["b.jsonl"]]
+    assert found.query.texts == {entry.hits[0].trace.document.text_hash}
+    assert sweep(case.store, Query.parse("no-such-id"), snapshot_ids=[case.snapshot.id]).holding == []
