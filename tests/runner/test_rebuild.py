@@ -239,3 +239,22 @@ def test_a_rebuild_in_the_store_that_built_it_reuses_its_tasks_and_moves_no_ref(
                                  "--json").stdout)
     assert report["same"] and all(stage["ran"] == 0 for stage in report["stages"])
     assert ref.read_bytes() == before
+
+
+def test_a_rebuild_on_a_store_holding_only_a_prep_copy_gives_the_same_artifacts(built: tuple[Path, str],
+                                                                                 tmp_path: Path) -> None:
+    """Issue 43: `prep copy` to a second store carries all a rebuild needs; there every stage runs
+    again (no task record is copied) and makes the same manifest, so the same artifacts."""
+    root, _ = built
+    snapshot = resolve(LocalStore(root / "store"), "tiny@latest")
+    run_prep("copy", "tiny@latest", "--to", tmp_path / "copy", "--store", root / "store")
+    assert not (tmp_path / "copy" / "tasks").exists()
+    inputs = tmp_path / "inputs"
+    shutil.copytree(root / "corpus", inputs)
+    report = json.loads(run_prep("rebuild", snapshot.id, "--inputs", inputs, "--store", tmp_path / "copy",
+                                 "--json").stdout)
+    assert report["same"] and report["rebuilt"] == snapshot.id
+    assert all(stage["ran"] > 0 and stage["cached"] == 0 for stage in report["stages"])
+    rebuilt = resolve(LocalStore(tmp_path / "copy"), snapshot.id)
+    assert [a["sha256"] for a in rebuilt.artifacts] == [a["sha256"] for a in snapshot.artifacts]
+    run_prep("fsck", "--store", tmp_path / "copy")
