@@ -1,12 +1,15 @@
 """The near-duplicate bucket stage (issue 42): one task per band-hash bucket gathers that bucket of
 every part's bands object, pairs the documents that share a band hash (with `verify`, only those
 whose true Jaccard reaches the threshold) and stores the bucket's pairs object. A task holds its
-bucket's band records (20 bytes each) and, with `verify`, the texts its candidate pairs name."""
+bucket's band records (20 bytes each) and, with `verify`, the texts of one slice of its candidate
+pairs at a time (`neardedup.VERIFY_BYTES`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from prep.hashing import pack_ids, unpack_ids
@@ -36,7 +39,7 @@ class BucketJob:
 
 
 def run_bucket_job(job: BucketJob) -> TaskResult:
-    from prep.stages.neardedup import bucket_pairs, gather_bands, jaccard_filter, texts_by_number
+    from prep.stages.neardedup import bucket_pairs, gather_bands, jaccard_filter, sizes_by_number, texts_by_number
     from prep.stages.tokenize import drop_engines
     from prep.workfiles.pairs import write_pairs
 
@@ -47,10 +50,11 @@ def run_bucket_job(job: BucketJob) -> TaskResult:
     sources = [(fetch_local(store, object_id), ordinal) for ordinal, object_id in enumerate(ids[:parts])]
     similar, rejected = None, 0
     if job.settings.verify:
-        def texts_of(numbers: Any) -> list[bytes]:
-            return texts_by_number(lambda ordinal: fetch_local(store, ids[parts + ordinal]), numbers)
+        def intermediate(ordinal: int) -> Path:
+            return fetch_local(store, ids[parts + ordinal])
 
-        verify = jaccard_filter(texts_of, job.settings.ngram, job.settings.threshold)
+        verify = jaccard_filter(partial(texts_by_number, intermediate), partial(sizes_by_number, intermediate),
+                                job.settings.ngram, job.settings.threshold)
 
         def similar(left: Any, right: Any) -> Any:
             nonlocal rejected

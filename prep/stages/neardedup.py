@@ -19,7 +19,7 @@ are O(log² n), and the fixpoint is the same star (document, smallest of its com
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from prep.neardup.signatures import shingle_sets, signatures
 from prep.workfiles.bands import BAND_DTYPE, open_bands
 from prep.workfiles.drops import DROP_DTYPE, drop_records
 from prep.workfiles.entries import descriptor, take_entries
-from prep.workfiles.intermediate import read_texts
+from prep.workfiles.intermediate import read_text_sizes, read_texts
 from prep.workfiles.pairs import CandidatePairs
 
 Array = np.ndarray[Any, Any]
@@ -41,6 +41,12 @@ Similar = Callable[[Array, Array], Array]
 """Whether each pair (left[i], right[i]) of global numbers is truly similar: a bool mask."""
 FOLD_PAIRS = 1 << 20
 """Pairs held before they are folded into the running clusters (at least; as many as it holds, if more)."""
+VERIFY_BYTES = 8 * 2**20
+"""Text `verify` reads and shingles at once (about 15 times it while shingling: docs/build.md,
+"Near-duplicate removal"): a band bucket's pairs are checked in slices of it, whatever they name."""
+DOCUMENT_BYTES = 128
+"""Charged per document beside its text against VERIFY_BYTES (its shingle set and their list), so
+a slice of many empty or tiny texts is bounded too."""
 
 
 def global_numbers(parts: Array, rows: Array) -> Array:
@@ -119,32 +125,73 @@ def _with_keys(left: Array, right: Array, documents: Array, keys: Array) -> Cand
                           keys[at][used].astype(np.uint64))
 
 
-def jaccard_filter(texts_of: Callable[[Array], Sequence[bytes]], ngram: int, threshold: float) -> Similar:
+def jaccard_filter(texts_of: Callable[[Array], Sequence[bytes]], sizes_of: Callable[[Array], Array], ngram: int,
+                   threshold: float) -> Similar:
     """`verify`'s test of candidate pairs: their true Jaccard on shingles (`lsh.jaccard` of
     `signatures.shingle_sets`) is at least `threshold`. `texts_of` gives the UTF-8 texts of
-    distinct, sorted global numbers (the wiring reads them from the intermediates)."""
+    distinct, sorted global numbers and `sizes_of` their byte sizes (the wiring reads both from
+    the intermediates). Pairs are checked in slices of `VERIFY_BYTES` (`budget_slices`), so a
+    call holds that much text, not all its pairs name; each pair's answer is its own either way."""
     def similar(left: Array, right: Array) -> Array:
+        left, right = np.asarray(left, dtype=np.int64), np.asarray(right, dtype=np.int64)
         named = np.unique(np.concatenate([left, right]))
-        texts = list(texts_of(named))
-        lengths = np.fromiter((len(text) for text in texts), dtype=np.int64, count=len(texts))
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        sets = shingle_sets(b"".join(texts), offsets, ngram)
+        charged = np.asarray(sizes_of(named), dtype=np.int64) + DOCUMENT_BYTES
         at_left, at_right = np.searchsorted(named, left), np.searchsorted(named, right)
-        return np.array([jaccard(sets[a], sets[b]) >= threshold for a, b in zip(at_left.tolist(), at_right.tolist())],
-                        dtype=bool)
+        accepted = np.zeros(len(left), dtype=bool)
+        for low, high in budget_slices(at_left, at_right, charged, VERIFY_BYTES):
+            accepted[low:high] = _jaccard_at_least(texts_of, left[low:high], right[low:high], ngram, threshold)
+        return accepted
 
     return similar
 
 
+def budget_slices(at_left: Array, at_right: Array, sizes: Array, budget: int) -> Iterator[tuple[int, int]]:
+    """Consecutive ranges [low, high) of the pairs (at_left[i], at_right[i]) of documents, indexes
+    into `sizes`, whose distinct documents' sizes add up to at most `budget`; a pair over it alone."""
+    weights = sizes.tolist()
+    low, held, seen = 0, 0, set[int]()
+    for index, pair in enumerate(zip(at_left.tolist(), at_right.tolist())):
+        fresh = set(pair) - seen
+        if seen and held + sum(weights[document] for document in fresh) > budget:
+            yield low, index
+            low, held, seen, fresh = index, 0, set[int](), set(pair)
+        seen |= fresh
+        held += sum(weights[document] for document in fresh)
+    if len(at_left):
+        yield low, len(at_left)
+
+
+def _jaccard_at_least(texts_of: Callable[[Array], Sequence[bytes]], left: Array, right: Array, ngram: int,
+                      threshold: float) -> Array:
+    """Whether each pair's true Jaccard reaches `threshold`, the texts of the documents they name read at once."""
+    named = np.unique(np.concatenate([left, right]))
+    texts = list(texts_of(named))
+    lengths = np.fromiter((len(text) for text in texts), dtype=np.int64, count=len(texts))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    sets = shingle_sets(b"".join(texts), offsets, ngram)
+    at_left, at_right = np.searchsorted(named, left), np.searchsorted(named, right)
+    return np.array([jaccard(sets[a], sets[b]) >= threshold for a, b in zip(at_left.tolist(), at_right.tolist())],
+                    dtype=bool)
+
+
 def texts_by_number(intermediate_of: Callable[[int], Path], numbers: Array) -> list[bytes]:
     """The texts of sorted global numbers, read part by part from the intermediates
-    (`intermediate_of(ordinal)`): what `jaccard_filter` compares, held for one bucket's pairs only."""
+    (`intermediate_of(ordinal)`): what `jaccard_filter` compares, one slice of a bucket's pairs at a time."""
+    return [text for ordinal, rows in _by_part(numbers) for text in read_texts(intermediate_of(ordinal), rows)]
+
+
+def sizes_by_number(intermediate_of: Callable[[int], Path], numbers: Array) -> Array:
+    """The text byte sizes of sorted global numbers, from the intermediates' spans (no text read)."""
+    sizes = [read_text_sizes(intermediate_of(ordinal), rows) for ordinal, rows in _by_part(numbers)]
+    return np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+
+
+def _by_part(numbers: Array) -> Iterator[tuple[int, Array]]:
+    """Each part ordinal sorted global numbers name, with their rows in it."""
     numbers = np.asarray(numbers, dtype=np.int64)
     parts = numbers >> 32
-    texts: list[bytes] = []
     for ordinal in np.unique(parts).tolist():
-        texts.extend(read_texts(intermediate_of(ordinal), numbers[parts == ordinal] & 0xFFFFFFFF))
-    return texts
+        yield ordinal, numbers[parts == ordinal] & 0xFFFFFFFF
 
 
 def cluster_drops(pair_sets: Iterable[CandidatePairs]) -> Array:

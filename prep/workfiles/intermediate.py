@@ -295,15 +295,27 @@ def hash_pairs(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.frombuffer(buffer, dtype="<u8", count=2 * len(array), offset=array.offset * 16).reshape(-1, 2)
 
 
-def read_texts(path: Path, rows: np.ndarray) -> list[bytes]:
-    """The UTF-8 texts of the documents at these rows of the part (each row must be in it), in the
-    order given: the part's row and text spans are read (24 bytes a document), then each text."""
+def _text_spans(path: Path, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The text offsets and byte sizes of the documents at these rows of the part (each row must be
+    in it), in the order given, from the part's row and text span columns (24 bytes a document)."""
     spans = read_columns(path, ["row", "text_offset", "text_bytes"])
     held = spans.column("row").to_numpy()
     order = np.argsort(held, kind="stable")
     at = order[np.minimum(np.searchsorted(held, rows, sorter=order), len(held) - 1)] if len(held) else order
     if not len(held) or bool((held[at] != rows).any()):
         raise IntegrityError(f"{path}: the intermediate holds no document at some of rows {rows[:5].tolist()}")
-    starts, sizes = spans.column("text_offset").to_numpy()[at], spans.column("text_bytes").to_numpy()[at]
+    return spans.column("text_offset").to_numpy()[at], spans.column("text_bytes").to_numpy()[at]
+
+
+def read_text_sizes(path: Path, rows: np.ndarray) -> np.ndarray:
+    """The UTF-8 byte sizes of the texts at these rows of the part, in the order given, without
+    reading a text: what a reader budgets its `read_texts` calls by."""
+    return _text_spans(path, rows)[1]
+
+
+def read_texts(path: Path, rows: np.ndarray) -> list[bytes]:
+    """The UTF-8 texts of the documents at these rows of the part (each row must be in it), in the
+    order given: the part's row and text spans are read (24 bytes a document), then each text."""
+    starts, sizes = _text_spans(path, rows)
     with io_errors("reading", path), open(path, "rb") as handle:
         return [os.pread(handle.fileno(), int(size), int(start)) for start, size in zip(starts, sizes)]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +25,8 @@ from prep.hashing import parse_id
 from prep.progress import Progress
 from prep.runner import nearbuckets
 from prep.runner.build import BuildResult, build
+from prep.stages import neardedup
+from prep.stages.neardedup import texts_by_number
 from prep.storage.local import LocalStore
 from prep.store.layout import object_key
 from tests.helpers import prep_env, run_prep, write_jsonl, write_pipeline
@@ -84,6 +87,31 @@ def test_the_same_snapshot_on_one_two_and_three_workers(corpus: tuple[Path, list
     root, _ = corpus
     ids = {build_local(root / "pipeline.toml", root / f"store-{workers}", workers).snapshot.id for workers in (1, 2, 3)}
     assert len(ids) == 1
+
+
+def test_verify_in_slices_of_one_pair_builds_the_same_snapshot(corpus: tuple[Path, list[list[str]]],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`verify` reads a bucket's texts in slices of `VERIFY_BYTES`: at 1 byte every slice is one
+    pair (two documents at most), and the snapshot, its rejected pair count included, is the same."""
+    root, _ = corpus
+    reads: list[int] = []
+
+    def counted(intermediate_of: Any, numbers: Any) -> list[bytes]:
+        reads.append(len(numbers))
+        return texts_by_number(intermediate_of, numbers)
+
+    monkeypatch.setattr(neardedup, "texts_by_number", counted)
+    results = {}
+    for budget in (neardedup.VERIFY_BYTES, 1):
+        reads.clear()
+        monkeypatch.setattr(neardedup, "VERIFY_BYTES", budget)
+        results[budget] = build(load_pipeline(root / "pipeline.toml"), LocalStore(root / f"store-budget-{budget}"),
+                                InProcessExecutor(), (), Progress(quiet=True))
+        assert reads and (max(reads) <= 2) == (budget == 1)
+    whole, sliced = results.values()
+    assert whole.snapshot.manifest["stats"]["near_clusters"]["pairs_rejected"] > 0
+    assert sliced.snapshot.manifest["stats"] == whole.snapshot.manifest["stats"]
+    assert sliced.snapshot.id == whole.snapshot.id
 
 
 @pytest.mark.parametrize(("setting", "key"), [("threshold = 1.5", "threshold"), ("ngram = 0", "ngram"),

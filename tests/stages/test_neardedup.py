@@ -1,7 +1,8 @@
 """Near-duplicate task bodies end to end, on files: bands per part, every band bucket's pairs,
 clusters, drops, and the order task's filter. Planted near duplicates are found, verify keeps
 clusters tight, chains join under their first document, and the drops are the same documents
-whatever the bucket count and the split into parts."""
+whatever the bucket count and the split into parts; verify reads a bucket's texts a budget at a
+time and accepts the same pairs whatever the budget."""
 
 from __future__ import annotations
 
@@ -14,14 +15,18 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prep.errors import IntegrityError
 from prep.neardup.lsh import jaccard
 from prep.neardup.settings import NearDupSettings
 from prep.neardup.signatures import shingle_sets
+from prep.stages import neardedup
 from prep.stages.neardedup import (
     batch_bands,
     bucket_pairs,
+    budget_slices,
     cluster_drops,
     drop_near_duplicates,
     gather_bands,
@@ -29,7 +34,7 @@ from prep.stages.neardedup import (
     jaccard_filter,
 )
 from prep.stages.order import sort_and_dedup
-from prep.workfiles.bands import BandsWriter
+from prep.workfiles.bands import BAND_DTYPE, BandsWriter
 from prep.workfiles.drops import DROP_DTYPE, drop_records, open_drops, write_drops
 from prep.workfiles.entries import ENTRY_DTYPE
 from prep.workfiles.pairs import read_pairs, write_pairs
@@ -62,6 +67,9 @@ class Split:
     def texts_of(self, numbers: Array) -> list[bytes]:
         return [self.texts[self.position(int(number))].encode() for number in numbers]
 
+    def sizes_of(self, numbers: Array) -> Array:
+        return np.array([len(text) for text in self.texts_of(numbers)], dtype=np.int64)
+
 
 def run(split: Split, tmp: Path, bits: int, verify: bool, settings: NearDupSettings = SETTINGS) -> tuple[Array, bytes]:
     """The drops of the whole flow (corpus positions: document, representative) and the drops object's bytes."""
@@ -75,7 +83,7 @@ def run(split: Split, tmp: Path, bits: int, verify: bool, settings: NearDupSetti
                        batch_bands(*batch(texts), settings))
         writer.close()
         sources.append((tmp / f"{ordinal}.bands", ordinal))
-    similar = jaccard_filter(split.texts_of, settings.ngram, settings.threshold) if verify else None
+    similar = jaccard_filter(split.texts_of, split.sizes_of, settings.ngram, settings.threshold) if verify else None
     for bucket in range(1 << bits):
         write_pairs(tmp / f"{bucket}.pairs", bucket_pairs(gather_bands(sources, bucket, bits), similar), {"bucket": bucket})
     write_drops(tmp / "drops", cluster_drops(read_pairs(tmp / f"{bucket}.pairs") for bucket in range(1 << bits)), {})
@@ -213,3 +221,72 @@ def test_clusters_folded_in_small_rounds_are_the_same(corpus: tuple[list[str], l
     whole = run(Split(texts, (300,)), tmp_path / "whole", bits=4, verify=False)[1]
     monkeypatch.setattr("prep.stages.neardedup.FOLD_PAIRS", 3)  # a fold after nearly every bucket
     assert run(Split(texts, (300,)), tmp_path / "folded", bits=4, verify=False)[1] == whole
+
+
+WORDS = st.lists(st.sampled_from(["a", "b", "c", "d", "e"]), max_size=24).map(" ".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(WORDS, min_size=1, max_size=12), st.data(), st.integers(1, 700))
+def test_verify_in_slices_of_a_tiny_budget_accepts_the_same_pairs(texts: list[str], data: st.DataObject,
+                                                                 budget: int) -> None:
+    split = Split(texts, ())
+    index = st.integers(0, len(texts) - 1)
+    pairs = np.array(data.draw(st.lists(st.tuples(index, index), max_size=40)), dtype=np.int64).reshape(-1, 2)
+    similar = jaccard_filter(split.texts_of, split.sizes_of, 2, 0.5)
+    whole = similar(pairs[:, 0], pairs[:, 1])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(neardedup, "VERIFY_BYTES", budget)
+        assert np.array_equal(similar(pairs[:, 0], pairs[:, 1]), whole)
+    assert whole.dtype == bool and len(whole) == len(pairs)
+
+
+def test_verify_holds_a_budget_of_text_at_once_whatever_a_bucket_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One band bucket of 200 documents (near copies, unrelated ones and two larger than the
+    budget) naming about 40 times the budget of text: each read holds at most the budget, or a
+    pair over it alone (one naming a larger document), and the pairs are those of one read per round."""
+    rng = random.Random(5)
+    originals = [document(rng, 300) for _ in range(10)]
+    texts = [" ".join(edited(rng, rng.choice(originals), rng.uniform(0, 0.03)) if rng.random() < 0.8
+                      else document(rng, rng.randint(100, 400))) for _ in range(198)]
+    budget = 2 * max(map(len, texts))
+    texts[7:7] = [" ".join(document(rng, 1500))] * 2  # a pair over the budget, alone in its slice
+    split = Split(texts, ())
+    records = np.zeros(len(texts), dtype=BAND_DTYPE)
+    records["hash"], records["row"], records["key_hi"] = 5, np.arange(len(texts)), rng.getrandbits(64)
+    reads: list[tuple[int, int]] = []
+
+    def texts_of(numbers: Array) -> list[bytes]:
+        read = split.texts_of(numbers)
+        reads.append((len(read), sum(map(len, read))))
+        return read
+
+    def pairs_of(limit: int) -> tuple[Array, ...]:
+        reads.clear()
+        monkeypatch.setattr(neardedup, "VERIFY_BYTES", limit)
+        pairs = bucket_pairs([(0, records)], jaccard_filter(texts_of, split.sizes_of, SETTINGS.ngram, SETTINGS.threshold))
+        return pairs.left, pairs.right, pairs.documents, pairs.key_hi
+
+    whole = pairs_of(1 << 40)
+    rounds = len(reads)
+    assert rounds >= 3 and max(held for _, held in reads) >= 30 * budget
+    sliced = pairs_of(budget)
+    large = len(texts[7])
+    assert all(held <= budget or (documents <= 2 and held >= large) for documents, held in reads)
+    assert (2, 2 * large) in reads and max(held for _, held in reads) < sum(map(len, texts)) / 10
+    assert len(reads) >= 2 * rounds
+    assert all(np.array_equal(a, b) for a, b in zip(sliced, whole)) and len(whole[0]) >= 50
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), max_size=30),
+       st.lists(st.integers(0, 50), min_size=10, max_size=10), st.integers(0, 120))
+def test_budget_slices_cover_the_pairs_in_order_within_the_budget(pairs: list[tuple[int, int]], sizes: list[int],
+                                                                  budget: int) -> None:
+    at = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    slices = list(budget_slices(at[:, 0], at[:, 1], np.array(sizes), budget))
+    bounds = [0, *(high for _, high in slices)]
+    assert [low for low, _ in slices] == bounds[:-1] and bounds[-1] == len(pairs)
+    for low, high in slices:
+        held = sum(sizes[document] for document in set(at[low:high].ravel().tolist()))
+        assert high > low and (held <= budget or high - low == 1)
