@@ -195,7 +195,7 @@ class Runner:
         by_key = {task.key: task for task in todo}
         done_bytes, cached = 0, run.cached
         self._progress.tick(plan.stage, len(committed), total, len(committed), force=True)
-        published: set[int] = set()  # jobs whose staged files a commit took over
+        returned: dict[int, list[str]] = {}  # each job whose result came back: its tasks' keys
 
         def landed(key: str, record: records.TaskRecord, log: Any) -> None:
             nonlocal done_bytes
@@ -205,21 +205,25 @@ class Runner:
             run.ran += 1
             done_bytes += by_key[key].nbytes
 
-        with _Commits(landed, serial=armed(f"{plan.stage}.before_commit")) as commits:
-            try:
+        try:
+            with _Commits(landed, serial=armed(f"{plan.stage}.before_commit")) as commits:
                 with closing(self.executor.run(plan.run, list(jobs))) as results:
                     for index, result in results:
-                        for key, outcome in _by_task(result, todo[index].key if plan.batch is None else None):
+                        keyed = list(_by_task(result, todo[index].key if plan.batch is None else None))
+                        returned[index] = [key for key, _ in keyed]
+                        for key, outcome in keyed:
                             commits.submit(key, self._commit_task, plan.stage, key, outcome)
-                        published.add(index)
                         commits.settle(block=False)
                         self._progress.tick(plan.stage, len(committed), total, cached, done_bytes, force=bool(plan.batch))
                 commits.settle(block=True)
-            except BaseException:
-                for index, job in enumerate(jobs):
-                    if index not in published:
-                        plan.discard(job)
-                raise
+        except BaseException:
+            # Every commit under way has ended (the pool was drained): a job none of whose commits
+            # landed may have left staged files that nothing will store (discarding a stored one's is harmless).
+            for index, job in enumerate(jobs):
+                keys = returned.get(index)
+                if keys is None or not all(key in committed for key in keys):
+                    plan.discard(job)
+            raise
         self._progress.tick(plan.stage, len(committed), total, cached, done_bytes)
 
     def _commit_task(self, stage: str, key: str, result: TaskResult) -> tuple[records.TaskRecord, Any]:
