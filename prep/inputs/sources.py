@@ -10,6 +10,7 @@ import hashlib
 import os
 import posixpath
 import shutil
+import socket
 import stat as file_mode
 import uuid
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ class SourceFile:
     # Local files: (size, mtime, ctime) when listed, checked again after reading
     # (a rewrite that sets the mtime back still moves the ctime); never recorded in manifests.
     stamp: tuple[int, ...] = ()
+    stamp_host: str = ""  # the host the stamp was read on (`check_unchanged` compares less elsewhere)
 
     @property
     def compressed(self) -> bool:
@@ -205,7 +207,8 @@ def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[Sour
         fmt = detect_format(rel, declared)
         if fmt is None:
             raise ConfigError(f"{location}: cannot tell the input format from the name; set input.format")
-        sources[rel] = SourceFile(location, rel, size, fmt, etag=etag, version_id=version, stamp=stamp)
+        sources[rel] = SourceFile(location, rel, size, fmt, etag=etag, version_id=version, stamp=stamp,
+                                  stamp_host=socket.gethostname() if stamp else "")
     return [sources[rel] for rel in sorted(sources)]
 
 
@@ -313,7 +316,12 @@ def hash_source(source: SourceFile, spool: bool = False) -> SourceFile:
     if size != source.size:
         raise InputError(f"{source.location}: changed while being hashed ({source.size} -> {size} bytes)")
     return SourceFile(source.location, source.rel, size, source.format, hasher.hexdigest(),
-                      source.etag, source.version_id, source.stamp)
+                      source.etag, source.version_id, source.stamp, source.stamp_host)
+
+
+SHARED_STAMP = 2
+"""How much of a stamp another machine compares (size and mtime): a shared filesystem may show
+each client a ctime of its own, so only the host that listed a file compares its ctime."""
 
 
 def local_stamp(stat: os.stat_result) -> tuple[int, ...]:
@@ -332,8 +340,14 @@ def check_unchanged(source: SourceFile) -> None:
         stat = os.stat(source.location)
     except OSError as exc:
         raise InputError(f"{source.location}: cannot read input file: {exc.strerror}") from None
-    if local_stamp(stat) != source.stamp:  # the size is in it
-        raise InputError(f"{source.location}: changed during the build; rerun to pick up the new content")
+    host = socket.gethostname()
+    if source.stamp_host in ("", host):
+        if local_stamp(stat) != source.stamp:  # the size is in it
+            raise InputError(f"{source.location}: changed during the build; rerun to pick up the new content")
+    elif local_stamp(stat)[:SHARED_STAMP] != source.stamp[:SHARED_STAMP]:
+        raise InputError(f"{source.location}: changed during the build, or differs on host {host} (size and "
+                         f"mtime there are not those host {source.stamp_host} listed); rerun to pick up the new "
+                         "content, or make the file the same on every node")
 
 
 def input_version(sources: list[SourceFile]) -> str:

@@ -601,3 +601,28 @@ def test_a_library_build_records_the_retention_policy_for_gc(corpus: Path, token
     build_local(pipeline, corpus / "kept-store")
     policy = stored_policy(LocalStore(corpus / "kept-store"), "tiny")
     assert policy is not None and policy.keep_last == 4
+
+
+def test_another_host_compares_size_and_mtime_but_not_the_ctime_it_sees(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 44: a shared filesystem may show each client another ctime. A worker on another host
+    than the one that listed an input compares its size and mtime only, and names itself when they
+    differ; the listing host still compares the ctime too."""
+    import dataclasses
+    import socket
+
+    from prep.errors import InputError
+    from prep.inputs.sources import check_unchanged, discover
+
+    write_jsonl(tmp_path / "a.jsonl", make_records(3))
+    (source,) = discover(("a.jsonl",), tmp_path, "auto")
+    assert source.stamp_host == socket.gethostname()
+    other_ctime = dataclasses.replace(source, stamp=(*source.stamp[:2], source.stamp[2] + 1))
+    with pytest.raises(InputError, match="changed during the build"):
+        check_unchanged(other_ctime)
+    elsewhere = dataclasses.replace(other_ctime, stamp_host="listing-host")
+    check_unchanged(elsewhere)
+    moved = dataclasses.replace(elsewhere, stamp=(source.stamp[0], source.stamp[1] + 1, source.stamp[2]))
+    monkeypatch.setattr(socket, "gethostname", lambda: "worker-7")
+    with pytest.raises(InputError, match="differs on host worker-7 .*host listing-host listed"):
+        check_unchanged(moved)
