@@ -30,6 +30,7 @@ from prep.runner.executors.base import RECYCLE_AFTER
 from prep.runner.executors.ray import (
     LocalPath,
     RayExecutor,
+    RayNode,
     alive_nodes,
     check_paths_visible,
     local_paths,
@@ -401,6 +402,15 @@ def test_every_node_is_asked_and_a_missing_path_is_named(ray_address: str, tmp_p
         check_paths_visible([LocalPath(str(tmp_path / "gone.jsonl"), "input")], nodes)
     with pytest.raises(StoreError, match="s3://"):
         check_paths_visible([LocalPath(str(tmp_path / "nostore"), "store")], nodes)
+
+
+def test_a_node_that_died_since_it_was_listed_is_not_probed(ray_address: str, tmp_path: Path) -> None:
+    """Issue 44: a probe pinned to a node gone since `alive_nodes` listed it was a
+    TaskUnschedulableError traceback (exit 1); the node is skipped, as no task runs there."""
+    gone = RayNode("ab" * 28, "192.0.2.99")
+    check_paths_visible([LocalPath(str(tmp_path), "store")], [gone, *alive_nodes()])
+    with pytest.raises(InputError, match="gone.jsonl: not visible on Ray node"):
+        check_paths_visible([LocalPath(str(tmp_path / "gone.jsonl"), "input")], [gone, *alive_nodes()])
 
 
 def test_missing_ray_is_a_usage_error_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -138,7 +138,11 @@ def check_paths_visible(paths: Sequence[LocalPath], nodes: Sequence[RayNode]) ->
                           scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False)).remote(names)
             for node in nodes]
     roles = {p.path: p.role for p in paths}
-    for node, missing in zip(nodes, ray.get(refs)):
+    for node, ref in zip(nodes, refs):
+        try:
+            missing = ray.get(ref)
+        except ray.exceptions.TaskUnschedulableError:
+            continue  # the node died since it was listed: no task of this build runs there
         if missing:
             first = missing[0]
             error = StoreError if roles[first] == "store" else InputError
