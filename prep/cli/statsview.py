@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from prep.errors import NotFoundError, StorageIOError, UsageError
+from prep.progress import plural
 
 STATS_SCHEMA = "prep.stats-report/1"  # manifests/stats-report-1.schema.json
 BAR_WIDTH = 40
@@ -146,8 +147,8 @@ def sources_summary(stats: Mapping[str, Any]) -> str:
     largest = sources["largest_file"]
     files = stats["files"]
     name = files[largest["file"]]["path"] if largest["file"] < len(files) else f"file {largest['file']}"
-    return (f"{sources['shards']} shards, {sources['files_written']} input files written from; the largest, {name}, "
-            f"has {_share(int(largest['documents']), int(stats['documents_written']))} of the documents")
+    return (f"{plural(int(sources['shards']), 'shard')}, {plural(int(sources['files_written']), 'input file')} "
+            f"written from; the largest, {name}, has {_share(int(largest['documents']), int(stats['documents_written']))} of the documents")
 
 
 def distinct_rows(stats: Mapping[str, Any]) -> list[tuple[str, int]]:
