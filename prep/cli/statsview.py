@@ -147,8 +147,9 @@ def sources_summary(stats: Mapping[str, Any]) -> str:
     largest = sources["largest_file"]
     files = stats["files"]
     name = files[largest["file"]]["path"] if largest["file"] < len(files) else f"file {largest['file']}"
+    share = _share(int(largest["documents"]), int(stats["documents_written"]))
     return (f"{plural(int(sources['shards']), 'shard')}, {plural(int(sources['files_written']), 'input file')} "
-            f"written from; the largest, {name}, has {_share(int(largest['documents']), int(stats['documents_written']))} of the documents")
+            f"written from; the largest, {name}, has {share} of the documents")
 
 
 def distinct_rows(stats: Mapping[str, Any]) -> list[tuple[str, int]]:
