@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from prep.cli.statsview import bar
+from prep.cli.statsview import bar, html_page, terminal_lines
 from prep.history.pipelinefile import checks_lines
 from prep.manifest.schema import validate
 from prep.quality.gate import parse_checks
@@ -78,6 +78,17 @@ def test_the_terminal_view_draws_the_shards_mix_of_input_files(built: tuple[Path
     assert [line.split("│")[0].strip() for line in deciles] == [f"{10 * k}-{10 * k + 10}%" for k in range(10)]
     assert [int(line.split()[-1]) for line in deciles] == [b["shards"] for b in sources["largest_share"]]
     assert sum(b["shards"] for b in sources["largest_share"]) == sources["shards"] >= 1
+
+
+def test_a_snapshot_built_before_the_source_mix_shows_the_rest(built: tuple[Path, dict[str, Any]]) -> None:
+    _, manifest = built
+    stats = {name: value for name, value in manifest["stats"].items() if name != "shard_sources"}
+    older = {**manifest, "stats": stats}
+    full = terminal_lines("sha256:" + "0" * 64, manifest)
+    start = next(index for index, line in enumerate(full) if line.startswith("input files per shard"))
+    assert terminal_lines("sha256:" + "0" * 64, older) == full[:start] + full[full.index("checks"):]
+    page = html_page("sha256:" + "0" * 64, older)
+    assert "per shard" not in page and "a.jsonl" in page
 
 
 def test_the_json_report_is_the_manifests_stats_and_checks(built: tuple[Path, dict[str, Any]]) -> None:

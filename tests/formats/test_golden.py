@@ -110,7 +110,7 @@ def _shard_sources(shards: int, shares: dict[int, int]) -> dict[str, Any]:
 
 
 GOLDEN_SHARD_SOURCES: dict[int, dict[str, Any]] = {
-    # a.jsonl wrote 69 of the 120 documents (57.5%): each shard's largest source is a.jsonl at
+    # a.jsonl wrote 69 of the 118 documents (58.5%): each shard's largest source is a.jsonl at
     # about that share (a few dozen documents a shard: a spread of a decile or two around it)
     1000: _shard_sources(2, {5: 1, 6: 1}),
     70000: _shard_sources(4, {5: 1, 6: 2, 7: 1}),
