@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from prep.errors import NotFoundError, StorageIOError, UsageError
+from prep.progress import plural
 
 STATS_SCHEMA = "prep.stats-report/1"  # manifests/stats-report-1.schema.json
 BAR_WIDTH = 40
@@ -105,15 +106,18 @@ def check_lines(checks: Sequence[Mapping[str, Any]] | None) -> list[str]:
 
 
 def terminal_lines(snapshot_id: str, manifest: Mapping[str, Any]) -> list[str]:
-    """The distributions as text: the histogram in bars, the per-file table, the checks."""
+    """The distributions as text: the histogram in bars, the per-file table, the shards' mix of
+    input files (when recorded), the checks."""
     stats = distributions(snapshot_id, manifest)
     rows = histogram_rows(stats)
-    most = max((count for _, count in rows), default=0)
-    label_width = max((len(label) for label, _ in rows), default=1)
-    lines = [f"snapshot   {snapshot_id}", f"tokens per document: {tokens_summary(stats)}"]
-    lines += [f"  {label:>{label_width}} │{bar(count, most):<{BAR_WIDTH}} {count}" for label, count in rows]
+    lines = [f"snapshot   {snapshot_id}", f"tokens per document: {tokens_summary(stats)}", *_bar_lines(rows)]
     headers, cells = file_rows(stats)
     lines += ["files", *_table(headers, cells)]
+    if "shard_sources" in stats:
+        lines.append(f"input files per shard: {sources_summary(stats)}")
+        lines += _bar_lines(distinct_rows(stats))
+        lines.append("shards by their largest input file's share of their documents")
+        lines += _bar_lines(share_rows(stats))
     checks = check_lines(manifest.get("checks"))
     if checks:
         lines += ["checks", *(f"  {line}" for line in checks)]
@@ -123,10 +127,7 @@ def terminal_lines(snapshot_id: str, manifest: Mapping[str, Any]) -> list[str]:
 def html_page(snapshot_id: str, manifest: Mapping[str, Any]) -> str:
     """One self-contained HTML page of the same charts: CSS bars, tables, no script or external asset."""
     stats = distributions(snapshot_id, manifest)
-    rows = histogram_rows(stats)
-    most = max((count for _, count in rows), default=0)
-    bars = "\n".join(f'<tr><th>{html.escape(label)}</th><td class="bar"><div style="width:{_percent(count, most)}">'
-                     f"</div></td><td>{count}</td></tr>" for label, count in rows)
+    bars = _bar_table(histogram_rows(stats))
     headers, cells = file_rows(stats)
     files = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>\n" + "\n".join(
         "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in cells)
@@ -135,8 +136,55 @@ def html_page(snapshot_id: str, manifest: Mapping[str, Any]) -> str:
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n<style>{_CSS}"
             f"</style></head>\n<body><h1>{title}</h1>\n<p><code>{html.escape(snapshot_id)}</code></p>\n"
             f"<h2>Tokens per document</h2>\n<p>{html.escape(tokens_summary(stats))}</p>\n"
-            f"<table class=\"histogram\">\n{bars}\n</table>\n<h2>Input files</h2>\n<table>\n{files}\n</table>\n"
+            f"{bars}<h2>Input files</h2>\n<table>\n{files}\n</table>\n" + _sources_html(stats)
             + (f"<h2>Checks</h2>\n<ul>{checks}</ul>\n" if checks else "") + "</body></html>\n")
+
+
+def sources_summary(stats: Mapping[str, Any]) -> str:
+    """One line: shards, input files written from, and the largest file's share of the documents
+    (what a well-mixed shard's largest source holds about)."""
+    sources = stats["shard_sources"]
+    largest = sources["largest_file"]
+    files = stats["files"]
+    name = files[largest["file"]]["path"] if largest["file"] < len(files) else f"file {largest['file']}"
+    share = _share(int(largest["documents"]), int(stats["documents_written"]))
+    return (f"{plural(int(sources['shards']), 'shard')}, {plural(int(sources['files_written']), 'input file')} "
+            f"written from; the largest, {name}, has {share} of the documents")
+
+
+def distinct_rows(stats: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(label, shards) per log2 bin of input files a shard holds: `1`, `2-3`, `4-7`, ..."""
+    return [(str(b["min"]) if b["min"] == b["max"] else f"{b['min']}-{b['max']}", int(b["shards"]))
+            for b in stats["shard_sources"]["distinct"]]
+
+
+def share_rows(stats: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(label, shards) per decile of the largest input file's share of a shard: `0-10%`, ..."""
+    return [(f"{b['min_percent']}-{b['max_percent']}%", int(b["shards"])) for b in stats["shard_sources"]["largest_share"]]
+
+
+def _bar_lines(rows: list[tuple[str, int]]) -> list[str]:
+    """A histogram's rows as labelled terminal bars, scaled to the largest count."""
+    most = max((count for _, count in rows), default=0)
+    width = max((len(label) for label, _ in rows), default=1)
+    return [f"  {label:>{width}} │{bar(count, most):<{BAR_WIDTH}} {count}" for label, count in rows]
+
+
+def _bar_table(rows: list[tuple[str, int]]) -> str:
+    """A histogram's rows as an HTML table of CSS bars, scaled to the largest count."""
+    most = max((count for _, count in rows), default=0)
+    cells = "\n".join(f'<tr><th>{html.escape(label)}</th><td class="bar"><div style="width:{_percent(count, most)}">'
+                      f"</div></td><td>{count}</td></tr>" for label, count in rows)
+    return f"<table class=\"histogram\">\n{cells}\n</table>\n"
+
+
+def _sources_html(stats: Mapping[str, Any]) -> str:
+    """The input files per shard section (none for a snapshot built before prep recorded it)."""
+    if "shard_sources" not in stats:
+        return ""
+    return (f"<h2>Input files per shard</h2>\n<p>{html.escape(sources_summary(stats))}</p>\n"
+            f"{_bar_table(distinct_rows(stats))}<h3>Shards by their largest input file's share</h3>\n"
+            f"{_bar_table(share_rows(stats))}")
 
 
 _CSS = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:2px 8px;"

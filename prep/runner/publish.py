@@ -9,7 +9,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from prep.errors import RefConflictError, StaleRefError
 from prep.formats.units import artifact_format, named_artifact_path, unit_formats, units_for
 from prep.inputs.exclusions import Exclusions
 from prep.inputs.sources import SourceFile
+from prep.quality.sourcemix import shard_sources
 from prep.runner.distributions import distribution_stats
 from prep.runner.sharding import Sharded, ShardOut
 from prep.runner.stage import StageRun
@@ -71,10 +72,17 @@ def _excluded_stats(parts: Sequence[TokenizedPart]) -> dict[str, int]:
     return {"excluded": sum(counts)} if counts else {}
 
 
+def _shard_sources(sharded: Sharded, files: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """`shard_sources`: the aggregate of the shards' source mixes (prep/quality/sourcemix.py)."""
+    return shard_sources([(shard.plan.documents, shard.sources) for shard in sharded.shards],
+                         [int(entry["documents_written"]) for entry in files])
+
+
 def _distributions(sharded: Sharded) -> dict[str, Any]:
-    """`tokens_per_document` and `files` (prep/runner/distributions.py)."""
+    """`tokens_per_document` and `files` (prep/runner/distributions.py), and `shard_sources`."""
     ordered = sharded.ordered
-    return distribution_stats(ordered.quality, ordered.tokenized.parts, ordered.near_duplicates_dropped is not None)
+    stats = distribution_stats(ordered.quality, ordered.tokenized.parts, ordered.near_duplicates_dropped is not None)
+    return {**stats, "shard_sources": _shard_sources(sharded, stats["files"])}
 
 
 def _near_stats(sharded: Sharded) -> dict[str, object]:

@@ -10,10 +10,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from prep.errors import IntegrityError
 from prep.faults import crash_point
 from prep.formats.registry import output_format
 from prep.formats.units import units_for
 from prep.progress import plural
+from prep.quality.sourcemix import SourceMix
 from prep.runner.ordering import Ordered
 from prep.runner.planning import contiguous_ranges
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan
@@ -62,6 +64,7 @@ def run_assemble_job(job: AssembleJob) -> BatchResult:
     """One result per unit, by the unit's task key: its files by format and their sizes."""
     import numpy as np
 
+    from prep.quality.sourcemix import SourceTally
     from prep.stages.members import PartNames
     from prep.stages.shard import PartReader, collect_shard, write_unit
     from prep.stages.tokenize import drop_engines
@@ -78,9 +81,15 @@ def run_assemble_job(job: AssembleJob) -> BatchResult:
     try:
         for unit in job.units:
             spec = output_format(unit.unit)
-            documents = collect_shard(unit.plan, buckets, names, spec.needs_json, spec.needs_ids, job.metadata_keys)
+            tally = SourceTally(names.source_of, len(names.sources))
+            documents = collect_shard(unit.plan, buckets, names, spec.needs_json, spec.needs_ids, job.metadata_keys,
+                                      tally)
             written = write_unit(unit.unit, unit.plan, documents, reader, np.dtype(job.dtype), job.eos_id, work_dir,
                                  job.read_back)
+            try:
+                sources = tally.mix(unit.plan.documents, unit.plan.name).to_json()
+            except ValueError as exc:
+                raise IntegrityError(str(exc)) from None
             crash_point("shard.after_write")
             outputs: dict[str, str] = {}
             sizes: dict[str, int] = {}
@@ -94,7 +103,8 @@ def run_assemble_job(job: AssembleJob) -> BatchResult:
                 stamp = cas.file_stamp(store, file.digest.id) if staged else None
                 if staged is not None and stamp is not None and stamp.same_file(staged):  # stored as this very file
                     read_back.append((file.digest.id, stamp))
-            results.append((unit.key, TaskResult(outputs, {"sizes": sizes}, {}, read_back=tuple(read_back))))
+            results.append((unit.key, TaskResult(outputs, {"sizes": sizes, "sources": sources}, {},
+                                                 read_back=tuple(read_back))))
         return BatchResult(tuple(results))
     finally:
         reader.close()
@@ -103,14 +113,17 @@ def run_assemble_job(job: AssembleJob) -> BatchResult:
 
 @dataclass(frozen=True)
 class ShardOut:
-    """A written shard as the shard stage manifest lists it: its plan, its files and their sizes."""
+    """A written shard as the shard stage manifest lists it: its plan, its files and their sizes,
+    and the mix of input files its documents come from."""
 
     plan: ShardPlan
     outputs: tuple[tuple[str, str], ...]
     sizes: tuple[tuple[str, int], ...]
+    sources: SourceMix
 
     def to_json(self) -> dict[str, object]:
-        return {**self.plan.to_json(), "outputs": dict(self.outputs), "sizes": dict(self.sizes)}
+        return {**self.plan.to_json(), "outputs": dict(self.outputs), "sizes": dict(self.sizes),
+                "sources": self.sources.to_json()}
 
 
 @dataclass(frozen=True)
@@ -179,12 +192,24 @@ class Sharding:
 
 
 def _shard_out(plan: ShardPlan, records: list[TaskRecord]) -> ShardOut:
+    """The shard from its units' records; IntegrityError when they record no source mix or units
+    of it disagree (records of other code)."""
     outputs: dict[str, str] = {}
     sizes: dict[str, int] = {}
+    mixes: set[SourceMix] = set()
     for record in records:
         outputs.update(record.outputs)
         sizes.update({fmt: int(size) for fmt, size in record.summary["sizes"].items()})
-    return ShardOut(plan, tuple(outputs.items()), tuple(sizes.items()))
+        try:
+            mixes.add(SourceMix.from_json(record.summary["sources"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IntegrityError(f"task record shard/{record.key}: no usable source mix ({exc}); "
+                                 "remove it and rebuild") from None
+    if len(mixes) != 1:
+        raise IntegrityError(f"shard {plan.name}: its units' records count its sources differently; "
+                             "remove them and rebuild")
+    (sources,) = mixes
+    return ShardOut(plan, tuple(outputs.items()), tuple(sizes.items()), sources)
 
 
 def _reads(missing: Sequence[Task[Unit]], parts: tuple[str, ...], buckets: Mapping[int, str]) -> list[list[str]]:

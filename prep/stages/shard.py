@@ -29,6 +29,7 @@ from prep.formats.megatron_spec import BIN, BIN_METADATA, IDX
 from prep.formats.registry import load, output_format
 from prep.formats.wds_spec import WDS
 from prep.hashing import HashingWriter, digest_file
+from prep.quality.sourcemix import SourceTally
 from prep.stages import gather
 from prep.stages.gather import PartReader as PartReader  # the runner opens one per task
 from prep.stages.gather import scatter_blocks
@@ -78,6 +79,7 @@ class ShardSource:
     with_json: bool
     with_ids: bool = False
     metadata_keys: tuple[str, ...] = ()  # the build's metadata keys (Pipeline.metadata_keys); () without metadata
+    tally: SourceTally | None = None  # counts each window's documents per input file as it is read
 
     def windows(self) -> Iterator[ShardDocuments]:
         """The shard's documents in key order, at most WINDOW_DOCUMENTS at a time (with their ids
@@ -87,6 +89,8 @@ class ShardSource:
             entry_file = EntryFile.open(self.buckets[bucket])
             for low in range(first, first + count, WINDOW_DOCUMENTS):
                 entries, ids = entry_file.read(low, min(WINDOW_DOCUMENTS, first + count - low))
+                if self.tally is not None:
+                    self.tally.count((bucket, low), entries["part"])
                 key_lo, carry = _sample_key_lo(entries, carry)
                 docs = _window(entries, ids, key_lo, self.names, self.with_json, bool(self.metadata_keys))
                 if self.with_ids:
@@ -99,12 +103,14 @@ class ShardSource:
 
 
 def collect_shard(plan: ShardPlan, buckets: dict[int, Path], names: PartNames, with_json: bool,
-                  with_ids: bool = False, metadata_keys: tuple[str, ...] = ()) -> ShardSource:
-    """The documents of one shard, read lazily from its slices of the bucket objects (in key order)."""
+                  with_ids: bool = False, metadata_keys: tuple[str, ...] = (),
+                  tally: SourceTally | None = None) -> ShardSource:
+    """The documents of one shard, read lazily from its slices of the bucket objects (in key order),
+    counted per input file into `tally` if given."""
     found = sum(count for _, _, count in plan.slices)
     if found != plan.documents:
         raise IntegrityError(f"shard {plan.name}: found {found} documents, the plan has {plan.documents}")
-    return ShardSource(plan, buckets, names, with_json, with_ids, metadata_keys)
+    return ShardSource(plan, buckets, names, with_json, with_ids, metadata_keys, tally)
 
 
 def _window(entries: np.ndarray, ids: bytes, key_lo: np.ndarray, names: PartNames, with_json: bool,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from prep.cli.statsview import bar
+from prep.cli.statsview import bar, html_page, terminal_lines
 from prep.history.pipelinefile import checks_lines
 from prep.manifest.schema import validate
 from prep.quality.gate import parse_checks
@@ -40,7 +40,7 @@ def test_the_terminal_view_draws_one_bar_per_octave_and_a_row_per_file(built: tu
     stats = manifest["stats"]
     out = run_prep("show", "tiny@latest", "--store", store, "--stats").stdout.splitlines()
     octaves = stats["tokens_per_document"]["histogram"]
-    drawn = [line for line in out if "│" in line]
+    drawn = [line for line in out[:out.index("files")] if "│" in line]
     assert len(drawn) == len(octaves)
     most = max(octave["documents"] for octave in octaves)
     for line, octave in zip(drawn, octaves):
@@ -58,11 +58,45 @@ def test_the_terminal_view_draws_one_bar_per_octave_and_a_row_per_file(built: tu
     assert f"  min_documents = 10: measured {stats['documents_written']}, passed" in out
 
 
+def test_the_terminal_view_draws_the_shards_mix_of_input_files(built: tuple[Path, dict[str, Any]]) -> None:
+    """A bar per bin of input files a shard holds, then one per decile of its largest file's share."""
+    store, manifest = built
+    sources = manifest["stats"]["shard_sources"]
+    out = run_prep("show", "tiny@latest", "--store", store, "--stats").stdout.splitlines()
+    header = next(index for index, line in enumerate(out) if line.startswith("input files per shard: "))
+    largest = manifest["stats"]["files"][sources["largest_file"]["file"]]["path"]
+    share = 100 * sources["largest_file"]["documents"] / manifest["stats"]["documents_written"]
+    assert sources["files_written"] == 1 and largest == "a.jsonl"  # b.jsonl only repeats texts of a.jsonl
+    assert out[header] == (f"input files per shard: {sources['shards']} shard{'s' * (sources['shards'] != 1)}, "
+                           f"1 input file written from; the largest, a.jsonl, has {share:.1f}% of the documents")
+    distinct = out[header + 1:header + 1 + len(sources["distinct"])]
+    assert [line.split("│")[0].strip() for line in distinct] == ["1", "2-3"][:len(sources["distinct"])]
+    assert [int(line.split()[-1]) for line in distinct] == [b["shards"] for b in sources["distinct"]]
+    at = header + 1 + len(distinct)
+    assert out[at] == "shards by their largest input file's share of their documents"
+    deciles = out[at + 1:at + 11]
+    assert [line.split("│")[0].strip() for line in deciles] == [f"{10 * k}-{10 * k + 10}%" for k in range(10)]
+    assert [int(line.split()[-1]) for line in deciles] == [b["shards"] for b in sources["largest_share"]]
+    assert sum(b["shards"] for b in sources["largest_share"]) == sources["shards"] >= 1
+
+
+def test_a_snapshot_built_before_the_source_mix_shows_the_rest(built: tuple[Path, dict[str, Any]]) -> None:
+    _, manifest = built
+    stats = {name: value for name, value in manifest["stats"].items() if name != "shard_sources"}
+    older = {**manifest, "stats": stats}
+    full = terminal_lines("sha256:" + "0" * 64, manifest)
+    start = next(index for index, line in enumerate(full) if line.startswith("input files per shard"))
+    assert terminal_lines("sha256:" + "0" * 64, older) == full[:start] + full[full.index("checks"):]
+    page = html_page("sha256:" + "0" * 64, older)
+    assert "per shard" not in page and "a.jsonl" in page
+
+
 def test_the_json_report_is_the_manifests_stats_and_checks(built: tuple[Path, dict[str, Any]]) -> None:
     store, manifest = built
     report = json.loads(run_prep("show", "tiny@latest", "--store", store, "--stats", "--json").stdout)
     validate(report, "prep.stats-report/1")
     assert report["stats"] == manifest["stats"] and report["checks"] == manifest["checks"]
+    assert report["stats"]["shard_sources"]["shards"] == len({a["shard"] for a in manifest["artifacts"]})
     assert [check["name"] for check in report["checks"]] == ["max_duplicate_fraction", "min_documents"]
 
 
@@ -75,7 +109,10 @@ def test_the_html_page_is_self_contained(built: tuple[Path, dict[str, Any]], tmp
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert not re.search(r"<script|<link|<img|src=|href=|url\(|@import|https?:", page, re.I)
     stats = manifest["stats"]
-    assert page.count('<td class="bar">') == len(stats["tokens_per_document"]["histogram"])
+    sources = stats["shard_sources"]
+    assert page.count('<td class="bar">') == len(stats["tokens_per_document"]["histogram"]) + \
+        len(sources["distinct"]) + len(sources["largest_share"])
+    assert "<h2>Input files per shard</h2>" in page and "<th>90-100%</th>" in page
     assert "width:100.00%" in page and "a.jsonl" in page and "min_documents = 10" in page
 
 

@@ -1,10 +1,11 @@
 """Golden artifacts: a fixed corpus builds to the same bytes, path for path, as recorded (bin and
 wds, uint16 and int32 token ids, duplicates dropped across files). A change here is a format change.
 
-The manifest's distributions (stats.tokens_per_document and stats.files) are pinned apart, as
-values one can read (GOLDEN_DISTRIBUTIONS), and left out of the manifest digest: the digests
-recorded before the distributions existed still hold, which proves they added fields and changed
-nothing else."""
+The manifest's distributions (stats.tokens_per_document, stats.files and stats.shard_sources) are
+pinned apart, as values one can read (GOLDEN_DISTRIBUTIONS, and GOLDEN_SHARD_SOURCES by vocabulary,
+which decides the shard cuts), and left out of the manifest digest: the digests recorded before the
+distributions existed still hold, which proves they added fields and changed nothing else (the
+shard stage manifest gained each shard's source mix, but stage outputs are blanked like the code)."""
 
 from __future__ import annotations
 
@@ -63,11 +64,12 @@ def golden_build(root: Path, vocab_size: int, formats: str) -> tuple[str, dict[s
         digests[artifact["path"]] = hashlib.sha256(data).hexdigest()
         assert digests[artifact["path"]] == artifact["sha256"]
     stats = result.snapshot.manifest["stats"]
-    assert {name: stats[name] for name in DISTRIBUTIONS} == GOLDEN_DISTRIBUTIONS
+    assert {name: stats[name] for name in DISTRIBUTIONS} == {**GOLDEN_DISTRIBUTIONS,
+                                                             "shard_sources": GOLDEN_SHARD_SOURCES[vocab_size]}
     return manifest_without_code(result.snapshot.manifest), digests
 
 
-DISTRIBUTIONS = ("tokens_per_document", "files")
+DISTRIBUTIONS = ("tokens_per_document", "files", "shard_sources")
 
 
 def manifest_without_code(manifest: dict[str, Any]) -> str:
@@ -96,6 +98,22 @@ GOLDEN_DISTRIBUTIONS: dict[str, Any] = {
         "median": {"min": 12, "max": 12}, "empty": 1, "short": 77, "short_below": 16},
     # sub/c.jsonl repeats 13 texts of the first two files: one document of it is written (c-new)
     "files": [_file("a.jsonl", 70, 1, 897), _file("b.jsonl", 50, 2, 654), _file("sub/c.jsonl", 14, 13, 5)],
+}
+
+
+def _shard_sources(shards: int, shares: dict[int, int]) -> dict[str, Any]:
+    """Every shard holds 2 or 3 of the 3 files; `shares`: shards by the decile of their largest source's share."""
+    return {"shards": shards, "files_written": 3, "largest_file": {"file": 0, "documents": 69},
+            "distinct": [{"min": 1, "max": 1, "shards": 0}, {"min": 2, "max": 3, "shards": shards}],
+            "largest_share": [{"min_percent": 10 * k, "max_percent": 10 * k + 10, "shards": shares.get(k, 0)}
+                              for k in range(10)]}
+
+
+GOLDEN_SHARD_SOURCES: dict[int, dict[str, Any]] = {
+    # a.jsonl wrote 69 of the 118 documents (58.5%): each shard's largest source is a.jsonl at
+    # about that share (a few dozen documents a shard: a spread of a decile or two around it)
+    1000: _shard_sources(2, {5: 1, 6: 1}),
+    70000: _shard_sources(4, {5: 1, 6: 2, 7: 1}),
 }
 
 

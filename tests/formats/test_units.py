@@ -25,6 +25,7 @@ from prep.formats.units import (
     units,
     units_for,
 )
+from prep.quality.sourcemix import SourceMix
 from prep.runner import publish
 from prep.runner.sharding import ShardOut
 from prep.stages import specs
@@ -109,7 +110,7 @@ def test_extensions_match_what_the_format_writers_name_their_files() -> None:
 def test_publish_lists_every_file_of_every_unit_at_its_artifact_path() -> None:
     plan = ShardPlan(7, 0x3A << 56, 8, ((0, 0, 2),), 2, 9, 18, 40, "0" * 64)
     shard = ShardOut(plan, tuple((fmt, "sha256:" + str(n) * 64) for n, fmt in enumerate((BIN, IDX, WDS))),
-                     ((BIN, 18), (IDX, 82), (WDS, 4096)))
+                     ((BIN, 18), (IDX, 82), (WDS, 4096)), SourceMix(1, ((0, 2),)))
     listed = publish.artifacts([shard], (WDS, BIN))
     assert [(a["path"], a["format"], a["shard"]) for a in listed] == [
         ("bin/3a00000000000000.bin", BIN, 7), ("bin/3a00000000000000.idx", IDX, 7), ("wds/3a00000000000000.tar", WDS, 7)]
