@@ -105,8 +105,11 @@ def _keyword(name: str, value: Any, schema: dict[str, Any], root: dict[str, Any]
     if name == "patternProperties" and "properties" not in schema and "additionalProperties" not in schema:
         return _object_check(schema, root)
     if name == "items":
-        item = _compile(value, root)
-        return lambda instance: type(instance) is not list or all(item(entry) for entry in instance)
+        item, skip = _compile(value, root), len(schema.get("prefixItems", ()))  # past prefixItems only
+        return lambda instance: type(instance) is not list or all(item(entry) for entry in instance[skip:])
+    if name == "prefixItems":
+        places = [_compile(sub, root) for sub in value]
+        return lambda instance: type(instance) is not list or all(check(entry) for check, entry in zip(places, instance))
     if name == "$ref" and isinstance(value, str) and value.startswith("#/$defs/"):
         return _compile(root["$defs"][value.removeprefix("#/$defs/")], root)
     if name == "maximum":
