@@ -251,7 +251,8 @@ def _stat_counts(stats: dict[str, Any]) -> dict[str, int]:
 
 def _distribution_counts(stats: dict[str, Any]) -> dict[str, int]:
     """`tokens_per_document.median.min`, `.empty`, `.short`, `.histogram[4-7]` (documents of the
-    octave), and per input file `files[a.jsonl].documents_written`, `files[a.jsonl].dropped_by_steps[0]`."""
+    octave), the shards' source mix (`shard_sources.distinct[2-3]`, `shard_sources.largest_share[50-60%]`:
+    shards), and per input file `files[a.jsonl].documents_written`, `files[a.jsonl].dropped_by_steps[0]`."""
     counts: dict[str, int] = {}
     tokens = stats.get("tokens_per_document")
     if isinstance(tokens, dict):
@@ -259,6 +260,12 @@ def _distribution_counts(stats: dict[str, Any]) -> dict[str, int]:
         counts.update({f"tokens_per_document.{name}": int(tokens[name]) for name in ("empty", "short")})
         counts.update({f"tokens_per_document.histogram[{o['min']}-{o['max']}]": int(o["documents"])
                        for o in tokens["histogram"]})
+    mix = stats.get("shard_sources")
+    if isinstance(mix, dict):
+        counts.update({f"shard_sources.{name}": int(mix[name]) for name in ("shards", "files_written")})
+        counts.update({f"shard_sources.distinct[{b['min']}-{b['max']}]": int(b["shards"]) for b in mix["distinct"]})
+        counts.update({f"shard_sources.largest_share[{b['min_percent']}-{b['max_percent']}%]": int(b["shards"])
+                       for b in mix["largest_share"]})
     for entry in stats.get("files", ()):
         prefix = f"files[{entry['path']}]"
         for name, value in entry.items():

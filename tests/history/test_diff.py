@@ -165,3 +165,20 @@ def test_the_distributions_diff_as_counts_and_an_older_side_shows_them_absent() 
     against_old = {d.key: (d.old, d.new) for d in diff_snapshots(snapshot_of(old), snapshot_of(new)).stats}
     assert against_old["tokens_per_document.median.min"] == (None, 5)
     assert against_old["files[a.jsonl].tokens_written"] == (None, 18)
+
+
+def test_the_shards_source_mix_diffs_as_shard_counts_per_bin() -> None:
+    old, new = base_manifest(), base_manifest()
+    mix = {"shards": 4, "files_written": 2, "largest_file": {"file": 0, "documents": 9},
+           "distinct": [{"min": 1, "max": 1, "shards": 1}, {"min": 2, "max": 3, "shards": 3}],
+           "largest_share": [{"min_percent": 10 * k, "max_percent": 10 * (k + 1), "shards": int(k == 5) * 4}
+                             for k in range(10)]}
+    new["stats"]["shard_sources"] = mix
+    newer = copy.deepcopy(new)
+    newer["stats"]["shard_sources"]["distinct"][0]["shards"] = 0
+    newer["stats"]["shard_sources"]["shards"] = 3
+    deltas = {d.key: (d.old, d.new) for d in diff_snapshots(snapshot_of(new), snapshot_of(newer)).stats
+              if d.old != d.new}
+    assert deltas == {"shard_sources.distinct[1-1]": (1, 0), "shard_sources.shards": (4, 3)}
+    against_old = {d.key: (d.old, d.new) for d in diff_snapshots(snapshot_of(old), snapshot_of(new)).stats}
+    assert against_old["shard_sources.largest_share[50-60%]"] == (None, 4)
