@@ -74,6 +74,9 @@ def rebuild(store: Store, snapshot: Snapshot, inputs: Path, pipeline_of: Pipelin
     """Write out what the snapshot carries, check the inputs under `inputs`, read its pipeline back
     (`pipeline_of`), build it on the executor `executor_of` starts (after the step modules are on
     the import path, so its workers inherit it) and compare; publishes nothing."""
+    if snapshot.manifest.get("exclude"):
+        raise InputError(f"{snapshot.id}: built with [input] exclude lists, whose entries a snapshot never "
+                         "stores (deletion requests: docs/deletion.md); it cannot be rebuilt from the store alone")
     with carried_files(store, snapshot) as carried:
         check_inputs(snapshot, inputs)
         pipeline = pipeline_of(snapshot, inputs, carried.tokenizer)

@@ -200,6 +200,21 @@ def test_an_older_snapshot_names_what_it_does_not_carry(copied: tuple[Path, Snap
     assert expected in line, line
 
 
+def test_a_snapshot_built_with_exclude_lists_is_refused_before_anything_runs(copied: tuple[Path, Snapshot, Path],
+                                                                              tmp_path: Path) -> None:
+    """Deletion requests are recorded by hash only, so no store holds what such a build dropped."""
+    second, snapshot, inputs = copied
+    manifest = json.loads(snapshot.raw)
+    manifest["exclude"] = {"sha256": "0" * 64, "files": [{"path": "removals.txt", "sha256": "1" * 64, "entries": 3}]}
+    requested = tmp_path / "requested.json"
+    requested.write_bytes(canonical.dumps(manifest))
+    result = run_prep("rebuild", requested, "--inputs", inputs, "--store", second, check=False)
+    assert result.returncode == 2
+    line, = result.stderr.strip().splitlines()
+    assert "built with [input] exclude lists" in line and "cannot be rebuilt from the store alone" in line
+    assert not (second / "tasks").exists()
+
+
 def test_a_rebuild_that_differs_exits_1_naming_the_first_artifact(copied: tuple[Path, Snapshot, Path],
                                                                   tmp_path: Path) -> None:
     second, snapshot, inputs = copied
