@@ -88,6 +88,7 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
         *near_lines(stats),
         *step_lines(stats),
         f"tokens     {stats['tokens_written']}",
+        *(f"checks     {line}" for line in statsview.check_lines(manifest.get("checks"))),
     ]
     for fmt, (count, size) in sorted(by_format.items()):
         lines.append(f"artifacts  {fmt}: {plural(count, 'file')}, {human_bytes(size)}")

@@ -70,6 +70,10 @@ def test_a_skip_rate_over_the_limit_publishes_nothing_and_a_loosened_rerun_reuse
     assert snapshot.manifest["checks"] == report["checks"]
     latest, tag = read_ref(local, "tiny", "latest"), read_ref(local, "tiny", "v1")
     assert latest is not None and tag is not None and latest.snapshot == tag.snapshot == report["snapshot"]
+    summary = run_prep("show", "tiny@latest", "--store", store).stdout.splitlines()
+    assert [line for line in summary if line.startswith("checks ")] == [
+        f"checks     max_skipped_fraction = 0.2: measured 0.2 ({BAD_LINES} of 50), passed",
+        "checks     min_documents = 1: measured 40, passed"]
 
 
 def test_min_documents_unmet_leaves_the_published_snapshot_where_it_is(tmp_path: Path, tokenizer_path: Path) -> None:
