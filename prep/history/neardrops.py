@@ -41,7 +41,7 @@ from prep.history.documents import (
 )
 from prep.neardup.lsh import estimated_similarity, jaccard
 from prep.neardup.settings import NearDupSettings, parse_settings
-from prep.neardup.signatures import shingle_sets, signatures
+from prep.neardup.signatures import packed, shingle_sets, signatures
 from prep.storage.backend import Store
 from prep.store.snapshots import Snapshot
 from prep.workfiles.drops import open_drops
@@ -87,8 +87,7 @@ def origin_of_number(store: Store, records: SnapshotRecords, number: int) -> Doc
 def similarity(settings: NearDupSettings, first: bytes, second: bytes) -> Similarity:
     """The MinHash estimate and the exact Jaccard on shingles of two UTF-8 texts, as the build's
     signatures and `verify` compute them."""
-    offsets = np.array([0, len(first), len(first) + len(second)], dtype=np.int64)
-    blob = first + second
+    blob, offsets = packed([first, second])
     sigs = signatures(blob, offsets, settings.ngram, settings.permutations, settings.seed)
     sets = shingle_sets(blob, offsets, settings.ngram)
     return Similarity(estimated_similarity(sigs[0], sigs[1]), jaccard(sets[0], sets[1]), settings.threshold,

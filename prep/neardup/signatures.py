@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,6 +136,13 @@ def shingle_hashes(blob: bytes, offsets: Array, ngram: int) -> tuple[Array, Arra
     text, text_offsets = normalized(blob, offsets)
     starts, lengths, word_bounds = words(text, text_offsets)
     return shingles(word_hashes(text, starts, lengths), word_bounds, ngram)
+
+
+def packed(texts: Sequence[bytes]) -> tuple[bytes, Array]:
+    """UTF-8 texts as one buffer and its offsets (int64, one more than texts), as every function
+    here takes a batch."""
+    lengths = np.fromiter((len(text) for text in texts), dtype=np.int64, count=len(texts))
+    return b"".join(texts), np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
 
 
 def shingle_sets(blob: bytes, offsets: Array, ngram: int) -> list[Array]:

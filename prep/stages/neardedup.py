@@ -29,7 +29,7 @@ from prep.errors import IntegrityError
 from prep.neardup.clusters import Clusters, clusters, merge
 from prep.neardup.lsh import band_hashes, distinct_pairs, jaccard
 from prep.neardup.settings import NearDupSettings
-from prep.neardup.signatures import shingle_sets, signatures
+from prep.neardup.signatures import packed, shingle_sets, signatures
 from prep.workfiles.bands import BAND_DTYPE, open_bands
 from prep.workfiles.drops import DROP_DTYPE, drop_records
 from prep.workfiles.entries import descriptor, take_entries
@@ -165,10 +165,7 @@ def _jaccard_at_least(texts_of: Callable[[Array], Sequence[bytes]], left: Array,
                       threshold: float) -> Array:
     """Whether each pair's true Jaccard reaches `threshold`, the texts of the documents they name read at once."""
     named = np.unique(np.concatenate([left, right]))
-    texts = list(texts_of(named))
-    lengths = np.fromiter((len(text) for text in texts), dtype=np.int64, count=len(texts))
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    sets = shingle_sets(b"".join(texts), offsets, ngram)
+    sets = shingle_sets(*packed(texts_of(named)), ngram)
     at_left, at_right = np.searchsorted(named, left), np.searchsorted(named, right)
     return np.array([jaccard(sets[a], sets[b]) >= threshold for a, b in zip(at_left.tolist(), at_right.tolist())],
                     dtype=bool)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from prep.neardup.settings import NearDupSettings
-from prep.neardup.signatures import signatures
+from prep.neardup.signatures import packed, signatures
 from prep.storage.local import LocalStore
 from prep.store import cas
 from prep.store.localcopy import local_file
@@ -26,10 +26,7 @@ DEFAULTS = NearDupSettings()
 
 def batch(texts: list[str]) -> tuple[bytes, Array]:
     """`texts` as one UTF-8 buffer and its offsets, as a tokenize batch holds them."""
-    data = [text.encode("utf-8") for text in texts]
-    offsets = np.zeros(len(data) + 1, dtype=np.int64)
-    np.cumsum([len(item) for item in data], out=offsets[1:])
-    return b"".join(data), offsets
+    return packed([text.encode("utf-8") for text in texts])
 
 
 def signatures_of(texts: list[str], settings: NearDupSettings = DEFAULTS) -> Array:
