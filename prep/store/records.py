@@ -196,13 +196,19 @@ def read_stage_record(store: Store, stage: str, key: str) -> StageRecord | None:
     return record
 
 
+def _put_task_record(store: Store, record: TaskRecord) -> bool:
+    """Store a task record create-only (one PUT), validated first: never store an invalid one.
+    False when the key was taken."""
+    TaskRecord.from_json(record.to_json(), f"new task record {record.stage}/{record.key}")
+    return store.put_bytes(task_record_key(record.stage, record.key), canonical.dumps(record.to_json()))
+
+
 def write_task_record(store: Store, stage: str, key: str, outputs: dict[str, str],
                       summary: dict[str, Any]) -> TaskRecord:
     """Commit a task: its outputs (object ids, already stored) and summary become reachable. One
     create-only PUT; only when another writer committed the key first is its record read back."""
     record = TaskRecord(stage, key, outputs, summary)
-    TaskRecord.from_json(record.to_json(), f"new task record {stage}/{key}")  # never store an invalid one
-    if store.put_bytes(task_record_key(stage, key), canonical.dumps(record.to_json())):
+    if _put_task_record(store, record):
         return record
     # Another writer committed first: its record must name the same outputs.
     existing = read_task_record(store, stage, key)
@@ -214,9 +220,7 @@ def write_task_record(store: Store, stage: str, key: str, outputs: dict[str, str
 def write_alias_record(store: Store, stage: str, key: str, outputs: dict[str, str]) -> None:
     """Commit a record naming objects another task stored (a step's outcomes under its own key):
     create-only, so when one exists already the first one stays; one PUT."""
-    record = TaskRecord(stage, key, outputs, {})
-    TaskRecord.from_json(record.to_json(), f"new task record {stage}/{key}")
-    store.put_bytes(task_record_key(stage, key), canonical.dumps(record.to_json()))
+    _put_task_record(store, TaskRecord(stage, key, outputs, {}))
 
 
 def read_stage(store: Store, stage: str, key: str) -> dict[str, Any] | None:
