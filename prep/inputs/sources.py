@@ -201,6 +201,7 @@ def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[Sour
     parents = [posixpath.dirname(ns) for _, ns, *_ in located]
     common = posixpath.commonpath(parents)
     sources: dict[str, SourceFile] = {}
+    host = socket.gethostname()  # where the local stamps were read
     for location, ns, size, etag, version, stamp in located:
         rel = posixpath.relpath(ns, common)
         _require_utf8_name(location, rel)
@@ -208,7 +209,7 @@ def discover(paths: tuple[str, ...], base_dir: Path, declared: str) -> list[Sour
         if fmt is None:
             raise ConfigError(f"{location}: cannot tell the input format from the name; set input.format")
         sources[rel] = SourceFile(location, rel, size, fmt, etag=etag, version_id=version, stamp=stamp,
-                                  stamp_host=socket.gethostname() if stamp else "")
+                                  stamp_host=host if stamp else "")
     return [sources[rel] for rel in sorted(sources)]
 
 
