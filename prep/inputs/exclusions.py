@@ -15,12 +15,14 @@ store never holds the ids a request named. This module loads no numpy: the drive
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from prep.errors import InputError
+from prep.regular import open_regular
 
 HASH_BYTES = 16
 MAGIC = b"PREPEXC1"
@@ -75,8 +77,9 @@ class ReadList:
 
 def _read(path: Path, shown: str) -> bytes:
     """The list file's bytes; InputError `shown: why` when it cannot be read."""
-    try:
-        return path.read_bytes()
+    try:  # a FIFO or a device named as a list would block the read for ever
+        with os.fdopen(open_regular(path), "rb") as stream:
+            return stream.read()
     except OSError as exc:
         raise InputError(f"{shown}: cannot read the exclude list: {exc.strerror or exc}") from None
 

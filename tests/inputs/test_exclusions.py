@@ -4,6 +4,7 @@ FILE:LINE, and the packed table (sorted, distinct, no id in it)."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from prep.errors import InputError
 from prep.inputs.exclusions import Entry, id_hash, load_exclusions, pack, parse_entry, read_entries, unpack
+from tests.helpers import within
 
 HASHES = st.binary(min_size=16, max_size=16).map(bytes.hex)
 IDS = st.text(min_size=1, max_size=30).map(str.strip).filter(lambda text: bool(text) and "\n" not in text
@@ -39,6 +41,13 @@ def test_errors_name_the_file_and_line(tmp_path: Path) -> None:
         read_entries(path, "removals.txt")
     with pytest.raises(InputError, match=r"^gone\.txt: cannot read the exclude list"):
         read_entries(tmp_path / "gone.txt", "gone.txt")
+
+
+def test_a_fifo_named_as_a_list_is_refused_not_read_for_ever(tmp_path: Path) -> None:
+    """Regression: the list was read with `read_bytes`, which blocks for ever on a FIFO."""
+    os.mkfifo(tmp_path / "list.txt")
+    with within(10), pytest.raises(InputError, match=r"^removals\.txt: cannot read the exclude list: not a regular file"):
+        read_entries(tmp_path / "list.txt", "removals.txt")
 
 
 def test_an_id_entry_needs_an_id_field(tmp_path: Path) -> None:
