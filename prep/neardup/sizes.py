@@ -93,7 +93,22 @@ def cluster_sizes(representatives: Array) -> ClusterSizes:
     import numpy as np
 
     _, dropped = np.unique(np.asarray(representatives, dtype=np.uint64), return_counts=True)
-    if not len(dropped):
+    return sizes_of(dropped + 1)
+
+
+def sizes_of(sizes: Array) -> ClusterSizes:
+    """The distribution of clusters of these sizes (each at least 2)."""
+    import numpy as np
+
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if not len(sizes):
         return ClusterSizes((), 0)
-    counts = np.bincount(size_bin(dropped + 1))[1:]
-    return ClusterSizes(tuple(int(count) for count in counts.tolist()), int(dropped.max()) + 1)
+    counts = np.bincount(size_bin(sizes))[1:]
+    return ClusterSizes(tuple(int(count) for count in counts.tolist()), int(sizes.max()))
+
+
+def total_sizes(parts: Sequence[ClusterSizes]) -> ClusterSizes:
+    """The distribution of the clusters of all `parts` (each cluster counted in one of them)."""
+    width = max((len(part.counts) for part in parts), default=0)
+    counts = [sum(part.counts[k] for part in parts if k < len(part.counts)) for k in range(width)]
+    return ClusterSizes(tuple(counts), max((part.largest for part in parts), default=0))

@@ -1,7 +1,11 @@
-"""The near-duplicate cluster stage (issue 42): one task joins every bucket's pairs into clusters
-and stores the drops object, every document but its cluster's first with that first, indexed by
-order key so each order task reads its own bucket's drops. Its memory is O(documents some pair
-names), never O(corpus) (prep/stages/neardedup.py)."""
+"""The near-duplicate cluster stage (issue 42): the cluster rounds over document ranges
+(prep/runner/nearrounds.py) join every bucket's pairs into clusters, then one task merges the
+ranges' drops into the drops object, every document but its cluster's first with that first,
+indexed by order key so each order task reads its own bucket's drops. No task holds more than its
+range's edges, and the merge streams (prep.workfiles.indexed.merge_indexed).
+
+The stage's key names the bucket stage's pairs, not the ranges: the drops object is the same
+bytes however many ranges the rounds used, and so is the stage manifest and the snapshot."""
 
 from __future__ import annotations
 
@@ -9,43 +13,40 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prep.errors import IntegrityError
 from prep.hashing import pack_ids, unpack_ids
 from prep.neardup.sizes import ClusterSizes
 from prep.progress import plural
 from prep.runner.nearbuckets import Paired
+from prep.runner.nearrounds import cluster_ranges, recorded_sizes
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan, stage_counts
 from prep.runner.tasks import TaskResult, store_written, stored_table, worker_store
 from prep.runner.tokenizing import Tokenized
-from prep.store.layout import task_record_key
 from prep.store.localcopy import local_file as fetch_local
 from prep.store.records import TaskRecord
 
 
 @dataclass(frozen=True)
 class ClusterJob:
-    """Join the clusters of every bucket's pairs object (`table` packs their ids, in bucket order)."""
+    """Merge every range's drops object (`table` packs their ids, in range order) into one; the
+    ranges' `sizes` are recorded with it."""
 
     store_url: str
     table: str
+    sizes: ClusterSizes
 
 
 def run_cluster_job(job: ClusterJob) -> TaskResult:
-    from prep.neardup.sizes import cluster_sizes
-    from prep.stages.neardedup import cluster_drops
     from prep.stages.tokenize import drop_engines
-    from prep.workfiles.drops import write_drops
-    from prep.workfiles.pairs import read_pairs
+    from prep.workfiles.drops import merge_drops, open_drops
 
     drop_engines()
     store = worker_store(job.store_url)
-    ids = unpack_ids(stored_table(store, job.table))
+    sources = [fetch_local(store, object_id) for object_id in unpack_ids(stored_table(store, job.table))]
 
     def write(staged: Any) -> Any:
-        records = cluster_drops(read_pairs(fetch_local(store, object_id)) for object_id in ids)
-        sizes = cluster_sizes(records["representative"])
-        return write_drops(staged, records, {}), {"dropped": len(records), "clusters": sizes.clusters,
-                                                  **sizes.to_json()}
+        digest = merge_drops(staged, sources)
+        dropped = int(open_drops(staged).header["count"])
+        return digest, {"dropped": dropped, "clusters": job.sizes.clusters, **job.sizes.to_json()}
 
     stored, summary = store_written(store, "near_clusters", write)
     return TaskResult({"drops": stored}, summary, {})
@@ -89,37 +90,26 @@ class NearClusters:
     name: str = "near_clusters"
 
     def plan(self, previous: Paired, context: StageContext) -> StagePlan:
-        table = pack_ids(previous.pairs)
+        ranges = cluster_ranges(context, previous)
+        table = pack_ids(ranges.drops)
         table_id = context.table_id(table)
         settings = previous.settings.key_fields()
         key = context.task_key(self.name, settings, [table_id])
-        task = Task(key, ClusterJob(context.store_url, table_id), "drops of the near-duplicate clusters",
-                    reads=(*previous.pairs, table_id))
+        task = Task(key, ClusterJob(context.store_url, table_id, ranges.sizes), "drops of the near-duplicate clusters",
+                    reads=(*ranges.drops, table_id))
         return StagePlan(TaskPlan(self.name, (task,), run_cluster_job, found=context.committed(self.name, [key]),
                                   reads=lambda missing: [list(task.reads)], tables={table_id: table}),
-                         settings, [table_id], f"clusters of {plural(len(previous.pairs), 'pairs object')}")
+                         settings, [context.table_id(pack_ids(previous.pairs))],
+                         f"drops of {plural(len(ranges.drops), 'range')} merged")
 
     def result(self, previous: Paired, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> Clustered:
         task = plan.tasks.tasks[0]
         record = committed[task.key]
         counts = NearCounts(sum(previous.counts), previous.pairs_rejected, int(record.summary["dropped"]),
-                            _recorded_sizes(task.job.store_url, record))
+                            recorded_sizes(task.job.store_url, record))
         return Clustered(previous.tokenized, record.outputs["drops"], counts)
 
     def done(self, result: Clustered, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
         counts = result.counts
         return (f"{plural(counts.dropped, 'near duplicate')} in {plural(counts.sizes.clusters, 'cluster')} "
                 f"(largest {counts.sizes.largest}), " + stage_counts(run))
-
-
-def _recorded_sizes(store_url: str, record: TaskRecord) -> ClusterSizes:
-    """The cluster sizes a committed cluster task recorded; IntegrityError when they are not log2
-    bins up to the largest size's or do not add up to its clusters (the schema cannot say either)."""
-    where = f"{store_url}/{task_record_key('near_clusters', record.key)}"
-    try:
-        sizes = ClusterSizes.from_json(record.summary)
-    except ValueError as exc:
-        raise IntegrityError(f"{where}: {exc}; remove it and rebuild") from None
-    if sizes.clusters != int(record.summary["clusters"]):
-        raise IntegrityError(f"{where}: its cluster size bins do not add up to its clusters; remove it and rebuild")
-    return sizes

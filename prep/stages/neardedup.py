@@ -1,20 +1,10 @@
 """Near-duplicate removal's task bodies (issue 42), pure of stores and runners: a tokenize batch's
-band hashes, a band bucket's candidate pairs, the clusters of every bucket's pairs as drops, and
-the order task's filter of its bucket by them.
+band hashes, a band bucket's candidate pairs, and the order task's filter of its bucket by the
+drops. The clusters are joined in partitioned rounds between them (prep/stages/starrounds.py).
 
 A document is named by its global number `part ordinal << 32 | row`, `row` being the record's row
 in its part, as entries and intermediates name it: numbers follow input order, so a cluster's
 smallest is its first document, the one kept, whatever the split into parts or buckets.
-
-Clusters are joined in one task (`cluster_drops`) whose memory is O(documents some pair names),
-about 100 bytes each (the running clusters, their order keys, the pairs not yet folded in, and
-union-find's working arrays), never O(corpus): on a web crawl a tenth of the documents or so.
-Beyond one machine, partitioned rounds would lift it: route every pair (a, b) to the task of a's
-number range and of b's, and run the large-star / small-star rounds of Kiveris et al. ("Connected
-components in MapReduce and beyond", 2014): each round, each range task links every document of
-its range to the smallest neighbour it sees, so each task holds its range's edges only, the rounds
-are O(log² n), and the fixpoint is the same star (document, smallest of its component) that
-`clusters` makes, whatever the partition.
 """
 
 from __future__ import annotations
@@ -26,12 +16,11 @@ from typing import Any
 import numpy as np
 
 from prep.errors import IntegrityError
-from prep.neardup.clusters import Clusters, clusters, merge
 from prep.neardup.lsh import band_hashes, distinct_pairs, jaccard
 from prep.neardup.settings import NearDupSettings
 from prep.neardup.signatures import packed, shingle_sets, signatures
 from prep.workfiles.bands import BAND_DTYPE, open_bands
-from prep.workfiles.drops import DROP_DTYPE, drop_records
+from prep.workfiles.drops import DROP_DTYPE
 from prep.workfiles.entries import descriptor, take_entries
 from prep.workfiles.intermediate import read_text_sizes, read_texts
 from prep.workfiles.pairs import CandidatePairs
@@ -39,8 +28,6 @@ from prep.workfiles.pairs import CandidatePairs
 Array = np.ndarray[Any, Any]
 Similar = Callable[[Array, Array], Array]
 """Whether each pair (left[i], right[i]) of global numbers is truly similar: a bool mask."""
-FOLD_PAIRS = 1 << 20
-"""Pairs held before they are folded into the running clusters (at least; as many as it holds, if more)."""
 VERIFY_BYTES = 8 * 2**20
 """Text `verify` reads and shingles at once (about 15 times it while shingling: docs/build.md,
 "Near-duplicate removal"): a band bucket's pairs are checked in slices of it, whatever they name."""
@@ -189,40 +176,6 @@ def _by_part(numbers: Array) -> Iterator[tuple[int, Array]]:
     parts = numbers >> 32
     for ordinal in np.unique(parts).tolist():
         yield ordinal, numbers[parts == ordinal] & 0xFFFFFFFF
-
-
-def cluster_drops(pair_sets: Iterable[CandidatePairs]) -> Array:
-    """The drop records (DROP_DTYPE, sorted by key then number) of the clusters every bucket's
-    pairs join: each document but its cluster's first, with that first. Pairs are folded into
-    the running clusters once they outnumber them (module docstring: the memory bound)."""
-    joined = Clusters(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    named = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64))
-    held: list[CandidatePairs] = []
-    for pairs in pair_sets:
-        held.append(pairs)
-        if sum(len(item.left) for item in held) >= max(FOLD_PAIRS, len(joined.documents)):
-            joined, named = _fold(joined, named, held)
-            held = []
-    joined, named = _fold(joined, named, held)
-    dropped = joined.duplicates()
-    keys = named[1][np.searchsorted(named[0], dropped)]
-    return drop_records(dropped, joined.representative_of(dropped), keys)
-
-
-def _fold(joined: Clusters, named: tuple[Array, Array], held: list[CandidatePairs]) -> tuple[Clusters, tuple[Array, Array]]:
-    """The running clusters and named documents (numbers, key high words) with `held`'s added."""
-    if not held:
-        return joined, named
-    left = np.concatenate([pairs.left for pairs in held]).astype(np.int64)
-    right = np.concatenate([pairs.right for pairs in held]).astype(np.int64)
-    documents = np.concatenate([named[0], *(pairs.documents.astype(np.int64) for pairs in held)])
-    keys = np.concatenate([named[1], *(pairs.key_hi for pairs in held)])
-    order = np.lexsort((keys, documents))
-    documents, keys = documents[order], keys[order]
-    first = np.concatenate([[True], documents[1:] != documents[:-1]]) if len(documents) else np.zeros(0, dtype=bool)
-    if bool((keys[1:][~first[1:]] != keys[:-1][~first[1:]]).any()):
-        raise IntegrityError("one document is named with two different order keys by the buckets' pairs")
-    return merge(joined, clusters(left, right)), (documents[first], keys[first])
 
 
 def drop_near_duplicates(kept: Array, drops: Array, gathered: Array | None = None) -> tuple[Array, int]:

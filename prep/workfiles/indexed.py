@@ -10,6 +10,7 @@ Layout: the head of `entries.object_head` (magic, header length, canonical JSON 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,10 @@ from prep.workfiles.entries import (
 )
 from prep.workfiles.intermediate import io_errors, pread_into
 from prep.workfiles.keys import bucket_of
+
+MERGE_BYTES = 64 * 2**20
+"""Records `merge_indexed` holds at once, over all its inputs."""
+COPY_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True)
@@ -122,3 +127,80 @@ def _check_sorted(path: Path, keys: np.ndarray) -> None:
     """IntegrityError unless `keys` never decrease (a damaged record, most often)."""
     if len(keys) > 1 and bool((keys[1:] < keys[:-1]).any()):
         raise IntegrityError(f"{path}: its records are out of order")
+
+
+def merge_indexed(paths: Sequence[Path], form: RecordFormat, order: tuple[str, ...], path: Path,
+                  header: dict[str, Any]) -> Digest:
+    """Write the records of the objects at `paths` (each sorted by the fields `order`, the key
+    first; no record in two) as one object, byte for byte what `write_indexed` makes of all of
+    them at once, holding MERGE_BYTES of records: merged into a scratch file beside `path` while
+    the index is counted, then written after the head and index."""
+    inputs = [IndexedFile.open(source, form) for source in paths]
+    count = sum(int(opened.header["count"]) for opened in inputs)
+    if count >= 1 << (8 * form.width):
+        raise ValueError(f"{count} records do not fit a {form.width}-byte index")
+    bits = index_bits_for(count)
+    index = np.zeros((1 << bits) + 1, dtype=f"<u{form.width}")
+    scratch = path.with_name(path.name + ".records")
+    try:
+        with io_errors("writing", scratch), open(scratch, "xb") as body:
+            for chunk in _merged(inputs, order):
+                index[1:] += np.bincount(bucket_of(chunk[form.key], bits), minlength=1 << bits).astype(index.dtype)
+                body.write(chunk.view(np.uint8).data)
+        np.cumsum(index, out=index)
+        with io_errors("writing", path), HashingWriter(path, durable=False) as out, open(scratch, "rb") as body:
+            out.write(object_head(form.magic, {**header, "schema": form.schema, "count": count, "index_bits": bits}))
+            out.write(index.data)
+            while block := body.read(COPY_BYTES):
+                out.write(block)
+        return out.close()
+    finally:
+        scratch.unlink(missing_ok=True)
+
+
+def _merged(inputs: Sequence[IndexedFile], order: tuple[str, ...]) -> Iterator[np.ndarray]:
+    """The records of `inputs` in `order`, a chunk at a time: each round takes from every input's
+    held records those up to the first of the last records held of the inputs not read to their end."""
+    chunk = max(1024, MERGE_BYTES // max(1, len(inputs)) // (inputs[0].form.dtype.itemsize if inputs else 1))
+    read = [0] * len(inputs)
+    held = [np.zeros(0, dtype=opened.form.dtype) for opened in inputs]
+    last: np.ndarray | None = None
+    while True:
+        for at, opened in enumerate(inputs):
+            if not len(held[at]) and read[at] < opened.header["count"]:
+                held[at] = opened.read(read[at], min(chunk, opened.header["count"] - read[at]))
+                read[at] += len(held[at])
+                if len(held[at]) > 1 and not bool(_later(held[at][1:], held[at][:-1], order).all()):
+                    raise IntegrityError(f"{opened.path}: its records are out of order or repeated")
+        if not any(len(records) for records in held):
+            return
+        ends = [records[-1:] for at, records in enumerate(held) if read[at] < inputs[at].header["count"]]
+        bound = _in_order(np.concatenate(ends), order)[:1] if ends else None
+        taken = []
+        for at, records in enumerate(held):
+            cut = len(records) if bound is None else int(np.count_nonzero(~_later(records, bound, order)))
+            taken.append(records[:cut])
+            held[at] = records[cut:]
+        merged = _in_order(np.concatenate(taken), order)
+        following = merged if last is None else np.concatenate([last, merged])
+        if len(following) > 1 and not bool(_later(following[1:], following[:-1], order).all()):
+            raise IntegrityError(f"{inputs[0].path.parent}: two of the {inputs[0].form.what}s merged hold one record")
+        last = following[-1:]
+        yield merged
+
+
+def _in_order(records: np.ndarray, order: tuple[str, ...]) -> np.ndarray:
+    """`records` sorted by the fields `order`."""
+    ordered: np.ndarray = records[np.lexsort(tuple(records[name] for name in reversed(order)))]
+    return ordered
+
+
+def _later(records: np.ndarray, than: np.ndarray, order: tuple[str, ...]) -> np.ndarray:
+    """Whether each of `records` comes strictly after the one of `than` beside it (or its one
+    record) by the fields `order`."""
+    later = np.zeros(len(records), dtype=bool)
+    tied = np.ones(len(records), dtype=bool)
+    for name in order:
+        later |= tied & (records[name] > than[name])
+        tied &= records[name] == than[name]
+    return later

@@ -52,12 +52,12 @@ from typing import Any
 
 import numpy as np
 
-from prep.neardup.clusters import clusters
 from prep.neardup.signatures import shingle_sets
 from prep.workfiles.drops import DROPS, open_drops
 from tests.bench.bench_scale import build, text_bytes, write_pipeline
 from tests.bench.bench_steps import DATATROVE, ensure_venv
 from tests.bench.benchsupport import REPO, TreeRun, corpus, measure_tree, stage_seconds, tokenizer
+from tests.neardup.unionfind import clusters
 
 Array = np.ndarray[Any, Any]
 WORDS = 50_000

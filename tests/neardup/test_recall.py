@@ -7,10 +7,10 @@ import random
 
 import numpy as np
 
-from prep.neardup.clusters import clusters
 from prep.neardup.lsh import band_hashes, candidate_pairs, jaccard
 from prep.neardup.signatures import shingle_sets
 from tests.neardup.neardupsupport import DEFAULTS, batch, document, edited, signatures_of
+from tests.neardup.unionfind import clusters
 
 
 def _corpus(rng: random.Random) -> tuple[list[str], list[tuple[int, int]]]:

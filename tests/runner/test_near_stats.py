@@ -139,12 +139,13 @@ def test_a_cluster_record_whose_sizes_do_not_add_up_stops_the_build_that_reuses_
 def test_the_near_task_records_validate_and_the_schema_refuses_a_summary_without_sizes(built: Built, name: str) -> None:
     store, _ = built[name]
     paths = sorted((store / "tasks").glob("near_*/*.json"))
-    assert {path.parent.name for path in paths} == {"near_buckets", "near_clusters"}
+    assert {path.parent.name for path in paths} == {"near_buckets", "near_route", "near_round", "near_drops",
+                                                    "near_clusters"}
     for path in paths:
         record = json.loads(path.read_text())
         validate(record, "prep.task/1", str(path))
         assert ("rejected" in record["summary"]) == (record["stage"] == "near_buckets" and name == "verify")
-        if record["stage"] == "near_clusters":
+        if record["stage"] in ("near_drops", "near_clusters"):
             del record["summary"]["sizes"]
             with pytest.raises(IntegrityError):
                 validate(record, "prep.task/1", str(path))

@@ -23,7 +23,7 @@ import pytest
 from prep.config import load_pipeline
 from prep.hashing import parse_id
 from prep.progress import Progress
-from prep.runner import nearbuckets
+from prep.runner import nearbuckets, nearrounds
 from prep.runner.build import BuildResult, build
 from prep.stages import neardedup
 from prep.stages.neardedup import texts_by_number
@@ -216,11 +216,39 @@ def test_an_appended_file_computes_its_own_signatures_only_and_equals_a_fresh_bu
     assert len(expected) == 8 and drops_of(tmp_path / "store", again, sizes) == expected
 
 
+EDGES_PER_RANGE = 8
+"""Edge records a range of the cluster rounds holds in the crash tests: 16 ranges of the chain corpus."""
+
+
+def test_the_cluster_rounds_give_one_drops_object_and_snapshot_whatever_the_ranges(
+        chained: Chained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One range or many, the rounds end in the same clusters and the cluster stage merges the
+    ranges' drops into the same bytes: the same snapshot id. With many ranges no round task
+    holds more than a share of the edges (what bounds its memory)."""
+    pipeline, files, chains = chained
+    monkeypatch.setattr(nearbuckets, "RECORDS_PER_BUCKET", BAND_RECORDS)
+    whole = build_local(pipeline, tmp_path / "one-range", 2)
+    monkeypatch.setattr(nearrounds, "EDGES_PER_RANGE", EDGES_PER_RANGE)
+    split = build_local(pipeline, tmp_path / "ranges", 2)
+    assert split.snapshot.id == whole.snapshot.id
+    ranges = split.stages["near_drops"].ran
+    assert whole.stages["near_drops"].ran == 1 and ranges >= 8 and ranges & (ranges - 1) == 0
+    assert split.stages["near_round"].ran >= 2 * ranges  # a large-star round at least, and the one that found stars
+    held = [json.loads(path.read_text())["summary"]["held"]
+            for path in (tmp_path / "ranges" / "tasks" / "near_round").glob("*.json")]
+    first = [json.loads(path.read_text())["summary"]["edges"]
+             for path in (tmp_path / "ranges" / "tasks" / "near_route").glob("*.json")]
+    assert max(held) < sum(first) / 2
+    sizes = sizes_of(files[:len(CHAINS)])
+    assert drops_of(tmp_path / "ranges", split, sizes) == chain_drops(chains, sum(sizes))
+
+
 BUCKETS_DRIVER = """
 import sys
-from prep.runner import nearbuckets
+from prep.runner import nearbuckets, nearrounds
 nearbuckets.RECORDS_PER_BUCKET = int(sys.argv[1])
-sys.argv = ["prep", *sys.argv[2:]]
+nearrounds.EDGES_PER_RANGE = int(sys.argv[2])
+sys.argv = ["prep", *sys.argv[3:]]
 from prep.cli.main import main
 main()
 """
@@ -228,9 +256,10 @@ main()
 
 def build_in_buckets(pipeline: Path, store: Path, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`prep build --workers 2 --json` as the CLI runs it, with band buckets of BAND_RECORDS
-    records, in a session of its own (a crash point kills its whole process group)."""
-    return subprocess.run([sys.executable, "-c", BUCKETS_DRIVER, str(BAND_RECORDS), "build", str(pipeline),
-                           "--store", str(store), "--workers", "2", "--json"], capture_output=True, text=True,
+    records and ranges of EDGES_PER_RANGE edges, in a session of its own (a crash point kills
+    its whole process group)."""
+    return subprocess.run([sys.executable, "-c", BUCKETS_DRIVER, str(BAND_RECORDS), str(EDGES_PER_RANGE), "build",
+                           str(pipeline), "--store", str(store), "--workers", "2", "--json"], capture_output=True, text=True,
                           env=dict(env or prep_env()), timeout=300, start_new_session=True)
 
 
@@ -255,6 +284,9 @@ def committed_bands(store: Path) -> set[str]:
     ("tokenize.before_commit:2", {"tokenize": 1}),  # the second part's bands stored, its task not committed
     ("near_buckets.after_write:1", {"tokenize": FILES}),
     ("near_buckets.before_commit:2", {"tokenize": FILES, "near_buckets": 1}),  # at the second band bucket
+    ("near_route.after_write:3", {"tokenize": FILES, "near_buckets": 8}),
+    ("near_round.before_commit:11", {"tokenize": FILES, "near_buckets": 8, "near_route": 8, "near_round": 10}),
+    ("near_drops.after_write:3", {"tokenize": FILES, "near_buckets": 8, "near_route": 8}),
     ("near_clusters.after_write:1", {"tokenize": FILES, "near_buckets": 8}),
     ("near_clusters.before_commit:1", {"tokenize": FILES, "near_buckets": 8}),
 ])

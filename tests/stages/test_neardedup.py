@@ -27,7 +27,6 @@ from prep.stages.neardedup import (
     batch_bands,
     bucket_pairs,
     budget_slices,
-    cluster_drops,
     drop_near_duplicates,
     gather_bands,
     global_numbers,
@@ -35,10 +34,10 @@ from prep.stages.neardedup import (
 )
 from prep.stages.order import sort_and_dedup
 from prep.workfiles.bands import BAND_DTYPE, BandsWriter
-from prep.workfiles.drops import DROP_DTYPE, drop_records, open_drops, write_drops
+from prep.workfiles.drops import DROP_DTYPE, drop_records, open_drops
 from prep.workfiles.entries import ENTRY_DTYPE
-from prep.workfiles.pairs import read_pairs, write_pairs
-from tests.neardup.neardupsupport import batch, document, edited
+from prep.workfiles.pairs import write_pairs
+from tests.neardup.neardupsupport import batch, document, edited, local_drops
 
 Array = np.ndarray[Any, Any]
 SETTINGS = NearDupSettings(threshold=0.8, bands=16, rows=8)
@@ -71,7 +70,8 @@ class Split:
         return np.array([len(text) for text in self.texts_of(numbers)], dtype=np.int64)
 
 
-def run(split: Split, tmp: Path, bits: int, verify: bool, settings: NearDupSettings = SETTINGS) -> tuple[Array, bytes]:
+def run(split: Split, tmp: Path, bits: int, verify: bool, settings: NearDupSettings = SETTINGS,
+        range_bits: int = 0) -> tuple[Array, bytes]:
     """The drops of the whole flow (corpus positions: document, representative) and the drops object's bytes."""
     tmp.mkdir(parents=True)
     sources = []
@@ -86,11 +86,11 @@ def run(split: Split, tmp: Path, bits: int, verify: bool, settings: NearDupSetti
     similar = jaccard_filter(split.texts_of, split.sizes_of, settings.ngram, settings.threshold) if verify else None
     for bucket in range(1 << bits):
         write_pairs(tmp / f"{bucket}.pairs", bucket_pairs(gather_bands(sources, bucket, bits), similar), {"bucket": bucket})
-    write_drops(tmp / "drops", cluster_drops(read_pairs(tmp / f"{bucket}.pairs") for bucket in range(1 << bits)), {})
-    drops = open_drops(tmp / "drops").read_all()
+    path = local_drops([tmp / f"{bucket}.pairs" for bucket in range(1 << bits)], tmp / "rounds", range_bits)
+    drops = open_drops(path).read_all()
     found = np.array([(split.position(int(d)), split.position(int(r)))
                       for d, r in zip(drops["document"], drops["representative"])], dtype=np.int64).reshape(-1, 2)
-    return found, (tmp / "drops").read_bytes()
+    return found, path.read_bytes()
 
 
 def planted(rng: random.Random) -> list[str]:
@@ -215,12 +215,12 @@ def test_the_order_filter_refuses_drops_that_do_not_name_its_documents() -> None
         drop_near_duplicates(gathered, wrong_key, numbers)
 
 
-def test_clusters_folded_in_small_rounds_are_the_same(corpus: tuple[list[str], list[Array]], tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("range_bits", [1, 3, 6])
+def test_clusters_joined_over_any_number_of_ranges_are_the_same_drops_object(
+        corpus: tuple[list[str], list[Array]], tmp_path: Path, range_bits: int) -> None:
     texts, _ = corpus
     whole = run(Split(texts, (300,)), tmp_path / "whole", bits=4, verify=False)[1]
-    monkeypatch.setattr("prep.stages.neardedup.FOLD_PAIRS", 3)  # a fold after nearly every bucket
-    assert run(Split(texts, (300,)), tmp_path / "folded", bits=4, verify=False)[1] == whole
+    assert run(Split(texts, (300,)), tmp_path / "ranges", bits=4, verify=False, range_bits=range_bits)[1] == whole
 
 
 WORDS = st.lists(st.sampled_from(["a", "b", "c", "d", "e"]), max_size=24).map(" ".join)

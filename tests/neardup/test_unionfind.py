@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prep.neardup.clusters import Clusters, clusters, merge
+from tests.neardup.unionfind import Clusters, clusters, merge
 
 PAIRS = st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=40)
 

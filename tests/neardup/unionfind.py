@@ -1,9 +1,11 @@
-"""Clusters of near-duplicate documents: a vectorized union-find over candidate pairs, and merges.
+"""The near-duplicate tests' and benchmark's oracle for clusters: a vectorized union-find over
+candidate pairs held at once, and merges (a build joins clusters in partitioned rounds instead,
+prep/neardup/stars.py, and must end in what this gives).
 
 A cluster's representative is its smallest document number, its first document in input order
 (the one dedup keeps). Components do not depend on the order pairs come in, so neither does the
-result; merging the results of two sets of pairs gives the result of all the pairs at once, which
-lets clusters be joined in partitioned rounds. Memory is O(documents the pairs touch).
+result; merging the results of two sets of pairs gives the result of all the pairs at once.
+Memory is O(documents the pairs touch).
 """
 
 from __future__ import annotations
