@@ -9,7 +9,8 @@ mtimes. Garbage collection follows the ids these records and manifests declare (
 
 A store may hold snapshots of three layouts (`LAYOUTS`): layout 1 (tokenize, dedup, shuffle,
 shard), which builds wrote before the partitioned stages, layout 2 (tokenize, route, order, shard),
-and layout 3 (tokenize, order, shard: tokenize tasks write their parts' entries themselves). A
+and layout 3 (tokenize, order, shard: tokenize tasks write their parts' entries themselves; with
+[dedup.near], near_buckets and near_clusters after tokenize). A
 snapshot names each stage manifest as a stage of its layout (`ManifestRef`), a stage record as its
 own stage; a manifest of another stage or layout than it is named as is refused (`check_named`).
 """
@@ -40,6 +41,14 @@ LAYOUTS: dict[int, tuple[str, ...]] = {1: ("tokenize", "dedup", "shuffle", "shar
                                        2: ("tokenize", "route", "order", "shard"),
                                        3: ("tokenize", "order", "shard")}
 """The stages of a snapshot of each layout, in the order its `stages` lists them."""
+NEAR_STAGES = ("near_buckets", "near_clusters")
+"""The stages a layout-3 build with [dedup.near] lists between tokenize and order."""
+
+
+def layout_stages(layout: int) -> tuple[tuple[str, ...], ...]:
+    """Every list of stages a snapshot of `layout` may have: its own, and in layout 3 with NEAR_STAGES."""
+    stages = LAYOUTS[layout]
+    return (stages, (stages[0], *NEAR_STAGES, *stages[1:])) if layout == 3 else (stages,)
 
 
 @dataclass(frozen=True)
@@ -306,7 +315,7 @@ def stage_shape(manifest: dict[str, Any]) -> StageShape:
     layout is its entries' (the schema allows one layout per manifest: positional, or keyed for
     layouts 2 and 3); one without shards, like a tokenize manifest, fits every layout of its stage."""
     stage = str(manifest["stage"])
-    layouts = frozenset(layout for layout, stages in LAYOUTS.items() if stage in stages)
+    layouts = frozenset(layout for layout in LAYOUTS if any(stage in stages for stages in layout_stages(layout)))
     if stage == "shard" and manifest["shards"]:
         layouts = frozenset({1} if "first_pos" in manifest["shards"][0] else {2, 3})
     return StageShape(stage, layouts)
@@ -324,11 +333,11 @@ def check_named(shape: StageShape, ref: ManifestRef, source: str) -> None:
 def snapshot_layout(manifest: dict[str, Any], source: str) -> int:
     """The layout of a validated snapshot manifest, from its stages; IntegrityError for any other list."""
     stages = tuple(stage["name"] for stage in manifest["stages"])
-    for layout, expected in LAYOUTS.items():
-        if stages == expected:
+    for layout in LAYOUTS:
+        if stages in layout_stages(layout):
             return layout
-    raise IntegrityError(f"{source}: stages {', '.join(stages) or '(none)'} are no snapshot layout "
-                         f"({'; '.join(', '.join(expected) for expected in LAYOUTS.values())})")
+    known = [", ".join(expected) for layout in LAYOUTS for expected in layout_stages(layout)]
+    raise IntegrityError(f"{source}: stages {', '.join(stages) or '(none)'} are no snapshot layout ({'; '.join(known)})")
 
 
 def snapshot_names(manifest: Any, source: str) -> Names:
