@@ -276,3 +276,29 @@ def test_two_rebuilds_of_one_snapshot_at_once_both_prove_it_and_leave_the_store_
     assert staged(second) == [], "nothing left staged"
     report = fsck(LocalStore(second))
     assert report.clean and not report.dangling, (report.findings, report.dangling)
+
+
+MAGIC_NAMES = ("a[1].jsonl", "all*.jsonl", "~/x.jsonl", "b.jsonl")
+"""Input names a glob or a home folder would read otherwise, and one plain name."""
+DECOYS = ("a1.jsonl", "all-decoy.jsonl")
+"""Files those names match as patterns; `prep rebuild` must read the recorded files, not these."""
+
+
+def test_inputs_named_like_a_glob_or_a_home_folder_are_read_by_their_names(tmp_path: Path, tokenizer_path: Path) -> None:
+    """DIR may hold more than the snapshot's inputs: each recorded name is the file of that name."""
+    for index, name in enumerate(MAGIC_NAMES):
+        write_jsonl(tmp_path / "corpus" / name, make_records(6, seed=40 + index, prefix=f"m{index}"))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
+    snapshot_id = run_prep("build", pipeline, "--store", tmp_path / "store", "--workers", "1").stdout.split()[-1]
+    recorded = resolve(LocalStore(tmp_path / "store"), snapshot_id).manifest["inputs"]["files"]
+    assert sorted(entry["path"] for entry in recorded) == sorted(MAGIC_NAMES)
+    for index, name in enumerate(DECOYS):
+        write_jsonl(tmp_path / "corpus" / name, make_records(3, seed=90 + index, prefix="decoy"))
+    home = tmp_path / "home"
+    write_jsonl(home / "x.jsonl", make_records(3, seed=99, prefix="decoy"))
+    run_prep("copy", snapshot_id, "--to", tmp_path / "copy", "--store", tmp_path / "store")
+    result = run_prep("rebuild", snapshot_id, "--inputs", tmp_path / "corpus", "--store", tmp_path / "copy",
+                      "--workers", "1", "--json", check=False, env=prep_env(HOME=str(home)))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["same"] and report["rebuilt"] == snapshot_id
