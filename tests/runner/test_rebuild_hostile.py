@@ -24,7 +24,7 @@ from prep.store import cas
 from prep.store.fsck import fsck
 from prep.store.layout import object_key
 from prep.store.snapshots import Snapshot, resolve
-from tests.helpers import make_records, prep_env, run_prep, user_package, within, write_jsonl, write_pipeline
+from tests.helpers import make_records, one_error, prep_env, run_prep, user_package, within, write_jsonl, write_pipeline
 from tests.runner.test_disk_full import staged
 from tests.runner.test_rebuild import built, copied  # noqa: F401  (module fixtures)
 
@@ -39,15 +39,6 @@ def store_files(store: Path) -> list[str]:
 def published(store: Path) -> list[str]:
     """What a build publishes and a rebuild never does: refs and build logs."""
     return [name for name in store_files(store) if name.startswith(("refs", "logs"))]
-
-
-def one_error(result: subprocess.CompletedProcess[str]) -> str:
-    """The only line of stderr that is not a progress line; asserts there is no traceback."""
-    assert "Traceback" not in result.stderr, result.stderr
-    errors = [line for line in result.stderr.splitlines() if not line.startswith("[")]
-    assert len(errors) == 1, result.stderr
-    assert errors[0].startswith("prep: error: "), errors[0]
-    return errors[0]
 
 
 def _fifo(path: Path) -> None:
