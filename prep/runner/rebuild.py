@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from prep.code import code_identity
@@ -109,10 +109,14 @@ def _run(store: Store, snapshot: Snapshot, pipeline: Pipeline, executor: Executo
 
 def check_inputs(snapshot: Snapshot, inputs: Path) -> None:
     """InputError naming the first input file the manifest records that is missing under `inputs`
-    or whose size or SHA-256 differs from the recorded one."""
+    or whose size or SHA-256 differs from the recorded one; IntegrityError for a recorded name
+    outside `inputs` (absolute, or through `..`), before any file is read."""
     if not inputs.is_dir():
         raise InputError(f"{inputs}: not a folder (--inputs names the folder holding the snapshot's input files)")
     for entry in snapshot.manifest["inputs"]["files"]:
+        if not _stays_inside(str(entry["path"])):
+            raise IntegrityError(f"{snapshot.id}: input file path {entry['path']!r} is not a relative path inside the "
+                                 "folder of its inputs (prep records none such); nothing was read")
         path = inputs / str(entry["path"])
         try:
             size, sha256 = _size_and_sha256(path, int(entry["size"]))
@@ -123,6 +127,12 @@ def check_inputs(snapshot: Snapshot, inputs: Path) -> None:
             raise InputError(f"{path}: input file {entry['path']} differs from the one {snapshot.id} was built from "
                              f"({size} bytes, sha256 {sha256[:12] or '-'}; recorded {entry['size']} bytes, "
                              f"sha256 {str(entry['sha256'])[:12]})")
+
+
+def _stays_inside(name: str) -> bool:
+    """Whether a recorded input name, joined to a folder, names a file below it: relative, no `..`."""
+    pure = PurePosixPath(name)
+    return bool(name) and not pure.is_absolute() and ".." not in pure.parts
 
 
 def _size_and_sha256(path: Path, expected: int) -> tuple[int, str]:

@@ -293,3 +293,25 @@ def test_inputs_named_like_a_glob_or_a_home_folder_are_read_by_their_names(tmp_p
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["same"] and report["rebuilt"] == snapshot_id
+
+
+@pytest.mark.parametrize("name", ["../outside/a.jsonl", "ABSOLUTE"])
+def test_a_manifest_naming_an_input_outside_dir_is_refused_before_reading_it(copied: Copied, tmp_path: Path,  # noqa: F811
+                                                                             name: str) -> None:
+    """prep records input names relative to the folder that held them all: one that leaves DIR is
+    a manifest prep did not write, never a file to hash (even one with the recorded bytes)."""
+    second, snapshot, inputs = copied
+    outside = tmp_path / "outside" / "a.jsonl"
+    outside.parent.mkdir()
+    shutil.copyfile(inputs / "a.jsonl", outside)
+    name = str(outside) if name == "ABSOLUTE" else name
+    manifest = json.loads(snapshot.raw)
+    next(entry for entry in manifest["inputs"]["files"] if entry["path"] == "a.jsonl")["path"] = name
+    claimed = tmp_path / "claimed.json"
+    claimed.write_bytes(canonical.dumps(manifest))
+    before = store_files(second)
+    result = run_prep("rebuild", claimed, "--inputs", inputs, "--store", second, check=False)
+    assert result.returncode == 3, result.stderr
+    line = one_error(result)
+    assert f"input file path {name!r} is not a relative path inside the folder of its inputs" in line, line
+    assert store_files(second) == before
