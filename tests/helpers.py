@@ -67,6 +67,16 @@ def run_prep(*args: str | Path, env: Mapping[str, str] | None = None, check: boo
     return result
 
 
+def one_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The one `prep: error:` line of a failed run's stderr (progress lines, which start with "[",
+    aside); asserts there is no other line and no traceback."""
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("[")]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith("prep: error: "), errors[0]
+    return errors[0]
+
+
 @contextmanager
 def within(seconds: int) -> Iterator[None]:
     """Fail (rather than hang the test run) when the block takes longer than `seconds`: a read of

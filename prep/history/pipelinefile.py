@@ -10,6 +10,7 @@ it records, and a comment for what it does not. `prep rebuild` reads that file b
 
 from __future__ import annotations
 
+import glob
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -65,11 +66,19 @@ def table_lines(name: str, recorded: object, kind: type) -> list[str]:
 
 def input_lines(manifest: Mapping[str, Any], recorded: object) -> list[str]:
     """`[input]`: the input files the manifest lists, then the recorded settings."""
-    files = [entry["path"] for entry in manifest["inputs"]["files"]]
+    files = [literal_path(str(entry["path"])) for entry in manifest["inputs"]["files"]]
     lines = table_lines("input", recorded, InputConfig)
     return [lines[0], "# The files the snapshot read (sha256 in its manifest), relative to the folder that held them",
             "# all: write them relative to this file's folder, or absolute, to build from them.",
             toml_line("paths", files), *lines[1:]]
+
+
+def literal_path(name: str) -> str:
+    """An input file's recorded name as an `input.paths` entry naming that file alone: its glob
+    characters escaped (`a[1].jsonl` would read `a1.jsonl`), and a leading `~` kept from naming
+    a home folder."""
+    escaped = glob.escape(name)
+    return f"[~]{escaped[1:]}" if escaped.startswith("~") else escaped  # "./~" is normalised back to "~"
 
 
 def tokenizer_lines(manifest: Mapping[str, Any], config: Mapping[str, Any], path: str) -> list[str]:

@@ -11,21 +11,23 @@ written. The same id proves the snapshot; another names the first thing that dif
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from prep.code import code_identity
 from prep.config import Pipeline
 from prep.errors import InputError, IntegrityError, NotFoundError, VerificationFailed
-from prep.hashing import digest_bytes, digest_file
+from prep.hashing import digest_bytes, digest_descriptor, parse_id
 from prep.manifest import canonical
 from prep.progress import Progress
+from prep.regular import open_regular
 from prep.runner.build import check_lease, run_pipeline
 from prep.runner.driver import Runner
 from prep.runner.executors.base import Executor, WrappedExecutor
@@ -33,7 +35,8 @@ from prep.runner.stage import StageRun
 from prep.runner.tasks import CodeChecked
 from prep.steps.stepsources import is_carried_path
 from prep.storage.backend import Store
-from prep.store import cas, snapshots
+from prep.store import snapshots
+from prep.store.layout import object_key
 from prep.store.leases import build_lease, waiting_for_gc
 from prep.store.snapshots import Snapshot
 
@@ -106,14 +109,17 @@ def _run(store: Store, snapshot: Snapshot, pipeline: Pipeline, executor: Executo
 
 def check_inputs(snapshot: Snapshot, inputs: Path) -> None:
     """InputError naming the first input file the manifest records that is missing under `inputs`
-    or whose size or SHA-256 differs from the recorded one."""
+    or whose size or SHA-256 differs from the recorded one; IntegrityError for a recorded name
+    outside `inputs` (absolute, or through `..`), before any file is read."""
     if not inputs.is_dir():
         raise InputError(f"{inputs}: not a folder (--inputs names the folder holding the snapshot's input files)")
     for entry in snapshot.manifest["inputs"]["files"]:
+        if not _stays_inside(str(entry["path"])):
+            raise IntegrityError(f"{snapshot.id}: input file path {entry['path']!r} is not a relative path inside the "
+                                 "folder of its inputs (prep records none such); nothing was read")
         path = inputs / str(entry["path"])
         try:
-            size = path.stat().st_size
-            sha256 = digest_file(path).sha256 if size == entry["size"] else ""
+            size, sha256 = _size_and_sha256(path, int(entry["size"]))
         except OSError as exc:
             raise InputError(f"{path}: input file {entry['path']} of {snapshot.id} cannot be read "
                              f"({exc.strerror or exc})") from None
@@ -121,6 +127,23 @@ def check_inputs(snapshot: Snapshot, inputs: Path) -> None:
             raise InputError(f"{path}: input file {entry['path']} differs from the one {snapshot.id} was built from "
                              f"({size} bytes, sha256 {sha256[:12] or '-'}; recorded {entry['size']} bytes, "
                              f"sha256 {str(entry['sha256'])[:12]})")
+
+
+def _stays_inside(name: str) -> bool:
+    """Whether a recorded input name, joined to a folder, names a file below it: relative, no `..`."""
+    pure = PurePosixPath(name)
+    return bool(name) and not pure.is_absolute() and ".." not in pure.parts
+
+
+def _size_and_sha256(path: Path, expected: int) -> tuple[int, str]:
+    """Regular file `path`'s size and, when it is `expected`, its SHA-256 ("" otherwise), both of
+    the one descriptor opened; OSError "not a regular file" for a FIFO, a device or a folder."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        return size, digest_descriptor(fd).sha256 if size == expected else ""
+    finally:
+        os.close(fd)
 
 
 @contextmanager
@@ -169,22 +192,46 @@ def _carried_bytes(store: Store, snapshot: Snapshot, entry: Mapping[str, Any], w
     if not object_id:
         raise NotFoundError(f"{snapshot.id}: the snapshot does not carry its {what} (built before snapshots stored "
                             "it); it cannot be rebuilt from the store alone")
+    sha = parse_id(str(object_id))
     try:
-        return cas.get_bytes(store, str(object_id))
+        data = store.get_bytes(object_key(sha))
     except NotFoundError:
         raise NotFoundError(f"{store.url}: the {what} of {snapshot.id} (object {object_id}) is not in the store") from None
-    except IntegrityError:
+    except IntegrityError as exc:  # not a regular file (a FIFO, a folder), or too large: never read
+        raise IntegrityError(f"{store.url}: the {what} of {snapshot.id}: object {object_id} cannot be read "
+                             f"({exc.message})") from None
+    if digest_bytes(data).sha256 != sha:
         raise IntegrityError(f"{store.url}: the {what} of {snapshot.id}: object {object_id} does not hash to its "
-                             "name (corrupt)") from None
+                             "name (corrupt)")
+    return data
 
 
 def check_config(snapshot: Snapshot, resolved: Mapping[str, Any]) -> None:
     """VerificationFailed naming the first setting where the pipeline read back here resolves other
     than the snapshot records (a step's code identity: an installed library of another version)."""
+    check_step_code(snapshot, resolved)
     difference = _first_value_difference("config", snapshot.manifest["config"], resolved)
     if difference is not None:
         raise VerificationFailed(f"{snapshot.id}: its pipeline resolves differently here, so the rebuild cannot give "
                                  f"the same snapshot: {difference}; nothing was built")
+
+
+def check_step_code(snapshot: Snapshot, resolved: Mapping[str, Any]) -> None:
+    """VerificationFailed naming the first function step whose code identity, as the carried
+    sources give it here, is not the one the snapshot records, with the carried files it covers."""
+    recorded_steps = snapshot.manifest["config"].get("steps", ())
+    for recorded, here in zip(recorded_steps, resolved.get("steps", ()), strict=False):
+        use = str(recorded.get("use", ""))
+        if ":" not in use or here.get("use") != use or here.get("code") == recorded.get("code"):
+            continue
+        package = use.partition(":")[0].partition(".")[0]
+        carried = [str(entry["path"]) for entry in step_source_entries(snapshot)
+                   if str(entry["module"]).partition(".")[0] == package]
+        raise VerificationFailed(
+            f"{snapshot.id}: step {use}: its code here (its carried sources {', '.join(carried) or 'none'} and the "
+            f"installed distributions they import) is sha256 {str(here.get('code'))[:12]}, recorded "
+            f"{str(recorded.get('code'))[:12]}: a carried source is not the one the step was built with, or an "
+            "installed library differs; nothing was built")
 
 
 def first_difference(target: Mapping[str, Any], rebuilt: Mapping[str, Any]) -> str:

@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 from prep import hashing
-from prep.errors import IntegrityError, PrepError, StaleRefError, UsageError
+from prep.errors import IntegrityError, PrepError, StaleRefError, StorageIOError, UsageError
 from prep.faults import crash_point
 from prep.progress import Progress
 from prep.storage.backend import ObjectInfo, Store
@@ -185,7 +185,12 @@ def copy_item(source: Store, target: Store, item: Item, on_bytes: ByteCounter, s
     (checked). IntegrityError naming the object for source bytes that are not its name's."""
     temp = target.staging_dir() / f"copy-{uuid.uuid4().hex}.part"
     try:
-        digest = copy_object(source, item.key, temp, on_bytes, stop, size=item.size)
+        try:
+            digest = copy_object(source, item.key, temp, on_bytes, stop, size=item.size)
+        except OSError as exc:  # a write or a read on an open file (a full disk, EIO) names no path
+            if exc.filename is not None:
+                raise
+            raise StorageIOError(f"copying {item.id} into", temp, exc.strerror or str(exc), exc.errno) from None
         if digest != hashing.Digest(item.sha, item.size):
             raise IntegrityError(f"{source.url}: {item.kind} sha256:{item.sha}, reached from {item.by}, does not "
                                  f"hash to its name (read {digest.size} bytes with sha256 {digest.sha256}); "
