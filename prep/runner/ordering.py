@@ -5,9 +5,11 @@ Each task's memory depends on its own bucket, never on the size of the corpus (d
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from prep.manifest import canonical
 from prep.progress import plural
 from prep.runner.distributions import OrderQuality, order_quality
 from prep.runner.merging import Level, Source, merged_sources
@@ -17,6 +19,7 @@ from prep.runner.tasks import TaskResult, store_written, stored_table, worker_st
 from prep.runner.tokenizing import Tokenized
 from prep.stages.cuts import bucket_bits
 from prep.stages.specs import PartTable
+from prep.store import cas
 from prep.store.localcopy import local_file as fetch_local
 from prep.store.records import TaskRecord
 
@@ -37,6 +40,27 @@ class CheckedPart:
 
 
 @dataclass(frozen=True)
+class IdChecks:
+    """The files split into several parts whose ids one order task checks, each as its parts: a
+    table the job names by id, since a file of a terabyte is some 30,000 parts."""
+
+    files: tuple[tuple[CheckedPart, ...], ...]
+
+    @property
+    def documents(self) -> int:
+        """The documents whose ids the task reads."""
+        return sum(part.documents for same in self.files for part in same)
+
+    def to_bytes(self) -> bytes:
+        return canonical.dumps([[[part.object_id, part.source, part.documents] for part in same] for same in self.files])
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> IdChecks:
+        return cls(tuple(tuple(CheckedPart(str(object_id), str(source), int(documents))
+                               for object_id, source, documents in same) for same in json.loads(data)))
+
+
+@dataclass(frozen=True)
 class OrderJob:
     """Dedup, sort and cut one key bucket: reads the bucket's entries from `sources`, the parts'
     entries objects or the runs merged from them, each with its first part's ordinal;
@@ -45,7 +69,9 @@ class OrderJob:
     split into several parts whose ids this task checks across the parts (ids must be unique
     within a file; each tokenize task checked its own part): a file's parts are in the tokenize
     stage manifest, so the task's key covers them. The key does not cover `sources`: runs or
-    parts, the bucket's entries are the same."""
+    parts, the bucket's entries are the same. `sources` and `check_ids` are tables named by id
+    (`Sources`, `IdChecks`), so a job stays the same few hundred bytes however large the corpus
+    or its files."""
 
     store_url: str
     parts_table: str
@@ -54,16 +80,24 @@ class OrderJob:
     exact: bool
     shard_size: int
     itemsize: int
-    sources: tuple[tuple[str, int], ...]
-    check_ids: tuple[tuple[CheckedPart, ...], ...] = ()
+    sources: str
+    check_ids: str | None = None
     drops: str | None = None  # with [dedup.near]: the drops object, whose bucket this task removes too
 
-    def reads(self) -> tuple[str, ...]:
-        """What the task reads: its sources, the part table, the intermediates of the files whose
-        ids it checks and the near-duplicate drops."""
-        return (*(object_id for object_id, _ in self.sources), self.parts_table,
-                *(part.object_id for same in self.check_ids for part in same),
-                *((self.drops,) if self.drops is not None else ()))
+
+@dataclass(frozen=True)
+class Sources:
+    """The entries objects every order task reads, each with its first part's ordinal: a table
+    the jobs name by id (up to [build] merge_fan_in of them)."""
+
+    listed: tuple[tuple[str, int], ...]
+
+    def to_bytes(self) -> bytes:
+        return canonical.dumps([list(item) for item in self.listed])
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Sources:
+        return cls(tuple((str(object_id), int(first)) for object_id, first in json.loads(data)))
 
 
 def run_order_job(job: OrderJob) -> TaskResult:
@@ -73,10 +107,12 @@ def run_order_job(job: OrderJob) -> TaskResult:
 
     drop_engines()
     store = worker_store(job.store_url)
-    for same_file in job.check_ids:
+    checks = IdChecks.from_bytes(cas.get_bytes(store, job.check_ids)) if job.check_ids is not None else IdChecks(())
+    for same_file in checks.files:
         check_unique_ids(same_file[0].source, [fetch_local(store, part.object_id) for part in same_file],
                          store.staging_dir())
-    sources = [(fetch_local(store, object_id), first_part) for object_id, first_part in job.sources]
+    listed = Sources.from_bytes(stored_table(store, job.sources)).listed
+    sources = [(fetch_local(store, object_id), first_part) for object_id, first_part in listed]
     parts = PartTable.from_bytes(stored_table(store, job.parts_table))
     drops = fetch_local(store, job.drops) if job.drops is not None else None
     stored, summary = store_written(store, "order", lambda staged: order_bucket(
@@ -196,19 +232,22 @@ class Ordering:
         parts = Level(tuple(Source(part.entries, ordinal, part.documents) for ordinal, part in enumerate(previous.parts)))
         # Every bucket committed: nothing is merged, and a bucket found bad is remade from the parts.
         sources = merged_sources(context, parts, self.merge_fan_in) if None in found.values() else parts
-        listed = tuple((source.object_id, source.first_part) for source in sources.sources)
-        checks = _id_checks(previous, 1 << bits)
+        listed = Sources(tuple((source.object_id, source.first_part) for source in sources.sources))
         table = PartTable.of([(part.source, part.line_offset) for part in previous.parts]).to_bytes()
-        table_id = context.table_id(table)
+        tables = {context.table_id(data): data for data in (table, listed.to_bytes())}
+        table_id, listed_id = tables
         itemsize = 2 if self.dtype == "uint16" else 4
+        checks = _id_checks(previous, 1 << bits)
         tasks = []
+        checks_ids = {bucket: context.table_id(checked.to_bytes()) for bucket, checked in checks.items()}
+        tables.update({checks_ids[bucket]: checked.to_bytes() for bucket, checked in checks.items()})
         for bucket, key in enumerate(keys):
-            job = OrderJob(context.store_url, table_id, bucket, bits, self.exact, self.shard_size, itemsize, listed,
-                           checks.get(bucket, ()), drops)
-            tasks.append(Task(key, job, f"bucket {bucket}", order_weight(job), reads=job.reads()))
+            checked = checks.get(bucket, IdChecks(()))
+            job = OrderJob(context.store_url, table_id, bucket, bits, self.exact, self.shard_size, itemsize, listed_id,
+                           checks_ids.get(bucket), drops)
+            tasks.append(Task(key, job, f"bucket {bucket}", checked.documents, reads=_order_reads(job, listed, checked)))
         merged = f"{plural(len(sources.sources), 'run')} of " if sources is not parts else ""
-        return StagePlan(TaskPlan("order", tuple(tasks), run_order_job, found=found, reads=_reads,
-                                  tables={table_id: table}),
+        return StagePlan(TaskPlan("order", tuple(tasks), run_order_job, found=found, reads=_reads, tables=tables),
                          self.settings(bits), [tokenized],
                          f"{plural(len(tasks), 'bucket')} from {merged}{plural(len(previous.parts), 'part')}")
 
@@ -229,10 +268,19 @@ def _reads(missing: Sequence[Task[OrderJob]]) -> list[list[str]]:
     return [sorted({object_id for task in missing for object_id in task.reads})]
 
 
-def _id_checks(tokenized: Tokenized, buckets: int) -> dict[int, tuple[tuple[CheckedPart, ...], ...]]:
+def _order_reads(job: OrderJob, listed: Sources, checked: IdChecks) -> tuple[str, ...]:
+    """What an order task reads: its sources (and their table), the part table, the intermediates
+    of the files whose ids it checks (and their table) and the near-duplicate drops."""
+    named = (job.sources, job.parts_table, job.check_ids, job.drops)
+    return (*(object_id for object_id, _ in listed.listed), *(object_id for object_id in named if object_id is not None),
+            *(part.object_id for same in checked.files for part in same))
+
+
+def _id_checks(tokenized: Tokenized, buckets: int) -> dict[int, IdChecks]:
     """The files split into several parts (ids must be unique within a file, and a tokenize task
     checks only its own part), each given to one order task: the i-th such file to bucket i mod
-    `buckets`, so which task checks a file depends on the data alone."""
+    `buckets`, so which task checks a file depends on the data alone. A task's weight is the
+    documents whose ids it reads (its bucket's size is about the same for every task)."""
     by_file: dict[str, list[CheckedPart]] = {}
     for part in tokenized.parts:
         by_file.setdefault(part.source, []).append(CheckedPart(part.output, part.source, part.documents))
@@ -240,10 +288,4 @@ def _id_checks(tokenized: Tokenized, buckets: int) -> dict[int, tuple[tuple[Chec
     checks: dict[int, tuple[tuple[CheckedPart, ...], ...]] = {}
     for index, same in enumerate(split):
         checks[index % buckets] = (*checks.get(index % buckets, ()), same)
-    return checks
-
-
-def order_weight(job: OrderJob) -> int:
-    """What an order task reads besides its bucket: the ids of the files it checks (its bucket's
-    size is about the same for every task)."""
-    return sum(part.documents for same in job.check_ids for part in same)
+    return {bucket: IdChecks(files) for bucket, files in checks.items()}

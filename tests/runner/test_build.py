@@ -265,8 +265,9 @@ def test_order_tasks_that_also_check_a_files_ids_start_first(tmp_path: Path, tok
     from prep.progress import Progress
     from prep.runner import ordering
     from prep.runner.build import build
-    from prep.runner.ordering import order_weight
+    from prep.runner.ordering import IdChecks
     from prep.storage import LocalStore
+    from prep.store import cas
 
     class Recording(InProcessExecutor):
         orders: list[Any] = []
@@ -281,14 +282,19 @@ def test_order_tasks_that_also_check_a_files_ids_start_first(tmp_path: Path, tok
     write_jsonl(tmp_path / "corpus" / "b.jsonl", make_records(60, seed=2, prefix="b"))
     write_jsonl(tmp_path / "corpus" / "c.jsonl", make_records(60, seed=3, prefix="c"))
     pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], shard_size="1MB")
-    build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), Recording(), (), Progress(quiet=True))
-    first, second, *rest = Recording.orders
-    assert len(rest) >= 2 and not any(job.check_ids for job in rest)
-    assert [[part.source for part in same] for same in first.check_ids + second.check_ids] == \
-        [["b.jsonl"] * len(first.check_ids[0]), ["c.jsonl"] * len(second.check_ids[0])]
-    assert len(first.check_ids[0]) > 2 and len(second.check_ids[0]) > 2
-    assert (first.bucket, second.bucket) == (0, 1)  # the i-th split file's check goes to bucket i
-    weights = [order_weight(job) for job in Recording.orders]
+    store = LocalStore(tmp_path / "store")
+    build(load_pipeline(pipeline), store, Recording(), (), Progress(quiet=True))
+
+    def checked(job: Any) -> IdChecks:
+        return IdChecks(()) if job.check_ids is None else IdChecks.from_bytes(cas.get_bytes(store, job.check_ids))
+
+    first, second, *rest = (checked(job) for job in Recording.orders)
+    assert len(rest) >= 2 and not any(job.check_ids for job in Recording.orders[2:])
+    assert [[part.source for part in same] for same in first.files + second.files] == \
+        [["b.jsonl"] * len(first.files[0]), ["c.jsonl"] * len(second.files[0])]
+    assert len(first.files[0]) > 2 and len(second.files[0]) > 2
+    assert [job.bucket for job in Recording.orders[:2]] == [0, 1]  # the i-th split file's check goes to bucket i
+    weights = [checked(job).documents for job in Recording.orders]
     assert weights == sorted(weights, reverse=True)
 
 
