@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pickle
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,9 @@ class MeasuringExecutor(InProcessExecutor):
     def __init__(self) -> None:
         self.largest: dict[str, int] = defaultdict(int)
 
-    def run(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+    def run(self, fn: Any, items: Any) -> Any:
+        name = getattr(fn, "fn", fn).__name__  # a CodeChecked wraps the job function
         for index, item in enumerate(items):
-            name = getattr(fn, "fn", fn).__name__  # a CodeChecked wraps the job function
             self.largest[name] = max(self.largest[name], len(pickle.dumps(item)))
             yield index, fn(item)
 
