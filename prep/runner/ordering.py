@@ -69,9 +69,9 @@ class OrderJob:
     split into several parts whose ids this task checks across the parts (ids must be unique
     within a file; each tokenize task checked its own part): a file's parts are in the tokenize
     stage manifest, so the task's key covers them. The key does not cover `sources`: runs or
-    parts, the bucket's entries are the same. `sources` and `check_ids` are tables named by id
-    (`Sources`, `IdChecks`), so a job stays the same few hundred bytes however large the corpus
-    or its files."""
+    parts, the bucket's entries are the same. `sources` are at most [build] merge_fan_in (512 at
+    most: 40 KB); `check_ids` is a table named by id (`IdChecks`), since a file of a terabyte is
+    some 30,000 parts, so a job stays small however large the corpus or its files."""
 
     store_url: str
     parts_table: str
@@ -80,24 +80,9 @@ class OrderJob:
     exact: bool
     shard_size: int
     itemsize: int
-    sources: str
+    sources: tuple[tuple[str, int], ...]
     check_ids: str | None = None
     drops: str | None = None  # with [dedup.near]: the drops object, whose bucket this task removes too
-
-
-@dataclass(frozen=True)
-class Sources:
-    """The entries objects every order task reads, each with its first part's ordinal: a table
-    the jobs name by id (up to [build] merge_fan_in of them)."""
-
-    listed: tuple[tuple[str, int], ...]
-
-    def to_bytes(self) -> bytes:
-        return canonical.dumps([list(item) for item in self.listed])
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> Sources:
-        return cls(tuple((str(object_id), int(first)) for object_id, first in json.loads(data)))
 
 
 def run_order_job(job: OrderJob) -> TaskResult:
@@ -111,8 +96,7 @@ def run_order_job(job: OrderJob) -> TaskResult:
     for same_file in checks.files:
         check_unique_ids(same_file[0].source, [fetch_local(store, part.object_id) for part in same_file],
                          store.staging_dir())
-    listed = Sources.from_bytes(stored_table(store, job.sources)).listed
-    sources = [(fetch_local(store, object_id), first_part) for object_id, first_part in listed]
+    sources = [(fetch_local(store, object_id), first_part) for object_id, first_part in job.sources]
     parts = PartTable.from_bytes(stored_table(store, job.parts_table))
     drops = fetch_local(store, job.drops) if job.drops is not None else None
     stored, summary = store_written(store, "order", lambda staged: order_bucket(
@@ -185,10 +169,12 @@ class Ordered:
     parts_table: str  # the PartTable object every order task read
     quality: OrderQuality  # the buckets' token lengths and per-part counts, summed
     near: NearCounts | None = None  # with [dedup.near]: what its stages counted (not in the order manifest)
+    id_checks: tuple[str, ...] = ()  # the IdChecks tables of the tasks that checked split files' ids
 
     def manifest(self) -> dict[str, object]:
+        checks = {"id_checks": list(self.id_checks)} if self.id_checks else {}
         return {"bits": self.bits, "buckets": [bucket.to_json() for bucket in self.buckets],
-                "parts_table": self.parts_table}
+                "parts_table": self.parts_table, **checks}
 
     @property
     def duplicates_dropped(self) -> int:
@@ -232,10 +218,10 @@ class Ordering:
         parts = Level(tuple(Source(part.entries, ordinal, part.documents) for ordinal, part in enumerate(previous.parts)))
         # Every bucket committed: nothing is merged, and a bucket found bad is remade from the parts.
         sources = merged_sources(context, parts, self.merge_fan_in) if None in found.values() else parts
-        listed = Sources(tuple((source.object_id, source.first_part) for source in sources.sources))
+        listed = tuple((source.object_id, source.first_part) for source in sources.sources)
         table = PartTable.of([(part.source, part.line_offset) for part in previous.parts]).to_bytes()
-        tables = {context.table_id(data): data for data in (table, listed.to_bytes())}
-        table_id, listed_id = tables
+        table_id = context.table_id(table)
+        tables = {table_id: table}
         itemsize = 2 if self.dtype == "uint16" else 4
         checks = _id_checks(previous, 1 << bits)
         tasks = []
@@ -243,9 +229,9 @@ class Ordering:
         tables.update({checks_ids[bucket]: checked.to_bytes() for bucket, checked in checks.items()})
         for bucket, key in enumerate(keys):
             checked = checks.get(bucket, IdChecks(()))
-            job = OrderJob(context.store_url, table_id, bucket, bits, self.exact, self.shard_size, itemsize, listed_id,
+            job = OrderJob(context.store_url, table_id, bucket, bits, self.exact, self.shard_size, itemsize, listed,
                            checks_ids.get(bucket), drops)
-            tasks.append(Task(key, job, f"bucket {bucket}", checked.documents, reads=_order_reads(job, listed, checked)))
+            tasks.append(Task(key, job, f"bucket {bucket}", checked.documents, reads=_order_reads(job, checked)))
         merged = f"{plural(len(sources.sources), 'run')} of " if sources is not parts else ""
         return StagePlan(TaskPlan("order", tuple(tasks), run_order_job, found=found, reads=_reads, tables=tables),
                          self.settings(bits), [tokenized],
@@ -256,7 +242,8 @@ class Ordering:
         tokenized, near = (previous.tokenized, previous.counts) if isinstance(previous, Clustered) else (previous, None)
         quality = order_quality(len(tokenized.parts), [(key, committed[key].summary) for key, _ in jobs])
         return Ordered(jobs[0][1].bits, tuple(OrderedBucket.of(job.bucket, key, committed[key]) for key, job in jobs),
-                       tokenized, jobs[0][1].parts_table, quality, near)
+                       tokenized, jobs[0][1].parts_table, quality, near,
+                       tuple(job.check_ids for _, job in jobs if job.check_ids is not None))
 
     def done(self, result: Ordered, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
         kept = sum(bucket.documents for bucket in result.buckets)
@@ -268,11 +255,11 @@ def _reads(missing: Sequence[Task[OrderJob]]) -> list[list[str]]:
     return [sorted({object_id for task in missing for object_id in task.reads})]
 
 
-def _order_reads(job: OrderJob, listed: Sources, checked: IdChecks) -> tuple[str, ...]:
-    """What an order task reads: its sources (and their table), the part table, the intermediates
-    of the files whose ids it checks (and their table) and the near-duplicate drops."""
-    named = (job.sources, job.parts_table, job.check_ids, job.drops)
-    return (*(object_id for object_id, _ in listed.listed), *(object_id for object_id in named if object_id is not None),
+def _order_reads(job: OrderJob, checked: IdChecks) -> tuple[str, ...]:
+    """What an order task reads: its sources, the part table, the intermediates of the files
+    whose ids it checks (and their table) and the near-duplicate drops."""
+    named = (job.parts_table, job.check_ids, job.drops)
+    return (*(object_id for object_id, _ in job.sources), *(object_id for object_id in named if object_id is not None),
             *(part.object_id for same in checked.files for part in same))
 
 

@@ -271,8 +271,9 @@ def stage_output_id(store: Store, stage: str, key: str) -> str:
 # ------------------------------------------------------------------ what a manifest names
 
 def _table(manifest: dict[str, Any]) -> tuple[str, ...]:
-    """The packed part table a stage's jobs named by id, if its manifest records one."""
-    return (manifest["parts_table"],) if "parts_table" in manifest else ()
+    """The packed tables a stage's jobs named by id that its manifest records: the part table,
+    and an order manifest's id check tables."""
+    return ((manifest["parts_table"],) if "parts_table" in manifest else ()) + tuple(manifest.get("id_checks", ()))
 
 
 _STAGE_NAMES: dict[str, Callable[[dict[str, Any]], Iterable[str]]] = {
@@ -294,7 +295,7 @@ _STAGE_NAMES: dict[str, Callable[[dict[str, Any]], Iterable[str]]] = {
 def stage_manifest_names(manifest: Any, source: str) -> Names:
     """What a `prep.stage/1` manifest names by stage: tokenize tasks[].output and .entries, route
     tasks[].output, dedup and shuffle outputs, order buckets[].output, shard shards[].outputs,
-    and the parts_table of order and shard."""
+    and the parts_table of order and shard (and an order manifest's id_checks tables)."""
     validate(manifest, STAGE_SCHEMA, source)
     names = _STAGE_NAMES.get(manifest["stage"])
     if names is None:

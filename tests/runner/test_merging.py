@@ -18,7 +18,6 @@ from prep.progress import Progress
 from prep.runner import ordering
 from prep.runner.build import BuildResult, build
 from prep.runner.merging import merge_groups
-from prep.runner.ordering import Sources
 from prep.stages import merge, read
 from prep.storage import LocalStore
 from tests.helpers import make_records, write_jsonl, write_pipeline
@@ -125,10 +124,7 @@ def test_a_damaged_bucket_of_a_merged_build_is_remade_from_the_parts(corpus: Pat
     assert again.snapshot.id == first.snapshot.id
     assert "merge" not in again.stages and again.stages["order"].cached == 1 and again.stages["shard"].ran > 0
     recomputed = [item["object"] for item in json.loads((store / again.log_key).read_text())["recomputed"]]
-    tables = [object_id for object_id in recomputed if object_id not in (bucket, part_entries)]
-    assert sorted(set(recomputed) - set(tables)) == sorted([bucket, part_entries])
-    # the first build's order tasks read runs; the remade one reads the parts, listed in a table of its own
-    assert [len(Sources.from_bytes(object_path(store, table).read_bytes()).listed) for table in tables] == [FILES]
+    assert sorted(recomputed) == sorted([bucket, part_entries])
     assert all_objects_intact(store)
 
 
@@ -163,7 +159,7 @@ def test_order_tasks_read_no_stage_manifest_and_name_a_table_of_forty_bytes_a_pa
 
     def only_the_table(store: Any, object_id: str) -> bytes:
         read_whole.append(object_id)
-        if object_id not in (jobs[-1].parts_table, jobs[-1].sources, jobs[-1].check_ids):
+        if object_id not in (jobs[-1].parts_table, jobs[-1].check_ids):
             raise AssertionError(f"an order task read object {object_id} whole")
         return real_get(store, object_id)
 
@@ -180,9 +176,9 @@ def test_order_tasks_read_no_stage_manifest_and_name_a_table_of_forty_bytes_a_pa
     assert rebuilt.snapshot.id == reference.snapshot.id
     parts = rebuilt.stages["tokenize"].ran
     assert len(jobs) > 1 and parts > FILES
-    assert len({(job.parts_table, job.sources) for job in jobs}) == 1
+    assert len({job.parts_table for job in jobs}) == 1
     checks = [job.check_ids for job in jobs if job.check_ids is not None]
-    assert sorted(read_whole) == sorted([jobs[0].parts_table, jobs[0].sources, *checks])  # tables once a process
+    assert sorted(read_whole) == sorted([jobs[0].parts_table, *checks])  # the part table once a process
     table = PartTable.from_bytes(real_get(LocalStore(corpus / "store"), jobs[0].parts_table))
     assert len(table) == parts and len(table.to_bytes()) == 40 * parts
     assert max(len(pickle.dumps(job)) for job in jobs) < 1200
