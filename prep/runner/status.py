@@ -5,7 +5,9 @@ workers, no spool), the tokenize task keys are computed as the build computes th
 up among the committed task records; each later stage's key follows from the output its
 predecessor committed, so a stage is reported reused when its stage record exists for the key
 computable now, and "would run" otherwise (then every stage after it would run too, since
-their keys depend on outputs not made yet). Nothing is written to the store.
+their keys depend on outputs not made yet). With [dedup.near] the bucket and cluster stages
+follow tokenize, keyed by the tables of what they read (order reads the tokenize output, not
+theirs). Nothing is written to the store.
 """
 
 from __future__ import annotations
