@@ -92,8 +92,9 @@ def summary_lines(snapshot_id: str, manifest: dict[str, Any]) -> list[str]:
     ]
     for fmt, (count, size) in sorted(by_format.items()):
         lines.append(f"artifacts  {fmt}: {plural(count, 'file')}, {human_bytes(size)}")
+    width = max([9, *(len(stage["name"]) for stage in manifest["stages"])])  # near_clusters is 13
     for stage in manifest["stages"]:
-        lines.append(f"stage      {stage['name']:<9} key {stage['key'][:16]}  output {stage['output'][:23]}")
+        lines.append(f"stage      {stage['name']:<{width}} key {stage['key'][:16]}  output {stage['output'][:23]}")
     return lines
 
 

@@ -40,9 +40,10 @@ def status_lines(status: BuildStatus) -> list[str]:
     lines.extend(f"  would run  {part.source} part {part.part}" for part in todo[:PARTS_SHOWN])
     if len(todo) > PARTS_SHOWN:
         lines.append(f"  ... {len(todo) - PARTS_SHOWN} more (use --json for all)")
+    width = max([9, *(len(stage.name) for stage in status.stages)])  # near_clusters is 13
     for stage in status.stages:
         key = f"key {stage.key[:16]}  " if stage.key else ""
-        lines.append(f"stage      {stage.name:<9} {stage.state:<10} {key}({stage.reason})")
+        lines.append(f"stage      {stage.name:<{width}} {stage.state:<10} {key}({stage.reason})")
     return lines
 
 

@@ -2,7 +2,8 @@
 longer exist: collected), and its builds as their build logs (`logs/<dataset>/`) recorded them.
 
 Reads only. A snapshot counts as present while its manifest object is stored
-(prep.store.retention.snapshot_exists, what gc deletes); a build log is validated against manifests/build-log-1.schema.json.
+(prep.store.retention.snapshot_exists, what gc deletes); a build log is validated against its own
+schema, manifests/build-log-1.schema.json or build-log-2.schema.json.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class BuildRecord:
 
 def _stage_rank(name: str) -> tuple[int, str]:
     """Stages in build order (tokenize first, shard last; logs store them sorted by name)."""
-    order = ("tokenize", "dedup", "shuffle", "route", "merge", "order", "shard")
+    order = ("tokenize", "near_buckets", "near_route", "near_round", "near_drops", "near_clusters",
+             "dedup", "shuffle", "route", "merge", "order", "shard")
     return (order.index(name) if name in order else len(order), name)
 
 

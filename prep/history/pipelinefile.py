@@ -20,6 +20,7 @@ from typing import Any
 
 from prep.config import DedupConfig, InputConfig, OutputConfig, Pipeline, TokenizerConfig, parse_pipeline
 from prep.manifest.tomltext import toml_key, toml_line, toml_value
+from prep.neardup.settings import NearDupSettings
 from prep.steps import catalog
 from prep.steps.protocol import SettingError
 
@@ -34,7 +35,7 @@ def pipeline_text(snapshot_id: str, manifest: Mapping[str, Any], tokenizer_path:
     head = [f"# The pipeline snapshot {snapshot_id} was built from (prep show --pipeline).",
             toml_line("dataset", manifest["dataset"]), toml_line("seed", manifest["seed"])]
     sections = [input_lines(manifest, config.get("input")), tokenizer_lines(manifest, config, tokenizer_path),
-                table_lines("dedup", config.get("dedup"), DedupConfig),
+                dedup_lines(config.get("dedup")),
                 table_lines("output", config.get("output"), OutputConfig),
                 *(step_lines(step, bool(manifest.get("step_sources"))) for step in config.get("steps", ())),
                 *([checks_lines(manifest["checks"])] if isinstance(manifest.get("checks"), list) else [])]
@@ -62,6 +63,18 @@ def table_lines(name: str, recorded: object, kind: type) -> list[str]:
     if not isinstance(recorded, dict):
         return [f"[{name}]", f"# not recorded by this snapshot (built before its manifest held [{name}])"]
     return [f"[{name}]", *_settings(recorded, kind)]
+
+
+def dedup_lines(recorded: object) -> list[str]:
+    """`[dedup]` with its recorded settings, then `[dedup.near]` when the snapshot removed near
+    duplicates, each setting typed back as `NearDupSettings` declares it (the threshold is
+    recorded as its decimal string, which the table refuses)."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("near"), dict):
+        return table_lines("dedup", recorded, DedupConfig)
+    hints = typing.get_type_hints(NearDupSettings)
+    near = {key: typed_back(value, hints[key]) if key in hints else value for key, value in recorded["near"].items()}
+    exact = table_lines("dedup", {key: value for key, value in recorded.items() if key != "near"}, DedupConfig)
+    return [*exact, "", "[dedup.near]", *_settings(near, NearDupSettings)]
 
 
 def input_lines(manifest: Mapping[str, Any], recorded: object) -> list[str]:

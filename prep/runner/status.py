@@ -5,18 +5,24 @@ workers, no spool), the tokenize task keys are computed as the build computes th
 up among the committed task records; each later stage's key follows from the output its
 predecessor committed, so a stage is reported reused when its stage record exists for the key
 computable now, and "would run" otherwise (then every stage after it would run too, since
-their keys depend on outputs not made yet). Nothing is written to the store.
+their keys depend on outputs not made yet). With [dedup.near] the bucket and cluster stages
+follow tokenize, keyed by the tables of what they read (order reads the tokenize output, not
+theirs). Nothing is written to the store.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prep import hashing
 from prep.code import code_identity
 from prep.config import Pipeline
 from prep.errors import PrepError
 from prep.inputs.sources import SourceFile, discover, input_version
+from prep.neardup.settings import NearDupSettings
+from prep.runner.nearbuckets import RECORDS_PER_BUCKET
 from prep.runner.ordering import DOCUMENTS_PER_BUCKET, Ordering
 from prep.runner.planning import read_exclusions, tokenize_settings
 from prep.runner.sharding import Sharding
@@ -25,7 +31,7 @@ from prep.stages.cuts import bucket_bits
 from prep.stages.read import plan_read_tasks
 from prep.stages.specs import TokenizeSettings
 from prep.storage.backend import Store
-from prep.store import records
+from prep.store import cas, records
 from prep.store.refs import read_ref
 from prep.store.snapshots import Snapshot, load_snapshot
 from prep.tokenizer import describe_tokenizer
@@ -126,15 +132,15 @@ def input_changes(sources: list[SourceFile], latest: Snapshot | None) -> tuple[I
 
 
 def _stage(store: Store, name: str, settings: Any, code: dict[str, Any], inputs: Any,
-           blocked: str | None) -> tuple[StageStatus, str | None]:
-    """A stage's status and, when reused, its committed output id (the next stage's input)."""
+           blocked: str | None) -> tuple[StageStatus, records.StageRecord | None]:
+    """A stage's status and, when reused, its stage record (whose output is the next stage's input)."""
     if blocked is not None:
         return StageStatus(name, WOULD_RUN, None, blocked), None
     key = records.content_key(name, settings, code, inputs)
     record = records.read_stage_record(store, name, key)
     if record is None:
         return StageStatus(name, WOULD_RUN, key, "no stage record for its key"), None
-    return StageStatus(name, REUSED, key, "stage record committed"), record.output
+    return StageStatus(name, REUSED, key, "stage record committed"), record
 
 
 def build_status(pipeline: Pipeline, store: Store) -> BuildStatus:
@@ -145,7 +151,7 @@ def build_status(pipeline: Pipeline, store: Store) -> BuildStatus:
     discovered = discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format)
     sources = run_hash_job(HashJob(tuple(discovered), spool=False)) if discovered else []
     settings = tokenize_settings(pipeline, str(tokenizer_path), info.sha256, read_exclusions(pipeline))
-    parts, documents = [], 0
+    parts, found, documents = [], [], 0
     for source in sources:
         for task in plan_read_tasks(source, pipeline.input.text_field, pipeline.input.id_field,
                                      pipeline.input.max_document_bytes, pipeline.input.metadata_fields):
@@ -153,18 +159,50 @@ def build_status(pipeline: Pipeline, store: Store) -> BuildStatus:
             record = records.read_task_record(store, "tokenize", key)
             documents += int(record.summary.get("documents", 0)) if record else 0
             parts.append(PartStatus(source.rel, task.part, key, record is not None))
+            found.append(record)
     todo = sum(not part.committed for part in parts)
     blocked = f"{todo} of {len(parts)} tokenize tasks would run first" if todo else None
-    stages = []
-    tokenize, output = _stage(store, "tokenize", settings.key_fields(), code, [p.key for p in parts], blocked)
-    stages.append(tokenize)
+    tokenize, committed = _stage(store, "tokenize", settings.key_fields(), code, [p.key for p in parts], blocked)
+    stages = [tokenize]
+    if pipeline.dedup.near is not None:
+        stages.extend(_near_stages(store, pipeline.dedup.near, code, found, documents, blocked))
+    output, read = (committed.output if committed else None), "tokenize"
     for name, stage_settings in _later_stages(pipeline, settings, documents, info.dtype, info.eos_id):
-        upstream = f"its input, the {stages[-1].name} stage, would run first" if output is None else None
-        status, output = _stage(store, name, stage_settings, code, [output], upstream)
+        upstream = f"its input, the {read} stage, would run first" if output is None else None
+        status, committed = _stage(store, name, stage_settings, code, [output], upstream)
+        output, read = (committed.output if committed else None), name
         stages.append(status)
     latest = _latest(store, pipeline.dataset)
     return BuildStatus(pipeline.dataset, store.url, latest, input_version(sources), input_changes(sources, latest),
                        tuple(parts), tuple(stages))
+
+
+def _near_stages(store: Store, near: NearDupSettings, code: dict[str, Any],
+                 parts: Sequence[records.TaskRecord | None], documents: int, blocked: str | None) -> list[StageStatus]:
+    """The near-duplicate bucket and cluster stages, keyed as they key themselves
+    (prep/runner/nearbuckets.py, nearclusters.py): the buckets by the table of the parts' bands
+    objects (and, with `verify`, their intermediates), the clusters by the table of the pairs
+    objects the bucket stage's manifest lists. The order stage reads the tokenize output, not
+    theirs: their state never blocks it."""
+    bands = [record.outputs.get("bands") if record else None for record in parts]
+    if blocked is None and None in bands:
+        blocked = "a tokenize task record names no bands object"
+    if blocked is not None:
+        return [StageStatus(name, WOULD_RUN, None, blocked) for name in ("near_buckets", "near_clusters")]
+    texts = [record.outputs["intermediate"] for record in parts if record] if near.verify else []
+    settings = {**near.key_fields(), "bits": bucket_bits(documents * near.bands, RECORDS_PER_BUCKET)}
+    buckets, record = _stage(store, "near_buckets", settings, code, [_table_id([*map(str, bands), *texts])], None)
+    if record is None:
+        return [buckets, StageStatus("near_clusters", WOULD_RUN, None, "its input, the near_buckets stage, would run first")]
+    manifest = records.stage_manifest(store, record, cas.get_bytes(store, record.output))
+    pairs = [str(bucket["pairs"]) for bucket in manifest["buckets"]]
+    clusters, _ = _stage(store, "near_clusters", near.key_fields(), code, [_table_id(pairs)], None)
+    return [buckets, clusters]
+
+
+def _table_id(object_ids: list[str]) -> str:
+    """The id of the table packing `object_ids`, as `StageContext.table_id` names a plan's table."""
+    return hashing.digest_bytes(hashing.pack_ids(object_ids)).id
 
 
 def _later_stages(pipeline: Pipeline, settings: TokenizeSettings, documents: int, dtype: str,

@@ -13,6 +13,7 @@ from prep.runner.status import REUSED, WOULD_RUN, build_status
 from prep.storage import LocalStore
 from prep.store.layout import stage_record_key
 from tests.helpers import make_records, write_jsonl, write_pipeline
+from tests.neardup.nearstatsupport import write_sized_corpus
 from tests.runner.buildsupport import build_local
 
 
@@ -79,6 +80,24 @@ def test_a_missing_stage_record_runs_that_stage_and_every_later_one(tmp_path: Pa
     assert [(s.name, s.state) for s in status.stages] == [("tokenize", REUSED), ("order", WOULD_RUN),
                                                            ("shard", WOULD_RUN)]
     assert status.stages[1].key == order_key and status.stages[2].key is None and not status.up_to_date
+
+
+def test_near_dup_stages_are_keyed_as_the_build_keys_them(tmp_path: Path, tokenizer_path: Path) -> None:
+    """[dedup.near] (with verify, whose bucket table also names the intermediates): status lists
+    the bucket and cluster stages with the snapshot's keys; without the cluster stage's record
+    that stage would run, without the bucket stage's both would, and order and shard (which read
+    the tokenize output) stay reused. (Status listed no near stage.)"""
+    write_sized_corpus(tmp_path, tokenizer_path, verify=True)
+    built = build_local(tmp_path / "pipeline.toml", tmp_path / "store").snapshot
+    store = LocalStore(tmp_path / "store")
+    status = build_status(load_pipeline(tmp_path / "pipeline.toml"), store)
+    assert [(s.name, s.key) for s in status.stages] == [(s["name"], s["key"]) for s in built.manifest["stages"]]
+    assert status.up_to_date and all(s.state == REUSED for s in status.stages)
+    keys = {s.name: s.key for s in status.stages}
+    for stage, running in (("near_clusters", ["near_clusters"]), ("near_buckets", ["near_buckets", "near_clusters"])):
+        (store.root / stage_record_key(stage, str(keys[stage]))).unlink()
+        status = build_status(load_pipeline(tmp_path / "pipeline.toml"), store)
+        assert [s.name for s in status.stages if s.state == WOULD_RUN] == running and not status.up_to_date
 
 
 def test_status_of_a_store_never_built_creates_nothing(tmp_path: Path, tokenizer_path: Path) -> None:
