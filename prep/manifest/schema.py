@@ -151,19 +151,21 @@ def _one_of(branches: Any, root: dict[str, Any]) -> Check:
 def _conditional(condition: Any, schema: dict[str, Any], root: dict[str, Any]) -> Check:
     """`if`/`then`/`else`. Its condition must be answered exactly (a stricter answer would take the
     wrong branch), so only the form the schemas use is compiled: properties whose values are string
-    constants (an absent property, or an instance not an object, meets the condition)."""
+    or boolean constants (an absent property, or an instance not an object, meets the condition;
+    a constant matches only a value of its own type: `true` is not 1)."""
     if not isinstance(condition, dict) or condition.keys() != {"properties"}:
         raise _Unsupported("if")
     wanted = {}
     for key, sub in condition["properties"].items():
-        if not isinstance(sub, dict) or sub.keys() != {"const"} or type(sub["const"]) is not str:
+        if not isinstance(sub, dict) or sub.keys() != {"const"} or type(sub["const"]) not in (str, bool):
             raise _Unsupported("if")
         wanted[key] = sub["const"]
     then = _compile(schema.get("then", True), root)
     otherwise = _compile(schema.get("else", True), root)
 
     def met(instance: Any) -> bool:
-        return type(instance) is not dict or all(key not in instance or instance[key] == const
+        return type(instance) is not dict or all(key not in instance or (type(instance[key]) is type(const)
+                                                                         and instance[key] == const)
                                                  for key, const in wanted.items())
 
     return lambda instance: then(instance) if met(instance) else otherwise(instance)

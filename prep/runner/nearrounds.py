@@ -124,7 +124,7 @@ def run_round_job(job: RoundJob) -> TaskResult:
     held = read_range(paths, EDGES, job.bucket, job.bits)
     edges, settled = star_round(held, job.large)
     stored, _ = store_written(store, "near_round", lambda staged: (write_edges(staged, edges, {}), {}))
-    return TaskResult({"edges": stored}, {"held": len(held), "edges": len(edges),
+    return TaskResult({"edges": stored}, {"held": len(held), "edges": len(edges), "large": job.large,
                                           **({"settled": settled} if job.large else {})}, {})
 
 
@@ -252,9 +252,10 @@ def _reads(missing: Sequence[Task[object]]) -> list[list[str]]:
 
 
 def _settled(store_url: str, record: TaskRecord) -> bool:
-    """Whether a large-star task found its range's edges were stars; IntegrityError when its record does not say."""
+    """Whether a large-star task found its range's edges were stars; IntegrityError when its
+    record does not say (the schema requires it of a record that says it is a large-star round's)."""
     settled = record.summary.get("settled")
-    if not isinstance(settled, bool):
+    if record.summary.get("large") is not True or not isinstance(settled, bool):
         raise IntegrityError(f"{store_url}/{task_record_key(record.stage, record.key)}: a large-star round's record "
                              "does not say whether its range settled; remove it and rebuild")
     return settled

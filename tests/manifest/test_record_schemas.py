@@ -213,7 +213,7 @@ EXPECTED_NAMES: dict[str, Callable[[dict[str, Any]], set[str]]] = {
     "dedup": lambda b: {b["outputs"]["keep"]},  # layout 1
     "shuffle": lambda b: {b["outputs"]["plan"]},  # layout 1
     "route": lambda b: {t["output"] for t in b["tasks"]},  # layout 2
-    "order": lambda b: {bucket["output"] for bucket in b["buckets"]} | _table(b),  # layouts 2 and 3
+    "order": lambda b: {bucket["output"] for bucket in b["buckets"]} | _table(b) | set(b.get("id_checks", ())),  # layouts 2, 3
     "shard": lambda b: {o for s in b["shards"] for o in s["outputs"].values()} | _table(b),
 }
 

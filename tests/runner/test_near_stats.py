@@ -149,3 +149,17 @@ def test_the_near_task_records_validate_and_the_schema_refuses_a_summary_without
             del record["summary"]["sizes"]
             with pytest.raises(IntegrityError):
                 validate(record, "prep.task/1", str(path))
+
+
+def test_a_large_star_round_record_must_say_whether_its_range_settled(built: Built) -> None:
+    """fsck checks records by their schema: a large-star round record without `settled` is
+    invalid, so it cannot pass for a small-star one."""
+    store, _ = built["plain"]
+    records = [json.loads(path.read_text()) for path in (store / "tasks" / "near_round").glob("*.json")]
+    large = next(record for record in records if record["summary"]["large"])
+    validate(large, "prep.task/1", "large-star record")
+    del large["summary"]["settled"]
+    with pytest.raises(IntegrityError):
+        validate(large, "prep.task/1", "large-star record without settled")
+    large["summary"]["large"] = False
+    validate(large, "prep.task/1", "a small-star record")
