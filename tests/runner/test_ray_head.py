@@ -1,0 +1,163 @@
+"""Issue 44: the head of a three-raylet Ray cluster (its GCS) killed in the middle of a
+`prep build --executor ray`: one error line, exit 75, only the error JSON on stdout, within a
+bounded time; then the same build on a new cluster ends at the local executor's snapshot and runs
+only the tasks the lost build had not committed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from prep.errors import ClusterLostError
+from prep.manifest.schema import validate
+from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+from tests.runner.test_ray import REPO, _closed_port, _ray_env
+
+pytest.importorskip("ray")
+
+FILES = 12  # tokenize tasks: enough that some are uncommitted when the first commit lands
+READY_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Node:
+    """One raylet started by `ray start --block` in a session of its own (killpg ends all of it)."""
+
+    process: subprocess.Popen[str]
+    folder: str
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+def start_node(folder: str, *args: str) -> Node:
+    """`ray start --block` with its files and HOME in `folder`, once it says Ray runs."""
+    ray = Path(sys.executable).with_name("ray")
+    process = subprocess.Popen([str(ray), "start", "--block", "--disable-usage-stats", f"--temp-dir={folder}",
+                                *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=_ray_env(folder), cwd=REPO, start_new_session=True)
+    node = Node(process, folder)
+    deadline = time.monotonic() + READY_SECONDS
+    assert process.stdout is not None
+    seen = []
+    for line in process.stdout:  # `ray start` stops writing once it blocks, so this ends at its line
+        seen.append(line)
+        if "Ray runtime started" in line:
+            return node
+        if time.monotonic() > deadline:
+            break
+    node.kill()
+    raise AssertionError("ray start did not start a node:\n" + "".join(seen))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A head and its other raylets, all on this machine; `address` is the head's GCS."""
+
+    address: str
+    nodes: list[Node]
+
+
+class Clusters:
+    """Starts clusters (each node's files and HOME in a folder of its own) and kills them all at the end."""
+
+    def __init__(self) -> None:
+        self.started: list[Node] = []
+        self.folders: list[str] = []
+
+    def folder(self) -> str:
+        self.folders.append(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths < 108 bytes
+        return self.folders[-1]
+
+    def launch(self, raylets: int, cpus: int = 1) -> Cluster:
+        port = _closed_port()
+        for index in range(raylets):
+            role = ["--head", f"--port={port}", "--include-dashboard=false"] if index == 0 else [f"--address=127.0.0.1:{port}"]
+            self.started.append(start_node(self.folder(), *role, f"--num-cpus={cpus}"))
+        return Cluster(f"127.0.0.1:{port}", self.started[-raylets:])
+
+    def close(self) -> None:
+        for node in self.started:
+            node.kill()
+        for folder in self.folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def clusters() -> Iterator[Clusters]:
+    made = Clusters()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+PROGRESS = re.compile(r"\[ *\d+\.\ds\] ")
+
+
+def wait_for_commits(records: Path, build: subprocess.Popen[str], timeout: float = 120.0) -> None:
+    """Return once the build committed its first tokenize task (it still runs)."""
+    deadline = time.monotonic() + timeout
+    while not any(records.glob("*.json")):
+        assert build.poll() is None, f"the build ended before its first commit: {build.communicate()}"
+        assert time.monotonic() < deadline, "no tokenize task committed"
+        time.sleep(0.02)
+
+
+def test_losing_the_head_mid_build_is_one_line_and_a_new_cluster_resumes(clusters: Clusters, tmp_path: Path,
+                                                                          tokenizer_path: Path) -> None:
+    for index in range(FILES):
+        write_jsonl(tmp_path / "corpus" / f"{index:02d}.jsonl", make_records(300, seed=index, prefix=f"f{index}"))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
+    reference = run_prep("build", pipeline, "--store", tmp_path / "local", "--workers", "2").stdout.strip()
+    first = clusters.launch(3)
+    store = tmp_path / "store"
+    build = subprocess.Popen([sys.executable, "-m", "prep.cli.main", "build", str(pipeline), "--store", str(store),
+                              "--executor", "ray", "--ray-address", first.address, "--workers", "3", "--json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                             env=_ray_env(clusters.folder()), start_new_session=True)
+    try:
+        wait_for_commits(store / "tasks" / "tokenize", build)
+        killed = time.monotonic()
+        first.nodes[0].kill()  # the head: its GCS, its raylet (the driver's) and its workers
+        stdout, stderr = build.communicate(timeout=120)
+    finally:
+        if build.poll() is None:
+            os.killpg(build.pid, signal.SIGKILL)
+    took = time.monotonic() - killed
+    assert build.returncode == ClusterLostError.exit_code == 75, stderr
+    lines = stderr.splitlines()
+    assert re.fullmatch(rf"prep: error: lost the Ray cluster's head at {re.escape(first.address)}: .*; "
+                        "committed work is kept, rerun to resume", lines[-1]), stderr
+    assert lines[0] == f"connecting to the Ray cluster at {first.address} ...", stderr
+    assert [line for line in lines[1:-1] if not PROGRESS.match(line)] == [], stderr  # no Ray line, no traceback
+    assert took < 30, f"the build took {took:.1f} s to stop after the head died"
+    error = json.loads(stdout)  # exactly one JSON document
+    validate(error, "prep.error/1")
+    assert error == {"schema": "prep.error/1", "error": lines[-1].removeprefix("prep: error: "), "exit_code": 75,
+                     "kind": "cluster_lost"}
+    committed = len(list((store / "tasks" / "tokenize").glob("*.json")))
+    assert 1 <= committed < FILES and not (store / "refs").exists()
+
+    second = clusters.launch(1, cpus=2)
+    rerun = run_prep("build", pipeline, "--store", store, "--executor", "ray", "--ray-address", second.address,
+                     "--workers", "2", "--json", env=_ray_env(clusters.folder()), cwd=REPO)
+    report = json.loads(rerun.stdout)
+    assert report["snapshot"] == reference
+    [tokenize] = [stage for stage in report["stages"] if stage["name"] == "tokenize"]
+    assert (tokenize["ran"], tokenize["cached"]) == (FILES - committed, committed)
