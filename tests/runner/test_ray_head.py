@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,6 @@ from tests.runner.test_ray import REPO, _closed_port, _ray_env
 pytest.importorskip("ray")
 
 FILES = 12  # tokenize tasks: enough that some are uncommitted when the first commit lands
-READY_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -45,23 +45,22 @@ class Node:
 
 
 def start_node(folder: str, *args: str) -> Node:
-    """`ray start --block` with its files and HOME in `folder`, once it says Ray runs."""
+    """`ray start --block` with its files and HOME in `folder` (see `ready`)."""
     ray = Path(sys.executable).with_name("ray")
-    process = subprocess.Popen([str(ray), "start", "--block", "--disable-usage-stats", f"--temp-dir={folder}",
-                                *args],
+    process = subprocess.Popen([str(ray), "start", "--block", "--disable-usage-stats", f"--temp-dir={folder}", *args],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=_ray_env(folder), cwd=REPO, start_new_session=True)
-    node = Node(process, folder)
-    deadline = time.monotonic() + READY_SECONDS
-    assert process.stdout is not None
+    return Node(process, folder)
+
+
+def ready(node: Node) -> None:
+    """Return once the node's `ray start` says Ray runs there (it writes nothing more then)."""
+    assert node.process.stdout is not None
     seen = []
-    for line in process.stdout:  # `ray start` stops writing once it blocks, so this ends at its line
+    for line in node.process.stdout:
         seen.append(line)
         if "Ray runtime started" in line:
-            return node
-        if time.monotonic() > deadline:
-            break
-    node.kill()
+            return
     raise AssertionError("ray start did not start a node:\n" + "".join(seen))
 
 
@@ -85,11 +84,19 @@ class Clusters:
         return self.folders[-1]
 
     def launch(self, raylets: int, cpus: int = 1) -> Cluster:
+        """A head, then its other raylets all at once; returns when every node runs."""
         port = _closed_port()
-        for index in range(raylets):
-            role = ["--head", f"--port={port}", "--include-dashboard=false"] if index == 0 else [f"--address=127.0.0.1:{port}"]
-            self.started.append(start_node(self.folder(), *role, f"--num-cpus={cpus}"))
-        return Cluster(f"127.0.0.1:{port}", self.started[-raylets:])
+        head = self.start(f"--num-cpus={cpus}", "--head", f"--port={port}", "--include-dashboard=false")
+        ready(head)
+        others = [self.start(f"--num-cpus={cpus}", f"--address=127.0.0.1:{port}") for _ in range(raylets - 1)]
+        for node in others:
+            ready(node)
+        return Cluster(f"127.0.0.1:{port}", [head, *others])
+
+    def start(self, *args: str) -> Node:
+        node = start_node(self.folder(), *args)
+        self.started.append(node)
+        return node
 
     def close(self) -> None:
         for node in self.started:
@@ -135,11 +142,14 @@ def test_losing_the_head_mid_build_is_one_line_and_a_new_cluster_resumes(cluster
         wait_for_commits(store / "tasks" / "tokenize", build)
         killed = time.monotonic()
         first.nodes[0].kill()  # the head: its GCS, its raylet (the driver's) and its workers
-        stdout, stderr = build.communicate(timeout=120)
+        with ThreadPoolExecutor(1) as starting:  # the next cluster starts while the build stops
+            second = starting.submit(clusters.launch, 1, 2)
+            stdout, stderr = build.communicate(timeout=120)
+            took = time.monotonic() - killed
+            second.result()
     finally:
         if build.poll() is None:
             os.killpg(build.pid, signal.SIGKILL)
-    took = time.monotonic() - killed
     assert build.returncode == ClusterLostError.exit_code == 75, stderr
     lines = stderr.splitlines()
     assert re.fullmatch(rf"prep: error: lost the Ray cluster's head at {re.escape(first.address)}: .*; "
@@ -154,8 +164,7 @@ def test_losing_the_head_mid_build_is_one_line_and_a_new_cluster_resumes(cluster
     committed = len(list((store / "tasks" / "tokenize").glob("*.json")))
     assert 1 <= committed < FILES and not (store / "refs").exists()
 
-    second = clusters.launch(1, cpus=2)
-    rerun = run_prep("build", pipeline, "--store", store, "--executor", "ray", "--ray-address", second.address,
+    rerun = run_prep("build", pipeline, "--store", store, "--executor", "ray", "--ray-address", second.result().address,
                      "--workers", "2", "--json", env=_ray_env(clusters.folder()), cwd=REPO)
     report = json.loads(rerun.stdout)
     assert report["snapshot"] == reference
