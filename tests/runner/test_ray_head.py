@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ import pytest
 
 from prep.errors import ClusterLostError
 from prep.manifest.schema import validate
+from prep.runner.executors.rayhead import HeadWatch
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
 from tests.runner.test_ray import REPO, _closed_port, _ray_env
 
@@ -170,3 +172,72 @@ def test_losing_the_head_mid_build_is_one_line_and_a_new_cluster_resumes(cluster
     assert report["snapshot"] == reference
     [tokenize] = [stage for stage in report["stages"] if stage["name"] == "tokenize"]
     assert (tokenize["ran"], tokenize["cached"]) == (FILES - committed, committed)
+
+
+def _listening() -> socket.socket:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    return server
+
+
+def test_a_head_that_refuses_connections_stops_a_call_waiting_on_it() -> None:
+    """A call blocked on the head (ray.nodes() on a dead GCS waits for Ray's own timeout) is left
+    behind with ClusterLostError once the head has refused connections for `lost_after` seconds."""
+    server = _listening()
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    watch = HeadWatch(address, lost_after=2.0)
+    try:
+        assert watch.call(lambda: 7) == 7
+        time.sleep(1.5)
+        watch.check()  # it answers: nothing to raise
+        server.close()
+        started = time.monotonic()
+        with pytest.raises(ClusterLostError) as raised:
+            watch.call(lambda: time.sleep(60))
+        assert time.monotonic() - started < 10
+    finally:
+        watch.stop()
+    assert str(raised.value).startswith(f"lost the Ray cluster's head at {address}: its GCS refused connections for 2 s")
+    assert str(raised.value).endswith("; committed work is kept, rerun to resume") and raised.value.exit_code == 75
+
+
+def test_a_head_that_answers_again_in_time_is_not_lost() -> None:
+    """A GCS that restarts (Ray's GCS fault tolerance) within `lost_after` keeps the build going."""
+    server = _listening()
+    port = server.getsockname()[1]
+    watch = HeadWatch(f"127.0.0.1:{port}", lost_after=4.0)
+    try:
+        server.close()
+        time.sleep(1.5)
+        with socket.socket() as again:
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            again.bind(("127.0.0.1", port))
+            again.listen()
+            time.sleep(5)
+            watch.check()
+            assert watch.lost is None and watch.confirm_lost() is None
+    finally:
+        watch.stop()
+
+
+STUCK = """
+import sys, time
+from prep.errors import ClusterLostError
+from prep.runner.executors.rayhead import exit_if_stuck
+with exit_if_stuck(ClusterLostError("lost the head"), grace=float(sys.argv[1])):
+    time.sleep(float(sys.argv[2]))
+print("closed")
+"""
+
+
+@pytest.mark.parametrize(("grace", "closing", "code", "stderr"),
+                         [(0.5, 30, 75, "prep: error: lost the head\n"), (10, 0, 0, "")])
+def test_closing_ray_after_the_head_is_lost_is_bounded(grace: float, closing: float, code: int, stderr: str) -> None:
+    """A disconnect that hangs once the head is lost ends the process with the error's line and
+    exit code after the grace period; one that returns in time is left alone."""
+    ran = subprocess.run([sys.executable, "-c", STUCK, str(grace), str(closing)], capture_output=True, text=True,
+                         timeout=60, cwd=REPO)
+    assert (ran.returncode, ran.stderr) == (code, stderr)
+    assert ran.stdout == ("closed\n" if code == 0 else "")
