@@ -4,7 +4,7 @@ Hazard: when the driver's core worker cannot reach the head's GCS for Ray's
 `gcs_rpc_server_reconnect_timeout_s` (60 s by default) it logs a fatal line and calls `_Exit(1)`:
 the build would end with Ray's message, no `prep: error:` line and no cleanup. So the driver
 asks Ray to wait longer (RAY_RECONNECT_SECONDS) and watches the GCS address itself, stopping the
-build with ClusterLostError after HEAD_LOST_AFTER seconds of refused connections.
+build with ClusterLostError once it has accepted no connection for HEAD_LOST_AFTER seconds.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def outlast_ray_reconnect() -> None:
 
 class HeadWatch:
     """Probes the head's GCS address every CHECK_EVERY seconds on a daemon thread; once it has
-    refused connections for `lost_after` seconds, `check()` raises ClusterLostError."""
+    not accepted a connection for `lost_after` seconds, `check()` raises ClusterLostError."""
 
     def __init__(self, address: str, lost_after: float = HEAD_LOST_AFTER) -> None:
         self.address = address
@@ -82,7 +82,7 @@ class HeadWatch:
                 self._down_since = now
             if now - self._down_since >= self.lost_after and self._lost is None:
                 self._lost = ClusterLostError(
-                    f"lost the Ray cluster's head at {self.address}: its GCS refused connections for "
+                    f"lost the Ray cluster's head at {self.address}: its GCS has not answered for "
                     f"{self.lost_after:g} s ({reason}); committed work is kept, rerun to resume")
         return reason
 
