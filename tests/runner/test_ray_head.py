@@ -28,8 +28,6 @@ from prep.runner.executors.rayhead import HeadWatch
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
 from tests.runner.test_ray import REPO, _closed_port, _ray_env
 
-pytest.importorskip("ray")
-
 FILES = 12  # tokenize tasks: enough that some are uncommitted when the first commit lands
 
 
@@ -38,7 +36,6 @@ class Node:
     """One raylet started by `ray start --block` in a session of its own (killpg ends all of it)."""
 
     process: subprocess.Popen[str]
-    folder: str
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -52,7 +49,7 @@ def start_node(folder: str, *args: str) -> Node:
     process = subprocess.Popen([str(ray), "start", "--block", "--disable-usage-stats", f"--temp-dir={folder}", *args],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=_ray_env(folder), cwd=REPO, start_new_session=True)
-    return Node(process, folder)
+    return Node(process)
 
 
 def ready(node: Node) -> None:
@@ -109,6 +106,7 @@ class Clusters:
 
 @pytest.fixture
 def clusters() -> Iterator[Clusters]:
+    pytest.importorskip("ray")
     made = Clusters()
     try:
         yield made
@@ -199,7 +197,8 @@ def test_a_head_that_refuses_connections_stops_a_call_waiting_on_it() -> None:
         assert time.monotonic() - started < 10
     finally:
         watch.stop()
-    assert str(raised.value).startswith(f"lost the Ray cluster's head at {address}: its GCS has not answered for 2 s (Connection refused)")
+    assert str(raised.value).startswith(f"lost the Ray cluster's head at {address}: "
+                                        "its GCS has not answered for 2 s (Connection refused)")
     assert str(raised.value).endswith("; committed work is kept, rerun to resume") and raised.value.exit_code == 75
 
 
