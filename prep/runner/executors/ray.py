@@ -159,7 +159,8 @@ class RayExecutor:
     core and no dashboard (Ray keeps its files under $RAY_TMPDIR, default /tmp). A Ray already
     initialised in this process is reused and left running by `close()`. `verify_paths` (default:
     only on a cluster of several nodes or through Ray Client) probes every node for the local
-    paths the jobs name; `visible_paths` records, per node id, the paths found there."""
+    paths the jobs name; `visible_paths` records, per node id, the paths found there. The head's
+    GCS is watched (rayhead.HeadWatch): once it is lost, the build stops with ClusterLostError."""
 
     shares_filesystem = False  # nodes need not see this machine's staging files
     backend = "ray"
@@ -255,13 +256,13 @@ class RayExecutor:
             while queue or pending:
                 self._top_up(fn, env, queue, pending)
                 ready, _ = self._ray.wait(list(pending), num_returns=1, timeout=CHECK_EVERY)
-                if self._watch is not None:
-                    self._watch.check()
                 for ref in ready:
                     index = pending.pop(ref)
                     result = self._result(ref)
                     self._top_up(fn, env, queue, pending)  # the free slot's next task runs while the driver commits
                     yield index, result
+                if self._watch is not None:  # a result that arrived is committed first, then the build stops
+                    self._watch.check()
         finally:
             for ref in pending:
                 self._ray.cancel(ref)
