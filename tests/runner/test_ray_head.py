@@ -26,7 +26,8 @@ from prep.errors import ClusterLostError
 from prep.manifest.schema import validate
 from prep.runner.executors.rayhead import HeadWatch
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
-from tests.runner.test_ray import REPO, _closed_port, _ray_env
+from tests.runner.buildsupport import all_objects_intact
+from tests.runner.test_ray import REPO, _closed_port, _ray_env, object_keys
 
 FILES = 12  # tokenize tasks: enough that some are uncommitted when the first commit lands
 
@@ -170,6 +171,7 @@ def test_losing_the_head_mid_build_is_one_line_and_a_new_cluster_resumes(cluster
     assert report["snapshot"] == reference
     [tokenize] = [stage for stage in report["stages"] if stage["name"] == "tokenize"]
     assert (tokenize["ran"], tokenize["cached"]) == (FILES - committed, committed)
+    assert object_keys(store) == object_keys(tmp_path / "local") and all_objects_intact(store)
 
 
 def _listening() -> socket.socket:
