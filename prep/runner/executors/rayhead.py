@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from prep import progress
 from prep.errors import ClusterLostError
 
 PROBE_SECONDS = 10.0  # how long a cluster address may take to accept a connection
@@ -106,13 +107,14 @@ class HeadWatch:
     def call(self, fn: Callable[[], T]) -> T:
         """fn() run on a daemon thread while the head is watched: a Ray call that waits on a lost
         GCS (ray.nodes(), a probe task) is left behind with ClusterLostError instead of blocking."""
+        self.check()
         outcome: list[T] = []
         failure: list[BaseException] = []
 
         def target() -> None:
             try:
                 outcome.append(fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as it is
+            except BaseException as exc:  # handed to the caller's thread as it is
                 failure.append(exc)
 
         thread = threading.Thread(target=target, name="prep-ray-call", daemon=True)
@@ -138,9 +140,8 @@ def exit_if_stuck(error: ClusterLostError | None, grace: float = CLOSE_GRACE) ->
         return
 
     def give_up() -> None:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(f"prep: error: {error}\n")
-            sys.stderr.flush()
+        progress.end_line()
+        progress.write(sys.stderr, f"prep: error: {error}\n")
         os._exit(error.exit_code)
 
     timer = threading.Timer(grace, give_up)
