@@ -77,6 +77,14 @@ class ExecutorError(PrepError):
     or the cluster went away. The build committed nothing more; rerunning resumes it."""
 
 
+class ClusterLostError(ExecutorError):
+    """The build lost its Ray cluster's head (the GCS): nothing more can be scheduled. What was
+    committed stays; the same command on a reachable cluster resumes. Exit 75, sysexits'
+    EX_TEMPFAIL ("try again later"), so a scheduler can retry this failure and no other."""
+
+    exit_code = 75
+
+
 class ForeignCodeError(ExecutorError):
     """A worker runs other code than the driver (another prep source or byte-shaping library), so
     it refuses the task: its bytes would be committed under keys naming the driver's code."""

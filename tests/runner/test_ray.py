@@ -34,8 +34,8 @@ from prep.runner.executors.ray import (
     alive_nodes,
     check_paths_visible,
     local_paths,
-    unreachable_reason,
 )
+from prep.runner.executors.rayhead import unreachable_reason
 from prep.runner.tokenizing import TokenizeJob
 from prep.stages.read import ReadTask
 from prep.stages.specs import TokenizeSettings

@@ -12,24 +12,24 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from prep.errors import ExecutorError, InputError, PrepError, StoreError, UsageError
 from prep.runner.executors.base import RECYCLE_AFTER, WarmUp, release_free_memory, transportable
+from prep.runner.executors.rayhead import CHECK_EVERY, HeadWatch, exit_if_stuck, outlast_ray_reconnect, unreachable_reason
 
 # Environment a task runs with: one tokenizer thread per task (each task holds one Ray CPU), plus
 # the crash-injection switches that tests set on the driver (see prep/faults.py).
 TASK_THREADS_ENV = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 FORWARDED_ENV = ("PREP_CRASH_AT", "PREP_CRASH_ONCE")
 DEFAULT_MAX_RETRIES = 3
-PROBE_SECONDS = 10.0  # how long a cluster address may take to accept a connection
+T = TypeVar("T")
 
 
 def import_ray() -> ModuleType:
@@ -151,21 +151,6 @@ def check_paths_visible(paths: Sequence[LocalPath], nodes: Sequence[RayNode]) ->
                         "filesystem every node mounts at the same path, or on s3://")
 
 
-def unreachable_reason(address: str, timeout: float = PROBE_SECONDS) -> str | None:
-    """Why nothing accepts a connection at a `host:port` or `ray://host:port` address, or None
-    (also for `auto`, `local` and other forms Ray resolves itself)."""
-    # Hazard: ray.init retries a GCS address that refuses connections for ever, printing a
-    # warning every few seconds, so a mistyped address would look like a hung build.
-    host, colon, port = address.removeprefix("ray://").rpartition(":")
-    if not colon or not host or not (port.isascii() and port.isdigit()):  # isdigit alone takes '²'
-        return None
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as exc:
-        return exc.strerror or str(exc) or type(exc).__name__
-    return None
-
-
 # -- the executor ---------------------------------------------------------------------------------
 class RayExecutor:
     """Runs tasks on Ray with at most `workers` in flight, each holding one CPU.
@@ -174,7 +159,8 @@ class RayExecutor:
     core and no dashboard (Ray keeps its files under $RAY_TMPDIR, default /tmp). A Ray already
     initialised in this process is reused and left running by `close()`. `verify_paths` (default:
     only on a cluster of several nodes or through Ray Client) probes every node for the local
-    paths the jobs name; `visible_paths` records, per node id, the paths found there."""
+    paths the jobs name; `visible_paths` records, per node id, the paths found there. The head's
+    GCS is watched (rayhead.HeadWatch): once it is lost, the build stops with ClusterLostError."""
 
     shares_filesystem = False  # nodes need not see this machine's staging files
     backend = "ray"
@@ -194,6 +180,15 @@ class RayExecutor:
             num_cpus=1, max_retries=max_retries, retry_exceptions=False)
         self.verify_paths = verify_paths
         self.visible_paths: dict[str, set[str]] = {}
+        self._watch = self._watch_head()
+
+    def _watch_head(self) -> HeadWatch | None:
+        """A watch on the head's GCS, at the address the user gave if it names one (else Ray's);
+        none through Ray Client, whose driver is the server."""
+        if (self.address or "").startswith("ray://") or not self._ray.is_initialized():
+            return None
+        given = self.address if self.address and ":" in self.address else None
+        return HeadWatch(given or str(self._ray.get_runtime_context().gcs_address))
 
     def _connect(self) -> None:
         """Start or reach Ray, keeping the driver's own SIGTERM handler."""
@@ -222,6 +217,8 @@ class RayExecutor:
         # Ray's own log lines (its token-authentication warning, workers' output) stay out of
         # prep's stderr: errors reach the driver as exceptions, named in prep's one line.
         quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
+        if not (self.address or "").startswith("ray://"):
+            outlast_ray_reconnect()
         try:
             if self.address:
                 # Ray Client (ray://) passes init arguments on to the server; keep them minimal there.
@@ -235,7 +232,7 @@ class RayExecutor:
 
     def _check_local_paths(self, items: Sequence[Any]) -> None:
         """On a cluster of several hosts, make sure every node sees the local paths the jobs name."""
-        nodes = alive_nodes()
+        nodes = self._watched(alive_nodes)
         verify = self.verify_paths
         if verify is None:
             verify = len(nodes) > 1 or (self.address or "").startswith("ray://")
@@ -244,7 +241,7 @@ class RayExecutor:
         paths = local_paths(items)
         names = {p.path for p in paths}
         unchecked = [node for node in nodes if not names <= self.visible_paths.get(node.node_id, set())]
-        check_paths_visible(sorted(paths, key=lambda p: p.path), unchecked)
+        self._watched(lambda: check_paths_visible(sorted(paths, key=lambda p: p.path), unchecked))
         for node in unchecked:
             self.visible_paths.setdefault(node.node_id, set()).update(names)
 
@@ -258,12 +255,14 @@ class RayExecutor:
         try:
             while queue or pending:
                 self._top_up(fn, env, queue, pending)
-                ready, _ = self._ray.wait(list(pending), num_returns=1)
+                ready, _ = self._ray.wait(list(pending), num_returns=1, timeout=CHECK_EVERY)
                 for ref in ready:
                     index = pending.pop(ref)
                     result = self._result(ref)
                     self._top_up(fn, env, queue, pending)  # the free slot's next task runs while the driver commits
                     yield index, result
+                if self._watch is not None:  # a result that arrived is committed first, then the build stops
+                    self._watch.check()
         finally:
             for ref in pending:
                 self._ray.cancel(ref)
@@ -283,6 +282,9 @@ class RayExecutor:
                 raise exc.cause from None
             raise
         except self._ray.exceptions.RayError as exc:
+            lost = self._watch.confirm_lost() if self._watch is not None else None
+            if lost is not None:
+                raise lost from None  # the task failed because the head is gone
             first = (str(exc).strip().splitlines() or [""])[0]
             retried = isinstance(exc, self._retried_errors())
             after = f" after {self.max_retries} retries" if retried else ""
@@ -296,7 +298,15 @@ class RayExecutor:
     def warm(self, warm_up: WarmUp) -> None:
         """Nothing to do: Ray workers load the tokenizer with their first tokenize task."""
 
+    def _watched(self, call: Callable[[], T]) -> T:
+        """call() (which asks the head) given up with ClusterLostError if the head is lost meanwhile."""
+        return self._watch.call(call) if self._watch is not None else call()
+
     def close(self) -> None:
-        """Disconnect from (or stop) the Ray this executor started; a borrowed one keeps running."""
-        if self._owns_ray and self._ray.is_initialized():
-            self._ray.shutdown()
+        """Disconnect from (or stop) the Ray this executor started; a borrowed one keeps running.
+        Once the head is lost, a disconnect that hangs ends the process after CLOSE_GRACE seconds."""
+        if self._watch is not None:
+            self._watch.stop()
+        with exit_if_stuck(self._watch.lost if self._watch is not None else None):
+            if self._owns_ray and self._ray.is_initialized():
+                self._ray.shutdown()
