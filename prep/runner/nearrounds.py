@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from prep.errors import IntegrityError
 from prep.hashing import pack_ids, unpack_ids
 from prep.neardup.sizes import ClusterSizes, total_sizes
+from prep.neardup.stars import MAX_ROUNDS
 from prep.progress import plural
 from prep.runner.nearbuckets import Paired
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan, stage_counts
@@ -37,9 +38,6 @@ EDGES_PER_RANGE = 1 << 22
 """Target edge records a range task holds (24 bytes each, a few times that while sorting): about
 0.4 GB at most. An edge is held twice in large-star rounds, so a build of P candidate pairs has
 about 2P / EDGES_PER_RANGE ranges."""
-MAX_ROUNDS = 256
-"""Large-star and small-star rounds end within O(log² n) of each (Kiveris et al.): past this many
-something is wrong with the edges, not slow."""
 LAYOUT = {"edges": "prep.edges/1", "nodes": "prep.nodes/1"}  # what round keys name besides their inputs
 
 
@@ -148,6 +146,11 @@ def run_range_drops_job(job: RangeDropsJob) -> TaskResult:
                       {})
 
 
+def range_bits(paired: Paired) -> int:
+    """The bits of the ranges the rounds split the bucket stage's candidate pairs into (each held twice)."""
+    return bucket_bits(2 * sum(paired.counts), EDGES_PER_RANGE)
+
+
 def cluster_ranges(context: StageContext, paired: Paired) -> RangeDrops:
     """Every range's drops: the pairs routed, then large-star and small-star rounds until every
     range's edges are stars, each round's tasks run (or found committed) before the next is planned."""
@@ -175,9 +178,8 @@ class Routing:
 
     def result(self, previous: Paired, plan: StagePlan, committed: Mapping[str, TaskRecord]) -> EdgeLevel:
         records = [committed[task.key] for task in plan.tasks.tasks]
-        held = 2 * sum(previous.counts)
         return EdgeLevel(tuple(record.outputs["edges"] for record in records),
-                         tuple(record.outputs["nodes"] for record in records), bucket_bits(held, EDGES_PER_RANGE))
+                         tuple(record.outputs["nodes"] for record in records), range_bits(previous))
 
     def done(self, result: EdgeLevel, run: StageRun, logs: Sequence[Mapping[str, object]]) -> str:
         return f"{plural(1 << result.bits, 'range')}, " + stage_counts(run)

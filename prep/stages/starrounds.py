@@ -5,15 +5,18 @@ and nodes only, never the graph's (docs/build.md, "Near-duplicate removal")."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from prep.errors import IntegrityError
-from prep.neardup.stars import held_both_ways, held_by_larger, large_star, small_star, star_leaves
-from prep.workfiles.drops import drop_records
-from prep.workfiles.edges import edge_records, node_records
-from prep.workfiles.pairs import CandidatePairs
+from prep.hashing import Digest
+from prep.neardup.stars import MAX_ROUNDS, held_both_ways, held_by_larger, large_star, small_star, star_leaves
+from prep.workfiles.drops import drop_records, merge_drops, write_drops
+from prep.workfiles.edges import EDGES, NODES, edge_records, node_records, read_range, write_edges, write_nodes
+from prep.workfiles.pairs import CandidatePairs, read_pairs
 
 Array = np.ndarray[Any, Any]
 
@@ -55,3 +58,55 @@ def _node_keys(nodes: Array) -> tuple[Array, Array]:
     if bool((keys[1:][~first[1:]] != keys[:-1][~first[1:]]).any()):
         raise IntegrityError("one document is named with two different order keys by the buckets' pairs")
     return documents[first], keys[first]
+
+
+def drops_in_one_process(pairs: Sequence[Path], work: Path, bits: int, out: Path) -> tuple[Digest, Array]:
+    """The drops object the cluster rounds make of the pairs objects at `pairs` over `2**bits`
+    ranges, written at `out`, and the sizes of every cluster: every round run here, range after
+    range, on files under `work` (memory a range task's, the edges on disk). How a build makes
+    the drops object again once the round tasks' records and objects are collected."""
+    files = _Files(work)
+    routed = [routed_pairs(read_pairs(path)) for path in pairs]
+    edges = [files.written(write_edges, records) for records, _ in routed]
+    nodes = [files.written(write_nodes, records) for _, records in routed]
+    del routed
+    for _ in range(MAX_ROUNDS):
+        rounds = [star_round(read_range(edges, EDGES, bucket, bits), True) for bucket in range(1 << bits)]
+        if all(settled for _, settled in rounds):
+            break
+        larger = [files.written(write_edges, records) for records, _ in rounds]
+        del rounds
+        following = [files.written(write_edges, star_round(read_range(larger, EDGES, bucket, bits), False)[0])
+                     for bucket in range(1 << bits)]
+        files.remove(edges + larger)
+        edges = following
+    else:
+        raise IntegrityError(f"near-duplicate clusters did not settle in {MAX_ROUNDS} rounds: damaged pairs objects")
+    drops, sizes = [], []
+    for bucket in range(1 << bits):
+        records, star_sizes = range_drops(read_range(edges, EDGES, bucket, bits), read_range(nodes, NODES, bucket, bits))
+        drops.append(files.written(write_drops, records))
+        sizes.append(star_sizes)
+    files.remove(edges + nodes)
+    digest = merge_drops(out, drops)
+    files.remove(drops)
+    return digest, np.concatenate(sizes)
+
+
+class _Files:
+    """Numbered scratch files under one folder."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.count = folder, 0
+
+    def written(self, writer: Callable[[Path, Array, dict[str, Any]], Digest], records: Array) -> Path:
+        """A new file of `records` written by `writer`."""
+        self.count += 1
+        path = self.folder / f"{self.count}.records"
+        writer(path, records, {})
+        return path
+
+    def remove(self, paths: Sequence[Path]) -> None:
+        for path in paths:
+            path.unlink(missing_ok=True)

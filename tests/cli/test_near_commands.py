@@ -84,9 +84,11 @@ def test_a_second_build_reuses_everything_and_every_build_log_reads_back(built: 
     assert len(logged["builds"]) == 4 and built.near in [entry["snapshot"] for entry in logged["generations"]]
     newest = logged["builds"][0]
     assert newest["snapshot"] == built.near
-    assert list(newest["stages"]) == ["tokenize", "near_buckets", "near_route", "near_round", "near_drops",
-                                      "near_clusters", "order", "shard"]
-    assert newest["stages"]["near_round"]["ran"] == 0 and newest["stages"]["near_round"]["cached"] >= 2
+    # the cluster task is found committed before any round: no round is planned
+    assert list(newest["stages"]) == ["tokenize", "near_buckets", "near_clusters", "order", "shard"]
+    first = logged["builds"][1]  # the first build of latest.toml
+    assert list(first["stages"]) == ["tokenize", "near_buckets", "near_route", "near_round", "near_drops",
+                                     "near_clusters", "order", "shard"]
 
 
 def test_show_ls_and_tag_read_the_near_dup_snapshot(built: NearStore, tmp_path: Path) -> None:
@@ -201,8 +203,9 @@ def test_redact_then_exclude_the_kept_document_of_a_cluster(built: NearStore, tm
 
 def _damage_rounds(store: Path) -> list[str]:
     """Flip a byte of every small-star round's edges object (the drops task reads the last one)
-    and delete the settled large-star round's record and the drops task's: a rerun must read the
-    damaged edges. The flipped objects' keys."""
+    and delete the settled large-star round's record, the drops task's and the cluster task's
+    (found, it would spare the build every round): a rerun must read the damaged edges. The
+    flipped objects' keys."""
     flipped = []
     for path in (store / "tasks" / "near_round").glob("*.json"):
         record = json.loads(path.read_text())
@@ -215,7 +218,10 @@ def _damage_rounds(store: Path) -> list[str]:
             data[len(data) // 2] ^= 0xFF
             edges.write_bytes(bytes(data))
             flipped.append(edges.relative_to(store).as_posix())
-    for path in (store / "tasks" / "near_drops").glob("*.json"):
+    for stage in ("near_drops", "near_clusters"):
+        for path in (store / "tasks" / stage).glob("*.json"):
+            path.unlink()
+    for path in (store / "packs").rglob("*.json"):  # the packs of those records (issue 44) once merged
         path.unlink()
     assert flipped
     return flipped

@@ -167,31 +167,8 @@ def chain_drops(chains: Sequence[Sequence[int]], documents: int) -> dict[int, in
 
 def local_drops(pairs_paths: Sequence[Path], work: Path, range_bits: int) -> Path:
     """The drops object the cluster rounds make of these pairs objects over `2**range_bits`
-    ranges, run in this process on local files as the round tasks run them (prep/runner/nearrounds.py)."""
-    from prep.stages.starrounds import range_drops, routed_pairs, star_round
-    from prep.workfiles.drops import merge_drops, write_drops
-    from prep.workfiles.edges import EDGES, NODES, read_range, write_edges, write_nodes
+    ranges, run in this process on local files (`starrounds.drops_in_one_process`)."""
+    from prep.stages.starrounds import drops_in_one_process
 
-    work.mkdir(parents=True, exist_ok=True)
-    named = iter(range(1 << 30))
-
-    def written(writer: Any, records: Array) -> Path:
-        path = work / f"{next(named)}.obj"
-        writer(path, records, {})
-        return path
-
-    routed = [routed_pairs(read_pairs(path)) for path in pairs_paths]
-    edges = [written(write_edges, records) for records, _ in routed]
-    nodes = [written(write_nodes, records) for _, records in routed]
-    ranges = range(1 << range_bits)
-    while True:
-        after = [star_round(read_range(edges, EDGES, bucket, range_bits), True) for bucket in ranges]
-        if all(settled for _, settled in after):
-            break
-        larger = [written(write_edges, records) for records, _ in after]
-        edges = [written(write_edges, star_round(read_range(larger, EDGES, bucket, range_bits), False)[0])
-                 for bucket in ranges]
-    drops = [written(write_drops, range_drops(read_range(edges, EDGES, bucket, range_bits),
-                                              read_range(nodes, NODES, bucket, range_bits))[0]) for bucket in ranges]
-    merge_drops(work / "drops", drops)
+    drops_in_one_process(pairs_paths, work / "rounds", range_bits, work / "drops")
     return work / "drops"

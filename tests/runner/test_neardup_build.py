@@ -41,6 +41,7 @@ from tests.neardup.neardupsupport import (
     write_files,
 )
 from tests.runner.buildsupport import InProcessExecutor, all_objects_intact, build_local
+from tests.runner.test_reuse import flip_byte, object_path
 
 FILES = 3
 NEAR = '\n[dedup.near]\nthreshold = 0.7\nngram = 5\npermutations = 128\nbands = 32\nrows = 4\nverify = true\n'
@@ -241,6 +242,34 @@ def test_the_cluster_rounds_give_one_drops_object_and_snapshot_whatever_the_rang
     assert max(held) < sum(first) / 2
     sizes = sizes_of(files[:len(CHAINS)])
     assert drops_of(tmp_path / "ranges", split, sizes) == chain_drops(chains, sum(sizes))
+
+
+def test_after_gc_a_build_runs_no_round_and_a_bad_drops_object_is_made_again_in_one_task(
+        chained: Chained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gc collects the round tasks' records and objects (no snapshot names them). The next build
+    finds the cluster task committed before any round and runs none; when the drops object has
+    rotted too (and order tasks read it), the cluster task alone makes it again, every round in
+    one process: the same bytes, the same snapshot."""
+    pipeline, _, _ = chained
+    store = tmp_path / "store"
+    monkeypatch.setattr(nearbuckets, "RECORDS_PER_BUCKET", BAND_RECORDS)
+    monkeypatch.setattr(nearrounds, "EDGES_PER_RANGE", EDGES_PER_RANGE)
+    first = build_local(pipeline, store, 2)
+    assert first.stages["near_round"].ran > 0
+    run_prep("gc", "--store", store, "--grace", "0s")
+    assert not list((store / "tasks" / "near_round").glob("*.json"))
+    again = build_local(pipeline, store, 2)
+    assert again.snapshot.id == first.snapshot.id
+    assert not {"near_route", "near_round", "near_drops"} & set(again.stages)
+    drops = json.loads(next((store / "tasks" / "near_clusters").glob("*.json")).read_text())["outputs"]["drops"]
+    flip_byte(object_path(store, drops), 200)
+    for record in (store / "tasks" / "order").glob("*.json"):  # so the order tasks run and read the drops
+        record.unlink()
+    remade = build_local(pipeline, store, 2)
+    assert remade.snapshot.id == first.snapshot.id and all_objects_intact(store)
+    assert not {"near_route", "near_round", "near_drops"} & set(remade.stages)
+    recomputed = [item["object"] for item in json.loads((store / remade.log_key).read_text())["recomputed"]]
+    assert drops in recomputed
 
 
 BUCKETS_DRIVER = """
