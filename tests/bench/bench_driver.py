@@ -7,12 +7,15 @@ moto's S3 server on loopback, each request held `--latency-ms` before moto answe
 real S3 than loopback's fraction of a millisecond; requests overlap, as on S3). A toy stage of
 `--tasks` near-empty tasks: each stores one small object (its worker's PUT), and the driver commits
 its record. The workers are `--workers` threads of this process (standing in for that many cores
-elsewhere: a task costs the driver only its result and its commit). Measured, for the driver as
-it is and with its lookups and commits one at a time (`LOOKUP_JOBS = COMMIT_JOBS = 1`: the driver
-before issue 44, less the HEAD before each GET and the HEAD and GET after each PUT it also made then):
+elsewhere: a task costs the driver only its result and its commit). Measured, side by side in one
+run, for the driver as built (records packed, `PACK_RECORDS`), for it without packs
+(`PACK_RECORDS = 0`: a GET per task on resume) and with its lookups and commits one at a time
+and no packs (`LOOKUP_JOBS = COMMIT_JOBS = 1`: the driver before issue 44, less the HEAD before
+each GET and the HEAD and GET after each PUT it also made then):
 
 * first build: tasks planned (N lookups, all missing), run and committed per second of wall time;
-* resume: the same stage again in a new runner, every record found: tasks planned per second;
+* resume: the same stage again in a new runner, every record found: tasks planned per second
+  (with packs: a LIST a plan anchor and a GET a pack instead of a GET a task);
 * CPU seconds per 1,000 tasks of this process: the driver and the worker threads' requests
   (moto serves from a process of its own), so an upper bound on the driver's;
 * moto's own ceiling: the same number of bare PUTs from `--workers` threads, no prep.
@@ -155,15 +158,20 @@ def new_store(name: str) -> S3Store:
     return S3Store(f"s3://{name}/store")
 
 
+MODES = ("one at a time", "no packs", "as built")
+
+
 def measure(mode: str, tasks: int, workers: int, run: int) -> tuple[Timing, Timing]:
-    lookups, commits = driver.LOOKUP_JOBS, driver.COMMIT_JOBS
+    lookups, commits, packed = driver.LOOKUP_JOBS, driver.COMMIT_JOBS, driver.PACK_RECORDS
     if mode == "one at a time":
         driver.LOOKUP_JOBS = driver.COMMIT_JOBS = 1
+    if mode != "as built":
+        driver.PACK_RECORDS = 0
     try:
         store = new_store(f"bench-{run}-{mode.replace(' ', '-')}")
         return stage_run(store, tasks, workers), stage_run(store, tasks, workers)
     finally:
-        driver.LOOKUP_JOBS, driver.COMMIT_JOBS = lookups, commits
+        driver.LOOKUP_JOBS, driver.COMMIT_JOBS, driver.PACK_RECORDS = lookups, commits, packed
 
 
 def serve(latency: float, ports: Any) -> None:
@@ -191,11 +199,12 @@ def main() -> None:
     server.start()
     os.environ.update(s3_env(f"http://127.0.0.1:{ports.get(timeout=60)}"))
     print(f"{args.tasks} tasks, {args.workers} worker threads, {args.latency_ms:g} ms per request, "
-          f"LOOKUP_JOBS={driver.LOOKUP_JOBS}, COMMIT_JOBS={driver.COMMIT_JOBS}, {os.cpu_count()} cores")
+          f"LOOKUP_JOBS={driver.LOOKUP_JOBS}, COMMIT_JOBS={driver.COMMIT_JOBS}, PACK_RECORDS={driver.PACK_RECORDS}, "
+          f"{os.cpu_count()} cores")
     try:
         ceiling = bare_puts(new_store("bench-ceiling"), args.tasks, args.workers)
         print(f"moto's ceiling: {args.tasks / ceiling.wall:,.0f} bare PUTs/s from {args.workers} threads")
-        rows: dict[str, list[tuple[Timing, Timing]]] = {"one at a time": [], "as built": []}
+        rows: dict[str, list[tuple[Timing, Timing]]] = {mode: [] for mode in MODES}
         for run in range(args.runs):
             for mode in rows:
                 rows[mode].append(measure(mode, args.tasks, args.workers, run))
@@ -213,9 +222,12 @@ def report(rows: dict[str, list[tuple[Timing, Timing]]], tasks: int) -> None:
         resume = min(timings, key=lambda timing: timing[1].wall)[1]
         print(f"{mode:<14} {tasks / first.wall:>20,.0f} {first.cpu * 1000 / tasks:>15.2f} "
               f"{tasks / resume.wall:>15,.0f} {resume.cpu * 1000 / tasks:>15.2f}")
-    built, serial = rows["as built"][0], rows["one at a time"][0]
+    built, serial, unpacked = rows["as built"][0], rows["one at a time"][0], rows["no packs"][0]
     print(f"ratio as built / one at a time: first build {serial[0].wall / built[0].wall:.1f}x, "
           f"resume {serial[1].wall / built[1].wall:.1f}x")
+    print(f"resume with packs / without: {unpacked[1].wall / built[1].wall:.1f}x the tasks planned a second; "
+          f"600,000 tasks would plan in {600 * built[1].wall * 1000 / tasks:,.0f} s with packs (this rate), "
+          f"{600 * unpacked[1].wall * 1000 / tasks:,.0f} s without")
 
 
 if __name__ == "__main__":
