@@ -47,6 +47,7 @@ class RequestCountingStore(LocalStore):
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.requests: dict[str, int] = {"put": 0, "get": 0, "head": 0, "list": 0}
+        self.got: list[str] = []  # every key a GET asked for, in order
         self._lock = threading.Lock()
 
     def count(self, kind: str) -> None:
@@ -62,6 +63,8 @@ class RequestCountingStore(LocalStore):
 
     def get_bytes(self, key: str, limit: int = MAX_BODY_BYTES) -> bytes:
         self.count("get")
+        with self._lock:
+            self.got.append(key)
         return super().get_bytes(key, limit)
 
     def head(self, key: str) -> Any:

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from prep.config import load_pipeline
 from prep.progress import Progress
 from prep.runner import driver
+from prep.runner.build import build
 from prep.runner.driver import Runner
 from prep.storage import LocalStore
 from prep.store.layout import PACKS_PREFIX
@@ -77,6 +79,22 @@ def test_a_resume_after_a_kill_looks_up_only_the_unpacked_tasks(tmp_path: Path, 
     assert run(store) == run(LocalStore(tmp_path / "fresh"))
     requests, found = planned(store)
     assert found == TASKS and requests <= 2 + TASKS // 100 + 2, requests
+
+
+def test_a_build_that_appends_a_file_reads_the_packs_of_the_build_before(tmp_path: Path, tokenizer_path: Path) -> None:
+    """The appended build's tokenize plan differs from the first's by one part, yet it finds the
+    first build's packs (by the plan's smallest key): it looks up only its new part's record, and
+    a rerun of it none."""
+    for index in range(6):
+        write_jsonl(tmp_path / "corpus" / f"part-{index}.jsonl", make_records(20, seed=index, prefix=f"p{index}"))
+    pipeline = write_pipeline(tmp_path, tokenizer_path, shard_size="3KB")
+    build(load_pipeline(pipeline), LocalStore(tmp_path / "store"), InProcessExecutor(), (), Progress(quiet=True))
+    write_jsonl(tmp_path / "corpus" / "part-6.jsonl", make_records(20, seed=6, prefix="p6"))
+    for looked_up in (1, 0):
+        store = RequestCountingStore(tmp_path / "store")
+        result = build(load_pipeline(pipeline), store, InProcessExecutor(), (), Progress(quiet=True))
+        assert result.stages["tokenize"].cached == 7 - looked_up
+        assert len([key for key in store.got if key.startswith("tasks/tokenize/")]) == looked_up, store.got
 
 
 @pytest.fixture(scope="module")
