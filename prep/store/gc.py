@@ -19,8 +19,9 @@ The rules (docs/history.md has the reasoning):
 3. Deleted once older than the grace period: objects not kept; records naming any object not
    kept; markers of snapshots not kept; expired leases; stale temporaries of a local store.
    Packs holding a record that names any object not kept go at any age (that record goes, or
-   has gone, with its objects; a later build must not find it in a pack), and packs that do not
-   read once older than the grace period; both count as records.
+   has gone, with its objects; a later build must not find it in a pack), and, once older than
+   the grace period, packs that do not read and packs of a plan that a newer one in the same
+   folder superseded (`packs.superseded`); all count as records.
 4. Exclusion: gc holds a gc lease and refuses to start while a live build lease exists; builds
    take a build lease (`prep.store.leases.build_lease`) and wait while a gc lease lives. Each
    writes its own lease before looking for the other's, so the two never overlap.
@@ -134,7 +135,7 @@ def _shas(names: records.Names) -> set[str]:
 
 def _dead_packs(store: Store, cutoff: float, kept: set[str]) -> tuple[list[ObjectInfo], list[ObjectInfo]]:
     """(dead, live) task record packs: dead when a record in one names an object not kept, or,
-    once past the grace period, when it does not read."""
+    once past the grace period, when it does not read or a newer plan of its folder superseded it."""
     listed = list(store.list(PACKS_PREFIX))
     dead, live = [], []
     for info, pack in zip(listed, parallel(lambda info: packs.read_pack(store, info.key), listed)):
@@ -142,7 +143,8 @@ def _dead_packs(store: Store, cutoff: float, kept: set[str]) -> tuple[list[Objec
             dead.append(info)
         else:
             live.append(info)
-    return dead, live
+    old = packs.superseded(live, cutoff)
+    return dead + [info for info in live if info.key in old], [info for info in live if info.key not in old]
 
 
 @dataclass(frozen=True)

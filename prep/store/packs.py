@@ -126,6 +126,21 @@ def pack_shas(held: dict[str, records.TaskRecord]) -> set[str]:
     return {hashing.parse_id(object_id) for record in held.values() for object_id in record.names().objects}
 
 
+def superseded(infos: Iterable[ObjectInfo], cutoff: float) -> set[str]:
+    """The keys of packs older than `cutoff` whose plan is not the newest (by its newest pack) in
+    its anchor's folder: a lookup reads only its own plan's packs and the newest other plan's,
+    and each build of a plan packs every record it finds, so older plans' packs serve no lookup
+    that the newest does not (a plan rebuilt later packs again what it misses)."""
+    newest: dict[tuple[str, str], tuple[float, str]] = {}
+    named = [(info, parse_pack_key(info.key)) for info in infos]
+    for info, name in named:
+        if name is not None:
+            folder = (name[0], name[1])
+            newest[folder] = max(newest.get(folder, (info.mtime, name[2])), (info.mtime, name[2]))
+    return {info.key for info, name in named
+            if name is not None and info.mtime <= cutoff and newest[(name[0], name[1])][1] != name[2]}
+
+
 def _by_plan(store: Store, plan: Plan) -> dict[str, list[ObjectInfo]]:
     """The packs in the folders of the plan's anchors, by the plan that wrote them (a LIST each)."""
     listed: dict[str, list[ObjectInfo]] = {}

@@ -208,8 +208,9 @@ def test_young_records_are_roots(project: dict[str, Path]) -> None:
 
 def test_packs_keep_nothing_alive_and_go_with_the_records_gc_collects(project: dict[str, Path]) -> None:
     """A crashed build's packs name what only its records reach: once those go, so do the packs
-    holding them, and the objects are collected all the same; the kept build's packs stay, and an
-    unreadable pack goes once past the grace period."""
+    holding them, and the objects are collected all the same; the kept build's plans still find
+    packs (its own, or a newer plan's of the same folder that superseded them), and an unreadable
+    pack goes once past the grace period."""
     store = LocalStore(project["store"])
     kept = resolve(store, "tiny@latest")
     before = {info.key for info in store.list(PACKS_PREFIX)}
@@ -223,11 +224,14 @@ def test_packs_keep_nothing_alive_and_go_with_the_records_gc_collects(project: d
     age(project["store"], 2 * HOUR)
     collect_garbage(store, grace_seconds=HOUR)
     left = {info.key for info in store.list(PACKS_PREFIX)}
-    assert before <= left and not store.exists(unreadable)
+    assert not store.exists(unreadable)
     assert any(key.split("/")[1] == "order" for key in crashed - left), "the packs of collected records are gone"
+    assert {key.rsplit("/", 1)[0] for key in before} <= {key.rsplit("/", 1)[0] for key in left}, \
+        "each plan of the kept build still finds packs in its folder"
     assert stored_objects(store) == reachable(store, kept.id)
     assert_records_resolve(store)
     assert fsck(store).clean, "every pack left holds records stored under their keys"
+    assert run_prep("build", project["v1"], "--store", project["store"]).stdout.split()[-1] == kept.id
 
 
 def test_gc_waits_for_builds_and_builds_wait_for_gc(project: dict[str, Path]) -> None:

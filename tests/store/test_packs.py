@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from prep.errors import IntegrityError
 from prep.manifest import canonical
 from prep.storage import LocalStore
+from prep.storage.backend import ObjectInfo
 from prep.store import packs, records
 from prep.store.layout import PACKS_PREFIX, pack_key
 from tests.runner.buildsupport import RequestCountingStore
@@ -130,6 +131,15 @@ def test_a_damaged_pack_is_ignored_whole_and_reported(tmp_path: Path, damage: st
     assert len(warned) == 1 and "unusable task pack is ignored" in warned[0], warned
     assert {"flipped byte": "hash", "truncated": "hash", "record under another key": "holds the record of task",
             "record of another stage": "holds the record of task"}[damage] in warned[0]
+
+
+def test_only_the_newest_plan_of_a_folder_outlives_the_grace_period() -> None:
+    anchor, plans = key_of(0), [key_of(1), key_of(2)]
+    old, new, other = (pack_key(STAGE, anchor, plans[0], "a" * 64), pack_key(STAGE, anchor, plans[1], "b" * 64),
+                       pack_key(STAGE, key_of(3), plans[0], "c" * 64))
+    infos = [ObjectInfo(old, 1, 10.0), ObjectInfo(new, 1, 20.0), ObjectInfo(other, 1, 5.0), ObjectInfo("packs/x", 1, 1.0)]
+    assert packs.superseded(infos, cutoff=30.0) == {old}, "the newest plan of each folder stays, whatever its age"
+    assert packs.superseded(infos, cutoff=5.0) == set(), "nothing younger than the grace period goes"
 
 
 def test_a_pack_is_never_the_only_copy_and_holds_only_what_it_is_given(tmp_path: Path) -> None:
