@@ -314,6 +314,7 @@ class _Commits:
                     self._write_pack()
 
     def _write_pack(self) -> None:
+        """Hand the records settled since the last pack to a commit thread as one pack."""
         if self._pack is not None and self._batch:
             self._packs.append(self._pool.submit(self._pack, self._batch))
             self._batch = []

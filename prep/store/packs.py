@@ -49,6 +49,7 @@ class Plan:
 
     @classmethod
     def of(cls, stage: str, keys: Iterable[str]) -> Plan:
+        """The plan of `keys` in any order (the same keys, the same plan)."""
         ordered = sorted(set(keys))
         digest = hashlib.sha256("\n".join(ordered).encode()).hexdigest()
         anchors = tuple(ordered[:ANCHORS])
