@@ -125,6 +125,9 @@ def _keyword(name: str, value: Any, schema: dict[str, Any], root: dict[str, Any]
     if name == "maxItems":
         return lambda instance: type(instance) is not list or len(instance) <= value
     if name == "allOf":
+        dispatch = _dispatch(value, root)
+        if dispatch is not None:
+            return dispatch
         parts = [_compile(sub, root) for sub in value]
         return lambda instance: all(part(instance) for part in parts)
     if name == "oneOf":
@@ -169,6 +172,42 @@ def _conditional(condition: Any, schema: dict[str, Any], root: dict[str, Any]) -
                                                  for key, const in wanted.items())
 
     return lambda instance: then(instance) if met(instance) else otherwise(instance)
+
+
+def _branch(branch: Any) -> tuple[str, str, Any] | None:
+    """(property, string constant, `then`) of an `if`/`then` branch whose condition is one property's
+    string constant, no `else`; None for any other form."""
+    if not isinstance(branch, dict) or branch.keys() != {"if", "then"} or not isinstance(branch["if"], dict) \
+            or branch["if"].keys() != {"properties"} or not isinstance(branch["if"]["properties"], dict):
+        return None
+    [(name, sub), *rest] = branch["if"]["properties"].items() or [("", None)]
+    if rest or not isinstance(sub, dict) or sub.keys() != {"const"} or type(sub["const"]) is not str:
+        return None
+    return name, sub["const"], branch["then"]
+
+
+def _dispatch(branches: Any, root: dict[str, Any]) -> Check | None:
+    """`allOf` of `_branch`es on one property (task records: a branch a stage) as one lookup: an
+    object whose property is a string meets the conditions of that value only, so only their
+    branches apply; one without the property meets every condition, so every branch applies
+    (and a non-string value none). None for any other form."""
+    parsed = [_branch(branch) for branch in branches] if isinstance(branches, list) else []
+    names = {found[0] for found in parsed if found}
+    if not parsed or None in parsed or len(names) != 1:
+        return None
+    [name] = names
+    thens: dict[str, list[Check]] = {}
+    for _, constant, then in filter(None, parsed):
+        thens.setdefault(constant, []).append(_compile(then, root))
+    every = [check for checks in thens.values() for check in checks]
+
+    def check(instance: Any) -> bool:
+        if type(instance) is not dict or name not in instance:
+            return all(then(instance) for then in every)
+        value = instance[name]
+        return type(value) is not str or all(then(instance) for then in thens.get(value, ()))
+
+    return check
 
 
 def _always(_instance: Any) -> bool:
@@ -226,6 +265,7 @@ def _compile(schema: Any, root: dict[str, Any]) -> Check:
     if leaf is not None:
         return leaf
     checks = [_keyword(name, value, schema, root) for name, value in schema.items() if name not in _ANNOTATIONS]
+    checks = [check for check in checks if check is not _always]  # `then`, `else`: their `if` checks them
     if len(checks) <= 2:  # most subschemas: one type and one bound; spare the loop
         first, second = (checks + [_always, _always])[:2]
         return lambda instance: first(instance) and second(instance)

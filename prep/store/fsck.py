@@ -8,6 +8,11 @@ is missing, corrupt (bytes that do not hash to the name) or invalid (a record or
 schema refuses) is a finding naming the object's kind, key and what reached it. Stored objects
 nothing reaches are dangling: garbage for gc, not damage, so they do not fail fsck.
 
+Task record packs (`prep.store.packs`, a cache of records planning reads first) must read, and
+every record in one must be the record stored under its key: an unusable pack is an invalid
+finding (a build ignores it), which `repair` deletes, as it does a pack naming a bad object.
+Packs are no roots: what only a pack names is dangling.
+
 Read-back records must read too (`prep tag` refuses an unreadable one), as must keys under
 `snapshots/` and `holds/` be named by a SHA-256. A ref's history must hold every generation
 below its current one, and a snapshot a current ref or a hold names must have its marker. Each
@@ -36,12 +41,13 @@ from prep.errors import IntegrityError, NotFoundError, PrepError, StoreError
 from prep.faults import crash_point
 from prep.progress import Progress, plural
 from prep.storage.backend import Store
-from prep.store import cas, records
+from prep.store import cas, packs, records
 from prep.store.holds import scan_holds
 from prep.store.layout import (
     HISTORY_PREFIX,
     HOLDS_PREFIX,
     OBJECTS_PREFIX,
+    PACKS_PREFIX,
     READBACK_PREFIX,
     RECORD_SUFFIX,
     REFS_PREFIX,
@@ -61,6 +67,7 @@ from prep.store.layout import (
     ref_key,
     refs_prefix,
     snapshot_marker_key,
+    task_record_key,
 )
 from prep.store.leases import BUILD, GC, Lease, live_leases
 from prep.store.reach import CORRUPT, INVALID, MISSING, Problem, Reach, Via, parallel
@@ -202,6 +209,30 @@ def walk_records(walk: FsckWalk, jobs: int, dataset: str | None) -> Records:
             shas |= walk.children.get(hashing.parse_id(ref.object_id), frozenset())
         found.names[key] = shas
     return found
+
+
+def check_packs(walk: FsckWalk, found: Records) -> None:
+    """Every task record pack must read and hold only records stored under their keys as they are
+    (`found` has every record's names); each pack's names join `found`, so `repair` deletes a pack
+    naming a bad object, and an unusable pack is invalid."""
+    listed = list(walk.store.list(PACKS_PREFIX))
+    for info, held in zip(listed, parallel(lambda info: packs.read_pack(walk.store, info.key), listed)):
+        problem = held.message if isinstance(held, IntegrityError) else _pack_mismatch(walk.store.url, info.key, held, found)
+        if problem is not None:
+            walk.add(Problem(INVALID, "task pack", info.key, info.key, problem))
+            found.invalid.append(info.key)
+        elif not isinstance(held, IntegrityError):
+            found.names[info.key] = packs.pack_shas(held)
+
+
+def _pack_mismatch(url: str, key: str, held: dict[str, records.TaskRecord], found: Records) -> str | None:
+    """Why a readable pack is wrong: a record in it that is not the one stored under its key."""
+    for record in held.values():
+        stored = found.names.get(task_record_key(record.stage, record.key))
+        if stored != packs.pack_shas({record.key: record}):
+            what = "whose record is missing" if stored is None else "naming other objects than its record"
+            return f"{url}/{key}: holds task {record.stage}/{record.key} {what}; fsck --repair deletes the pack"
+    return None
 
 
 _RECORD_KINDS = ((TASKS_PREFIX, "task record", False), (STAGES_PREFIX, "stage record", False),
@@ -461,6 +492,8 @@ def _check(store: Store, dataset: str | None, jobs: int, progress: Progress) -> 
     current, collected = _walk_snapshots(walk, dataset)
     _check_policies(walk, dataset)
     found = walk_records(walk, jobs, dataset)
+    if dataset is None:
+        check_packs(walk, found)
     found.folders = folders_at_records(walk, dataset)
     _check_readbacks(walk, dataset, found)
     sizes = {object_sha(info.key): info.size for info in store.list(OBJECTS_PREFIX)}  # after the records

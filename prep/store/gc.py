@@ -7,7 +7,8 @@ The rules (docs/history.md has the reasoning):
    generation whose history record is missing is the next one's `previous`, or, failing that,
    every stored snapshot), plus
    every snapshot marker, stage record and task record younger than the grace period (what a
-   build in progress may have written or re-committed). The walk is `prep.store.reach`'s.
+   build in progress may have written or re-committed). The walk is `prep.store.reach`'s. Task
+   record packs (`prep.store.packs`) are never roots: a cache of records, they keep nothing.
 2. Kept: the roots' snapshot manifests and artifacts, their stage manifests, every object a kept
    stage manifest or young record names. What a record or manifest names is what its type
    declares (prep.store.records), for snapshots of any layout (layout 1: tokenize, dedup,
@@ -17,6 +18,10 @@ The rules (docs/history.md has the reasoning):
    no layout, a stage manifest of another stage or layout than what names it.
 3. Deleted once older than the grace period: objects not kept; records naming any object not
    kept; markers of snapshots not kept; expired leases; stale temporaries of a local store.
+   Packs holding a record that names any object not kept go at any age (that record goes, or
+   has gone, with its objects; a later build must not find it in a pack), and, once older than
+   the grace period, packs that do not read and packs of a plan that a newer one in the same
+   folder superseded (`packs.superseded`); all count as records.
 4. Exclusion: gc holds a gc lease and refuses to start while a live build lease exists; builds
    take a build lease (`prep.store.leases.build_lease`) and wait while a gc lease lives. Each
    writes its own lease before looking for the other's, so the two never overlap.
@@ -37,12 +42,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prep import hashing
-from prep.errors import NotFoundError, StorageIOError, StoreError, UsageError
+from prep.errors import IntegrityError, NotFoundError, StorageIOError, StoreError, UsageError
 from prep.storage.backend import ObjectInfo, Store
-from prep.store import proven, records, retention
+from prep.store import packs, proven, records, retention
 from prep.store.holds import list_holds
 from prep.store.layout import (
     OBJECTS_PREFIX,
+    PACKS_PREFIX,
     READBACK_PREFIX,
     SNAPSHOTS_PREFIX,
     STAGES_PREFIX,
@@ -127,6 +133,20 @@ def _shas(names: records.Names) -> set[str]:
     return {hashing.parse_id(object_id) for object_id in names.objects | {ref.object_id for ref in names.manifests}}
 
 
+def _dead_packs(store: Store, cutoff: float, kept: set[str]) -> tuple[list[ObjectInfo], list[ObjectInfo]]:
+    """(dead, live) task record packs: dead when a record in one names an object not kept, or,
+    once past the grace period, when it does not read or a newer plan of its folder superseded it."""
+    listed = list(store.list(PACKS_PREFIX))
+    dead, live = [], []
+    for info, pack in zip(listed, parallel(lambda info: packs.read_pack(store, info.key), listed)):
+        if (info.mtime <= cutoff if isinstance(pack, IntegrityError) else not packs.pack_shas(pack) <= kept):
+            dead.append(info)
+        else:
+            live.append(info)
+    old = packs.superseded(live, cutoff)
+    return dead + [info for info in live if info.key in old], [info for info in live if info.key not in old]
+
+
 @dataclass(frozen=True)
 class _Plan:
     """Everything to delete, by category, in deletion order."""
@@ -172,18 +192,19 @@ def _plan(store: Store, cutoff: float, now: float, override: Override | None, st
     # re-stored manifest object would be trusted on a proof of bytes gc deleted.
     dead_records += [info for info in store.list(READBACK_PREFIX)
                      if info.mtime <= cutoff and readback_sha(info.key) not in reach.kept]
+    dead_packs, live_packs = _dead_packs(store, cutoff, reach.kept)
     expired = [info for info in store.list(leases_prefix())
                if info.mtime <= cutoff and ((lease := parse_lease(info)) is None or not held(store, lease, now, store_now))]
     deletions = {
         "snapshots": [m for m in markers if m.mtime <= cutoff and marker_sha(m.key) not in reach.kept],
-        "records": dead_records,
+        "records": dead_records + dead_packs,
         "leases": expired,
         "objects": [o for o in objects if o.mtime <= cutoff and object_sha(o.key) not in reach.kept],
         "temporary": store.stale_staging(cutoff),
     }
     dead_keys = {info.key for info in dead_records}
     kept = {"objects": _tally(o for o in objects if object_sha(o.key) in reach.kept),
-            "records": _tally(info for info in found if info.key not in dead_keys)}
+            "records": _tally([*(info for info in found if info.key not in dead_keys), *live_packs])}
     refs = sum(1 for rule in rules if rule.rule == "refs")
     return _Plan(deletions, kept, refs, chosen, tuple(rule for rule in rules if hashing.parse_id(rule.snapshot) in reach.kept))
 

@@ -22,6 +22,7 @@ LEASES_PREFIX = "leases/"
 READBACK_PREFIX = "readback/"
 RETENTION_PREFIX = "retention/"
 HOLDS_PREFIX = "holds/"
+PACKS_PREFIX = "packs/"
 # A local store's advisory record of object files proven by hashing, with their stat stamps
 # (prep.store.proven): no record or object, so gc and scrub never walk it (gc drops what it collects).
 PROVEN_KEY = "proven/objects.jsonl"
@@ -63,6 +64,27 @@ def task_record_key(stage: str, key: str) -> str:
 def stage_record_key(stage: str, key: str) -> str:
     """`stages/<stage>/<stage key>.json`."""
     return f"{STAGES_PREFIX}{stage}/{key}{RECORD_SUFFIX}"
+
+
+def pack_prefix(stage: str, anchor: str) -> str:
+    """`packs/<stage>/<anchor>/`: the task record packs of plans whose smallest task key is `anchor`."""
+    return f"{PACKS_PREFIX}{stage}/{anchor}/"
+
+
+def pack_key(stage: str, anchor: str, plan: str, sha256_hex: str) -> str:
+    """`packs/<stage>/<anchor>/<plan>-<hex>.json`: a pack of plan `plan`, named by the SHA-256 of its bytes."""
+    return f"{pack_prefix(stage, anchor)}{plan}-{sha256_hex}{RECORD_SUFFIX}"
+
+
+def parse_pack_key(key: str) -> tuple[str, str, str, str] | None:
+    """(stage, anchor, plan, sha256 hex) of a pack key, or None for a key that is no pack's."""
+    parts = key[len(PACKS_PREFIX):].split("/") if key.startswith(PACKS_PREFIX) else []
+    if len(parts) != 3 or not parts[2].endswith(RECORD_SUFFIX):
+        return None
+    plan, _, sha = parts[2].removesuffix(RECORD_SUFFIX).partition("-")
+    if not (parts[0] and is_sha_hex(parts[1]) and is_sha_hex(plan) and is_sha_hex(sha)):
+        return None
+    return parts[0], parts[1], plan, sha
 
 
 def snapshot_marker_key(snapshot_id: str) -> str:

@@ -23,7 +23,7 @@ from tests.manifest.jsonmutation import mutated
 from tests.runner.buildsupport import InProcessExecutor
 
 STEPS = '\n[[steps]]\nuse = "length"\nmin_words = 3\n\n[checks]\nmin_documents = 1\nmax_skipped_fraction = 0.5\n'
-RECORDS = {"task": "prep.task/1", "stage": "prep.stage-record/1"}
+RECORDS = {"task": "prep.task/1", "stage": "prep.stage-record/1", "pack": "prep.task-pack/1"}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def records(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> l
     pipeline = write_pipeline(root, tokenizer_path, shard_size="2KB", extra=STEPS, formats='["bin", "wds", "mds"]')
     result = build(load_pipeline(pipeline), LocalStore(root / "store"), InProcessExecutor(), (), Progress(quiet=True))
     found = [("prep.snapshot/1", result.snapshot.manifest)] + [(RECORDS[folder.rstrip("s")], json.loads(path.read_text()))
-             for folder in ("tasks", "stages") for path in sorted((root / "store" / folder).rglob("*.json"))]
+             for folder in ("tasks", "stages", "packs") for path in sorted((root / "store" / folder).rglob("*.json"))]
     assert {record.get("stage") for _, record in found} >= {"tokenize", "steps", "order", "shard"}
     assert "checks" in result.snapshot.manifest
     return found
@@ -57,7 +57,8 @@ def test_the_fast_path_accepts_no_record_jsonschema_refuses(records: list[tuple[
 
 
 def _first(records: list[tuple[str, Any]], stage: str, has: str) -> dict[str, Any]:
-    return copy.deepcopy(next(record for _, record in records if record.get("stage") == stage and has in record["outputs"]))
+    return copy.deepcopy(next(record for schema, record in records
+                              if schema == "prep.task/1" and record["stage"] == stage and has in record["outputs"]))
 
 
 def test_the_stage_condition_and_paired_outputs_are_checked_as_jsonschema_does(records: list[tuple[str, Any]]) -> None:
@@ -70,3 +71,9 @@ def test_the_stage_condition_and_paired_outputs_are_checked_as_jsonschema_does(r
         assert list(_validator("prep.task/1").iter_errors(broken)) and not conforms(broken, "prep.task/1")
     other = {**lacking, "stage": "bench", "outputs": {"anything": "sha256:" + "0" * 64}, "summary": {}}
     assert not list(_validator("prep.task/1").iter_errors(other)) and conforms(other, "prep.task/1")
+    # Without a stage every branch applies, a stage of another type none: as jsonschema says, one lookup.
+    for stage in (None, 7, ["tokenize"]):
+        odd = {key: value for key, value in _first(records, "tokenize", "intermediate").items() if key != "stage"}
+        if stage is not None:
+            odd["stage"] = stage
+        assert not conforms(odd, "prep.task/1") and list(_validator("prep.task/1").iter_errors(odd))

@@ -4,6 +4,7 @@ layout docs/store.md describes, and the schemas reject what the code never write
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import json
 import re
@@ -44,6 +45,7 @@ KEY_PATTERNS = {
     "object": r"objects/sha256/([0-9a-f]{2})/\1[0-9a-f]{62}",
     "task": rf"tasks/({'|'.join(STAGE_NAMES)})/{HEX}\.json",
     "stage": rf"stages/({'|'.join(STAGE_NAMES)})/{HEX}\.json",
+    "pack": rf"packs/({'|'.join(STAGE_NAMES)})/{HEX}/{HEX}-{HEX}\.json",
     "snapshot": rf"snapshots/{HEX}",
     "ref": rf"refs/{NAME}/{NAME}\.json",
     "history": rf"history/{NAME}/{NAME}/[0-9]{{16}}\.json",
@@ -52,7 +54,7 @@ KEY_PATTERNS = {
     "retention": rf"retention/{NAME}/[0-9]{{16}}\.json",
     "proven": r"proven/objects\.jsonl",  # JSON Lines, advisory: no schema (prep.store.proven)
 }
-SCHEMA_OF = {"task": "prep.task/1", "stage": "prep.stage-record/1", "ref": "prep.ref/1",
+SCHEMA_OF = {"task": "prep.task/1", "pack": "prep.task-pack/1", "stage": "prep.stage-record/1", "ref": "prep.ref/1",
              "history": "prep.ref/1", "log": "prep.build-log/2", "readback": "prep.readback/1",
              "retention": "prep.retention/1"}
 
@@ -153,13 +155,17 @@ def test_records_of_every_layout_in_one_store_validate(with_old_layouts: Built) 
 
 def test_records_are_canonical_and_filed_under_their_own_key(built: Built) -> None:
     store = built.store
-    for kind in ("task", "stage", "ref", "history"):
+    for kind in ("task", "stage", "ref", "history", "pack"):
         for key in keys_of(store, kind):
             raw = store.get_bytes(key)
             record = canonical.loads(raw)
             assert canonical.dumps(record) == raw, key
             if kind in ("task", "stage"):
                 assert key == f"{kind}s/{record['stage']}/{record['key']}.json"
+            if kind == "pack":  # named by its plan and its bytes; every record in it is the one under its key
+                assert key.endswith(f"/{record['plan']}-{hashlib.sha256(raw).hexdigest()}.json"), key
+                assert all(load(store, f"tasks/{record['stage']}/{task_key}.json") == body
+                           for task_key, body in record["records"].items())
     for key in keys_of(store, "history"):
         record = load(store, key)
         assert key == f"history/{record['dataset']}/{record['name']}/{record['generation']:016d}.json"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from prep.runner.build import BuildResult, build
 from prep.runner.executors.pool import LocalExecutor
 from prep.runner.tasks import prepare_worker
 from prep.storage import LocalStore
+from prep.storage.backend import MAX_BODY_BYTES, ObjectInfo
 from prep.store import cas
 from tests.helpers import make_records, write_jsonl
 
@@ -35,6 +38,45 @@ class InProcessExecutor:
 
     def close(self) -> None:
         pass
+
+
+class RequestCountingStore(LocalStore):
+    """A local store counting the requests a remote one would serve: PUTs, GETs, HEADs and LISTs
+    (a listing counts one request per 1,000 keys it yields or part of it, as S3's pages)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.requests: dict[str, int] = {"put": 0, "get": 0, "head": 0, "list": 0}
+        self.got: list[str] = []  # every key a GET asked for, in order
+        self._lock = threading.Lock()
+
+    def count(self, kind: str) -> None:
+        with self._lock:
+            self.requests[kind] += 1
+
+    def total(self) -> int:
+        return sum(self.requests.values())
+
+    def put_bytes(self, key: str, data: bytes) -> bool:
+        self.count("put")
+        return super().put_bytes(key, data)
+
+    def get_bytes(self, key: str, limit: int = MAX_BODY_BYTES) -> bytes:
+        self.count("get")
+        with self._lock:
+            self.got.append(key)
+        return super().get_bytes(key, limit)
+
+    def head(self, key: str) -> Any:
+        self.count("head")
+        return super().head(key)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        self.count("list")
+        for index, info in enumerate(super().list(prefix)):
+            if index and index % 1000 == 0:
+                self.count("list")
+            yield info
 
 
 def build_local(pipeline: Path, store_dir: Path, workers: int = 1, tags: tuple[str, ...] = ()) -> BuildResult:

@@ -47,12 +47,14 @@ def _kill_and_rerun(pipeline: Path, store: Path, point: str, workers: str = "2")
 @pytest.mark.parametrize("point", [
     "tokenize.after_output:2",
     "tokenize.before_commit:3",
+    "tokenize.before_pack",
     "store.before_link:4",
     "order.before_commit",
     "shard.mid_write:2",
     "shard.after_write",
     "shard.between_puts:2",
     "shard.before_commit:2",
+    "shard.before_pack",
     "publish.before_refs",
 ])
 def test_killed_build_reruns_to_the_same_snapshot(project: tuple[Path, str], tmp_path: Path, point: str) -> None:
@@ -66,6 +68,9 @@ def test_killed_build_reruns_to_the_same_snapshot(project: tuple[Path, str], tmp
     if point == "tokenize.before_commit:3":
         # one worker: two tasks were committed before the kill and must not run again
         assert stages["tokenize"]["cached"] == 2 and stages["tokenize"]["ran"] == FILES - 2
+    if point.endswith("before_pack"):  # every record stored, none packed: the rerun runs none, packs them all
+        stage = point.split(".")[0]
+        assert stages[stage]["ran"] == 0 and list((store / "packs" / stage).rglob("*.json"))
     if point.startswith(("order", "shard", "publish")):
         assert stages["tokenize"]["ran"] == 0 and stages["tokenize"]["cached"] == FILES
     if point in ("shard.before_commit:2", "publish.before_refs"):

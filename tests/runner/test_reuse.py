@@ -89,9 +89,10 @@ def test_corrupt_shard_object_is_rewritten_by_a_rebuild(corpus: Path, tokenizer_
 
 
 def rot_a_bucket_of_uncommitted_shards(store_dir: Path) -> str:
-    """Forget the shard stage's commits (as a build killed before them would) and flip a byte of
-    the first bucket object; returns its id."""
+    """Forget the shard stage's commits and packs (as a build killed before them would) and flip a
+    byte of the first bucket object; returns its id."""
     shutil.rmtree(store_dir / "tasks" / "shard")
+    shutil.rmtree(store_dir / "packs" / "shard")
     shutil.rmtree(store_dir / "stages" / "shard")
     bucket = task_outputs(store_dir, "order")[0]
     flip_byte(object_path(store_dir, bucket), 90)

@@ -127,11 +127,12 @@ def test_a_shard_record_without_a_usable_mix_stops_the_build_that_reuses_it(
         built: tuple[Path, BuildResult], tmp_path: Path, change: str) -> None:
     """The shard stage is re-made from its task records (its stage record removed): a record whose
     mix is gone, or whose mix is not its sibling unit's, is a corrupt store: an IntegrityError
-    (exit 3) naming it."""
+    (exit 3) naming it. (Edited by hand: the build reads the file only with no pack holding it.)"""
     store, _ = built
     copy = tmp_path / "store"
     shutil.copytree(store, copy)
     shutil.rmtree(copy / "stages" / "shard")
+    shutil.rmtree(copy / "packs" / "shard")  # a pack would answer with the record as committed, never reading the file
     path = sorted((copy / "tasks" / "shard").glob("*.json"))[0]
     record = json.loads(path.read_text())
     if change == "dropped":

@@ -23,7 +23,7 @@ from prep.storage.backend import Store
 from prep.store import cas, records
 from prep.store.fsck import fsck
 from prep.store.holds import place_hold
-from prep.store.layout import hold_key, object_key, task_record_key
+from prep.store.layout import PACKS_PREFIX, hold_key, object_key, task_record_key
 from prep.store.leases import BUILD, Lease
 from prep.store.snapshots import Snapshot, resolve
 from tests.helpers import prep_env, run_prep, write_pipeline
@@ -31,6 +31,7 @@ from tests.runner.test_rebuild import user_step_project
 from tests.s3support import admin_client
 from tests.store.layout1 import plant_layout1
 from tests.store.test_gc import EMPTY_TOKENIZE, copy_to_s3, project, template  # noqa: F401  (module fixtures)
+from tests.store.test_packs import corrupt
 
 
 def flip(store: LocalStore, object_id: str, offset: int | None = None) -> None:
@@ -137,6 +138,29 @@ def test_invalid_records_and_dangling_objects(project: dict[str, Path]) -> None:
     assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "task record", key)]
     repaired = fsck(store, repair=True)
     assert repaired.repair is not None and repaired.repair.records == (key,) and not store.exists(key)
+    assert fsck(store).clean
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "record missing"])
+def test_a_damaged_pack_is_an_invalid_finding_that_repair_deletes(project: dict[str, Path], damage: str) -> None:  # noqa: F811
+    """A pack that does not read, or holds a record not stored under its key, is reported; repair
+    deletes it (a build would ignore it) and a rebuild gives the clean snapshot and a clean fsck."""
+    store = LocalStore(project["store"])
+    clean = resolve(store, "tiny@latest")
+    key = min(info.key for info in store.list(PACKS_PREFIX) if info.key.startswith(f"{PACKS_PREFIX}tokenize/"))
+    if damage == "flipped byte":
+        corrupt(store, key, damage)
+    else:
+        body = canonical.loads(store.get_bytes(key))
+        store.delete(task_record_key("tokenize", min(body["records"])))
+    report = fsck(store)
+    validate(report.to_json(), "prep.fsck-report/1", "fsck report")
+    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "task pack", key)], report.findings
+    assert ("hash" if damage == "flipped byte" else "whose record is missing") in report.findings[0].detail
+    repaired = fsck(store, repair=True)
+    assert repaired.repair is not None and repaired.repair.records == (key,) and not store.exists(key)
+    assert fsck(store).clean
+    assert run_prep("build", project["v1"], "--store", project["store"]).stdout.split()[-1] == clean.id
     assert fsck(store).clean
 
 

@@ -22,8 +22,9 @@ from prep.manifest import canonical
 from prep.storage import LocalStore, open_store
 from prep.storage.backend import Store
 from prep.store import cas, records
+from prep.store.fsck import fsck
 from prep.store.gc import collect_garbage, parse_duration
-from prep.store.layout import lease_key, stage_record_key, task_record_key
+from prep.store.layout import PACKS_PREFIX, lease_key, pack_key, stage_record_key, task_record_key
 from prep.store.leases import BUILD, GC, Lease, build_lease, process_scope, read_leases
 from prep.store.refs import move_ref
 from prep.store.snapshots import Snapshot, load_snapshot, publish_manifest, resolve
@@ -72,9 +73,9 @@ def stored_objects(store: Store) -> set[str]:
 
 
 def assert_records_resolve(store: Store) -> None:
-    """No commit record may name an object that is gone."""
+    """No commit record (nor a pack of task records) may name an object that is gone."""
     present = stored_objects(store)
-    for info in [*store.list(records.TASKS_PREFIX), *store.list(records.STAGES_PREFIX)]:
+    for info in [*store.list(records.TASKS_PREFIX), *store.list(records.STAGES_PREFIX), *store.list(PACKS_PREFIX)]:
         body = store.get_bytes(info.key).decode()
         for object_id in body.split('"'):
             if object_id.startswith("sha256:"):
@@ -203,6 +204,34 @@ def test_young_records_are_roots(project: dict[str, Path]) -> None:
     assert not store.exists(cas.object_key(orphan.sha256))
     assert records.read_task_record(store, "tokenize", "f" * 64) is None
     assert report.deleted["objects"].count == 1 and report.deleted["records"].count == 1
+
+
+def test_packs_keep_nothing_alive_and_go_with_the_records_gc_collects(project: dict[str, Path]) -> None:
+    """A crashed build's packs name what only its records reach: once those go, so do the packs
+    holding them, and the objects are collected all the same; the kept build's plans still find
+    packs (its own, or a newer plan's of the same folder that superseded them), and an unreadable
+    pack goes once past the grace period."""
+    store = LocalStore(project["store"])
+    kept = resolve(store, "tiny@latest")
+    before = {info.key for info in store.list(PACKS_PREFIX)}
+    assert {key.split("/")[1] for key in before} == {"tokenize", "order", "shard"}
+    crash(project["v2"], project["store"], "shard.before_commit")
+    crashed = {info.key for info in store.list(PACKS_PREFIX)} - before
+    assert {key.split("/")[1] for key in crashed} == {"tokenize", "order"}
+    unreadable = pack_key("tokenize", "a" * 64, "b" * 64, "c" * 64)
+    store.put_bytes(unreadable, b"not a pack")
+    assert collect_garbage(store, grace_seconds=HOUR).freed.count == 0, "young records are roots, young packs stay"
+    age(project["store"], 2 * HOUR)
+    collect_garbage(store, grace_seconds=HOUR)
+    left = {info.key for info in store.list(PACKS_PREFIX)}
+    assert not store.exists(unreadable)
+    assert any(key.split("/")[1] == "order" for key in crashed - left), "the packs of collected records are gone"
+    assert {key.rsplit("/", 1)[0] for key in before} <= {key.rsplit("/", 1)[0] for key in left}, \
+        "each plan of the kept build still finds packs in its folder"
+    assert stored_objects(store) == reachable(store, kept.id)
+    assert_records_resolve(store)
+    assert fsck(store).clean, "every pack left holds records stored under their keys"
+    assert run_prep("build", project["v1"], "--store", project["store"]).stdout.split()[-1] == kept.id
 
 
 def test_gc_waits_for_builds_and_builds_wait_for_gc(project: dict[str, Path]) -> None:

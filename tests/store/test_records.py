@@ -12,9 +12,9 @@ import pytest
 from prep.errors import IntegrityError
 from prep.manifest import canonical
 from prep.storage import LocalStore
-from prep.storage.backend import MAX_BODY_BYTES
 from prep.store import records
 from prep.store.layout import stage_record_key, task_record_key
+from tests.runner.buildsupport import RequestCountingStore
 
 KEY = "c" * 64
 IDS = [f"sha256:{digit * 64}" for digit in "0123456789"]
@@ -205,34 +205,14 @@ def test_a_snapshot_manifest_of_unknown_shape_is_refused() -> None:
         records.snapshot_names(partial, "snap")
 
 
-class RequestCountingStore(LocalStore):
-    """A local store counting the requests a remote one would serve: PUTs, GETs and HEADs."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.requests: dict[str, int] = {"put": 0, "get": 0, "head": 0}
-
-    def put_bytes(self, key: str, data: bytes) -> bool:
-        self.requests["put"] += 1
-        return super().put_bytes(key, data)
-
-    def get_bytes(self, key: str, limit: int = MAX_BODY_BYTES) -> bytes:
-        self.requests["get"] += 1
-        return super().get_bytes(key, limit)
-
-    def head(self, key: str) -> Any:
-        self.requests["head"] += 1
-        return super().head(key)
-
-
 def test_a_commit_is_one_put_and_a_lookup_one_get(tmp_path: Path) -> None:
     store = RequestCountingStore(tmp_path / "store")
     assert records.read_task_record(store, "toy", KEY) is None
-    assert store.requests == {"put": 0, "get": 1, "head": 0}
+    assert store.requests == {"put": 0, "get": 1, "head": 0, "list": 0}
     written = records.write_task_record(store, "toy", KEY, {"out": IDS[0]}, {"n": 1})
-    assert store.requests == {"put": 1, "get": 1, "head": 0}
+    assert store.requests == {"put": 1, "get": 1, "head": 0, "list": 0}
     assert records.read_task_record(store, "toy", KEY) == written
-    assert store.requests == {"put": 1, "get": 2, "head": 0}
+    assert store.requests == {"put": 1, "get": 2, "head": 0, "list": 0}
 
 
 def test_a_commit_meeting_another_writers_record_reads_it_and_refuses_other_outputs(tmp_path: Path) -> None:
@@ -248,6 +228,6 @@ def test_an_alias_record_is_one_put_and_the_first_one_stays(tmp_path: Path) -> N
     store = RequestCountingStore(tmp_path / "store")
     records.write_alias_record(store, "steps", KEY, {"outcomes": IDS[0]})
     records.write_alias_record(store, "steps", KEY, {"outcomes": IDS[1]})
-    assert store.requests == {"put": 2, "get": 0, "head": 0}
+    assert store.requests == {"put": 2, "get": 0, "head": 0, "list": 0}
     found = records.read_task_record(store, "steps", KEY)
     assert found is not None and found.outputs == {"outcomes": IDS[0]}

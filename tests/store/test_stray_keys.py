@@ -5,6 +5,7 @@ repaired."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -74,9 +75,11 @@ def test_a_damaged_read_back_record_is_found_and_repaired(project: dict[str, Pat
 
 def test_an_empty_folder_at_a_task_record_key_is_a_finding_that_repair_removes(project: dict[str, Path]) -> None:  # noqa: F811
     """Regression: a folder in place of a task record made a build fail (one line) while fsck called
-    the store clean: the local listing shows no key where a folder holds nothing."""
+    the store clean: the local listing shows no key where a folder holds nothing. (No packs: a
+    build would find the record in its pack and never read the key.)"""
     store = LocalStore(project["store"])
     snapshot = resolve(store, "tiny@latest")
+    shutil.rmtree(project["store"] / "packs")
     key = next(info.key for info in store.list("tasks/order/"))
     path = store.local_path(key)
     assert path is not None

@@ -1,0 +1,199 @@
+"""Task record packs (`prep.task-pack/1`): one object holding a batch of committed task records,
+a verified cache that planning reads before it looks records up one by one.
+
+A plan (one stage's task keys) is named by the SHA-256 over its sorted keys, one a line; its
+packs go under `packs/<stage>/<anchor>/`, the anchor being its smallest key, and are named
+`<plan>-<hex>.json` by the SHA-256 of their bytes. A resume of the same plan lists its anchor's
+folder and reads its own packs; a plan that differs by a few keys (a build that appends a file)
+almost always keeps the anchor (or has it as its second smallest key: both folders are listed),
+so it finds the packs of the build before and reads the newest such plan's.
+
+A pack is written only after every record in it is committed; `tasks/<stage>/<key>.json` stays
+authoritative, and a record no pack holds is looked up by itself. Read back, a pack must hash to
+its name, match its schema, its key's stage and plan, and every record in it must pass as a single
+record read does (`prep.task/1`, filed under its own key, of the pack's stage): one that fails is
+ignored whole and reported, never trusted. Records found other than in the plan's own packs are
+packed under it, so the next lookup of the same plan reads packs only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from prep import hashing
+from prep.errors import IntegrityError, NotFoundError
+from prep.manifest import canonical
+from prep.manifest.schema import validate
+from prep.storage.backend import ObjectInfo, Store
+from prep.storage.parallel import in_sequence
+from prep.store import records
+from prep.store.layout import is_sha_hex, pack_key, pack_prefix, parse_pack_key
+
+PACK_SCHEMA = "prep.task-pack/1"
+ANCHORS = 2
+"""A plan's smallest keys whose folders a lookup lists: the second finds the packs of a plan that
+lacked this plan's smallest key (a file appended whose part sorts first)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One stage's task keys as packs know them: the hash naming them and their smallest keys
+    (none when a key is no SHA-256 hex: such a plan has no packs)."""
+
+    stage: str
+    plan: str
+    anchors: tuple[str, ...]
+
+    @classmethod
+    def of(cls, stage: str, keys: Iterable[str]) -> Plan:
+        """The plan of `keys` in any order (the same keys, the same plan)."""
+        ordered = sorted(set(keys))
+        digest = hashlib.sha256("\n".join(ordered).encode()).hexdigest()
+        anchors = tuple(ordered[:ANCHORS])
+        return cls(stage, digest, anchors if anchors and all(map(is_sha_hex, anchors)) else ())
+
+
+@dataclass(frozen=True)
+class Found:
+    """What packs answered for a lookup: the wanted keys' records, those of them the plan's own
+    packs held, and each pack that failed its check (one line each)."""
+
+    records: dict[str, records.TaskRecord]
+    own: frozenset[str]
+    problems: tuple[str, ...]
+
+
+def pack_bytes(plan: Plan, batch: Sequence[records.TaskRecord]) -> bytes:
+    """The canonical bytes of a pack of `batch`, checked first: never store an invalid one."""
+    body = {"schema": PACK_SCHEMA, "stage": plan.stage, "plan": plan.plan,
+            "records": {record.key: record.to_json() for record in batch}}
+    validate(body, PACK_SCHEMA, f"new task pack of {plan.stage}")
+    if any(record.stage != plan.stage for record in batch):
+        raise IntegrityError(f"a task pack of {plan.stage} would hold records of another stage")
+    return canonical.dumps(body)
+
+
+def write_pack(store: Store, plan: Plan, batch: Sequence[records.TaskRecord]) -> str | None:
+    """Store committed records of `plan` as one pack, create-only (one PUT); its key, None when
+    there is nothing to write or the plan has no packs."""
+    if not batch or not plan.anchors:
+        return None
+    raw = pack_bytes(plan, batch)
+    key = pack_key(plan.stage, plan.anchors[0], plan.plan, hashlib.sha256(raw).hexdigest())
+    store.put_bytes(key, raw)
+    return key
+
+
+def parse_pack(key: str, raw: bytes, source: str) -> dict[str, records.TaskRecord]:
+    """The records of the pack stored at `key`, by task key, every check passed; IntegrityError
+    naming `source` and what failed otherwise."""
+    named = parse_pack_key(key)
+    if named is None:
+        raise IntegrityError(f"{source}: {key!r} is no task pack key")
+    stage, _, plan, sha = named
+    if hashlib.sha256(raw).hexdigest() != sha:
+        raise IntegrityError(f"{source}: does not hash to its name (corrupt or truncated)")
+    try:
+        body = canonical.loads(raw)
+    except ValueError as exc:
+        raise IntegrityError(f"{source}: unreadable task pack ({exc})") from None
+    validate(body, PACK_SCHEMA, source)
+    if body["stage"] != stage or body["plan"] != plan:
+        raise IntegrityError(f"{source}: a pack of {body['stage']} plan {body['plan']}, filed under {stage} plan {plan}")
+    found = {}
+    for task_key, data in body["records"].items():
+        record = records.TaskRecord.from_json(data, f"{source}: record {task_key}")
+        if record.key != task_key or record.stage != stage:
+            raise IntegrityError(f"{source}: holds the record of task {record.stage}/{record.key} as {stage}/{task_key}")
+        found[task_key] = record
+    return found
+
+
+def read_pack(store: Store, key: str) -> dict[str, records.TaskRecord] | IntegrityError:
+    """The records of a stored pack (none when it vanished), or why it is unusable."""
+    try:
+        return parse_pack(key, store.get_bytes(key), f"{store.url}/{key}")
+    except NotFoundError:
+        return {}
+    except IntegrityError as exc:
+        return exc
+
+
+def pack_shas(held: dict[str, records.TaskRecord]) -> set[str]:
+    """The SHA-256 hex of every object the records of a pack name."""
+    return {hashing.parse_id(object_id) for record in held.values() for object_id in record.names().objects}
+
+
+def superseded(infos: Iterable[ObjectInfo], cutoff: float) -> set[str]:
+    """The keys of packs older than `cutoff` whose plan is not the newest (by its newest pack) in
+    its anchor's folder: a lookup reads only its own plan's packs and the newest other plan's,
+    and each build of a plan packs every record it finds, so older plans' packs serve no lookup
+    that the newest does not (a plan rebuilt later packs again what it misses)."""
+    newest: dict[tuple[str, str], tuple[float, str]] = {}
+    named = [(info, parse_pack_key(info.key)) for info in infos]
+    for info, name in named:
+        if name is not None:
+            folder = (name[0], name[1])
+            newest[folder] = max(newest.get(folder, (info.mtime, name[2])), (info.mtime, name[2]))
+    return {info.key for info, name in named
+            if name is not None and info.mtime <= cutoff and newest[(name[0], name[1])][1] != name[2]}
+
+
+def _by_plan(store: Store, plan: Plan) -> dict[str, list[ObjectInfo]]:
+    """The packs in the folders of the plan's anchors, by the plan that wrote them (a LIST each)."""
+    listed: dict[str, list[ObjectInfo]] = {}
+    for anchor in plan.anchors:
+        for info in store.list(pack_prefix(plan.stage, anchor)):
+            named = parse_pack_key(info.key)
+            if named is not None and named[0] == plan.stage:
+                listed.setdefault(named[2], []).append(info)
+    return listed
+
+
+def _read(store: Store, infos: Sequence[ObjectInfo], wanted: Collection[str], jobs: int,
+          found: dict[str, records.TaskRecord], problems: list[str]) -> None:
+    """Read `infos` `jobs` at a time, adding the wanted records of each usable one to `found`."""
+    reads = (partial(read_pack, store, info.key) for info in infos)
+    for held in in_sequence(reads, jobs, "prep-packs"):
+        if isinstance(held, IntegrityError):
+            problems.append(held.message)
+            continue
+        found.update((key, record) for key, record in held.items() if key in wanted)
+
+
+def lookup(store: Store, plan: Plan, wanted: Collection[str], jobs: int) -> Found:
+    """The wanted keys' records that packs hold: the plan's own packs first, then, for what they
+    leave, the packs of the newest other plan sharing an anchor (its packs' newest mtime)."""
+    listed = _by_plan(store, plan) if plan.anchors else {}
+    found: dict[str, records.TaskRecord] = {}
+    problems: list[str] = []
+    _read(store, listed.pop(plan.plan, []), wanted, jobs, found, problems)
+    own = frozenset(found)
+    if listed and len(found) < len(wanted):
+        newest = max(listed, key=lambda other: max(info.mtime for info in listed[other]))
+        _read(store, listed[newest], {key for key in wanted if key not in found}, jobs, found, problems)
+    return Found(found, own, tuple(problems))
+
+
+def find_committed(store: Store, stage: str, keys: Sequence[str], jobs: int, pack_records: int,
+                   warn: Callable[[str], None]) -> dict[str, records.TaskRecord | None]:
+    """Each key's committed record or None: packs first (`pack_records` 0: none), then one GET
+    for each key no pack answered, `jobs` at a time. Records found other than in the plan's own
+    packs are packed under it, `pack_records` a pack; each unusable pack is `warn`ed about."""
+    plan = Plan.of(stage, keys)
+    packed = lookup(store, plan, set(keys), jobs) if pack_records > 0 else Found({}, frozenset(), ())
+    for problem in packed.problems:
+        warn(f"warning: an unusable task pack is ignored ({problem}); its tasks are looked up one by one")
+    missing = [key for key in keys if key not in packed.records]
+    gets = (partial(records.read_task_record, store, stage, key) for key in missing)
+    fetched = dict(zip(missing, in_sequence(gets, jobs, "prep-lookup")))
+    if pack_records > 0:
+        unpacked = [record for key, record in (*packed.records.items(), *fetched.items())
+                    if record is not None and key not in packed.own]
+        batches = (partial(write_pack, store, plan, unpacked[at:at + pack_records])
+                   for at in range(0, len(unpacked), pack_records))
+        list(in_sequence(batches, jobs, "prep-packs"))
+    return {key: packed.records.get(key) or fetched.get(key) for key in keys}
