@@ -128,6 +128,7 @@ def test_a_cluster_record_whose_sizes_do_not_add_up_stops_the_build_that_reuses_
     else:
         record["summary"]["sizes"][1]["min"] = 4
     path.write_text(json.dumps(record))
+    shutil.rmtree(copy / "packs" / "near_clusters")  # its pack would answer with the record as committed
     pipeline = (store.parent / "plain.toml").read_text().replace('shard_size = "16KB"', 'shard_size = "32KB"')
     (tmp_path / "other.toml").write_text(pipeline.replace('"corpus/', f'"{store.parent}/corpus/'))
     failed = run_prep("build", tmp_path / "other.toml", "--store", copy, check=False)
