@@ -17,11 +17,12 @@ word is a fixed mix of its number. Each pair goes to 1, 2 or 3 (half, 30%, 20%) 
 objects (`prep.workfiles.pairs.write_pairs`), as band buckets would find it in 1-3 bands, about
 `--pairs-per-object` records an object (a bucket task holds about 2,000,000 band records).
 
-Measured, each task a fresh `python -m tests.bench.bench_clusters task ...` process reading and
-writing local files as a worker would, `--workers` at a time, through benchsupport.measure_tree
-(wall, CPU of the process) and the process's own peak RSS, the VmHWM it reads of itself as it
-ends (exact where a sampler can miss a short peak; and unlike `getrusage`'s ru_maxrss, or a sample
-taken before the exec, it does not count the memory of the benchmark process that started it):
+Measured, each task a fresh process reading and writing local files as a worker would, `--workers`
+at a time: forked from a fork server that holds the imports and nothing else (as prep's workers
+are forked from its zygote; a fresh interpreter a task cost 0.3 CPU s, and there are hundreds of
+tasks), it reports its own CPU seconds and its peak RSS, the VmHWM it reads of itself as it ends
+(exact where a sampler can miss a short peak at the end; and unlike `getrusage`'s ru_maxrss it
+does not count the memory of the process it was started from); the wall is the benchmark's:
 - union-find: one task reads every pairs object and joins them with tests/neardup/unionfind.py's
   `clusters` over all pairs at once (what the cluster task did before 6ceda17, and what datatrove's
   cluster stage does: one process over all pairs), then writes the drops object;
@@ -47,19 +48,20 @@ import argparse
 import hashlib
 import json
 import math
+import multiprocessing
 import os
+import resource
 import shutil
-import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from tests.bench.benchsupport import REPO, TreeRun, measure_tree
 
 Array = np.ndarray[Any, Any]
 ROWS_PER_PART = 1 << 20
@@ -197,12 +199,15 @@ def made_pairs(workdir: Path, millions: float, per_object: int, giant: int, chai
 
 # ---- the tasks, each in its own process ---------------------------------------------------------
 
-def task_main(spec: dict[str, Any]) -> None:
-    """Run one task of `spec` in this process and print what it did, with this process's peak RSS."""
+def task_main(spec: dict[str, Any], reply_to: Connection) -> None:
+    """Run one task of `spec` in this process and send back what it did, with this process's CPU
+    seconds and peak RSS."""
     reply = TASKS[spec["kind"]](spec)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     with open("/proc/self/status") as status:
         reply["peak"] = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
-    print(json.dumps(reply))
+    reply["cpu"] = usage.ru_utime + usage.ru_stime
+    reply_to.send(reply)
 
 
 def _noop(spec: dict[str, Any]) -> dict[str, Any]:
@@ -210,7 +215,7 @@ def _noop(spec: dict[str, Any]) -> dict[str, Any]:
     import prep.stages.starrounds
     import prep.workfiles.drops
     import prep.workfiles.edges
-    import prep.workfiles.pairs
+    import prep.workfiles.pairs  # noqa: F401
     import tests.neardup.unionfind  # noqa: F401
 
     return {}
@@ -280,12 +285,30 @@ TASKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "noop": _noop, "unionfind": _union_find, "route": _route, "round": _round, "drops": _drops, "merge": _merge}
 
 
+def forks() -> BaseContext:
+    """Processes forked from a fork server that holds the tasks' imports and nothing else, as
+    prep's workers are forked from its zygote: each task's peak is its own."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["numpy", "prep.stages.starrounds", "prep.workfiles.drops", "prep.workfiles.edges",
+                                    "prep.workfiles.pairs", "tests.neardup.unionfind"])
+    return context
+
+
 def run_task(spec: dict[str, Any]) -> Measured:
     """One task in a fresh process, measured."""
-    command = [sys.executable, "-m", "tests.bench.bench_clusters", "task", json.dumps(spec)]
-    run: TreeRun = measure_tree(command, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
-    reply: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
-    return Measured(run.seconds, run.cpu_seconds, int(reply["peak"]), reply)
+    receiving, sending = FORKS.Pipe(duplex=False)
+    started = time.perf_counter()
+    process = FORKS.Process(target=task_main, args=(spec, sending))  # type: ignore[attr-defined]
+    process.start()
+    sending.close()
+    try:
+        reply: dict[str, Any] = receiving.recv()
+    except EOFError:
+        raise SystemExit(f"task {json.dumps(spec)[:300]} died") from None
+    process.join()
+    if process.exitcode:
+        raise SystemExit(f"task {json.dumps(spec)[:300]} exited {process.exitcode}")
+    return Measured(time.perf_counter() - started, float(reply["cpu"]), int(reply["peak"]), reply)
 
 
 def run_stage(specs: Sequence[dict[str, Any]], workers: int) -> Stage:
@@ -294,6 +317,9 @@ def run_stage(specs: Sequence[dict[str, Any]], workers: int) -> Stage:
     with ThreadPoolExecutor(workers) as pool:
         tasks = tuple(pool.map(run_task, specs))
     return Stage(time.perf_counter() - started, tasks)
+
+
+FORKS = forks()
 
 
 # ---- the configurations -------------------------------------------------------------------------
@@ -393,7 +419,7 @@ def compare(args: argparse.Namespace, millions: float) -> dict[str, Any]:
     routed = ([str(work / f"edges-{at}.obj") for at in range(len(objects))],
               [str(work / f"nodes-{at}.obj") for at in range(len(objects))])
     peaks: dict[str, int] = {"unionfind": union.peak, "route": route.peak}
-    for ranges in args.ranges:
+    for ranges in args.ranges[millions]:
         run = partitioned(work, routed, ranges, args.workers)
         if run.digest != expected:
             raise SystemExit(f"{label}, {ranges} ranges: the drops object differs from the union-find's")
@@ -416,49 +442,47 @@ def _row(label: str, what: str, tasks: int, rounds: str, seconds: float, cpu: fl
           f"{peak / union:7.2f}", flush=True)
 
 
-def ratios(args: argparse.Namespace, peaks: dict[float, dict[str, int]], floor: int) -> None:
+def ratios(peaks: dict[float, dict[str, int]], floor: int) -> None:
     """The largest size's peaks over the smallest's, and the diagonal where ranges grow with the pairs."""
     sizes = sorted(peaks)
     small, large = sizes[0], sizes[-1]
-    print(f"peak {large:g}M / {small:g}M: union-find {peaks[large]['unionfind'] / peaks[small]['unionfind']:.2f}, "
-          + ", ".join(f"{ranges} ranges {peaks[large][f'ranges-{ranges}'] / peaks[small][f'ranges-{ranges}']:.2f}"
-                      for ranges in args.ranges)
-          + f" (pairs x{large / small:g}; every process's floor {megabytes(floor)} MB)")
-    diagonal = [(size, ranges) for size, ranges in zip(sizes, args.ranges)
-                if round(size / small) == ranges // args.ranges[0]]
+    both = [key for key in peaks[small] if key in peaks[large] and not key.startswith("merge")]
+    print(f"peak {large:g}M / {small:g}M (pairs x{large / small:g}; every process's floor {megabytes(floor)} MB): "
+          + ", ".join(f"{key} {peaks[large][key] / peaks[small][key]:.2f}" for key in both))
+    diagonal = [(size, f"ranges-{round(size / small)}") for size in sizes]
+    diagonal = [(size, key) for size, key in diagonal if key in peaks[size]]
     if len(diagonal) > 1:
-        first = peaks[diagonal[0][0]][f"ranges-{diagonal[0][1]}"]
+        first = peaks[diagonal[0][0]][diagonal[0][1]]
         print("largest task at a fixed number of pairs a range: " + ", ".join(
-            f"{size:g}M on {ranges} {megabytes(peaks[size][f'ranges-{ranges}'])} MB "
-            f"({peaks[size][f'ranges-{ranges}'] / first:.2f})" for size, ranges in diagonal)
-              + "; above the floor: " + ", ".join(
-            f"{(peaks[size][f'ranges-{ranges}'] - floor) / max(first - floor, 1):.2f}" for size, ranges in diagonal))
+            f"{size:g}M on {key[7:]} {megabytes(peaks[size][key])} MB ({peaks[size][key] / first:.2f})"
+            for size, key in diagonal) + "; above the floor: " + ", ".join(
+            f"{(peaks[size][key] - floor) / max(first - floor, 1):.2f}" for size, key in diagonal))
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "task":
-        task_main(json.loads(sys.argv[2]))
-        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", default="2,8,32", help="millions of distinct candidate pairs, comma-separated")
-    parser.add_argument("--ranges", default="1,4,16", help="range counts (powers of two), comma-separated")
+    parser.add_argument("--ranges", default="1,4,16", help="range counts (powers of two), comma-separated; or a "
+                        "list a size, separated by '/' (1,4,16/4,16: the second size without 1 range)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tasks run at once")
     parser.add_argument("--pairs-per-object", type=int, default=1_000_000, help="pair records a pairs object holds")
     parser.add_argument("--giant", type=int, default=100_000, help="members of each giant star")
     parser.add_argument("--chain", type=int, default=100_000, help="members of each path")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/prep-bench"))
     args = parser.parse_args()
-    args.ranges = [int(ranges) for ranges in args.ranges.split(",")]
-    if any(ranges < 1 or ranges & (ranges - 1) for ranges in args.ranges):
-        parser.error("--ranges must be powers of two")
+    sizes = [float(size) for size in args.pairs.split(",")]
+    lists = [[int(ranges) for ranges in listed.split(",")] for listed in args.ranges.split("/")]
+    args.ranges = dict(zip(sizes, lists if len(lists) == len(sizes) else lists[:1] * len(sizes)))
+    if len(lists) not in (1, len(sizes)) or any(ranges < 1 or ranges & (ranges - 1) for ranges in sum(lists, [])):
+        parser.error("--ranges: powers of two, one list or one a size")
     args.workdir.mkdir(parents=True, exist_ok=True)
     print(f"{time.strftime('%Y-%m-%d %H:%M')} load average {os.getloadavg()[0]:.2f}, {args.workers} workers",
           flush=True)
     floor = run_task({"kind": "noop"}).peak
     print(f"{'pairs':>5} {'what':<28} {'tasks':>6} {'rounds':>6} {'wall s':>9} {'CPU s':>9} {'peak MB':>9} "
           f"{'/ u-f':>7}", flush=True)
-    peaks = {float(size): compare(args, float(size)) for size in args.pairs.split(",")}
-    ratios(args, peaks, floor)
+    peaks = {size: compare(args, size) for size in sizes}
+    ratios(peaks, floor)
 
 
 if __name__ == "__main__":
