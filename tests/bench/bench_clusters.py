@@ -305,9 +305,8 @@ def run_task(spec: dict[str, Any]) -> Measured:
         reply: dict[str, Any] = receiving.recv()
     except EOFError:
         raise SystemExit(f"task {json.dumps(spec)[:300]} died") from None
-    process.join()
-    if process.exitcode:
-        raise SystemExit(f"task {json.dumps(spec)[:300]} exited {process.exitcode}")
+    process.join()  # its exit code is not read: under load the fork server now and then reports 255 for a
+    # task that sent its reply (its last act), and a task that fails sends none
     return Measured(time.perf_counter() - started, float(reply["cpu"]), int(reply["peak"]), reply)
 
 
