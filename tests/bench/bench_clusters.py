@@ -305,8 +305,8 @@ def run_task(spec: dict[str, Any]) -> Measured:
         reply: dict[str, Any] = receiving.recv()
     except EOFError:
         raise SystemExit(f"task {json.dumps(spec)[:300]} died") from None
-    process.join()  # its exit code is not read: under load the fork server now and then reports 255 for a
-    # task that sent its reply (its last act), and a task that fails sends none
+    process.join()  # its exit code is not read: when two threads poll one child (another thread's start
+    # polls every child) one of them reads 255; the reply is a task's last act, and a failed task sends none
     return Measured(time.perf_counter() - started, float(reply["cpu"]), int(reply["peak"]), reply)
 
 
