@@ -2,8 +2,11 @@
 partitioned large-star/small-star rounds against the one-task union-find they replaced, side by
 side in one run, on synthetic candidate pairs.
 
-    python -m tests.bench.bench_clusters [--pairs 2,8,32] [--ranges 1,4,16] [--workers 2]
+    python -m tests.bench.bench_clusters [--pairs 2,8,32] [--ranges 1,4,16 | 1,4,16/4,16/16] [--workers 2]
         [--pairs-per-object 1000000] [--giant 100000] [--chain 100000] [--workdir /tmp/prep-bench]
+
+(`--ranges`: one list for every size, or one a size separated by `/`. docs/performance.md says what
+was run on this machine: 32M pairs on 1 and 4 ranges takes hours of its shared cores.)
 
 Pairs (`--pairs`, millions of distinct candidate pairs; made once under the workdir, reused):
 shaped like the bucket stage's output on a web crawl. 90% of the pairs join many small clusters
@@ -38,8 +41,9 @@ A task that imports the same modules and does nothing gives the floor every proc
 Checked: the merged drops object of every range count is byte for byte the union-find's, and its
 count is the members less the clusters made. Printed: each range count's largest task peak over
 the union-find's; the union-find's and each range count's peak at the largest size over the
-smallest; the largest task's peak along the diagonal where ranges grow with the pairs (2M on 1
-range, 8M on 4, 32M on 16: a fixed number of edges a range), which must stay about flat.
+smallest; the largest task's peak along the diagonal where the ranges grow with the pairs (a size
+on as many ranges as it is times the smallest: 2M on 1 range, 8M on 4, 32M on 16, a fixed number
+of edges a range), which must stay about flat.
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ class Made:
 
 @dataclass(frozen=True)
 class Measured:
-    """One task run: its wall and CPU seconds, its peak RSS, and what it printed."""
+    """One task run: its wall and CPU seconds, its peak RSS, and what it replied."""
 
     seconds: float
     cpu: float
@@ -110,7 +114,6 @@ class Stage:
         return max((task.peak for task in self.tasks), default=0)
 
 
-# ---- the synthetic pairs ----------------------------------------------------------------------
 
 def graph(pairs: int, giant: int, chain: int, seed: int) -> tuple[Array, Array, int, int]:
     """Distinct edges (left < right, global numbers) of about `pairs` pairs, the members, the clusters."""
@@ -197,7 +200,6 @@ def made_pairs(workdir: Path, millions: float, per_object: int, giant: int, chai
     return made_pairs(workdir, millions, per_object, giant, chain)
 
 
-# ---- the tasks, each in its own process ---------------------------------------------------------
 
 def task_main(spec: dict[str, Any], reply_to: Connection) -> None:
     """Run one task of `spec` in this process and send back what it did, with this process's CPU
@@ -321,7 +323,6 @@ def run_stage(specs: Sequence[dict[str, Any]], workers: int) -> Stage:
 FORKS = forks()
 
 
-# ---- the configurations -------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Rounds:
