@@ -129,6 +129,7 @@ def s3_keys(url: str, prefix: str) -> list[str]:
 
 
 def committed_tokenize_tasks(store: str) -> int:
+    """How many tokenize task records the S3 store holds."""
     return sum(key.endswith(".json") for key in s3_keys(store, "tasks/tokenize/"))
 
 
