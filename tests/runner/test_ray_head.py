@@ -1,10 +1,12 @@
 """Issue 44: the head of a three-raylet Ray cluster (its GCS) killed in the middle of a
-`prep build --executor ray`: one error line, exit 75, only the error JSON on stdout, within a
-bounded time; then the same build on a new cluster ends at the local executor's snapshot and runs
-only the tasks the lost build had not committed."""
+`prep build --executor ray` reading its corpus from and writing its store to S3 (moto's server
+over HTTP): one error line, exit 75, only the error JSON on stdout, within a bounded time; then the
+same build on a new cluster ends at the local executor's snapshot and runs only the tasks the lost
+build had not committed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,8 +28,8 @@ from prep.errors import ClusterLostError
 from prep.manifest.schema import validate
 from prep.runner.executors.rayhead import HeadWatch
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
-from tests.runner.buildsupport import all_objects_intact
 from tests.runner.test_ray import REPO, _closed_port, _ray_env, object_keys
+from tests.s3support import admin_client, new_bucket
 
 FILES = 12  # tokenize tasks: enough that some are uncommitted when the first commit lands
 
@@ -118,29 +120,63 @@ def clusters() -> Iterator[Clusters]:
 PROGRESS = re.compile(r"\[ *\d+\.\ds\] ")
 
 
-def wait_for_commits(records: Path, build: subprocess.Popen[str], timeout: float = 120.0) -> None:
-    """Return once the build committed its first tokenize task (it still runs)."""
+def s3_keys(url: str, prefix: str) -> list[str]:
+    """Every key below `prefix` of the store at `s3://bucket/root`, relative to the store,
+    listed through boto3 on the test endpoint."""
+    bucket, _, root = url.removeprefix("s3://").partition("/")
+    pages = admin_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{root}/{prefix}")
+    return [item["Key"].removeprefix(f"{root}/") for page in pages for item in page.get("Contents", [])]
+
+
+def committed_tokenize_tasks(store: str) -> int:
+    """How many tokenize task records the S3 store holds."""
+    return sum(key.endswith(".json") for key in s3_keys(store, "tasks/tokenize/"))
+
+
+def all_s3_objects_intact(store: str) -> bool:
+    """Every object under the store's objects/ hashes to its key's name."""
+    bucket, _, root = store.removeprefix("s3://").partition("/")
+    for key in s3_keys(store, "objects/"):
+        body = admin_client().get_object(Bucket=bucket, Key=f"{root}/{key}")["Body"].read()
+        if hashlib.sha256(body).hexdigest() != key.rpartition("/")[2]:
+            return False
+    return True
+
+
+def wait_for_commits(store: str, build: subprocess.Popen[str], timeout: float = 120.0) -> None:
+    """Return once the build committed its first tokenize task to the S3 store (it still runs)."""
     deadline = time.monotonic() + timeout
-    while not any(records.glob("*.json")):
+    while not committed_tokenize_tasks(store):
         assert build.poll() is None, f"the build ended before its first commit: {build.communicate()}"
         assert time.monotonic() < deadline, "no tokenize task committed"
-        time.sleep(0.02)
+        time.sleep(0.05)
 
 
+def s3_corpus(corpus: Path) -> str:
+    """A fresh bucket holding `corpus`'s files under corpus/; returns the s3:// URL of that prefix."""
+    url = new_bucket()
+    for path in sorted(corpus.iterdir()):
+        admin_client().put_object(Bucket=url.removeprefix("s3://"), Key=f"corpus/{path.name}", Body=path.read_bytes())
+    return f"{url}/corpus/"
+
+
+@pytest.mark.usefixtures("s3_endpoint")  # before the clusters start: the raylets' workers read and write S3
 def test_losing_the_head_mid_build_is_one_line_and_a_new_cluster_resumes(clusters: Clusters, tmp_path: Path,
                                                                           tokenizer_path: Path) -> None:
     for index in range(FILES):
         write_jsonl(tmp_path / "corpus" / f"{index:02d}.jsonl", make_records(300, seed=index, prefix=f"f{index}"))
-    pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"])
-    reference = run_prep("build", pipeline, "--store", tmp_path / "local", "--workers", "2").stdout.strip()
+    reference = run_prep("build", write_pipeline(tmp_path, tokenizer_path, ["corpus"]), "--store", tmp_path / "local",
+                         "--workers", "2").stdout.strip()
+    (tmp_path / "remote").mkdir()
+    pipeline = write_pipeline(tmp_path / "remote", tokenizer_path, [s3_corpus(tmp_path / "corpus")])
+    store = f"{new_bucket()}/store"
     first = clusters.launch(3)
-    store = tmp_path / "store"
-    build = subprocess.Popen([sys.executable, "-m", "prep.cli.main", "build", str(pipeline), "--store", str(store),
+    build = subprocess.Popen([sys.executable, "-m", "prep.cli.main", "build", str(pipeline), "--store", store,
                               "--executor", "ray", "--ray-address", first.address, "--workers", "3", "--json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                              env=_ray_env(clusters.folder()), start_new_session=True)
     try:
-        wait_for_commits(store / "tasks" / "tokenize", build)
+        wait_for_commits(store, build)
         killed = time.monotonic()
         first.nodes[0].kill()  # the head: its GCS, its raylet (the driver's) and its workers
         with ThreadPoolExecutor(1) as starting:  # the next cluster starts while the build stops
@@ -162,8 +198,8 @@ def test_losing_the_head_mid_build_is_one_line_and_a_new_cluster_resumes(cluster
     validate(error, "prep.error/1")
     assert error == {"schema": "prep.error/1", "error": lines[-1].removeprefix("prep: error: "), "exit_code": 75,
                      "kind": "cluster_lost"}
-    committed = len(list((store / "tasks" / "tokenize").glob("*.json")))
-    assert 1 <= committed < FILES and not (store / "refs").exists()
+    committed = committed_tokenize_tasks(store)
+    assert 1 <= committed < FILES and s3_keys(store, "refs/") == []
 
     rerun = run_prep("build", pipeline, "--store", store, "--executor", "ray", "--ray-address", second.result().address,
                      "--workers", "2", "--json", env=_ray_env(clusters.folder()), cwd=REPO)
@@ -171,7 +207,7 @@ def test_losing_the_head_mid_build_is_one_line_and_a_new_cluster_resumes(cluster
     assert report["snapshot"] == reference
     [tokenize] = [stage for stage in report["stages"] if stage["name"] == "tokenize"]
     assert (tokenize["ran"], tokenize["cached"]) == (FILES - committed, committed)
-    assert object_keys(store) == object_keys(tmp_path / "local") and all_objects_intact(store)
+    assert set(s3_keys(store, "objects/")) == object_keys(tmp_path / "local") and all_s3_objects_intact(store)
 
 
 def _listening() -> socket.socket:
