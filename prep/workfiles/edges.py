@@ -35,14 +35,14 @@ def edge_records(owner: Array, neighbour: Array) -> Array:
     owner, neighbour = np.asarray(owner, dtype=np.uint64), np.asarray(neighbour, dtype=np.uint64)
     linked = owner != neighbour
     records = _routed(EDGES, owner[linked], neighbour=neighbour[linked])
-    return _distinct(records, ("route", "owner", "neighbour"))
+    return _distinct(records, "neighbour")
 
 
 def node_records(documents: Array, key_hi: Array) -> Array:
     """Node records of documents with their order key high words, each once, in a nodes object's order."""
     documents = np.asarray(documents, dtype=np.uint64)
     records = _routed(NODES, documents, key_hi=np.asarray(key_hi, dtype=np.uint64))
-    return _distinct(records, ("route", "document", "key_hi"))
+    return _distinct(records, "key_hi")
 
 
 def _routed(form: RecordFormat, owner: Array, **fields: Array) -> Array:
@@ -54,11 +54,12 @@ def _routed(form: RecordFormat, owner: Array, **fields: Array) -> Array:
     return records
 
 
-def _distinct(records: Array, fields: tuple[str, ...]) -> Array:
-    """`records` sorted by `fields`, each distinct record once."""
-    records = records[np.lexsort(tuple(records[name] for name in reversed(fields)))]
+def _distinct(records: Array, last: str) -> Array:
+    """`records` sorted by route, then (the route being a bijection of the owner) owner, then
+    their `last` field, the one field left; each distinct record once."""
+    records = records[np.lexsort((records[last], records["route"]))]
     fresh = np.ones(len(records), dtype=bool)
-    fresh[1:] = np.logical_or.reduce([records[name][1:] != records[name][:-1] for name in fields])
+    fresh[1:] = (records["route"][1:] != records["route"][:-1]) | (records[last][1:] != records[last][:-1])
     distinct: Array = records[fresh]
     return distinct
 
