@@ -20,14 +20,27 @@ def near_lines(stats: Mapping[str, Any]) -> list[str]:
     near = stats.get(NEAR_CLUSTERS)
     if near is None:
         return []
+    sizes = {int(item["max"]): int(item["clusters"]) for item in near["sizes"]}
+    line = f"near-dup   {near_summary(stats)}"
+    return [line, *size_table([("clusters", sizes)])] if sizes else [line]
+
+
+def near_summary(stats: Mapping[str, Any]) -> str:
+    """What near-duplicate removal counted, in one line (a build with [dedup.near] only)."""
+    near = stats[NEAR_CLUSTERS]
     clusters, dropped = int(near["clusters"]), int(near["dropped"])
     exact = dropped - int(stats.get("near_duplicates_dropped", dropped))
     rejected = f", {near['pairs_rejected']} rejected by verify" if "pairs_rejected" in near else ""
-    line = (f"near-dup   {plural(clusters, 'cluster')} of {clusters + dropped} documents, largest {near['largest']}: "
+    return (f"{plural(clusters, 'cluster')} of {clusters + dropped} documents, largest {near['largest']}: "
             f"{dropped} duplicates ({exact} removed by exact dedup first); "
             f"{plural(int(near['pairs']), 'candidate pair')}{rejected}")
-    sizes = {int(item["max"]): int(item["clusters"]) for item in near["sizes"]}
-    return [line, *size_table([("clusters", sizes)])] if sizes else [line]
+
+
+def cluster_size_rows(stats: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(size bin, clusters) of a build with [dedup.near], for `prep show --stats`' bars; none otherwise."""
+    near = stats.get(NEAR_CLUSTERS)
+    return [] if near is None else [(size_label(int(item["min"]), int(item["max"])), int(item["clusters"]))
+                                    for item in near["sizes"]]
 
 
 def size_table(rows: Sequence[tuple[str, SizeCounts | None]]) -> list[str]:

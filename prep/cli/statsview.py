@@ -11,7 +11,9 @@ from typing import Any
 
 import click
 
+from prep.cli.nearstats import cluster_size_rows, near_summary
 from prep.errors import NotFoundError, StorageIOError, UsageError
+from prep.history.diff import NEAR_CLUSTERS
 from prep.progress import plural
 
 STATS_SCHEMA = "prep.stats-report/1"  # manifests/stats-report-1.schema.json
@@ -118,6 +120,9 @@ def terminal_lines(snapshot_id: str, manifest: Mapping[str, Any]) -> list[str]:
         lines += _bar_lines(distinct_rows(stats))
         lines.append("shards by their largest input file's share of their documents")
         lines += _bar_lines(share_rows(stats))
+    if NEAR_CLUSTERS in stats:
+        lines.append(f"near-duplicate clusters by size: {near_summary(stats)}")
+        lines += _bar_lines(cluster_size_rows(stats))
     checks = check_lines(manifest.get("checks"))
     if checks:
         lines += ["checks", *(f"  {line}" for line in checks)]
@@ -136,7 +141,7 @@ def html_page(snapshot_id: str, manifest: Mapping[str, Any]) -> str:
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n<style>{_CSS}"
             f"</style></head>\n<body><h1>{title}</h1>\n<p><code>{html.escape(snapshot_id)}</code></p>\n"
             f"<h2>Tokens per document</h2>\n<p>{html.escape(tokens_summary(stats))}</p>\n"
-            f"{bars}<h2>Input files</h2>\n<table>\n{files}\n</table>\n" + _sources_html(stats)
+            f"{bars}<h2>Input files</h2>\n<table>\n{files}\n</table>\n" + _sources_html(stats) + _near_html(stats)
             + (f"<h2>Checks</h2>\n<ul>{checks}</ul>\n" if checks else "") + "</body></html>\n")
 
 
@@ -161,6 +166,14 @@ def distinct_rows(stats: Mapping[str, Any]) -> list[tuple[str, int]]:
 def share_rows(stats: Mapping[str, Any]) -> list[tuple[str, int]]:
     """(label, shards) per decile of the largest input file's share of a shard: `0-10%`, ..."""
     return [(f"{b['min_percent']}-{b['max_percent']}%", int(b["shards"])) for b in stats["shard_sources"]["largest_share"]]
+
+
+def _near_html(stats: Mapping[str, Any]) -> str:
+    """The near-duplicate clusters by size, for a build with [dedup.near]; nothing otherwise."""
+    if NEAR_CLUSTERS not in stats:
+        return ""
+    return (f"<h2>Near-duplicate clusters by size</h2>\n<p>{html.escape(near_summary(stats))}</p>\n"
+            + _bar_table(cluster_size_rows(stats)))
 
 
 def _bar_lines(rows: list[tuple[str, int]]) -> list[str]:

@@ -99,7 +99,17 @@ def test_show_ls_and_tag_read_the_near_dup_snapshot(built: NearStore, tmp_path: 
     page = tmp_path / "stats.html"
     run_prep("show", built.near, "--stats", "--html", page, "--store", built.store)
     assert page.read_text().lstrip().lower().startswith("<!doctype html")
-    assert built.prep("show", built.near, "--stats")["snapshot"] == built.near
+    report = built.prep("show", built.near, "--stats")
+    sizes = report["stats"]["near_clusters"]["sizes"]
+    assert report["snapshot"] == built.near and sizes
+    labels = [str(item["max"]) if item["min"] == item["max"] else f"{item['min']}-{item['max']}" for item in sizes]
+    assert "<h2>Near-duplicate clusters by size</h2>" in page.read_text()
+    assert all(f"<th>{label}</th>" in page.read_text() for label in labels)
+    text = run_prep("show", built.near, "--stats", "--store", built.store).stdout.splitlines()
+    at = next(index for index, line in enumerate(text) if line.startswith("near-duplicate clusters by size: "))
+    bars = text[at + 1:at + 1 + len(sizes)]
+    assert [line.split("│")[0].strip() for line in bars] == labels
+    assert [int(line.rsplit(" ", 1)[1]) for line in bars] == [int(item["clusters"]) for item in sizes]
     at = built.prep("show", built.near, "--at", "bin/0000000000000000.bin:0")
     assert at["snapshot"] == built.near and at["trace"]["placements"]
     assert built.near in [ref["snapshot"] for ref in built.prep("ls")["refs"]]
