@@ -76,8 +76,29 @@ def _exact(value: Any) -> Check:
     return lambda instance: type(instance) is type(value) and instance == value
 
 
+def _bound(name: str, value: Any) -> Check | None:
+    """The size and number bounds (minLength, minimum, maximum, minProperties, minItems,
+    maxItems) as checks; None for any other keyword."""
+    if name == "minLength":
+        return lambda instance: type(instance) is not str or len(instance) >= value
+    if name == "minimum":
+        return lambda instance: type(instance) not in (int, float) or instance >= value
+    if name == "maximum":
+        return lambda instance: type(instance) not in (int, float) or instance <= value
+    if name == "minProperties":
+        return lambda instance: type(instance) is not dict or len(instance) >= value
+    if name == "minItems":
+        return lambda instance: type(instance) is not list or len(instance) >= value
+    if name == "maxItems":
+        return lambda instance: type(instance) is not list or len(instance) <= value
+    return None
+
+
 def _keyword(name: str, value: Any, schema: dict[str, Any], root: dict[str, Any]) -> Check:
     """One keyword as a check; each applies only to its instance type, like JSON Schema's."""
+    bound = _bound(name, value)
+    if bound is not None:
+        return bound
     if name == "type":
         kinds = tuple(t for kind in ([value] if isinstance(value, str) else value) for t in _TYPES[kind])
         return lambda instance: type(instance) in kinds
@@ -93,10 +114,6 @@ def _keyword(name: str, value: Any, schema: dict[str, Any], root: dict[str, Any]
     if name == "pattern":
         regex = re.compile(value)  # jsonschema uses re.search too
         return lambda instance: type(instance) is not str or regex.search(instance) is not None
-    if name == "minLength":
-        return lambda instance: type(instance) is not str or len(instance) >= value
-    if name == "minimum":
-        return lambda instance: type(instance) not in (int, float) or instance >= value
     if name == "required":
         keys = list(value)
         return lambda instance: type(instance) is not dict or all(key in instance for key in keys)
@@ -112,18 +129,10 @@ def _keyword(name: str, value: Any, schema: dict[str, Any], root: dict[str, Any]
         return lambda instance: type(instance) is not list or all(check(entry) for check, entry in zip(places, instance))
     if name == "$ref" and isinstance(value, str) and value.startswith("#/$defs/"):
         return _compile(root["$defs"][value.removeprefix("#/$defs/")], root)
-    if name == "maximum":
-        return lambda instance: type(instance) not in (int, float) or instance <= value
     if name == "dependentRequired":
         needs = {key: list(required) for key, required in value.items()}
         return lambda instance: type(instance) is not dict or all(
             all(other in instance for other in required) for key, required in needs.items() if key in instance)
-    if name == "minProperties":
-        return lambda instance: type(instance) is not dict or len(instance) >= value
-    if name == "minItems":
-        return lambda instance: type(instance) is not list or len(instance) >= value
-    if name == "maxItems":
-        return lambda instance: type(instance) is not list or len(instance) <= value
     if name == "allOf":
         dispatch = _dispatch(value, root)
         if dispatch is not None:

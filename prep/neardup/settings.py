@@ -26,6 +26,10 @@ UNICODE_VERSION = unicodedata.unidata_version
 """The Unicode version of the running Python's NFC and lowercasing, which `signatures` applies: a
 task key records it, since another version may normalize some text differently."""
 KEYS = ("threshold", "ngram", "permutations", "bands", "rows", "seed", "verify")
+MAX_ROUNDS = 256
+"""The cluster rounds' limit (prep/neardup/stars.py, here for the numpy-free driver): large-star
+and small-star rounds end within O(log² n) of each (Kiveris et al.), so past this many something
+is wrong with the edges, not slow."""
 
 
 class NearDupSettingError(ConfigError):

@@ -20,9 +20,6 @@ import numpy as np
 from prep.errors import IntegrityError
 
 Array = np.ndarray[Any, Any]
-MAX_ROUNDS = 256
-"""Large-star and small-star rounds end within O(log² n) of each (Kiveris et al.): past this many
-something is wrong with the edges, not slow."""
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)

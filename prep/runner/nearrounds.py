@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from prep.errors import IntegrityError
 from prep.hashing import pack_ids, unpack_ids
+from prep.neardup.settings import MAX_ROUNDS
 from prep.neardup.sizes import ClusterSizes, total_sizes
-from prep.neardup.stars import MAX_ROUNDS
 from prep.progress import plural
 from prep.runner.nearbuckets import Paired
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan, stage_counts

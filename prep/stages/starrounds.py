@@ -13,7 +13,8 @@ import numpy as np
 
 from prep.errors import IntegrityError
 from prep.hashing import Digest
-from prep.neardup.stars import MAX_ROUNDS, held_both_ways, held_by_larger, large_star, small_star, star_leaves
+from prep.neardup.settings import MAX_ROUNDS
+from prep.neardup.stars import held_both_ways, held_by_larger, large_star, small_star, star_leaves
 from prep.workfiles.drops import drop_records, merge_drops, write_drops
 from prep.workfiles.edges import EDGES, NODES, edge_records, node_records, read_range, write_edges, write_nodes
 from prep.workfiles.pairs import CandidatePairs, read_pairs
