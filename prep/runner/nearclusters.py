@@ -18,16 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prep.hashing import Digest, pack_ids, unpack_ids
+from prep.hashing import Digest, pack_ids
 from prep.neardup.sizes import ClusterSizes
 from prep.progress import plural
 from prep.runner.nearbuckets import Paired
-from prep.runner.nearrounds import cluster_ranges, range_bits, recorded_sizes
+from prep.runner.nearrounds import cluster_ranges, range_bits, recorded_sizes, table_files
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan, stage_counts
-from prep.runner.tasks import TaskResult, store_written, stored_table, worker_store
+from prep.runner.tasks import TaskResult, store_written, worker_store
 from prep.runner.tokenizing import Tokenized
 from prep.storage.backend import Store
-from prep.store.localcopy import local_file as fetch_local
 from prep.store.records import TaskRecord
 
 
@@ -63,7 +62,7 @@ def _merged(store: Store, job: ClusterJob) -> Written:
     """The drops object merged from the ranges' and its summary, with the ranges' sizes."""
     from prep.workfiles.drops import merge_drops, open_drops
 
-    sources = [fetch_local(store, object_id) for object_id in unpack_ids(stored_table(store, str(job.ranges)))]
+    sources = table_files(store, str(job.ranges))
     sizes = job.sizes or ClusterSizes((), 0)
 
     def write(staged: Path) -> tuple[Digest, dict[str, Any]]:
@@ -79,7 +78,7 @@ def _remade(store: Store, job: ClusterJob) -> Written:
     from prep.stages.starrounds import drops_in_one_process
     from prep.workfiles.drops import open_drops
 
-    pairs = [fetch_local(store, object_id) for object_id in unpack_ids(stored_table(store, job.pairs))]
+    pairs = table_files(store, job.pairs)
 
     def write(staged: Path) -> tuple[Digest, dict[str, Any]]:
         work = staged.with_name(staged.name + ".rounds")

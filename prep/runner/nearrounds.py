@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prep.errors import IntegrityError
@@ -25,6 +26,7 @@ from prep.runner.nearbuckets import Paired
 from prep.runner.stage import StageContext, StagePlan, StageRun, Task, TaskPlan, stage_counts
 from prep.runner.tasks import TaskResult, store_written, stored_table, worker_store
 from prep.stages.cuts import bucket_bits
+from prep.storage.backend import Store
 from prep.store.layout import task_record_key
 from prep.store.localcopy import local_file as fetch_local
 from prep.store.records import TaskRecord
@@ -118,8 +120,7 @@ def run_round_job(job: RoundJob) -> TaskResult:
 
     drop_engines()
     store = worker_store(job.store_url)
-    paths = [fetch_local(store, object_id) for object_id in unpack_ids(stored_table(store, job.table))]
-    held = read_range(paths, EDGES, job.bucket, job.bits)
+    held = read_range(table_files(store, job.table), EDGES, job.bucket, job.bits)
     edges, settled = star_round(held, job.large)
     stored, _ = store_written(store, "near_round", lambda staged: (write_edges(staged, edges, {}), {}))
     return TaskResult({"edges": stored}, {"held": len(held), "edges": len(edges), "large": job.large,
@@ -137,13 +138,17 @@ def run_range_drops_job(job: RangeDropsJob) -> TaskResult:
     store = worker_store(job.store_url)
 
     def read(table: str, form: RecordFormat) -> np.ndarray:
-        paths = [fetch_local(store, object_id) for object_id in unpack_ids(stored_table(store, table))]
-        return read_range(paths, form, job.bucket, job.bits)
+        return read_range(table_files(store, table), form, job.bucket, job.bits)
 
     records, sizes = range_drops(read(job.edges, EDGES), read(job.nodes, NODES))
     stored, _ = store_written(store, "near_drops", lambda staged: (write_drops(staged, records, {}), {}))
     return TaskResult({"drops": stored}, {"dropped": len(records), "clusters": len(sizes), **sizes_of(sizes).to_json()},
                       {})
+
+
+def table_files(store: Store, table: str) -> list[Path]:
+    """The checked local copies of the objects a packed id table (`TaskPlan.tables`) names, in its order."""
+    return [fetch_local(store, object_id) for object_id in unpack_ids(stored_table(store, table))]
 
 
 def range_bits(paired: Paired) -> int:
