@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from prep.neardup import kernel
+
 Array = np.ndarray[Any, Any]
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 MIX1, MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -279,7 +281,20 @@ def _short_runs(hashes: Array, first: Array, size: Array) -> Array:
 
 def minhash(shingle_hashes: Array, bounds: Array, family: HashFamily) -> Array:
     """Signatures (documents x permutations, uint32) of documents whose shingle hashes are
-    `shingle_hashes[bounds[d]:bounds[d + 1]]`, computed `CHUNK_ELEMENTS` products at a time."""
+    `shingle_hashes[bounds[d]:bounds[d + 1]]`: by the compiled kernel when it is loaded or the
+    batch is large enough to pay for loading it (prep.neardup.kernel), else by numpy."""
+    products = len(shingle_hashes) * len(family.multipliers)
+    compiled = kernel.compiled() if kernel.loaded() or products >= kernel.KERNEL_PRODUCTS else None
+    if compiled is None:
+        return numpy_minhash(shingle_hashes, bounds, family)
+    lows = np.empty((len(bounds) - 1, len(family.multipliers)), dtype=np.uint64)
+    compiled(np.ascontiguousarray(shingle_hashes, dtype=np.uint64), np.ascontiguousarray(bounds, dtype=np.int64),
+             family.multipliers, lows)
+    return (lows >> np.uint64(32)).astype(np.uint32)
+
+
+def numpy_minhash(shingle_hashes: Array, bounds: Array, family: HashFamily) -> Array:
+    """`minhash` in numpy, `CHUNK_ELEMENTS` products at a time (what runs without numba)."""
     permutations = len(family.multipliers)
     lows = np.full((permutations, len(bounds) - 1), np.iinfo(np.uint64).max, dtype=np.uint64)
     present = np.flatnonzero(np.diff(bounds) > 0)

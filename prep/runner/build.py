@@ -167,6 +167,10 @@ class Built:
     checks: list[CheckResult]  # the pipeline's [checks], all passed (none without [checks])
 
 
+KERNEL_INPUT_BYTES = 64 * 2**20
+"""A near-dup build's input size from which its workers load the compiled MinHash kernel while the
+driver starts (prep.neardup.kernel: about 1 s of a core each, which the signatures of 64 MB repay)."""
+
 def run_pipeline(pipeline: Pipeline, runner: Runner, on_latest: Callable[[bool], None] = lambda found: None) -> Built:
     """Hash the inputs, run every stage, store what the snapshot carries and make its manifest; publishes
     nothing. `on_latest` hears whether `latest` looks unchanged, before any task runs."""
@@ -180,8 +184,9 @@ def run_pipeline(pipeline: Pipeline, runner: Runner, on_latest: Callable[[bool],
     latest = unchanged_latest(store, pipeline, discovered, code, info.sha256)
     on_latest(latest is not None)
     if latest is None:
+        minhash = pipeline.dedup.near is not None and sum(source.size for source in discovered) >= KERNEL_INPUT_BYTES
         executor.warm(WarmUp(str(tokenizer_path), info.sha256, pipeline.tokenizer.eos,
-                             pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend))
+                             pipeline.tokenizer.encode_special_tokens, pipeline.tokenizer.backend, minhash))
     sources = hash_inputs_meanwhile(discovered, executor, _precheck(runner, latest))
     version = input_version(sources)
     progress.done("inputs", f"{plural(len(sources), 'file')}, {human_bytes(sum(s.size for s in sources))}, {version[:19]}")

@@ -98,6 +98,10 @@ def prepare_worker(warm: WarmUp | None) -> None:
         from prep.stages.tokenize import warm_engine
 
         warm_engine(warm.tokenizer_path, warm.tokenizer_sha256, warm.eos, warm.encode_special_tokens, warm.backend)
+    if warm is not None and warm.minhash:
+        from prep.neardup.kernel import compiled
+
+        compiled()
 
 
 @dataclass(frozen=True)

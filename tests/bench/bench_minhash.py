@@ -20,7 +20,10 @@ The sides, each over every batch, their CPU seconds (one process, single-threade
 
 * prep: `prep.neardup.signatures.signatures` on each batch's buffer: normalization, words, word
   and shingle hashes and MinHash, all of it.
-* prep core: `signatures.minhash` alone, on prep's shingle hashes made before the timed pass.
+* prep core: `signatures.minhash` alone, on prep's shingle hashes made before the timed pass: the
+  compiled kernel (prep.neardup.kernel, numba from the `fast` extra, loaded before the rounds).
+* prep, numpy MinHash and prep core, numpy: the same with numpy's MinHash (`numpy_minhash`, what
+  runs without numba, and before the kernel existed): the same signatures, side by side.
 * shingling: what a datasketch or rensa user pays before either runs: each text decoded, NFC,
   lowercased, split, and its `ngram`-word shingles joined as strings (prep's definitions).
 * rensa: `RMinHash.digest_matrix_from_token_sets` over those shingle strings, per batch (rensa
@@ -54,12 +57,13 @@ from typing import Any
 
 import numpy as np
 
-from prep.neardup.signatures import hash_family, minhash, shingle_hashes, signatures
+from prep.neardup import kernel
+from prep.neardup.signatures import hash_family, minhash, numpy_minhash, shingle_hashes, signatures
 from tests.bench.benchsupport import REPO, corpus
 
 Array = np.ndarray[Any, Any]
 BATCH_DOCUMENTS, BATCH_TEXT_BYTES = 65_536, 8 * 2**20
-PEERS = ("numpy", "xxhash", "datasketch", "rensa")
+PEERS = ("numpy", "xxhash", "datasketch", "rensa", "numba")  # numba: prep's `fast` extra, its compiled MinHash
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,10 @@ def main() -> None:
         _rerun_in(args.venv)
         return
     os.environ["RENSA_THREADS"] = "1"
+    start = time.perf_counter()
+    if kernel.compiled() is None:
+        raise SystemExit("numba (prep's `fast` extra) is not importable: prep would sign with numpy alone")
+    print(f"prep's compiled MinHash kernel ready in {time.perf_counter() - start:.2f} s (not timed below)", file=sys.stderr)
     texts = draw(read_texts(args.corpus or corpus(args.workdir, 100)), int(args.mb * 1e6))
     batches = make_batches(texts, args.ngram)
     check_same_shingles(batches)
@@ -113,7 +121,7 @@ def _rerun_in(venv: Path) -> None:
     if not python.exists():
         print(f"making {venv} for datasketch and rensa", file=sys.stderr, flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    probe = subprocess.run([str(python), "-c", "import datasketch, rensa, xxhash"], capture_output=True)
+    probe = subprocess.run([str(python), "-c", "import datasketch, rensa, xxhash, numba"], capture_output=True)
     if probe.returncode:
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PEERS], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(REPO)], check=True)
@@ -198,6 +206,9 @@ def sides(args: argparse.Namespace) -> dict[str, Callable[[list[Batch]], object]
     return {
         "prep": lambda batches: [signatures(b.blob, b.offsets, ngram, permutations, seed) for b in batches],
         "prep core": lambda batches: [minhash(b.hashes, b.bounds, family) for b in batches],
+        "prep, numpy MinHash": lambda batches: [numpy_minhash(*shingle_hashes(b.blob, b.offsets, ngram), family)
+                                                for b in batches],
+        "prep core, numpy": lambda batches: [numpy_minhash(b.hashes, b.bounds, family) for b in batches],
         "shingling": lambda batches: [shingle_strings(texts_of(b), ngram) for b in batches],
         "rensa": lambda batches: [rensa.RMinHash.digest_matrix_from_token_sets(b.shingles, permutations, seed)
                                   for b in batches],
@@ -242,6 +253,8 @@ def report(times: dict[tuple[str, str], list[float]], batches: list[Batch], samp
     print(f"shingling + rensa / prep: {(median['shingling', 'all'] + median['rensa', 'all']) / prep:.2f}")
     print(f"rensa (shingles given) / prep: {median['rensa', 'all'] / prep:.2f}")
     print(f"rensa core / prep core: {median['rensa core', 'all'] / median['prep core', 'all']:.3f}")
+    print(f"prep with numpy's MinHash / prep: {median['prep, numpy MinHash', 'all'] / prep:.2f}; "
+          f"prep core, numpy / prep core: {median['prep core, numpy', 'all'] / median['prep core', 'all']:.2f}")
     sampled, peer = median["prep", "sample"], median["shingling", "sample"] + median["datasketch", "sample"]
     print(f"shingling + datasketch / prep (sample): {peer / sampled:.2f}")
     print(f"datasketch (shingles given) / prep (sample): {median['datasketch', 'sample'] / sampled:.2f}")

@@ -4,6 +4,7 @@ takes its workers with it, and a lost zygote leaves the pool spawning as before.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +56,12 @@ def _prepare_without_fork(warm: WarmUp | None) -> None:
     os.fork = _fork_fails
 
 
-@pytest.fixture
-def pool(tokenizer_path: Path) -> Iterator[LocalExecutor]:
-    """A warmed pool of two whose workers go to the zygote after every task, with the zygote ready."""
+@contextmanager
+def _zygote_pool(warm_up: WarmUp) -> Iterator[LocalExecutor]:
+    """A pool of two warmed with `warm_up` whose workers go to the zygote after every task, with the zygote ready."""
     executor = LocalExecutor(2, prepare_worker, fresh_after=1)
     try:
-        executor.warm(_warm_up(tokenizer_path))
+        executor.warm(warm_up)
         deadline = time.monotonic() + 60
         while not executor.forked:
             assert time.monotonic() < deadline, "the zygote never forked a worker"
@@ -72,6 +74,50 @@ def pool(tokenizer_path: Path) -> Iterator[LocalExecutor]:
         yield executor
     finally:
         executor.close()
+
+
+@pytest.fixture
+def pool(tokenizer_path: Path) -> Iterator[LocalExecutor]:
+    """A warmed forking pool (`_zygote_pool`)."""
+    with _zygote_pool(_warm_up(tokenizer_path)) as executor:
+        yield executor
+
+
+def _kernel_at_start(item: int) -> tuple[int, bool]:
+    """(parent pid, whether this worker holds the compiled MinHash kernel before the task does anything)."""
+    from prep.neardup import kernel
+
+    return os.getppid(), kernel.loaded()
+
+
+_KERNEL_DRIVER = """
+import dataclasses, json, sys
+from pathlib import Path
+from prep.neardup import kernel
+from prep.runner.executors.pool import LocalExecutor
+from prep.runner.tasks import prepare_worker
+from tests.runner.test_zygote import _kernel_at_start, _warm_up
+seen = []
+for minhash in (True, False):
+    executor = LocalExecutor(2, prepare_worker, fork=True)  # as the CLI makes it
+    executor.warm(dataclasses.replace(_warm_up(Path(sys.argv[1])), minhash=minhash))
+    zygote_pid = executor._zygote.process.pid
+    seen.append([[parent == zygote_pid, loaded] for _, (parent, loaded) in executor.run(_kernel_at_start, list(range(4)))])
+    executor.close()
+print(json.dumps({"driver": kernel.loaded(), "pools": seen}))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba is not installed (the `fast` extra)")
+def test_a_near_dup_warm_up_has_the_zygote_load_the_minhash_kernel_once_for_every_fork(tokenizer_path: Path) -> None:
+    """In a driver of its own (one that never loaded the kernel, as prep's does not): the workers a
+    zygote warmed for near-dup forks hold it at their first task, those of another zygote do not."""
+    from tests.helpers import prep_env
+
+    done = subprocess.run([sys.executable, "-c", _KERNEL_DRIVER, str(tokenizer_path)], capture_output=True,
+                          text=True, env=prep_env(), timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"driver": False, "pools": [[[True, True]] * 4, [[True, False]] * 4]}
 
 
 def test_a_run_too_short_for_any_worker_to_age_much_starts_no_zygote(tokenizer_path: Path) -> None:

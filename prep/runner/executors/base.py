@@ -34,6 +34,8 @@ class WarmUp:
     eos: str
     encode_special_tokens: bool
     backend: str
+    minhash: bool = False
+    """Load the compiled MinHash kernel too (prep.neardup.kernel): a near-dup build large enough to use it."""
 
 
 class Executor(Protocol):
