@@ -62,15 +62,16 @@ def _zygote_pool(warm_up: WarmUp) -> Iterator[LocalExecutor]:
     executor = LocalExecutor(2, prepare_worker, fresh_after=1)
     try:
         executor.warm(warm_up)
+        list(executor.run(_engines_at_start, list(range(8))))  # a run long enough to start it
         deadline = time.monotonic() + 60
-        while not executor.forked:
-            assert time.monotonic() < deadline, "the zygote never forked a worker"
-            list(executor.run(_engines_at_start, list(range(8))))  # a run long enough to start it
+        # Waiting idle, rather than running tasks until it forks, spawns no replacement meanwhile
+        # (each would import everything beside the zygote's own imports: seconds on a loaded machine).
+        while executor._zygote is None or not executor._zygote.ready():  # noqa: SLF001
+            assert time.monotonic() < deadline, "the zygote never got ready"
             time.sleep(0.05)
-        # A zygote that came up late in that run forked only the last replacements; a worker the
-        # pool started before it may still be alive (seen on a loaded machine). One more run with
-        # the zygote up replaces every worker by its fork (each lives one task).
+        # One more run with the zygote up replaces every worker by its fork (each lives one task).
         list(executor.run(_engines_at_start, list(range(4))))
+        assert executor.forked >= 2
         yield executor
     finally:
         executor.close()
@@ -437,3 +438,53 @@ def test_a_driver_started_ignoring_ctrl_c_keeps_its_tasks_running_through_one(tm
     out, err = driver.communicate(timeout=60)
     assert driver.returncode == 0, err
     assert out.strip() == "[(0, 'done'), (1, 'done')]"
+
+
+_FORK_RACE = """
+import os, signal, sys, time
+from multiprocessing import Pipe
+from prep.runner.executors import zygote
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as the zygote holds it
+here = os.getpid()
+ours, theirs = Pipe()
+
+
+class SlowInTheChild:
+    '''The zygote's control pipe, whose close (the child's first step) takes a second in the child.'''
+    def close(self):
+        if os.getpid() != here:
+            time.sleep(1.0)
+        ours.close()
+
+    def send(self, value):
+        ours.send(value)
+
+    def fileno(self):
+        return ours.fileno()
+
+
+zygote._fork(SlowInTheChild(), 1, signal.SIG_DFL, True)
+pid = theirs.recv()
+os.kill(pid, signal.SIGTERM)  # while the child still holds the zygote's SIG_IGN
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline:
+    ended, status = os.waitpid(pid, os.WNOHANG)
+    if ended:
+        print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM)
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, signal.SIGKILL)
+    print("alive")
+"""
+
+
+def test_a_sigterm_reaching_a_worker_while_it_is_being_forked_is_not_lost() -> None:
+    """A forked worker inherits the zygote's SIG_IGN until it restores its own handler: a SIGTERM
+    in that window (a scheduler's stop of the process group) used to be ignored, leaving it alive."""
+    from tests.helpers import prep_env
+
+    done = subprocess.run([sys.executable, "-c", _FORK_RACE], capture_output=True, text=True, env=prep_env(),
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"

@@ -197,9 +197,13 @@ def _fork(control: Connection, threads: int, terminate: Any, interruptible: bool
     """Fork a worker; send the driver its pid, then its pipe's other end and a pidfd."""
     ours, theirs = socket.socketpair()
     zygote = os.getpid()
+    # A SIGTERM reaching the child before it restores its handler (it inherits the zygote's
+    # SIG_IGN) would be lost: blocked across the fork, it stays pending until the handler is back.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         pid = os.fork()
     except OSError:  # no memory or process left for it: the driver spawns its workers instead
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         ours.close()
         theirs.close()
         control.send(None)
@@ -209,9 +213,11 @@ def _fork(control: Connection, threads: int, terminate: Any, interruptible: bool
             control.close()
             ours.close()
             signal.signal(signal.SIGTERM, terminate)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             serve(Connection(theirs.detach()), threads, zygote, interruptible)  # dies with the zygote, which dies with the driver
         finally:
             exit_now()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # ignored here: a pending one is dropped
     theirs.close()
     pidfd = os.pidfd_open(pid)  # a zombie at worst: only this process reaps it, later
     try:
