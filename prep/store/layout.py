@@ -56,9 +56,14 @@ def object_sha(key: str) -> str:
     return key.rsplit("/", 1)[-1]
 
 
+def task_record_prefix(stage: str) -> str:
+    """`tasks/<stage>/`: the stage's single task records."""
+    return f"{TASKS_PREFIX}{stage}/"
+
+
 def task_record_key(stage: str, key: str) -> str:
     """`tasks/<stage>/<task key>.json`."""
-    return f"{TASKS_PREFIX}{stage}/{key}{RECORD_SUFFIX}"
+    return f"{task_record_prefix(stage)}{key}{RECORD_SUFFIX}"
 
 
 def stage_record_key(stage: str, key: str) -> str:

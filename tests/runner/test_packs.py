@@ -1,7 +1,8 @@
-"""A resumed build plans only what is not committed, without a request per committed task: the
-driver packs its task records (prep/store/packs.py) and planning reads the packs first. Proven on
-a store that counts requests, after a rerun and after kills between records and packs; damaged
-packs are ignored and the build still gives the clean build's snapshot id."""
+"""The driver commits settled tasks in groups, one pack a group (prep/store/packs.py), and planning
+reads the packs first and lists single records instead of asking for each: proven on a store that
+counts requests, on a first build, a rerun and resumes after kills before, between and after
+group commits; damaged packs are ignored (their tasks run again) and the build still gives the
+clean build's snapshot id."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from prep.runner import driver
 from prep.runner.build import build
 from prep.runner.driver import Runner
 from prep.storage import LocalStore
-from prep.store.layout import PACKS_PREFIX
+from prep.store.layout import PACKS_PREFIX, TASKS_PREFIX
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor, RequestCountingStore
 from tests.runner.test_stage import CODE, Uppering
@@ -48,25 +49,41 @@ def planned(store: RequestCountingStore) -> tuple[int, int]:
     return store.total() - before, sum(record is not None for record in found.values())
 
 
-def run(store: LocalStore) -> tuple[str, ...]:
-    return Runner(store, InProcessExecutor(), Progress(quiet=True), CODE).run_stage(Uppering(), TEXTS).objects
+def run(store: LocalStore) -> tuple[tuple[str, ...], int]:
+    """The toy stage's objects over TEXTS, and how many of its tasks ran."""
+    runner = Runner(store, InProcessExecutor(), Progress(quiet=True), CODE)
+    return runner.run_stage(Uppering(), TEXTS).objects, runner.stages["upper"].ran
 
 
-def test_a_rerun_plans_2000_committed_tasks_in_a_few_requests(tmp_path: Path) -> None:
+def commits(store: RequestCountingStore) -> list[str]:
+    """The keys of every pack and single record in the store."""
+    return [info.key for prefix in (PACKS_PREFIX, TASKS_PREFIX) for info in store.list(prefix)]
+
+
+def test_a_first_build_commits_in_groups_and_asks_nothing_a_task(tmp_path: Path) -> None:
+    """2,000 tasks: planning lists (no GET for a task never committed) and the commits are a few
+    packs, not a PUT a task; a rerun plans from the packs in a request a pack and runs nothing."""
     store = RequestCountingStore(tmp_path / "store")
-    first = run(store)
-    assert len(list(store.list(PACKS_PREFIX))) == TASKS // driver.PACK_RECORDS
     requests, found = planned(store)
-    assert found == TASKS and requests <= 10, requests  # 2 LISTs, 2 pack GETs
-    assert run(store) == first
+    assert found == 0 and requests <= 2 + 2, requests  # the anchors' folders, the stage's records (one page)
+    first, ran = run(store)
+    written = commits(store)
+    assert ran == TASKS and not [key for key in written if key.startswith(TASKS_PREFIX)]
+    assert 2 <= len(written) <= TASKS // 20, len(written)
+    assert store.requests["put"] <= TASKS + len(written) + 1, "an object a task (its worker's), a PUT a pack"
+    assert not [key for key in store.got if key.startswith(TASKS_PREFIX)], "no GET of a task record"
+    requests, found = planned(store)
+    assert found == TASKS and requests <= 2 + len(written), requests
+    assert run(store) == (first, 0)
 
 
-@pytest.mark.parametrize("point", ["upper.before_commit:1951", "upper.before_pack:20"])
-def test_a_resume_after_a_kill_looks_up_only_the_unpacked_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 point: str) -> None:
-    """Killed with 100 records a pack, after 1,950 commits or before the pack of the last 100: the
-    resume reads the packs and looks up at most the unpacked records and the uncommitted tasks one
-    by one; it ends where a clean run does, and a second resume needs packs only."""
+@pytest.mark.parametrize("point", ["upper.before_commit:1951", "upper.before_group:5", "upper.after_group:5"])
+def test_a_resume_after_a_kill_runs_only_the_uncommitted_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               point: str) -> None:
+    """Killed with 100 records a pack: after 1,950 single commits (a crash point armed before
+    commits: one record a task), or before or after the fifth group's PUT. The resume finds the
+    committed tasks in packs (or, for single records, by one listing and a GET each, packing
+    them), runs exactly the others and ends where a clean run does; a second resume needs packs only."""
     monkeypatch.setattr(driver, "PACK_RECORDS", 100)
     root = Path(__file__).resolve().parents[2]
     killed = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "store"), "100"],
@@ -74,11 +91,19 @@ def test_a_resume_after_a_kill_looks_up_only_the_unpacked_tasks(tmp_path: Path, 
                             check=False)
     assert killed.returncode == -9, killed.stderr
     store = RequestCountingStore(tmp_path / "store")
+    singles = len(list(store.list(TASKS_PREFIX)))
+    before_resume = len(list(store.list(PACKS_PREFIX)))
     requests, found = planned(store)
-    assert found >= 1900 and requests <= 2 + TASKS // 100 + 2 * 100 + 16, (requests, found)
-    assert run(store) == run(LocalStore(tmp_path / "fresh"))
+    if point.startswith("upper.before_commit"):
+        assert found == singles == 1950 and store.requests["get"] == 1950, "a GET for each listed record only"
+    else:
+        assert singles == 0 and (0 if "before" in point else 1) <= found < TASKS, found
+        assert requests <= 2 + before_resume + 2, requests  # no GET for an uncommitted task
+    objects, ran = run(store)
+    assert ran == TASKS - found, "only the tasks not committed before the kill run again"
+    assert objects == run(LocalStore(tmp_path / "fresh"))[0]
     requests, found = planned(store)
-    assert found == TASKS and requests <= 2 + TASKS // 100 + 2, requests
+    assert found == TASKS and requests <= 2 + len(list(store.list(PACKS_PREFIX))), requests
 
 
 def test_a_build_that_appends_a_file_reads_the_packs_of_the_build_before(tmp_path: Path, tokenizer_path: Path) -> None:
