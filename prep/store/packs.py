@@ -151,24 +151,35 @@ def read_pack(store: Store, key: str) -> dict[str, records.TaskRecord] | Integri
         return exc
 
 
+def pack_names(held: dict[str, records.TaskRecord]) -> records.Names:
+    """Every object the records of a pack name."""
+    return records.Names(objects=frozenset(object_id for record in held.values() for object_id in record.names().objects))
+
+
 def pack_shas(held: dict[str, records.TaskRecord]) -> set[str]:
     """The SHA-256 hex of every object the records of a pack name."""
-    return {hashing.parse_id(object_id) for record in held.values() for object_id in record.names().objects}
+    return {hashing.parse_id(object_id) for object_id in pack_names(held).objects}
 
 
 def superseded(infos: Iterable[ObjectInfo], cutoff: float) -> set[str]:
     """The keys of packs older than `cutoff` whose plan is not the newest (by its newest pack) in
-    its anchor's folder: a lookup reads only its own plan's packs and the newest other plan's,
-    and each build of a plan packs every record it finds, so older plans' packs serve no lookup
-    that the newest does not (a plan rebuilt later packs again what it misses)."""
+    its anchor's folder and has no pack younger than `cutoff`: a lookup reads only its own plan's
+    packs and the newest other plan's, and each build of a plan packs every record it finds, so
+    older plans' packs serve no lookup that the newest does not (a plan rebuilt later runs again
+    what it misses: memoization lost, nothing else). A plan with a young pack was built lately
+    (a crashed build may resume it): none of its packs go."""
     newest: dict[tuple[str, str], tuple[float, str]] = {}
+    recent: set[tuple[str, str, str]] = set()
     named = [(info, parse_pack_key(info.key)) for info in infos]
     for info, name in named:
         if name is not None:
             folder = (name[0], name[1])
             newest[folder] = max(newest.get(folder, (info.mtime, name[2])), (info.mtime, name[2]))
+            if info.mtime > cutoff:
+                recent.add(name[:3])
     return {info.key for info, name in named
-            if name is not None and info.mtime <= cutoff and newest[(name[0], name[1])][1] != name[2]}
+            if name is not None and info.mtime <= cutoff and newest[(name[0], name[1])][1] != name[2]
+            and name[:3] not in recent}
 
 
 def _by_plan(store: Store, plan: Plan) -> dict[str, list[ObjectInfo]]:

@@ -376,7 +376,7 @@ def test_gc_keeps_what_snapshots_of_every_layout_need(project: dict[str, Path]) 
         assert all(cas.check(store, f"sha256:{a['sha256']}") for a in snapshot.artifacts)
         for stage in snapshot.manifest["stages"]:
             assert store.exists(stage_record_key(stage["name"], stage["key"])), stage
-    assert {info.key.split("/")[1] for info in store.list(records.TASKS_PREFIX)} == \
+    assert {info.key.split("/")[1] for prefix in (records.TASKS_PREFIX, PACKS_PREFIX) for info in store.list(prefix)} == \
         {"tokenize", "dedup", "shuffle", "route", "order", "shard"}
     assert_records_resolve(store)
 
