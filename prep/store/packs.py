@@ -7,7 +7,8 @@ packs go under `packs/<stage>/<anchor>/`, the anchor being its smallest key, and
 `<plan>-<hex>.json` by the SHA-256 of their bytes. A resume of the same plan lists its anchor's
 folder and reads its own packs; a plan that differs by a few keys (a build that appends a file)
 almost always keeps the anchor (or has it as its second smallest key: both folders are listed),
-so it finds the packs of the build before and reads the newest such plan's.
+so it finds the packs of the build before and reads the newest such plan's; when the anchors'
+folders hold no pack at all (the edit replaced the old smallest key), the stage's newest plan's.
 
 A pack is written only after every object its records name is stored, so it may be the only copy
 of a record (a single record `tasks/<stage>/<key>.json` is written only where a build commits one
@@ -42,6 +43,7 @@ from prep.store.layout import (
     is_sha_hex,
     pack_key,
     pack_prefix,
+    pack_stage_prefix,
     parse_pack_key,
     task_record_key,
     task_record_prefix,
@@ -182,13 +184,13 @@ def superseded(infos: Iterable[ObjectInfo], cutoff: float) -> set[str]:
             and name[:3] not in recent}
 
 
-def _by_plan(store: Store, plan: Plan) -> dict[str, list[ObjectInfo]]:
-    """The packs in the folders of the plan's anchors, by the plan that wrote them (a LIST each)."""
+def _by_plan(store: Store, stage: str, prefixes: Iterable[str]) -> dict[str, list[ObjectInfo]]:
+    """The stage's packs under `prefixes`, by the plan that wrote them (a LIST each)."""
     listed: dict[str, list[ObjectInfo]] = {}
-    for anchor in plan.anchors:
-        for info in store.list(pack_prefix(plan.stage, anchor)):
+    for prefix in prefixes:
+        for info in store.list(prefix):
             named = parse_pack_key(info.key)
-            if named is not None and named[0] == plan.stage:
+            if named is not None and named[0] == stage:
                 listed.setdefault(named[2], []).append(info)
     return listed
 
@@ -216,12 +218,18 @@ def agree(first: records.TaskRecord, other: records.TaskRecord, source: str) -> 
 
 def lookup(store: Store, plan: Plan, wanted: Collection[str], jobs: int) -> Found:
     """The wanted keys' records that packs hold: the plan's own packs first, then, for what they
-    leave, the packs of the newest other plan sharing an anchor (its packs' newest mtime)."""
-    listed = _by_plan(store, plan) if plan.anchors else {}
+    leave, the packs of the newest other plan sharing an anchor (its packs' newest mtime), or, when
+    the anchors' folders hold no pack at all (an edit replaced the key that anchored the plan
+    before, or the stage never ran), the newest other plan of the stage (a LIST of every pack of
+    the stage: a page per 1,000 packs)."""
+    listed = _by_plan(store, plan.stage, map(partial(pack_prefix, plan.stage), plan.anchors)) if plan.anchors else {}
     found: dict[str, records.TaskRecord] = {}
     problems: list[str] = []
     _read(store, listed.pop(plan.plan, []), wanted, jobs, found, problems)
     own = frozenset(found)
+    if plan.anchors and not listed and not found and wanted:
+        listed = _by_plan(store, plan.stage, [pack_stage_prefix(plan.stage)])
+        listed.pop(plan.plan, None)
     if listed and len(found) < len(wanted):
         newest = max(listed, key=lambda other: max(info.mtime for info in listed[other]))
         _read(store, listed[newest], {key for key in wanted if key not in found}, jobs, found, problems)

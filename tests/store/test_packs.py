@@ -1,7 +1,8 @@
 """Task record packs: a pack reads back as the records it was written from, and one that fails
 any check (a flipped byte, a truncation, a record under another key or of another stage) is
-ignored whole and reported, its tasks looked up one by one; a plan finds its own packs and a plan
-that differs by a few keys the packs of the one before, in a few requests."""
+ignored whole and reported (its tasks are not committed by it); a plan finds its own packs and a
+plan that differs by a few keys (even its smallest) the packs of the one before, in a few
+requests; single records are found by listing, not a request a key."""
 
 from __future__ import annotations
 
@@ -92,6 +93,23 @@ def test_a_plan_with_an_appended_key_reads_the_packs_of_the_plan_before(tmp_path
         found, _ = find(store, keys + appended)
         assert all(found[key] is not None for key in keys) and found[appended[0]] is None
         assert store.requests["get"] - before == 1 + 1, "one pack of the plan before, one GET for the new key"
+
+
+def test_a_plan_whose_old_anchor_was_replaced_finds_the_packs_of_the_plan_before(tmp_path: Path) -> None:
+    """Regression: with records only in packs (grouped commits), an edit that replaced the old
+    plan's smallest key left the new plan no shared anchor, so every task would have run again.
+    The lookup then reads the stage's newest other plan: the unchanged tasks are found, packed
+    under the new plan, and a second lookup reads its own packs only."""
+    store = RequestCountingStore(tmp_path / "store")
+    keys = sorted(key_of(index) for index in range(300))
+    batch = [records.TaskRecord(STAGE, key, {"out": f"sha256:{key}"}, {"n": n}) for n, key in enumerate(keys)]
+    packs.write_pack(store, packs.Plan.of(STAGE, keys), batch)
+    edited = [*keys[1:], "f" * 64]  # the smallest key's task changed; its new key sorts last
+    found, _ = find(store, edited)
+    assert all(found[key] == record for key, record in zip(keys[1:], batch[1:])) and found["f" * 64] is None
+    before = store.requests["get"]
+    again, _ = find(store, edited)
+    assert again == found and store.requests["get"] - before == 2, "its own pack and the one missing key"
 
 
 DAMAGES = ("flipped byte", "truncated", "record under another key", "record of another stage")
