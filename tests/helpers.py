@@ -117,3 +117,14 @@ def user_package(folder: Path, prefix: str, modules: Mapping[str, str]) -> Itera
             del function._LOADED[key]
         if str(folder.resolve()) in sys.path:
             sys.path.remove(str(folder.resolve()))
+
+
+def committed_records(store: Any, stage: str) -> dict[str, dict[str, Any]]:
+    """Every committed task record of `stage` in `store` (a prep Store), by task key: single
+    records under tasks/ and those packs hold (the driver commits tasks in groups, a pack each)."""
+    found: dict[str, dict[str, Any]] = {}
+    for info in store.list(f"packs/{stage}/"):
+        found.update(json.loads(store.get_bytes(info.key))["records"])
+    for info in store.list(f"tasks/{stage}/"):
+        found[info.key.rsplit("/", 1)[-1].removesuffix(".json")] = json.loads(store.get_bytes(info.key))
+    return found

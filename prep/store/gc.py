@@ -152,17 +152,17 @@ class _Packs:
 
     def young(self, cutoff: float) -> dict[str, records.Names]:
         """What each readable pack younger than the grace period names: roots, as young records are."""
-        return {info.key: packs.pack_names(held) for info, held in zip(self.listed, self.read)
-                if info.mtime > cutoff and not isinstance(held, IntegrityError)}
+        return {info.key: packs.pack_names(pack) for info, pack in zip(self.listed, self.read)
+                if info.mtime > cutoff and not isinstance(pack, IntegrityError)}
 
     def dead(self, cutoff: float, kept: set[str]) -> tuple[list[ObjectInfo], list[ObjectInfo]]:
         """(dead, live): past the grace period, a pack is dead when it does not read, when a record
         in it names an object not kept, or when a newer plan of its folder superseded its own."""
         dead: list[ObjectInfo] = []
         live: list[ObjectInfo] = []
-        for info, held in zip(self.listed, self.read):
+        for info, pack in zip(self.listed, self.read):
             old = info.mtime <= cutoff
-            (dead if old and (isinstance(held, IntegrityError) or not packs.pack_shas(held) <= kept) else live).append(info)
+            (dead if old and (isinstance(pack, IntegrityError) or not packs.pack_shas(pack) <= kept) else live).append(info)
         gone = packs.superseded(live, cutoff)
         return dead + [info for info in live if info.key in gone], [info for info in live if info.key not in gone]
 

@@ -237,7 +237,7 @@ def lookup(store: Store, plan: Plan, wanted: Collection[str], jobs: int) -> Foun
 
 
 LIST_ABOVE = 16
-"""Keys no pack answered beyond which planning lists `tasks/<stage>/` rather than read each
+"""Keys no pack answered beyond which planning lists the stage's single records rather than read each
 key's single record: one round of sixteen listings costs what one round of reads does."""
 
 
