@@ -20,10 +20,10 @@ from prep.progress import Progress
 from prep.runner.build import BuildResult, build
 from prep.storage.local import LocalStore
 from prep.store.localcopy import local_file
-from prep.store.records import read_stage, read_task_record
+from prep.store.records import TaskRecord, read_stage
 from prep.workfiles.drops import open_drops
 from prep.workfiles.pairs import read_pairs
-from tests.helpers import run_prep
+from tests.helpers import committed_records, run_prep
 from tests.neardup.nearstatsupport import PLANTED_SIZES, plain_distribution, sizes_of_drops, write_sized_corpus
 from tests.runner.buildsupport import InProcessExecutor
 
@@ -53,10 +53,8 @@ def stage_of(store: Path, result: BuildResult, name: str) -> dict[str, Any]:
 
 def only_task(store: Path, stage: str) -> dict[str, Any]:
     """The summary of the one task record of `stage` in a store that built once."""
-    [path] = (store / "tasks" / stage).glob("*.json")
-    record = read_task_record(LocalStore(store), stage, path.stem)
-    assert record is not None
-    return record.summary
+    [record] = committed_records(LocalStore(store), stage).values()
+    return TaskRecord.from_json(record, stage).summary
 
 
 @pytest.mark.parametrize("name", ["verify", "plain"])
