@@ -352,7 +352,7 @@ class _Commits:
                 if oldest is None or not (block or len(self._in_flight) > 2 * COMMIT_JOBS):
                     break
             oldest.result()  # waits; a failed commit raises
-            self._harvest(block)
+            self._harvest(False)  # grouping only by size and age: waiting out the line must not split groups
         self._harvest(block)
         while self._groups and (block or self._groups[0][1].done()):
             settled, future = self._groups.popleft()

@@ -10,7 +10,9 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +32,9 @@ TASKS = 2000
 TEXTS = tuple(f"text {index}" for index in range(TASKS))
 KILLED = """
 import sys
+import time
 from pathlib import Path
+from typing import Any
 from prep.runner import driver
 from prep.storage import LocalStore
 from tests.runner.test_stage import Uppering, _runner
@@ -104,6 +108,36 @@ def test_a_resume_after_a_kill_runs_only_the_uncommitted_tasks(tmp_path: Path, m
     assert objects == run(LocalStore(tmp_path / "fresh"))[0]
     requests, found = planned(store)
     assert found == TASKS and requests <= 2 + len(list(store.list(PACKS_PREFIX))), requests
+
+
+class SlowExecutor(InProcessExecutor):
+    """Runs tasks in this process, but before handing over each result after the first waits
+    until the store holds as many packs as results handed over: a slow stage, whose driver waits
+    for results while earlier tasks wait for their group."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self.store = store
+        self.waited: list[float] = []
+
+    def run(self, fn: Any, items: Any) -> Any:
+        for index, item in enumerate(items):
+            start = time.monotonic()
+            while len(list(self.store.list(PACKS_PREFIX))) < index and time.monotonic() - start < 10:
+                time.sleep(0.01)
+            self.waited.append(time.monotonic() - start)
+            yield index, fn(item)
+
+
+def test_a_slow_stage_commits_each_task_while_the_driver_waits_for_the_next(tmp_path: Path) -> None:
+    """Each result is committed (its group's pack stored) within about GROUP_SECONDS while the
+    driver waits for the next result, not when the next result or the stage's end comes."""
+    store = LocalStore(tmp_path / "store")
+    executor = SlowExecutor(store)
+    runner = Runner(store, executor, Progress(quiet=True), CODE)
+    runner.run_stage(Uppering(), TEXTS[:4])
+    assert len(list(store.list(PACKS_PREFIX))) == 4 and max(executor.waited) < driver.GROUP_SECONDS + 2, executor.waited
+    found = runner.committed("upper", [task.key for task in Uppering().plan(TEXTS[:4], runner).tasks.tasks])
+    assert all(found.values()), "every task committed, one pack each"
 
 
 def test_a_build_that_appends_a_file_reads_the_packs_of_the_build_before(tmp_path: Path, tokenizer_path: Path) -> None:

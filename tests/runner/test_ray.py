@@ -239,7 +239,7 @@ def test_ray_runs_merge_tasks_to_the_snapshot_of_an_unmerged_local_build(ray_add
                       "--executor", "ray", "--ray-address", ray_address)
     assert result.stdout.strip() == snapshot_id
     assert "merge: done" in result.stderr
-    assert len(list((tmp_path / "store" / "tasks" / "merge").glob("*.json"))) == 1
+    assert len(committed_records(open_store(tmp_path / "store"), "merge")) == 1
 
 
 def test_worker_killed_mid_task_is_retried_to_the_same_snapshot(ray_address: str, corpus: Path,
