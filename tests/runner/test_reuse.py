@@ -118,8 +118,7 @@ def test_corrupt_part_entries_are_recomputed_before_the_order_reads_them(corpus:
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
     store_dir = corpus / "store"
     build_local(pipeline, store_dir, workers=1)
-    entries = [json.loads(path.read_text())["outputs"]["entries"]
-               for path in sorted((store_dir / "tasks" / "tokenize").glob("*.json"))]
+    entries = [record["outputs"]["entries"] for _, record in sorted(committed_records(LocalStore(store_dir), "tokenize").items())]
     flip_byte(object_path(store_dir, entries[0]), 100)
 
     nodedup = write_pipeline(corpus, tokenizer_path, ["corpus"], extra="", formats='["bin"]')
