@@ -158,9 +158,14 @@ def test_only_the_newest_plan_of_a_folder_outlives_the_grace_period() -> None:
     infos = [ObjectInfo(old, 1, 10.0), ObjectInfo(new, 1, 20.0), ObjectInfo(other, 1, 5.0), ObjectInfo("packs/x", 1, 1.0)]
     assert packs.superseded(infos, cutoff=30.0) == {old}, "the newest plan of each folder stays, whatever its age"
     assert packs.superseded(infos, cutoff=5.0) == set(), "nothing younger than the grace period goes"
+    resumed = ObjectInfo(pack_key(STAGE, anchor, plans[0], "d" * 64), 1, 40.0)  # a build of the old plan, lately
+    assert packs.superseded([*infos, resumed], cutoff=30.0) == {new}, \
+        "no pack of a plan with a pack younger than the grace period goes (a build of it may resume)"
+    later = ObjectInfo(pack_key(STAGE, anchor, key_of(4), "e" * 64), 1, 50.0)  # and a newer plan still
+    assert packs.superseded([*infos, resumed, later], cutoff=30.0) == {new}, "the old plan stays while it is young"
 
 
-def test_a_pack_is_never_the_only_copy_and_holds_only_what_it_is_given(tmp_path: Path) -> None:
+def test_a_pack_holds_only_what_it_is_given_and_nothing_when_nothing_is_committed(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     keys = [key_of(index) for index in range(5)]
     found, _ = find(store, keys)
