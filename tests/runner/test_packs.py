@@ -22,6 +22,7 @@ from prep.runner import driver
 from prep.runner.build import build
 from prep.runner.driver import Runner
 from prep.storage import LocalStore
+from prep.store import records
 from prep.store.layout import PACKS_PREFIX, TASKS_PREFIX
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor, RequestCountingStore
@@ -138,6 +139,27 @@ def test_a_slow_stage_commits_each_task_while_the_driver_waits_for_the_next(tmp_
     assert len(list(store.list(PACKS_PREFIX))) == 4 and max(executor.waited) < driver.GROUP_SECONDS + 2, executor.waited
     found = runner.committed("upper", [task.key for task in Uppering().plan(TEXTS[:4], runner).tasks.tasks])
     assert all(found.values()), "every task committed, one pack each"
+
+
+def stored_slowly(index: int) -> tuple[records.TaskRecord, None]:
+    """A task commit that takes 10 ms to store its objects; its record, not yet committed."""
+    time.sleep(0.01)
+    return records.TaskRecord("upper", f"{index:064x}", {"upper": f"sha256:{index:064x}"}, {}), None
+
+
+def test_a_stage_end_commits_what_waits_in_one_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: waiting out the commits in flight at a stage's end grouped after each one it
+    waited for, so a stage's last tasks were committed a PUT each; they are one group, landed
+    only once it is committed."""
+    monkeypatch.setattr(driver, "GROUP_SECONDS", 30.0)
+    groups: list[list[records.TaskRecord]] = []
+    landed: list[str] = []
+    with driver._Commits(lambda key, record, log: landed.append(key), False, groups.append) as commits:
+        for index in range(100):
+            commits.submit(f"{index:064x}", stored_slowly, index)
+        assert not landed, "nothing lands before its group is committed"
+        commits.finish()
+    assert len(groups) == 1 and len(groups[0]) == 100 and sorted(landed) == [f"{i:064x}" for i in range(100)]
 
 
 def test_a_build_that_appends_a_file_reads_the_packs_of_the_build_before(tmp_path: Path, tokenizer_path: Path) -> None:
