@@ -117,3 +117,37 @@ def user_package(folder: Path, prefix: str, modules: Mapping[str, str]) -> Itera
             del function._LOADED[key]
         if str(folder.resolve()) in sys.path:
             sys.path.remove(str(folder.resolve()))
+
+
+def committed_records(store: Any, stage: str) -> dict[str, dict[str, Any]]:
+    """Every committed task record of `stage` in `store` (a prep Store), by task key: single
+    records under tasks/ and those packs hold (the driver commits tasks in groups, a pack each)."""
+    found: dict[str, dict[str, Any]] = {}
+    for info in store.list(f"packs/{stage}/"):
+        found.update(json.loads(store.get_bytes(info.key))["records"])
+    for info in store.list(f"tasks/{stage}/"):
+        found[info.key.rsplit("/", 1)[-1].removesuffix(".json")] = json.loads(store.get_bytes(info.key))
+    return found
+
+
+def unpack(store_dir: Path, stage: str) -> None:
+    """Turn the packs of `stage` in the local store at `store_dir` into single task records at
+    tasks/<stage>/<key>.json, as a store committed one record a task holds them: for tests that
+    edit a record by hand (an edit inside a pack breaks its hash, and the pack is ignored whole)."""
+    from prep.manifest import canonical
+    from prep.storage import LocalStore
+
+    store = LocalStore(store_dir)
+    for info in list(store.list(f"packs/{stage}/")):
+        for key, record in json.loads(store.get_bytes(info.key))["records"].items():
+            store.put_bytes(f"tasks/{stage}/{key}.json", canonical.dumps(record))
+        store.delete(info.key)
+
+
+def forget_commits(store_dir: Path, stage: str) -> None:
+    """Remove every task commit of `stage` (single records and packs) from the local store at
+    `store_dir`, as a build killed before committing them would have left it."""
+    import shutil
+
+    for folder in ("tasks", "packs"):
+        shutil.rmtree(store_dir / folder / stage, ignore_errors=True)

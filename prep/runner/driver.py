@@ -5,10 +5,12 @@ and stage manifest. It knows no stage by name: a build is the list of stages it 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -26,12 +28,15 @@ from prep.store import cas, packs, records
 LOOKUP_JOBS = 32
 """Task record lookups in flight at once while planning (threads: each is a GET)."""
 COMMIT_JOBS = 16
-"""Task commits in flight at once (threads: each stores staged files, then PUTs its record)."""
+"""Commits in flight at once (threads: each stores a task's staged files, or PUTs a group's pack)."""
 PACK_RECORDS = 1000
-"""Committed task records a pack holds (prep.store.packs; 0: no packs written or read). A resume
-of 600,000 tasks reads 600 packs (under half a second at LOOKUP_JOBS in flight and 20 ms a
-request) and, after a crash, looks up at most this many (plus the commits in flight) one by one;
-a pack is 0.5-1 MB and costs one PUT every this many commits."""
+"""Task records a pack holds at most (prep.store.packs; 0: no packs written or read, each task
+committed by a record of its own). The driver commits settled tasks in groups, one pack a group:
+a first build of 600,000 tasks costs 600 PUTs at full speed, and a resume of it reads 600 packs
+(under half a second at LOOKUP_JOBS in flight and 20 ms a request); a pack is 0.5-1 MB."""
+GROUP_SECONDS = 0.2
+"""The longest a settled task waits for others to share its group's PUT: a slow stage still
+commits each task within this of its result (the crash that comes sooner reruns it)."""
 
 
 class StoringGuard(ReuseGuard):
@@ -209,15 +214,17 @@ class Runner:
             run.ran += 1
             done_bytes += by_key[key].nbytes
 
-        pack = partial(self._pack, packs.Plan.of(plan.stage, [task.key for task in plan.tasks])) if PACK_RECORDS else None
+        packed = packs.Plan.of(plan.stage, [task.key for task in plan.tasks])
+        serial = armed(f"{plan.stage}.before_commit")
+        group = partial(self._commit_group, packed) if PACK_RECORDS and packed.anchors and not serial else None
         try:
-            with _Commits(landed, armed(f"{plan.stage}.before_commit"), pack) as commits:
+            with _Commits(landed, serial, group) as commits:
                 with closing(self.executor.run(plan.run, list(jobs))) as results:
                     for index, result in results:
                         keyed = list(_by_task(result, todo[index].key if plan.batch is None else None))
                         returned[index] = [key for key, _ in keyed]
                         for key, outcome in keyed:
-                            commits.submit(key, self._commit_task, plan.stage, key, outcome)
+                            commits.submit(key, self._store_task, plan.stage, key, outcome, group is None)
                         commits.settle(block=False)
                         self._progress.tick(plan.stage, len(committed), total, cached, done_bytes, force=bool(plan.batch))
                 commits.finish()
@@ -231,9 +238,10 @@ class Runner:
             raise
         self._progress.tick(plan.stage, len(committed), total, cached, done_bytes)
 
-    def _commit_task(self, stage: str, key: str, result: TaskResult) -> tuple[records.TaskRecord, Any]:
-        """Store what the task staged, then write its record: nothing is visible before its commit.
-        Runs in a commit thread; returns the record and the task's log."""
+    def _store_task(self, stage: str, key: str, result: TaskResult, commit: bool) -> tuple[records.TaskRecord, Any]:
+        """Store what the task staged, then (with `commit`) write its own record, which commits it;
+        otherwise its group's pack will: nothing is visible before its commit. Runs in a commit
+        thread; returns the record and the task's log."""
         result = publish_staged(self.store, result)
         with self._commit_lock:
             self.guard.produced(result.outputs.values())
@@ -241,14 +249,19 @@ class Runner:
         for alias_stage, alias_key, names in result.aliases:
             records.write_alias_record(self.store, alias_stage, alias_key,
                                        {alias: result.outputs[name] for alias, name in names})
+        if not commit:
+            return records.TaskRecord(stage, key, result.outputs, result.summary), result.log
         with self._commit_lock:
             crash_point(f"{stage}.before_commit")
         return records.write_task_record(self.store, stage, key, result.outputs, result.summary), result.log
 
-    def _pack(self, plan: packs.Plan, batch: list[records.TaskRecord]) -> None:
-        """Write a pack of committed records (in a commit thread: each record is stored already)."""
-        crash_point(f"{plan.stage}.before_pack")
+    def _commit_group(self, plan: packs.Plan, batch: list[records.TaskRecord]) -> None:
+        """Commit stored tasks' records as one pack (in a commit thread): one create-only PUT."""
+        with self._commit_lock:
+            crash_point(f"{plan.stage}.before_group")
         packs.write_pack(self.store, plan, batch)
+        with self._commit_lock:
+            crash_point(f"{plan.stage}.after_group")
 
     # -- stage manifests --------------------------------------------------------------------
     def _read_stage(self, stage: str, key: str) -> dict[str, Any] | None:
@@ -274,57 +287,127 @@ class Runner:
         self.stages[stage].output = records.stage_output_id(self.store, stage, key)
 
 
+@dataclass(frozen=True)
+class _Settled:
+    """A task whose objects are stored: its record (committed, or waiting for its group) and log."""
+
+    key: str
+    record: records.TaskRecord
+    log: Any
+
+
 class _Commits:
-    """Task commits in flight in COMMIT_JOBS threads, settled first in, first out: `landed` gets
-    each record (and the task's log) on the driver's thread. `serial` (a crash point armed before
-    commits) settles each at once, so an injected kill finds exactly the commits before it done.
-    `pack` (None: no packs) writes every PACK_RECORDS settled records as one pack, in a commit
-    thread, and `finish` the rest: a pack holds only records already stored."""
+    """Task commits in flight in COMMIT_JOBS threads: `landed` gets each committed record (and the
+    task's log) on the driver's thread. Without `group`, each task's own commit writes its record
+    and they land first in, first out; `serial` (a crash point armed before commits) settles each
+    at once, so an injected kill finds exactly the commits before it done. With `group`, a task's
+    commit only stores its objects: settled tasks wait (at most PACK_RECORDS of them, at most
+    GROUP_SECONDS, watched by a thread of its own so a slow stage commits too) and `group` commits
+    them together in a commit thread; they land once it has."""
 
     def __init__(self, landed: Callable[[str, records.TaskRecord, Any], None], serial: bool,
-                 pack: Callable[[list[records.TaskRecord]], None] | None = None) -> None:
-        self._landed, self._serial, self._pack = landed, serial, pack
+                 group: Callable[[list[records.TaskRecord]], None] | None = None) -> None:
+        self._landed, self._serial, self._group = landed, serial, group
         self._pool = ThreadPoolExecutor(COMMIT_JOBS, thread_name_prefix="prep-commit")
+        self._lock = threading.Condition()  # guards everything below; each commit's end notifies it
         self._in_flight: deque[tuple[str, Future[tuple[records.TaskRecord, Any]]]] = deque()
-        self._batch: list[records.TaskRecord] = []
-        self._packs: list[Future[None]] = []
+        self._ready: list[_Settled] = []  # stored, waiting for a group (oldest since `_since`)
+        self._since = 0.0
+        self._groups: deque[tuple[list[_Settled], Future[None]]] = deque()
+        self._closing = False
+        self._watch = threading.Thread(target=self._watcher, name="prep-groups", daemon=True) if group else None
+        if self._watch is not None:
+            self._watch.start()
 
     def __enter__(self) -> _Commits:
         return self
 
     def __exit__(self, *_: object) -> None:
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        if self._watch is not None:
+            self._watch.join()
         self._pool.shutdown(wait=True)  # a commit under way finishes: its staged files are its own
 
     def submit(self, key: str, commit: Callable[..., tuple[records.TaskRecord, Any]], *args: Any) -> None:
         """Start `commit(*args)`, the commit of task `key`."""
-        self._in_flight.append((key, self._pool.submit(commit, *args)))
+        future = self._pool.submit(commit, *args)
+        with self._lock:
+            self._in_flight.append((key, future))
+        future.add_done_callback(self._notify)
         if self._serial:
             self.settle(block=True)
 
-    def settle(self, block: bool) -> None:
-        """Hand over the commits done at the head of the line (all of them when `block`, and the
-        oldest whenever more than twice COMMIT_JOBS are in flight); a failed one raises here."""
-        while self._in_flight and (block or self._in_flight[0][1].done() or len(self._in_flight) > 2 * COMMIT_JOBS):
-            key, future = self._in_flight.popleft()
-            record, log = future.result()
-            self._landed(key, record, log)
-            if self._pack is not None:
-                self._batch.append(record)
-                if len(self._batch) >= PACK_RECORDS:
-                    self._write_pack()
+    def _notify(self, _: object) -> None:
+        with self._lock:
+            self._lock.notify_all()
 
-    def _write_pack(self) -> None:
-        """Hand the records settled since the last pack to a commit thread as one pack."""
-        if self._pack is not None and self._batch:
-            self._packs.append(self._pool.submit(self._pack, self._batch))
-            self._batch = []
+    def settle(self, block: bool) -> None:
+        """Land what is committed (everything, waiting for it, when `block`; the oldest commit
+        is waited for whenever more than twice COMMIT_JOBS are in flight); a failure raises here."""
+        while True:
+            with self._lock:
+                oldest = self._in_flight[0][1] if self._in_flight else None
+                if oldest is None or not (block or len(self._in_flight) > 2 * COMMIT_JOBS):
+                    break
+            oldest.result()  # waits; a failed commit raises
+            self._harvest(False)  # grouping only by size and age: waiting out the line must not split groups
+        self._harvest(block)
+        while self._groups and (block or self._groups[0][1].done()):
+            settled, future = self._groups.popleft()
+            future.result()
+            for task in settled:
+                self._landed(task.key, task.record, task.log)
+
+    def _harvest(self, flush: bool) -> None:
+        """Take the stored tasks at the head of the line and land them (no groups) or group them,
+        grouping now when `flush`; a failed commit at the head raises."""
+        with self._lock:
+            landing = self._take()
+            self._flush(flush)
+            if self._in_flight and self._in_flight[0][1].done():
+                self._in_flight[0][1].result()  # raises the failed commit
+        for task in landing:
+            self._landed(task.key, task.record, task.log)
+
+    def _take(self) -> list[_Settled]:
+        """Pop the done commits at the head of the line, up to a failed one (left for `settle` to
+        raise): with groups they wait in `_ready`, without they are returned to land (the lock held)."""
+        landing = []
+        while self._in_flight and self._in_flight[0][1].done() and self._in_flight[0][1].exception() is None:
+            key, future = self._in_flight.popleft()
+            task = _Settled(key, *future.result())
+            if self._group is None:
+                landing.append(task)
+                continue
+            if not self._ready:
+                self._since = time.monotonic()
+            self._ready.append(task)
+        return landing
+
+    def _flush(self, now: bool) -> None:
+        """Hand waiting tasks to commit threads as groups: those of PACK_RECORDS, and the rest
+        when `now` or the oldest has waited GROUP_SECONDS (the lock held)."""
+        if self._group is None:
+            return
+        while self._ready and (now or len(self._ready) >= PACK_RECORDS
+                               or time.monotonic() - self._since >= GROUP_SECONDS):
+            settled, self._ready = self._ready[:PACK_RECORDS], self._ready[PACK_RECORDS:]
+            self._since = time.monotonic()
+            self._groups.append((settled, self._pool.submit(self._group, [task.record for task in settled])))
+
+    def _watcher(self) -> None:
+        """Group what waits once it has waited GROUP_SECONDS, while the driver waits for results."""
+        with self._lock:
+            while not self._closing:
+                self._take()
+                self._flush(False)
+                self._lock.wait(max(0.0, self._since + GROUP_SECONDS - time.monotonic()) if self._ready else None)
 
     def finish(self) -> None:
-        """Settle every commit, pack what is not packed, and wait for the packs (a failed one raises)."""
+        """Commit and land every task (a failed commit raises)."""
         self.settle(block=True)
-        self._write_pack()
-        for future in self._packs:
-            future.result()
 
 
 def _by_task(result: JobResult, key: str | None) -> Iterable[tuple[str, TaskResult]]:

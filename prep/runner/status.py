@@ -2,7 +2,8 @@
 
 Read-only, like `dvc status`: the inputs are discovered and hashed here (in this process, no
 workers, no spool), the tokenize task keys are computed as the build computes them and looked
-up among the committed task records; each later stage's key follows from the output its
+up among the committed task records (in the plan's packs, then single records: as a build
+looks them up, without packing what it finds); each later stage's key follows from the output its
 predecessor committed, so a stage is reported reused when its stage record exists for the key
 computable now, and "would run" otherwise (then every stage after it would run too, since
 their keys depend on outputs not made yet). With [dedup.near] the bucket and cluster stages
@@ -22,6 +23,7 @@ from prep.config import Pipeline
 from prep.errors import PrepError
 from prep.inputs.sources import SourceFile, discover, input_version
 from prep.neardup.settings import NearDupSettings
+from prep.runner.driver import LOOKUP_JOBS, PACK_RECORDS
 from prep.runner.nearbuckets import RECORDS_PER_BUCKET
 from prep.runner.ordering import DOCUMENTS_PER_BUCKET, Ordering
 from prep.runner.planning import read_exclusions, tokenize_settings
@@ -31,7 +33,7 @@ from prep.stages.cuts import bucket_bits
 from prep.stages.read import plan_read_tasks
 from prep.stages.specs import TokenizeSettings
 from prep.storage.backend import Store
-from prep.store import cas, records
+from prep.store import cas, packs, records
 from prep.store.refs import read_ref
 from prep.store.snapshots import Snapshot, load_snapshot
 from prep.tokenizer import describe_tokenizer
@@ -151,15 +153,15 @@ def build_status(pipeline: Pipeline, store: Store) -> BuildStatus:
     discovered = discover(pipeline.input.paths, pipeline.base_dir, pipeline.input.format)
     sources = run_hash_job(HashJob(tuple(discovered), spool=False)) if discovered else []
     settings = tokenize_settings(pipeline, str(tokenizer_path), info.sha256, read_exclusions(pipeline))
-    parts, found, documents = [], [], 0
-    for source in sources:
-        for task in plan_read_tasks(source, pipeline.input.text_field, pipeline.input.id_field,
-                                     pipeline.input.max_document_bytes, pipeline.input.metadata_fields):
-            key = records.content_key("tokenize", settings.key_fields(), code, *task.key_parts())
-            record = records.read_task_record(store, "tokenize", key)
-            documents += int(record.summary.get("documents", 0)) if record else 0
-            parts.append(PartStatus(source.rel, task.part, key, record is not None))
-            found.append(record)
+    planned = [(source.rel, task.part, records.content_key("tokenize", settings.key_fields(), code, *task.key_parts()))
+               for source in sources
+               for task in plan_read_tasks(source, pipeline.input.text_field, pipeline.input.id_field,
+                                           pipeline.input.max_document_bytes, pipeline.input.metadata_fields)]
+    committed_parts = packs.find_committed(store, "tokenize", [key for _, _, key in planned], LOOKUP_JOBS,
+                                           PACK_RECORDS, lambda _: None, repack=False)
+    found = [committed_parts[key] for _, _, key in planned]
+    parts = [PartStatus(source, part, key, record is not None) for (source, part, key), record in zip(planned, found)]
+    documents = sum(int(record.summary.get("documents", 0)) for record in found if record)
     todo = sum(not part.committed for part in parts)
     blocked = f"{todo} of {len(parts)} tokenize tasks would run first" if todo else None
     tokenize, committed = _stage(store, "tokenize", settings.key_fields(), code, [p.key for p in parts], blocked)

@@ -8,10 +8,13 @@ is missing, corrupt (bytes that do not hash to the name) or invalid (a record or
 schema refuses) is a finding naming the object's kind, key and what reached it. Stored objects
 nothing reaches are dangling: garbage for gc, not damage, so they do not fail fsck.
 
-Task record packs (`prep.store.packs`, a cache of records planning reads first) must read, and
-every record in one must be the record stored under its key: an unusable pack is an invalid
-finding (a build ignores it), which `repair` deletes, as it does a pack naming a bad object.
-Packs are no roots: what only a pack names is dangling.
+Task record packs (`prep.store.packs`: the driver commits tasks in groups, one pack a group, so
+a pack may be the only copy of its records) are commit records and roots like task records: what
+a record in one names is followed and checked. A pack must read: one that does not is a damaged
+commit record (an invalid finding; a build ignores it and runs its tasks again), and a record in
+one naming other outputs than another copy of it (a single record, or an earlier pack's) is
+invalid too. `repair` deletes such packs, and packs naming a bad object, as it does task records:
+their tasks run again and give the same objects.
 
 Read-back records must read too (`prep tag` refuses an unreadable one), as must keys under
 `snapshots/` and `holds/` be named by a SHA-256. A ref's history must hold every generation
@@ -212,26 +215,47 @@ def walk_records(walk: FsckWalk, jobs: int, dataset: str | None) -> Records:
 
 
 def check_packs(walk: FsckWalk, found: Records) -> None:
-    """Every task record pack must read and hold only records stored under their keys as they are
-    (`found` has every record's names); each pack's names join `found`, so `repair` deletes a pack
-    naming a bad object, and an unusable pack is invalid."""
+    """Every task record pack must read and hold no record naming other outputs than another copy
+    of it (`found` has every single record's names); each pack's records are followed as single
+    records are and its names join `found`, so `repair` deletes a pack naming a bad object. An
+    unusable pack is invalid, and so are both copies of a record that disagree."""
     listed = list(walk.store.list(PACKS_PREFIX))
+    copies = {key: (shas, key) for key, shas in found.names.items() if key.startswith(TASKS_PREFIX)}
     for info, held in zip(listed, parallel(lambda info: packs.read_pack(walk.store, info.key), listed)):
-        problem = held.message if isinstance(held, IntegrityError) else _pack_mismatch(walk.store.url, info.key, held, found)
-        if problem is not None:
-            walk.add(Problem(INVALID, "task pack", info.key, info.key, problem))
-            found.invalid.append(info.key)
-        elif not isinstance(held, IntegrityError):
-            found.names[info.key] = packs.pack_shas(held)
+        if isinstance(held, IntegrityError):
+            _invalid_pack(walk, found, info.key, f"{held.message}: a damaged commit of task records (a build "
+                                                 "ignores it and runs its tasks again; fsck --repair deletes it)")
+            continue
+        conflict = _conflict(held, info.key, copies)
+        if conflict is not None:
+            record, other = conflict
+            detail = (f"{walk.store.url}/{info.key}: holds task {record.stage}/{record.key} naming other objects than "
+                      f"its copy in {other} (a determinism bug); fsck --repair deletes both")
+            _invalid_pack(walk, found, info.key, detail)
+            walk.add(Problem(INVALID, "task pack" if other.startswith(PACKS_PREFIX) else "task record", other, other, detail))
+            found.invalid.append(other)
+            continue
+        for record in held.values():
+            for name, object_id in sorted(record.outputs.items()):
+                walk.note(hashing.parse_id(object_id), f"{name} (output of task {record.stage})", info.key)
+        found.names[info.key] = packs.pack_shas(held)
 
 
-def _pack_mismatch(url: str, key: str, held: dict[str, records.TaskRecord], found: Records) -> str | None:
-    """Why a readable pack is wrong: a record in it that is not the one stored under its key."""
+def _invalid_pack(walk: FsckWalk, found: Records, key: str, detail: str) -> None:
+    walk.add(Problem(INVALID, "task pack", key, key, detail))
+    found.invalid.append(key)
+
+
+def _conflict(held: dict[str, records.TaskRecord], key: str,
+              copies: dict[str, tuple[set[str], str]]) -> tuple[records.TaskRecord, str] | None:
+    """A record in the pack at `key` naming other outputs than the first copy of it seen (a single
+    record, or an earlier pack's: `copies` by record key, to which this pack's are added), and
+    where that copy is; None when every record agrees."""
     for record in held.values():
-        stored = found.names.get(task_record_key(record.stage, record.key))
-        if stored != packs.pack_shas({record.key: record}):
-            what = "whose record is missing" if stored is None else "naming other objects than its record"
-            return f"{url}/{key}: holds task {record.stage}/{record.key} {what}; fsck --repair deletes the pack"
+        shas = packs.pack_shas({record.key: record})
+        first, where = copies.setdefault(task_record_key(record.stage, record.key), (shas, key))
+        if first != shas:
+            return record, where
     return None
 
 

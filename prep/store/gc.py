@@ -6,9 +6,9 @@ The rules (docs/history.md has the reasoning):
    last N generations of each ref, what is younger than keep_within, every held snapshot; a kept
    generation whose history record is missing is the next one's `previous`, or, failing that,
    every stored snapshot), plus
-   every snapshot marker, stage record and task record younger than the grace period (what a
-   build in progress may have written or re-committed). The walk is `prep.store.reach`'s. Task
-   record packs (`prep.store.packs`) are never roots: a cache of records, they keep nothing.
+   every snapshot marker, stage record, task record and task record pack (`prep.store.packs`:
+   the driver commits tasks in groups, a pack each) younger than the grace period (what a build
+   in progress may have written or re-committed). The walk is `prep.store.reach`'s.
 2. Kept: the roots' snapshot manifests and artifacts, their stage manifests, every object a kept
    stage manifest or young record names. What a record or manifest names is what its type
    declares (prep.store.records), for snapshots of any layout (layout 1: tokenize, dedup,
@@ -18,10 +18,15 @@ The rules (docs/history.md has the reasoning):
    no layout, a stage manifest of another stage or layout than what names it.
 3. Deleted once older than the grace period: objects not kept; records naming any object not
    kept; markers of snapshots not kept; expired leases; stale temporaries of a local store.
-   Packs holding a record that names any object not kept go at any age (that record goes, or
-   has gone, with its objects; a later build must not find it in a pack), and, once older than
-   the grace period, packs that do not read and packs of a plan that a newer one in the same
-   folder superseded (`packs.superseded`); all count as records.
+   A pack older than the grace period goes whole when any record in it names an object not
+   kept (that record goes with its objects; a later build must not find it): its other records
+   go too, which only loses their memoization (those tasks run again and store the same
+   objects), never a snapshot's bytes, since what a kept snapshot reaches is kept by the
+   snapshot, not the pack. Also past the grace period: packs that do not read (a damaged
+   commit: its tasks run again), and packs of a plan that a newer one in the same folder
+   superseded (`packs.superseded`: again memoization only), unless the plan has a pack younger
+   than the grace period (a build of it is recent: its resume reads all of the plan's packs).
+   All count as records.
 4. Exclusion: gc holds a gc lease and refuses to start while a live build lease exists; builds
    take a build lease (`prep.store.leases.build_lease`) and wait while a gc lease lives. Each
    writes its own lease before looking for the other's, so the two never overlap.
@@ -133,18 +138,33 @@ def _shas(names: records.Names) -> set[str]:
     return {hashing.parse_id(object_id) for object_id in names.objects | {ref.object_id for ref in names.manifests}}
 
 
-def _dead_packs(store: Store, cutoff: float, kept: set[str]) -> tuple[list[ObjectInfo], list[ObjectInfo]]:
-    """(dead, live) task record packs: dead when a record in one names an object not kept, or,
-    once past the grace period, when it does not read or a newer plan of its folder superseded it."""
-    listed = list(store.list(PACKS_PREFIX))
-    dead, live = [], []
-    for info, pack in zip(listed, parallel(lambda info: packs.read_pack(store, info.key), listed)):
-        if (info.mtime <= cutoff if isinstance(pack, IntegrityError) else not packs.pack_shas(pack) <= kept):
-            dead.append(info)
-        else:
-            live.append(info)
-    old = packs.superseded(live, cutoff)
-    return dead + [info for info in live if info.key in old], [info for info in live if info.key not in old]
+@dataclass(frozen=True)
+class _Packs:
+    """Every task record pack: its listing, and its records or why it does not read."""
+
+    listed: list[ObjectInfo]
+    read: list[dict[str, records.TaskRecord] | IntegrityError]
+
+    @classmethod
+    def of(cls, store: Store) -> _Packs:
+        listed = list(store.list(PACKS_PREFIX))
+        return cls(listed, parallel(lambda info: packs.read_pack(store, info.key), listed))
+
+    def young(self, cutoff: float) -> dict[str, records.Names]:
+        """What each readable pack younger than the grace period names: roots, as young records are."""
+        return {info.key: packs.pack_names(pack) for info, pack in zip(self.listed, self.read)
+                if info.mtime > cutoff and not isinstance(pack, IntegrityError)}
+
+    def dead(self, cutoff: float, kept: set[str]) -> tuple[list[ObjectInfo], list[ObjectInfo]]:
+        """(dead, live): past the grace period, a pack is dead when it does not read, when a record
+        in it names an object not kept, or when a newer plan of its folder superseded its own."""
+        dead: list[ObjectInfo] = []
+        live: list[ObjectInfo] = []
+        for info, pack in zip(self.listed, self.read):
+            old = info.mtime <= cutoff
+            (dead if old and (isinstance(pack, IntegrityError) or not packs.pack_shas(pack) <= kept) else live).append(info)
+        gone = packs.superseded(live, cutoff)
+        return dead + [info for info in live if info.key in gone], [info for info in live if info.key not in gone]
 
 
 @dataclass(frozen=True)
@@ -168,7 +188,8 @@ def retention_roots(store: Store, override: Override | None, now: float) -> tupl
 
 def _reach(store: Store, cutoff: float, markers: list[ObjectInfo], named: dict[str, records.Names],
            young: list[ObjectInfo], rules: list[Kept]) -> Reach:
-    """What the roots reach: the retention rules' snapshots, young snapshot markers, young records."""
+    """What the roots reach: the retention rules' snapshots, young snapshot markers, young
+    records and packs (`named` holds what each names)."""
     reach = Reach(store)
     for kept in rules:  # only a current ref's snapshot must exist; history may name collected ones
         reach.snapshot(hashing.parse_id(kept.snapshot), kept.by, required=kept.rule == "refs")
@@ -185,14 +206,18 @@ def _plan(store: Store, cutoff: float, now: float, override: Override | None, st
     found = list(store.list(TASKS_PREFIX)) + list(store.list(STAGES_PREFIX))
     markers = list(store.list(SNAPSHOTS_PREFIX))
     named = dict(zip((info.key for info in found), parallel(lambda info: _record_names(store, info.key), found)))
+    stored_packs = _Packs.of(store)
+    young_packs = stored_packs.young(cutoff)
     chosen, rules = retention_roots(store, override, now)
-    reach = _reach(store, cutoff, markers, named, [info for info in found if info.mtime > cutoff], rules)
+    young = [info for info in found if info.mtime > cutoff]
+    young += [info for info in stored_packs.listed if info.key in young_packs]
+    reach = _reach(store, cutoff, markers, {**named, **young_packs}, young, rules)
     dead_records = [info for info in found if info.mtime <= cutoff and not _shas(named[info.key]) <= reach.kept]
     # A read-back record vouches for a snapshot's objects: it goes with the snapshot, or a
     # re-stored manifest object would be trusted on a proof of bytes gc deleted.
     dead_records += [info for info in store.list(READBACK_PREFIX)
                      if info.mtime <= cutoff and readback_sha(info.key) not in reach.kept]
-    dead_packs, live_packs = _dead_packs(store, cutoff, reach.kept)
+    dead_packs, live_packs = stored_packs.dead(cutoff, reach.kept)
     expired = [info for info in store.list(leases_prefix())
                if info.mtime <= cutoff and ((lease := parse_lease(info)) is None or not held(store, lease, now, store_now))]
     deletions = {

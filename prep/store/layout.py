@@ -56,9 +56,14 @@ def object_sha(key: str) -> str:
     return key.rsplit("/", 1)[-1]
 
 
+def task_record_prefix(stage: str) -> str:
+    """`tasks/<stage>/`: the stage's single task records."""
+    return f"{TASKS_PREFIX}{stage}/"
+
+
 def task_record_key(stage: str, key: str) -> str:
     """`tasks/<stage>/<task key>.json`."""
-    return f"{TASKS_PREFIX}{stage}/{key}{RECORD_SUFFIX}"
+    return f"{task_record_prefix(stage)}{key}{RECORD_SUFFIX}"
 
 
 def stage_record_key(stage: str, key: str) -> str:
@@ -66,9 +71,14 @@ def stage_record_key(stage: str, key: str) -> str:
     return f"{STAGES_PREFIX}{stage}/{key}{RECORD_SUFFIX}"
 
 
+def pack_stage_prefix(stage: str) -> str:
+    """`packs/<stage>/`: every task record pack of the stage."""
+    return f"{PACKS_PREFIX}{stage}/"
+
+
 def pack_prefix(stage: str, anchor: str) -> str:
     """`packs/<stage>/<anchor>/`: the task record packs of plans whose smallest task key is `anchor`."""
-    return f"{PACKS_PREFIX}{stage}/{anchor}/"
+    return f"{pack_stage_prefix(stage)}{anchor}/"
 
 
 def pack_key(stage: str, anchor: str, plan: str, sha256_hex: str) -> str:

@@ -17,7 +17,8 @@ MARKER_KEY = "prep-store.json"
 MARKER_BODY = b'{"schema": "prep.store/1"}\n'
 # Cheapest first: refs and snapshots are few; objects may be many (a local list walks them all).
 _PREFIXES = (layout.REFS_PREFIX, layout.SNAPSHOTS_PREFIX, layout.HISTORY_PREFIX, layout.STAGES_PREFIX,
-             layout.TASKS_PREFIX, layout.LOGS_PREFIX, layout.LEASES_PREFIX, layout.OBJECTS_PREFIX)
+             layout.TASKS_PREFIX, layout.PACKS_PREFIX, layout.LOGS_PREFIX, layout.LEASES_PREFIX,
+             layout.OBJECTS_PREFIX)
 
 
 def is_store(store: Store) -> bool:

@@ -1,19 +1,27 @@
-"""Task record packs (`prep.task-pack/1`): one object holding a batch of committed task records,
-a verified cache that planning reads before it looks records up one by one.
+"""Task record packs (`prep.task-pack/1`): one create-only object holding many task records, the
+commit of all of them at once (the driver commits settled tasks in groups, prep/runner/driver.py),
+which planning reads before it looks for single records.
 
 A plan (one stage's task keys) is named by the SHA-256 over its sorted keys, one a line; its
 packs go under `packs/<stage>/<anchor>/`, the anchor being its smallest key, and are named
 `<plan>-<hex>.json` by the SHA-256 of their bytes. A resume of the same plan lists its anchor's
 folder and reads its own packs; a plan that differs by a few keys (a build that appends a file)
 almost always keeps the anchor (or has it as its second smallest key: both folders are listed),
-so it finds the packs of the build before and reads the newest such plan's.
+so it finds the packs of the build before and reads the newest such plan's; when the anchors'
+folders hold no pack at all (the edit replaced the old smallest key), the stage's newest plan's.
 
-A pack is written only after every record in it is committed; `tasks/<stage>/<key>.json` stays
-authoritative, and a record no pack holds is looked up by itself. Read back, a pack must hash to
-its name, match its schema, its key's stage and plan, and every record in it must pass as a single
-record read does (`prep.task/1`, filed under its own key, of the pack's stage): one that fails is
-ignored whole and reported, never trusted. Records found other than in the plan's own packs are
-packed under it, so the next lookup of the same plan reads packs only.
+A pack is written only after every object its records name is stored, so it may be the only copy
+of a record (a single record `tasks/<stage>/<key>.json` is written only where a build commits one
+task at a time: an armed crash point, a plan with no packs, stores written before grouped commits).
+Read back, a pack must hash to its name, match its schema, its key's stage and plan, and every
+record in it must pass as a single record read does (`prep.task/1`, filed under its own key, of
+the pack's stage): one that fails is ignored whole and reported, never trusted (its tasks are
+then not committed: they run again and commit again). Two copies of a task's record naming other
+outputs (a determinism bug) stop the lookup. Keys no pack answered are looked for among the single
+records by listing `tasks/<stage>/` (sixteen listings in parallel, by the key's first hex digit)
+when there are many, so a first build sends no request per task; only keys the listing shows are
+read. Records found other than in the plan's own packs are packed under it, so the next lookup of
+the same plan reads packs only.
 """
 
 from __future__ import annotations
@@ -30,9 +38,19 @@ from prep.manifest.schema import validate
 from prep.storage.backend import ObjectInfo, Store
 from prep.storage.parallel import in_sequence
 from prep.store import records
-from prep.store.layout import is_sha_hex, pack_key, pack_prefix, parse_pack_key
+from prep.store.layout import (
+    RECORD_SUFFIX,
+    is_sha_hex,
+    pack_key,
+    pack_prefix,
+    pack_stage_prefix,
+    parse_pack_key,
+    task_record_key,
+    task_record_prefix,
+)
 
 PACK_SCHEMA = "prep.task-pack/1"
+HEX_DIGITS = "0123456789abcdef"
 ANCHORS = 2
 """A plan's smallest keys whose folders a lookup lists: the second finds the packs of a plan that
 lacked this plan's smallest key (a file appended whose part sorts first)."""
@@ -77,14 +95,27 @@ def pack_bytes(plan: Plan, batch: Sequence[records.TaskRecord]) -> bytes:
 
 
 def write_pack(store: Store, plan: Plan, batch: Sequence[records.TaskRecord]) -> str | None:
-    """Store committed records of `plan` as one pack, create-only (one PUT); its key, None when
-    there is nothing to write or the plan has no packs."""
+    """Commit records of `plan` (their objects stored) as one pack, create-only (one PUT); its
+    key, None when there is nothing to write or the plan has no packs. A pack already stored under
+    the name must be these bytes (another writer's same group); a corrupt or vanished copy is
+    replaced, as `cas` replaces an object's (the name is the hash of the bytes)."""
     if not batch or not plan.anchors:
         return None
     raw = pack_bytes(plan, batch)
     key = pack_key(plan.stage, plan.anchors[0], plan.plan, hashlib.sha256(raw).hexdigest())
-    store.put_bytes(key, raw)
+    if not store.put_bytes(key, raw) and not _holds(store, key, raw):
+        store.delete(key)
+        if not store.put_bytes(key, raw) and not _holds(store, key, raw):
+            raise IntegrityError(f"{store.url}/{key}: a task pack is stored with other bytes and could not be replaced")
     return key
+
+
+def _holds(store: Store, key: str, raw: bytes) -> bool:
+    """Whether `key` holds exactly `raw`."""
+    try:
+        return store.get_bytes(key) == raw
+    except NotFoundError:
+        return False
 
 
 def parse_pack(key: str, raw: bytes, source: str) -> dict[str, records.TaskRecord]:
@@ -122,33 +153,44 @@ def read_pack(store: Store, key: str) -> dict[str, records.TaskRecord] | Integri
         return exc
 
 
+def pack_names(held: dict[str, records.TaskRecord]) -> records.Names:
+    """Every object the records of a pack name."""
+    return records.Names(objects=frozenset(object_id for record in held.values() for object_id in record.names().objects))
+
+
 def pack_shas(held: dict[str, records.TaskRecord]) -> set[str]:
     """The SHA-256 hex of every object the records of a pack name."""
-    return {hashing.parse_id(object_id) for record in held.values() for object_id in record.names().objects}
+    return {hashing.parse_id(object_id) for object_id in pack_names(held).objects}
 
 
 def superseded(infos: Iterable[ObjectInfo], cutoff: float) -> set[str]:
     """The keys of packs older than `cutoff` whose plan is not the newest (by its newest pack) in
-    its anchor's folder: a lookup reads only its own plan's packs and the newest other plan's,
-    and each build of a plan packs every record it finds, so older plans' packs serve no lookup
-    that the newest does not (a plan rebuilt later packs again what it misses)."""
+    its anchor's folder and has no pack younger than `cutoff`: a lookup reads only its own plan's
+    packs and the newest other plan's, and each build of a plan packs every record it finds, so
+    older plans' packs serve no lookup that the newest does not (a plan rebuilt later runs again
+    what it misses: memoization lost, nothing else). A plan with a young pack was built lately
+    (a crashed build may resume it): none of its packs go."""
     newest: dict[tuple[str, str], tuple[float, str]] = {}
+    recent: set[tuple[str, str, str]] = set()
     named = [(info, parse_pack_key(info.key)) for info in infos]
     for info, name in named:
         if name is not None:
             folder = (name[0], name[1])
             newest[folder] = max(newest.get(folder, (info.mtime, name[2])), (info.mtime, name[2]))
+            if info.mtime > cutoff:
+                recent.add(name[:3])
     return {info.key for info, name in named
-            if name is not None and info.mtime <= cutoff and newest[(name[0], name[1])][1] != name[2]}
+            if name is not None and info.mtime <= cutoff and newest[(name[0], name[1])][1] != name[2]
+            and name[:3] not in recent}
 
 
-def _by_plan(store: Store, plan: Plan) -> dict[str, list[ObjectInfo]]:
-    """The packs in the folders of the plan's anchors, by the plan that wrote them (a LIST each)."""
+def _by_plan(store: Store, stage: str, prefixes: Iterable[str]) -> dict[str, list[ObjectInfo]]:
+    """The stage's packs under `prefixes`, by the plan that wrote them (a LIST each)."""
     listed: dict[str, list[ObjectInfo]] = {}
-    for anchor in plan.anchors:
-        for info in store.list(pack_prefix(plan.stage, anchor)):
+    for prefix in prefixes:
+        for info in store.list(prefix):
             named = parse_pack_key(info.key)
-            if named is not None and named[0] == plan.stage:
+            if named is not None and named[0] == stage:
                 listed.setdefault(named[2], []).append(info)
     return listed
 
@@ -157,40 +199,85 @@ def _read(store: Store, infos: Sequence[ObjectInfo], wanted: Collection[str], jo
           found: dict[str, records.TaskRecord], problems: list[str]) -> None:
     """Read `infos` `jobs` at a time, adding the wanted records of each usable one to `found`."""
     reads = (partial(read_pack, store, info.key) for info in infos)
-    for held in in_sequence(reads, jobs, "prep-packs"):
+    for info, held in zip(infos, in_sequence(reads, jobs, "prep-packs")):
         if isinstance(held, IntegrityError):
             problems.append(held.message)
             continue
-        found.update((key, record) for key, record in held.items() if key in wanted)
+        for key, record in held.items():
+            if key in wanted:
+                agree(found.setdefault(key, record), record, f"{store.url}/{info.key}")
+
+
+def agree(first: records.TaskRecord, other: records.TaskRecord, source: str) -> None:
+    """Two copies of a task's record must name the same outputs (the same key, other bytes: a
+    determinism bug, as a create-only commit that meets another record reports it)."""
+    if first.outputs != other.outputs:
+        raise IntegrityError(f"{source}: task {other.stage}/{other.key} was committed with different outputs "
+                             "elsewhere (prep fsck finds both copies)")
 
 
 def lookup(store: Store, plan: Plan, wanted: Collection[str], jobs: int) -> Found:
     """The wanted keys' records that packs hold: the plan's own packs first, then, for what they
-    leave, the packs of the newest other plan sharing an anchor (its packs' newest mtime)."""
-    listed = _by_plan(store, plan) if plan.anchors else {}
+    leave, the packs of the newest other plan sharing an anchor (its packs' newest mtime), or, when
+    the anchors' folders hold no pack at all (an edit replaced the key that anchored the plan
+    before, or the stage never ran), the newest other plan of the stage (a LIST of every pack of
+    the stage: a page per 1,000 packs)."""
+    listed = _by_plan(store, plan.stage, map(partial(pack_prefix, plan.stage), plan.anchors)) if plan.anchors else {}
     found: dict[str, records.TaskRecord] = {}
     problems: list[str] = []
     _read(store, listed.pop(plan.plan, []), wanted, jobs, found, problems)
     own = frozenset(found)
+    if plan.anchors and not listed and not found and wanted:
+        listed = _by_plan(store, plan.stage, [pack_stage_prefix(plan.stage)])
+        listed.pop(plan.plan, None)
     if listed and len(found) < len(wanted):
         newest = max(listed, key=lambda other: max(info.mtime for info in listed[other]))
         _read(store, listed[newest], {key for key in wanted if key not in found}, jobs, found, problems)
     return Found(found, own, tuple(problems))
 
 
+LIST_ABOVE = 16
+"""Keys no pack answered beyond which planning lists the stage's single records rather than read each
+key's single record: one round of sixteen listings costs what one round of reads does."""
+
+
+def _listed(store: Store, prefix: str) -> list[ObjectInfo]:
+    return list(store.list(prefix))
+
+
+def single_records(store: Store, stage: str, jobs: int) -> set[str]:
+    """The task keys of the stage's single records, by listing (on a remote store sixteen
+    listings in parallel, one a first hex digit of the key; on a local one, one walk)."""
+    folder = task_record_prefix(stage)
+    prefixes = [folder] if store.local_path(folder) is not None else [f"{folder}{digit}" for digit in HEX_DIGITS]
+    found: set[str] = set()
+    for infos in in_sequence((partial(_listed, store, prefix) for prefix in prefixes), jobs, "prep-list"):
+        found.update(info.key[len(folder):-len(RECORD_SUFFIX)] for info in infos if info.key.endswith(RECORD_SUFFIX))
+    return found
+
+
 def find_committed(store: Store, stage: str, keys: Sequence[str], jobs: int, pack_records: int,
-                   warn: Callable[[str], None]) -> dict[str, records.TaskRecord | None]:
-    """Each key's committed record or None: packs first (`pack_records` 0: none), then one GET
-    for each key no pack answered, `jobs` at a time. Records found other than in the plan's own
-    packs are packed under it, `pack_records` a pack; each unusable pack is `warn`ed about."""
+                   warn: Callable[[str], None], repack: bool = True) -> dict[str, records.TaskRecord | None]:
+    """Each key's committed record or None: packs first (`pack_records` 0: none), then the single
+    records of keys no pack answered: read one GET each, `jobs` at a time, when they are few, and
+    otherwise only those a listing of the stage's records shows (a first build sends no request a
+    task; a record a listing missed only makes its task run and commit again). With `repack`,
+    records found other than in the plan's own packs are packed under it, `pack_records` a pack;
+    each unusable pack is `warn`ed about."""
     plan = Plan.of(stage, keys)
     packed = lookup(store, plan, set(keys), jobs) if pack_records > 0 else Found({}, frozenset(), ())
     for problem in packed.problems:
-        warn(f"warning: an unusable task pack is ignored ({problem}); its tasks are looked up one by one")
+        warn(f"warning: an unusable task pack is ignored ({problem}); its tasks run again unless committed elsewhere")
     missing = [key for key in keys if key not in packed.records]
+    if len(missing) > LIST_ABOVE:
+        listed = single_records(store, stage, jobs)
+        missing = [key for key in missing if key in listed]
     gets = (partial(records.read_task_record, store, stage, key) for key in missing)
     fetched = dict(zip(missing, in_sequence(gets, jobs, "prep-lookup")))
-    if pack_records > 0:
+    for key, record in fetched.items():
+        if record is not None and key in packed.records:
+            agree(packed.records[key], record, f"{store.url}/{task_record_key(stage, key)}")
+    if pack_records > 0 and repack:
         unpacked = [record for key, record in (*packed.records.items(), *fetched.items())
                     if record is not None and key not in packed.own]
         batches = (partial(write_pack, store, plan, unpacked[at:at + pack_records])

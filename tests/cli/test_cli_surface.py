@@ -126,8 +126,8 @@ def test_counts_of_one_are_singular(project: Path, tokenizer_path: Path) -> None
     assert fsck.returncode == 1 and fsck.stdout.splitlines()[-1] == "1 finding", fsck.stdout
     assert re.search(r"fsck: done in [\d.]+s, \d+ objects, \d+ records, 1 finding\n", fsck.stderr), fsck.stderr
     repaired = run_prep("fsck", "--repair", *store, check=False, timeout=60).stderr
-    # the shard task record, the shard stage record, and the shard stage's record pack naming the object
-    assert "fsck: repair removed 3 records and 1 object, restored 0 snapshot markers; 0 unrepairable" in repaired, repaired
+    # the shard stage record, and the pack that committed the shard task naming the object
+    assert "fsck: repair removed 2 records and 1 object, restored 0 snapshot markers; 0 unrepairable" in repaired, repaired
 
 
 def test_a_trace_of_one_token_and_one_byte_is_singular() -> None:

@@ -26,7 +26,7 @@ from prep.config import parse_pipeline
 from prep.data import Reader
 from prep.manifest.schema import validate
 from prep.store.layout import object_key
-from tests.helpers import run_prep
+from tests.helpers import run_prep, unpack
 from tests.neardup.nearstatsupport import write_sized_corpus
 from tests.s3support import new_bucket
 
@@ -215,7 +215,10 @@ def _damage_rounds(store: Path) -> list[str]:
     """Flip a byte of every small-star round's edges object (the drops task reads the last one)
     and delete the settled large-star round's record, the drops task's and the cluster task's
     (found, it would spare the build every round): a rerun must read the damaged edges. The
-    flipped objects' keys."""
+    flipped objects' keys. (Every stage's packs are unpacked into single records first, as a
+    store committed one record a task holds them, so records can go one by one.)"""
+    for stage in sorted(path.name for path in (store / "packs").iterdir()):
+        unpack(store, stage)
     flipped = []
     for path in (store / "tasks" / "near_round").glob("*.json"):
         record = json.loads(path.read_text())
@@ -231,8 +234,6 @@ def _damage_rounds(store: Path) -> list[str]:
     for stage in ("near_drops", "near_clusters"):
         for path in (store / "tasks" / stage).glob("*.json"):
             path.unlink()
-    for path in (store / "packs").rglob("*.json"):  # the packs of those records (issue 44) once merged
-        path.unlink()
     assert flipped
     return flipped
 

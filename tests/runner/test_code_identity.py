@@ -88,4 +88,4 @@ def test_local_workers_running_upgraded_code_refuse_and_no_ref_moves(tmp_path: P
     assert last.startswith("prep: error: worker on host ") and "refuses the task" in last
     assert f"the driver prep {prep.__version__} (source sha256 {driver[:12]}" in last
     assert "Traceback" not in ran.stderr
-    assert not (store / "refs").exists() and not list(store.glob("tasks/*/*.json"))
+    assert not (store / "refs").exists() and not list(store.glob("tasks/*/*.json")) and not list(store.glob("packs/*/*/*.json"))

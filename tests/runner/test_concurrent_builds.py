@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from prep.runner.tokenizing import run_tokenize_job
 from prep.storage import LocalStore
 from prep.store import cas
 from prep.store.refs import read_ref
-from tests.helpers import write_pipeline
+from tests.helpers import unpack, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor, all_objects_intact, two_file_corpus
 from tests.runner.test_reuse import flip_byte, object_path, task_outputs
 
@@ -110,7 +109,7 @@ def test_commit_records_broken_by_hand_stop_the_build_with_one_error(corpus: Pat
             build(pipeline, LocalStore(store_dir), InProcessExecutor(), (), Progress(quiet=True))
     for each, path in stage_records.items():
         path.write_text(json.dumps(bodies[each]))
-    shutil.rmtree(store_dir / "packs")  # as a layout-2 build left it: no packs, which would answer with the record as committed
+    unpack(store_dir, "tokenize")  # as a layout-2 build left it: single records, no packs
     task = next((store_dir / "tasks" / "tokenize").glob("*.json"))
     task.chmod(0o644)
     earlier = json.loads(task.read_bytes())

@@ -47,14 +47,16 @@ def _kill_and_rerun(pipeline: Path, store: Path, point: str, workers: str = "2")
 @pytest.mark.parametrize("point", [
     "tokenize.after_output:2",
     "tokenize.before_commit:3",
-    "tokenize.before_pack",
+    "tokenize.before_group",
+    "tokenize.after_group",
     "store.before_link:4",
     "order.before_commit",
     "shard.mid_write:2",
     "shard.after_write",
     "shard.between_puts:2",
     "shard.before_commit:2",
-    "shard.before_pack",
+    "shard.before_group",
+    "shard.after_group",
     "publish.before_refs",
 ])
 def test_killed_build_reruns_to_the_same_snapshot(project: tuple[Path, str], tmp_path: Path, point: str) -> None:
@@ -62,15 +64,18 @@ def test_killed_build_reruns_to_the_same_snapshot(project: tuple[Path, str], tmp
     store = tmp_path / "store"
     workers = "1" if point.startswith("tokenize.before_commit") else "2"
     assert _kill_and_rerun(pipeline, store, point, workers) == expected
-    for record in [*(store / "tasks").rglob("*.json"), *(store / "stages").rglob("*.json")]:
-        json.loads(record.read_text())  # never a partial record under its final name
+    for record in [*(store / "tasks").rglob("*.json"), *(store / "stages").rglob("*.json"),
+                   *(store / "packs").rglob("*.json")]:
+        json.loads(record.read_text())  # never a partial record (or pack) under its final name
     stages = _last_log(store)
     if point == "tokenize.before_commit:3":
         # one worker: two tasks were committed before the kill and must not run again
         assert stages["tokenize"]["cached"] == 2 and stages["tokenize"]["ran"] == FILES - 2
-    if point.endswith("before_pack"):  # every record stored, none packed: the rerun runs none, packs them all
-        stage = point.split(".")[0]
-        assert stages[stage]["ran"] == 0 and list((store / "packs" / stage).rglob("*.json"))
+    stage = point.split(".")[0]
+    if point.endswith("before_group"):  # killed before the stage's first group commit: it all runs again
+        assert stages[stage]["cached"] == 0 and stages[stage]["ran"] > 0
+    if point.endswith("after_group"):  # killed once its first group was committed: those tasks run no more
+        assert stages[stage]["cached"] > 0
     if point.startswith(("order", "shard", "publish")):
         assert stages["tokenize"]["ran"] == 0 and stages["tokenize"]["cached"] == FILES
     if point in ("shard.before_commit:2", "publish.before_refs"):

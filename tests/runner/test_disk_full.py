@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import pickle
 import shutil
@@ -20,7 +19,8 @@ import pytest
 
 from prep.errors import PrepError, StorageIOError, StoreError
 from prep.runner.executors.pool import LocalExecutor
-from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
+from prep.storage import LocalStore
+from tests.helpers import committed_records, make_records, prep_env, run_prep, write_jsonl, write_pipeline
 
 IO_EXIT = 4  # StorageIOError.exit_code, as README.md and docs/build.md document it
 
@@ -368,7 +368,7 @@ def test_a_disk_filling_up_while_a_part_s_entries_are_written_is_one_line(projec
     with one line naming the entries file, leaves nothing staged, and a rerun converges."""
     pipeline, clean = project
     clean_store = Path(pipeline).parent / "clean"
-    tokenize = next(json.loads(path.read_text()) for path in (clean_store / "tasks" / "tokenize").glob("*.json"))
+    tokenize = next(iter(committed_records(LocalStore(clean_store), "tokenize").values()))
     intermediate = clean_store / "objects" / "sha256" / tokenize["outputs"]["intermediate"][7:9] / \
         tokenize["outputs"]["intermediate"][7:]
     with small_tmpfs(tmp_path / "mnt", "64m") as mount:

@@ -20,7 +20,7 @@ from prep.runner.build import BuildResult, build
 from prep.runner.merging import merge_groups
 from prep.stages import merge, read
 from prep.storage import LocalStore
-from tests.helpers import make_records, write_jsonl, write_pipeline
+from tests.helpers import committed_records, make_records, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor, all_objects_intact, build_local
 from tests.runner.test_reuse import flip_byte, object_path, rot_a_bucket_of_uncommitted_shards, task_outputs
 
@@ -107,7 +107,7 @@ def test_a_damaged_run_is_remade_before_an_order_task_reads_it(corpus: Path, tok
 
 
 def _intermediates(store: Path) -> set[str]:
-    return {json.loads(path.read_text())["outputs"]["intermediate"] for path in (store / "tasks" / "tokenize").glob("*.json")}
+    return {record["outputs"]["intermediate"] for record in committed_records(LocalStore(store), "tokenize").values()}
 
 
 def test_a_damaged_bucket_of_a_merged_build_is_remade_from_the_parts(corpus: Path, tokenizer_path: Path) -> None:

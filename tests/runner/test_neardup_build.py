@@ -29,7 +29,7 @@ from prep.stages import neardedup
 from prep.stages.neardedup import texts_by_number
 from prep.storage.local import LocalStore
 from prep.store.layout import object_key
-from tests.helpers import prep_env, run_prep, write_jsonl, write_pipeline
+from tests.helpers import committed_records, forget_commits, prep_env, run_prep, write_jsonl, write_pipeline
 from tests.neardup.neardupsupport import (
     chain_drops,
     chained_files,
@@ -235,10 +235,8 @@ def test_the_cluster_rounds_give_one_drops_object_and_snapshot_whatever_the_rang
     ranges = split.stages["near_drops"].ran
     assert whole.stages["near_drops"].ran == 1 and ranges >= 8 and ranges & (ranges - 1) == 0
     assert split.stages["near_round"].ran >= 2 * ranges  # a large-star round at least, and the one that found stars
-    held = [json.loads(path.read_text())["summary"]["held"]
-            for path in (tmp_path / "ranges" / "tasks" / "near_round").glob("*.json")]
-    first = [json.loads(path.read_text())["summary"]["edges"]
-             for path in (tmp_path / "ranges" / "tasks" / "near_route").glob("*.json")]
+    held = [record["summary"]["held"] for record in committed_records(LocalStore(tmp_path / "ranges"), "near_round").values()]
+    first = [record["summary"]["edges"] for record in committed_records(LocalStore(tmp_path / "ranges"), "near_route").values()]
     assert max(held) < sum(first) / 2
     sizes = sizes_of(files[:len(CHAINS)])
     assert drops_of(tmp_path / "ranges", split, sizes) == chain_drops(chains, sum(sizes))
@@ -257,15 +255,13 @@ def test_after_gc_a_build_runs_no_round_and_a_bad_drops_object_is_made_again_in_
     first = build_local(pipeline, store, 2)
     assert first.stages["near_round"].ran > 0
     run_prep("gc", "--store", store, "--grace", "0s")
-    assert not list((store / "tasks" / "near_round").glob("*.json"))
+    assert not committed_records(LocalStore(store), "near_round")
     again = build_local(pipeline, store, 2)
     assert again.snapshot.id == first.snapshot.id
     assert not {"near_route", "near_round", "near_drops"} & set(again.stages)
-    drops = json.loads(next((store / "tasks" / "near_clusters").glob("*.json")).read_text())["outputs"]["drops"]
+    [drops] = [record["outputs"]["drops"] for record in committed_records(LocalStore(store), "near_clusters").values()]
     flip_byte(object_path(store, drops), 200)
-    for record in (store / "tasks" / "order").glob("*.json"):  # so the order tasks run and read the drops
-        record.unlink()
-    shutil.rmtree(store / "packs" / "order")  # and the packs that would answer for them
+    forget_commits(store, "order")  # so the order tasks run and read the drops
     remade = build_local(pipeline, store, 2)
     assert remade.snapshot.id == first.snapshot.id and all_objects_intact(store)
     assert not {"near_route", "near_round", "near_drops"} & set(remade.stages)
@@ -306,7 +302,7 @@ def chained_snapshot(chained: Chained) -> str:
 
 def committed_bands(store: Path) -> set[str]:
     """The bands objects the store's committed tokenize task records name."""
-    return {json.loads(path.read_text())["outputs"]["bands"] for path in (store / "tasks" / "tokenize").rglob("*.json")}
+    return {record["outputs"]["bands"] for record in committed_records(LocalStore(store), "tokenize").values()}
 
 
 @pytest.mark.parametrize(("point", "reused"), [

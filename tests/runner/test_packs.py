@@ -1,7 +1,8 @@
-"""A resumed build plans only what is not committed, without a request per committed task: the
-driver packs its task records (prep/store/packs.py) and planning reads the packs first. Proven on
-a store that counts requests, after a rerun and after kills between records and packs; damaged
-packs are ignored and the build still gives the clean build's snapshot id."""
+"""The driver commits settled tasks in groups, one pack a group (prep/store/packs.py), and planning
+reads the packs first and lists single records instead of asking for each: proven on a store that
+counts requests, on a first build, a rerun and resumes after kills before, between and after
+group commits; damaged packs are ignored (their tasks run again) and the build still gives the
+clean build's snapshot id."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +22,8 @@ from prep.runner import driver
 from prep.runner.build import build
 from prep.runner.driver import Runner
 from prep.storage import LocalStore
-from prep.store.layout import PACKS_PREFIX
+from prep.store import records
+from prep.store.layout import PACKS_PREFIX, TASKS_PREFIX
 from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor, RequestCountingStore
 from tests.runner.test_stage import CODE, Uppering
@@ -29,7 +33,9 @@ TASKS = 2000
 TEXTS = tuple(f"text {index}" for index in range(TASKS))
 KILLED = """
 import sys
+import time
 from pathlib import Path
+from typing import Any
 from prep.runner import driver
 from prep.storage import LocalStore
 from tests.runner.test_stage import Uppering, _runner
@@ -48,25 +54,41 @@ def planned(store: RequestCountingStore) -> tuple[int, int]:
     return store.total() - before, sum(record is not None for record in found.values())
 
 
-def run(store: LocalStore) -> tuple[str, ...]:
-    return Runner(store, InProcessExecutor(), Progress(quiet=True), CODE).run_stage(Uppering(), TEXTS).objects
+def run(store: LocalStore) -> tuple[tuple[str, ...], int]:
+    """The toy stage's objects over TEXTS, and how many of its tasks ran."""
+    runner = Runner(store, InProcessExecutor(), Progress(quiet=True), CODE)
+    return runner.run_stage(Uppering(), TEXTS).objects, runner.stages["upper"].ran
 
 
-def test_a_rerun_plans_2000_committed_tasks_in_a_few_requests(tmp_path: Path) -> None:
+def commits(store: RequestCountingStore) -> list[str]:
+    """The keys of every pack and single record in the store."""
+    return [info.key for prefix in (PACKS_PREFIX, TASKS_PREFIX) for info in store.list(prefix)]
+
+
+def test_a_first_build_commits_in_groups_and_asks_nothing_a_task(tmp_path: Path) -> None:
+    """2,000 tasks: planning lists (no GET for a task never committed) and the commits are a few
+    packs, not a PUT a task; a rerun plans from the packs in a request a pack and runs nothing."""
     store = RequestCountingStore(tmp_path / "store")
-    first = run(store)
-    assert len(list(store.list(PACKS_PREFIX))) == TASKS // driver.PACK_RECORDS
     requests, found = planned(store)
-    assert found == TASKS and requests <= 10, requests  # 2 LISTs, 2 pack GETs
-    assert run(store) == first
+    assert found == 0 and requests <= 2 + 2, requests  # the anchors' folders, the stage's records (one page)
+    first, ran = run(store)
+    written = commits(store)
+    assert ran == TASKS and not [key for key in written if key.startswith(TASKS_PREFIX)]
+    assert 2 <= len(written) <= TASKS // 20, len(written)
+    assert store.requests["put"] <= TASKS + len(written) + 1, "an object a task (its worker's), a PUT a pack"
+    assert not [key for key in store.got if key.startswith(TASKS_PREFIX)], "no GET of a task record"
+    requests, found = planned(store)
+    assert found == TASKS and requests <= 2 + len(written), requests
+    assert run(store) == (first, 0)
 
 
-@pytest.mark.parametrize("point", ["upper.before_commit:1951", "upper.before_pack:20"])
-def test_a_resume_after_a_kill_looks_up_only_the_unpacked_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 point: str) -> None:
-    """Killed with 100 records a pack, after 1,950 commits or before the pack of the last 100: the
-    resume reads the packs and looks up at most the unpacked records and the uncommitted tasks one
-    by one; it ends where a clean run does, and a second resume needs packs only."""
+@pytest.mark.parametrize("point", ["upper.before_commit:1951", "upper.before_group:5", "upper.after_group:5"])
+def test_a_resume_after_a_kill_runs_only_the_uncommitted_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               point: str) -> None:
+    """Killed with 100 records a pack: after 1,950 single commits (a crash point armed before
+    commits: one record a task), or before or after the fifth group's PUT. The resume finds the
+    committed tasks in packs (or, for single records, by one listing and a GET each, packing
+    them), runs exactly the others and ends where a clean run does; a second resume needs packs only."""
     monkeypatch.setattr(driver, "PACK_RECORDS", 100)
     root = Path(__file__).resolve().parents[2]
     killed = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "store"), "100"],
@@ -74,11 +96,70 @@ def test_a_resume_after_a_kill_looks_up_only_the_unpacked_tasks(tmp_path: Path, 
                             check=False)
     assert killed.returncode == -9, killed.stderr
     store = RequestCountingStore(tmp_path / "store")
+    singles = len(list(store.list(TASKS_PREFIX)))
+    before_resume = len(list(store.list(PACKS_PREFIX)))
     requests, found = planned(store)
-    assert found >= 1900 and requests <= 2 + TASKS // 100 + 2 * 100 + 16, (requests, found)
-    assert run(store) == run(LocalStore(tmp_path / "fresh"))
+    if point.startswith("upper.before_commit"):
+        assert found == singles == 1950 and store.requests["get"] == 1950, "a GET for each listed record only"
+    else:
+        assert singles == 0 and (0 if "before" in point else 1) <= found < TASKS, found
+        assert requests <= 2 + before_resume + 2, requests  # no GET for an uncommitted task
+    objects, ran = run(store)
+    assert ran == TASKS - found, "only the tasks not committed before the kill run again"
+    assert objects == run(LocalStore(tmp_path / "fresh"))[0]
     requests, found = planned(store)
-    assert found == TASKS and requests <= 2 + TASKS // 100 + 2, requests
+    assert found == TASKS and requests <= 2 + len(list(store.list(PACKS_PREFIX))), requests
+
+
+class SlowExecutor(InProcessExecutor):
+    """Runs tasks in this process, but before handing over each result after the first waits
+    until the store holds as many packs as results handed over: a slow stage, whose driver waits
+    for results while earlier tasks wait for their group."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self.store = store
+        self.waited: list[float] = []
+
+    def run(self, fn: Any, items: Any) -> Any:
+        for index, item in enumerate(items):
+            start = time.monotonic()
+            while len(list(self.store.list(PACKS_PREFIX))) < index and time.monotonic() - start < 10:
+                time.sleep(0.01)
+            self.waited.append(time.monotonic() - start)
+            yield index, fn(item)
+
+
+def test_a_slow_stage_commits_each_task_while_the_driver_waits_for_the_next(tmp_path: Path) -> None:
+    """Each result is committed (its group's pack stored) within about GROUP_SECONDS while the
+    driver waits for the next result, not when the next result or the stage's end comes."""
+    store = LocalStore(tmp_path / "store")
+    executor = SlowExecutor(store)
+    runner = Runner(store, executor, Progress(quiet=True), CODE)
+    runner.run_stage(Uppering(), TEXTS[:4])
+    assert len(list(store.list(PACKS_PREFIX))) == 4 and max(executor.waited) < driver.GROUP_SECONDS + 2, executor.waited
+    found = runner.committed("upper", [task.key for task in Uppering().plan(TEXTS[:4], runner).tasks.tasks])
+    assert all(found.values()), "every task committed, one pack each"
+
+
+def stored_slowly(index: int) -> tuple[records.TaskRecord, None]:
+    """A task commit that takes 10 ms to store its objects; its record, not yet committed."""
+    time.sleep(0.01)
+    return records.TaskRecord("upper", f"{index:064x}", {"upper": f"sha256:{index:064x}"}, {}), None
+
+
+def test_a_stage_end_commits_what_waits_in_one_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: waiting out the commits in flight at a stage's end grouped after each one it
+    waited for, so a stage's last tasks were committed a PUT each; they are one group, landed
+    only once it is committed."""
+    monkeypatch.setattr(driver, "GROUP_SECONDS", 30.0)
+    groups: list[list[records.TaskRecord]] = []
+    landed: list[str] = []
+    with driver._Commits(lambda key, record, log: landed.append(key), False, groups.append) as commits:
+        for index in range(100):
+            commits.submit(f"{index:064x}", stored_slowly, index)
+        assert not landed, "nothing lands before its group is committed"
+        commits.finish()
+    assert len(groups) == 1 and len(groups[0]) == 100 and sorted(landed) == [f"{i:064x}" for i in range(100)]
 
 
 def test_a_build_that_appends_a_file_reads_the_packs_of_the_build_before(tmp_path: Path, tokenizer_path: Path) -> None:

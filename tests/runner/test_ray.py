@@ -40,7 +40,7 @@ from prep.runner.tokenizing import TokenizeJob
 from prep.stages.read import ReadTask
 from prep.stages.specs import TokenizeSettings
 from prep.storage import open_store
-from tests.helpers import make_records, prep_env, run_prep, write_jsonl, write_pipeline
+from tests.helpers import committed_records, make_records, prep_env, run_prep, write_jsonl, write_pipeline
 from tests.neardup.neardupsupport import chain_drops
 from tests.runner.buildsupport import all_objects_intact, build_local
 
@@ -239,7 +239,7 @@ def test_ray_runs_merge_tasks_to_the_snapshot_of_an_unmerged_local_build(ray_add
                       "--executor", "ray", "--ray-address", ray_address)
     assert result.stdout.strip() == snapshot_id
     assert "merge: done" in result.stderr
-    assert len(list((tmp_path / "store" / "tasks" / "merge").glob("*.json"))) == 1
+    assert len(committed_records(open_store(tmp_path / "store"), "merge")) == 1
 
 
 def test_worker_killed_mid_task_is_retried_to_the_same_snapshot(ray_address: str, corpus: Path,
@@ -258,7 +258,7 @@ def test_worker_killed_mid_task_is_retried_to_the_same_snapshot(ray_address: str
     snapshot_id, local_store = reference
     assert result.snapshot.id == snapshot_id
     assert result.stages["tokenize"].ran == 3
-    assert len(list(store.list("tasks/tokenize/"))) == 3
+    assert len(committed_records(store, "tokenize")) == 3
     assert object_keys(tmp_path / "store") == object_keys(local_store)
     [seen] = executor.visible_paths.values()  # the one node was probed for every local path
     pipeline = load_pipeline(corpus)
@@ -468,4 +468,4 @@ def test_a_ray_worker_running_other_code_refuses_its_tasks(ray_address: str, cor
     last = ran.stderr.strip().splitlines()[-1]
     assert ran.returncode == FOREIGN_EXIT, ran.stderr
     assert last.startswith("prep: error: worker on host ") and "refuses the task" in last, ran.stderr
-    assert not (store / "refs").exists() and not list(store.glob("tasks/*/*.json"))
+    assert not (store / "refs").exists() and not list(store.glob("tasks/*/*.json")) and not list(store.glob("packs/*/*/*.json"))

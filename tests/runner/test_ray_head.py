@@ -27,7 +27,8 @@ import pytest
 from prep.errors import ClusterLostError
 from prep.manifest.schema import validate
 from prep.runner.executors.rayhead import HeadWatch
-from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+from prep.storage import open_store
+from tests.helpers import committed_records, make_records, run_prep, write_jsonl, write_pipeline
 from tests.runner.test_ray import REPO, _closed_port, _ray_env, object_keys
 from tests.s3support import admin_client, new_bucket
 
@@ -129,8 +130,8 @@ def s3_keys(url: str, prefix: str) -> list[str]:
 
 
 def committed_tokenize_tasks(store: str) -> int:
-    """How many tokenize task records the S3 store holds."""
-    return sum(key.endswith(".json") for key in s3_keys(store, "tasks/tokenize/"))
+    """How many tokenize task records the S3 store holds (single or in packs)."""
+    return len(committed_records(open_store(store), "tokenize"))
 
 
 def all_s3_objects_intact(store: str) -> bool:

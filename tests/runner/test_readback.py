@@ -26,7 +26,7 @@ from prep.store.layout import readback_key
 from prep.store.refs import read_ref
 from prep.store.snapshots import Snapshot
 from prep.workfiles.intermediate import pread_into
-from tests.helpers import make_records, write_jsonl, write_pipeline
+from tests.helpers import forget_commits, make_records, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor
 from tests.s3support import admin_client, new_bucket
 
@@ -252,7 +252,7 @@ def test_objects_stored_again_are_read_back_despite_the_record(project: Path, tm
     first = build_in_process(project, store)
     for artifact in first.snapshot.artifacts:
         store.delete(cas.object_key(artifact["sha256"]))
-    shutil.rmtree(root / "tasks" / "shard")
+    forget_commits(root, "shard")
     shutil.rmtree(root / "stages" / "shard")
     named = damaging(flip_artifact)
     with pytest.raises(IntegrityError, match="no ref moved") as caught:

@@ -18,7 +18,7 @@ from prep.storage import LocalStore
 from prep.store import cas, proven, records
 from prep.store.layout import PROVEN_KEY
 from prep.store.snapshots import load_snapshot
-from tests.helpers import make_records, run_prep, write_jsonl, write_pipeline
+from tests.helpers import committed_records, forget_commits, make_records, run_prep, write_jsonl, write_pipeline
 from tests.runner.buildsupport import all_objects_intact, build_local, two_file_corpus
 
 
@@ -42,8 +42,8 @@ def object_path(store_dir: Path, object_id: str) -> Path:
 
 def task_outputs(store_dir: Path, stage: str) -> list[str]:
     found = []
-    for path in sorted((store_dir / "tasks" / stage).glob("*.json")):
-        found.extend(json.loads(path.read_text())["outputs"].values())
+    for _, record in sorted(committed_records(LocalStore(store_dir), stage).items()):
+        found.extend(record["outputs"].values())
     return found
 
 
@@ -91,8 +91,7 @@ def test_corrupt_shard_object_is_rewritten_by_a_rebuild(corpus: Path, tokenizer_
 def rot_a_bucket_of_uncommitted_shards(store_dir: Path) -> str:
     """Forget the shard stage's commits and packs (as a build killed before them would) and flip a
     byte of the first bucket object; returns its id."""
-    shutil.rmtree(store_dir / "tasks" / "shard")
-    shutil.rmtree(store_dir / "packs" / "shard")
+    forget_commits(store_dir, "shard")
     shutil.rmtree(store_dir / "stages" / "shard")
     bucket = task_outputs(store_dir, "order")[0]
     flip_byte(object_path(store_dir, bucket), 90)
@@ -119,8 +118,7 @@ def test_corrupt_part_entries_are_recomputed_before_the_order_reads_them(corpus:
     pipeline = write_pipeline(corpus, tokenizer_path, ["corpus"])
     store_dir = corpus / "store"
     build_local(pipeline, store_dir, workers=1)
-    entries = [json.loads(path.read_text())["outputs"]["entries"]
-               for path in sorted((store_dir / "tasks" / "tokenize").glob("*.json"))]
+    entries = [record["outputs"]["entries"] for _, record in sorted(committed_records(LocalStore(store_dir), "tokenize").items())]
     flip_byte(object_path(store_dir, entries[0]), 100)
 
     nodedup = write_pipeline(corpus, tokenizer_path, ["corpus"], extra="", formats='["bin"]')
@@ -149,8 +147,8 @@ def test_intermediates_an_id_check_reads_are_checked_before_it_reads_them(tmp_pa
     pipeline = write_pipeline(tmp_path, tokenizer_path, ["corpus"], formats='["bin"]')
     store_dir = tmp_path / "store"
     build(load_pipeline(pipeline), LocalStore(store_dir), InProcessExecutor(), (), Progress(quiet=True))
-    intermediates = [json.loads(path.read_text())["outputs"]["intermediate"]
-                     for path in sorted((store_dir / "tasks" / "tokenize").glob("*.json"))]
+    intermediates = [record["outputs"]["intermediate"]
+                     for _, record in sorted(committed_records(LocalStore(store_dir), "tokenize").items())]
     assert len(intermediates) > 2
     flip_byte(object_path(store_dir, intermediates[1]), 40)
 

@@ -26,12 +26,13 @@ from prep.errors import StoreError
 from prep.manifest.schema import validate
 from prep.progress import Progress
 from prep.runner.build import BuildResult, build
+from prep.runner.driver import Runner
 from prep.storage import LocalStore, open_store
 from prep.storage.backend import Store
 from prep.store import cas
 from prep.store.refs import HISTORY_PREFIX
 from prep.store.snapshots import load_snapshot, resolve
-from tests.helpers import make_records, prep_env, write_jsonl, write_pipeline
+from tests.helpers import committed_records, make_records, prep_env, write_jsonl, write_pipeline
 from tests.runner.buildsupport import InProcessExecutor
 from tests.s3support import RequestHook, admin_client, new_bucket
 
@@ -436,9 +437,9 @@ def test_merged_runs_on_an_s3_store_give_the_local_unmerged_snapshot(tmp_path: P
     result = build_in_process(merged, store_url)
     assert result.snapshot.id == unmerged and result.stages["merge"].ran == 3
     store = open_store(store_url)
-    assert len(list(store.list("tasks/merge/"))) == 3
+    assert len(committed_records(store, "merge")) == 3
     run("gc", "--grace", "0s", "--store", store_url)
-    assert not list(store.list("tasks/merge/"))
+    assert not committed_records(store, "merge")
     assert build_in_process(merged, store_url).snapshot.id == unmerged
 
 
@@ -454,6 +455,45 @@ def test_racing_merged_builders_write_each_object_once(tmp_path: Path, tokenizer
     for version in versions(store + "/"):
         key = version["Key"].removeprefix("store/")
         by_key[key] = by_key.get(key, 0) + 1
-    assert sum(key.startswith("tasks/merge/") for key in by_key) == 3
+    assert len(committed_records(open_store(store), "merge")) == 3
     assert {key: count for key, count in by_key.items() if count != 1 and not key.startswith(("refs/", "leases/"))} == {}
     run("fsck", "--store", store)
+
+
+class CountStoreRequests:
+    """A server hook counting the requests under the store's prefix: PUTs and GETs by the folder
+    of their key (`tasks`, `packs`, `objects`, ...), and LISTs."""
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket, self.counts = bucket, Counter[str]()
+
+    def __call__(self, environ: dict[str, Any]) -> None:
+        path, method = environ["PATH_INFO"], environ["REQUEST_METHOD"]
+        if "prefix=" in environ.get("QUERY_STRING", "") and method == "GET":
+            self.counts["LIST"] += 1
+        elif path.startswith(f"/{self.bucket}/store/"):
+            self.counts[f"{method} {path.removeprefix(f'/{self.bucket}/store/').split('/')[0]}"] += 1
+
+
+def test_a_first_build_on_s3_commits_in_groups_and_asks_nothing_a_task(hooks: list[RequestHook]) -> None:
+    """300 toy tasks on S3 (issue 44): planning lists the stage's records (sixteen LISTs) instead of
+    a 404 GET a task, the commits are a few pack PUTs instead of a PUT a task, and a resume plans
+    from the packs (a GET a pack) and runs nothing."""
+    from tests.runner.test_stage import CODE, Uppering
+
+    url = new_bucket()
+    store = open_store(f"{url}/store")
+    counter = CountStoreRequests(bucket_of(url))
+    hooks[:] = [counter]
+    texts = tuple(f"text {index}" for index in range(300))
+    first = Runner(store, InProcessExecutor(), Progress(quiet=True), CODE)
+    objects = first.run_stage(Uppering(), texts).objects
+    packs = counter.counts["PUT packs"]
+    assert first.stages["upper"].ran == 300 and counter.counts["PUT objects"] == 300
+    assert 1 <= packs <= 30 and counter.counts["PUT tasks"] == 0, counter.counts
+    assert counter.counts["GET tasks"] == 0 and counter.counts["LIST"] <= 2 + 16 + 1, counter.counts
+    counter.counts.clear()
+    again = Runner(store, InProcessExecutor(), Progress(quiet=True), CODE)
+    assert again.run_stage(Uppering(), texts).objects == objects and again.stages["upper"].ran == 0
+    assert counter.counts["GET packs"] == packs and counter.counts["GET tasks"] == 0, counter.counts
+    assert not {key for key in counter.counts if key.startswith("PUT")}, counter.counts

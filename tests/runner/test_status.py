@@ -35,6 +35,7 @@ def test_after_a_build_everything_is_reused_with_the_recorded_keys(tmp_path: Pat
     pipeline = _setup(tmp_path, tokenizer_path)
     built = build_local(pipeline, tmp_path / "store").snapshot
     store = LocalStore(tmp_path / "store")
+    assert not list(store.list("tasks/tokenize/")), "the build committed its tasks in packs only"
     before = tree(store.root)
     status = build_status(load_pipeline(pipeline), store)
     assert tree(store.root) == before

@@ -141,24 +141,36 @@ def test_invalid_records_and_dangling_objects(project: dict[str, Path]) -> None:
     assert fsck(store).clean
 
 
-@pytest.mark.parametrize("damage", ["flipped byte", "record missing"])
+@pytest.mark.parametrize("damage", ["flipped byte", "record missing", "record conflicting"])
 def test_a_damaged_pack_is_an_invalid_finding_that_repair_deletes(project: dict[str, Path], damage: str) -> None:  # noqa: F811
-    """A pack that does not read, or holds a record not stored under its key, is reported; repair
-    deletes it (a build would ignore it) and a rebuild gives the clean snapshot and a clean fsck."""
+    """A pack is a commit of its records (the driver commits in groups): one that does not read is
+    a damaged commit, and one holding a record that another copy (a single record) contradicts is
+    invalid with that copy; a pack whose records have no single record is sound. Repair deletes
+    what is invalid (a build would ignore it and run its tasks again) and a rebuild gives the clean
+    snapshot and a clean fsck."""
     store = LocalStore(project["store"])
     clean = resolve(store, "tiny@latest")
     key = min(info.key for info in store.list(PACKS_PREFIX) if info.key.startswith(f"{PACKS_PREFIX}tokenize/"))
+    body = canonical.loads(store.get_bytes(key))
+    victim = min(body["records"])
+    assert not list(store.list("tasks/tokenize/")), "tokenize tasks are committed by packs only"
     if damage == "flipped byte":
         corrupt(store, key, damage)
-    else:
-        body = canonical.loads(store.get_bytes(key))
-        store.delete(task_record_key("tokenize", min(body["records"])))
+    elif damage == "record conflicting":
+        other = body["records"][max(body["records"])]["outputs"]
+        records.write_task_record(store, "tokenize", victim, other, body["records"][victim]["summary"])
     report = fsck(store)
     validate(report.to_json(), "prep.fsck-report/1", "fsck report")
-    assert [(f.problem, f.kind, f.key) for f in report.findings] == [("invalid", "task pack", key)], report.findings
-    assert ("hash" if damage == "flipped byte" else "whose record is missing") in report.findings[0].detail
+    if damage == "record missing":
+        assert report.clean, report.findings
+        return
+    invalid = [key] + ([task_record_key("tokenize", victim)] if damage == "record conflicting" else [])
+    assert sorted((f.problem, f.kind, f.key) for f in report.findings) == sorted(
+        ("invalid", "task pack" if found == key else "task record", found) for found in invalid), report.findings
+    assert ("damaged commit" if damage == "flipped byte" else "determinism bug") in report.findings[0].detail
     repaired = fsck(store, repair=True)
-    assert repaired.repair is not None and repaired.repair.records == (key,) and not store.exists(key)
+    assert repaired.repair is not None and repaired.repair.records == tuple(sorted(invalid))
+    assert not any(store.exists(found) for found in invalid)
     assert fsck(store).clean
     assert run_prep("build", project["v1"], "--store", project["store"]).stdout.split()[-1] == clean.id
     assert fsck(store).clean

@@ -234,6 +234,50 @@ def test_packs_keep_nothing_alive_and_go_with_the_records_gc_collects(project: d
     assert run_prep("build", project["v1"], "--store", project["store"]).stdout.split()[-1] == kept.id
 
 
+def packed_objects(store: Store, keys: set[str]) -> set[str]:
+    """The SHA-256 hex of every object the records of the packs at `keys` name."""
+    return {hashing.parse_id(object_id) for key in keys
+            for record in canonical.loads(store.get_bytes(key))["records"].values()
+            for object_id in record["outputs"].values()}
+
+
+def test_young_packs_are_roots_and_a_build_after_gc_gives_the_same_id(project: dict[str, Path]) -> None:
+    """The driver commits in groups, so a crashed build's records live only in its packs. While
+    a pack is young it keeps what its records name, even objects past the grace period (a build
+    re-committed them); once old, a pack naming what no snapshot reaches goes with its objects
+    (memoization lost, nothing else), the kept snapshot's packs stay, and builds after gc give
+    the same ids: the resumed one runs no tokenize task its young packs committed."""
+    store = LocalStore(project["store"])
+    kept = resolve(store, "tiny@latest")
+    before = {info.key for info in store.list(PACKS_PREFIX)}
+    assert before and not list(store.list(records.TASKS_PREFIX)), "a build's records live only in packs"
+    crash(project["v2"], project["store"], "order.after_group")
+    crashed = {info.key for info in store.list(PACKS_PREFIX)} - before
+    young = packed_objects(store, crashed) - reachable(store, kept.id)
+    assert {key.split("/")[1] for key in crashed} == {"tokenize", "order"} and young
+    age(project["store"], 2 * HOUR)
+    for key in crashed:  # the crashed build's commits are recent; its objects are old
+        path = store.local_path(key)
+        assert path is not None
+        os.utime(path)
+    collect_garbage(store, grace_seconds=HOUR)
+    assert young <= stored_objects(store), "a young pack keeps what its records name"
+    assert crashed <= {info.key for info in store.list(PACKS_PREFIX)}
+    assert_records_resolve(store)
+    age(project["store"], 2 * HOUR)
+    report = collect_garbage(store, grace_seconds=HOUR)
+    left = {info.key for info in store.list(PACKS_PREFIX)}
+    assert stored_objects(store) == reachable(store, kept.id) and report.deleted["records"].count == len(crashed - left)
+    assert before <= left and crashed - left, "the kept snapshot's packs stay, the crashed build's new work goes"
+    assert packed_objects(store, left - before) <= reachable(store, kept.id), \
+        "what stays of the crashed build's packs names only kept objects (the unchanged parts' records)"
+    assert_records_resolve(store)
+    assert fsck(store).clean
+    rebuilt = run_prep("build", project["v1"], "--store", project["store"], "--workers", "1")
+    assert rebuilt.stdout.split()[-1] == kept.id
+    assert {info.key for info in store.list(PACKS_PREFIX)} == left, "every task found in the packs kept"
+
+
 def test_gc_waits_for_builds_and_builds_wait_for_gc(project: dict[str, Path]) -> None:
     store = LocalStore(project["store"])
     orphan = cas.put_bytes(store, b"garbage")
@@ -376,7 +420,7 @@ def test_gc_keeps_what_snapshots_of_every_layout_need(project: dict[str, Path]) 
         assert all(cas.check(store, f"sha256:{a['sha256']}") for a in snapshot.artifacts)
         for stage in snapshot.manifest["stages"]:
             assert store.exists(stage_record_key(stage["name"], stage["key"])), stage
-    assert {info.key.split("/")[1] for info in store.list(records.TASKS_PREFIX)} == \
+    assert {info.key.split("/")[1] for prefix in (records.TASKS_PREFIX, PACKS_PREFIX) for info in store.list(prefix)} == \
         {"tokenize", "dedup", "shuffle", "route", "order", "shard"}
     assert_records_resolve(store)
 

@@ -28,6 +28,7 @@ def test_local_locations_that_are_not_stores(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("key", [MARKER_KEY, "refs/d/latest.json", "snapshots/" + "a" * 64, "history/d/x.json",
                                  "tasks/tokenize/k.json", "stages/order/k.json", "logs/x.json", "leases/build",
+                                 layout.pack_key("tokenize", "c" * 64, "d" * 64, "e" * 64),  # a killed build's only commit
                                  layout.object_key("b" * 64)])
 def test_any_layout_key_or_the_marker_makes_a_store(tmp_path: Path, key: str) -> None:
     store = LocalStore(tmp_path / "store")

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from prep.storage import LocalStore
 from prep.store import records
-from tests.helpers import run_prep
+from tests.helpers import committed_records, run_prep
 from tests.neardup.nearstatsupport import write_sized_corpus
 
 
@@ -21,14 +22,15 @@ def test_gc_fsck_and_copy_keep_a_near_dup_snapshot_whole(tmp_path: Path, tokeniz
     assert [stage["name"] for stage in built["stages"]][:3] == ["tokenize", "near_buckets", "near_route"]
     manifest = json.loads((store / "objects" / "sha256" / built["snapshot"][7:9] / built["snapshot"][7:]).read_bytes())
     assert records.snapshot_layout(manifest, "snapshot") == 3
-    rounds = [stage for stage in ("near_route", "near_round", "near_drops") if (store / "tasks" / stage).exists()]
+    local = LocalStore(store)
+    rounds = [stage for stage in ("near_route", "near_round", "near_drops") if committed_records(local, stage)]
     assert rounds == ["near_route", "near_round", "near_drops"]
     gc = run_prep("gc", "--store", store, "--grace", "0s", check=False)
     assert gc.returncode == 0, gc.stderr
-    assert not [path for stage in rounds[:2] for path in (store / "tasks" / stage).glob("*.json")]
-    drops = json.loads((store / "tasks" / "near_clusters").glob("*.json").__next__().read_text())["outputs"]["drops"]
-    kept = [json.loads(path.read_text()) for path in (store / "tasks" / "near_drops").glob("*.json")]
-    assert all(record["outputs"]["drops"] == drops for record in kept)  # one range: its drops are the merged bytes
+    assert not [record for stage in rounds[:2] for record in committed_records(local, stage).values()]
+    [drops] = [record["outputs"]["drops"] for record in committed_records(local, "near_clusters").values()]
+    kept = committed_records(local, "near_drops").values()
+    assert kept and all(record["outputs"]["drops"] == drops for record in kept)  # one range: its drops are the merged bytes
     assert run_prep("fsck", "--store", store, check=False).returncode == 0
     dropped = json.loads(run_prep("show", "tiny@latest", "--store", store, "--dropped", "near", "--json").stdout)
     first = dropped["documents"][0]

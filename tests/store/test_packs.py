@@ -1,7 +1,8 @@
 """Task record packs: a pack reads back as the records it was written from, and one that fails
 any check (a flipped byte, a truncation, a record under another key or of another stage) is
-ignored whole and reported, its tasks looked up one by one; a plan finds its own packs and a plan
-that differs by a few keys the packs of the one before, in a few requests."""
+ignored whole and reported (its tasks are not committed by it); a plan finds its own packs and a
+plan that differs by a few keys (even its smallest) the packs of the one before, in a few
+requests; single records are found by listing, not a request a key."""
 
 from __future__ import annotations
 
@@ -94,6 +95,23 @@ def test_a_plan_with_an_appended_key_reads_the_packs_of_the_plan_before(tmp_path
         assert store.requests["get"] - before == 1 + 1, "one pack of the plan before, one GET for the new key"
 
 
+def test_a_plan_whose_old_anchor_was_replaced_finds_the_packs_of_the_plan_before(tmp_path: Path) -> None:
+    """Regression: with records only in packs (grouped commits), an edit that replaced the old
+    plan's smallest key left the new plan no shared anchor, so every task would have run again.
+    The lookup then reads the stage's newest other plan: the unchanged tasks are found, packed
+    under the new plan, and a second lookup reads its own packs only."""
+    store = RequestCountingStore(tmp_path / "store")
+    keys = sorted(key_of(index) for index in range(300))
+    batch = [records.TaskRecord(STAGE, key, {"out": f"sha256:{key}"}, {"n": n}) for n, key in enumerate(keys)]
+    packs.write_pack(store, packs.Plan.of(STAGE, keys), batch)
+    edited = [*keys[1:], "f" * 64]  # the smallest key's task changed; its new key sorts last
+    found, _ = find(store, edited)
+    assert all(found[key] == record for key, record in zip(keys[1:], batch[1:])) and found["f" * 64] is None
+    before = store.requests["get"]
+    again, _ = find(store, edited)
+    assert again == found and store.requests["get"] - before == 2, "its own pack and the one missing key"
+
+
 DAMAGES = ("flipped byte", "truncated", "record under another key", "record of another stage")
 
 
@@ -140,9 +158,14 @@ def test_only_the_newest_plan_of_a_folder_outlives_the_grace_period() -> None:
     infos = [ObjectInfo(old, 1, 10.0), ObjectInfo(new, 1, 20.0), ObjectInfo(other, 1, 5.0), ObjectInfo("packs/x", 1, 1.0)]
     assert packs.superseded(infos, cutoff=30.0) == {old}, "the newest plan of each folder stays, whatever its age"
     assert packs.superseded(infos, cutoff=5.0) == set(), "nothing younger than the grace period goes"
+    resumed = ObjectInfo(pack_key(STAGE, anchor, plans[0], "d" * 64), 1, 40.0)  # a build of the old plan, lately
+    assert packs.superseded([*infos, resumed], cutoff=30.0) == {new}, \
+        "no pack of a plan with a pack younger than the grace period goes (a build of it may resume)"
+    later = ObjectInfo(pack_key(STAGE, anchor, key_of(4), "e" * 64), 1, 50.0)  # and a newer plan still
+    assert packs.superseded([*infos, resumed, later], cutoff=30.0) == {new}, "the old plan stays while it is young"
 
 
-def test_a_pack_is_never_the_only_copy_and_holds_only_what_it_is_given(tmp_path: Path) -> None:
+def test_a_pack_holds_only_what_it_is_given_and_nothing_when_nothing_is_committed(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     keys = [key_of(index) for index in range(5)]
     found, _ = find(store, keys)

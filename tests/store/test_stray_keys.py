@@ -16,7 +16,7 @@ from prep.store.fsck import fsck
 from prep.store.gc import collect_garbage
 from prep.store.layout import readback_key
 from prep.store.snapshots import list_snapshot_ids, resolve
-from tests.helpers import run_prep
+from tests.helpers import prep_env, run_prep
 from tests.store.test_gc import project, template  # noqa: F401  (module fixtures)
 
 
@@ -76,9 +76,13 @@ def test_a_damaged_read_back_record_is_found_and_repaired(project: dict[str, Pat
 def test_an_empty_folder_at_a_task_record_key_is_a_finding_that_repair_removes(project: dict[str, Path]) -> None:  # noqa: F811
     """Regression: a folder in place of a task record made a build fail (one line) while fsck called
     the store clean: the local listing shows no key where a folder holds nothing. (No packs: a
-    build would find the record in its pack and never read the key.)"""
+    build would find the record in its pack and never read the key. A crash point armed before the
+    order stage's commits, never reached, makes it commit a record a task.)"""
     store = LocalStore(project["store"])
     snapshot = resolve(store, "tiny@latest")
+    shutil.rmtree(project["store"] / "packs")
+    run_prep("build", project["v1"], "--store", project["store"], "--workers", "1",
+             env=prep_env(PREP_CRASH_AT="order.before_commit:1000000"))
     shutil.rmtree(project["store"] / "packs")
     key = next(info.key for info in store.list("tasks/order/"))
     path = store.local_path(key)
@@ -91,7 +95,7 @@ def test_an_empty_folder_at_a_task_record_key_is_a_finding_that_repair_removes(p
     repaired = fsck(store, repair=True)
     assert repaired.repair is not None and repaired.repair.records == (key,) and not path.exists()
     rebuilt = run_prep("build", project["v1"], "--store", project["store"], "--workers", "1").stdout.split()[-1]
-    assert rebuilt == snapshot.id and path.is_file() and fsck(store).clean
+    assert rebuilt == snapshot.id and not path.is_dir() and fsck(store).clean  # the rebuild commits it in a pack
 
 
 def test_empty_folders_at_a_ref_and_a_policy_are_findings_but_the_layouts_own_folders_are_not(
