@@ -133,10 +133,15 @@ def test_unreachable_reason_probes_host_and_port_and_leaves_other_forms_to_ray()
 
 
 
+RAY_TEST_SETTINGS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_gcs_server_port_wait_time_s": "120"}
+"""No usage stats; a GCS that starts while the other test process starts a cluster too (2 cores)
+may take over Ray's default 30 s to write its port (seen once), not a failure of prep's."""
+
+
 def _ray_env(folder: str) -> dict[str, str]:
     """The CLI's environment for a Ray it starts itself: its files under `folder` (short: Ray's
     Unix socket paths must stay under 107 bytes), no usage stats, no address or token settings."""
-    env = {name: value for name, value in prep_env(RAY_TMPDIR=folder, HOME=folder, RAY_USAGE_STATS_ENABLED="0").items()
+    env = {name: value for name, value in prep_env(RAY_TMPDIR=folder, HOME=folder, **RAY_TEST_SETTINGS).items()
            if name not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
     return env
 
@@ -180,7 +185,7 @@ def ray_address() -> Iterator[str]:
     earlier in the same process left a driver without the token its new cluster then demanded."""
     folder = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     patch = pytest.MonkeyPatch()
-    for name, value in {"RAY_TMPDIR": folder, "HOME": folder, "RAY_USAGE_STATS_ENABLED": "0"}.items():
+    for name, value in {"RAY_TMPDIR": folder, "HOME": folder, **RAY_TEST_SETTINGS}.items():
         patch.setenv(name, value)
     for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         patch.delenv(name, raising=False)
