@@ -38,6 +38,8 @@ def records(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> l
     result = build(load_pipeline(pipeline), LocalStore(root / "store"), InProcessExecutor(), (), Progress(quiet=True))
     found = [("prep.snapshot/1", result.snapshot.manifest)] + [(RECORDS[folder.rstrip("s")], json.loads(path.read_text()))
              for folder in ("tasks", "stages", "packs") for path in sorted((root / "store" / folder).rglob("*.json"))]
+    found += [("prep.task/1", body) for schema, pack in list(found) if schema == "prep.task-pack/1"
+              for body in pack["records"].values()]  # the records tasks are committed by, in groups
     assert {record.get("stage") for _, record in found} >= {"tokenize", "steps", "order", "shard"}
     assert "checks" in result.snapshot.manifest
     return found
