@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from prep.steps import catalog
 from tests.helpers import run_prep, write_jsonl, write_pipeline
-from tests.runner.test_ray import ray_address  # noqa: F401 -- the module's Ray instance, a fixture
+from tests.runner.test_ray import _ray_env
 
 EXAMPLES = {
     "length": "min_words = 4",
@@ -64,17 +66,24 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> 
     return write_pipeline(folder, tokenizer_path, ["corpus"], extra="\n" + "\n".join(tables))
 
 
-def _build(pipeline: Path, store: Path, *extra: str) -> str:
-    run = run_prep("build", pipeline, "--store", store, *extra, cwd=pipeline.parent, timeout=600)
+def _build(pipeline: Path, store: Path, *extra: str, env: dict[str, str] | None = None) -> str:
+    run = run_prep("build", pipeline, "--store", store, *extra, cwd=pipeline.parent, timeout=600, env=env)
     return run.stdout.strip().splitlines()[-1]
 
 
-def test_the_same_snapshot_on_any_worker_count_and_on_ray(pipeline: Path, ray_address: str) -> None:  # noqa: F811
+def test_the_same_snapshot_on_any_worker_count_and_on_ray(pipeline: Path) -> None:
+    """On Ray the CLI starts for itself, in its own process: a second Ray started in one test
+    process (test_ray.py's fixture) after another had been shut down there never started its GCS
+    (Ray's token authentication keeps the first cluster's token)."""
     ids = {workers: _build(pipeline, pipeline.parent / f"store{workers}", "--workers", str(workers))
            for workers in (1, 2, 3)}
     assert len(set(ids.values())) == 1, ids
-    on_ray = _build(pipeline, pipeline.parent / "store-ray", "--workers", "2", "--executor", "ray",
-                    "--ray-address", ray_address)
+    folder = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths < 108 bytes
+    try:
+        on_ray = _build(pipeline, pipeline.parent / "store-ray", "--workers", "2", "--executor", "ray",
+                        env=_ray_env(folder))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     assert on_ray == ids[1]
     shown = json.loads(run_prep("show", ids[1], "--json", "--store", pipeline.parent / "store1").stdout)
     steps = shown["stats"]["steps"]
