@@ -45,7 +45,6 @@ from prep.store.layout import (
     pack_prefix,
     pack_stage_prefix,
     parse_pack_key,
-    task_record_key,
     task_record_prefix,
 )
 
@@ -274,9 +273,6 @@ def find_committed(store: Store, stage: str, keys: Sequence[str], jobs: int, pac
         missing = [key for key in missing if key in listed]
     gets = (partial(records.read_task_record, store, stage, key) for key in missing)
     fetched = dict(zip(missing, in_sequence(gets, jobs, "prep-lookup")))
-    for key, record in fetched.items():
-        if record is not None and key in packed.records:
-            agree(packed.records[key], record, f"{store.url}/{task_record_key(stage, key)}")
     if pack_records > 0 and repack:
         unpacked = [record for key, record in (*packed.records.items(), *fetched.items())
                     if record is not None and key not in packed.own]
