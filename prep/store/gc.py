@@ -24,8 +24,9 @@ The rules (docs/history.md has the reasoning):
    objects), never a snapshot's bytes, since what a kept snapshot reaches is kept by the
    snapshot, not the pack. Also past the grace period: packs that do not read (a damaged
    commit: its tasks run again), and packs of a plan that a newer one in the same folder
-   superseded (`packs.superseded`: again memoization only), unless the plan has a pack younger
-   than the grace period (a build of it is recent: its resume reads all of the plan's packs).
+   superseded (`packs.superseded`: the newest plan's packs hold each of their records, so a
+   lookup of the old plan still finds them), unless the plan has a pack younger than the grace
+   period (a build of it is recent: its resume reads all of the plan's packs).
    All count as records.
 4. Exclusion: gc holds a gc lease and refuses to start while a live build lease exists; builds
    take a build lease (`prep.store.leases.build_lease`) and wait while a gc lease lives. Each
@@ -159,12 +160,14 @@ class _Packs:
         """(dead, live): past the grace period, a pack is dead when it does not read, when a record
         in it names an object not kept, or when a newer plan of its folder superseded its own."""
         dead: list[ObjectInfo] = []
-        live: list[ObjectInfo] = []
+        live: list[tuple[ObjectInfo, dict[str, records.TaskRecord]]] = []
         for info, pack in zip(self.listed, self.read):
-            old = info.mtime <= cutoff
-            (dead if old and (isinstance(pack, IntegrityError) or not packs.pack_shas(pack) <= kept) else live).append(info)
+            if info.mtime <= cutoff and (isinstance(pack, IntegrityError) or not packs.pack_shas(pack) <= kept):
+                dead.append(info)
+            else:  # a young pack that does not read stays, holding nothing
+                live.append((info, {} if isinstance(pack, IntegrityError) else pack))
         gone = packs.superseded(live, cutoff)
-        return dead + [info for info in live if info.key in gone], [info for info in live if info.key not in gone]
+        return dead + [info for info, _ in live if info.key in gone], [info for info, _ in live if info.key not in gone]
 
 
 @dataclass(frozen=True)

@@ -162,25 +162,35 @@ def pack_shas(held: dict[str, records.TaskRecord]) -> set[str]:
     return {hashing.parse_id(object_id) for object_id in pack_names(held).objects}
 
 
-def superseded(infos: Iterable[ObjectInfo], cutoff: float) -> set[str]:
+def superseded(held: Sequence[tuple[ObjectInfo, dict[str, records.TaskRecord]]], cutoff: float) -> set[str]:
     """The keys of packs older than `cutoff` whose plan is not the newest (by its newest pack) in
-    its anchor's folder and has no pack younger than `cutoff`: a lookup reads only its own plan's
-    packs and the newest other plan's, and each build of a plan packs every record it finds, so
-    older plans' packs serve no lookup that the newest does not (a plan rebuilt later runs again
-    what it misses: memoization lost, nothing else). A plan with a young pack was built lately
-    (a crashed build may resume it): none of its packs go."""
+    its anchor's folder, has no pack younger than `cutoff`, and whose every record the newest
+    plan's packs hold too: a lookup reads its own plan's packs and the newest other plan's there,
+    so such packs serve no lookup the newest does not. A build of a plan packs every record it
+    finds, so a chain of appending rebuilds leaves each older plan's records in the next one; a
+    plan whose records the newest lacks (another version's changed parts) keeps its packs, and a
+    plan with a young pack was built lately (a crashed build may resume it): none of its packs go."""
     newest: dict[tuple[str, str], tuple[float, str]] = {}
     recent: set[tuple[str, str, str]] = set()
-    named = [(info, parse_pack_key(info.key)) for info in infos]
-    for info, name in named:
+    named = [(info, parse_pack_key(info.key), pack) for info, pack in held]
+    for info, name, _ in named:
         if name is not None:
             folder = (name[0], name[1])
             newest[folder] = max(newest.get(folder, (info.mtime, name[2])), (info.mtime, name[2]))
             if info.mtime > cutoff:
                 recent.add(name[:3])
-    return {info.key for info, name in named
+    latest: dict[tuple[str, str], dict[str, records.TaskRecord]] = {}
+    for _, name, pack in named:
+        if name is not None and newest[(name[0], name[1])][1] == name[2]:
+            latest.setdefault((name[0], name[1]), {}).update(pack)
+    return {info.key for info, name, pack in named
             if name is not None and info.mtime <= cutoff and newest[(name[0], name[1])][1] != name[2]
-            and name[:3] not in recent}
+            and name[:3] not in recent and _held_by(pack, latest[(name[0], name[1])])}
+
+
+def _held_by(pack: dict[str, records.TaskRecord], newest: dict[str, records.TaskRecord]) -> bool:
+    """Whether every record of `pack` is in `newest`, the same."""
+    return all(newest.get(key) == record for key, record in pack.items())
 
 
 def _by_plan(store: Store, stage: str, prefixes: Iterable[str]) -> dict[str, list[ObjectInfo]]:

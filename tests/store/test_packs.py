@@ -151,18 +151,42 @@ def test_a_damaged_pack_is_ignored_whole_and_reported(tmp_path: Path, damage: st
             "record of another stage": "holds the record of task"}[damage] in warned[0]
 
 
+def record_of(index: int, output: str = "a") -> records.TaskRecord:
+    return records.TaskRecord(STAGE, key_of(index), {"output": "sha256:" + output * 64}, {})
+
+
+def held_by(**named: tuple[ObjectInfo, list[int]]) -> list[tuple[ObjectInfo, dict[str, records.TaskRecord]]]:
+    return [(info, {record_of(i).key: record_of(i) for i in indexes}) for info, indexes in named.values()]
+
+
 def test_only_the_newest_plan_of_a_folder_outlives_the_grace_period() -> None:
     anchor, plans = key_of(0), [key_of(1), key_of(2)]
     old, new, other = (pack_key(STAGE, anchor, plans[0], "a" * 64), pack_key(STAGE, anchor, plans[1], "b" * 64),
                        pack_key(STAGE, key_of(3), plans[0], "c" * 64))
-    infos = [ObjectInfo(old, 1, 10.0), ObjectInfo(new, 1, 20.0), ObjectInfo(other, 1, 5.0), ObjectInfo("packs/x", 1, 1.0)]
+    infos = held_by(old=(ObjectInfo(old, 1, 10.0), [0, 1]), new=(ObjectInfo(new, 1, 20.0), [0, 1, 2]),
+                    other=(ObjectInfo(other, 1, 5.0), [3]), stray=(ObjectInfo("packs/x", 1, 1.0), []))
     assert packs.superseded(infos, cutoff=30.0) == {old}, "the newest plan of each folder stays, whatever its age"
     assert packs.superseded(infos, cutoff=5.0) == set(), "nothing younger than the grace period goes"
-    resumed = ObjectInfo(pack_key(STAGE, anchor, plans[0], "d" * 64), 1, 40.0)  # a build of the old plan, lately
-    assert packs.superseded([*infos, resumed], cutoff=30.0) == {new}, \
+    resumed = held_by(resumed=(ObjectInfo(pack_key(STAGE, anchor, plans[0], "d" * 64), 1, 40.0), [0, 1, 2]))
+    assert packs.superseded([*infos, *resumed], cutoff=30.0) == {new}, \
         "no pack of a plan with a pack younger than the grace period goes (a build of it may resume)"
-    later = ObjectInfo(pack_key(STAGE, anchor, key_of(4), "e" * 64), 1, 50.0)  # and a newer plan still
-    assert packs.superseded([*infos, resumed, later], cutoff=30.0) == {new}, "the old plan stays while it is young"
+    later = held_by(later=(ObjectInfo(pack_key(STAGE, anchor, key_of(4), "e" * 64), 1, 50.0), [0, 1, 2]))
+    assert packs.superseded([*infos, *resumed, *later], cutoff=30.0) == {new}, "the old plan stays while it is young"
+
+
+def test_an_old_plan_stays_while_the_newest_plan_lacks_any_of_its_records() -> None:
+    """A newer version that changed a part packs the unchanged parts' records only: the kept old
+    version's packs must stay, or a rebuild of it runs its changed parts again (CI on 9b93a53: two
+    packs of equal age, the one holding only unchanged parts superseded the kept build's)."""
+    anchor = key_of(0)
+    old, new = pack_key(STAGE, anchor, key_of(1), "a" * 64), pack_key(STAGE, anchor, key_of(2), "b" * 64)
+    unchanged = held_by(old=(ObjectInfo(old, 1, 10.0), [0, 1, 2]), new=(ObjectInfo(new, 1, 20.0), [0, 1]))
+    assert packs.superseded(unchanged, cutoff=30.0) == set(), "the old plan's record of part 2 is nowhere else"
+    other = [(ObjectInfo(new, 1, 20.0), {**unchanged[1][1], key_of(2): record_of(2, "b")})]
+    assert packs.superseded([unchanged[0], *other], cutoff=30.0) == set(), "nor is one naming other outputs"
+    split = pack_key(STAGE, anchor, key_of(2), "c" * 64)
+    rest = held_by(rest=(ObjectInfo(split, 1, 15.0), [2]))
+    assert packs.superseded([*unchanged, *rest], cutoff=30.0) == {old}, "the newest plan's packs together hold it all"
 
 
 def test_a_pack_holds_only_what_it_is_given_and_nothing_when_nothing_is_committed(tmp_path: Path) -> None:
