@@ -8,7 +8,8 @@ packs go under `packs/<stage>/<anchor>/`, the anchor being its smallest key, and
 folder and reads its own packs; a plan that differs by a few keys (a build that appends a file)
 almost always keeps the anchor (or has it as its second smallest key: both folders are listed),
 so it finds the packs of the build before and reads the newest such plan's; when the anchors'
-folders hold no pack at all (the edit replaced the old smallest key), the stage's newest plan's.
+folders hold no pack at all (the edit replaced the old smallest key), the stage's other plans',
+newest first until one answers (a stage may hold several plans a build: the merge levels).
 
 A pack is written only after every object its records name is stored, so it may be the only copy
 of a record (a single record `tasks/<stage>/<key>.json` is written only where a build commits one
@@ -227,10 +228,13 @@ def agree(first: records.TaskRecord, other: records.TaskRecord, source: str) -> 
 
 def lookup(store: Store, plan: Plan, wanted: Collection[str], jobs: int) -> Found:
     """The wanted keys' records that packs hold: the plan's own packs first, then, for what they
-    leave, the packs of the newest other plan sharing an anchor (its packs' newest mtime), or, when
-    the anchors' folders hold no pack at all (an edit replaced the key that anchored the plan
-    before, or the stage never ran), the newest other plan of the stage (a LIST of every pack of
-    the stage: a page per 1,000 packs)."""
+    leave, the packs of the other plans sharing an anchor, or, when the anchors' folders hold no
+    pack at all (an edit replaced the key that anchored the plan before, or the stage never ran),
+    the other plans of the stage (a LIST of every pack of the stage: a page per 1,000 packs). Of
+    those, newest first (by their packs' newest mtime), until one answers any key, at most
+    `OTHER_PLANS`: a stage may hold several plans of one build (the merge levels), and the newest
+    of them need not be the one this plan's tasks were in before. (Reading on past one that
+    answered would cost a build that appends a file a plan's packs it never needs.)"""
     listed = _by_plan(store, plan.stage, map(partial(pack_prefix, plan.stage), plan.anchors)) if plan.anchors else {}
     found: dict[str, records.TaskRecord] = {}
     problems: list[str] = []
@@ -239,10 +243,20 @@ def lookup(store: Store, plan: Plan, wanted: Collection[str], jobs: int) -> Foun
     if plan.anchors and not listed and not found and wanted:
         listed = _by_plan(store, plan.stage, [pack_stage_prefix(plan.stage)])
         listed.pop(plan.plan, None)
-    if listed and len(found) < len(wanted):
-        newest = max(listed, key=lambda other: max(info.mtime for info in listed[other]))
-        _read(store, listed[newest], {key for key in wanted if key not in found}, jobs, found, problems)
+    newest_first = sorted(listed, key=lambda other: max(info.mtime for info in listed[other]), reverse=True)
+    for other in newest_first[:OTHER_PLANS]:
+        if len(found) == len(wanted):
+            break
+        before = len(found)
+        _read(store, listed[other], {key for key in wanted if key not in found}, jobs, found, problems)
+        if len(found) > before:
+            break
     return Found(found, own, tuple(problems))
+
+
+OTHER_PLANS = 4
+"""Other plans a lookup reads at most while none answers: a build's plans of one stage (the levels
+of a merge) and a few builds before it; each costs a GET a pack of it (a pack per 1,000 tasks)."""
 
 
 LIST_ABOVE = 16

@@ -7,6 +7,7 @@ requests; single records are found by listing, not a request a key."""
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,29 @@ def test_a_plan_whose_old_anchor_was_replaced_finds_the_packs_of_the_plan_before
     before = store.requests["get"]
     again, _ = find(store, edited)
     assert again == found and store.requests["get"] - before == 2, "its own pack and the one missing key"
+
+
+def _two_plans(store: LocalStore) -> tuple[list[str], list[str]]:
+    """Packs of two plans of the stage, the second newer (as a merge's two levels leave them)."""
+    first, second = sorted(key_of(index) for index in range(30)), sorted(key_of(index) for index in range(30, 40))
+    for keys in (first, second):
+        batch = [records.TaskRecord(STAGE, key, {"out": f"sha256:{key}"}, {"n": n}) for n, key in enumerate(keys)]
+        packs.write_pack(store, packs.Plan.of(STAGE, keys), batch)
+        time.sleep(0.01)
+    return first, second
+
+
+def test_a_plan_whose_anchor_was_replaced_finds_its_records_past_a_newer_plan_of_the_same_stage(tmp_path: Path) -> None:
+    """Regression (CI on f70e175, test_merging flaky): a stage with two plans a build (the merge
+    levels), the edit replacing the first level's anchor; the lookup read only the stage's newest
+    plan, the second level's, and every merge ran again. It now reads on past a plan that answers nothing."""
+    store = RequestCountingStore(tmp_path / "store")
+    first, _ = _two_plans(store)
+    edited = [*first[1:], "f" * 64]
+    before = store.requests["get"]
+    found, _ = find(store, edited)
+    assert all(found[key] is not None for key in first[1:]) and found["f" * 64] is None
+    assert store.requests["get"] - before == 2 + 1, "the newer plan's pack, the older one's, the new key"
 
 
 DAMAGES = ("flipped byte", "truncated", "record under another key", "record of another stage")
