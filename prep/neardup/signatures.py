@@ -1,4 +1,4 @@
-"""MinHash signatures of a batch of documents, vectorized: normalize, split into words, shingle, hash.
+"""MinHash signatures of a batch of documents: normalize, split into words, shingle, hash.
 
 The definitions (docs/build.md, "Near-duplicate removal"), each deciding snapshot ids:
 
@@ -49,6 +49,8 @@ WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, 
 WIDE_WHITESPACE = {lead: tuple(code for char in WHITESPACE if (code := char.encode("utf-8"))[0] == lead)
                    for lead in sorted({char.encode("utf-8")[0] for char in WHITESPACE if not char.isascii()})}
 """The UTF-8 of the non-ASCII whitespace characters, by their first byte (0xC2, 0xE1, 0xE2, 0xE3)."""
+CAPITAL_SIGMA = "\u03a3".encode()
+"""The one character `str.lower` maps by its context (final or not): a text holding it is lowered whole."""
 ASCII_WHITESPACE_BYTE = re.compile(rb"[\t-\r\x1c- ]")
 LANE_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [2**64 - 1], dtype=np.uint64)
 CHUNK_ELEMENTS = 1 << 17
@@ -73,20 +75,27 @@ def hash_family(seed: int, permutations: int) -> HashFamily:
 
 def signatures(blob: bytes, offsets: Array, ngram: int, permutations: int, seed: int) -> Array:
     """The MinHash signature of every document `blob[offsets[i]:offsets[i + 1]]` (UTF-8): shape
-    (documents, permutations), uint32. Documents go through in slices of about `SLICE_BYTES`, a
-    larger document in pieces of about that, so memory is that of a slice whatever the batch."""
+    (documents, permutations), uint32. Documents go through in slices of about `SLICE_BYTES`, so
+    memory is that of a slice whatever the batch; a larger document alone, by the compiled kernels
+    (prep.neardup.kernel: nothing of its size but its normalized copy) or by numpy in pieces."""
     offsets = np.asarray(offsets, dtype=np.int64)
     family = hash_family(seed, permutations)
     result = np.empty((len(offsets) - 1, permutations), dtype=np.uint32)
+    kernels = kernel.chosen(len(blob) // kernel.BYTES_A_SHINGLE * permutations)
     view = memoryview(blob)
     for first, last in _slices(offsets):
         base, end = int(offsets[first]), int(offsets[last])
         text = blob if base == 0 and end == len(blob) else bytes(view[base:end])
-        if end - base > SLICE_BYTES:  # one document
+        if kernels is not None:  # any size of document: the compiled pass holds no array of its size
+            text, text_offsets = normalized(text, offsets[first:last + 1] - base)
+            padded = np.frombuffer(text + bytes(8), dtype=np.uint8)
+            kernels.text_minima(padded, kernel.lanes(padded), text_offsets, ngram, family.multipliers,
+                                result[first:last])
+        elif end - base > SLICE_BYTES:  # one document
             result[first] = _large_signature(text, ngram, family)
-            continue
-        shingles, bounds = shingle_hashes(text, offsets[first:last + 1] - base, ngram)
-        result[first:last] = minhash(shingles, bounds, family)
+        else:
+            shingles, bounds = shingle_hashes(text, offsets[first:last + 1] - base, ngram)
+            result[first:last] = minhash(shingles, bounds, family)
     return result
 
 
@@ -172,8 +181,33 @@ def _normalized_pieces(blob: bytes, bounds: list[int]) -> Iterator[bytes]:
         data = bytes(view[start:end])
         if data.isascii():
             yield data.lower()
+        elif CAPITAL_SIGMA in data:
+            yield _normalized_text(data)
         else:
-            yield unicodedata.normalize("NFC", data.decode("utf-8")).lower().encode("utf-8")
+            yield b"".join(_normalized_runs(data))
+
+
+def _normalized_text(data: bytes) -> bytes:
+    """NFC, then lowercase, of UTF-8 `data` (the definition)."""
+    return unicodedata.normalize("NFC", data.decode("utf-8")).lower().encode("utf-8")
+
+
+def _normalized_runs(data: bytes) -> Iterator[bytes]:
+    """`_normalized_text(data)` in pieces, for a text without a capital sigma: ASCII lowered
+    byte-wise, and each run of non-ASCII characters, with the character before it, normalized
+    alone. The same bytes: NFC never joins across the start of an ASCII character (each is a
+    starter that composes with nothing before it: a safe break), and `str.lower` maps each
+    character alone but for the capital sigma, whose form depends on the letters around it."""
+    high = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) >= 0x80)
+    gaps = np.flatnonzero(np.diff(high) > 1)
+    starts, ends = np.concatenate([high[:1], high[gaps + 1]]), np.concatenate([high[gaps] + 1, high[-1:] + 1])
+    lowered, at = data.lower(), 0
+    for start, end in zip(starts.tolist(), ends.tolist()):
+        start = max(start - 1, 0)  # the ASCII character before: it may compose with what follows
+        yield lowered[at:start]
+        yield _normalized_text(data[start:end])
+        at = end
+    yield lowered[at:]
 
 
 def words(text: bytes, offsets: Array) -> tuple[Array, Array, Array]:
@@ -283,13 +317,12 @@ def minhash(shingle_hashes: Array, bounds: Array, family: HashFamily) -> Array:
     """Signatures (documents x permutations, uint32) of documents whose shingle hashes are
     `shingle_hashes[bounds[d]:bounds[d + 1]]`: by the compiled kernel when it is loaded or the
     batch is large enough to pay for loading it (prep.neardup.kernel), else by numpy."""
-    products = len(shingle_hashes) * len(family.multipliers)
-    compiled = kernel.compiled() if kernel.loaded() or products >= kernel.KERNEL_PRODUCTS else None
-    if compiled is None:
+    kernels = kernel.chosen(len(shingle_hashes) * len(family.multipliers))
+    if kernels is None:
         return numpy_minhash(shingle_hashes, bounds, family)
     lows = np.empty((len(bounds) - 1, len(family.multipliers)), dtype=np.uint64)
-    compiled(np.ascontiguousarray(shingle_hashes, dtype=np.uint64), np.ascontiguousarray(bounds, dtype=np.int64),
-             family.multipliers, lows)
+    kernels.minima(np.ascontiguousarray(shingle_hashes, dtype=np.uint64), np.ascontiguousarray(bounds, dtype=np.int64),
+                   family.multipliers, lows)
     return (lows >> np.uint64(32)).astype(np.uint32)
 
 

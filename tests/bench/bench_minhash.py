@@ -19,11 +19,14 @@ The sides, each over every batch, their CPU seconds (one process, single-threade
 (reversed every other round):
 
 * prep: `prep.neardup.signatures.signatures` on each batch's buffer: normalization, words, word
-  and shingle hashes and MinHash, all of it.
+  and shingle hashes and MinHash, all of it (normalization in Python, the rest in one compiled
+  pass: prep.neardup.kernel, numba from the `fast` extra, loaded before the rounds).
 * prep core: `signatures.minhash` alone, on prep's shingle hashes made before the timed pass: the
-  compiled kernel (prep.neardup.kernel, numba from the `fast` extra, loaded before the rounds).
-* prep, numpy MinHash and prep core, numpy: the same with numpy's MinHash (`numpy_minhash`, what
-  runs without numba, and before the kernel existed): the same signatures, side by side.
+  compiled MinHash loop.
+* prep, numpy text path: words, word and shingle hashes by numpy's whole-array passes, then the
+  compiled MinHash loop (what prep ran before the compiled text pass).
+* prep, numpy and prep core, numpy: all of it by numpy, and numpy's MinHash alone
+  (`numpy_minhash`): what runs without numba. All of prep's sides give the same signatures.
 * shingling: what a datasketch or rensa user pays before either runs: each text decoded, NFC,
   lowercased, split, and its `ngram`-word shingles joined as strings (prep's definitions).
 * rensa: `RMinHash.digest_matrix_from_token_sets` over those shingle strings, per batch (rensa
@@ -206,8 +209,10 @@ def sides(args: argparse.Namespace) -> dict[str, Callable[[list[Batch]], object]
     return {
         "prep": lambda batches: [signatures(b.blob, b.offsets, ngram, permutations, seed) for b in batches],
         "prep core": lambda batches: [minhash(b.hashes, b.bounds, family) for b in batches],
-        "prep, numpy MinHash": lambda batches: [numpy_minhash(*shingle_hashes(b.blob, b.offsets, ngram), family)
-                                                for b in batches],
+        "prep, numpy text path": lambda batches: [minhash(*shingle_hashes(b.blob, b.offsets, ngram), family)
+                                                  for b in batches],
+        "prep, numpy": lambda batches: [numpy_minhash(*shingle_hashes(b.blob, b.offsets, ngram), family)
+                                        for b in batches],
         "prep core, numpy": lambda batches: [numpy_minhash(b.hashes, b.bounds, family) for b in batches],
         "shingling": lambda batches: [shingle_strings(texts_of(b), ngram) for b in batches],
         "rensa": lambda batches: [rensa.RMinHash.digest_matrix_from_token_sets(b.shingles, permutations, seed)
@@ -253,7 +258,8 @@ def report(times: dict[tuple[str, str], list[float]], batches: list[Batch], samp
     print(f"shingling + rensa / prep: {(median['shingling', 'all'] + median['rensa', 'all']) / prep:.2f}")
     print(f"rensa (shingles given) / prep: {median['rensa', 'all'] / prep:.2f}")
     print(f"rensa core / prep core: {median['rensa core', 'all'] / median['prep core', 'all']:.3f}")
-    print(f"prep with numpy's MinHash / prep: {median['prep, numpy MinHash', 'all'] / prep:.2f}; "
+    print(f"prep, numpy text path / prep: {median['prep, numpy text path', 'all'] / prep:.2f}; "
+          f"prep, numpy / prep: {median['prep, numpy', 'all'] / prep:.2f}; "
           f"prep core, numpy / prep core: {median['prep core, numpy', 'all'] / median['prep core', 'all']:.2f}")
     sampled, peer = median["prep", "sample"], median["shingling", "sample"] + median["datasketch", "sample"]
     print(f"shingling + datasketch / prep (sample): {peer / sampled:.2f}")

@@ -1,18 +1,22 @@
-"""The compiled MinHash kernel: the same integers as numpy for any shingles and document bounds,
-used from a batch's size on or once loaded, and never a difference in a signature."""
+"""The compiled kernels: the same integers as numpy for any shingles and document bounds, and
+for any text (every whitespace character and its neighbours, words across 8-byte lanes, documents
+of more shingles than a scratch holds), used from a batch's size on or once loaded, and never a
+difference in a signature."""
 
 from __future__ import annotations
 
 import random
+import tracemalloc
+from unittest.mock import patch
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prep.neardup import kernel
 from prep.neardup.kernel import Array
-from prep.neardup.signatures import hash_family, minhash, numpy_minhash, shingle_hashes, signatures
+from prep.neardup.signatures import WHITESPACE, hash_family, minhash, numpy_minhash, packed, shingle_hashes, signatures
 from tests.neardup.neardupsupport import batch, document
 
 pytestmark = pytest.mark.skipif(kernel.compiled() is None, reason="numba is not installed (the `fast` extra)")
@@ -29,13 +33,23 @@ def test_the_kernel_computes_what_numpy_computes(documents: list[list[int]], per
     compiled = kernel.compiled()
     assert compiled is not None
     lows = np.empty((len(documents), permutations), dtype=np.uint64)
-    compiled(hashes, bounds, family.multipliers, lows)
+    compiled.minima(hashes, bounds, family.multipliers, lows)
     assert np.array_equal((lows >> np.uint64(32)).astype(np.uint32), numpy_minhash(hashes, bounds, family))
 
 
 def _texts(count: int) -> list[str]:
     rng = random.Random(7)
     return [" ".join(document(rng, rng.randrange(0, 400))) for _ in range(count)] + [""]
+
+
+def by_both(texts: list[bytes], ngram: int, permutations: int = 16, seed: int = 3) -> tuple[Array, Array]:
+    """The signatures of `texts` in one batch by numpy and by the compiled kernels."""
+    blob, offsets = packed(texts)
+    with patch.object(kernel, "chosen", lambda products: None):
+        by_numpy = signatures(blob, offsets, ngram, permutations, seed)
+    with patch.object(kernel, "chosen", lambda products: kernel.compiled()):
+        by_kernel = signatures(blob, offsets, ngram, permutations, seed)
+    return by_numpy, by_kernel
 
 
 def test_signatures_are_the_same_with_the_kernel_or_without(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,6 +63,40 @@ def test_signatures_are_the_same_with_the_kernel_or_without(monkeypatch: pytest.
     assert (by_kernel == 0xFFFFFFFF).all(axis=1).any()  # an empty document is in the batch
 
 
+NEIGHBOURS = [chr(code) for code in (0x80, 0x84, 0x86, 0x9F, 0xA1, 0x1679, 0x1681, 0x180E, 0x1FFF, 0x200B,
+                                     0x2027, 0x202A, 0x202E, 0x2030, 0x205E, 0x2060, 0x2FFF, 0x3001, 0xFEFF)]
+"""Characters whose UTF-8 shares a lead byte (and often a second) with a whitespace character's."""
+PIECES = [*WHITESPACE, *NEIGHBOURS, "a", "Bc", "x" * 7, "y" * 8, "z" * 9, "w" * 16, "v" * 17, "é" * 4, "日本", "e\u0301",
+          "İ", "Σ", ".", "\x00"]
+
+
+@settings(deadline=None)  # the first example may load the kernels
+@given(st.lists(st.lists(st.sampled_from(PIECES), max_size=40).map("".join) | st.text(max_size=40), max_size=6),
+       st.integers(1, 6))
+def test_the_compiled_text_pass_signs_what_numpy_signs(texts: list[str], ngram: int) -> None:
+    by_numpy, by_kernel = by_both([text.encode("utf-8") for text in texts], ngram)
+    assert np.array_equal(by_numpy, by_kernel)
+
+
+def test_every_character_up_to_u3100_separates_words_in_the_compiled_pass_exactly_when_it_is_whitespace() -> None:
+    """One document a character, between two words: split (the signature of "a b") exactly when
+    str.split splits, and by both paths alike."""
+    codes = [code for code in range(0x3100) if not 0xD800 <= code < 0xE000]
+    by_numpy, by_kernel = by_both([f"a{chr(code)}b".encode() for code in codes], ngram=1, permutations=4)
+    assert np.array_equal(by_numpy, by_kernel)
+    split = by_both([b"a b"], ngram=1, permutations=4)[1][0]
+    assert [code for code, row in zip(codes, by_kernel) if np.array_equal(row, split)] == \
+        sorted(ord(char) for char in WHITESPACE if ord(char) < 0x3100)
+
+
+def test_a_document_of_more_shingles_than_the_scratch_holds_signs_as_numpy_does() -> None:
+    rng = random.Random(3)
+    words = document(rng, 3 * 4096 + 7)
+    texts = [" ".join(words).encode(), " ".join(words[:4096 + 4]).encode(), "\u3000".join(words[:9000]).encode()]
+    by_numpy, by_kernel = by_both(texts, ngram=5, permutations=128)
+    assert np.array_equal(by_numpy, by_kernel)
+
+
 def test_a_small_batch_stays_on_numpy_until_the_kernel_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     real = kernel.compiled()
@@ -56,11 +104,11 @@ def test_a_small_batch_stays_on_numpy_until_the_kernel_is_loaded(monkeypatch: py
 
     def counting(*args: Array) -> None:
         calls.append(len(args[0]))
-        real(*args)
+        real.minima(*args)
 
     hashes, bounds = shingle_hashes(*batch(_texts(20)), 5)
     family = hash_family(0, 16)
-    monkeypatch.setattr(kernel, "compiled", lambda: counting)
+    monkeypatch.setattr(kernel, "compiled", lambda: kernel.Kernels(counting, real.text_minima))
     monkeypatch.setattr(kernel, "loaded", lambda: False)
     small = minhash(hashes, bounds, family)
     assert calls == []
@@ -71,3 +119,19 @@ def test_a_small_batch_stays_on_numpy_until_the_kernel_is_loaded(monkeypatch: py
     monkeypatch.setattr(kernel, "loaded", lambda: True)
     assert np.array_equal(minhash(hashes, bounds, family), small)
     assert calls == [len(hashes)] * 2
+
+
+def test_the_compiled_pass_holds_no_array_the_size_of_a_document_but_its_text() -> None:
+    """A document of 6 MB signed in one piece: its normalized copy and that copy padded (2x its
+    size); numpy's passes take about 7x (their word and shingle arrays, in pieces of SLICE_BYTES)."""
+    rng = random.Random(1)
+    blob, offsets = packed([" ".join(document(rng, 1_000_000)).encode()])
+    with patch.object(kernel, "chosen", lambda products: kernel.compiled()):
+        signatures(blob[:100], np.array([0, 100]), 5, 128, 0)  # loaded before measuring
+        tracemalloc.start()
+        try:
+            signatures(blob, offsets, 5, 128, 0)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 2.2 * len(blob), (peak, len(blob))

@@ -1,11 +1,13 @@
 """MinHash signatures: the documented definitions (a scalar reference), batch independence,
-normalization, short and empty documents, accuracy against true Jaccard, golden values."""
+normalization, short and empty documents, accuracy against true Jaccard, golden values; each by
+numpy and by the compiled kernels (prep.neardup.kernel), whichever a batch would choose."""
 
 from __future__ import annotations
 
 import hashlib
 import random
 import unicodedata
+from collections.abc import Iterator
 from unittest.mock import patch
 
 import numpy as np
@@ -14,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import prep.neardup.signatures as signatures_module
+from prep.neardup import kernel
 from prep.neardup.lsh import estimated_similarity, jaccard
 from prep.neardup.settings import NearDupSettings
 from prep.neardup.signatures import WHITESPACE, WIDE_WHITESPACE, hash_family, shingle_sets, signatures
@@ -22,6 +25,15 @@ from tests.neardup.neardupsupport import batch, document, edited, signatures_of,
 MASK = 2**64 - 1
 G = 0x9E3779B97F4A7C15
 SMALL = NearDupSettings(ngram=3, permutations=16, bands=4, rows=4, seed=11)
+
+
+@pytest.fixture(autouse=True, scope="module", params=["numpy", "compiled"])
+def signing_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test here once with numpy's whole-array passes and once with the compiled kernels."""
+    if request.param == "compiled" and kernel.compiled() is None:
+        pytest.skip("numba is not installed (the `fast` extra)")
+    with patch.object(kernel, "chosen", lambda products: kernel.compiled() if request.param == "compiled" else None):
+        yield request.param
 
 
 def _mix64(z: int) -> int:
@@ -84,6 +96,19 @@ def test_normalization_gives_equal_signatures() -> None:
     assert np.unique(signatures_of([plain, *variants]), axis=0).shape[0] == 1
     assert not np.array_equal(*signatures_of([plain, plain.replace("café", "cafe")]))
     assert not np.array_equal(*signatures_of([plain, plain.replace("café", "café.")]))  # punctuation stays
+
+
+COMPOSING = ["e", "E", "\u0301", "\u0327", "\u0308", "\u1100", "\u1161", "\u11a8", "\u212b", "\u212a", "\u2126", "İ",
+             "Σ", "σ", "ς", "A", " ", "x", "\u0345", "\u1e9e", "ß", "ǅ", "\ufb01", "日", "\U0001d400"]
+"""Characters that compose, decompose, or lower in more than one way, beside ASCII ones."""
+
+
+@given(st.lists(st.lists(st.sampled_from(COMPOSING), max_size=12).map("".join) | st.text(max_size=20), max_size=5))
+def test_normalizing_a_run_of_non_ascii_characters_alone_is_normalizing_the_whole_text(texts: list[str]) -> None:
+    blob, offsets = batch(texts)
+    text, new_offsets = signatures_module.normalized(blob, offsets)
+    assert [text[start:end] for start, end in zip(new_offsets[:-1], new_offsets[1:])] == \
+        [unicodedata.normalize("NFC", each).lower().encode() for each in texts]
 
 
 def test_whitespace_is_what_str_split_splits_on() -> None:

@@ -1,0 +1,244 @@
+"""Near-duplicate signatures' loops compiled to machine code by numba (the `fast` extra).
+
+Imported only by `prep.neardup.kernel`, which loads it on demand: importing numba costs a process
+about a second. Each function computes integers the numpy code of `prep.neardup.signatures`
+defines (its module docstring), so which one ran never shows in a signature:
+
+* `minima`: the MinHash minimum of given shingle hashes (four shingles a pass over the
+  multipliers, so each running minimum is loaded and stored once per four products);
+* `text_minima`: a document's signature straight from its normalized UTF-8 in one pass: words
+  (whitespace found 8 bytes at a time), their hashes (8 bytes a load), shingle hashes (rolled
+  on a word at a time) and the minimum, with no array the size of the text: a document of any
+  size streams through a ring of `ngram` word hashes and `SCRATCH` shingle hashes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import numba
+import numpy as np
+
+Array = np.ndarray[Any, Any]
+Function = TypeVar("Function", bound=Callable[..., Any])
+ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+MIX1, MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+SHIFTS = np.uint64(30), np.uint64(27), np.uint64(31)
+SCRATCH = 4096
+"""Shingle hashes a document collects before they are folded into its minima (32 KiB: L1)."""
+
+
+def _compiled(inline: bool = False) -> Callable[[Function], Function]:
+    """numba's njit, cached on disk, releasing the GIL, without bounds checks (every index here is
+    in range by construction); `inline`: into each caller, at numba's level."""
+    decorator = numba.njit(cache=True, nogil=True, boundscheck=False, inline="always" if inline else "never")
+    return cast("Callable[[Function], Function]", decorator)  # numba's Dispatcher calls as the function does
+
+
+@_compiled(inline=True)
+def _mix64(value: np.uint64) -> np.uint64:
+    """splitmix64's finalizer (`signatures.mix64` on one value)."""
+    value ^= value >> SHIFTS[0]
+    value *= MIX1
+    value ^= value >> SHIFTS[1]
+    value *= MIX2
+    return value ^ (value >> SHIFTS[2])
+
+
+@_compiled()
+def _fold(shingle_hashes: Array, start: int, end: int, multipliers: Array, lows: Array) -> None:
+    """lows[i] = min(lows[i], multipliers[i] * x) (mod 2^64) for every x in shingle_hashes[start:end]."""
+    permutations = multipliers.shape[0]
+    at = start
+    while at + 4 <= end:
+        x0, x1, x2, x3 = shingle_hashes[at], shingle_hashes[at + 1], shingle_hashes[at + 2], shingle_hashes[at + 3]
+        for index in range(permutations):
+            a = multipliers[index]
+            lows[index] = min(min(lows[index], a * x0), min(min(a * x1, a * x2), a * x3))
+        at += 4
+    while at < end:
+        x0 = shingle_hashes[at]
+        for index in range(permutations):
+            lows[index] = min(lows[index], multipliers[index] * x0)
+        at += 1
+
+
+@_compiled()
+def minima(shingle_hashes: Array, bounds: Array, multipliers: Array, out: Array) -> None:
+    """out[d, i] = max(uint64) or the least `multipliers[i] * x` (mod 2^64) over the shingle
+    hashes x of document d, `shingle_hashes[bounds[d]:bounds[d + 1]]`."""
+    lows = np.empty(multipliers.shape[0], dtype=np.uint64)
+    for document in range(bounds.shape[0] - 1):
+        lows[:] = ALL_ONES
+        _fold(shingle_hashes, bounds[document], bounds[document + 1], multipliers, lows)
+        out[document] = lows
+
+
+@_compiled(inline=True)
+def _separator(text: Array, at: int, end: int) -> int:
+    """The byte length of the non-ASCII whitespace character at `text[at]` (`signatures.WHITESPACE`),
+    0 when it starts none: U+0085 and U+00A0 (C2 ..), U+1680 (E1 9A 80), U+2000-U+200A, U+2028,
+    U+2029, U+202F (E2 80 ..), U+205F (E2 81 9F), U+3000 (E3 80 80)."""
+    lead = text[at]
+    if lead < 0xC2 or lead > 0xE3 or at + 1 >= end:
+        return 0
+    second = text[at + 1]
+    if lead == 0xC2:
+        return 2 if second == 0x85 or second == 0xA0 else 0
+    if at + 2 >= end:
+        return 0
+    third = text[at + 2]
+    if lead == 0xE1:
+        return 3 if second == 0x9A and third == 0x80 else 0
+    if lead == 0xE2:
+        if second == 0x80 and (third <= 0x8A or third == 0xA8 or third == 0xA9 or third == 0xAF):
+            return 3
+        return 3 if second == 0x81 and third == 0x9F else 0
+    return 3 if lead == 0xE3 and second == 0x80 and third == 0x80 else 0
+
+
+@_compiled(inline=True)
+def _word_hash(lanes: Array, start: int, end: int) -> np.uint64:
+    """The hash of the word `text[start:end]` (`signatures.word_hashes`), `lanes[i]` being the
+    little-endian 8 bytes at text offset i."""
+    length = end - start
+    total = np.uint64(0)
+    lane = 0
+    for at in range(start, end, 8):
+        left = end - at
+        value = lanes[at] if left >= 8 else lanes[at] & ((np.uint64(1) << np.uint64(8 * left)) - np.uint64(1))
+        total += _mix64(value ^ (np.uint64(lane + 1) * GOLDEN))
+        lane += 1
+    return _mix64(total ^ np.uint64(length))
+
+
+@_compiled(inline=True)
+def _power(base: np.uint64, exponent: int) -> np.uint64:
+    """base ** exponent (mod 2^64)."""
+    value = np.uint64(1)
+    for _ in range(exponent):
+        value *= base
+    return value
+
+
+@_compiled(inline=True)
+def _rolled(word: np.uint64, words: int, rolling: np.uint64, slot: int, ring: Array,
+            top: np.uint64) -> tuple[np.uint64, int]:
+    """Take the `words`-th word's hash: the polynomial sum(w_j * G^(k-1-j)) of the last k <= ngram
+    words (what a shingle hash adds to k * G^k) rolled on, and the ring slot of the oldest word.
+    `top` is G^(ngram-1), the oldest word's weight, taken out as it leaves."""
+    if words < ring.shape[0]:
+        ring[words] = word
+        return rolling * GOLDEN + word, slot
+    rolling = (rolling - ring[slot] * top) * GOLDEN + word
+    ring[slot] = word
+    return rolling, slot + 1 if slot + 1 < ring.shape[0] else 0
+
+
+ONES, HIGH, LOW7 = np.uint64(0x0101010101010101), np.uint64(0x8080808080808080), np.uint64(0x7F7F7F7F7F7F7F7F)
+DE_BRUIJN = np.uint64(0x03F79D71B4CB0A89)
+LOWEST_BIT = np.array(sorted(range(64), key=lambda bit: ((1 << bit) * int(DE_BRUIJN) % 2**64) >> 58), dtype=np.int64)
+"""The index of a uint64's only set bit, by de Bruijn multiplication (`_lowest`)."""
+
+
+@_compiled(inline=True)
+def _lowest(bits: np.uint64) -> int:
+    """The index of the lowest set bit of `bits` (not 0)."""
+    return int(LOWEST_BIT[((bits & (~bits + np.uint64(1))) * DE_BRUIJN) >> np.uint64(58)])
+
+
+@_compiled(inline=True)
+def _at_least(low7: np.uint64, bound: int) -> np.uint64:
+    """Bit 7 of each byte of `low7` (bytes below 0x80) set where the byte is at least `bound` (1-128)."""
+    return (low7 + np.uint64(0x80 - bound) * ONES) & HIGH
+
+
+@_compiled(inline=True)
+def _zero_bytes(value: np.uint64) -> np.uint64:
+    """Bit 7 of each byte of `value` set exactly where the byte is zero."""
+    return ~(((value & LOW7) + LOW7) | value) & HIGH
+
+
+@_compiled(inline=True)
+def _spaces(text: Array, chunk: np.uint64, at: int, end: int) -> tuple[np.uint64, int]:
+    """Bit 7 of each of the 8 bytes at `text[at]` (`chunk`) set where it belongs to whitespace (or
+    lies at or past `end`), and how many bytes past these 8 the last whitespace character runs."""
+    low7 = chunk & LOW7
+    spaces = ((_at_least(low7, 9) & ~_at_least(low7, 14)) | (_at_least(low7, 28) & ~_at_least(low7, 33))) & \
+        ~(chunk & HIGH)
+    past = end - at
+    if past < 8:
+        spaces |= HIGH & ~((np.uint64(1) << np.uint64(8 * past)) - np.uint64(1))
+    spill = 0
+    if chunk & HIGH:  # a lead byte of a wide whitespace character (prep.neardup.signatures.WIDE_WHITESPACE)?
+        leads = (_zero_bytes(chunk ^ (np.uint64(0xC2) * ONES)) | _zero_bytes(chunk ^ (np.uint64(0xE1) * ONES)) |
+                 _zero_bytes(chunk ^ (np.uint64(0xE2) * ONES)) | _zero_bytes(chunk ^ (np.uint64(0xE3) * ONES))) & ~spaces
+        while leads:
+            byte = _lowest(leads) >> 3
+            width = _separator(text, at + byte, end)
+            for index in range(byte, min(byte + width, 8)):
+                spaces |= np.uint64(0x80) << np.uint64(8 * index)
+            spill = max(spill, byte + width - 8)
+            leads &= leads - np.uint64(1)
+    return spaces, spill
+
+
+@_compiled()
+def _document(text: Array, lanes: Array, start: int, end: int, ring: Array, scratch: Array,
+              multipliers: Array, lows: Array) -> None:
+    """Fold the shingle hashes of the normalized document `text[start:end]` into `lows`: 8 bytes a
+    step, their whitespace found by word-wide arithmetic, each word's edges by its lowest set bit,
+    each shingle's hash rolled on from the one before (a polynomial in G)."""
+    ngram = ring.shape[0]
+    head, top = np.uint64(ngram) * _power(GOLDEN, ngram), _power(GOLDEN, ngram - 1)
+    rolling = np.uint64(0)
+    words = kept = spill = slot = 0
+    word_start = -1
+    for at in range(start, end + 8, 8):  # one step past the end closes the last word
+        spaces, next_spill = _spaces(text, lanes[at], at, end) if at < end else (HIGH, 0)
+        if spill:
+            spaces |= HIGH & ((np.uint64(1) << np.uint64(8 * spill)) - np.uint64(1))
+        spill = next_spill
+        position = 0
+        while position < 8:
+            below = (np.uint64(1) << np.uint64(8 * position)) - np.uint64(1)
+            ahead = (spaces if word_start >= 0 else ~spaces & HIGH) & ~below
+            if not ahead:
+                break
+            position = (_lowest(ahead) >> 3) + 1
+            if word_start < 0:
+                word_start = at + position - 1
+                continue
+            word = _word_hash(lanes, word_start, min(at + position - 1, end))
+            rolling, slot = _rolled(word, words, rolling, slot, ring, top)
+            words += 1
+            word_start = -1
+            if words >= ngram:
+                scratch[kept] = _mix64(head + rolling)
+                kept += 1
+                if kept == scratch.shape[0]:
+                    _fold(scratch, 0, kept, multipliers, lows)
+                    kept = 0
+        if at >= end:
+            break
+    if 0 < words < ngram:  # fewer words than a shingle: one shingle of them all
+        scratch[kept] = _mix64(np.uint64(words) * _power(GOLDEN, words) + rolling)
+        kept += 1
+    _fold(scratch, 0, kept, multipliers, lows)
+
+
+@_compiled()
+def text_minima(text: Array, lanes: Array, offsets: Array, ngram: int, multipliers: Array, out: Array) -> None:
+    """out[d, i] (uint32) = the MinHash signature of the normalized UTF-8 document
+    `text[offsets[d]:offsets[d + 1]]`: max(uint32) everywhere for a document with no word.
+    `lanes[i]` is the little-endian 8 bytes at offset i (the text padded with 8 zero bytes)."""
+    ring = np.zeros(ngram, dtype=np.uint64)
+    scratch = np.empty(SCRATCH, dtype=np.uint64)
+    lows = np.empty(multipliers.shape[0], dtype=np.uint64)
+    for document in range(offsets.shape[0] - 1):
+        lows[:] = ALL_ONES
+        _document(text, lanes, offsets[document], offsets[document + 1], ring, scratch, multipliers, lows)
+        for index in range(lows.shape[0]):
+            out[document, index] = np.uint32(lows[index] >> np.uint64(32))
