@@ -51,6 +51,8 @@ WIDE_WHITESPACE = {lead: tuple(code for char in WHITESPACE if (code := char.enco
 """The UTF-8 of the non-ASCII whitespace characters, by their first byte (0xC2, 0xE1, 0xE2, 0xE3)."""
 CAPITAL_SIGMA = "\u03a3".encode()
 """The one character `str.lower` maps by its context (final or not): a text holding it is lowered whole."""
+MEMO_BYTES = 16
+"""Runs of non-ASCII characters up to this long (with the character before) are normalized once a batch."""
 ASCII_WHITESPACE_BYTE = re.compile(rb"[\t-\r\x1c- ]")
 LANE_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [2**64 - 1], dtype=np.uint64)
 CHUNK_ELEMENTS = 1 << 17
@@ -164,27 +166,28 @@ def shingle_sets(blob: bytes, offsets: Array, ngram: int) -> list[Array]:
 
 def normalized(blob: bytes, offsets: Array) -> tuple[bytes, Array]:
     """The documents in NFC, lowercase, as UTF-8, with their new offsets (whitespace is left for
-    `words`, which treats every run of it as one separator)."""
+    `words`, which treats every run of it as one separator). The batch is lowered byte-wise at
+    once, which is all an ASCII document needs (its NFC is itself); only the documents holding a
+    non-ASCII byte are normalized further, found by one pass over the batch."""
     offsets = np.asarray(offsets, dtype=np.int64)
+    lowered = blob.lower()
     if blob.isascii():
-        return blob.lower(), offsets
-    pieces = list(_normalized_pieces(blob, offsets.tolist()))
-    new_offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)), out=new_offsets[1:])
-    return b"".join(pieces), new_offsets
-
-
-def _normalized_pieces(blob: bytes, bounds: list[int]) -> Iterator[bytes]:
-    """Each document normalized; an ASCII one lowered byte-wise (its NFC is itself)."""
-    view = memoryview(blob)
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        data = bytes(view[start:end])
-        if data.isascii():
-            yield data.lower()
-        elif CAPITAL_SIGMA in data:
-            yield _normalized_text(data)
+        return lowered, offsets
+    high = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) >= 0x80)
+    lengths = np.diff(offsets)
+    pieces, at, memo = [], 0, dict[bytes, bytes]()
+    for document in np.unique(np.searchsorted(offsets, high, "right") - 1).tolist():
+        start, end = int(offsets[document]), int(offsets[document + 1])
+        data = blob[start:end]
+        if CAPITAL_SIGMA in data:
+            text = _normalized_text(data)
         else:
-            yield b"".join(_normalized_runs(data))
+            inside = high[np.searchsorted(high, start):np.searchsorted(high, end)] - start
+            text = b"".join(_normalized_runs(data, lowered[start:end], inside, memo))
+        pieces += [lowered[at:start], text]
+        lengths[document], at = len(text), end
+    pieces.append(lowered[at:])
+    return b"".join(pieces), np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
 
 
 def _normalized_text(data: bytes) -> bytes:
@@ -192,20 +195,27 @@ def _normalized_text(data: bytes) -> bytes:
     return unicodedata.normalize("NFC", data.decode("utf-8")).lower().encode("utf-8")
 
 
-def _normalized_runs(data: bytes) -> Iterator[bytes]:
-    """`_normalized_text(data)` in pieces, for a text without a capital sigma: ASCII lowered
-    byte-wise, and each run of non-ASCII characters, with the character before it, normalized
-    alone. The same bytes: NFC never joins across the start of an ASCII character (each is a
-    starter that composes with nothing before it: a safe break), and `str.lower` maps each
-    character alone but for the capital sigma, whose form depends on the letters around it."""
-    high = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) >= 0x80)
+def _normalized_runs(data: bytes, lowered: bytes, high: Array, memo: dict[bytes, bytes]) -> Iterator[bytes]:
+    """`_normalized_text(data)` in pieces, for a text without a capital sigma whose non-ASCII
+    bytes are at `high` and which `lowered` is lowered byte-wise: ASCII as lowered, and each run
+    of non-ASCII characters, with the character before it, normalized alone. The same bytes:
+    NFC never joins across the start of an ASCII character (each is a starter that composes
+    with nothing before it: a safe break), and `str.lower` maps each character alone but for
+    the capital sigma, whose form depends on the letters around it. A batch's short runs repeat
+    (the same accented letter, dash or quote): `memo` holds each one's normalized form."""
     gaps = np.flatnonzero(np.diff(high) > 1)
     starts, ends = np.concatenate([high[:1], high[gaps + 1]]), np.concatenate([high[gaps] + 1, high[-1:] + 1])
-    lowered, at = data.lower(), 0
+    at = 0
     for start, end in zip(starts.tolist(), ends.tolist()):
         start = max(start - 1, 0)  # the ASCII character before: it may compose with what follows
         yield lowered[at:start]
-        yield _normalized_text(data[start:end])
+        run = data[start:end]
+        if len(run) > MEMO_BYTES:
+            yield _normalized_text(run)
+        elif (text := memo.get(run)) is not None:
+            yield text
+        else:
+            yield memo.setdefault(run, _normalized_text(run))
         at = end
     yield lowered[at:]
 
