@@ -1,7 +1,9 @@
 """Crash injection for tests: `PREP_CRASH_AT=point[:n[:self]]` kills with SIGKILL the n-th time
-(default 1st) this process reaches `point`: the whole process group, or with `:self` only this
-process (a Ray worker, say). With `PREP_CRASH_ONCE=marker` only the process that atomically creates
-`marker` dies, so a retried task does not die again. A no-op otherwise."""
+(default 1st) this process reaches `point` under that setting: the whole process group, or with
+`:self` only this process (a Ray worker, say). With `PREP_CRASH_ONCE=marker` only the process that
+atomically creates `marker` dies, so a retried task does not die again. A no-op otherwise. Hits
+are counted per setting (point, n, scope and marker): a long-lived worker (a Ray worker serving
+several builds) counts afresh for each new one, not on from what an earlier one left."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import os
 import signal
 from collections import Counter
 
-_hits: Counter[str] = Counter()
+_hits: Counter[tuple[str, str]] = Counter()
 
 
 def armed(point: str) -> bool:
@@ -26,8 +28,9 @@ def crash_point(point: str) -> None:
     if name != point:
         return
     nth, _, scope = rest.partition(":")
-    _hits[point] += 1
-    if _hits[point] != int(nth or 1) or not _claim_crash():
+    setting = (spec, os.environ.get("PREP_CRASH_ONCE", ""))
+    _hits[setting] += 1
+    if _hits[setting] != int(nth or 1) or not _claim_crash():
         return
     if scope == "self":
         os.kill(os.getpid(), signal.SIGKILL)
