@@ -4,9 +4,9 @@ extra), when numba is installed, and when a batch is worth loading them.
 numpy signs a batch in whole-array passes: the words, their hashes, the shingles and the MinHash
 products each an array of the batch's size, the minimum taken per document with
 `minimum.reduceat` (about 3-5 ns a product). The compiled loops take each document's normalized
-text to its signature in one pass (words found a byte at a time, hashed 8 bytes a load, shingles
-kept in a window of `ngram` word hashes and folded into the running minima 4,096 at a time, about
-0.3-0.7 ns a product, SIMD), or fold given shingle hashes alone (`minima`). Both compute the same
+text to its signature in one pass (whitespace found 8 bytes at a time, words hashed 8 bytes a
+load, each shingle's hash rolled on from the one before, folded into the running minima 4,096 at
+a time, about 0.25-0.5 ns a product, SIMD), or fold given shingle hashes alone (`minima`). Both compute the same
 integers (wrapping uint64 arithmetic, a minimum, a shift), so which one ran never shows in a
 signature or a snapshot id (tests/neardup/test_kernel.py).
 

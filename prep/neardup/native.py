@@ -32,6 +32,8 @@ if getattr(config, "CPU_FEATURES", None) is None:
 Array = np.ndarray[Any, Any]
 Function = TypeVar("Function", bound=Callable[..., Any])
 ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+# signatures.GOLDEN, MIX1, MIX2 again: importing prep.neardup.signatures here would close an import
+# cycle (signatures -> kernel -> native); tests/neardup/test_kernel.py catches any drift.
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 MIX1, MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 SHIFTS = np.uint64(30), np.uint64(27), np.uint64(31)
