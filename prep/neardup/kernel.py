@@ -3,12 +3,14 @@ extra), when numba is installed, and when a batch is worth loading them.
 
 numpy signs a batch in whole-array passes: the words, their hashes, the shingles and the MinHash
 products each an array of the batch's size, the minimum taken per document with
-`minimum.reduceat` (about 3-5 ns a product). The compiled loops take each document's normalized
-text to its signature in one pass (whitespace found 8 bytes at a time, words hashed 8 bytes a
-load, each shingle's hash rolled on from the one before, folded into the running minima 4,096 at
-a time, about 0.25-0.5 ns a product, SIMD), or fold given shingle hashes alone (`minima`). Both compute the same
-integers (wrapping uint64 arithmetic, a minimum, a shift), so which one ran never shows in a
-signature or a snapshot id (tests/neardup/test_kernel.py).
+`minimum.reduceat` (about 3-5 ns a product). The compiled loops lower the batch where no more
+normalization is needed (`lowered`, prep.neardup.normalization), then take each document's
+normalized text to its signature in one pass (whitespace found 64 bytes a step, words hashed 8
+bytes a load, each shingle's hash rolled on from the one before, folded into the running minima
+4,096 at a time, about 0.1-0.2 ns a product, SIMD), or fold given shingle hashes alone
+(`minima`). Both compute the same integers (wrapping uint64 arithmetic, a minimum, a shift), so
+which one ran never shows in a signature or a snapshot id (tests/neardup/test_kernel.py,
+tests/neardup/test_normalization.py).
 
 Loading them costs a process about 1 s (numba's import and its compiled code, cached on disk
 beside prep.neardup.native or in numba's cache folder): `signatures` uses them only for a batch of
@@ -43,6 +45,10 @@ class Kernels:
     text_minima: Callable[[Array, Array, Array, int, Array, Array], None]
     """text_minima(text, lanes, offsets, ngram, multipliers, out): out[d, i] (uint32) = document
     d's signature from its normalized UTF-8; `lanes[i]` the 8 bytes at offset i (8 zero bytes pad)."""
+    lowered: Callable[[Array, Array, Array, Array, Array, Array, Array, Array, int, int], tuple[int, int, int]]
+    """lowered(text, lanes, offsets, whole, table, out, out_lanes, segments, first, at): the batch
+    lowercased into `out` where a character needs no more, the stretches Python must normalize
+    listed (prep.neardup.normalization.compiled_normalized)."""
 
 
 @functools.cache
@@ -53,11 +59,15 @@ def compiled() -> Kernels | None:
         from prep.neardup import native
     except ImportError:
         return None
-    kernels = Kernels(native.minima, native.text_minima)
+    kernels = Kernels(native.minima, native.text_minima, native.lowered)
     ones = np.ones(1, dtype=np.uint64)
     kernels.minima(ones, np.array([0, 1], dtype=np.int64), ones, np.empty((1, 1), dtype=np.uint64))
-    text = np.frombuffer(b"a b" + bytes(8), dtype=np.uint8)
-    kernels.text_minima(text, lanes(text), np.array([0, 3], dtype=np.int64), 2, ones, np.empty((1, 1), dtype=np.uint32))
+    for data in (b"a b", b""):  # the argument types the callers pass (an empty text's lanes are contiguous)
+        text = np.frombuffer(data + bytes(8), dtype=np.uint8)
+        bounds, out = np.array([0, len(data)], dtype=np.int64), np.zeros(len(text), dtype=np.uint8)
+        kernels.lowered(text, lanes(text), bounds, np.zeros(1, dtype=np.bool_), np.zeros(1, dtype=np.uint32), out,
+                        lanes(out), np.empty((1, 2), dtype=np.int64), 0, 0)
+        kernels.text_minima(out, lanes(out), bounds, 2, ones, np.empty((1, 1), dtype=np.uint32))
     return kernels
 
 

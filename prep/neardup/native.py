@@ -7,9 +7,13 @@ defines (its module docstring), so which one ran never shows in a signature:
 * `minima`: the MinHash minimum of given shingle hashes (four shingles a pass over the
   multipliers, so each running minimum is loaded and stored once per four products);
 * `text_minima`: a document's signature straight from its normalized UTF-8 in one pass: words
-  (whitespace found 8 bytes at a time), their hashes (8 bytes a load), shingle hashes (rolled
-  on a word at a time) and the minimum, with no array the size of the text: a document of any
-  size streams through a ring of `ngram` word hashes and `SCRATCH` shingle hashes.
+  (whitespace found 64 bytes a step, a bit a byte, by word-wide arithmetic; the words' edges
+  taken from those bits lowest first), their hashes (8 bytes a load), shingle hashes (rolled on a
+  word at a time) and the minimum, with no array the size of the text: a document of any size
+  streams through a ring of `ngram` word hashes and `SCRATCH` shingle hashes;
+* `lowered`: normalization where it needs no Unicode data but a case table: ASCII lowered 8
+  bytes a step, every character the table (prep.neardup.normalization.case_table) calls safe
+  replaced by its lowercase, every other stretch listed for Python.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import llvmlite.binding
 import numba
 import numpy as np
 from numba.core import config
+from numba.cpython.unsafe.numbers import trailing_zeros as _trailing_zeros
 
 # Hazard: numba's setting is the whole process's, and counts only before its first compile (numba's
 # own NUMBA_CPU_FEATURES, when set, wins). LLVM tunes CPUs with AVX-512 to prefer 256-bit vectors;
@@ -149,15 +154,14 @@ def _rolled(word: np.uint64, words: int, rolling: np.uint64, slot: int, ring: Ar
 
 
 ONES, HIGH, LOW7 = np.uint64(0x0101010101010101), np.uint64(0x8080808080808080), np.uint64(0x7F7F7F7F7F7F7F7F)
-DE_BRUIJN = np.uint64(0x03F79D71B4CB0A89)
-LOWEST_BIT = np.array(sorted(range(64), key=lambda bit: ((1 << bit) * int(DE_BRUIJN) % 2**64) >> 58), dtype=np.int64)
-"""The index of a uint64's only set bit, by de Bruijn multiplication (`_lowest`)."""
-
-
+TRAILING_ZEROS = cast("Callable[[np.uint64], int]", _trailing_zeros)
+"""numba's intrinsic for LLVM's cttz (one instruction); typed here as what it computes."""
+GATHER = np.uint64(0x0102040810204080)
+"""Multiplying byte bits 0, 8, ..., 56 by this puts them at bits 56-63, in order, with no carries."""
 @_compiled(inline=True)
 def _lowest(bits: np.uint64) -> int:
-    """The index of the lowest set bit of `bits` (not 0)."""
-    return int(LOWEST_BIT[((bits & (~bits + np.uint64(1))) * DE_BRUIJN) >> np.uint64(58)])
+    """The index of the lowest set bit of `bits` (not 0): one instruction (LLVM's cttz)."""
+    return int(TRAILING_ZEROS(bits))
 
 
 @_compiled(inline=True)
@@ -196,33 +200,50 @@ def _spaces(text: Array, chunk: np.uint64, at: int, end: int) -> tuple[np.uint64
     return spaces, spill
 
 
+@_compiled(inline=True)
+def _packed(high: np.uint64) -> np.uint64:
+    """Bit 7 of each byte of `high` (its other bits clear) gathered into the low 8 bits, byte i's at bit i."""
+    return ((high >> np.uint64(7)) * GATHER) >> np.uint64(56)
+
+
+@_compiled(inline=True)
+def _space_mask(text: Array, lanes: Array, at: int, end: int, spill: int) -> tuple[np.uint64, int]:
+    """Bit i set where `text[at + i]` (i < 64) belongs to whitespace or lies at or past `end`, and
+    how many bytes past these 64 the last whitespace character runs; `spill` is that count for the
+    64 bytes before."""
+    mask = np.uint64(0)
+    for lane in range(8):
+        offset = at + 8 * lane
+        spaces, next_spill = _spaces(text, lanes[offset], offset, end) if offset < end else (HIGH, 0)
+        if spill:
+            spaces |= HIGH & ((np.uint64(1) << np.uint64(8 * spill)) - np.uint64(1))
+        spill = next_spill
+        mask |= _packed(spaces) << np.uint64(8 * lane)
+    return mask, spill
+
+
 @_compiled()
 def _document(text: Array, lanes: Array, start: int, end: int, ring: Array, scratch: Array,
               multipliers: Array, lows: Array) -> None:
-    """Fold the shingle hashes of the normalized document `text[start:end]` into `lows`: 8 bytes a
-    step, their whitespace found by word-wide arithmetic, each word's edges by its lowest set bit,
-    each shingle's hash rolled on from the one before (a polynomial in G)."""
+    """Fold the shingle hashes of the normalized document `text[start:end]` into `lows`: 64 bytes a
+    step, a bit a byte set for whitespace (word-wide arithmetic), the words' edges taken from it
+    lowest bit first, each shingle's hash rolled on from the one before (a polynomial in G)."""
     ngram = ring.shape[0]
     head, top = np.uint64(ngram) * _power(GOLDEN, ngram), _power(GOLDEN, ngram - 1)
     rolling = np.uint64(0)
     words = kept = spill = slot = 0
     word_start = -1
-    for at in range(start, end + 8, 8):  # one step past the end closes the last word
-        spaces, next_spill = _spaces(text, lanes[at], at, end) if at < end else (HIGH, 0)
-        if spill:
-            spaces |= HIGH & ((np.uint64(1) << np.uint64(8 * spill)) - np.uint64(1))
-        spill = next_spill
-        position = 0
-        while position < 8:
-            below = (np.uint64(1) << np.uint64(8 * position)) - np.uint64(1)
-            ahead = (spaces if word_start >= 0 else ~spaces & HIGH) & ~below
-            if not ahead:
-                break
-            position = (_lowest(ahead) >> 3) + 1
+    for at in range(start, end + 1, 64):  # one byte past the end closes the last word
+        spaces, spill = _space_mask(text, lanes, at, end, spill)
+        before = np.uint64(0) if word_start >= 0 else np.uint64(1)  # the byte before `at`: a space?
+        edges = spaces ^ ((spaces << np.uint64(1)) | before)  # where a word starts or ends
+        while edges:
+            edge = at + _lowest(edges)
+            edges &= edges - np.uint64(1)
             if word_start < 0:
-                word_start = at + position - 1
+                word_start = edge
                 continue
-            word = _word_hash(lanes, word_start, min(at + position - 1, end))
+            word = _word_hash(lanes, word_start, edge)
             rolling, slot = _rolled(word, words, rolling, slot, ring, top)
             words += 1
             word_start = -1
@@ -232,12 +253,99 @@ def _document(text: Array, lanes: Array, start: int, end: int, ring: Array, scra
                 if kept == scratch.shape[0]:
                     _fold(scratch, 0, kept, multipliers, lows)
                     kept = 0
-        if at >= end:
-            break
     if 0 < words < ngram:  # fewer words than a shingle: one shingle of them all
         scratch[kept] = _mix64(np.uint64(words) * _power(GOLDEN, words) + rolling)
         kept += 1
     _fold(scratch, 0, kept, multipliers, lows)
+
+
+UNSAFE, SIGMA = 0xFFFFFFFF, 0xFFFFFFFE
+"""Case table entries (`lowered`): a character Python normalizes, with the character before it; the
+capital sigma (its document is normalized whole)."""
+
+
+@_compiled(inline=True)
+def _lowered_ascii(value: np.uint64) -> np.uint64:
+    """8 ASCII bytes with A-Z lowered (bit 5 set where a byte is 0x41-0x5A)."""
+    return value | ((_at_least(value, 0x41) & ~_at_least(value, 0x5B)) >> np.uint64(2))
+
+
+@_compiled(inline=True)
+def _character(text: Array, at: int, table: Array) -> tuple[int, int]:
+    """The lowercase code point the case table gives the non-ASCII UTF-8 character at `text[at]`
+    (UNSAFE beyond the Basic Multilingual Plane) and the character's byte length."""
+    lead = int(text[at])
+    if lead < 0xE0:
+        return int(table[((lead & 0x1F) << 6) | (int(text[at + 1]) & 0x3F)]), 2
+    if lead < 0xF0:
+        return int(table[((lead & 0x0F) << 12) | ((int(text[at + 1]) & 0x3F) << 6) | (int(text[at + 2]) & 0x3F)]), 3
+    return UNSAFE, 4
+
+
+@_compiled(inline=True)
+def _put(out: Array, at: int, code: int, width: int) -> None:
+    """Write code point `code` at `out[at]` as UTF-8 of `width` (2 or 3) bytes."""
+    if width == 2:
+        out[at], out[at + 1] = 0xC0 | (code >> 6), 0x80 | (code & 0x3F)
+    else:
+        out[at], out[at + 1], out[at + 2] = 0xE0 | (code >> 12), 0x80 | ((code >> 6) & 0x3F), 0x80 | (code & 0x3F)
+
+
+@_compiled()
+def lowered(text: Array, lanes: Array, offsets: Array, whole: Array, table: Array, out: Array, out_lanes: Array,
+            segments: Array, first: int, at: int) -> tuple[int, int, int]:
+    """Copy the UTF-8 documents `text[offsets[d]:offsets[d + 1]]` from document `first`, byte
+    `at`, to `out` (and `out_lanes`, its 8-byte view), lowercased where that is all NFC + lower
+    does: ASCII (8 bytes a step), and each character whose `table` entry is a code point (its
+    lowercase, of the same byte length). Every stretch Python must normalize goes to `segments`
+    as [start, end): a run of other characters with the character before it (within its
+    document); `whole[d]` is set for a document holding a capital sigma. Stops when `segments` is
+    full; returns (document, byte, count of segments) to go on from (document == len(offsets) - 1
+    when done)."""
+    count = 0
+    for document in range(first, offsets.shape[0] - 1):
+        start, end = offsets[document], offsets[document + 1]
+        at = max(at, start)
+        opened = -1  # the start of the stretch being collected for Python
+        previous = at  # the start of the character before `at`
+        while at < end:
+            if at + 8 <= end and not lanes[at] & HIGH:
+                if opened >= 0:
+                    segments[count, 0], segments[count, 1] = opened, at
+                    count += 1
+                    opened = -1
+                out_lanes[at] = _lowered_ascii(lanes[at])
+                previous, at = at + 7, at + 8
+                continue
+            byte = text[at]
+            if byte < 0x80:
+                if opened >= 0:
+                    segments[count, 0], segments[count, 1] = opened, at
+                    count += 1
+                    opened = -1
+                out[at] = byte | 0x20 if 0x41 <= byte <= 0x5A else byte
+                previous, at = at, at + 1
+                continue
+            code, width = _character(text, at, table)
+            if code >= SIGMA:
+                whole[document] |= code == SIGMA
+                if opened < 0:
+                    if count == segments.shape[0]:
+                        return document, previous, count
+                    opened = previous
+                out[at:at + width] = text[at:at + width]
+            else:
+                if opened >= 0:
+                    segments[count, 0], segments[count, 1] = opened, at
+                    count += 1
+                    opened = -1
+                _put(out, at, code, width)
+            previous, at = at, at + width
+        if opened >= 0:
+            segments[count, 0], segments[count, 1] = opened, end
+            count += 1
+        at = 0
+    return offsets.shape[0] - 1, 0, count
 
 
 @_compiled()

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import re
-import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from prep.neardup import kernel
+from prep.neardup.normalization import compiled_normalized, normalized
 
 Array = np.ndarray[Any, Any]
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -49,10 +49,6 @@ WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, 
 WIDE_WHITESPACE = {lead: tuple(code for char in WHITESPACE if (code := char.encode("utf-8"))[0] == lead)
                    for lead in sorted({char.encode("utf-8")[0] for char in WHITESPACE if not char.isascii()})}
 """The UTF-8 of the non-ASCII whitespace characters, by their first byte (0xC2, 0xE1, 0xE2, 0xE3)."""
-CAPITAL_SIGMA = "\u03a3".encode()
-"""The one character `str.lower` maps by its context (final or not): a text holding it is lowered whole."""
-MEMO_BYTES = 16
-"""Runs of non-ASCII characters up to this long (with the character before) are normalized once a batch."""
 ASCII_WHITESPACE_BYTE = re.compile(rb"[\t-\r\x1c- ]")
 LANE_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [2**64 - 1], dtype=np.uint64)
 CHUNK_ELEMENTS = 1 << 17
@@ -89,8 +85,7 @@ def signatures(blob: bytes, offsets: Array, ngram: int, permutations: int, seed:
         base, end = int(offsets[first]), int(offsets[last])
         text = blob if base == 0 and end == len(blob) else bytes(view[base:end])
         if kernels is not None:  # any size of document: the compiled pass holds no array of its size
-            text, text_offsets = normalized(text, offsets[first:last + 1] - base)
-            padded = np.frombuffer(text + bytes(8), dtype=np.uint8)
+            padded, text_offsets = compiled_normalized(kernels, text, offsets[first:last + 1] - base)
             kernels.text_minima(padded, kernel.lanes(padded), text_offsets, ngram, family.multipliers,
                                 result[first:last])
         elif end - base > SLICE_BYTES:  # one document
@@ -162,62 +157,6 @@ def shingle_sets(blob: bytes, offsets: Array, ngram: int) -> list[Array]:
     """Each document's distinct shingle hashes, sorted (what `lsh.jaccard` compares)."""
     hashes, bounds = shingle_hashes(blob, offsets, ngram)
     return [np.unique(hashes[start:end]) for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-
-
-def normalized(blob: bytes, offsets: Array) -> tuple[bytes, Array]:
-    """The documents in NFC, lowercase, as UTF-8, with their new offsets (whitespace is left for
-    `words`, which treats every run of it as one separator). The batch is lowered byte-wise at
-    once, which is all an ASCII document needs (its NFC is itself); only the documents holding a
-    non-ASCII byte are normalized further, found by one pass over the batch."""
-    offsets = np.asarray(offsets, dtype=np.int64)
-    lowered = blob.lower()
-    if blob.isascii():
-        return lowered, offsets
-    high = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) >= 0x80)
-    lengths = np.diff(offsets)
-    pieces, at, memo = [], 0, dict[bytes, bytes]()
-    for document in np.unique(np.searchsorted(offsets, high, "right") - 1).tolist():
-        start, end = int(offsets[document]), int(offsets[document + 1])
-        data = blob[start:end]
-        if CAPITAL_SIGMA in data:
-            text = _normalized_text(data)
-        else:
-            inside = high[np.searchsorted(high, start):np.searchsorted(high, end)] - start
-            text = b"".join(_normalized_runs(data, lowered[start:end], inside, memo))
-        pieces += [lowered[at:start], text]
-        lengths[document], at = len(text), end
-    pieces.append(lowered[at:])
-    return b"".join(pieces), np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
-
-
-def _normalized_text(data: bytes) -> bytes:
-    """NFC, then lowercase, of UTF-8 `data` (the definition)."""
-    return unicodedata.normalize("NFC", data.decode("utf-8")).lower().encode("utf-8")
-
-
-def _normalized_runs(data: bytes, lowered: bytes, high: Array, memo: dict[bytes, bytes]) -> Iterator[bytes]:
-    """`_normalized_text(data)` in pieces, for a text without a capital sigma whose non-ASCII
-    bytes are at `high` and which `lowered` is lowered byte-wise: ASCII as lowered, and each run
-    of non-ASCII characters, with the character before it, normalized alone. The same bytes:
-    NFC never joins across the start of an ASCII character (each is a starter that composes
-    with nothing before it: a safe break), and `str.lower` maps each character alone but for
-    the capital sigma, whose form depends on the letters around it. A batch's short runs repeat
-    (the same accented letter, dash or quote): `memo` holds each one's normalized form."""
-    gaps = np.flatnonzero(np.diff(high) > 1)
-    starts, ends = np.concatenate([high[:1], high[gaps + 1]]), np.concatenate([high[gaps] + 1, high[-1:] + 1])
-    at = 0
-    for start, end in zip(starts.tolist(), ends.tolist()):
-        start = max(start - 1, 0)  # the ASCII character before: it may compose with what follows
-        yield lowered[at:start]
-        run = data[start:end]
-        if len(run) > MEMO_BYTES:
-            yield _normalized_text(run)
-        elif (text := memo.get(run)) is not None:
-            yield text
-        else:
-            yield memo.setdefault(run, _normalized_text(run))
-        at = end
-    yield lowered[at:]
 
 
 def words(text: bytes, offsets: Array) -> tuple[Array, Array, Array]:

@@ -14,13 +14,16 @@ virtualenv of their own (--venv, made on demand with `python -m venv`, `pip inst
 datasketch rensa` and prep itself with --no-deps, never in prep's environment): when they cannot
 be imported here the script runs itself again with that virtualenv's Python.
 
-The sides, each over every batch, their CPU seconds (one process, single-threaded; rensa's
-`RENSA_THREADS` is set to 1) per round, medians of --rounds rounds in which the sides alternate
+The sides, each over every batch, their CPU seconds (one process, single-threaded: rensa's thread
+pool is rayon's, `RAYON_NUM_THREADS` set to 1; earlier runs set `RENSA_THREADS`, which rensa does
+not read, so its two threads' CPU was summed) per round, medians of --rounds rounds in which the sides alternate
 (reversed every other round):
 
 * prep: `prep.neardup.signatures.signatures` on each batch's buffer: normalization, words, word
-  and shingle hashes and MinHash, all of it (normalization in Python, the rest in one compiled
-  pass: prep.neardup.kernel, numba from the `fast` extra, loaded before the rounds).
+  and shingle hashes and MinHash, all of it (normalization compiled but for the stretches it
+  leaves to Python, the rest in one compiled pass a document: prep.neardup.kernel, numba from the
+  `fast` extra; the kernels loaded and the case table built before the rounds, each once a
+  process, their times printed).
 * prep core: `signatures.minhash` alone, on prep's shingle hashes made before the timed pass: the
   compiled MinHash loop.
 * prep, numpy text path: words, word and shingle hashes by numpy's whole-array passes, then the
@@ -31,8 +34,13 @@ The sides, each over every batch, their CPU seconds (one process, single-threade
   lowercased, split, and its `ngram`-word shingles joined as strings (prep's definitions).
 * rensa: `RMinHash.digest_matrix_from_token_sets` over those shingle strings, per batch (rensa
   hashes the strings itself, in Rust).
-* rensa core: `RMinHash.digest_matrix_from_flat_token_hashes` on prep's shingle hashes: 64-bit
-  multiply-add-shift permutations (prep's are multiply-shift: one operation fewer), in Rust (SIMD).
+* rensa core: `RMinHash.digest_matrix_from_flat_token_hashes` on prep's shingle hashes, in Rust
+  (SIMD). Up to rensa 0.4 that is the same algorithm as prep's, a minimum per permutation over
+  every shingle (64-bit multiply-add-shift permutations; prep's are multiply-shift); from 0.5 it is
+  another sketch (bucket rounds after Dahlgaard, Knudsen and Thorup's Fast Similarity Sketching,
+  a permutation computed over every shingle only for the coordinates the rounds leave empty), whose
+  cost per document grows with shingles + permutations rather than their product. The rensa
+  version is printed; --venv with rensa 0.4 measures the same algorithm.
 * datasketch: `MinHash.bulk` over the shingles as UTF-8 bytes (SHA-1 per shingle, numpy per
   document), on a seeded sample of whole documents of --datasketch-mb MB (it is slow).
 
@@ -45,6 +53,7 @@ Before timing, the distinct shingle count of every document is checked to be the
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import random
@@ -61,6 +70,7 @@ from typing import Any
 import numpy as np
 
 from prep.neardup import kernel
+from prep.neardup.normalization import case_table
 from prep.neardup.signatures import hash_family, minhash, numpy_minhash, shingle_hashes, signatures
 from tests.bench.benchsupport import REPO, corpus
 
@@ -94,11 +104,14 @@ def main() -> None:
     if not _peers_importable():
         _rerun_in(args.venv)
         return
-    os.environ["RENSA_THREADS"] = "1"
+    os.environ["RAYON_NUM_THREADS"] = "1"  # rensa's thread pool (rayon): one thread, as prep's side runs
     start = time.perf_counter()
     if kernel.compiled() is None:
         raise SystemExit("numba (prep's `fast` extra) is not importable: prep would sign with numpy alone")
     print(f"prep's compiled MinHash kernel ready in {time.perf_counter() - start:.2f} s (not timed below)", file=sys.stderr)
+    start = time.perf_counter()
+    case_table()
+    print(f"prep's case table built in {time.perf_counter() - start:.2f} s (not timed below)", file=sys.stderr)
     texts = draw(read_texts(args.corpus or corpus(args.workdir, 100)), int(args.mb * 1e6))
     batches = make_batches(texts, args.ngram)
     check_same_shingles(batches)
@@ -246,6 +259,7 @@ def report(times: dict[tuple[str, str], list[float]], batches: list[Batch], samp
     sizes = {part: (sum(len(b.blob) for b in group), sum(len(b.offsets) - 1 for b in group),
                     sum(len(b.hashes) for b in group)) for part, group in (("all", batches), ("sample", sample))}
     median = {key: statistics.median(values) for key, values in times.items()}
+    print(f"rensa {importlib.metadata.version('rensa')}, datasketch {importlib.metadata.version('datasketch')}")
     print(f"{sizes['all'][0] / 1e6:.1f} MB, {sizes['all'][1]:,} documents, {sizes['all'][2]:,} shingles "
           f"(datasketch's sample: {sizes['sample'][0] / 1e6:.1f} MB, {sizes['sample'][1]:,} documents); "
           f"{args.permutations} permutations, {args.ngram}-word shingles, medians of {args.rounds} rounds")

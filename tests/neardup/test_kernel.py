@@ -89,6 +89,15 @@ def test_every_character_up_to_u3100_separates_words_in_the_compiled_pass_exactl
         sorted(ord(char) for char in WHITESPACE if ord(char) < 0x3100)
 
 
+def test_words_and_wide_whitespace_across_the_compiled_pass_s_64_byte_steps_sign_as_numpy_does() -> None:
+    """A word, then a wide whitespace character or an ASCII space, at every offset across the first
+    two 64-byte steps, and the word after it ending there too."""
+    texts = [("x" * offset + space + "y" * tail + " z").encode() for offset in range(0, 140)
+             for space in (" ", "\u3000", "\u2029", "\xa0") for tail in (0, 1, 63, 64, 65)]
+    by_numpy, by_kernel = by_both(texts, ngram=2, permutations=8)
+    assert np.array_equal(by_numpy, by_kernel)
+
+
 def test_a_document_of_more_shingles_than_the_scratch_holds_signs_as_numpy_does() -> None:
     rng = random.Random(3)
     words = document(rng, 3 * 4096 + 7)
@@ -108,7 +117,7 @@ def test_a_small_batch_stays_on_numpy_until_the_kernel_is_loaded(monkeypatch: py
 
     hashes, bounds = shingle_hashes(*batch(_texts(20)), 5)
     family = hash_family(0, 16)
-    monkeypatch.setattr(kernel, "compiled", lambda: kernel.Kernels(counting, real.text_minima))
+    monkeypatch.setattr(kernel, "compiled", lambda: kernel.Kernels(counting, real.text_minima, real.lowered))
     monkeypatch.setattr(kernel, "loaded", lambda: False)
     small = minhash(hashes, bounds, family)
     assert calls == []
@@ -121,11 +130,16 @@ def test_a_small_batch_stays_on_numpy_until_the_kernel_is_loaded(monkeypatch: py
     assert calls == [len(hashes)] * 2
 
 
-def test_the_compiled_pass_holds_no_array_the_size_of_a_document_but_its_text() -> None:
-    """A document of 6 MB signed in one piece: its normalized copy and that copy padded (2x its
-    size); numpy's passes take about 7x (their word and shingle arrays, in pieces of SLICE_BYTES)."""
+@pytest.mark.parametrize("accents", [0, 1000], ids=["ascii", "an accent every 1000 words"])
+def test_the_compiled_pass_holds_no_array_the_size_of_a_document_but_its_text(accents: int) -> None:
+    """A document of 6 MB signed in one piece: its copy and its normalized copy, padded (2x its
+    size; with stretches Python normalizes, the copy goes before the normalized one is spliced);
+    numpy's passes take about 7x (their word and shingle arrays, in pieces of SLICE_BYTES)."""
     rng = random.Random(1)
-    blob, offsets = packed([" ".join(document(rng, 1_000_000)).encode()])
+    words = document(rng, 1_000_000)
+    for index in range(0, len(words), accents or len(words) + 1):
+        words[index] = "e\u0301" + words[index]
+    blob, offsets = packed([" ".join(words).encode()])
     with patch.object(kernel, "chosen", lambda products: kernel.compiled()):
         signatures(blob[:100], np.array([0, 100]), 5, 128, 0)  # loaded before measuring
         tracemalloc.start()
