@@ -100,8 +100,10 @@ def prepare_worker(warm: WarmUp | None) -> None:
         warm_engine(warm.tokenizer_path, warm.tokenizer_sha256, warm.eos, warm.encode_special_tokens, warm.backend)
     if warm is not None and warm.minhash:
         from prep.neardup.kernel import compiled
+        from prep.neardup.normalization import case_table
 
-        compiled()
+        if compiled() is not None:
+            case_table()  # what the compiled normalization reads once a batch holds a non-ASCII byte
 
 
 @dataclass(frozen=True)

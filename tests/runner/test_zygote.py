@@ -84,11 +84,12 @@ def pool(tokenizer_path: Path) -> Iterator[LocalExecutor]:
         yield executor
 
 
-def _kernel_at_start(item: int) -> tuple[int, bool]:
-    """(parent pid, whether this worker holds the compiled MinHash kernel before the task does anything)."""
-    from prep.neardup import kernel
+def _kernel_at_start(item: int) -> tuple[int, bool, bool]:
+    """(parent pid, whether this worker holds the compiled MinHash kernel, and the case table of the
+    compiled normalization, before the task does anything)."""
+    from prep.neardup import kernel, normalization
 
-    return os.getppid(), kernel.loaded()
+    return os.getppid(), kernel.loaded(), normalization.case_table.cache_info().currsize > 0
 
 
 _KERNEL_DRIVER = """
@@ -103,7 +104,8 @@ for minhash in (True, False):
     executor = LocalExecutor(2, prepare_worker, fork=True)  # as the CLI makes it
     executor.warm(dataclasses.replace(_warm_up(Path(sys.argv[1])), minhash=minhash))
     zygote_pid = executor._zygote.process.pid
-    seen.append([[parent == zygote_pid, loaded] for _, (parent, loaded) in executor.run(_kernel_at_start, list(range(4)))])
+    seen.append([[parent == zygote_pid, loaded, table] for _, (parent, loaded, table) in
+                 executor.run(_kernel_at_start, list(range(4)))])
     executor.close()
 print(json.dumps({"driver": kernel.loaded(), "pools": seen}))
 """
@@ -112,13 +114,14 @@ print(json.dumps({"driver": kernel.loaded(), "pools": seen}))
 @pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba is not installed (the `fast` extra)")
 def test_a_near_dup_warm_up_has_the_zygote_load_the_minhash_kernel_once_for_every_fork(tokenizer_path: Path) -> None:
     """In a driver of its own (one that never loaded the kernel, as prep's does not): the workers a
-    zygote warmed for near-dup forks hold it at their first task, those of another zygote do not."""
+    zygote warmed for near-dup forks hold it (and the case table) at their first task, those of
+    another zygote do not."""
     from tests.helpers import prep_env
 
     done = subprocess.run([sys.executable, "-c", _KERNEL_DRIVER, str(tokenizer_path)], capture_output=True,
                           text=True, env=prep_env(), timeout=300, check=False)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"driver": False, "pools": [[[True, True]] * 4, [[True, False]] * 4]}
+    assert json.loads(done.stdout) == {"driver": False, "pools": [[[True, True, True]] * 4, [[True, False, False]] * 4]}
 
 
 def test_a_run_too_short_for_any_worker_to_age_much_starts_no_zygote(tokenizer_path: Path) -> None:
