@@ -158,6 +158,8 @@ TRAILING_ZEROS = cast("Callable[[np.uint64], int]", _trailing_zeros)
 """numba's intrinsic for LLVM's cttz (one instruction); typed here as what it computes."""
 GATHER = np.uint64(0x0102040810204080)
 """Multiplying byte bits 0, 8, ..., 56 by this puts them at bits 56-63, in order, with no carries."""
+
+
 @_compiled(inline=True)
 def _lowest(bits: np.uint64) -> int:
     """The index of the lowest set bit of `bits` (not 0): one instruction (LLVM's cttz)."""
@@ -261,7 +263,8 @@ def _document(text: Array, lanes: Array, start: int, end: int, ring: Array, scra
 
 UNSAFE, SIGMA = 0xFFFFFFFF, 0xFFFFFFFE
 """Case table entries (`lowered`): a character Python normalizes, with the character before it; the
-capital sigma (its document is normalized whole)."""
+capital sigma (its document is normalized whole). normalization.UNSAFE and SIGMA again: importing
+it here would close an import cycle (tests/neardup/test_normalization.py checks they agree)."""
 
 
 @_compiled(inline=True)

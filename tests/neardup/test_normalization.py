@@ -19,6 +19,7 @@ COMPOSING = ["e", "E", "\u0301", "\u0327", "\u0308", "\u1100", "\u1161", "\u11a8
              "Σ", "σ", "ς", "A", " ", "x", "\u0345", "\u1e9e", "ß", "ǅ", "\ufb01", "日", "\U0001d400", "\u0b47",
              "\u0b3e", "\uac00", "\u0f73", "É", "Ⱥ", "y" * 9]
 """Characters that compose, decompose, or lower in more than one way, or to another length, beside ASCII ones."""
+NEEDS_KERNELS = pytest.mark.skipif(kernel.compiled() is None, reason="numba is not installed (the `fast` extra)")
 TEXTS = st.lists(st.lists(st.sampled_from(COMPOSING), max_size=24).map("".join) | st.text(max_size=30), max_size=6)
 
 
@@ -44,12 +45,14 @@ def test_normalizing_a_run_of_non_ascii_characters_alone_is_normalizing_the_whol
     assert documents(*normalization.normalized(*batch(texts))) == definition(texts)
 
 
+@NEEDS_KERNELS
 @settings(deadline=None)  # the first example may load the kernels and build the case table
 @given(TEXTS)
 def test_the_compiled_pass_normalizes_as_the_definition_does(texts: list[str]) -> None:
     assert compiled(texts) == definition(texts)
 
 
+@NEEDS_KERNELS
 @settings(deadline=None)
 @given(TEXTS)
 def test_the_compiled_pass_goes_on_where_it_stopped_when_python_has_more_stretches_than_it_holds(
@@ -59,6 +62,7 @@ def test_the_compiled_pass_goes_on_where_it_stopped_when_python_has_more_stretch
         assert compiled(texts) == definition(texts)
 
 
+@NEEDS_KERNELS
 def test_every_character_of_the_basic_plane_normalizes_as_the_definition_in_every_place() -> None:
     """Each character alone, after an ASCII letter, before a combining acute, between two of itself
     and after a capital letter it may compose with: what the case table calls safe is safe. (Past
@@ -68,6 +72,7 @@ def test_every_character_of_the_basic_plane_normalizes_as_the_definition_in_ever
     assert compiled(texts) == definition(texts)
 
 
+@NEEDS_KERNELS
 def test_every_canonical_pair_composes_in_the_compiled_pass_as_nfc_composes_it() -> None:
     """Each two-character canonical decomposition written out (its first then its second), and the
     Hangul jamo that compose by rule: NFC joins them, so the pass must leave each pair to Python."""
@@ -79,6 +84,7 @@ def test_every_canonical_pair_composes_in_the_compiled_pass_as_nfc_composes_it()
     assert sum(len(text) for text in definition(texts)) < sum(len(text.encode()) for text in texts)  # they composed
 
 
+@NEEDS_KERNELS
 def test_a_capital_sigma_takes_its_document_to_python_whole_and_no_other() -> None:
     texts = ["ΟΔΟΣ ΟΔΟΣ.", "ΑΣ e\u0301", "plain e\u0301 É", "Σ"]
     assert compiled(texts) == definition(texts) == [b"\xce\xbf\xce\xb4\xce\xbf\xcf\x82 \xce\xbf\xce\xb4\xce\xbf\xcf\x82.",
@@ -90,3 +96,7 @@ def test_the_case_table_marks_unsafe_every_character_that_composes_with_one_befo
     for char in ["\u0301", "\u1161", "\u11a8", "\u0b3e", "\u212b", "\u0345", "İ"]:  # a second, jamo, singleton, 2 chars
         assert table[ord(char)] == normalization.UNSAFE, hex(ord(char))
     assert table[ord("É")] == ord("é") and table[ord("日")] == ord("日") and table[ord("Σ")] == normalization.SIGMA
+    if kernel.compiled() is not None:
+        from prep.neardup import native
+
+        assert (native.UNSAFE, native.SIGMA) == (normalization.UNSAFE, normalization.SIGMA)
