@@ -60,7 +60,7 @@ def status(pipeline: Path, store_url: str | None, as_json: bool) -> None:
     if pipeline_store and "://" not in pipeline_store:
         pipeline_store = str(config.base_dir / pipeline_store)  # relative to the pipeline file, as build reads it
     store = open_store(resolve_store_url(store_url, pipeline_store))  # a store not built yet reads as empty
-    report = build_status(config, store)
+    report = build_status(config, store, lambda line: click.echo(line, err=True))
     if as_json:
         click.echo(json.dumps(report.to_json(), ensure_ascii=False))
     else:

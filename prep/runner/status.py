@@ -13,7 +13,7 @@ theirs). Nothing is written to the store.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,8 +145,9 @@ def _stage(store: Store, name: str, settings: Any, code: dict[str, Any], inputs:
     return StageStatus(name, REUSED, key, "stage record committed"), record
 
 
-def build_status(pipeline: Pipeline, store: Store) -> BuildStatus:
-    """What `prep build` of `pipeline` into `store` would run and reuse (reads only)."""
+def build_status(pipeline: Pipeline, store: Store, warn: Callable[[str], None]) -> BuildStatus:
+    """What `prep build` of `pipeline` into `store` would run and reuse (reads only); each unusable
+    task pack met on the way is `warn`ed about, as a build warns (its records are read singly)."""
     code = code_identity()
     tokenizer_path = pipeline.tokenizer_path()
     info = describe_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)
@@ -158,7 +159,7 @@ def build_status(pipeline: Pipeline, store: Store) -> BuildStatus:
                for task in plan_read_tasks(source, pipeline.input.text_field, pipeline.input.id_field,
                                            pipeline.input.max_document_bytes, pipeline.input.metadata_fields)]
     committed_parts = packs.find_committed(store, "tokenize", [key for _, _, key in planned], LOOKUP_JOBS,
-                                           PACK_RECORDS, lambda _: None, repack=False)
+                                           PACK_RECORDS, warn, repack=False)
     found = [committed_parts[key] for _, _, key in planned]
     parts = [PartStatus(source, part, key, record is not None) for (source, part, key), record in zip(planned, found)]
     documents = sum(int(record.summary.get("documents", 0)) for record in found if record)

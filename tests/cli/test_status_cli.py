@@ -1,6 +1,6 @@
 """`prep status PIPELINE` through the real CLI: up to date after a build, the tokenize task and
-stages that would run after an edit, --json validated against prep.status-report/1, and no write
-to the store (nor to a store path that does not exist yet)."""
+stages that would run after an edit, --json validated against prep.status-report/1, no write to
+the store (nor to a store path that does not exist yet), and a damaged task pack warned about."""
 
 from __future__ import annotations
 
@@ -36,3 +36,23 @@ def test_status_before_and_after_a_build_and_after_an_edit(tmp_path: Path, token
     bad = run_prep("status", tmp_path / "missing.toml", "--json", check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("prep: error: ")
     validate(json.loads(bad.stdout), "prep.error/1", "status --json failure")
+
+
+def test_status_warns_of_an_unusable_task_pack_and_counts_its_tasks_as_a_build_would(tmp_path: Path,
+                                                                                       tokenizer_path: Path) -> None:
+    """A task pack damaged in the store (it may be its records' only copy): status says so on
+    stderr, as a build does, and reports the task as one that would run; the build does run it,
+    to the same snapshot."""
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", make_records(12, seed=1, prefix="a"))
+    pipeline = write_pipeline(tmp_path, tokenizer_path)
+    store = tmp_path / "store"
+    snapshot = run_prep("build", pipeline, "--store", store, "--workers", "1").stdout.split()[-1]
+    assert run_prep("status", pipeline, "--store", store).stderr == ""
+    packs = sorted(store.glob("packs/tokenize/*/*.json"))
+    assert len(packs) == 1
+    packs[0].write_bytes(packs[0].read_bytes()[:-7] + b"garbage")
+    damaged = run_prep("status", pipeline, "--store", store)
+    assert "warning: an unusable task pack is ignored" in damaged.stderr and "does not hash to its name" in damaged.stderr
+    assert "a build would run 1 of 1 tokenize task" in damaged.stdout
+    rebuilt = run_prep("build", pipeline, "--store", store, "--workers", "1")
+    assert rebuilt.stdout.split()[-1] == snapshot and "warning: an unusable task pack is ignored" in rebuilt.stderr

@@ -25,6 +25,10 @@ def tree(root: Path) -> dict[str, tuple[str, int]]:
             for path in sorted(root.rglob("*")) if path.is_file()}
 
 
+def _no_warning(line: str) -> None:
+    raise AssertionError(f"status warned: {line}")
+
+
 def _setup(root: Path, tokenizer: Path) -> Path:
     write_jsonl(root / "corpus" / "a.jsonl", make_records(30, seed=1, prefix="a"))
     write_jsonl(root / "corpus" / "b.jsonl", make_records(20, seed=2, prefix="b"))
@@ -37,7 +41,7 @@ def test_after_a_build_everything_is_reused_with_the_recorded_keys(tmp_path: Pat
     store = LocalStore(tmp_path / "store")
     assert not list(store.list("tasks/tokenize/")), "the build committed its tasks in packs only"
     before = tree(store.root)
-    status = build_status(load_pipeline(pipeline), store)
+    status = build_status(load_pipeline(pipeline), store, _no_warning)
     assert tree(store.root) == before
     assert status.up_to_date and status.latest is not None and status.latest.id == built.id
     assert [(s.name, s.state) for s in status.stages] == [(n, REUSED) for n in ("tokenize", "order", "shard")]
@@ -56,7 +60,7 @@ def test_an_edited_input_names_its_tokenize_tasks_and_the_stages_that_would_run(
     write_jsonl(tmp_path / "corpus" / "b.jsonl", [*make_records(20, seed=2, prefix="b"), {"id": "new", "text": "added"}])
     write_jsonl(tmp_path / "corpus" / "c.jsonl", make_records(3, seed=3, prefix="c"))
     before = tree(store.root)
-    status = build_status(load_pipeline(pipeline), store)
+    status = build_status(load_pipeline(pipeline), store, _no_warning)
     assert tree(store.root) == before
     assert {(e.path, e.change) for e in status.inputs} == {("a.jsonl", "unchanged"), ("b.jsonl", "changed"),
                                                            ("c.jsonl", "added")}
@@ -66,7 +70,7 @@ def test_an_edited_input_names_its_tokenize_tasks_and_the_stages_that_would_run(
                                                                  ("tokenize", "order", "shard")]
     assert status.stages[0].reason == f"2 of {len(status.parts)} tokenize tasks would run first"
     rebuilt = build_local(pipeline, tmp_path / "store").snapshot
-    again = build_status(load_pipeline(pipeline), store)
+    again = build_status(load_pipeline(pipeline), store, _no_warning)
     assert again.up_to_date and [s.key for s in again.stages] == [s["key"] for s in rebuilt.manifest["stages"]]
     assert {p.key for p in status.parts} == {p.key for p in again.parts}  # the keys status named were the ones built
 
@@ -77,7 +81,7 @@ def test_a_missing_stage_record_runs_that_stage_and_every_later_one(tmp_path: Pa
     store = LocalStore(tmp_path / "store")
     order_key = next(s["key"] for s in built.manifest["stages"] if s["name"] == "order")
     (store.root / stage_record_key("order", order_key)).unlink()
-    status = build_status(load_pipeline(pipeline), store)
+    status = build_status(load_pipeline(pipeline), store, _no_warning)
     assert [(s.name, s.state) for s in status.stages] == [("tokenize", REUSED), ("order", WOULD_RUN),
                                                            ("shard", WOULD_RUN)]
     assert status.stages[1].key == order_key and status.stages[2].key is None and not status.up_to_date
@@ -91,19 +95,19 @@ def test_near_dup_stages_are_keyed_as_the_build_keys_them(tmp_path: Path, tokeni
     write_sized_corpus(tmp_path, tokenizer_path, verify=True)
     built = build_local(tmp_path / "pipeline.toml", tmp_path / "store").snapshot
     store = LocalStore(tmp_path / "store")
-    status = build_status(load_pipeline(tmp_path / "pipeline.toml"), store)
+    status = build_status(load_pipeline(tmp_path / "pipeline.toml"), store, _no_warning)
     assert [(s.name, s.key) for s in status.stages] == [(s["name"], s["key"]) for s in built.manifest["stages"]]
     assert status.up_to_date and all(s.state == REUSED for s in status.stages)
     keys = {s.name: s.key for s in status.stages}
     for stage, running in (("near_clusters", ["near_clusters"]), ("near_buckets", ["near_buckets", "near_clusters"])):
         (store.root / stage_record_key(stage, str(keys[stage]))).unlink()
-        status = build_status(load_pipeline(tmp_path / "pipeline.toml"), store)
+        status = build_status(load_pipeline(tmp_path / "pipeline.toml"), store, _no_warning)
         assert [s.name for s in status.stages if s.state == WOULD_RUN] == running and not status.up_to_date
 
 
 def test_status_of_a_store_never_built_creates_nothing(tmp_path: Path, tokenizer_path: Path) -> None:
     pipeline = _setup(tmp_path, tokenizer_path)
-    status = build_status(load_pipeline(pipeline), LocalStore(tmp_path / "absent"))
+    status = build_status(load_pipeline(pipeline), LocalStore(tmp_path / "absent"), _no_warning)
     assert not (tmp_path / "absent").exists()
     assert status.latest is None and not any(p.committed for p in status.parts)
     assert {e.change for e in status.inputs} == {"added"} and status.stages[0].state == WOULD_RUN
