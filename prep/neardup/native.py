@@ -294,6 +294,15 @@ def _put(out: Array, at: int, code: int, width: int) -> None:
         out[at], out[at + 1], out[at + 2] = 0xE0 | (code >> 12), 0x80 | ((code >> 6) & 0x3F), 0x80 | (code & 0x3F)
 
 
+@_compiled(inline=True)
+def _closed(segments: Array, count: int, opened: int, at: int) -> tuple[int, int]:
+    """End the stretch for Python opened at `opened` (none when -1) at `at`: (stretches listed, -1)."""
+    if opened < 0:
+        return count, opened
+    segments[count, 0], segments[count, 1] = opened, at
+    return count + 1, -1
+
+
 @_compiled()
 def lowered(text: Array, lanes: Array, offsets: Array, whole: Array, table: Array, out: Array, out_lanes: Array,
             segments: Array, first: int, at: int) -> tuple[int, int, int]:
@@ -313,19 +322,13 @@ def lowered(text: Array, lanes: Array, offsets: Array, whole: Array, table: Arra
         previous = at  # the start of the character before `at`
         while at < end:
             if at + 8 <= end and not lanes[at] & HIGH:
-                if opened >= 0:
-                    segments[count, 0], segments[count, 1] = opened, at
-                    count += 1
-                    opened = -1
+                count, opened = _closed(segments, count, opened, at)
                 out_lanes[at] = _lowered_ascii(lanes[at])
                 previous, at = at + 7, at + 8
                 continue
             byte = text[at]
             if byte < 0x80:
-                if opened >= 0:
-                    segments[count, 0], segments[count, 1] = opened, at
-                    count += 1
-                    opened = -1
+                count, opened = _closed(segments, count, opened, at)
                 out[at] = byte | 0x20 if 0x41 <= byte <= 0x5A else byte
                 previous, at = at, at + 1
                 continue
@@ -338,15 +341,10 @@ def lowered(text: Array, lanes: Array, offsets: Array, whole: Array, table: Arra
                     opened = previous
                 out[at:at + width] = text[at:at + width]
             else:
-                if opened >= 0:
-                    segments[count, 0], segments[count, 1] = opened, at
-                    count += 1
-                    opened = -1
+                count, opened = _closed(segments, count, opened, at)
                 _put(out, at, code, width)
             previous, at = at, at + width
-        if opened >= 0:
-            segments[count, 0], segments[count, 1] = opened, end
-            count += 1
+        count, _ = _closed(segments, count, opened, end)
         at = 0
     return offsets.shape[0] - 1, 0, count
 
