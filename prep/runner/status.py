@@ -147,7 +147,8 @@ def _stage(store: Store, name: str, settings: Any, code: dict[str, Any], inputs:
 
 def build_status(pipeline: Pipeline, store: Store, warn: Callable[[str], None]) -> BuildStatus:
     """What `prep build` of `pipeline` into `store` would run and reuse (reads only); each unusable
-    task pack met on the way is `warn`ed about, as a build warns (its records are read singly)."""
+    task pack met on the way is `warn`ed about, as a build warns, and its tasks count as would run
+    unless their own records answer (a pack may be their only copy)."""
     code = code_identity()
     tokenizer_path = pipeline.tokenizer_path()
     info = describe_tokenizer(tokenizer_path, pipeline.tokenizer.eos, pipeline.tokenizer.encode_special_tokens)
