@@ -8,7 +8,8 @@ normalization is needed (`lowered`, prep.neardup.normalization), then take each 
 normalized text to its signature in one pass (whitespace found 64 bytes a step, words hashed 8
 bytes a load, each shingle's hash rolled on from the one before, folded into the running minima
 4,096 at a time, about 0.1-0.2 ns a product, SIMD), or fold given shingle hashes alone
-(`minima`). Both compute the same integers (wrapping uint64 arithmetic, a minimum, a shift), so
+(`minima`); `verify`'s exact Jaccards take each document's shingle hashes by the same pass
+(`pair_jaccards`). Both compute the same integers (wrapping uint64 arithmetic, a minimum, a shift), so
 which one ran never shows in a signature or a snapshot id (tests/neardup/test_kernel.py,
 tests/neardup/test_normalization.py).
 
@@ -33,6 +34,9 @@ KERNEL_PRODUCTS = 50_000_000
 (2 MB of text at 128 permutations); a process that has them uses them for every batch after."""
 BYTES_A_SHINGLE = 6
 """About one shingle (one word) in this many bytes of text: a batch's products estimated from its size."""
+KERNEL_TEXT_BYTES = 2 * 2**20
+"""Text from which `verify`'s pair Jaccards load the kernels (numpy shingles and compares about
+10 MB/s of short documents, so about 0.2 s of it)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ class Kernels:
     """lowered(text, lanes, offsets, whole, table, out, out_lanes, segments, first, at): the batch
     lowercased into `out` where a character needs no more, the stretches Python must normalize
     listed (prep.neardup.normalization.compiled_normalized)."""
+    pair_jaccards: Callable[[Array, Array, Array, int, Array, Array, Array], None]
+    """pair_jaccards(text, lanes, offsets, ngram, left, right, out): out[i] (float64) = the exact
+    Jaccard of normalized documents left[i] and right[i] on their distinct shingle hashes."""
 
 
 @functools.cache
@@ -59,7 +66,7 @@ def compiled() -> Kernels | None:
         from prep.neardup import native
     except ImportError:
         return None
-    kernels = Kernels(native.minima, native.text_minima, native.lowered)
+    kernels = Kernels(native.minima, native.text_minima, native.lowered, native.pair_jaccards)
     ones = np.ones(1, dtype=np.uint64)
     kernels.minima(ones, np.array([0, 1], dtype=np.int64), ones, np.empty((1, 1), dtype=np.uint64))
     for data in (b"a b", b""):  # the argument types the callers pass (an empty text's lanes are contiguous)
@@ -68,6 +75,8 @@ def compiled() -> Kernels | None:
         kernels.lowered(text, lanes(text), bounds, np.zeros(1, dtype=np.bool_), np.zeros(1, dtype=np.uint32), out,
                         lanes(out), np.empty((1, 2), dtype=np.int64), 0, 0)
         kernels.text_minima(out, lanes(out), bounds, 2, ones, np.empty((1, 1), dtype=np.uint32))
+        first = np.zeros(1, dtype=np.int64)
+        kernels.pair_jaccards(out, lanes(out), bounds, 2, first, first, np.empty(1, dtype=np.float64))
     return kernels
 
 
@@ -80,6 +89,12 @@ def chosen(products: int) -> Kernels | None:
     """The kernels for a batch of `products` (shingles x permutations), when they are loaded or the
     batch repays loading them; None for numpy."""
     return compiled() if loaded() or products >= KERNEL_PRODUCTS else None
+
+
+def chosen_for_text(size: int) -> Kernels | None:
+    """The kernels for `verify`'s pair Jaccards over `size` bytes of text, when they are loaded or
+    the text repays loading them; None for numpy."""
+    return compiled() if loaded() or size >= KERNEL_TEXT_BYTES else None
 
 
 def lanes(padded: Array) -> Array:

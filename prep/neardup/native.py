@@ -13,7 +13,9 @@ defines (its module docstring), so which one ran never shows in a signature:
   streams through a ring of `ngram` word hashes and `SCRATCH` shingle hashes;
 * `lowered`: normalization where it needs no Unicode data but a case table: ASCII lowered 8
   bytes a step, every character the table (prep.neardup.normalization.case_table) calls safe
-  replaced by its lowercase, every other stretch listed for Python.
+  replaced by its lowercase, every other stretch listed for Python;
+* `pair_jaccards`: `verify`'s exact Jaccard of document pairs, each document's shingle hashes
+  taken by the same pass as `text_minima`'s, sorted and made distinct once, each pair one merge.
 """
 
 from __future__ import annotations
@@ -226,10 +228,12 @@ def _space_mask(text: Array, lanes: Array, at: int, end: int, spill: int) -> tup
 
 @_compiled()
 def _document(text: Array, lanes: Array, start: int, end: int, ring: Array, scratch: Array,
-              multipliers: Array, lows: Array) -> None:
+              multipliers: Array, lows: Array) -> int:
     """Fold the shingle hashes of the normalized document `text[start:end]` into `lows`: 64 bytes a
     step, a bit a byte set for whitespace (word-wide arithmetic), the words' edges taken from it
-    lowest bit first, each shingle's hash rolled on from the one before (a polynomial in G)."""
+    lowest bit first, each shingle's hash rolled on from the one before (a polynomial in G). The
+    last `scratch`ful stays in it, and how many is returned: every shingle hash of the document, in
+    text order, when `scratch` is longer than the document has shingles."""
     ngram = ring.shape[0]
     head, top = np.uint64(ngram) * _power(GOLDEN, ngram), _power(GOLDEN, ngram - 1)
     rolling = np.uint64(0)
@@ -259,6 +263,7 @@ def _document(text: Array, lanes: Array, start: int, end: int, ring: Array, scra
         scratch[kept] = _mix64(np.uint64(words) * _power(GOLDEN, words) + rolling)
         kept += 1
     _fold(scratch, 0, kept, multipliers, lows)
+    return kept
 
 
 UNSAFE, SIGMA = 0xFFFFFFFF, 0xFFFFFFFE
@@ -362,3 +367,57 @@ def text_minima(text: Array, lanes: Array, offsets: Array, ngram: int, multiplie
         _document(text, lanes, offsets[document], offsets[document + 1], ring, scratch, multipliers, lows)
         for index in range(lows.shape[0]):
             out[document, index] = np.uint32(lows[index] >> np.uint64(32))
+
+
+@_compiled(inline=True)
+def _distinct(values: Array, count: int) -> int:
+    """Sort values[:count] in place and move its distinct values to the front; how many there are."""
+    values[:count].sort()
+    kept = 0
+    for at in range(count):
+        if at == 0 or values[at] != values[kept - 1]:
+            values[kept] = values[at]
+            kept += 1
+    return kept
+
+
+@_compiled(inline=True)
+def _common(values: Array, a: int, a_count: int, b: int, b_count: int) -> int:
+    """How many values the sorted distinct runs values[a:a + a_count] and values[b:b + b_count] share."""
+    common, a_end, b_end = 0, a + a_count, b + b_count
+    while a < a_end and b < b_end:
+        if values[a] < values[b]:
+            a += 1
+        elif values[b] < values[a]:
+            b += 1
+        else:
+            common += 1
+            a += 1
+            b += 1
+    return common
+
+
+@_compiled()
+def pair_jaccards(text: Array, lanes: Array, offsets: Array, ngram: int, left: Array, right: Array, out: Array) -> None:
+    """out[i] (float64) = |A ∩ B| / |A ∪ B| of the distinct shingle hashes of the normalized
+    documents left[i] and right[i] (indexes into `offsets`; 1.0 when neither has a shingle), as
+    `lsh.jaccard` of `signatures.shingle_sets`. Each document's hashes are collected once (room
+    for (bytes + 1) // 2 + 2 of them: a word and the space after it take two bytes, but the last),
+    sorted and made distinct in place; then each pair is one merge of two runs."""
+    documents = offsets.shape[0] - 1
+    starts = np.zeros(documents + 1, dtype=np.int64)
+    for document in range(documents):
+        starts[document + 1] = starts[document] + (offsets[document + 1] - offsets[document] + 1) // 2 + 2
+    hashes = np.empty(starts[documents], dtype=np.uint64)
+    counts = np.empty(documents, dtype=np.int64)
+    ring = np.zeros(ngram, dtype=np.uint64)
+    nothing = np.empty(0, dtype=np.uint64)
+    for document in range(documents):
+        room = hashes[starts[document]:starts[document + 1]]
+        found = _document(text, lanes, offsets[document], offsets[document + 1], ring, room, nothing, nothing)
+        counts[document] = _distinct(room, found)
+    for index in range(left.shape[0]):
+        a, b = left[index], right[index]
+        common = _common(hashes, starts[a], counts[a], starts[b], counts[b])
+        union = counts[a] + counts[b] - common
+        out[index] = 1.0 if union == 0 else common / union

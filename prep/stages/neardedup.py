@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from prep.errors import IntegrityError
-from prep.neardup.lsh import band_hashes, distinct_pairs, jaccard
+from prep.neardup.lsh import band_hashes, distinct_pairs, pair_jaccards
 from prep.neardup.settings import NearDupSettings
-from prep.neardup.signatures import packed, shingle_sets, signatures
+from prep.neardup.signatures import packed, signatures
 from prep.workfiles.bands import BAND_DTYPE, open_bands
 from prep.workfiles.drops import DROP_DTYPE
 from prep.workfiles.entries import descriptor, take_entries
@@ -117,17 +117,24 @@ def jaccard_filter(texts_of: Callable[[Array], Sequence[bytes]], sizes_of: Calla
     """`verify`'s test of candidate pairs: their true Jaccard on shingles (`lsh.jaccard` of
     `signatures.shingle_sets`) is at least `threshold`. `texts_of` gives the UTF-8 texts of
     distinct, sorted global numbers and `sizes_of` their byte sizes (the wiring reads both from
-    the intermediates). Pairs are checked in slices of `VERIFY_BYTES` (`budget_slices`), so a
-    call holds that much text, not all its pairs name; each pair's answer is its own either way."""
+    the intermediates). Each distinct pair is checked once (a pair sharing several bands of the
+    bucket comes once a band), in order of its documents, in slices of `VERIFY_BYTES`
+    (`budget_slices`), so a call holds that much text, not all its pairs name; each pair's answer
+    is its own either way."""
     def similar(left: Array, right: Array) -> Array:
         left, right = np.asarray(left, dtype=np.int64), np.asarray(right, dtype=np.int64)
         named = np.unique(np.concatenate([left, right]))
         charged = np.asarray(sizes_of(named), dtype=np.int64) + DOCUMENT_BYTES
-        at_left, at_right = np.searchsorted(named, left), np.searchsorted(named, right)
-        accepted = np.zeros(len(left), dtype=bool)
+        joined = np.searchsorted(named, left).astype(np.uint64) << np.uint64(32) | \
+            np.searchsorted(named, right).astype(np.uint64)  # a round names under 2**32 documents
+        distinct, back = np.unique(joined, return_inverse=True)
+        at_left, at_right = (distinct >> np.uint64(32)).astype(np.int64), (distinct & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        accepted = np.zeros(len(distinct), dtype=bool)
         for low, high in budget_slices(at_left, at_right, charged, VERIFY_BYTES):
-            accepted[low:high] = _jaccard_at_least(texts_of, left[low:high], right[low:high], ngram, threshold)
-        return accepted
+            accepted[low:high] = _jaccard_at_least(texts_of, named[at_left[low:high]], named[at_right[low:high]], ngram,
+                                                   threshold)
+        verdicts: Array = accepted[back.reshape(-1)]
+        return verdicts
 
     return similar
 
@@ -152,10 +159,8 @@ def _jaccard_at_least(texts_of: Callable[[Array], Sequence[bytes]], left: Array,
                       threshold: float) -> Array:
     """Whether each pair's true Jaccard reaches `threshold`, the texts of the documents they name read at once."""
     named = np.unique(np.concatenate([left, right]))
-    sets = shingle_sets(*packed(texts_of(named)), ngram)
-    at_left, at_right = np.searchsorted(named, left), np.searchsorted(named, right)
-    return np.array([jaccard(sets[a], sets[b]) >= threshold for a, b in zip(at_left.tolist(), at_right.tolist())],
-                    dtype=bool)
+    values = pair_jaccards(*packed(texts_of(named)), ngram, np.searchsorted(named, left), np.searchsorted(named, right))
+    return np.asarray(values >= threshold, dtype=bool)
 
 
 def texts_by_number(intermediate_of: Callable[[int], Path], numbers: Array) -> list[bytes]:

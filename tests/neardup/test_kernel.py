@@ -5,6 +5,7 @@ difference in a signature."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import tracemalloc
 from unittest.mock import patch
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from prep.neardup import kernel
 from prep.neardup.kernel import Array
+from prep.neardup.lsh import pair_jaccards
 from prep.neardup.signatures import WHITESPACE, hash_family, minhash, numpy_minhash, packed, shingle_hashes, signatures
 from tests.neardup.neardupsupport import batch, document
 
@@ -117,7 +119,7 @@ def test_a_small_batch_stays_on_numpy_until_the_kernel_is_loaded(monkeypatch: py
 
     hashes, bounds = shingle_hashes(*batch(_texts(20)), 5)
     family = hash_family(0, 16)
-    monkeypatch.setattr(kernel, "compiled", lambda: kernel.Kernels(counting, real.text_minima, real.lowered))
+    monkeypatch.setattr(kernel, "compiled", lambda: dataclasses.replace(real, minima=counting))
     monkeypatch.setattr(kernel, "loaded", lambda: False)
     small = minhash(hashes, bounds, family)
     assert calls == []
@@ -128,6 +130,14 @@ def test_a_small_batch_stays_on_numpy_until_the_kernel_is_loaded(monkeypatch: py
     monkeypatch.setattr(kernel, "loaded", lambda: True)
     assert np.array_equal(minhash(hashes, bounds, family), small)
     assert calls == [len(hashes)] * 2
+
+
+def test_verify_loads_the_kernels_for_a_batch_that_repays_it_or_once_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel, "loaded", lambda: False)
+    assert kernel.chosen_for_text(kernel.KERNEL_TEXT_BYTES - 1) is None
+    assert kernel.chosen_for_text(kernel.KERNEL_TEXT_BYTES) is kernel.compiled() is not None
+    monkeypatch.setattr(kernel, "loaded", lambda: True)
+    assert kernel.chosen_for_text(0) is kernel.compiled()
 
 
 @pytest.mark.parametrize("accents", [0, 1000], ids=["ascii", "an accent every 1000 words"])
@@ -149,3 +159,42 @@ def test_the_compiled_pass_holds_no_array_the_size_of_a_document_but_its_text(ac
         finally:
             tracemalloc.stop()
     assert peak < 2.2 * len(blob), (peak, len(blob))
+
+
+def jaccards_by_both(texts: list[bytes], ngram: int, pairs: list[tuple[int, int]]) -> tuple[Array, Array]:
+    """`verify`'s exact Jaccards of `pairs` of `texts` in one batch, by numpy and by the compiled pass."""
+    blob, offsets = packed(texts)
+    left, right = (np.array([pair[side] for pair in pairs], dtype=np.int64) for side in (0, 1))
+    with patch.object(kernel, "chosen_for_text", lambda size: None):
+        by_numpy = pair_jaccards(blob, offsets, ngram, left, right)
+    with patch.object(kernel, "chosen_for_text", lambda size: kernel.compiled()):
+        by_kernel = pair_jaccards(blob, offsets, ngram, left, right)
+    return by_numpy, by_kernel
+
+
+@settings(deadline=None)
+@given(st.lists(st.lists(st.sampled_from([*PIECES, " a", " a b", "b "]), max_size=40).map("".join) | st.text(max_size=40),
+                min_size=1, max_size=6), st.integers(1, 6), st.data())
+def test_the_compiled_pair_jaccards_are_the_exact_ones(texts: list[str], ngram: int, data: st.DataObject) -> None:
+    """Equal floats on both paths, for texts of repeated, composing, case-special and one-byte
+    words (as many words as bytes allow), empty ones and a document paired with itself."""
+    index = st.integers(0, len(texts) - 1)
+    pairs = data.draw(st.lists(st.tuples(index, index), min_size=1, max_size=12))
+    by_numpy, by_kernel = jaccards_by_both([text.encode("utf-8") for text in texts], ngram, pairs)
+    assert np.array_equal(by_numpy, by_kernel)
+
+
+def test_pair_jaccards_hold_every_shingle_of_the_densest_and_the_longest_documents() -> None:
+    """One-byte words a space apart (the most words a byte count allows, what the compiled pass
+    makes room for) and documents of more shingles than the signature pass's scratch."""
+    rng = random.Random(5)
+    words = document(rng, 3 * 4096 + 7)
+    dense = " ".join(chr(ord("a") + rng.randrange(26)) for _ in range(5000))
+    texts = [dense.encode(), dense[:-2].encode(), " ".join(words).encode(), " ".join(words[:9000]).encode(), b"a", b"",
+             b" ", "\u3000".join(words[:5000]).encode()]
+    pairs = [(0, 1), (1, 0), (2, 3), (3, 2), (4, 4), (5, 5), (5, 6), (4, 5), (7, 3), (0, 0)]
+    by_numpy, by_kernel = jaccards_by_both(texts, 1, pairs)
+    assert np.array_equal(by_numpy, by_kernel)
+    by_numpy, by_kernel = jaccards_by_both(texts, 5, pairs)
+    assert np.array_equal(by_numpy, by_kernel)
+    assert by_kernel[4] == by_kernel[5] == 1.0 and 0.4 < by_kernel[2] < 1.0
