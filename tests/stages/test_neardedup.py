@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prep.errors import IntegrityError
+from prep.neardup import lsh
 from prep.neardup.lsh import jaccard
 from prep.neardup.settings import NearDupSettings
 from prep.neardup.signatures import shingle_sets
@@ -239,6 +240,27 @@ def test_verify_in_slices_of_a_tiny_budget_accepts_the_same_pairs(texts: list[st
         patch.setattr(neardedup, "VERIFY_BYTES", budget)
         assert np.array_equal(similar(pairs[:, 0], pairs[:, 1]), whole)
     assert whole.dtype == bool and len(whole) == len(pairs)
+
+
+def test_verify_computes_a_pair_that_comes_once_a_band_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round names the same pair once for each band of the bucket it shares: each distinct pair is
+    computed once and its verdict given to every copy, in the round's order."""
+    rng = random.Random(3)
+    words = document(rng, 200)
+    texts = [" ".join(words), " ".join(edited(rng, words, 0.01)), " ".join(document(rng, 200)), " ".join(words)]
+    computed: list[int] = []
+    real = lsh.pair_jaccards
+
+    def counting(*args: Any) -> Array:
+        computed.append(len(args[3]))
+        return real(*args)
+
+    monkeypatch.setattr(neardedup, "pair_jaccards", counting)
+    split = Split(texts, ())
+    left, right = np.array([0, 0, 2, 0, 1, 0, 2, 0]), np.array([1, 1, 3, 2, 3, 1, 3, 3])
+    verdicts = jaccard_filter(split.texts_of, split.sizes_of, 5, 0.8)(left, right)
+    assert computed == [5]
+    assert verdicts.tolist() == [True, True, False, False, True, True, False, True]
 
 
 def test_verify_holds_a_budget_of_text_at_once_whatever_a_bucket_names(monkeypatch: pytest.MonkeyPatch) -> None:
