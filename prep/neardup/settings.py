@@ -2,9 +2,10 @@
 
 Imported by the build driver (it checks a pipeline before any task runs), so it loads no numpy.
 Bands and rows, when the table gives neither, are the (b, r) with b * r == permutations that
-minimise the LSH S-curve's false positive plus false negative areas around the threshold (the
-published method of datasketch's `_optimal_param`, with equal weights), integrated in decimal
-arithmetic precise enough that every machine makes the same choice.
+minimise the LSH S-curve's weighted false positive and false negative areas around the threshold
+(the published method of datasketch's `_optimal_param`), integrated in decimal arithmetic precise
+enough that every machine makes the same choice. The weights follow `verify`: see
+`FALSE_NEGATIVE_WEIGHT`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ MAX_PERMUTATIONS = 16_384
 UNICODE_VERSION = unicodedata.unidata_version
 """The Unicode version of the running Python's NFC and lowercasing, which `signatures` applies: a
 task key records it, since another version may normalize some text differently."""
+FALSE_NEGATIVE_WEIGHT = {True: Decimal("0.9"), False: Decimal("0.5")}
+"""The derivation's weight of the false negative area (the false positive area's is 1 minus it), by
+`verify`. With `verify` (the default) a band collision below the threshold costs one exact Jaccard
+and is rejected, while a pair above it that shares no band is a duplicate kept for good: missed
+pairs weigh 9 to 1 (128 permutations at 0.8: 16 bands of 8 rows, a pair at 0.8 found with
+probability 0.95). Without it every collision joins a cluster, so both errors weigh the same
+(datasketch's default; 8 x 16 at 0.8, found with probability 0.20, at 0.9 with 0.81)."""
 KEYS = ("threshold", "ngram", "permutations", "bands", "rows", "seed", "verify")
 MAX_ROUNDS = 256
 """The cluster rounds' limit (prep/neardup/stars.py, here for the numpy-free driver): large-star
@@ -47,10 +55,10 @@ class NearDupSettings:
     threshold: float = 0.8
     ngram: int = 5
     permutations: int = 128
-    bands: int = 8  # optimal_bands(0.8, 128), as parse_settings derives them
-    rows: int = 16
+    bands: int = 16  # optimal_bands(0.8, 128, verify=True), as parse_settings derives them
+    rows: int = 8
     seed: int = 0
-    verify: bool = False
+    verify: bool = True
 
     def key_fields(self) -> dict[str, object]:
         """What enters a task key: every setting, the float as its shortest decimal string (canonical
@@ -76,8 +84,8 @@ def parse_settings(table: Mapping[str, object], source: str = "pipeline") -> Nea
     seed = read.at_least("seed", 0, 0)
     if seed >= SEED_LIMIT:
         raise read.fail("seed", f"must be an integer in [0, 2**64), got {seed}")
-    verify = bool(read.typed("verify", bool, False))
-    bands, rows = _bands_and_rows(read, threshold, permutations)
+    verify = bool(read.typed("verify", bool, True))
+    bands, rows = _bands_and_rows(read, threshold, permutations, verify)
     return NearDupSettings(threshold, ngram, permutations, bands, rows, seed, verify)
 
 
@@ -114,13 +122,13 @@ class _Reader:
         return value
 
 
-def _bands_and_rows(read: _Reader, threshold: float, permutations: int) -> tuple[int, int]:
+def _bands_and_rows(read: _Reader, threshold: float, permutations: int, verify: bool) -> tuple[int, int]:
     """Given bands and rows (their product must be `permutations`), one of them (the other is
     `permutations` divided by it, which must divide evenly), or neither (`optimal_bands`)."""
     bands = read.at_least("bands", 1, 1) if "bands" in read.table else None
     rows = read.at_least("rows", 1, 1) if "rows" in read.table else None
     if bands is None and rows is None:
-        return optimal_bands(threshold, permutations)
+        return optimal_bands(threshold, permutations, verify)
     if bands is not None and rows is not None:
         if bands * rows != permutations:
             raise read.fail("bands", f"bands x rows must equal permutations ({permutations}), got {bands} x {rows}")
@@ -133,32 +141,34 @@ def _bands_and_rows(read: _Reader, threshold: float, permutations: int) -> tuple
 
 
 @functools.cache
-def optimal_bands(threshold: float, permutations: int) -> tuple[int, int]:
+def optimal_bands(threshold: float, permutations: int, verify: bool) -> tuple[int, int]:
     """The (bands, rows) with bands * rows == permutations (every permutation is used; datasketch
-    also allows fewer) minimising (false positive area + false negative area) / 2 of the S-curve
-    1 - (1 - s^rows)^bands around `threshold`; the fewest bands wins a tie. Decimal arithmetic (the
-    threshold as its shortest decimal), exactly specified, so the choice is the same everywhere."""
-    t = Decimal(repr(threshold))
+    also allows fewer) minimising the weighted false positive and false negative areas of the
+    S-curve 1 - (1 - s^rows)^bands around `threshold` (weights: `FALSE_NEGATIVE_WEIGHT`); the
+    fewest bands wins a tie. Decimal arithmetic (the threshold as its shortest decimal), exactly
+    specified, so the choice is the same everywhere."""
+    t, weight = Decimal(repr(threshold)), FALSE_NEGATIVE_WEIGHT[verify]
     best: tuple[Decimal, int, int] | None = None
     for bands in range(1, permutations + 1):
         if permutations % bands == 0:
             rows = permutations // bands
-            error = weighted_error(t, bands, rows)
+            error = weighted_error(t, bands, rows, weight)
             if best is None or error < best[0]:
                 best = (error, bands, rows)
     assert best is not None
     return best[1], best[2]
 
 
-def weighted_error(t: Decimal, bands: int, rows: int) -> Decimal:
-    """(∫_0^t P(s) ds + ∫_t^1 (1 - P(s)) ds) / 2 for P(s) = 1 - (1 - s^rows)^bands, the probability
-    that two documents of Jaccard s share a band: the false positive and false negative areas.
+def weighted_error(t: Decimal, bands: int, rows: int, weight: Decimal) -> Decimal:
+    """(1 - weight) ∫_0^t P(s) ds + weight ∫_t^1 (1 - P(s)) ds for P(s) = 1 - (1 - s^rows)^bands,
+    the probability that two documents of Jaccard s share a band: the false positive and false
+    negative areas.
     The integrals' binomial terms reach 2^bands and cancel, so the precision is 0.302 x bands
     digits (log10 2 of them per band) plus 40 beyond the result's."""
     with localcontext() as context:
         context.prec = int(bands * 0.302) + 60
         below, whole = _integral(t, bands, rows), _integral(Decimal(1), bands, rows)
-        return +((t - below + whole - below) / 2)
+        return +((1 - weight) * (t - below) + weight * (whole - below))
 
 
 def _integral(x: Decimal, bands: int, rows: int) -> Decimal:

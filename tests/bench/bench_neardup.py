@@ -3,7 +3,7 @@ MinHash pipeline and rensa's signatures, side by side in one run, and its cluste
 exact all-pairs Jaccard.
 
     python -m tests.bench.bench_neardup [--docs 1,4] [--real-mb 300] [--datatrove real,1] [--plain all]
-        [--near "key = value; ..."] [--sample 20000] [--ceiling-mb 20] [--workers 2] [--workdir /tmp/prep-bench]
+        [--near "key = value; ... | ..."] [--sample 20000] [--ceiling-mb 20] [--workers 2] [--workdir /tmp/prep-bench]
         [--venv /tmp/dtenv] [--minhash-venv /tmp/minhash-venv]
 
 Corpora: `--docs` millions of short documents (50-200 words each, words drawn independently from
@@ -16,7 +16,9 @@ a fresh one with probability 0 to 1.1% for half of them and 1.1 to 12% for the o
 
 For each corpus, in this order: `prep build` without near-dup (gigatoken backend, formats
 ["bin"], exact dedup on, --workers, fresh store; for the corpora `--plain` names), the same with `[dedup.near]` at its defaults
-(threshold 0.8, 5-word shingles, 128 permutations as 8 bands of 16 rows, seed 0), and, for the
+(threshold 0.8, 5-word shingles, 128 permutations as 16 bands of 8 rows, seed 0, verify on) or
+`--near`'s settings (several, separated by `|`, each a near build, each printed with its CPU over
+the first's: `--near " | verify = false"` weighs the defaults against the banding without verify), and, for the
 corpora `--datatrove` names, datatrove's four MinHash stages (tests/bench/neardup_peer.py in
 --venv: signatures, buckets, clusters, filter; 5-word shingles, its default 14 buckets of 8
 hashes = 112 permutations, 64-bit, xxhash; same --workers; a run of datatrove on a million short
@@ -32,9 +34,10 @@ Ceiling (`--ceiling-mb` MB of each corpus): tests/bench/bench_minhash.py on the 
 Quality (`--sample` documents, made like the short corpus, one file): the exact Jaccard of every
 pair of documents that share a 5-gram shingle (prep's shingle hashes, an inverted index) defines
 the true pairs (Jaccard >= 0.8); prep's clusters (the build's drops object: each dropped document
-with its kept one), at the defaults and with datatrove's banding (112 permutations as 14 bands of
-8 rows, without and with `verify`), and datatrove's (its `.clusters` file) are compared with them pair by pair
-(every pair in one cluster), and with the connected components of the true pairs.
+with its kept one), at the defaults, with `verify = false` (8 bands of 16 rows) and with datatrove's
+banding (112 permutations as 14 bands of 8 rows, without and with `verify`), and datatrove's (its
+`.clusters` file) are compared with them pair by pair (every pair in one cluster), and with the
+connected components of the true pairs.
 """
 
 from __future__ import annotations
@@ -179,15 +182,21 @@ def compare(args: argparse.Namespace, label: str, folder: Path, tok: Path, dt_py
     documents, nbytes = text_bytes(folder)
     runs: dict[str, TreeRun] = {}
     store = args.workdir / f"store-neardup-{folder.name}"
-    for with_near in (False, True)[0 if plain else 1:]:
+    builds: list[tuple[str, str | None]] = [("plain", None)] if plain else []
+    for index, text in enumerate(args.near.split("|")):
+        lines = "".join(f"{item.strip()}\n" for item in text.split(";") if item.strip())
+        builds.append(("near" if index == 0 else f"near {text.strip()}", lines))
+    for name, settings in builds:
         shutil.rmtree(store, ignore_errors=True)
-        settings = "".join(f"{item.strip()}\n" for item in args.near.split(";") if item.strip())
-        run = build(near_pipeline(args.workdir, folder, tok, settings if with_near else None), store, args.workers)
-        runs["near" if with_near else "plain"] = run
-        row(label, "prep build + near" if with_near else "prep build", run, documents, nbytes)
+        run = build(near_pipeline(args.workdir, folder, tok, settings), store, args.workers)
+        runs[name] = run
+        row(label, "prep build" if settings is None else f"prep build + {name}", run, documents, nbytes)
         print(f"       stages (s): {json.dumps(stage_seconds(run.stderr))}", flush=True)
-        if with_near:
+        if settings is not None:
             print(f"       {near_summary(run.stderr)}", flush=True)
+        if name not in ("plain", "near"):
+            print(f"       CPU {name} / near (the first settings): {run.cpu_seconds / runs['near'].cpu_seconds:.2f}",
+                  flush=True)
     shutil.rmtree(store, ignore_errors=True)
     if dt_python is not None:
         run, reply = datatrove(dt_python, folder, args.workdir / f"datatrove-{folder.name}", args.workers)
@@ -314,8 +323,10 @@ def quality(args: argparse.Namespace, tok: Path, dt_python: Path | None) -> None
     print(f"quality: {n:,} documents, {len(pairs):,} pairs share a shingle, {len(truth):,} at Jaccard >= {THRESHOLD} "
           f"({int((jaccard >= 0.9).sum()):,} >= 0.9), {len(closure):,} pairs in their connected components "
           f"(exact all-pairs in {time.perf_counter() - started:.1f} s)", flush=True)
-    sides = {"prep": prep_labels(args, folder, tok, n, ""), "prep 14x8": prep_labels(args, folder, tok, n, MATCHED),
-             "prep 14x8 verify": prep_labels(args, folder, tok, n, MATCHED + "verify = true\n")}
+    sides = {"prep": prep_labels(args, folder, tok, n, ""),
+             "prep verify=false": prep_labels(args, folder, tok, n, "verify = false\n"),
+             "prep 14x8": prep_labels(args, folder, tok, n, MATCHED + "verify = false\n"),
+             "prep 14x8 verify": prep_labels(args, folder, tok, n, MATCHED)}
     if dt_python is not None:
         sides["datatrove"] = datatrove_labels(dt_python, folder, args.workdir / "datatrove-quality", args.workers, n)
     high = pairs[jaccard >= 0.9]
@@ -338,8 +349,8 @@ def main() -> None:
     parser.add_argument("--real-mb", type=int, default=300, help="the real-text corpus in MB (0: none)")
     parser.add_argument("--datatrove", default="real,1", help="corpora datatrove runs on too: real and/or --docs sizes")
     parser.add_argument("--plain", default="all", help="corpora also built without near-dup: all, or as --datatrove")
-    parser.add_argument("--near", default="", help='the near builds\' [dedup.near] settings, "key = value; ..." '
-                        '(default: none, the defaults; the quality sample always uses its own)')
+    parser.add_argument("--near", default="", help='the near builds\' [dedup.near] settings, "key = value; ...", '
+                        'several separated by "|" (default: none, the defaults; the quality sample uses its own)')
     parser.add_argument("--sample", type=int, default=20_000, help="documents of the quality sample (0: none)")
     parser.add_argument("--ceiling-mb", type=float, default=20, help="MB of each corpus bench_minhash signs (0: none)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)

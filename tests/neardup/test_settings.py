@@ -8,9 +8,9 @@ from prep.errors import ConfigError
 from prep.neardup.settings import NearDupSettingError, NearDupSettings, optimal_bands, parse_settings
 
 
-def _area_error(threshold: float, bands: int, rows: int, steps: int = 4000) -> float:
-    """The weighted error by the trapezoid rule: false positive area below the threshold, false
-    negative area above it, halved."""
+def _area_error(threshold: float, bands: int, rows: int, weight: float, steps: int = 4000) -> float:
+    """The weighted error by the trapezoid rule: false positive area below the threshold weighted
+    1 - `weight`, false negative area above it weighted `weight`."""
     def collide(s: float) -> float:
         return float(1 - (1 - s**rows) ** bands)
 
@@ -19,24 +19,30 @@ def _area_error(threshold: float, bands: int, rows: int, steps: int = 4000) -> f
         values = [f(low + i * width) for i in range(steps + 1)]  # type: ignore[operator]
         return float(width * (sum(values) - (values[0] + values[-1]) / 2))
 
-    return (area(collide, 0, threshold) + area(lambda s: 1 - collide(s), threshold, 1)) / 2
+    return (1 - weight) * area(collide, 0, threshold) + weight * area(lambda s: 1 - collide(s), threshold, 1)
 
 
 @pytest.mark.parametrize("threshold", [0.5, 0.7, 0.8, 0.85, 0.9, 0.95])
 @pytest.mark.parametrize("permutations", [64, 128, 256])
-def test_derived_bands_are_the_published_optimum(threshold: float, permutations: int) -> None:
+@pytest.mark.parametrize(("verify", "weight"), [(True, 0.9), (False, 0.5)])
+def test_derived_bands_are_the_published_optimum(threshold: float, permutations: int, verify: bool, weight: float) -> None:
     divisors = [b for b in range(1, permutations + 1) if permutations % b == 0]
-    expected = min(divisors, key=lambda b: _area_error(threshold, b, permutations // b))
-    bands, rows = optimal_bands(threshold, permutations)
+    expected = min(divisors, key=lambda b: _area_error(threshold, b, permutations // b, weight))
+    bands, rows = optimal_bands(threshold, permutations, verify)
     assert (bands, rows) == (expected, permutations // expected)
+    assert parse_settings({"threshold": threshold, "permutations": permutations, "verify": verify}).bands == bands
 
 
 def test_defaults() -> None:
+    """Verify on, and the bands that catch a pair at the threshold with probability 0.95 (16 x 8);
+    without verify, the precise banding (8 x 16) that finds a pair at the threshold one time in five."""
     settings = parse_settings({})
-    assert settings == NearDupSettings(0.8, 5, 128, 8, 16, 0, False) == NearDupSettings()
+    assert settings == NearDupSettings(0.8, 5, 128, 16, 8, 0, True) == NearDupSettings()
     assert settings.bands * settings.rows == settings.permutations
-    assert settings.key_fields() == {"threshold": "0.8", "ngram": 5, "permutations": 128, "bands": 8, "rows": 16,
-                                     "seed": 0, "verify": False, "unicode": settings.key_fields()["unicode"]}
+    assert settings.key_fields() == {"threshold": "0.8", "ngram": 5, "permutations": 128, "bands": 16, "rows": 8,
+                                     "seed": 0, "verify": True, "unicode": settings.key_fields()["unicode"]}
+    unverified = parse_settings({"verify": False})
+    assert (unverified.bands, unverified.rows) == (8, 16)
 
 
 def test_given_bands_rows_and_one_of_them() -> None:
