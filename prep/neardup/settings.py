@@ -28,11 +28,11 @@ UNICODE_VERSION = unicodedata.unidata_version
 task key records it, since another version may normalize some text differently."""
 FALSE_NEGATIVE_WEIGHT = {True: Decimal("0.9"), False: Decimal("0.5")}
 """The derivation's weight of the false negative area (the false positive area's is 1 minus it), by
-`verify`. With `verify` (the default) a band collision below the threshold costs one exact Jaccard
-and is rejected, while a pair above it that shares no band is a duplicate kept for good: missed
-pairs weigh 9 to 1 (128 permutations at 0.8: 16 bands of 8 rows, a pair at 0.8 found with
-probability 0.95). Without it every collision joins a cluster, so both errors weigh the same
-(datasketch's default; 8 x 16 at 0.8, found with probability 0.20, at 0.9 with 0.81)."""
+`verify`. Without it (the default) every band collision joins a cluster, so both errors weigh the
+same (datasketch's default; 128 permutations at 0.8: 8 bands of 16 rows, a pair at 0.8 found with
+probability 0.20, at 0.9 with 0.81). With `verify` a collision below the threshold costs one exact
+Jaccard and is rejected, while a pair above it that shares no band is a duplicate kept for good:
+missed pairs weigh 9 to 1 (16 x 8 at 0.8: a pair at 0.8 found with probability 0.95)."""
 KEYS = ("threshold", "ngram", "permutations", "bands", "rows", "seed", "verify")
 MAX_ROUNDS = 256
 """The cluster rounds' limit (prep/neardup/stars.py, here for the numpy-free driver): large-star
@@ -55,10 +55,10 @@ class NearDupSettings:
     threshold: float = 0.8
     ngram: int = 5
     permutations: int = 128
-    bands: int = 16  # optimal_bands(0.8, 128, verify=True), as parse_settings derives them
-    rows: int = 8
+    bands: int = 8  # optimal_bands(0.8, 128, verify=False), as parse_settings derives them
+    rows: int = 16
     seed: int = 0
-    verify: bool = True
+    verify: bool = False
 
     def key_fields(self) -> dict[str, object]:
         """What enters a task key: every setting, the float as its shortest decimal string (canonical
@@ -84,7 +84,7 @@ def parse_settings(table: Mapping[str, object], source: str = "pipeline") -> Nea
     seed = read.at_least("seed", 0, 0)
     if seed >= SEED_LIMIT:
         raise read.fail("seed", f"must be an integer in [0, 2**64), got {seed}")
-    verify = bool(read.typed("verify", bool, True))
+    verify = bool(read.typed("verify", bool, False))
     bands, rows = _bands_and_rows(read, threshold, permutations, verify)
     return NearDupSettings(threshold, ngram, permutations, bands, rows, seed, verify)
 

@@ -3,9 +3,10 @@ prefix index over the hash's top bits so a near-duplicate bucket task reads its 
 part with one read each (docs/manifests.md, "Bands objects").
 
 A tokenize task writes its part's bands batch by batch (`BandsWriter`); the records are held until
-the part ends, 20 bytes each: documents x bands x 20 bytes (300k short documents in the default 16 bands, 96 MB)
-plus the sort's permutation. A document is named by its `row`, the record's row in its part, as the
-part's entries and intermediate name it: a bucket task numbers it `part ordinal << 32 | row`.
+the part ends, 20 bytes each: documents x bands x 20 bytes (300k short documents in 8 bands, 48 MB;
+96 MB in the 16 of `verify = true`) plus the sort's permutation. A document is named by its `row`,
+the record's row in its part, as the part's entries and intermediate name it: a bucket task numbers
+it `part ordinal << 32 | row`.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ a fresh one with probability 0 to 1.1% for half of them and 1.1 to 12% for the o
 
 For each corpus, in this order: `prep build` without near-dup (gigatoken backend, formats
 ["bin"], exact dedup on, --workers, fresh store; for the corpora `--plain` names), the same with `[dedup.near]` at its defaults
-(threshold 0.8, 5-word shingles, 128 permutations as 16 bands of 8 rows, seed 0, verify on) or
-`--near`'s settings (several, separated by `|`, each a near build, each printed with its CPU over
-the first's: `--near " | verify = false"` weighs the defaults against the banding without verify), and, for the
+(threshold 0.8, 5-word shingles, 128 permutations as 8 bands of 16 rows, seed 0) or `--near`'s
+settings (several, separated by `|`, each a near build, each printed with its CPU over the
+first's: `--near " | verify = true"` weighs the defaults against `verify` and its 16 x 8), and, for the
 corpora `--datatrove` names, datatrove's four MinHash stages (tests/bench/neardup_peer.py in
 --venv: signatures, buckets, clusters, filter; 5-word shingles, its default 14 buckets of 8
 hashes = 112 permutations, 64-bit, xxhash; same --workers; a run of datatrove on a million short
@@ -34,7 +34,7 @@ Ceiling (`--ceiling-mb` MB of each corpus): tests/bench/bench_minhash.py on the 
 Quality (`--sample` documents, made like the short corpus, one file): the exact Jaccard of every
 pair of documents that share a 5-gram shingle (prep's shingle hashes, an inverted index) defines
 the true pairs (Jaccard >= 0.8); prep's clusters (the build's drops object: each dropped document
-with its kept one), at the defaults, with `verify = false` (8 bands of 16 rows) and with datatrove's
+with its kept one), at the defaults, with `verify = true` (16 bands of 8 rows) and with datatrove's
 banding (112 permutations as 14 bands of 8 rows, without and with `verify`), and datatrove's (its
 `.clusters` file) are compared with them pair by pair (every pair in one cluster), and with the
 connected components of the true pairs.
@@ -324,9 +324,9 @@ def quality(args: argparse.Namespace, tok: Path, dt_python: Path | None) -> None
           f"({int((jaccard >= 0.9).sum()):,} >= 0.9), {len(closure):,} pairs in their connected components "
           f"(exact all-pairs in {time.perf_counter() - started:.1f} s)", flush=True)
     sides = {"prep": prep_labels(args, folder, tok, n, ""),
-             "prep verify=false": prep_labels(args, folder, tok, n, "verify = false\n"),
-             "prep 14x8": prep_labels(args, folder, tok, n, MATCHED + "verify = false\n"),
-             "prep 14x8 verify": prep_labels(args, folder, tok, n, MATCHED)}
+             "prep verify": prep_labels(args, folder, tok, n, "verify = true\n"),
+             "prep 14x8": prep_labels(args, folder, tok, n, MATCHED),
+             "prep 14x8 verify": prep_labels(args, folder, tok, n, MATCHED + "verify = true\n")}
     if dt_python is not None:
         sides["datatrove"] = datatrove_labels(dt_python, folder, args.workdir / "datatrove-quality", args.workers, n)
     high = pairs[jaccard >= 0.9]

@@ -34,15 +34,15 @@ def test_derived_bands_are_the_published_optimum(threshold: float, permutations:
 
 
 def test_defaults() -> None:
-    """Verify on, and the bands that catch a pair at the threshold with probability 0.95 (16 x 8);
-    without verify, the precise banding (8 x 16) that finds a pair at the threshold one time in five."""
+    """Without verify, the precise banding (8 x 16) that finds a pair at the threshold one time in
+    five; with it, the bands that find it with probability 0.95 (16 x 8), verify rejecting the rest."""
     settings = parse_settings({})
-    assert settings == NearDupSettings(0.8, 5, 128, 16, 8, 0, True) == NearDupSettings()
+    assert settings == NearDupSettings(0.8, 5, 128, 8, 16, 0, False) == NearDupSettings()
     assert settings.bands * settings.rows == settings.permutations
-    assert settings.key_fields() == {"threshold": "0.8", "ngram": 5, "permutations": 128, "bands": 16, "rows": 8,
-                                     "seed": 0, "verify": True, "unicode": settings.key_fields()["unicode"]}
-    unverified = parse_settings({"verify": False})
-    assert (unverified.bands, unverified.rows) == (8, 16)
+    assert settings.key_fields() == {"threshold": "0.8", "ngram": 5, "permutations": 128, "bands": 8, "rows": 16,
+                                     "seed": 0, "verify": False, "unicode": settings.key_fields()["unicode"]}
+    verified = parse_settings({"verify": True})
+    assert (verified.bands, verified.rows) == (16, 8)
 
 
 def test_given_bands_rows_and_one_of_them() -> None:
