@@ -9,8 +9,9 @@ normalized text to its signature in one pass (whitespace found 64 bytes a step, 
 bytes a load, each shingle's hash rolled on from the one before, folded into the running minima
 4,096 at a time, about 0.1-0.2 ns a product, SIMD), or fold given shingle hashes alone
 (`minima`); `verify`'s exact Jaccards take each document's shingle hashes by the same pass
-(`pair_jaccards`). Both compute the same integers (wrapping uint64 arithmetic, a minimum, a shift), so
-which one ran never shows in a signature or a snapshot id (tests/neardup/test_kernel.py,
+(`pair_jaccards`). Each computes what numpy computes (the same integers: wrapping uint64
+arithmetic, a minimum, a shift; the same floats: one division of two counts), so which one ran
+never shows in a signature or a snapshot id (tests/neardup/test_kernel.py,
 tests/neardup/test_normalization.py).
 
 Loading them costs a process about 1 s (numba's import and its compiled code, cached on disk
