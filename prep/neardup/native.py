@@ -49,10 +49,22 @@ SCRATCH = 4096
 
 
 def _compiled(inline: bool = False) -> Callable[[Function], Function]:
-    """numba's njit, cached on disk, releasing the GIL, without bounds checks (every index here is
-    in range by construction); `inline`: into each caller, at numba's level."""
-    decorator = numba.njit(cache=True, nogil=True, boundscheck=False, inline="always" if inline else "never")
-    return cast("Callable[[Function], Function]", decorator)  # numba's Dispatcher calls as the function does
+    """numba's njit, cached on disk where numba finds a folder to write, releasing the GIL, without
+    bounds checks (every index here is in range by construction); `inline`: into each caller, at
+    numba's level."""
+    options: dict[str, Any] = {"nogil": True, "boundscheck": False, "inline": "always" if inline else "never"}
+
+    def decorate(function: Function) -> Function:
+        try:
+            compiled = numba.njit(cache=True, **options)(function)
+        except RuntimeError:
+            # Hazard: numba refuses `cache=True` when no cache folder is writable (a read-only
+            # install beside an unwritable home, as in a locked-down container): compile in
+            # memory instead, once a process, rather than fail the import.
+            compiled = numba.njit(cache=False, **options)(function)
+        return cast("Function", compiled)  # numba's Dispatcher calls as the function does
+
+    return decorate
 
 
 @_compiled(inline=True)

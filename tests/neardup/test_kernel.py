@@ -6,8 +6,13 @@ difference in a signature."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import shutil
+import subprocess
+import sys
 import tracemalloc
+from pathlib import Path
 from unittest.mock import patch
 
 import numpy as np
@@ -15,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import prep
 from prep.neardup import kernel
 from prep.neardup.kernel import Array
 from prep.neardup.lsh import pair_jaccards
@@ -198,3 +204,39 @@ def test_pair_jaccards_hold_every_shingle_of_the_densest_and_the_longest_documen
     by_numpy, by_kernel = jaccards_by_both(texts, 5, pairs)
     assert np.array_equal(by_numpy, by_kernel)
     assert by_kernel[4] == by_kernel[5] == 1.0 and 0.4 < by_kernel[2] < 1.0
+
+
+READ_ONLY_CHECK = """
+import numpy as np
+import prep
+from prep.neardup import native
+from prep.neardup.signatures import hash_family, numpy_minhash
+hashes, bounds = np.arange(1, 50, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15), np.array([0, 20, 49])
+family = hash_family(0, 8)
+lows = np.empty((2, 8), dtype=np.uint64)
+native.minima(hashes, bounds, family.multipliers, lows)
+print(prep.__file__, np.array_equal((lows >> np.uint64(32)).astype(np.uint32), numpy_minhash(hashes, bounds, family)))
+"""
+
+
+def test_a_read_only_install_with_no_writable_cache_folder_compiles_in_memory(tmp_path: Path) -> None:
+    """prep on a read-only filesystem, its home and cache home read-only too (a locked-down
+    container): numba refuses to cache, so the kernels compile in memory instead of failing the
+    import (which raised RuntimeError through every near-dup build before)."""
+    source, mount = tmp_path / "source", tmp_path / "read-only"
+    shutil.copytree(Path(prep.__file__).parent, source / "prep", ignore=shutil.ignore_patterns("__pycache__"))
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", "--bind", str(source), str(mount)], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("needs root and bind mounts")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(mount)], check=True, capture_output=True)
+        environment = {**os.environ, "PYTHONPATH": str(mount), "HOME": str(mount), "XDG_CACHE_HOME": str(mount)}
+        environment.pop("NUMBA_CACHE_DIR", None)
+        done = subprocess.run([sys.executable, "-c", READ_ONLY_CHECK], env=environment, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == [str(mount / "prep" / "__init__.py"), "True"]
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
