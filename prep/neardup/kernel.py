@@ -23,6 +23,7 @@ driver starts (`prep.runner.tasks.prepare_worker`) when the pipeline has `[dedup
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,13 +62,24 @@ class Kernels:
 
 @functools.cache
 def compiled() -> Kernels | None:
-    """The compiled loops, loaded or compiled once a process; None without numba (numpy then
-    computes the same values)."""
+    """The compiled loops, loaded or compiled once a process; None without numba, or when numba
+    cannot store what it compiled (numpy then computes the same values, slower: said on stderr)."""
     try:
         from prep.neardup import native
     except ImportError:
         return None
     kernels = Kernels(native.minima, native.text_minima, native.lowered, native.pair_jaccards)
+    try:
+        _warm(kernels)
+    except OSError as exc:  # Hazard: numba writes each compiled loop to its cache folder; a full disk there
+        print(f"prep: warning: near-duplicate kernels unavailable, numpy computes the same values, slower ({exc})",
+              file=sys.stderr)
+        return None
+    return kernels
+
+
+def _warm(kernels: Kernels) -> None:
+    """Compile (or load) each loop for the argument types its callers pass."""
     ones = np.ones(1, dtype=np.uint64)
     kernels.minima(ones, np.array([0, 1], dtype=np.int64), ones, np.empty((1, 1), dtype=np.uint64))
     for data in (b"a b", b""):  # the argument types the callers pass (an empty text's lanes are contiguous)
@@ -78,7 +90,6 @@ def compiled() -> Kernels | None:
         kernels.text_minima(out, lanes(out), bounds, 2, ones, np.empty((1, 1), dtype=np.uint32))
         first = np.zeros(1, dtype=np.int64)
         kernels.pair_jaccards(out, lanes(out), bounds, 2, first, first, np.empty(1, dtype=np.float64))
-    return kernels
 
 
 def loaded() -> bool:

@@ -26,6 +26,7 @@ from prep.neardup.kernel import Array
 from prep.neardup.lsh import pair_jaccards
 from prep.neardup.signatures import WHITESPACE, hash_family, minhash, numpy_minhash, packed, shingle_hashes, signatures
 from tests.neardup.neardupsupport import batch, document
+from tests.runner.test_disk_full import fill_up, small_tmpfs
 
 pytestmark = pytest.mark.skipif(kernel.compiled() is None, reason="numba is not installed (the `fast` extra)")
 
@@ -240,3 +241,30 @@ def test_a_read_only_install_with_no_writable_cache_folder_compiles_in_memory(tm
         assert done.stdout.split() == [str(mount / "prep" / "__init__.py"), "True"]
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
+
+
+FULL_CACHE_CHECK = """
+import numpy as np
+from prep.neardup import kernel
+from prep.neardup.signatures import packed, signatures
+blob, offsets = packed([b"a b c d e f", b"one two three four five six seven", b""])
+print(kernel.compiled() is None, signatures(blob, offsets, 3, 16, 1).tolist())
+"""
+
+
+def test_a_full_disk_under_numbas_cache_folder_leaves_the_same_signatures_to_numpy(tmp_path: Path) -> None:
+    """numba stores each loop it compiles in its cache folder; with that disk full, the kernels are
+    given up for numpy's (the same values), said in one line on stderr, instead of OSError
+    raised through every near-dup build."""
+    with small_tmpfs(tmp_path / "cache", "64k") as folder:
+        fill_up(folder)
+        environment = {**os.environ, "NUMBA_CACHE_DIR": str(folder / "numba")}
+        done = subprocess.run([sys.executable, "-c", FULL_CACHE_CHECK], env=environment, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    blob, offsets = packed([b"a b c d e f", b"one two three four five six seven", b""])
+    with patch.object(kernel, "chosen", lambda products: None):
+        expected = signatures(blob, offsets, 3, 16, 1).tolist()
+    assert done.stdout.strip() == f"True {expected}"
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("prep: warning: near-duplicate kernels")]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0], done.stderr[-2000:]
