@@ -26,7 +26,7 @@ from prep.neardup.kernel import Array
 from prep.neardup.lsh import pair_jaccards
 from prep.neardup.signatures import WHITESPACE, hash_family, minhash, numpy_minhash, packed, shingle_hashes, signatures
 from tests.neardup.neardupsupport import batch, document
-from tests.runner.test_disk_full import fill_up, small_tmpfs
+from tests.runner.test_disk_full import fill_up, read_only_view, small_tmpfs
 
 pytestmark = pytest.mark.skipif(kernel.compiled() is None, reason="numba is not installed (the `fast` extra)")
 
@@ -224,23 +224,15 @@ def test_a_read_only_install_with_no_writable_cache_folder_compiles_in_memory(tm
     """prep on a read-only filesystem, its home and cache home read-only too (a locked-down
     container): numba refuses to cache, so the kernels compile in memory instead of failing the
     import (which raised RuntimeError through every near-dup build before)."""
-    source, mount = tmp_path / "source", tmp_path / "read-only"
+    source = tmp_path / "source"
     shutil.copytree(Path(prep.__file__).parent, source / "prep", ignore=shutil.ignore_patterns("__pycache__"))
-    mount.mkdir()
-    try:
-        subprocess.run(["mount", "--bind", str(source), str(mount)], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("needs root and bind mounts")
-    try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(mount)], check=True, capture_output=True)
+    with read_only_view(source, tmp_path / "read-only") as mount:
         environment = {**os.environ, "PYTHONPATH": str(mount), "HOME": str(mount), "XDG_CACHE_HOME": str(mount)}
         environment.pop("NUMBA_CACHE_DIR", None)
         done = subprocess.run([sys.executable, "-c", READ_ONLY_CHECK], env=environment, cwd=tmp_path, capture_output=True,
                               text=True, timeout=300, check=False)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == [str(mount / "prep" / "__init__.py"), "True"]
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
 
 
 FULL_CACHE_CHECK = """

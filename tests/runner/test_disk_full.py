@@ -25,23 +25,32 @@ from tests.helpers import committed_records, make_records, prep_env, run_prep, w
 IO_EXIT = 4  # StorageIOError.exit_code, as README.md and docs/build.md document it
 
 
-def _mount(folder: Path, size: str) -> None:
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True,
-                   capture_output=True)
-
-
 @contextmanager
-def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of `size` mounted at `folder` (skips the test where mounting is impossible)."""
+def _mounted(folder: Path, commands: list[list[str]], needs: str) -> Iterator[Path]:
+    """`folder` with what the mount `commands` put there, unmounted after (skips the test, saying
+    what it `needs`, where mounting is impossible)."""
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        _mount(folder, size)
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("needs root and tmpfs (mount -t tmpfs)")
-    try:
+        try:
+            for command in commands:
+                subprocess.run(command, check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError):
+            pytest.skip(needs)
         yield folder
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=False, capture_output=True)
+
+
+def small_tmpfs(folder: Path, size: str) -> contextlib.AbstractContextManager[Path]:
+    """A tmpfs of `size` mounted at `folder`."""
+    return _mounted(folder, [["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)]],
+                    "needs root and tmpfs (mount -t tmpfs)")
+
+
+def read_only_view(source: Path, folder: Path) -> contextlib.AbstractContextManager[Path]:
+    """`source` bind-mounted read-only at `folder`."""
+    return _mounted(folder, [["mount", "--bind", str(source), str(folder)],
+                             ["mount", "-o", "remount,bind,ro", str(folder)]], "needs root and bind mounts")
 
 
 def remount(folder: Path, size: str) -> None:
